@@ -1,0 +1,63 @@
+#include "strata/device.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include "strata/error.hpp"
+
+namespace strata {
+
+int device_count() noexcept {
+  int count = 0;
+  // Without a driver this returns cudaErrorInsufficientDriver or cudaErrorNoDevice: both mean "none".
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+DeviceInfo device_info(int index) {
+  const int count = device_count();
+  STRATA_EXPECTS(index >= 0 && index < count, InvalidArgument,
+                 "device index " + std::to_string(index) + " out of range: " + std::to_string(count) +
+                     " CUDA device(s) present");
+  cudaDeviceProp prop{};
+  STRATA_CUDA_TRY(cudaGetDeviceProperties(&prop, index));
+  DeviceInfo info;
+  info.index = index;
+  info.name = prop.name;
+  info.cc_major = prop.major;
+  info.cc_minor = prop.minor;
+  info.total_memory = prop.totalGlobalMem;
+  info.sm_count = prop.multiProcessorCount;
+
+  int previous = 0;
+  STRATA_CUDA_TRY(cudaGetDevice(&previous));
+  STRATA_CUDA_TRY(cudaSetDevice(index));
+  std::size_t free_bytes = 0, total_bytes = 0;
+  const cudaError_t status = cudaMemGetInfo(&free_bytes, &total_bytes);
+  STRATA_CUDA_TRY(cudaSetDevice(previous));
+  STRATA_CUDA_TRY(status);
+  info.free_memory = free_bytes;
+  return info;
+}
+
+int driver_version() noexcept {
+  int version = 0;
+  if (cudaDriverGetVersion(&version) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return version;
+}
+
+int runtime_version() noexcept {
+  int version = 0;
+  if (cudaRuntimeGetVersion(&version) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return version;
+}
+
+}  // namespace strata
