@@ -77,3 +77,5 @@ def raise_error(str kind) -> None:
     cdef string k = kind.encode()
     with nogil:
         cpp_raise_error(k)
+
+# Each room of the core binds itself in its own include file.
