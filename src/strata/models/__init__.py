@@ -1,0 +1,76 @@
+"""The architectures strata runs: geometry from GGUF metadata, the metadata writers need, tensor inventories."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import gguf
+
+from strata.errors import FormatError
+from strata.models import qwen3next, qwen4exp
+from strata.models.geometry import ARCHITECTURES, Alternative, Geometry, TensorSpec
+from strata.models.keys import MetadataReader, check
+
+
+def _arch_of(kv: Mapping[str, Any]) -> str:
+    arch = kv.get("general.architecture")
+    if arch is None:
+        raise FormatError("metadata key 'general.architecture' is missing")
+    check(arch in ARCHITECTURES, "general.architecture", f"one of {list(ARCHITECTURES)}", arch)
+    return arch
+
+
+def _n_vocab(kv: Mapping[str, Any], arch: str) -> int:
+    # llama.cpp takes the vocabulary size from {arch}.vocab_size when present, else from the token list.
+    if f"{arch}.vocab_size" in kv:
+        return MetadataReader(kv, arch).int("vocab_size")
+    tokens = kv.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, (list, tuple)) and tokens:
+        return len(tokens)
+    raise FormatError(f"metadata: the vocabulary size is unknown: neither {arch}.vocab_size "
+                      "nor a non-empty tokenizer.ggml.tokens is present")
+
+
+def geometry_from_metadata(kv: Mapping[str, Any]) -> Geometry:
+    """Geometry of a file from its metadata (GGUF key -> plain value); FormatError names a bad key."""
+    arch = _arch_of(kv)
+    n_vocab = _n_vocab(kv, arch)
+    if arch == qwen4exp.ARCH:
+        return qwen4exp.geometry(kv, n_vocab)
+    return qwen3next.geometry(kv, arch, n_vocab)
+
+
+def validate(g: Geometry) -> None:
+    """The checks geometry_from_metadata applies, for a Geometry built some other way."""
+    check(g.arch in ARCHITECTURES, "general.architecture", f"one of {list(ARCHITECTURES)}", g.arch)
+    (qwen4exp.validate if g.arch == qwen4exp.ARCH else qwen3next.validate)(g)
+
+
+def metadata_for(g: Geometry) -> list[tuple[str, Any, gguf.GGUFValueType]]:
+    """The architecture keys llama.cpp's converter writes for g; an array's type is its element type."""
+    validate(g)
+    return qwen4exp.metadata(g) if g.arch == qwen4exp.ARCH else qwen3next.metadata(g)
+
+
+def tensor_inventory(g: Geometry) -> list[TensorSpec]:
+    """Every tensor the architecture requires, in file order."""
+    return qwen4exp.inventory(g) if g.arch == qwen4exp.ARCH else qwen3next.inventory(g)
+
+
+def tensor_alternatives(g: Geometry) -> list[Alternative]:
+    """Tensors a file may hold instead of some inventory tensors (merged expert gate+up, legacy ssm_in)."""
+    return qwen4exp.alternatives(g) if g.arch == qwen4exp.ARCH else qwen3next.alternatives(g)
+
+
+def released(arch: str) -> Geometry:
+    """qwen4exp: Qwen3.8-Flash-Next; qwen3next: Qwen3-Next-80B-A3B; qwen35moe: Qwen3.5-35B-A3B."""
+    if arch == qwen4exp.ARCH:
+        return qwen4exp.released()
+    if arch in qwen3next.ARCHS:
+        return qwen3next.released(arch)
+    raise FormatError(f"architecture {arch!r} is not one of {list(ARCHITECTURES)}")
+
+
+__all__ = ["ARCHITECTURES", "Alternative", "Geometry", "TensorSpec", "geometry_from_metadata", "metadata_for",
+           "released", "tensor_alternatives", "tensor_inventory", "validate"]

@@ -1,0 +1,199 @@
+"""What qwen4exp, qwen3next and qwen35moe share: the common keys, their checks, and the common tensors.
+
+Key names and tensor layouts: shared/docs/models/qwen3next.md §2 and shared/docs/models/qwen4exp.md §2.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gguf
+
+from strata.models.geometry import Alternative, Geometry, TensorSpec
+from strata.models.keys import MetadataReader, check
+
+U32 = gguf.GGUFValueType.UINT32
+I32 = gguf.GGUFValueType.INT32
+U64 = gguf.GGUFValueType.UINT64
+F32 = gguf.GGUFValueType.FLOAT32
+BOOL = gguf.GGUFValueType.BOOL
+STRING = gguf.GGUFValueType.STRING
+MetadataItem = tuple[str, Any, gguf.GGUFValueType]
+
+MAX_LAYERS = 4096          # far above any real model; bounds the per-layer tuples built from a file
+MAX_DIM = 1 << 31          # any single size above this is a corrupt value, not a model
+DEFAULT_ATTENTION_INTERVAL = 4
+
+# Tensors the converter writes F32 whatever the outtype (qwen4exp.md §2.3.8) and llama-quantize never touches.
+_FORCED_F32_BASES = ("ffn_gate_inp", "ffn_gate_inp_shexp", "ssm_conv1d")
+# Left in the converter's type by llama-quantize although the converter may write them quantized (§2.3.9).
+_NOT_QUANTIZED_BASES = ("indexer.q_proj", "indexer.k_proj")
+
+
+def spec(name: str, ne: tuple[int, ...], layer: int | None) -> TensorSpec:
+    """A TensorSpec with the converter's dtype rule and llama-quantize's leave-alone rule applied."""
+    base = name.split(".", 2)[2] if name.startswith("blk.") else name
+    base = base.removesuffix(".weight")
+    forced = (len(ne) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight")
+              or base in _FORCED_F32_BASES)
+    return TensorSpec(name, ne, layer, forced, not forced and base not in _NOT_QUANTIZED_BASES)
+
+
+def read_common(r: MetadataReader, n_vocab: int) -> dict[str, Any]:
+    """The Geometry fields every architecture reads the same way (all architecture-only fields zeroed)."""
+    n_layer = r.int("block_count") - r.int("nextn_predict_layers", minimum=0, default=0)
+    check(0 < n_layer <= MAX_LAYERS, r.key("block_count"),
+          f"1..{MAX_LAYERS} main layers (block_count - nextn_predict_layers)", n_layer)
+    head_dim = r.int("attention.key_length")
+    value_length = r.int("attention.value_length")
+    check(value_length == head_dim, r.key("attention.value_length"),
+          f"equal to attention.key_length ({head_dim})", value_length)
+    n_v_heads = r.int("ssm.time_step_rank")
+    inner = r.int("ssm.inner_size")
+    check(inner % n_v_heads == 0, r.key("ssm.inner_size"),
+          f"a multiple of ssm.time_step_rank ({n_v_heads})", inner)
+    return dict(
+        arch=r.arch, n_layer=n_layer, n_embd=r.int("embedding_length"), n_vocab=n_vocab,
+        context_length=r.int("context_length"),
+        n_head=r.int("attention.head_count"), n_head_kv=r.int("attention.head_count_kv"), head_dim=head_dim,
+        rope_dim=r.int("rope.dimension_count"), rope_theta=r.float("rope.freq_base"),
+        rope_sections=r.ints("rope.dimension_sections", length=4) if r.arch != "qwen3next" else (),
+        rms_eps=r.float("attention.layer_norm_rms_epsilon"), recurrent=_read_recurrent(r, n_layer),
+        ssm_n_k_heads=r.int("ssm.group_count"), ssm_n_v_heads=n_v_heads,
+        ssm_head_k_dim=r.int("ssm.state_size"), ssm_head_v_dim=inner // n_v_heads,
+        ssm_conv_kernel=r.int("ssm.conv_kernel"),
+        n_expert=r.int("expert_count"), n_expert_used=r.int("expert_used_count"),
+        expert_ff=r.int("expert_feed_forward_length"), shared_ff=r.int("expert_shared_feed_forward_length"),
+        hc_count=0, hc_rank=0, indexer_n_heads=0, indexer_head_dim=0, indexer_top_k=0, compress_ratios=(),
+        ple_layers=(), ple_ngram=0, ple_heads_per_ngram=0, ple_conv_kernel=0, ple_eos=0, ple_head_dim=0,
+        ple_multipliers=(), ple_head_offsets=(), ple_head_sizes=(), ple_rows=0,
+    )
+
+
+def _read_recurrent(r: MetadataReader, n_layer: int) -> tuple[bool, ...]:
+    # llama.cpp reads the explicit per-layer list first, then falls back to the interval rule.
+    if r.has("attention.recurrent_layers"):
+        return r.bools("attention.recurrent_layers", length=n_layer)
+    interval = r.int("full_attention_interval", default=DEFAULT_ATTENTION_INTERVAL)
+    return tuple((i + 1) % interval != 0 for i in range(n_layer))
+
+
+def validate_common(g: Geometry) -> None:
+    """Checks that hold for every architecture; FormatError names the GGUF key."""
+    a = g.arch
+    for field, key in (("n_embd", "embedding_length"), ("n_vocab", "vocab_size"), ("head_dim", "attention.key_length"),
+                       ("n_head", "attention.head_count"), ("expert_ff", "expert_feed_forward_length"),
+                       ("ssm_head_k_dim", "ssm.state_size"), ("ssm_head_v_dim", "ssm.inner_size")):
+        value = getattr(g, field)
+        check(0 < value <= MAX_DIM, f"{a}.{key}", f"1..{MAX_DIM}", value)
+    check(len(g.recurrent) == g.n_layer, f"{a}.attention.recurrent_layers", f"{g.n_layer} entries",
+          len(g.recurrent))
+    check(g.n_head % g.n_head_kv == 0, f"{a}.attention.head_count_kv",
+          f"a divisor of attention.head_count ({g.n_head})", g.n_head_kv)
+    check(g.rope_dim % 2 == 0 and g.rope_dim <= g.head_dim, f"{a}.rope.dimension_count",
+          f"an even number <= attention.key_length ({g.head_dim})", g.rope_dim)
+    check(g.rope_theta > 0, f"{a}.rope.freq_base", "> 0", g.rope_theta)
+    check(0 < g.rms_eps < 1, f"{a}.attention.layer_norm_rms_epsilon", "a number in (0, 1)", g.rms_eps)
+    if g.arch != "qwen3next":
+        check(len(g.rope_sections) == 4 and sum(g.rope_sections) == g.rope_dim // 2, f"{a}.rope.dimension_sections",
+              f"4 sections summing to rope.dimension_count / 2 ({g.rope_dim // 2})", g.rope_sections)
+    check(g.ssm_n_v_heads % g.ssm_n_k_heads == 0, f"{a}.ssm.time_step_rank",
+          f"a multiple of ssm.group_count ({g.ssm_n_k_heads})", g.ssm_n_v_heads)
+    check(g.n_expert_used <= g.n_expert, f"{a}.expert_used_count", f"<= expert_count ({g.n_expert})",
+          g.n_expert_used)
+
+
+def write_common(g: Geometry) -> list[MetadataItem]:
+    """The keys llama.cpp's converter writes for every one of the three architectures."""
+    a = g.arch
+    items: list[MetadataItem] = [
+        ("general.architecture", a, STRING),
+        (f"{a}.vocab_size", g.n_vocab, U32),
+        (f"{a}.block_count", g.n_layer, U32),
+        (f"{a}.context_length", g.context_length, U32),
+        (f"{a}.embedding_length", g.n_embd, U32),
+        (f"{a}.attention.head_count", g.n_head, U32),
+        (f"{a}.attention.head_count_kv", g.n_head_kv, U32),
+        (f"{a}.attention.key_length", g.head_dim, U32),
+        (f"{a}.attention.value_length", g.head_dim, U32),
+        (f"{a}.attention.layer_norm_rms_epsilon", g.rms_eps, F32),
+        (f"{a}.rope.freq_base", g.rope_theta, F32),
+        (f"{a}.rope.dimension_count", g.rope_dim, U32),
+    ]
+    if g.rope_sections:
+        items.append((f"{a}.rope.dimension_sections", list(g.rope_sections), I32))
+    items += [
+        (f"{a}.expert_count", g.n_expert, U32),
+        (f"{a}.expert_used_count", g.n_expert_used, U32),
+        (f"{a}.expert_feed_forward_length", g.expert_ff, U32),
+        (f"{a}.expert_shared_feed_forward_length", g.shared_ff, U32),
+        (f"{a}.ssm.conv_kernel", g.ssm_conv_kernel, U32),
+        (f"{a}.ssm.state_size", g.ssm_head_k_dim, U32),
+        (f"{a}.ssm.group_count", g.ssm_n_k_heads, U32),
+        (f"{a}.ssm.time_step_rank", g.ssm_n_v_heads, U32),
+        (f"{a}.ssm.inner_size", g.ssm_value_dim, U32),
+    ]
+    interval = attention_interval(g)
+    if interval is not None:
+        items.append((f"{a}.full_attention_interval", interval, U32))
+    return items
+
+
+def attention_interval(g: Geometry) -> int | None:
+    """The interval that reproduces g.recurrent, or None when the pattern is not periodic."""
+    for interval in range(1, g.n_layer + 2):
+        if all(r == ((i + 1) % interval != 0) for i, r in enumerate(g.recurrent)):
+            return interval
+    return None
+
+
+def recurrent_layers_item(g: Geometry) -> MetadataItem:
+    return (f"{g.arch}.attention.recurrent_layers", list(g.recurrent), BOOL)
+
+
+def moe_tensors(g: Geometry, layer: int) -> list[TensorSpec]:
+    p, e, ff, sff, n = f"blk.{layer}.", g.n_embd, g.expert_ff, g.shared_ff, g.n_expert
+    return [
+        spec(p + "ffn_gate_inp.weight", (e, n), layer),
+        spec(p + "ffn_gate_exps.weight", (e, ff, n), layer),
+        spec(p + "ffn_up_exps.weight", (e, ff, n), layer),
+        spec(p + "ffn_down_exps.weight", (ff, e, n), layer),
+        spec(p + "ffn_gate_inp_shexp.weight", (e,), layer),
+        spec(p + "ffn_gate_shexp.weight", (e, sff), layer),
+        spec(p + "ffn_up_shexp.weight", (e, sff), layer),
+        spec(p + "ffn_down_shexp.weight", (sff, e), layer),
+    ]
+
+
+def merged_experts(g: Geometry, layer: int) -> Alternative:
+    """The merged expert gate+up tensor the loaders also accept (rows [0, ff) gate, [ff, 2ff) up)."""
+    p = f"blk.{layer}."
+    return Alternative((p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight"),
+                       spec(p + "ffn_gate_up_exps.weight", (g.n_embd, 2 * g.expert_ff, g.n_expert), layer))
+
+
+def attention_tensors(g: Geometry, layer: int) -> list[TensorSpec]:
+    p, e, hd = f"blk.{layer}.", g.n_embd, g.head_dim
+    return [
+        spec(p + "attn_q.weight", (e, g.n_head * hd * 2), layer),   # per head [q | gate]
+        spec(p + "attn_k.weight", (e, g.n_head_kv * hd), layer),
+        spec(p + "attn_v.weight", (e, g.n_head_kv * hd), layer),
+        spec(p + "attn_output.weight", (g.n_head * hd, e), layer),
+        spec(p + "attn_q_norm.weight", (hd,), layer),
+        spec(p + "attn_k_norm.weight", (hd,), layer),
+    ]
+
+
+def gdn_tensors(g: Geometry, layer: int, beta_alpha: list[TensorSpec]) -> list[TensorSpec]:
+    """A Gated DeltaNet layer; `beta_alpha` is the architecture's b/a projection (ssm_ba or ssm_beta+ssm_alpha)."""
+    p, e, hv = f"blk.{layer}.", g.n_embd, g.ssm_n_v_heads
+    return [
+        spec(p + "attn_qkv.weight", (e, g.ssm_conv_dim), layer),
+        spec(p + "attn_gate.weight", (e, g.ssm_value_dim), layer),
+        *beta_alpha,
+        spec(p + "ssm_conv1d.weight", (g.ssm_conv_kernel, g.ssm_conv_dim), layer),
+        spec(p + "ssm_dt.bias", (hv,), layer),
+        spec(p + "ssm_a", (hv,), layer),
+        spec(p + "ssm_norm.weight", (g.ssm_head_v_dim,), layer),
+        spec(p + "ssm_out.weight", (g.ssm_value_dim, e), layer),
+    ]
