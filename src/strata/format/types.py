@@ -1,0 +1,23 @@
+"""The ggml tensor types strata accepts: those a canonical weight form holds exactly (docs/forms.md)."""
+
+from __future__ import annotations
+
+import gguf
+
+T = gguf.GGMLQuantizationType
+
+FLOAT_TYPES = frozenset({T.F32, T.F16, T.BF16})
+ACCEPTED_TYPES = FLOAT_TYPES | {T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
+                                T.IQ4_NL, T.IQ4_XS, T.MXFP4}
+
+
+def block_layout(ggml_type: T) -> tuple[int, int]:
+    """(elements per block, bytes per block)."""
+    return gguf.GGML_QUANT_SIZES[ggml_type]
+
+
+def type_name(code: int) -> str:
+    try:
+        return T(code).name
+    except ValueError:
+        return f"unknown ggml type {code}"
