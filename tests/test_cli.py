@@ -34,3 +34,22 @@ def test_no_command_is_a_usage_error(capsys):
         cli.main([])
     assert exit_info.value.code == 2
     assert "COMMAND" in capsys.readouterr().err
+
+
+def test_info_describes_a_valid_file(tmp_path, rng, capsys):
+    from malformed import build_tiny
+
+    path = tmp_path / "tiny.gguf"
+    build_tiny(path, rng)
+    assert cli.main(["info", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "architecture  qwen4exp:" in out
+    assert "routed experts (host RAM)" in out and "dense layers (VRAM)" in out
+
+
+def test_info_on_a_bad_file_is_one_line_not_a_traceback(tmp_path, capsys):
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(b"GGUF" + b"\x00" * 7)
+    assert cli.main(["info", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("strata info: ") and err.count("\n") == 1 and "Traceback" not in err

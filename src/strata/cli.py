@@ -23,6 +23,15 @@ def _doctor(_args: argparse.Namespace) -> int:
     return doctor.run()
 
 
+def _info(args: argparse.Namespace) -> int:
+    from strata.format import inspect
+    from strata.model_info import describe
+
+    with inspect(args.model) as model:
+        print("\n".join(describe(model)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="strata", description="Run very large Mixture-of-Experts models on one GPU plus the host."
@@ -31,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     doctor = commands.add_parser("doctor", help="what this machine offers strata, and a GPU self-test")
     doctor.set_defaults(handler=_doctor)
+    info = commands.add_parser("info", help="validate a GGUF model file and describe it")
+    info.add_argument("model", help="path of a .gguf file")
+    info.set_defaults(handler=_info)
     return parser
 
 

@@ -1,0 +1,87 @@
+"""The sampling reference against direct formulas: each filter alone, the draw, ties, bad parameters."""
+
+import numpy as np
+import pytest
+
+import strata
+from strata.sampling import SamplingParams, apply_repeat_penalty, candidates, sample
+
+
+def softmax64(z):
+    z = np.asarray(z, np.float64)
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+def test_greedy_picks_argmax_and_breaks_ties_to_the_lower_id(rng):
+    logits = rng.standard_normal(1000).astype(np.float32)
+    assert sample(logits, SamplingParams(), 0.7) == int(np.argmax(logits))
+    logits[[17, 400]] = logits.max() + 1.0
+    assert sample(logits, SamplingParams(), 0.3) == 17
+
+
+def test_temperature_only_keeps_the_full_distribution(rng):
+    logits = rng.standard_normal(64).astype(np.float32)
+    ids, probs = candidates(logits, SamplingParams(temperature=0.7))
+    want = softmax64(logits.astype(np.float64) / 0.7)
+    assert sorted(ids.tolist()) == list(range(64))
+    np.testing.assert_allclose(probs, want[ids], rtol=1e-12)
+    assert np.all(np.diff(probs) <= 0)
+
+
+def test_top_k_top_p_min_p_each_cut_where_the_formula_says(rng):
+    logits = rng.standard_normal(200).astype(np.float32) * 3
+    ids, _ = candidates(logits, SamplingParams(temperature=1.0, top_k=7))
+    assert ids.tolist() == np.argsort(-logits, kind="stable")[:7].tolist()
+
+    full = softmax64(logits)
+    order = np.argsort(-full, kind="stable")
+    mass = np.cumsum(full[order])
+    ids, _ = candidates(logits, SamplingParams(temperature=1.0, top_p=0.8))
+    want = int(np.argmax(mass >= 0.8)) + 1  # the smallest prefix reaching 0.8
+    assert ids.tolist() == order[:want].tolist()
+
+    ids, _ = candidates(logits, SamplingParams(temperature=1.0, min_p=0.1))
+    assert set(ids.tolist()) == set(np.flatnonzero(full >= 0.1 * full.max()).tolist())
+
+
+def test_draws_follow_the_distribution(rng):
+    logits = np.log(np.array([0.5, 0.3, 0.2], np.float32))
+    params = SamplingParams(temperature=1.0)
+    assert [sample(logits, params, u) for u in (0.0, 0.49, 0.51, 0.79, 0.81, 0.999)] == [0, 0, 1, 1, 2, 2]
+    draws = [sample(logits, params, rng.random()) for _ in range(4000)]
+    freq = np.bincount(draws, minlength=3) / 4000
+    np.testing.assert_allclose(freq, [0.5, 0.3, 0.2], atol=0.04)  # ~5 sigma of a binomial at n=4000
+
+
+def test_repeat_penalty_divides_positive_and_multiplies_negative_logits(rng):
+    logits = rng.standard_normal(50).astype(np.float32)
+    seen = [3, 3, 9, 20]
+    out = apply_repeat_penalty(logits, seen, 1.3)
+    for i in range(50):
+        if i in seen:
+            want = logits[i] / 1.3 if logits[i] > 0 else logits[i] * 1.3
+            assert out[i] == pytest.approx(want, rel=1e-6)
+        else:
+            assert out[i] == logits[i]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"temperature": -1.0}, "temperature must be >= 0"),
+        ({"top_k": -2}, "top_k must be >= 0"),
+        ({"top_p": 0.0}, "top_p must be in"),
+        ({"min_p": 1.0}, "min_p must be in"),
+        ({"repeat_penalty": 0.0}, "repeat_penalty must be > 0"),
+        ({"temperature": float("nan")}, "must be finite"),
+    ],
+)
+def test_bad_parameters_name_themselves(kwargs, fragment):
+    with pytest.raises(strata.InvalidArgument, match=fragment):
+        SamplingParams(**kwargs)
+
+
+def test_nan_logits_are_refused():
+    with pytest.raises(strata.InvalidArgument, match="NaN"):
+        sample(np.array([0.0, np.nan], np.float32), SamplingParams(temperature=1.0), 0.5)
