@@ -64,3 +64,18 @@ def test_unknown_pre_tokenizer_is_refused_when_building(tmp_path: Path, rng: np.
     with inspect(path) as mf:
         with pytest.raises(FormatError, match="'mystery'"):
             mf.tokenizer()
+
+
+def test_qwen35_split_keeps_combining_marks_inside_words() -> None:
+    from tokenizers import Regex
+    from tokenizers.pre_tokenizers import Split
+
+    from strata.format.tokenizer import PRE_SPLITS
+
+    def pieces(name: str, text: str) -> list[str]:
+        split = Split(Regex(PRE_SPLITS[name]), behavior="isolated")
+        return [piece for piece, _ in split.pre_tokenize_str(text)]
+
+    text = "cafe\u0301 don't 42"
+    assert pieces("qwen35", text) == ["cafe\u0301", " don", "'t", " ", "4", "2"]
+    assert pieces("qwen2", text) == ["cafe", "\u0301", " don", "'t", " ", "4", "2"]

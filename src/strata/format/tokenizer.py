@@ -25,7 +25,10 @@ TOKEN_TYPES = range(0, 7)     # llama.cpp: undefined, normal, unknown, control, 
 # non-letter, single digits, punctuation runs, newlines, spaces.
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-PRE_SPLITS = {"qwen2": QWEN2_SPLIT, "default": QWEN2_SPLIT}
+# Qwen3.5 / qwen4exp files ("qwen35"): the same split, with combining marks (\p{M}) kept inside words.
+QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+                r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_SPLITS = {"qwen2": QWEN2_SPLIT, "qwen35": QWEN35_SPLIT, "default": QWEN2_SPLIT}
 
 
 def _fail(key: str, expected: str, found: Any) -> FormatError:
