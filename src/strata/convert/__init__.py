@@ -1,0 +1,97 @@
+"""`strata convert`: a transformers checkpoint directory -> a GGUF file in llama.cpp's layout.
+
+Supports qwen4_exp, qwen3_next and qwen3_5_moe checkpoints as `save_pretrained` writes them (config.json
+plus *.safetensors, sharded or not). Tensor names, shapes and metadata keys come from strata.models;
+the HF -> GGUF transforms are in `tensor_map`. Tensors stream one piece at a time, so memory stays
+bounded by the largest single expert / table piece, not the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+
+from strata import models
+from strata.convert import tokenizer_meta
+from strata.convert.encode import T, encode, out_type, tensor_type
+from strata.convert.gguf_stream import GGUFStream
+from strata.convert.hf_config import geometry_fields, load_text_config
+from strata.convert.safetensors_reader import Checkpoint
+from strata.convert.tensor_map import HFSource, tensor_source
+from strata.errors import FormatError
+
+# llama.cpp's general.file_type for a whole-file output type (LlamaFileType)
+_FILE_TYPE = {T.F32: 0, T.F16: 1, T.Q8_0: 7, T.BF16: 32}
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
+
+
+def _check_piece(name: str, piece: np.ndarray, target: tuple[int, ...]) -> None:
+    """A piece is the whole tensor, a run of leading-dim rows, or whole trailing sub-tensors (one expert)."""
+    p, t = _squeezed(piece.shape), _squeezed(target)
+    if p == t[len(t) - len(p):] or (len(p) == len(t) and p[1:] == t[1:]):
+        return
+    raise FormatError(f"tensor {name!r}: source piece has shape {list(piece.shape)}, "
+                      f"which does not fit the GGUF shape {list(target)} (numpy order)")
+
+
+def _write_tensor(out: GGUFStream, name: str, pieces: Iterator[np.ndarray]) -> None:
+    t = out.tensors[name]
+    target = tuple(reversed(t.ne))
+    at = elements = 0
+    for piece in pieces:
+        _check_piece(name, piece, target)
+        if not np.isfinite(piece).all():
+            raise FormatError(f"tensor {name!r}: source holds NaN or infinity")
+        data = encode(piece.reshape(-1, t.ne[0]), t.ggml_type)
+        out.write(name, at, data)
+        at += data.nbytes
+        elements += piece.size
+    expected = int(np.prod(t.ne, dtype=np.int64))
+    if elements != expected:
+        raise FormatError(f"tensor {name!r}: source has {elements} elements, GGUF ne {list(t.ne)} needs {expected}")
+
+
+def _general_kv(hf_dir: Path, otype: T) -> list[tuple[str, Any, gguf.GGUFValueType]]:
+    V = gguf.GGUFValueType
+    return [
+        (gguf.Keys.General.NAME, hf_dir.resolve().name, V.STRING),
+        (gguf.Keys.General.FILE_TYPE, _FILE_TYPE[otype], V.UINT32),
+        (gguf.Keys.General.QUANTIZATION_VERSION, gguf.GGML_QUANT_VERSION, V.UINT32),
+    ]
+
+
+def convert(hf_dir: str | Path, out_path: str | Path, outtype: str = "f32",
+            progress: Callable[[int, int], None] | None = None) -> Path:
+    """Convert a transformers checkpoint directory to a GGUF at `out_path`; returns the path.
+
+    outtype is one of f32, f16, bf16, q8_0 (norms, router and conv weights stay F32, as llama.cpp does).
+    """
+    hf_dir, out_path = Path(hf_dir), Path(out_path)
+    otype = out_type(outtype)
+    arch, cfg = load_text_config(hf_dir)
+    ckpt = Checkpoint(hf_dir)
+    try:
+        g = models.Geometry(**geometry_fields(arch, cfg, ckpt))
+        specs = models.tensor_inventory(g)
+        plan = [(s.name, s.ne, tensor_type(s.ne, s.forced_f32, otype)) for s in specs]
+        eos = cfg.get("eos_token_id")
+        vocab = tokenizer_meta.from_hf_dir(arch, hf_dir, g.n_vocab, cfg) or tokenizer_meta.byte_level(
+            g.n_vocab, eos[-1] if isinstance(eos, list) else eos)
+        kv = [*models.metadata_for(g), *_general_kv(hf_dir, otype), *vocab]
+        src = HFSource(ckpt, g)
+        with GGUFStream(out_path, arch, kv, plan, progress) as out:
+            for s in specs:
+                _write_tensor(out, s.name, tensor_source(src, s.name))
+    finally:
+        ckpt.close()
+    return out_path
+
+
+__all__ = ["convert"]

@@ -1,0 +1,112 @@
+"""Write a GGUF file whose tensor data arrives later, piece by piece, possibly from several threads.
+
+The header, metadata and tensor infos are written first (by gguf.GGUFWriter, so the layout is exactly
+gguf-py's); every tensor's absolute file offset is then known, and data is placed with positioned writes.
+Nothing is buffered: a 100 GB model streams through a few chunks of memory.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+
+from strata.errors import InvalidArgument
+
+Progress = Callable[[int, int], None]
+
+
+def tensor_nbytes(ne: Sequence[int], ggml_type: gguf.GGMLQuantizationType) -> int:
+    """Bytes of a tensor of shape `ne` (ggml order) and type; InvalidArgument if ne0 does not fill blocks."""
+    block, size = gguf.GGML_QUANT_SIZES[ggml_type]
+    if ne[0] % block:
+        raise InvalidArgument(f"{ggml_type.name} needs ne0 % {block} == 0, got ne {tuple(ne)}")
+    return int(np.prod(ne, dtype=np.int64)) // block * size
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    name: str
+    ne: tuple[int, ...]
+    ggml_type: gguf.GGMLQuantizationType
+    nbytes: int
+    offset: int          # absolute position in the file
+
+
+def _add_metadata(writer: gguf.GGUFWriter, kv: Iterable[tuple[str, Any, gguf.GGUFValueType]]) -> None:
+    for key, value, vtype in kv:
+        if key == gguf.Keys.General.ARCHITECTURE:
+            continue  # GGUFWriter writes it from its arch argument
+        if isinstance(value, (list, tuple)):
+            # metadata_for's convention: for an array the type given is its element type
+            writer.add_key_value(key, list(value), gguf.GGUFValueType.ARRAY, sub_type=vtype)
+        else:
+            writer.add_key_value(key, value, vtype)
+
+
+class GGUFStream:
+    """An open GGUF file with its layout fixed; fill tensors with `write` (thread-safe), then `close`."""
+
+    def __init__(self, path: str | Path, arch: str, kv: Iterable[tuple[str, Any, gguf.GGUFValueType]],
+                 tensors: Sequence[tuple[str, Sequence[int], gguf.GGMLQuantizationType]],
+                 progress: Progress | None = None):
+        self.path = Path(path)
+        writer = gguf.GGUFWriter(self.path, arch)
+        _add_metadata(writer, kv)
+        sizes = []
+        for name, ne, ggml_type in tensors:
+            nbytes = tensor_nbytes(ne, ggml_type)
+            sizes.append(nbytes)
+            # element shape in numpy order; with a non-uint8 dtype GGUFWriter keeps it as given
+            writer.add_tensor_info(name, tuple(reversed(ne)), np.dtype(np.float32), nbytes, raw_dtype=ggml_type)
+        writer.write_header_to_file(self.path)
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        header_end = writer.fout[0].tell()
+        writer.close()
+        align = writer.data_alignment
+        offset = gguf.GGUFWriter.ggml_pad(header_end, align)
+        self.tensors: dict[str, PlannedTensor] = {}
+        for (name, ne, ggml_type), nbytes in zip(tensors, sizes):
+            self.tensors[name] = PlannedTensor(name, tuple(int(d) for d in ne), ggml_type, nbytes, offset)
+            offset += gguf.GGUFWriter.ggml_pad(nbytes, align)
+        self.total_bytes = offset
+        self._fd = os.open(self.path, os.O_RDWR)
+        os.ftruncate(self._fd, self.total_bytes)  # zero padding everywhere, data filled in below
+        self._progress = progress
+        self._done = 0
+        self._lock = threading.Lock()
+
+    def write(self, name: str, at: int, data: bytes | memoryview | np.ndarray) -> None:
+        """Place `data` at byte `at` inside tensor `name` (bounds-checked)."""
+        t = self.tensors[name]
+        buf = memoryview(np.ascontiguousarray(data)).cast("B") if isinstance(data, np.ndarray) else memoryview(data)
+        if at < 0 or at + buf.nbytes > t.nbytes:
+            raise InvalidArgument(f"tensor {name!r}: write of {buf.nbytes} bytes at {at} exceeds its {t.nbytes} bytes")
+        pos = t.offset + at
+        while buf.nbytes:
+            n = os.pwrite(self._fd, buf, pos)
+            buf, pos = buf[n:], pos + n
+            with self._lock:
+                self._done += n
+                if self._progress is not None:
+                    self._progress(self._done, self.total_bytes)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> "GGUFStream":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close()
+        if exc_type is not None:
+            self.path.unlink(missing_ok=True)  # never leave a half-written model behind
