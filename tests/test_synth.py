@@ -1,0 +1,93 @@
+"""strata.synth: tiny synthetic models validate, are deterministic, honour the type mix, and have sane values."""
+
+from __future__ import annotations
+
+import hashlib
+
+import gguf
+import numpy as np
+import pytest
+
+from strata.errors import InvalidArgument
+from strata.format import inspect
+from strata.models import ARCHITECTURES
+from strata.synth import TypeMix, synthesize
+from strata.synth.presets import BENCH_TYPES, geometry, ple_multipliers
+
+T = gguf.GGMLQuantizationType
+MIXES = {"f32": None, "bench": BENCH_TYPES,
+         "other": TypeMix(experts="q6_k", expert_down="q5_0", dense="bf16", embeddings="f16", ple="q8_0")}
+
+
+@pytest.fixture
+def seed() -> int:
+    return int(np.random.default_rng().integers(2**31))
+
+
+def _digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("mix", sorted(MIXES))
+def test_tiny_validates_and_values_have_the_intended_scale(arch, mix, seed, tmp_path):
+    path = synthesize(tmp_path / "m.gguf", arch, types=MIXES[mix], seed=seed, threads=2)
+    with inspect(path) as m:
+        assert m.arch == arch and not m.warnings, f"seed {seed}: {m.warnings}"
+        assert m.tokenizer() is not None
+    for t in gguf.GGUFReader(path).tensors:
+        v = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float64)
+        assert np.isfinite(v).all(), f"{t.name}: non-finite values (seed {seed})"
+        rms = np.sqrt(np.mean(v * v))
+        if t.name.endswith("norm.weight") or "_norm_" in t.name:
+            assert abs(v.mean() - 1) < 0.05, f"{t.name}: gamma mean {v.mean()} (seed {seed})"
+        elif t.name.endswith(".ssm_a"):
+            assert (v < 0).all(), f"{t.name}: ssm_a must be negative (seed {seed})"
+        elif not t.name.endswith(("conv1d.weight", "ssm_dt.bias")):
+            want = 1.0 if t.name in ("token_embd.weight", "per_layer_token_embd.weight") else 1 / np.sqrt(int(t.shape[0]))
+            # floats land within sqrt(2) (scale rounded to a power of two); quantized types within a few %
+            assert want / 1.6 < rms < want * 1.6, f"{t.name} {t.tensor_type.name}: rms {rms}, want ~{want} (seed {seed})"
+
+
+def test_type_mix_is_honoured(tmp_path):
+    path = synthesize(tmp_path / "m.gguf", "qwen4exp", types=BENCH_TYPES, seed=1)
+    types = {t.name: t.tensor_type for t in gguf.GGUFReader(path).tensors}
+    assert types["blk.0.ffn_gate_exps.weight"] == T.Q4_K and types["blk.0.ffn_up_exps.weight"] == T.Q4_K
+    assert types["blk.0.ffn_down_exps.weight"] == T.Q4_0
+    assert types["blk.3.attn_q.weight"] == T.Q8_0 and types["token_embd.weight"] == T.Q8_0
+    assert types["blk.0.ffn_gate_inp.weight"] == T.F32 and types["blk.0.ssm_conv1d.weight"] == T.F32  # forced
+    assert types["blk.3.indexer.q_proj.weight"] == T.F16          # llama-quantize leaves it unquantized
+    assert types["blk.1.ple_conv1d.weight"] == T.F16             # ne0 = 4 fills no block
+    assert types["per_layer_token_embd.weight"] == T.F16         # ne0 = 16 is not a multiple of 32
+
+
+def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path):
+    a = synthesize(tmp_path / "a.gguf", "qwen35moe", types=BENCH_TYPES, seed=7, threads=2)
+    b = synthesize(tmp_path / "b.gguf", "qwen35moe", types=BENCH_TYPES, seed=7, threads=1)
+    c = synthesize(tmp_path / "c.gguf", "qwen35moe", types=BENCH_TYPES, seed=8, threads=2)
+    assert _digest(a) == _digest(b) != _digest(c)
+
+
+def test_layer_count_and_presets(tmp_path):
+    g = geometry("qwen4exp", "tiny", n_layer=9)
+    assert g.n_layer == 9 and g.attention_layers == (3, 7) and g.ple_layers == (1,)
+    path = synthesize(tmp_path / "m.gguf", "qwen4exp", n_layer=9, seed=3)
+    with inspect(path) as m:
+        assert m.geometry.n_layer == 9
+    assert geometry("qwen4exp", "tiny", n_layer=1).ple_layers == ()   # PLE needs layer 1
+    bench = geometry("qwen4exp", "bench")
+    assert (bench.n_layer, bench.n_embd, bench.n_expert) == (16, 2560, 512)
+    assert 1_000_000 < bench.ple_rows < 1_100_000
+    assert geometry("qwen4exp", "full", full_ple=True).ple_rows == 320001536
+    # the HF hash multipliers for the released vocabulary (qwen4exp.md §2.1)
+    assert ple_multipliers(248320, 3) == (23703573157769, 20109073645365, 8052911324071)
+
+
+def test_bad_arguments_name_what_is_wrong(tmp_path):
+    with pytest.raises(InvalidArgument, match="preset"):
+        synthesize(tmp_path / "m.gguf", "qwen4exp", preset="huge")
+    with pytest.raises(InvalidArgument, match="architecture"):
+        synthesize(tmp_path / "m.gguf", "llama")
+    with pytest.raises(InvalidArgument, match="IQ2_XXS"):
+        synthesize(tmp_path / "m.gguf", "qwen3next", types={"experts": "iq2_xxs"})
+    assert not (tmp_path / "m.gguf").exists()
