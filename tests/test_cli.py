@@ -53,3 +53,39 @@ def test_info_on_a_bad_file_is_one_line_not_a_traceback(tmp_path, capsys):
     assert cli.main(["info", str(path)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("strata info: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_synth_then_info_from_the_command_line(tmp_path, capsys):
+    path = tmp_path / "s.gguf"
+    args = ["synth", str(path), "--arch", "qwen3next", "--layers", "4", "--seed", "3", "--dense-type", "q8_0"]
+    assert cli.main(args) == 0
+    assert capsys.readouterr().out.strip() == str(path)
+    assert cli.main(["info", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "architecture  qwen3next: 4 layers" in out and "Q8_0" in out
+
+
+def test_convert_from_the_command_line(tmp_path, capsys):
+    from test_convert import _model
+
+    model = _model("qwen4exp")
+    model.save_pretrained(tmp_path / "hf")
+    out = tmp_path / "c.gguf"
+    assert cli.main(["convert", str(tmp_path / "hf"), str(out), "--outtype", "q8_0"]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    assert cli.main(["info", str(out)]) == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["synth", "x.gguf", "--experts-type", "q9_9"], "strata synth: type 'q9_9' is not a GGML type name"),
+        (["convert", "no-such-dir", "x.gguf"], "strata convert: "),
+    ],
+)
+def test_user_errors_are_one_line(tmp_path, monkeypatch, capsys, argv, fragment):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(fragment) and err.count("\n") == 1, err
+    assert not (tmp_path / "x.gguf").exists()

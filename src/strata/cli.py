@@ -32,6 +32,48 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _convert(args: argparse.Namespace) -> int:
+    from strata.convert import convert
+    from strata.progress import ByteProgress
+
+    out = convert(args.hf_dir, args.out, outtype=args.outtype, progress=ByteProgress("convert"))
+    print(out)
+    return 0
+
+
+def _synth(args: argparse.Namespace) -> int:
+    from strata.progress import ByteProgress
+    from strata.synth import synthesize
+
+    types = {
+        name: value
+        for name, value in (
+            ("experts", args.experts_type),
+            ("expert_down", args.expert_down_type),
+            ("dense", args.dense_type),
+            ("embeddings", args.embeddings_type),
+            ("ple", args.ple_type),
+        )
+        if value
+    }
+    if types:
+        from strata.synth.presets import default_types
+
+        types = {**vars(default_types(args.preset)), **types}
+    out = synthesize(
+        args.out,
+        args.arch,
+        preset=args.preset,
+        n_layer=args.layers,
+        types=types or None,
+        seed=args.seed,
+        progress=ByteProgress("synth"),
+        full_ple=args.full_ple,
+    )
+    print(out)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="strata", description="Run very large Mixture-of-Experts models on one GPU plus the host."
@@ -43,6 +85,23 @@ def build_parser() -> argparse.ArgumentParser:
     info = commands.add_parser("info", help="validate a GGUF model file and describe it")
     info.add_argument("model", help="path of a .gguf file")
     info.set_defaults(handler=_info)
+
+    convert = commands.add_parser("convert", help="a transformers checkpoint directory -> GGUF (llama.cpp layout)")
+    convert.add_argument("hf_dir", help="directory written by save_pretrained (config.json + *.safetensors)")
+    convert.add_argument("out", help="the .gguf file to write")
+    convert.add_argument("--outtype", default="f32", choices=["f32", "f16", "bf16", "q8_0"])
+    convert.set_defaults(handler=_convert)
+
+    synth = commands.add_parser("synth", help="a GGUF with well-formed random weights, of any geometry")
+    synth.add_argument("out", help="the .gguf file to write")
+    synth.add_argument("--arch", default="qwen4exp", choices=["qwen4exp", "qwen3next", "qwen35moe"])
+    synth.add_argument("--preset", default="tiny", choices=["tiny", "bench", "full"])
+    synth.add_argument("--layers", type=int, default=None, help="layer count (default: the preset's)")
+    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--full-ple", action="store_true", help="the released n-gram table size (full preset)")
+    for name in ("experts", "expert-down", "dense", "embeddings", "ple"):
+        synth.add_argument(f"--{name}-type", default=None, metavar="TYPE", help=f"GGML type of the {name} tensors")
+    synth.set_defaults(handler=_synth)
     return parser
 
 
