@@ -1,0 +1,116 @@
+"""The canonical weight forms of docs/forms.md and the GGUF types each one holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from strata.errors import FormatError
+
+# IQ4_NL's non-linear 4-bit grid (also IQ4_XS's), and MXFP4's e2m1 values doubled so they are integers.
+IQ4_NL_CODEBOOK = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+MXFP4_CODEBOOK = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+
+BLOCK = 32  # codes are packed, and activations quantized, per 32 consecutive elements of a row
+
+
+@dataclass(frozen=True)
+class Form:
+    """How one tensor is held: a float kind (``float_kind`` set) or the quantized planes of docs/forms.md.
+
+    ``name`` is the GGUF type the form was made for (lower case); two types never share a name.
+    """
+
+    name: str
+    float_kind: str | None = None  # "f32", "f16", "bf16" for float forms, else None
+    code_bits: int = 0
+    code_bias: int = 0
+    codebook: tuple[int, ...] | None = None
+    group_size: int = 0
+    super_size: int = 0
+    scale_dtype: str = "float16"
+    has_sub_scales: bool = False
+    has_mins: bool = False
+
+    @property
+    def is_float(self) -> bool:
+        return self.float_kind is not None
+
+    @property
+    def has_sub_mins(self) -> bool:
+        return self.has_mins and self.has_sub_scales
+
+    @property
+    def code_bytes_per_block(self) -> int:
+        """Bytes of ``codes`` per 32-element block."""
+        return BLOCK * self.code_bits // 8
+
+    def values(self) -> np.ndarray:
+        """The signed integer value of every possible code (int16), i.e. ``v`` of docs/forms.md."""
+        if self.codebook is not None:
+            return np.array(self.codebook, dtype=np.int16)
+        return np.arange(1 << self.code_bits, dtype=np.int16) - np.int16(self.code_bias)
+
+
+def _quant(name: str, bits: int, bias: int, group: int, super_: int, *, sub_scales: bool = False,
+           mins: bool = False, codebook: tuple[int, ...] | None = None, scale_dtype: str = "float16") -> Form:
+    return Form(name=name, code_bits=bits, code_bias=bias, codebook=codebook, group_size=group,
+                super_size=super_, scale_dtype=scale_dtype, has_sub_scales=sub_scales, has_mins=mins)
+
+
+# One row per GGUF type, as the table "From GGUF types" of docs/forms.md.
+FORMS: dict[T, Form] = {
+    T.F32: Form(name="f32", float_kind="f32"),
+    T.F16: Form(name="f16", float_kind="f16"),
+    T.BF16: Form(name="bf16", float_kind="bf16"),
+    T.Q8_0: _quant("q8_0", 8, 128, 32, 32),
+    T.Q4_0: _quant("q4_0", 4, 8, 32, 32),
+    T.Q4_1: _quant("q4_1", 4, 0, 32, 32, mins=True),
+    T.Q5_0: _quant("q5_0", 8, 16, 32, 32),
+    T.Q5_1: _quant("q5_1", 8, 0, 32, 32, mins=True),
+    T.Q2_K: _quant("q2_k", 2, 0, 16, 256, sub_scales=True, mins=True),
+    T.Q3_K: _quant("q3_k", 8, 4, 16, 256, sub_scales=True),
+    T.Q4_K: _quant("q4_k", 4, 0, 32, 256, sub_scales=True, mins=True),
+    T.Q5_K: _quant("q5_k", 8, 0, 32, 256, sub_scales=True, mins=True),
+    T.Q6_K: _quant("q6_k", 8, 32, 16, 256, sub_scales=True),
+    T.IQ4_NL: _quant("iq4_nl", 4, 0, 32, 32, codebook=IQ4_NL_CODEBOOK),
+    T.IQ4_XS: _quant("iq4_xs", 4, 0, 32, 256, sub_scales=True, codebook=IQ4_NL_CODEBOOK),
+    T.MXFP4: _quant("mxfp4", 4, 0, 32, 32, codebook=MXFP4_CODEBOOK, scale_dtype="float32"),
+}
+_BY_NAME = {form.name: form for form in FORMS.values()}
+# numpy dtype of a float form's array; bf16 has no numpy dtype and is held as its raw uint16 bits.
+FLOAT_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": np.dtype(np.uint16)}
+
+
+def form_for(ggml_type: T | int) -> Form:
+    """The form that holds ``ggml_type`` bit-exactly; FormatError naming the type if none does."""
+    try:
+        ggml_type = T(ggml_type)
+    except ValueError:
+        raise FormatError(f"unknown ggml type id {ggml_type!r}; strata holds {supported_names()}") from None
+    form = FORMS.get(ggml_type)
+    if form is None:
+        raise FormatError(f"ggml type {ggml_type.name} has no canonical form; strata holds {supported_names()}")
+    return form
+
+
+def form_named(name: str) -> Form:
+    """The form called ``name`` (e.g. "q4_k"); FormatError if there is none."""
+    form = _BY_NAME.get(name)
+    if form is None:
+        raise FormatError(f"no canonical form named {name!r}; known: {sorted(_BY_NAME)}")
+    return form
+
+
+def float_form_of(array: np.ndarray) -> Form:
+    """The float form of an array that ``repack`` returned (uint16 means bf16 bits)."""
+    for kind, dtype in FLOAT_DTYPES.items():
+        if array.dtype == dtype:
+            return _BY_NAME[kind]
+    raise FormatError(f"array of dtype {array.dtype} is no float form; expected float32, float16 or uint16 (bf16)")
+
+
+def supported_names() -> str:
+    return ", ".join(t.name for t in FORMS)
