@@ -1,0 +1,160 @@
+"""The numpy oracle forward pass of qwen4exp, qwen3next and qwen35moe (transformers semantics)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from strata.errors import FormatError, InvalidArgument
+from strata.reference.attention import AttentionShape, KvState, gated_attention
+from strata.reference.gdn import GdnShape, GdnState, gdn_forward
+from strata.reference.hc import hc_read, hc_write
+from strata.reference.moe import moe_forward
+from strata.reference.ops import rms_norm, rope_tables
+from strata.reference.ple import PleShape, PleState, ple_forward
+from strata.reference.qsa import IndexerShape, IndexerState, qsa_select
+from strata.reference.weights import FileWeights, Weights
+
+ARCHITECTURES = ("qwen4exp", "qwen3next", "qwen35moe")
+# transformers' QSA uses blocks of 4; a GGUF whose compress_ratios say 0 on an indexed layer (a checkpoint
+# re-saved by transformers >= 5) still means QSA with that ratio (shared/docs/models/qwen4exp.md §5.3).
+DEFAULT_COMPRESS_RATIO = 4
+
+
+class Reference:
+    """Token-stateful float oracle: `forward(ids)` continues the sequence; `reset()` starts a new one.
+
+    Build it from a strata.format.ModelFile, or from `geometry=` (a strata.models.Geometry) and `weights=`
+    (GGUF-named float32 arrays, numpy shape = reversed ggml ne). With `activation_quant`, every weight product
+    uses strata.quant.matvec (the q8_32 activation contract of docs/forms.md).
+    """
+
+    def __init__(self, model_file: Any = None, *, geometry: Any = None,
+                 weights: Mapping[str, np.ndarray] | None = None, activation_quant: bool = False):
+        if (model_file is None) == (geometry is None or weights is None):
+            raise InvalidArgument("Reference wants either a model file or both geometry= and weights=")
+        if model_file is not None:
+            self.geometry = model_file.geometry
+            self.weights: Weights = FileWeights(model_file, activation_quant=activation_quant)
+        else:
+            self.geometry = geometry
+            self.weights = Weights(weights, activation_quant=activation_quant)
+        g = self.geometry
+        if g.arch not in ARCHITECTURES:
+            raise FormatError(f"architecture {g.arch!r} is not one of {ARCHITECTURES}")
+        self.is_hc = g.arch == "qwen4exp"
+        self._gdn_shape = GdnShape(g.ssm_n_k_heads, g.ssm_n_v_heads, g.ssm_head_k_dim, g.ssm_head_v_dim,
+                                   g.ssm_conv_kernel, tiled_heads=g.arch != "qwen3next",
+                                   interleaved_ba=g.arch == "qwen3next", sigmoid_gate=self.is_hc)
+        self._attn_shape = AttentionShape(g.n_head, g.n_head_kv, g.head_dim)
+        self._ple_shape = (PleShape(g.ple_ngram, g.ple_heads_per_ngram, g.ple_head_dim, g.ple_conv_kernel,
+                                    g.ple_eos, tuple(g.ple_multipliers), tuple(g.ple_head_offsets),
+                                    tuple(g.ple_head_sizes)) if self.is_hc and g.ple_layers else None)
+        self.reset()
+
+    def _indexer_shape(self, layer: int) -> IndexerShape | None:
+        g = self.geometry
+        if not (self.is_hc and self.weights.has(f"blk.{layer}.indexer.q_proj.weight")):
+            return None
+        ratios = tuple(g.compress_ratios)
+        ratio = ratios[layer] if layer < len(ratios) and ratios[layer] > 0 else DEFAULT_COMPRESS_RATIO
+        return IndexerShape(g.indexer_n_heads, g.indexer_head_dim, ratio, g.indexer_top_k, g.rope_dim, g.rope_theta)
+
+    def reset(self) -> None:
+        """Forget the sequence: every per-layer state back to empty."""
+        g = self.geometry
+        self.n_past = 0
+        self.state: list[dict[str, Any]] = []
+        width = g.hc_count * g.n_embd
+        for layer in range(g.n_layer):
+            st: dict[str, Any] = {}
+            if g.recurrent[layer]:
+                st["gdn"] = GdnState(self._gdn_shape)
+            else:
+                st["kv"] = KvState(self._attn_shape)
+                shape = self._indexer_shape(layer)
+                if shape is not None:
+                    st["indexer"] = IndexerState(shape)
+            if self._ple_shape is not None and layer in tuple(g.ple_layers):
+                st["ple"] = PleState(self._ple_shape, width)
+            self.state.append(st)
+
+    def forward(self, token_ids: Sequence[int] | np.ndarray, dump: bool = False):
+        """Logits [len(token_ids), vocab] float32 for the next tokens of the sequence.
+
+        With `dump`, returns (logits, per-layer list of dicts): "mixer_out" [T, n], "streams_after_mixer" and
+        "streams_after_ffn" [T, streams, n] (1 stream for qwen3next/qwen35moe), "router_ids"/"router_weights"
+        [T, k], on QSA layers "qsa_blocks" and "qsa_scores" (per row: chosen block indices, scores of every complete
+        block), on the PLE layer "ple_out" [T, hc, n].
+        """
+        g = self.geometry
+        ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+        if ids.size == 0:
+            raise InvalidArgument("forward needs at least one token id, got none")
+        if ids.min() < 0 or ids.max() >= g.n_vocab:
+            raise InvalidArgument(f"token ids must lie in [0, {g.n_vocab}), got [{ids.min()}, {ids.max()}]")
+        if self.n_past + ids.size > g.context_length:
+            raise InvalidArgument(f"sequence of {self.n_past + ids.size} tokens exceeds the context length "
+                                  f"{g.context_length}")
+        positions = self.n_past + np.arange(ids.size)
+        cos, sin = rope_tables(positions, g.rope_dim, g.rope_theta)
+        dumps: list[dict[str, Any]] = []
+        hidden = self.weights.rows("token_embd.weight", ids)
+        if self.is_hc:
+            streams = np.repeat(hidden[:, None, :], g.hc_count, axis=1)
+        else:
+            streams = hidden[:, None, :]
+        for layer in range(g.n_layer):
+            d: dict[str, Any] = {}
+            streams = self._layer(layer, streams, ids, positions, cos, sin, d)
+            dumps.append(d)
+        logits = self._head(streams)
+        self.n_past += ids.size
+        return (logits, dumps) if dump else logits
+
+    def _mixer(self, layer: int, x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray,
+               d: dict[str, Any]) -> np.ndarray:
+        g, st = self.geometry, self.state[layer]
+        if "gdn" in st:
+            return gdn_forward(self.weights, layer, x, st["gdn"], self._gdn_shape, g.rms_eps)
+        selected = None
+        if "indexer" in st:
+            selected, d["qsa_blocks"], d["qsa_scores"] = qsa_select(self.weights, layer, x, positions, st["indexer"],
+                                                   self._indexer_shape(layer), cos, sin, g.rms_eps)
+        return gated_attention(self.weights, layer, x, st["kv"], self._attn_shape, cos, sin, g.rms_eps, selected)
+
+    def _layer(self, layer: int, streams: np.ndarray, ids: np.ndarray, positions: np.ndarray, cos: np.ndarray,
+               sin: np.ndarray, d: dict[str, Any]) -> np.ndarray:
+        g, w, st = self.geometry, self.weights, self.state[layer]
+        b = f"blk.{layer}."
+        if "ple" in st:
+            d["ple_out"] = ple_forward(w, layer, streams, ids, st["ple"], self._ple_shape, g.rms_eps)
+            streams = (streams + d["ple_out"]).astype(np.float32)
+        if self.is_hc:
+            x, inj = hc_read(w, b + "hc_attn", streams, g.rms_eps)
+            y = self._mixer(layer, x, positions, cos, sin, d)
+            streams = hc_write(streams, inj, y)
+        else:
+            x = rms_norm(streams[:, 0], w.get(b + "attn_norm.weight"), g.rms_eps).astype(np.float32)
+            y = self._mixer(layer, x, positions, cos, sin, d)
+            streams = (streams + y[:, None, :]).astype(np.float32)
+        d["mixer_out"], d["streams_after_mixer"] = y, streams
+        if self.is_hc:
+            x, inj = hc_read(w, b + "hc_ffn", streams, g.rms_eps)
+        else:
+            x = rms_norm(streams[:, 0], w.get(b + "post_attention_norm.weight"), g.rms_eps).astype(np.float32)
+        y, d["router_ids"], d["router_weights"] = moe_forward(w, layer, x, g.n_expert_used, g.expert_ff)
+        streams = hc_write(streams, inj, y) if self.is_hc else (streams + y[:, None, :]).astype(np.float32)
+        d["streams_after_ffn"] = streams
+        return streams
+
+    def _head(self, streams: np.ndarray) -> np.ndarray:
+        g, w = self.geometry, self.weights
+        if self.is_hc:
+            x, _ = hc_read(w, "output_hc", streams, g.rms_eps, inject=False)
+        else:
+            x = rms_norm(streams[:, 0], w.get("output_norm.weight"), g.rms_eps).astype(np.float32)
+        head = "output.weight" if w.has("output.weight") else "token_embd.weight"
+        return w.matmul(head, x)
