@@ -1,0 +1,93 @@
+"""The memory plan: sizes from first principles, canonical bytes equal to real repacks, clear refusals."""
+
+import math
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+import strata
+from strata.kv import KV
+from strata.models import released, tensor_inventory
+from strata.plan import GIB, check_fits, largest_context, memory_plan, tensor_bytes
+from strata.quant import repack
+from strata.quant.synthetic import random_blocks
+
+BENCH = {"experts": T.Q4_K, "expert_down": T.Q4_0, "dense": T.Q8_0}
+
+
+def bench_tensors(g):
+    def pick(spec):
+        if spec.forced_f32:
+            return T.F32
+        if "_exps." in spec.name:
+            return BENCH["expert_down"] if "down" in spec.name else BENCH["experts"]
+        return BENCH["dense"]
+
+    return {spec.name: (pick(spec), spec.ne) for spec in tensor_inventory(g)}
+
+
+@pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
+                                       T.IQ4_NL, T.IQ4_XS, T.MXFP4, T.F16, T.BF16, T.F32])
+def test_canonical_bytes_equal_what_repack_produces(rng, ggml_type):
+    ne = (512, 3)
+    raw = random_blocks(ggml_type, math.prod(ne), rng)
+    held = repack(raw, ggml_type, ne)
+    nbytes = held.nbytes if isinstance(held, np.ndarray) else held.nbytes
+    assert tensor_bytes(ggml_type, ne) == nbytes
+
+
+def test_session_state_matches_the_model_doc():
+    # models/qwen4exp.md section 4: 24 KiB of bf16 K+V per token over 12 layers; GDN state 36 x 786432 fp32.
+    g = released("qwen4exp")
+    plan = memory_plan(g, bench_tensors(g), 262144, KV.BF16)
+    assert plan.vram["KV cache (bf16)"] == 262144 * 24 * 1024
+    assert plan.vram["GDN recurrent + conv state"] == 36 * 4 * (48 * 128 * 128 + 3 * 10240)
+    assert plan.vram["QSA indexer keys"] == 12 * 262144 * 128 * 3
+    assert plan.mapped["n-gram table"] > 0 and "n-gram table" not in plan.vram
+    # INT8 KV: one byte plus an fp16 scale per 32 elements.
+    int8 = memory_plan(g, bench_tensors(g), 262144, KV.INT8)
+    assert int8.vram["KV cache (int8)"] == 262144 * 12 * 1024 * (1 + 2 / 32)
+
+
+def test_routed_experts_go_to_host_and_the_rest_to_vram():
+    g = released("qwen4exp")
+    tensors = bench_tensors(g)
+    plan = memory_plan(g, tensors, 4096)
+    experts = sum(tensor_bytes(t, ne) for name, (t, ne) in tensors.items() if "_exps." in name)
+    assert plan.host["routed experts"] == experts
+    # 48 layers x 512 experts x 2560 x 640 per matrix: gate and up in the Q4_K form (4 bits + fp16 d and
+    # -dmin per 256 + int8 scale and min per 32 = 4.625 bits), down in Q4_0 (4.5 bits).
+    n = 48 * 512 * 2560 * 640
+    assert experts == 2 * n * 4.625 / 8 + n * 4.5 / 8
+
+
+def test_context_outside_the_model_is_refused():
+    g = released("qwen4exp")
+    with pytest.raises(strata.InvalidArgument, match="context 300000 is outside 1..262144"):
+        memory_plan(g, bench_tensors(g), 300000)
+
+
+def test_too_big_says_what_would_fit():
+    g = released("qwen4exp")
+    tensors = bench_tensors(g)
+    free = 9 * GIB
+    plan = memory_plan(g, tensors, 262144, KV.BF16)
+    options = {kv: largest_context(g, tensors, kv, free) for kv in KV}
+    assert options[KV.Q4] >= options[KV.INT8] >= options[KV.BF16] > 0
+    assert memory_plan(g, tensors, options[KV.BF16], KV.BF16).vram_total <= free
+    with pytest.raises(strata.OutOfMemory, match=r"9\.00 GiB free.*would fit: context <= \d+ with kv=bf16"):
+        check_fits(plan, free, 1 << 50, options)
+
+
+def test_host_shortfall_is_named():
+    g = released("qwen4exp")
+    plan = memory_plan(g, bench_tensors(g), 4096)
+    with pytest.raises(strata.OutOfMemory, match="host RAM: 32.00 GiB available"):
+        check_fits(plan, 1 << 50, 32 * GIB, {})
+
+
+def test_kv_parse_names_the_choices():
+    assert KV.parse("INT8") is KV.INT8
+    with pytest.raises(strata.InvalidArgument, match="choose one of bf16, int8, q4, k8v4"):
+        KV.parse("fp8")
