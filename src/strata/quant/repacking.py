@@ -22,9 +22,15 @@ from strata.quant.tensor import QuantTensor
 CHUNK_BYTES = 1 << 20
 
 
+# Measured on the 16-core GPU box (benchmarks/bench_repack.py): Q4_K 3.28 GB/s with 8 threads, 1.90 with 16;
+# past 8 the numpy temporaries fight over memory bandwidth and the K types slow down.
+MAX_DEFAULT_THREADS = 8
+
+
 def default_threads() -> int:
-    """Cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    """Cores this process may run on, at most MAX_DEFAULT_THREADS."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(cores, MAX_DEFAULT_THREADS)
 
 
 @functools.lru_cache(maxsize=None)
