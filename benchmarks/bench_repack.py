@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
+from pathlib import Path
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
 from strata.quant import repack
-from strata.quant.repacking import default_threads
 from strata.quant.synthetic import random_blocks
 
 COLS = 4096  # a typical hidden size; rows follow from the requested size
@@ -48,22 +49,24 @@ def main() -> None:
     parser.add_argument("--types", default="Q4_K,Q4_0,Q8_0,Q2_K,Q3_K,Q5_K,Q6_K,IQ4_XS,MXFP4")
     parser.add_argument("--threads", default=None, help="comma list (default: 1 and every power of 2 up to all cores)")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     args = parser.parse_args()
-    cores = default_threads()
+    cores = len(os.sched_getaffinity(0))
     threads = ([int(t) for t in args.threads.split(",")] if args.threads
                else sorted({1, cores, *(2**k for k in range(1, 8) if 2**k < cores)}))
     rng = np.random.default_rng()
     size = int(args.size_gib * 2**30)
     results = [r for name in args.types.split(",") for r in measure(T[name.strip()], size, threads, args.repeat, rng)]
     if args.json:
-        print(json.dumps({"cores": cores, "results": results}, indent=1))
-        return
+        Path(args.json).write_text(json.dumps({"cores": cores, "results": results}, indent=1))
     print(f"repack throughput, {args.size_gib:g} GiB of GGUF bytes per type, {cores} cores available")
     print(f"{'type':<8}" + "".join(f"{f'{n} thr':>10}" for n in threads) + "   (GB/s in)")
     for name in args.types.split(","):
         row = [r for r in results if r["type"] == name.strip()]
         print(f"{name.strip():<8}" + "".join(f"{r['gb_per_s']:>10.2f}" for r in row))
+    for name in args.types.split(","):
+        best = max((r for r in results if r["type"] == name.strip()), key=lambda r: r["gb_per_s"])
+        print(f"RESULT repack {name.strip()}: {best['gb_per_s']:.2f} GB/s with {best['threads']} threads")
 
 
 if __name__ == "__main__":

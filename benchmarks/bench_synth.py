@@ -1,7 +1,7 @@
 """Measure how fast strata.synth writes a synthetic model (GB/s of file written).
 
     PYTHONPATH=src python benchmarks/bench_synth.py --arch qwen4exp --preset bench --out /some/dir
-Prints one JSON line: bytes, seconds, GB/s, threads, geometry.
+Prints a RESULT line (GB/s, bytes, seconds, threads); --json PATH also writes them as JSON.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="directory for the file (default: a temporary one)")
     ap.add_argument("--keep", action="store_true", help="keep the file instead of deleting it")
+    ap.add_argument("--json", metavar="PATH", help="also write the result as JSON to PATH")
     args = ap.parse_args()
     out_dir = Path(args.out or tempfile.mkdtemp(prefix="strata-synth-"))
     path = out_dir / f"synth-{args.arch}-{args.preset}.gguf"
@@ -35,9 +36,13 @@ def main() -> None:
     os.sync()  # count the bytes as written only once the page cache has handed them to the disk
     seconds = time.perf_counter() - start
     size = path.stat().st_size
-    print(json.dumps({"arch": args.arch, "preset": args.preset, "n_layer": g.n_layer, "bytes": size,
-                      "seconds": round(seconds, 3), "GB_per_s": round(size / seconds / 1e9, 3),
-                      "threads": args.threads or os.cpu_count()}))
+    result = {"arch": args.arch, "preset": args.preset, "n_layer": g.n_layer, "bytes": size,
+              "seconds": round(seconds, 3), "GB_per_s": round(size / seconds / 1e9, 3),
+              "threads": args.threads or os.cpu_count()}
+    if args.json:
+        Path(args.json).write_text(json.dumps(result))
+    print(f"RESULT synth {args.arch} {args.preset} ({g.n_layer} layers): {result['GB_per_s']} GB/s, "
+          f"{size / 1e9:.1f} GB in {result['seconds']} s, {result['threads']} threads")
     if not args.keep:
         path.unlink()
 
