@@ -2,15 +2,10 @@
 from libcpp.string cimport string
 
 
+# The `except +` handler of every native call (see _native_errors.hpp). Pure extern: a room's .pxd may
+# cimport it without making the module import anything at load time.
 cdef extern from "_native_errors.hpp" namespace "strata_binding":
-    cdef struct CaughtError:
-        int kind
-        string message
-        string cuda_name
-    CaughtError current_error()
-
-
-cdef int raise_strata_error() except -1
+    int raise_strata_error() except -1
 
 
 # The core's functions take a cpp_ prefix here so the Python-facing wrappers can keep the plain names.

@@ -8,18 +8,7 @@ from libcpp.string cimport string
 
 import numpy as np
 
-from strata.errors import CudaError, FormatError, InvalidArgument, OutOfMemory, StrataError
-
-_KINDS = (StrataError, InvalidArgument, OutOfMemory, FormatError, CudaError)
-
-
-cdef int raise_strata_error() except -1:
-    cdef CaughtError caught = current_error()
-    message = caught.message.decode("utf-8", "replace")
-    kind = _KINDS[caught.kind]
-    if kind is CudaError:
-        raise CudaError(message, caught.cuda_name.decode("utf-8", "replace"))
-    raise kind(message)
+from strata.errors import InvalidArgument
 
 
 def device_count() -> int:

@@ -1,6 +1,10 @@
-// Binding-side half of the error path: called from inside the catch block that Cython's `except +`
-// opens, it rethrows the in-flight C++ exception and reports which strata kind it was.
+// Binding-side half of the error path: raise_strata_error() is the `except +` handler of every native
+// call. Cython calls it inside the catch block; it rethrows the in-flight C++ exception, finds its strata
+// kind and raises the matching strata.errors class. It is plain C++ (not a cdef function) so that every
+// room's .pxd can name it in pure extern declarations, which add no import to the module.
 #pragma once
+
+#include <Python.h>
 
 #include <exception>
 #include <new>
@@ -38,6 +42,27 @@ inline CaughtError current_error() {
     caught = {kError, "unknown native exception", ""};
   }
   return caught;
+}
+
+// Sets the Python exception for the C++ exception in flight; returns -1 (Cython's "error raised").
+inline int raise_strata_error() {
+  static const char* const kClassNames[] = {"StrataError", "InvalidArgument", "OutOfMemory", "FormatError",
+                                            "CudaError"};
+  const CaughtError caught = current_error();
+  PyObject* errors = PyImport_ImportModule("strata.errors");
+  if (errors == nullptr) return -1;
+  PyObject* cls = PyObject_GetAttrString(errors, kClassNames[caught.kind]);
+  Py_DECREF(errors);
+  if (cls == nullptr) return -1;
+  PyObject* error = caught.kind == kCudaError
+                        ? PyObject_CallFunction(cls, "ss", caught.message.c_str(), caught.cuda_name.c_str())
+                        : PyObject_CallFunction(cls, "s", caught.message.c_str());
+  if (error != nullptr) {
+    PyErr_SetObject(cls, error);
+    Py_DECREF(error);
+  }
+  Py_DECREF(cls);
+  return -1;
 }
 
 }  // namespace strata_binding

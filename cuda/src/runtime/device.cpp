@@ -42,22 +42,22 @@ DeviceInfo device_info(int index) {
   return info;
 }
 
-int driver_version() noexcept {
+namespace {
+
+// A version query that reports 0 instead of failing (no driver installed, for one).
+int version_or_zero(cudaError_t (*query)(int*)) noexcept {
   int version = 0;
-  if (cudaDriverGetVersion(&version) != cudaSuccess) {
+  if (query(&version) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
   return version;
 }
 
-int runtime_version() noexcept {
-  int version = 0;
-  if (cudaRuntimeGetVersion(&version) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return version;
-}
+}  // namespace
+
+int driver_version() noexcept { return version_or_zero(cudaDriverGetVersion); }
+
+int runtime_version() noexcept { return version_or_zero(cudaRuntimeGetVersion); }
 
 }  // namespace strata
