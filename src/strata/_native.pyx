@@ -68,3 +68,4 @@ def raise_error(str kind) -> None:
         cpp_raise_error(k)
 
 # Each room of the core binds itself in its own include file.
+include "_native_kernels.pxi"

@@ -1,4 +1,5 @@
-// RMSNorm family. Launchers never allocate, synchronise or throw: they are capturable into CUDA graphs.
+// RMSNorm family and L2 norm. Launchers never allocate, synchronise or throw: they are capturable into
+// CUDA graphs.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,5 +9,20 @@ namespace strata::kernels {
 // y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w   for r < rows; w has `cols` entries.
 cudaError_t rms_norm(const float* x, const float* w, float* y, int rows, int cols, float eps,
                      cudaStream_t stream);
+
+// Each row of `groups * cols` floats is `groups` slices (e.g. the 4 hyper-connection streams), each
+// RMS-normalised on its own, then scaled by the flat weight w [groups * cols] (one gamma slice per slice).
+cudaError_t rms_norm_grouped(const float* x, const float* w, float* y, int rows, int groups, int cols, float eps,
+                             cudaStream_t stream);
+
+enum class Gate : int { Sigmoid = 0, Silu = 1 };
+
+// Gated RMSNorm per head: y[h, :] = rms_norm(x[h, :]) * w * gate(z[h, :]) over `heads` rows of head_dim,
+// w [head_dim] shared by all heads; gate(z) = sigmoid(z) or silu(z) = z * sigmoid(z).
+cudaError_t rms_norm_gated(const float* x, const float* z, const float* w, float* y, int heads, int head_dim,
+                           float eps, Gate gate, cudaStream_t stream);
+
+// L2 norm per head: y[h, :] = x[h, :] / sqrt(Σ x[h, :]^2 + eps) (eps inside the root, as the GDN uses it).
+cudaError_t l2_norm(const float* x, float* y, int heads, int head_dim, float eps, cudaStream_t stream);
 
 }  // namespace strata::kernels

@@ -1,0 +1,28 @@
+// GEMV y = W x for one activation vector (batch 1, memory-bound): one warp per weight row.
+// Launchers never allocate, synchronise or throw: they are capturable into CUDA graphs.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "strata/forms.hpp"
+
+namespace strata::kernels {
+
+// Quantized forms (docs/forms.md). x arrives as q8_32 (quantize_q8_32): xq [cols], dx and sums [cols / 32].
+// Every inner sum over a group is exact int32 (__dp4a); groups are scaled and summed in float32.
+// Supports exactly the forms of the table "From GGUF types"; any other descriptor -> cudaErrorInvalidValue.
+// `codes` must be 16-byte aligned (8 for 2-bit codes); cols a multiple of super_size.
+cudaError_t gemv_quant(const QuantForm& form, const QuantPlanes& planes, int rows, int cols,
+                       const std::int8_t* xq, const float* dx, const std::int32_t* xsums, float* y,
+                       cudaStream_t stream);
+
+// True when gemv_quant has a kernel for `form` (every form of docs/forms.md).
+bool gemv_quant_supports(const QuantForm& form);
+
+// Float forms: W [rows][cols] of `kind` (f32, f16 bits, bf16 bits), x float32 [cols], y float32 [rows].
+cudaError_t gemv_float(FloatKind kind, const void* w, int rows, int cols, const float* x, float* y,
+                       cudaStream_t stream);
+
+}  // namespace strata::kernels

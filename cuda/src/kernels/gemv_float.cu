@@ -1,0 +1,96 @@
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "gemv.cuh"
+#include "reduce.cuh"
+
+namespace strata::kernels {
+namespace {
+
+constexpr int kRowsPerCta = 4;  // one warp per row
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// Each lane reads `Vec` weights (16 bytes when Vec > 1) at a time, kUnroll chunks issued before any is
+// used so that enough bytes are in flight to cover HBM latency; Vec == 1 handles unaligned shapes.
+constexpr int kUnroll = 4;
+
+template <class T, int Vec>
+struct alignas(Vec > 1 ? 16 : sizeof(T)) Chunk {
+  T v[Vec];
+};
+
+template <class T, int Vec>
+__device__ __forceinline__ float chunk_dot(const Chunk<T, Vec>& c, const float* __restrict__ x, float acc) {
+  if constexpr (Vec > 1) {
+#pragma unroll
+    for (int j = 0; j < Vec; j += 4) {
+      const float4 xv = __ldg(reinterpret_cast<const float4*>(x + j));
+      acc = fmaf(to_float(c.v[j]), xv.x, acc);
+      acc = fmaf(to_float(c.v[j + 1]), xv.y, acc);
+      acc = fmaf(to_float(c.v[j + 2]), xv.z, acc);
+      acc = fmaf(to_float(c.v[j + 3]), xv.w, acc);
+    }
+  } else {
+    acc = fmaf(to_float(c.v[0]), __ldg(x), acc);
+  }
+  return acc;
+}
+
+template <class T, int Vec>
+__global__ void __launch_bounds__(kRowsPerCta * 32)
+gemv_float_kernel(const T* __restrict__ w, int rows, int cols, const float* __restrict__ x, float* __restrict__ y) {
+  const int row = blockIdx.x * kRowsPerCta + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const int lane = threadIdx.x & 31;
+  const T* wr = w + static_cast<long>(row) * cols;
+  constexpr int kStride = 32 * Vec;
+  float acc = 0.0f;
+  for (int base = lane * Vec; base < cols; base += kStride * kUnroll) {
+    Chunk<T, Vec> c[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + u * kStride;
+      if (i < cols) c[u] = *reinterpret_cast<const Chunk<T, Vec>*>(wr + i);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = base + u * kStride;
+      if (i < cols) acc = chunk_dot<T, Vec>(c[u], x + i, acc);
+    }
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) y[row] = acc;
+}
+
+template <class T>
+cudaError_t launch(const void* w, int rows, int cols, const float* x, float* y, cudaStream_t stream) {
+  constexpr int kVec = 16 / sizeof(T);
+  const unsigned grid = static_cast<unsigned>((rows + kRowsPerCta - 1) / kRowsPerCta);
+  const T* wt = static_cast<const T*>(w);
+  if (cols % kVec == 0 && reinterpret_cast<std::uintptr_t>(w) % 16 == 0 && reinterpret_cast<std::uintptr_t>(x) % 16 == 0) {
+    gemv_float_kernel<T, kVec><<<grid, kRowsPerCta * 32, 0, stream>>>(wt, rows, cols, x, y);
+  } else {
+    gemv_float_kernel<T, 1><<<grid, kRowsPerCta * 32, 0, stream>>>(wt, rows, cols, x, y);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t gemv_float(FloatKind kind, const void* w, int rows, int cols, const float* x, float* y,
+                       cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return cudaErrorInvalidValue;
+  switch (kind) {
+    case FloatKind::F32: return launch<float>(w, rows, cols, x, y, stream);
+    case FloatKind::F16: return launch<__half>(w, rows, cols, x, y, stream);
+    case FloatKind::BF16: return launch<__nv_bfloat16>(w, rows, cols, x, y, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace strata::kernels

@@ -1,0 +1,180 @@
+#include <cuda_fp16.h>
+
+#include "gemv.cuh"
+#include "int8_dot.cuh"
+#include "reduce.cuh"
+
+namespace strata::kernels {
+namespace {
+
+constexpr int kRowsPerCta = 4;  // one warp per row
+constexpr int kBlock = 32;      // elements per code block and per q8_32 activation block
+
+// The compile-time shape of a form; code_bias stays a runtime value (it only scales the group's Σ xq).
+template <int Bits, int Group, int Super, Codebook Book, bool ScaleF32, bool SubScales, bool Mins>
+struct Shape {
+  static constexpr int kBits = Bits, kGroup = Group, kSuper = Super;
+  static constexpr int kGroupsPerBlock = kBlock / Group;
+  static constexpr int kCodeWords = kBlock * Bits / 8 / 4;  // 32-bit words of codes per block
+  static constexpr Codebook kBook = Book;
+  static constexpr bool kScaleF32 = ScaleF32, kSubScales = SubScales, kMins = Mins;
+};
+
+template <class S>
+__device__ __forceinline__ void load_codes(const std::uint8_t* block_codes, unsigned (&w)[S::kCodeWords]) {
+  if constexpr (S::kCodeWords == 2) {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(block_codes));
+    w[0] = v.x, w[1] = v.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < S::kCodeWords / 4; ++i) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(block_codes) + i);
+      w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+    }
+  }
+}
+
+// 4 codes of one word, as the signed bytes __dp4a multiplies: table values, or the codes themselves when
+// they fit int8 (2 and 4 bits); 8-bit codes are shifted by -128 (flip of the top bit) and corrected later.
+template <class S>
+__device__ __forceinline__ int operand(unsigned codes4) {
+  if constexpr (S::kBook == Codebook::Iq4Nl) return lookup16(codes4, kIq4NlTable);
+  else if constexpr (S::kBook == Codebook::Mxfp4) return lookup16(codes4, kMxfp4Table);
+  else if constexpr (S::kBits == 8) return static_cast<int>(codes4 ^ 0x80808080u);
+  else return static_cast<int>(codes4);
+}
+
+// Σ operand * xq per group of one block. x word k holds elements 4k..4k+3 of the block.
+template <class S>
+__device__ __forceinline__ void block_dots(const unsigned (&c)[S::kCodeWords], const int (&x)[8],
+                                           int (&dot)[S::kGroupsPerBlock]) {
+#pragma unroll
+  for (int g = 0; g < S::kGroupsPerBlock; ++g) dot[g] = 0;
+  constexpr int kLastGroup = S::kGroupsPerBlock - 1;
+  if constexpr (S::kBits == 8) {  // word k: codes 4k..4k+3
+#pragma unroll
+    for (int k = 0; k < 8; ++k) dot[k * 4 / S::kGroup] = __dp4a(operand<S>(c[k]), x[k], dot[k * 4 / S::kGroup]);
+  } else if constexpr (S::kBits == 4) {  // word k: codes 4k.. (low nibbles), 16 + 4k.. (high nibbles)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      dot[0] = __dp4a(operand<S>(c[k] & 0x0F0F0F0Fu), x[k], dot[0]);
+      dot[kLastGroup] = __dp4a(operand<S>((c[k] >> 4) & 0x0F0F0F0Fu), x[4 + k], dot[kLastGroup]);
+    }
+  } else {  // 2 bits, word h: bits 2i of its bytes hold codes 8i + 4h ..
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int k = 2 * i + h;
+        dot[k * 4 / S::kGroup] = __dp4a(operand<S>((c[h] >> (2 * i)) & 0x03030303u), x[k], dot[k * 4 / S::kGroup]);
+      }
+    }
+  }
+}
+
+template <class S>
+__global__ void __launch_bounds__(kRowsPerCta * 32)
+gemv_quant_kernel(QuantPlanes p, int rows, int cols, int code_bias, const std::int8_t* __restrict__ xq,
+                  const float* __restrict__ dx, const std::int32_t* __restrict__ xsums, float* __restrict__ y) {
+  const int row = blockIdx.x * kRowsPerCta + (threadIdx.x >> 5);
+  if (row >= rows) return;
+  const int lane = threadIdx.x & 31;
+  const int n_blocks = cols / kBlock, n_super = cols / S::kSuper, n_group = cols / S::kGroup;
+  const std::uint8_t* codes = p.codes + static_cast<long>(row) * n_blocks * S::kCodeWords * 4;
+  // Σ v xq = Σ operand xq + bias_shift Σ xq: the 8-bit operand is code - 128, the others code (or table).
+  const int bias_shift = S::kBook != Codebook::None ? 0 : (S::kBits == 8 ? 128 : 0) - code_bias;
+  float acc = 0.0f;
+  for (int b = lane; b < n_blocks; b += 32) {
+    unsigned c[S::kCodeWords];
+    load_codes<S>(codes + static_cast<long>(b) * S::kCodeWords * 4, c);
+    int x[8];
+    const int4 x_lo = __ldg(reinterpret_cast<const int4*>(xq + b * kBlock));
+    const int4 x_hi = __ldg(reinterpret_cast<const int4*>(xq + b * kBlock) + 1);
+    x[0] = x_lo.x, x[1] = x_lo.y, x[2] = x_lo.z, x[3] = x_lo.w, x[4] = x_hi.x, x[5] = x_hi.y, x[6] = x_hi.z, x[7] = x_hi.w;
+    int dot[S::kGroupsPerBlock];
+    block_dots<S>(c, x, dot);
+
+    const long super_index = static_cast<long>(row) * n_super + b * kBlock / S::kSuper;
+    const float d = S::kScaleF32 ? __ldg(static_cast<const float*>(p.d) + super_index)
+                                 : __half2float(__ldg(static_cast<const __half*>(p.d) + super_index));
+    float m = 0.0f;
+    if constexpr (S::kMins) m = __half2float(__ushort_as_half(__ldg(p.mins + super_index)));
+    float block_term = 0.0f;
+#pragma unroll
+    for (int g = 0; g < S::kGroupsPerBlock; ++g) {
+      int xsum = 0;
+      if constexpr (S::kGroupsPerBlock == 1) {
+        xsum = __ldg(xsums + b);
+      } else {
+#pragma unroll
+        for (int k = 0; k < S::kGroup / 4; ++k) xsum = __dp4a(static_cast<int>(kByteOnes), x[g * S::kGroup / 4 + k], xsum);
+      }
+      const long group_index = static_cast<long>(row) * n_group + b * S::kGroupsPerBlock + g;
+      float scale = d;
+      float offset = m;
+      if constexpr (S::kSubScales) scale = d * static_cast<float>(__ldg(p.sub_scales + group_index));
+      if constexpr (S::kMins && S::kSubScales) offset = m * static_cast<float>(__ldg(p.sub_mins + group_index));
+      block_term += scale * static_cast<float>(dot[g] + bias_shift * xsum);
+      if constexpr (S::kMins) block_term += offset * static_cast<float>(xsum);
+    }
+    acc += __ldg(dx + b) * block_term;
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) y[row] = acc;
+}
+
+template <class S>
+bool matches(const QuantForm& f) {
+  return f.code_bits == S::kBits && f.group_size == S::kGroup && f.super_size == S::kSuper &&
+         f.codebook == S::kBook && f.scale_f32 == S::kScaleF32 && f.has_sub_scales == S::kSubScales &&
+         f.has_mins == S::kMins;
+}
+
+template <class... Shapes>
+struct ShapeList {
+  static bool contains(const QuantForm& form) { return (matches<Shapes>(form) || ...); }
+
+  // Launches the kernel of the shape `form` matches; false if it matches none.
+  static bool launch(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, const std::int8_t* xq,
+                     const float* dx, const std::int32_t* xsums, float* y, cudaStream_t stream) {
+    const unsigned grid = static_cast<unsigned>((rows + kRowsPerCta - 1) / kRowsPerCta);
+    return ((matches<Shapes>(form) &&
+             (gemv_quant_kernel<Shapes><<<grid, kRowsPerCta * 32, 0, stream>>>(planes, rows, cols, form.code_bias,
+                                                                                xq, dx, xsums, y),
+              true)) ||
+            ...);
+  }
+};
+
+// The distinct shapes of docs/forms.md's table (types differing only in code_bias share one).
+using KnownShapes = ShapeList<
+    Shape<8, 32, 32, Codebook::None, false, false, false>,    // Q8_0, Q5_0
+    Shape<4, 32, 32, Codebook::None, false, false, false>,    // Q4_0
+    Shape<4, 32, 32, Codebook::None, false, false, true>,     // Q4_1
+    Shape<8, 32, 32, Codebook::None, false, false, true>,     // Q5_1
+    Shape<2, 16, 256, Codebook::None, false, true, true>,     // Q2_K
+    Shape<8, 16, 256, Codebook::None, false, true, false>,    // Q3_K, Q6_K
+    Shape<4, 32, 256, Codebook::None, false, true, true>,     // Q4_K
+    Shape<8, 32, 256, Codebook::None, false, true, true>,     // Q5_K
+    Shape<4, 32, 32, Codebook::Iq4Nl, false, false, false>,   // IQ4_NL
+    Shape<4, 32, 256, Codebook::Iq4Nl, false, true, false>,   // IQ4_XS
+    Shape<4, 32, 32, Codebook::Mxfp4, true, false, false>>;   // MXFP4
+
+}  // namespace
+
+bool gemv_quant_supports(const QuantForm& form) { return KnownShapes::contains(form); }
+
+cudaError_t gemv_quant(const QuantForm& form, const QuantPlanes& planes, int rows, int cols,
+                       const std::int8_t* xq, const float* dx, const std::int32_t* xsums, float* y,
+                       cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0 || form.super_size <= 0 || cols % form.super_size != 0) return cudaErrorInvalidValue;
+  const unsigned alignment = form.code_bits == 2 ? 8u : 16u;
+  if (reinterpret_cast<std::uintptr_t>(planes.codes) % alignment != 0 ||
+      reinterpret_cast<std::uintptr_t>(xq) % 16 != 0) {
+    return cudaErrorMisalignedAddress;
+  }
+  if (!KnownShapes::launch(form, planes, rows, cols, xq, dx, xsums, y, stream)) return cudaErrorInvalidValue;
+  return cudaGetLastError();
+}
+
+}  // namespace strata::kernels

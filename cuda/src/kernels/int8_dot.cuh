@@ -1,0 +1,37 @@
+// Device helpers for the integer inner sums of the quantized GEMV: unpacking 4 codes per 32-bit word and
+// mapping them through a form's value table, ready for __dp4a against four int8 activations.
+#pragma once
+
+#include <cstdint>
+
+namespace strata::kernels {
+
+constexpr unsigned kByteOnes = 0x01010101u;
+
+// IQ4_NL's grid and MXFP4's doubled e2m1 values (docs/forms.md), 16 int8 entries packed 4 per word.
+struct ValueTable {
+  unsigned w[4];
+};
+__host__ __device__ constexpr unsigned pack4(int a, int b, int c, int d) {
+  return (static_cast<unsigned>(a) & 0xFFu) | ((static_cast<unsigned>(b) & 0xFFu) << 8) |
+         ((static_cast<unsigned>(c) & 0xFFu) << 16) | ((static_cast<unsigned>(d) & 0xFFu) << 24);
+}
+__device__ constexpr ValueTable kIq4NlTable{{pack4(-127, -104, -83, -65), pack4(-49, -35, -22, -10),
+                                  pack4(1, 13, 25, 38), pack4(53, 69, 89, 113)}};
+__device__ constexpr ValueTable kMxfp4Table{{pack4(0, 1, 2, 3), pack4(4, 6, 8, 12),
+                                  pack4(0, -1, -2, -3), pack4(-4, -6, -8, -12)}};
+
+// Four codes (0..15, one per byte of `codes`) -> their four int8 table values, one per byte.
+// __byte_perm picks bytes from an 8-byte pair by 3-bit selectors, so look up in both halves of the table
+// and keep, per byte, the half that the code's bit 3 names.
+__device__ __forceinline__ int lookup16(unsigned codes, const ValueTable& t) {
+  const unsigned low3 = codes & 0x07070707u;
+  const unsigned spread = low3 | (low3 >> 4);                    // byte 0: c0 | c1 << 4, byte 2: c2 | c3 << 4
+  const unsigned selector = (spread & 0xFFu) | ((spread >> 8) & 0xFF00u);
+  const unsigned from_low = __byte_perm(t.w[0], t.w[1], selector);
+  const unsigned from_high = __byte_perm(t.w[2], t.w[3], selector);
+  const unsigned high_mask = ((codes >> 3) & kByteOnes) * 0xFFu;
+  return static_cast<int>((from_low & ~high_mask) | (from_high & high_mask));
+}
+
+}  // namespace strata::kernels
