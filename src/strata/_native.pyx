@@ -69,3 +69,4 @@ def raise_error(str kind) -> None:
 
 # Each room of the core binds itself in its own include file.
 include "_native_kernels.pxi"
+include "_native_mixers.pxi"

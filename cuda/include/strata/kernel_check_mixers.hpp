@@ -1,0 +1,90 @@
+// Host round trips of the decode-step mixer and plumbing kernels (GDN, paged attention + QSA, embedding
+// gather, doorbell), so Python tests can check them against the numpy reference. Each call uploads its
+// inputs, runs the kernels into poisoned, guarded outputs and copies them back. Not for the token path:
+// these allocate and synchronise. Host-only header (no CUDA types).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace strata::kernel_check {
+
+struct GdnCheckShape {
+  int n_k_heads = 0, n_v_heads = 0, head_k_dim = 0, head_v_dim = 0, conv_kernel = 0;
+  bool tiled_heads = false, interleaved_ba = false, sigmoid_gate = false;
+  float eps = 1e-6f;
+};
+
+// `steps` GDN decode tokens in sequence. Per-step inputs are stacked row-major: qkv [steps][C], z [steps][Hv*dv],
+// beta_in [steps][Hv] (interleaved_ba: the ssm_ba output [steps][2*Hv]), alpha_in [steps][Hv] (unused when
+// interleaved). conv_state [K-1][C] and state [Hv][dk][dv] are read and written back; out is [steps][Hv*dv].
+void gdn_steps(int device, const GdnCheckShape& shape, int steps, const float* qkv, const float* z,
+               const float* beta_in, const float* alpha_in, const float* conv_weight, const float* ssm_a,
+               const float* dt_bias, const float* norm_weight, float* conv_state, float* state, float* out);
+
+struct AttentionCheckShape {
+  int n_head = 0, n_head_kv = 0, head_dim = 0, rope_dim = 0, page_size = 0;
+  bool int8_kv = false;
+  float eps = 1e-6f;
+};
+
+// The QSA indexer inputs of an attention check (all per step, stacked); nullptr q disables QSA.
+struct QsaCheckInputs {
+  int n_heads = 0, head_dim = 0, keep_blocks = 0;
+  const float* q = nullptr;       // [steps][n_heads * head_dim] indexer q_proj outputs
+  const float* kraw = nullptr;    // [steps][head_dim] indexer k_proj outputs
+  const float* q_norm = nullptr;  // [head_dim]
+  const float* k_norm = nullptr;  // [head_dim]
+};
+
+// QSA outputs per step: scores [steps][steps / 4] (entries past the step's block count are NaN),
+// selected [steps][keep_blocks] (-1 past n_selected), n_selected [steps].
+struct QsaCheckOutputs {
+  float* scores = nullptr;
+  int* selected = nullptr;
+  int* n_selected = nullptr;
+};
+
+// Tokens 0..steps-1 through one captured CUDA graph (attention_prep, QSA when enabled, attention_decode),
+// replayed once per token after rewriting the device position, as the session does. Logical page i of the
+// cache lives in physical page page_order[i] (n_pages entries, covering `steps` tokens). Per-step inputs are
+// stacked: q_gate [steps][H*2d], k, v [steps][Hkv*d]; rope tables [steps][rope_dim/2]. Outputs:
+// out [steps][H*d], q [steps][H*d] (normed, roped), and the cache as stored, dequantized: k_cache, v_cache
+// [Hkv][steps][d].
+void attention_steps(int device, const AttentionCheckShape& shape, int steps, const float* q_gate,
+                     const float* k, const float* v, const float* q_norm, const float* k_norm,
+                     const float* rope_cos, const float* rope_sin, const int* page_order, int n_pages,
+                     const QsaCheckInputs& qsa, const QsaCheckOutputs& qsa_out, float* out, float* q_out,
+                     float* k_cache, float* v_cache);
+
+// The QSA top-block selection alone over given scores [n_blocks]: writes the chosen blocks (ascending) into
+// selected [keep_blocks] (-1 past the count) and returns the count.
+int qsa_top_blocks(int device, const float* scores, int n_blocks, int keep_blocks, int* selected);
+
+// Embedding rows: kind 0 F32, 1 F16, 2 BF16 (data as raw 2-byte values), 3 Q8_0 form (uint8 codes with
+// bias 128 and fp16 scales d [rows][cols/32] as raw uint16). out [n_ids][cols].
+void embed_rows(int device, int kind, int rows, int cols, const void* data, const std::uint16_t* d,
+                const int* ids, int n_ids, float* out);
+
+// `steps` PLE device-half tokens (ple.cuh) in sequence for hc streams of width n: per-step streams, key
+// [steps][hc*n] and value [steps][n]; weights norm_key, norm_query, norm_conv [hc*n], conv_weight [hc*n][K].
+// history [dilation*(K-1)][hc*n] is read and written back; out is [steps][hc*n].
+void ple_steps(int device, int streams, int width, int dilation, int conv_kernel, float eps, int steps,
+               const float* stream_rows, const float* key, const float* value, const float* norm_key,
+               const float* norm_query, const float* norm_conv, const float* conv_weight, float* history, float* out);
+
+struct DoorbellCheckResult {
+  int status = 0;      // 0, or the ring number the wait gave up on
+  int seq_seen = 0;    // the ring number the host thread saw (0 if it saw none)
+};
+
+// One publish -> host answer -> device wait round trip through mapped pinned memory. A host thread waits for
+// the ring (up to 10 s), copies what was published into published_x [n], published_ids [k],
+// published_weights [k], and, if `answer`, writes answer_row [n] and raises the flag. The device wait spins
+// at most max_spins polls and then copies the answer into answered [n] (left NaN on a timeout).
+DoorbellCheckResult doorbell_round_trip(int device, int n, int k, const float* x, const int* ids,
+                                        const float* weights, int ring_base, int ring_offset, bool answer,
+                                        const float* answer_row, long long max_spins, float* published_x,
+                                        int* published_ids, float* published_weights, float* answered);
+
+}  // namespace strata::kernel_check

@@ -1,0 +1,51 @@
+// Gated attention decode over a paged KV cache (shared/docs/models/qwen3next.md §3.2, qwen4exp.md §3(c)).
+// The token's position and the QSA selection are read from device memory, so captured graphs replay them.
+// Launchers never allocate, synchronise or throw.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kv.cuh"
+
+namespace strata::kernels {
+
+struct AttentionShape {
+  int n_head = 0;
+  int n_head_kv = 0;   // divides n_head; q-head h uses kv-head h / (n_head / n_head_kv)
+  int head_dim = 0;    // a multiple of 32, at most 512
+  int rope_dim = 0;    // even, <= head_dim: NEOX RoPE over the first rope_dim dims
+  float eps = 1e-6f;   // of the per-head q/k RMSNorm
+};
+
+struct AttentionPrepArgs {
+  const float* q_gate = nullptr;   // [n_head][2 * head_dim]: per head [q | gate] (the attn_q projection)
+  const float* k = nullptr;        // [n_head_kv][head_dim]
+  const float* v = nullptr;        // [n_head_kv][head_dim]
+  const float* q_norm = nullptr;   // [head_dim]
+  const float* k_norm = nullptr;   // [head_dim]
+  const float* rope_cos = nullptr; // [positions][rope_dim / 2]
+  const float* rope_sin = nullptr;
+  const int* position = nullptr;   // device: this token's position p
+  float* q_out = nullptr;          // [n_head][head_dim] normed, roped q
+};
+
+// q/k RMSNorm + RoPE at *position; writes q_out and appends k, v to the cache at row *position.
+cudaError_t attention_prep(const AttentionShape& shape, const AttentionPrepArgs& args, const PagedKv& kv,
+                           cudaStream_t stream);
+
+struct AttentionDecodeArgs {
+  const float* q = nullptr;         // [n_head][head_dim] from attention_prep
+  const float* q_gate = nullptr;    // [n_head][2 * head_dim]: the gate is each head's second half
+  const int* position = nullptr;    // device: tokens 0..*position are visible
+  // QSA selection (optional; nullptr = dense causal): ascending complete-block indices and their count,
+  // plus the open tail block_tokens * (n / block_tokens) .. *position, always attended.
+  const int* selected_blocks = nullptr;
+  const int* n_selected = nullptr;
+  int block_tokens = 4;
+  float* out = nullptr;             // [n_head][head_dim] = softmax(q k^T / sqrt(d)) v * sigmoid(gate)
+};
+
+cudaError_t attention_decode(const AttentionShape& shape, const AttentionDecodeArgs& args, const PagedKv& kv,
+                             cudaStream_t stream);
+
+}  // namespace strata::kernels

@@ -1,0 +1,59 @@
+#include "doorbell.cuh"
+
+namespace strata::kernels {
+namespace {
+
+constexpr int kDoorbellThreads = 256;
+constexpr unsigned kPollSleepNs = 200;  // between polls: keeps PCIe traffic low, costs < 1 us of latency
+
+__global__ void doorbell_publish_kernel(Doorbell bell, const float* __restrict__ x, const int* __restrict__ ids,
+                                        const float* __restrict__ weights, const int* __restrict__ ring_base,
+                                        int ring_offset) {
+  for (int i = threadIdx.x; i < bell.n; i += blockDim.x) bell.x[i] = x[i];
+  for (int i = threadIdx.x; i < bell.k; i += blockDim.x) {
+    bell.ids[i] = ids[i];
+    bell.weights[i] = weights[i];
+  }
+  __threadfence_system();  // each thread's payload writes reach the host before the ring below
+  __syncthreads();
+  if (threadIdx.x == 0) *static_cast<volatile int*>(bell.seq) = *ring_base + ring_offset;
+}
+
+__global__ void doorbell_wait_kernel(Doorbell bell, const int* __restrict__ ring_base, int ring_offset,
+                                     long long max_spins, int* status, float* __restrict__ answer_out) {
+  __shared__ int answered;
+  if (threadIdx.x == 0) {
+    const int expected = *ring_base + ring_offset;
+    const volatile int* flag = bell.flag;
+    long long spins = 0;
+    while (*flag < expected && spins < max_spins) {
+      __nanosleep(kPollSleepNs);
+      ++spins;
+    }
+    answered = *flag >= expected;
+    if (!answered) *status = expected;
+    __threadfence_system();  // acquire: the answer is read only after the flag was seen
+  }
+  __syncthreads();
+  if (!answered) return;
+  const volatile float* answer = bell.answer;
+  for (int i = threadIdx.x; i < bell.n; i += blockDim.x) answer_out[i] = answer[i];
+}
+
+}  // namespace
+
+cudaError_t doorbell_publish(const Doorbell& bell, const float* x, const int* ids, const float* weights,
+                             const int* ring_base, int ring_offset, cudaStream_t stream) {
+  if (bell.n <= 0 || bell.k < 0 || bell.x == nullptr || bell.seq == nullptr) return cudaErrorInvalidValue;
+  doorbell_publish_kernel<<<1, kDoorbellThreads, 0, stream>>>(bell, x, ids, weights, ring_base, ring_offset);
+  return cudaGetLastError();
+}
+
+cudaError_t doorbell_wait(const Doorbell& bell, const int* ring_base, int ring_offset, long long max_spins,
+                          int* status, float* answer_out, cudaStream_t stream) {
+  if (bell.n <= 0 || bell.flag == nullptr || bell.answer == nullptr || max_spins <= 0) return cudaErrorInvalidValue;
+  doorbell_wait_kernel<<<1, kDoorbellThreads, 0, stream>>>(bell, ring_base, ring_offset, max_spins, status, answer_out);
+  return cudaGetLastError();
+}
+
+}  // namespace strata::kernels

@@ -1,0 +1,33 @@
+// The GPU side of the doorbell (architecture.md, "One decode token"): publish a layer's routing request into
+// mapped pinned host memory and ring, and a device-side wait for the host's answer with a bounded spin.
+// Ring numbers come from device memory (*ring_base, rewritten per token) plus a per-layer constant offset,
+// so a captured graph rings a fresh number every replay. Launchers never allocate, synchronise or throw.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace strata::kernels {
+
+// Device-mapped pointers (cudaHostGetDevicePointer) into pinned host memory.
+struct Doorbell {
+  float* x = nullptr;              // [n] the routed experts' input row
+  int* ids = nullptr;              // [k] expert ids
+  float* weights = nullptr;        // [k] routing weights
+  int* seq = nullptr;              // GPU -> host: the last ring number published
+  const int* flag = nullptr;       // host -> GPU: the last ring number answered
+  const float* answer = nullptr;   // [n] the host's answer row
+  int n = 0;
+  int k = 0;
+};
+
+// Copies x, ids, weights into the doorbell, fences them system-wide, then writes seq = *ring_base + ring_offset.
+cudaError_t doorbell_publish(const Doorbell& bell, const float* x, const int* ids, const float* weights,
+                             const int* ring_base, int ring_offset, cudaStream_t stream);
+
+// Spins until flag >= *ring_base + ring_offset, then copies the answer into `answer_out` [n] (device memory).
+// After max_spins polls without an answer it writes the ring number into *status and leaves answer_out as it
+// was; *status is left untouched on success, so one zeroed status word can serve a whole token.
+cudaError_t doorbell_wait(const Doorbell& bell, const int* ring_base, int ring_offset, long long max_spins,
+                          int* status, float* answer_out, cudaStream_t stream);
+
+}  // namespace strata::kernels

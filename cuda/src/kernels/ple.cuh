@@ -1,0 +1,34 @@
+// The device half of qwen4exp's PLE block (shared/docs/models/qwen4exp.md §3(d)) for one decode token, given
+// the ple_key / ple_value projections of the gathered n-gram rows (the GEMVs are elsewhere): grouped RMSNorms,
+// the signed-sqrt sigmoid gate per stream, the dilated depthwise causal conv and its history advance.
+// Launchers never allocate, synchronise or throw.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace strata::kernels {
+
+struct PleShape {
+  int streams = 0;      // hyper-connection streams hc
+  int width = 0;        // n_embd n
+  int dilation = 0;     // the n-gram order (3)
+  int conv_kernel = 0;  // 2..8
+  float eps = 1e-6f;
+  __host__ __device__ int history_rows() const { return dilation * (conv_kernel - 1); }
+};
+
+struct PleStepArgs {
+  const float* streams = nullptr;      // [hc][n] the layer's input streams
+  const float* key = nullptr;          // [hc * n] ple_key projection
+  const float* value = nullptr;        // [n] ple_value projection
+  const float* norm_key = nullptr;     // [hc * n] grouped RMSNorm weights
+  const float* norm_query = nullptr;
+  const float* norm_conv = nullptr;
+  const float* conv_weight = nullptr;  // [hc * n][conv_kernel]; column K-1 multiplies this token
+  float* history = nullptr;            // [history_rows][hc * n] normed gated rows, oldest first; advanced in place
+  float* out = nullptr;                // [hc][n] the addend: gated + silu(conv)
+};
+
+cudaError_t ple_step(const PleShape& shape, const PleStepArgs& args, cudaStream_t stream);
+
+}  // namespace strata::kernels

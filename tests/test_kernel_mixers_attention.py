@@ -1,0 +1,155 @@
+"""Gated attention over a paged KV cache (bf16 / int8) and the QSA indexer on the GPU vs the numpy reference.
+
+The kernels run through one captured CUDA graph replayed per token with the position rewritten in device
+memory, as the session runs them. The attention reference is fed the cache as the GPU stored it (bf16- or
+int8-rounded), so the comparison isolates the kernel's arithmetic from the storage rounding, which is checked
+on its own.
+"""
+
+import numpy as np
+import pytest
+
+from strata.reference.attention import attend
+from strata.reference.ops import apply_rope, rms_norm, rope_tables, sigmoid
+from strata.reference.qsa import IndexerShape, block_scores, pooled_block_keys, select_blocks
+
+EPS = 1e-6
+THETA = 1e7
+ROPE_DIM = 64
+# float32 dot products over 256 dims and an online softmax with a fast exp, against float64: ~1e-6 typical;
+# 1e-4 of the output scale as the brief states.
+RTOL = 1e-4
+
+
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    """float32 -> nearest bf16 (ties to even), back as float32."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return rounded.astype(np.uint32).view(np.float32)
+
+
+def run(rng, steps, heads, kv_heads, d, page_size, int8_kv=False, indexer=None):
+    from strata import _native
+
+    f = np.float32
+    inputs = {
+        "q_gate": rng.standard_normal((steps, heads, 2 * d), dtype=f),
+        "k": rng.standard_normal((steps, kv_heads, d), dtype=f) * 2.0,
+        "v": rng.standard_normal((steps, kv_heads, d), dtype=f),
+        "q_norm": rng.uniform(0.5, 1.5, d).astype(f),
+        "k_norm": rng.uniform(0.5, 1.5, d).astype(f),
+    }
+    cos, sin = rope_tables(np.arange(steps), ROPE_DIM, THETA)
+    inputs["cos"], inputs["sin"] = cos.astype(f), sin.astype(f)
+    n_pages = -(-steps // page_size) + 1  # one spare page, so the table is a real permutation
+    inputs["pages"] = rng.permutation(n_pages).astype(np.int32)
+    got = _native.attention_steps(inputs["q_gate"], inputs["k"], inputs["v"], inputs["q_norm"], inputs["k_norm"],
+                                  inputs["cos"], inputs["sin"], inputs["pages"], page_size=page_size,
+                                  int8_kv=int8_kv, eps=EPS, indexer=indexer)
+    return inputs, got
+
+
+def reference_qk(inputs, d):
+    """Normed, roped q [steps, H, d] and k [Hkv, steps, d] in float64, from the float32 rope table."""
+    cos, sin = inputs["cos"].astype(np.float64), inputs["sin"].astype(np.float64)
+    q = apply_rope(rms_norm(inputs["q_gate"][:, :, :d], inputs["q_norm"], EPS), cos, sin)
+    k = apply_rope(rms_norm(inputs["k"], inputs["k_norm"], EPS), cos, sin)
+    return q, k.transpose(1, 0, 2)
+
+
+def check_outputs(got, inputs, d, allowed_rows, label):
+    steps = inputs["q_gate"].shape[0]
+    assert np.all(np.isfinite(got["out"])), f"{label}: NaN or infinity in the output"
+    for t in range(steps):
+        allowed = allowed_rows(t)
+        a = attend(got["q"][t:t + 1], got["k_cache"][:, :t + 1], got["v_cache"][:, :t + 1], allowed[None, :])
+        want = a[0] * sigmoid(inputs["q_gate"][t, :, d:])
+        err = np.max(np.abs(got["out"][t] - want)) / np.max(np.abs(want))
+        assert err < RTOL, f"{label} step {t}: attention relative error {err:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [4, 8])
+def test_dense_attention_bf16(rng, page_size):
+    steps, heads, kv_heads, d = 37, 4, 2, 256
+    inputs, got = run(rng, steps, heads, kv_heads, d, page_size)
+    q_ref, k_ref = reference_qk(inputs, d)
+    err = np.max(np.abs(got["q"] - q_ref)) / np.max(np.abs(q_ref))
+    assert err < 1e-5, f"q norm + rope relative error {err:.2e}"
+    # bf16 keeps 8 significant bits: a stored key is within 2^-8 (relative) of the float32 value.
+    assert np.all(np.abs(got["k_cache"] - k_ref) <= 2.0**-8 * np.abs(k_ref) + 1e-6), "k cache beyond bf16 rounding"
+    assert np.array_equal(got["v_cache"], bf16_round(inputs["v"].transpose(1, 0, 2))), "v cache is not bf16(v)"
+    check_outputs(got, inputs, d, lambda t: np.ones(t + 1, dtype=bool), f"bf16 page_size={page_size}")
+
+
+@pytest.mark.gpu
+def test_dense_attention_int8(rng):
+    steps, heads, kv_heads, d = 29, 6, 2, 128
+    inputs, got = run(rng, steps, heads, kv_heads, d, 8, int8_kv=True)
+    _, k_ref = reference_qk(inputs, d)
+    for name, ref in (("k", k_ref), ("v", inputs["v"].transpose(1, 0, 2).astype(np.float64))):
+        groups = ref.reshape(kv_heads, steps, d // 32, 32)
+        step = np.abs(groups).max(axis=-1, keepdims=True) / 127.0
+        stored = got[f"{name}_cache"].reshape(groups.shape)
+        # round(x / d) * d is within d / 2 of x; d itself is fp16-rounded (relative 2^-11), so allow 0.51 d.
+        assert np.all(np.abs(stored - groups) <= 0.51 * step + 1e-7), f"{name} cache beyond int8 rounding"
+    check_outputs(got, inputs, d, lambda t: np.ones(t + 1, dtype=bool), "int8")
+
+
+@pytest.mark.gpu
+def test_qsa_attention_drops_blocks(rng):
+    steps, heads, kv_heads, d, hi, di, keep = 45, 4, 2, 256, 4, 128, 3
+    f = np.float32
+    indexer = {
+        "q": rng.standard_normal((steps, hi, di), dtype=f),
+        "kraw": rng.standard_normal((steps, di), dtype=f),
+        "q_norm": rng.uniform(0.5, 1.5, di).astype(f),
+        "k_norm": rng.uniform(0.5, 1.5, di).astype(f),
+        "keep_blocks": keep,
+    }
+    inputs, got = run(rng, steps, heads, kv_heads, d, 8, indexer=indexer)
+    shape = IndexerShape(hi, di, 4, 4 * keep, ROPE_DIM, THETA)
+    cos, sin = inputs["cos"].astype(np.float64), inputs["sin"].astype(np.float64)
+    dropped_any = False
+    for t in range(steps):
+        nb = (t + 1) // 4
+        n_sel = got["n_selected"][t]
+        assert n_sel == min(keep, nb), f"step {t}: {n_sel} blocks selected, expected {min(keep, nb)}"
+        if nb == 0:
+            continue
+        keys = pooled_block_keys(indexer["kraw"][:t + 1], nb, shape, indexer["k_norm"], EPS)
+        q = apply_rope(rms_norm(indexer["q"][t:t + 1], indexer["q_norm"], EPS), cos[t:t + 1], sin[t:t + 1])
+        want = block_scores(q[0], keys)
+        scores = got["scores"][t, :nb]
+        err = np.max(np.abs(scores - want)) / max(np.max(np.abs(want)), 1e-3)
+        assert err < RTOL, f"step {t}: block score relative error {err:.2e}"
+        # The selection is exact given the GPU's own scores; vs the float64 scores only where no near-tie.
+        chosen = got["selected"][t, :n_sel]
+        assert np.array_equal(chosen, select_blocks(scores.astype(np.float64), min(keep, nb))), f"step {t}"
+        ordered = np.sort(want)[::-1]
+        if nb > keep and ordered[keep - 1] - ordered[keep] > 1e-3 * ordered[0]:
+            assert np.array_equal(chosen, select_blocks(want, keep)), f"step {t}: selection differs from float64"
+        dropped_any |= nb > keep
+
+    def allowed(t):
+        mask = np.zeros(t + 1, dtype=bool)
+        for b in got["selected"][t, :got["n_selected"][t]]:
+            mask[4 * b:4 * b + 4] = True
+        mask[4 * ((t + 1) // 4):] = True
+        return mask
+
+    assert dropped_any
+    check_outputs(got, inputs, d, allowed, "qsa")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("keep", [1, 7, 512, 2999, 3000, 5000])
+def test_qsa_top_blocks_ties_go_to_lower_index(rng, keep):
+    from strata import _native
+
+    n = 3000
+    scores = rng.integers(-2, 5, n).astype(np.float32)  # many exact ties, a few negative values
+    scores[rng.integers(0, n, 50)] = rng.standard_normal(50, dtype=np.float32) * 10
+    got = _native.qsa_top_blocks(scores, keep)
+    want = select_blocks(scores.astype(np.float64), min(keep, n))
+    assert np.array_equal(got, want), f"keep={keep}: first differences at {np.nonzero(got[:len(want)] != want)[0][:5]}"
