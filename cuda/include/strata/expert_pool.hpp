@@ -1,0 +1,101 @@
+// The CPU expert pool: pinned workers that compute the routed experts of one MoE layer, streaming the
+// expert weights (canonical forms, docs/forms.md) at the machine's memory bandwidth. Host-only, no CUDA.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace strata::cpu {
+
+enum class Isa : int { kAuto = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// Whether this CPU (and OS) runs the AVX-512 VNNI kernels / the AVX2+FMA+F16C kernels.
+bool cpu_has_avx512_vnni();
+bool cpu_has_avx2();
+// The ISA the pool uses for `requested`: kAuto reads env STRATA_CPU_ISA (avx2|avx512), else the best the
+// CPU has. Throws InvalidArgument when the requested ISA is missing on this CPU or the env value is unknown.
+Isa resolve_isa(Isa requested);
+const char* isa_name(Isa isa);
+
+// A quantized canonical form (docs/forms.md "The quantized form").
+struct FormDesc {
+  int code_bits = 0;        // 2, 4 or 8
+  int code_bias = 0;        // v = c - code_bias (ignored with a codebook)
+  bool has_codebook = false;
+  int8_t codebook[16] = {};  // 4-bit codes only
+  int group_size = 0;       // 16 or 32
+  int super_size = 0;       // 32 or 256
+  bool scale_f32 = false;   // d plane is float32 (MXFP4) instead of float16
+  bool has_sub_scales = false;
+  bool has_mins = false;    // sub_mins exist when has_mins && has_sub_scales
+};
+
+// One plane: base pointer and its size in bytes (validated against the form and shape).
+struct Plane {
+  const void* data = nullptr;
+  int64_t nbytes = 0;
+};
+
+// n_expert matrices of rows x cols each, one form, planes [expert][row][...] (each expert's rows contiguous).
+struct ExpertMatrix {
+  FormDesc form;
+  int64_t n_expert = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  Plane codes, d, sub_scales, mins, sub_mins;
+};
+
+struct PoolOptions {
+  int threads = 0;        // 0: one worker per physical core except the first (all cores if there is one)
+  bool smt = false;       // also run a worker on every SMT sibling of the worker cores
+  bool pin_caller = true; // pin the constructing thread to the first physical core; restored by close()
+  Isa isa = Isa::kAuto;
+  int spin_us = 3000;     // idle workers spin this long after a job, then park (no CPU while idle)
+};
+
+class ExpertPool {
+ public:
+  ExpertPool(int64_t n_embd, int64_t expert_ff, int max_k, const PoolOptions& options);
+  ~ExpertPool();
+  ExpertPool(const ExpertPool&) = delete;
+  ExpertPool& operator=(const ExpertPool&) = delete;
+
+  // Registers layer `layer`'s gate, up (expert_ff x n_embd) and down (n_embd x expert_ff) weights. The pool
+  // keeps the pointers, not the data: the caller keeps the planes alive until close(). Throws
+  // InvalidArgument naming the layer, matrix and limit on any size mismatch.
+  void set_layer(int layer, const ExpertMatrix& gate, const ExpertMatrix& up, const ExpertMatrix& down);
+
+  // out[j][:] = weights[j] * down(silu(gate x) * up x) for expert ids[j], j < k, except where skip[j] != 0
+  // (those rows of out are not written). x: n_embd floats; out: k * n_embd floats. Blocking; allocates
+  // nothing. skip may be null.
+  void run_layer(int layer, const float* x, const int32_t* ids, const float* weights, const uint8_t* skip, int k,
+                 float* out);
+
+  // y = W x for expert `expert` of one registered matrix ("gate", "up", "down"), on the caller's thread
+  // (a test hook for the dot kernels; x quantized to q8_32 like run_layer does).
+  void matvec(int layer, const std::string& matrix, int64_t expert, const float* x, float* y);
+
+  // The intermediate h = silu(gate x) * up x of slot j of the last run_layer (expert_ff floats).
+  const float* hidden(int slot) const;
+
+  // Best read bandwidth (bytes/s) of all workers streaming their slice of a `bytes` buffer, over `reps`.
+  double read_bandwidth(int64_t bytes, int reps);
+
+  // Stops the workers and restores the constructing thread's affinity. Idempotent; the destructor calls it.
+  void close() noexcept;
+
+  int threads() const;
+  Isa isa() const;
+  std::vector<std::vector<int>> worker_cpus() const;
+  std::vector<int> caller_cpus() const;
+  int parked_workers() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata::cpu

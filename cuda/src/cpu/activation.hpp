@@ -1,0 +1,21 @@
+// q8_32 activation quantization (docs/forms.md "Activation contract") into pool-owned buffers.
+#pragma once
+
+#include <cstdint>
+
+namespace strata::cpu {
+
+// Views into scratch for one quantized vector of `cols` (a multiple of 32) elements.
+struct QuantizedVector {
+  int8_t* xq = nullptr;   // [cols]
+  float* dx = nullptr;    // [cols / 32] block scale
+  float* dx16 = nullptr;  // [cols / 16] the block scale of each 16-element group (dx repeated)
+  float* xs16 = nullptr;  // [cols / 16] dx * Σ xq over each 16-element group
+  float* xs32 = nullptr;  // [cols / 32] dx * Σ xq over each block
+};
+
+// Quantizes blocks [block0, block1) of x into q. Bit-identical to strata.quant.quantize_activation: the
+// scale is max|x| / 127 and each element is divided (not multiplied by a reciprocal) before rounding.
+void quantize_blocks(const float* x, int64_t block0, int64_t block1, const QuantizedVector& q);
+
+}  // namespace strata::cpu

@@ -1,0 +1,85 @@
+#include "expert_layout.hpp"
+
+#include "strata/error.hpp"
+
+namespace strata::cpu {
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+void validate_form(const FormDesc& f, const std::string& what) {
+  const std::string where = what + ": form ";
+  STRATA_EXPECTS(f.code_bits == 2 || f.code_bits == 4 || f.code_bits == 8, InvalidArgument,
+                 where + "code_bits must be 2, 4 or 8, found " + str(f.code_bits));
+  STRATA_EXPECTS(f.group_size == 16 || f.group_size == 32, InvalidArgument,
+                 where + "group_size must be 16 or 32, found " + str(f.group_size));
+  STRATA_EXPECTS(f.super_size == 32 || f.super_size == 256, InvalidArgument,
+                 where + "super_size must be 32 or 256, found " + str(f.super_size));
+  STRATA_EXPECTS(f.super_size >= f.group_size, InvalidArgument,
+                 where + "super_size " + str(f.super_size) + " is smaller than group_size " + str(f.group_size));
+  STRATA_EXPECTS(f.has_sub_scales == (f.super_size != f.group_size), InvalidArgument,
+                 where + "sub_scales must exist exactly when super_size != group_size (" + str(f.super_size) +
+                     " vs " + str(f.group_size) + ")");
+  STRATA_EXPECTS(!f.has_codebook || f.code_bits == 4, InvalidArgument,
+                 where + "a codebook needs 4-bit codes, found " + str(f.code_bits));
+  STRATA_EXPECTS(f.code_bias >= 0 && f.code_bias <= 255, InvalidArgument,
+                 where + "code_bias must be in 0..255, found " + str(f.code_bias));
+}
+
+void check_plane(const Plane& p, int64_t expected, const std::string& what, const char* name) {
+  if (expected == 0) {
+    STRATA_EXPECTS(p.data == nullptr && p.nbytes == 0, InvalidArgument,
+                   what + ": the form has no " + name + " plane, but one of " + str(p.nbytes) + " bytes was given");
+    return;
+  }
+  STRATA_EXPECTS(p.data != nullptr, InvalidArgument, what + ": plane " + name + " is missing");
+  STRATA_EXPECTS(p.nbytes == expected, InvalidArgument,
+                 what + ": plane " + name + " has " + str(p.nbytes) + " bytes, expected " + str(expected));
+}
+
+}  // namespace
+
+RowBytes row_bytes(const FormDesc& f, int64_t cols) {
+  const int64_t n_super = cols / f.super_size, n_group = cols / f.group_size;
+  const bool sub_mins = f.has_mins && f.has_sub_scales;
+  return {cols * f.code_bits / 8, n_super * (f.scale_f32 ? 4 : 2), f.has_sub_scales ? n_group : 0,
+          f.has_mins ? n_super * 2 : 0, sub_mins ? n_group : 0};
+}
+
+void validate_matrix(const ExpertMatrix& m, int64_t rows, int64_t cols, const std::string& what) {
+  validate_form(m.form, what);
+  STRATA_EXPECTS(m.n_expert >= 1, InvalidArgument, what + ": n_expert must be >= 1, found " + str(m.n_expert));
+  STRATA_EXPECTS(m.rows == rows && m.cols == cols, InvalidArgument,
+                 what + ": expected " + str(rows) + " x " + str(cols) + " per expert, found " + str(m.rows) + " x " +
+                     str(m.cols));
+  STRATA_EXPECTS(cols % m.form.super_size == 0, InvalidArgument,
+                 what + ": cols " + str(cols) + " is not a multiple of super_size " + str(m.form.super_size));
+  STRATA_EXPECTS(cols <= kMaxCols, InvalidArgument,
+                 what + ": cols " + str(cols) + " exceeds the limit " + str(kMaxCols));
+  const RowBytes rb = row_bytes(m.form, cols);
+  const int64_t n = m.n_expert * rows;
+  check_plane(m.codes, n * rb.codes, what, "codes");
+  check_plane(m.d, n * rb.d, what, "d");
+  check_plane(m.sub_scales, n * rb.sub_scales, what, "sub_scales");
+  check_plane(m.mins, n * rb.mins, what, "mins");
+  check_plane(m.sub_mins, n * rb.sub_mins, what, "sub_mins");
+}
+
+MatrixRows expert_rows(const ExpertMatrix& m, int64_t e) {
+  const RowBytes rb = row_bytes(m.form, m.cols);
+  const int64_t first = e * m.rows;
+  auto at = [first](const Plane& p, int64_t per_row) {
+    return p.data == nullptr ? nullptr : static_cast<const uint8_t*>(p.data) + first * per_row;
+  };
+  MatrixRows rows;
+  rows.form = &m.form;
+  rows.cols = m.cols;
+  rows.codes = at(m.codes, rb.codes);
+  rows.d = at(m.d, rb.d);
+  rows.sub_scales = reinterpret_cast<const int8_t*>(at(m.sub_scales, rb.sub_scales));
+  rows.mins = reinterpret_cast<const uint16_t*>(at(m.mins, rb.mins));
+  rows.sub_mins = at(m.sub_mins, rb.sub_mins);
+  return rows;
+}
+
+}  // namespace strata::cpu

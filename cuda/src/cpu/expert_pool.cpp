@@ -1,0 +1,245 @@
+// The layer job: gate+up row ranges of all k experts spread over every worker, one barrier, then down row
+// ranges. x is quantized once by the caller; each gate/up work item quantizes the h blocks it produced.
+#include "strata/expert_pool.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+
+#include "activation.hpp"
+#include "dot.hpp"
+#include "expert_layout.hpp"
+#include "read_bandwidth.hpp"
+#include "strata/cpu_topology.hpp"
+#include "strata/error.hpp"
+#include "worker_team.hpp"
+
+namespace strata::cpu {
+namespace {
+
+// Rows per work item. Gate/up items are whole q8_32 blocks of h, so the item can quantize what it made.
+constexpr int64_t kGateUpRows = 32;
+constexpr int64_t kDownRows = 64;
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+// Owns the buffers of one quantized vector of `cols` elements.
+struct QuantizedBuffer {
+  std::vector<int8_t> xq;
+  std::vector<float> dx, dx16, xs16, xs32;
+  QuantizedVector view;
+
+  explicit QuantizedBuffer(int64_t cols)
+      : xq(cols), dx(cols / 32), dx16(cols / 16), xs16(cols / 16), xs32(cols / 32),
+        view{xq.data(), dx.data(), dx16.data(), xs16.data(), xs32.data()} {}
+};
+
+struct Layer {
+  bool set = false;
+  ExpertMatrix gate, up, down;
+  RowsKernel gate_kernel = nullptr, up_kernel = nullptr, down_kernel = nullptr;
+};
+
+}  // namespace
+
+struct ExpertPool::Impl {
+  int64_t n_embd, ff;
+  int max_k;
+  Isa isa;
+  std::vector<std::vector<int>> worker_cpus;
+  std::vector<int> caller_cpus;
+  std::unique_ptr<SavedAffinity> saved_affinity;
+  std::unique_ptr<WorkerTeam> team;
+  std::vector<Layer> layers;
+
+  QuantizedBuffer x_q;
+  std::vector<QuantizedBuffer> h_q;  // one per slot
+  std::vector<float> h;               // [max_k][ff]
+
+  // The job in flight (written by the caller before WorkerTeam::run, read by the workers).
+  const Layer* layer = nullptr;
+  const int32_t* ids = nullptr;
+  const float* weights = nullptr;
+  float* out = nullptr;
+  std::vector<int> active;  // slots not skipped
+  int n_active = 0;
+  int64_t gate_up_items = 0, down_items = 0, gate_up_per_slot = 0, down_per_slot = 0;
+  alignas(64) std::atomic<int64_t> next_gate_up{0};
+  alignas(64) std::atomic<int64_t> next_down{0};
+
+  Impl(int64_t n_embd_, int64_t ff_, int max_k_) : n_embd(n_embd_), ff(ff_), max_k(max_k_), x_q(n_embd_),
+                                                  h(static_cast<size_t>(max_k_) * ff_), active(max_k_) {
+    h_q.reserve(max_k);
+    for (int j = 0; j < max_k; ++j) h_q.emplace_back(ff);
+    gate_up_per_slot = (ff + kGateUpRows - 1) / kGateUpRows;
+    down_per_slot = (n_embd + kDownRows - 1) / kDownRows;
+  }
+
+  RowsKernel kernel_for(const FormDesc& f) const {
+    return isa == Isa::kAvx512 ? rows_kernel_avx512(f) : rows_kernel_avx2(f);
+  }
+
+  void gate_up_item(int64_t item) {
+    const int slot = active[item / gate_up_per_slot];
+    const int64_t r0 = (item % gate_up_per_slot) * kGateUpRows, r1 = std::min(ff, r0 + kGateUpRows);
+    const int64_t e = ids[slot];
+    float g[kGateUpRows], u[kGateUpRows];
+    layer->gate_kernel(expert_rows(layer->gate, e), r0, r1, x_q.view, 1.0f, g);
+    layer->up_kernel(expert_rows(layer->up, e), r0, r1, x_q.view, 1.0f, u);
+    float* hs = h.data() + slot * ff;
+    for (int64_t r = r0; r < r1; ++r) {
+      const float gv = g[r - r0];
+      hs[r] = gv / (1.0f + std::exp(-gv)) * u[r - r0];
+    }
+    quantize_blocks(hs, r0 / 32, r1 / 32, h_q[slot].view);
+  }
+
+  void down_item(int64_t item) {
+    const int slot = active[item / down_per_slot];
+    const int64_t r0 = (item % down_per_slot) * kDownRows, r1 = std::min(n_embd, r0 + kDownRows);
+    layer->down_kernel(expert_rows(layer->down, ids[slot]), r0, r1, h_q[slot].view, weights[slot],
+                       out + slot * n_embd + r0);
+  }
+
+  static void layer_job(void* context, int /*worker*/) {
+    auto& p = *static_cast<Impl*>(context);
+    for (int64_t i; (i = p.next_gate_up.fetch_add(1, std::memory_order_relaxed)) < p.gate_up_items;) p.gate_up_item(i);
+    p.team->barrier();  // every h is complete and quantized
+    for (int64_t i; (i = p.next_down.fetch_add(1, std::memory_order_relaxed)) < p.down_items;) p.down_item(i);
+  }
+
+  const Layer& registered(int index, const char* what) const {
+    STRATA_EXPECTS(team != nullptr, InvalidArgument, std::string(what) + ": the expert pool is closed");
+    STRATA_EXPECTS(index >= 0 && index < static_cast<int>(layers.size()) && layers[index].set, InvalidArgument,
+                   std::string(what) + ": layer " + str(index) + " has no experts registered");
+    return layers[index];
+  }
+};
+
+ExpertPool::ExpertPool(int64_t n_embd, int64_t expert_ff, int max_k, const PoolOptions& options) {
+  STRATA_EXPECTS(n_embd >= 32 && n_embd % 32 == 0 && n_embd <= kMaxCols, InvalidArgument,
+                 "expert pool: n_embd must be a multiple of 32 in 32.." + str(kMaxCols) + ", found " + str(n_embd));
+  STRATA_EXPECTS(expert_ff >= 32 && expert_ff % 32 == 0 && expert_ff <= kMaxCols, InvalidArgument,
+                 "expert pool: expert_ff must be a multiple of 32 in 32.." + str(kMaxCols) + ", found " +
+                     str(expert_ff));
+  STRATA_EXPECTS(max_k >= 1 && max_k <= 1024, InvalidArgument,
+                 "expert pool: max_k must be in 1..1024, found " + str(max_k));
+  STRATA_EXPECTS(options.threads >= 0, InvalidArgument,
+                 "expert pool: threads must be >= 0 (0 = automatic), found " + str(options.threads));
+  impl_ = std::make_unique<Impl>(n_embd, expert_ff, max_k);
+  impl_->isa = resolve_isa(options.isa);
+
+  // The first physical core (all its siblings) belongs to the host loop; one worker per other core.
+  const std::vector<PhysicalCore> cores = physical_cores();
+  const size_t first_worker_core = cores.size() >= 2 ? 1 : 0;
+  std::vector<std::vector<int>> candidates;
+  for (size_t c = first_worker_core; c < cores.size(); ++c) {
+    if (options.smt) {
+      for (int cpu : cores[c].cpus) candidates.push_back({cpu});
+    } else {
+      candidates.push_back({cores[c].cpus.front()});
+    }
+  }
+  if (candidates.empty()) candidates.push_back({});  // no topology: one unpinned worker
+  const size_t n = options.threads == 0 ? candidates.size() : static_cast<size_t>(options.threads);
+  STRATA_EXPECTS(n <= candidates.size(), InvalidArgument,
+                 "expert pool: threads=" + str(options.threads) + " exceeds the " + str(candidates.size()) +
+                     " worker CPUs available (one per physical core but the first" +
+                     (options.smt ? ", every SMT sibling" : "") + ")");
+  impl_->worker_cpus.assign(candidates.begin(), candidates.begin() + n);
+  if (options.pin_caller && first_worker_core == 1) {
+    impl_->saved_affinity = std::make_unique<SavedAffinity>();
+    pin_current_thread(cores[0].cpus);
+  }
+  impl_->caller_cpus = current_thread_cpus();
+  impl_->team = std::make_unique<WorkerTeam>(impl_->worker_cpus, options.spin_us);
+}
+
+ExpertPool::~ExpertPool() { close(); }
+
+void ExpertPool::close() noexcept {
+  if (!impl_) return;
+  impl_->team.reset();
+  if (impl_->saved_affinity) impl_->saved_affinity->restore();
+}
+
+void ExpertPool::set_layer(int layer, const ExpertMatrix& gate, const ExpertMatrix& up, const ExpertMatrix& down) {
+  Impl& p = *impl_;
+  STRATA_EXPECTS(p.team != nullptr, InvalidArgument, "set_layer: the expert pool is closed");
+  STRATA_EXPECTS(layer >= 0 && layer < 4096, InvalidArgument, "set_layer: layer must be in 0..4095, found " + str(layer));
+  const std::string name = "layer " + str(layer);
+  validate_matrix(gate, p.ff, p.n_embd, name + " gate");
+  validate_matrix(up, p.ff, p.n_embd, name + " up");
+  validate_matrix(down, p.n_embd, p.ff, name + " down");
+  STRATA_EXPECTS(gate.n_expert == up.n_expert && up.n_expert == down.n_expert, InvalidArgument,
+                 name + ": gate/up/down hold " + str(gate.n_expert) + "/" + str(up.n_expert) + "/" +
+                     str(down.n_expert) + " experts; they must agree");
+  if (static_cast<int>(p.layers.size()) <= layer) p.layers.resize(layer + 1);
+  Layer& l = p.layers[layer];
+  l.gate = gate;
+  l.up = up;
+  l.down = down;
+  l.gate_kernel = p.kernel_for(l.gate.form);
+  l.up_kernel = p.kernel_for(l.up.form);
+  l.down_kernel = p.kernel_for(l.down.form);
+  l.set = true;
+}
+
+void ExpertPool::run_layer(int layer, const float* x, const int32_t* ids, const float* weights, const uint8_t* skip,
+                           int k, float* out) {
+  Impl& p = *impl_;
+  const Layer& l = p.registered(layer, "run_layer");
+  STRATA_EXPECTS(k >= 0 && k <= p.max_k, InvalidArgument,
+                 "run_layer: k must be in 0.." + str(p.max_k) + " (max_k), found " + str(k));
+  int n_active = 0;
+  for (int j = 0; j < k; ++j) {
+    if (skip != nullptr && skip[j] != 0) continue;
+    STRATA_EXPECTS(ids[j] >= 0 && ids[j] < l.gate.n_expert, InvalidArgument,
+                   "run_layer: layer " + str(layer) + " ids[" + str(j) + "] = " + str(ids[j]) + " is outside 0.." +
+                       str(l.gate.n_expert - 1));
+    p.active[n_active++] = j;
+  }
+  if (n_active == 0) return;
+  quantize_blocks(x, 0, p.n_embd / 32, p.x_q.view);
+  p.layer = &l;
+  p.ids = ids;
+  p.weights = weights;
+  p.out = out;
+  p.n_active = n_active;
+  p.gate_up_items = n_active * p.gate_up_per_slot;
+  p.down_items = n_active * p.down_per_slot;
+  p.next_gate_up.store(0, std::memory_order_relaxed);
+  p.next_down.store(0, std::memory_order_relaxed);
+  p.team->run(&Impl::layer_job, &p);
+}
+
+void ExpertPool::matvec(int layer, const std::string& matrix, int64_t expert, const float* x, float* y) {
+  Impl& p = *impl_;
+  const Layer& l = p.registered(layer, "matvec");
+  const ExpertMatrix* m = matrix == "gate" ? &l.gate : matrix == "up" ? &l.up : matrix == "down" ? &l.down : nullptr;
+  STRATA_EXPECTS(m != nullptr, InvalidArgument, "matvec: matrix must be gate, up or down, found '" + matrix + "'");
+  STRATA_EXPECTS(expert >= 0 && expert < m->n_expert, InvalidArgument,
+                 "matvec: expert " + str(expert) + " is outside 0.." + str(m->n_expert - 1));
+  QuantizedBuffer xq(m->cols);
+  quantize_blocks(x, 0, m->cols / 32, xq.view);
+  p.kernel_for(m->form)(expert_rows(*m, expert), 0, m->rows, xq.view, 1.0f, y);
+}
+
+const float* ExpertPool::hidden(int slot) const {
+  STRATA_EXPECTS(slot >= 0 && slot < impl_->max_k, InvalidArgument,
+                 "hidden: slot must be in 0.." + str(impl_->max_k - 1) + ", found " + str(slot));
+  return impl_->h.data() + slot * impl_->ff;
+}
+
+double ExpertPool::read_bandwidth(int64_t bytes, int reps) {
+  STRATA_EXPECTS(impl_->team != nullptr, InvalidArgument, "read_bandwidth: the expert pool is closed");
+  return measure_read_bandwidth(*impl_->team, bytes, reps);
+}
+
+int ExpertPool::threads() const { return static_cast<int>(impl_->worker_cpus.size()); }
+Isa ExpertPool::isa() const { return impl_->isa; }
+std::vector<std::vector<int>> ExpertPool::worker_cpus() const { return impl_->worker_cpus; }
+std::vector<int> ExpertPool::caller_cpus() const { return impl_->caller_cpus; }
+int ExpertPool::parked_workers() const { return impl_->team ? impl_->team->parked() : 0; }
+
+}  // namespace strata::cpu

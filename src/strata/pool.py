@@ -1,0 +1,145 @@
+"""The CPU expert pool from Python: lays routed-expert weights out for the native pool and owns them.
+
+The native pool (cuda/src/cpu) streams each layer's gate/up/down expert matrices from host memory with
+pinned workers, one per physical core but the first (left to the host loop). Weights come in as
+strata.quant.QuantTensor objects as ``repack`` makes them from the 3-D GGUF expert tensors
+(``ne = {cols, rows, n_expert}``): planes of ``n_expert * rows`` rows, expert-major, so each expert's rows
+are already contiguous in every plane, which is the layout the pool streams. This class keeps those
+arrays alive for as long as the native pool points into them.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from strata.errors import InvalidArgument
+from strata.quant import QuantTensor
+
+MATRICES = ("gate", "up", "down")
+
+
+def matrix_spec(q: QuantTensor, n_expert: int, what: str) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """The native description of ``q`` as ``n_expert`` stacked matrices, and the contiguous planes it points into."""
+    if not isinstance(q, QuantTensor):
+        raise InvalidArgument(f"{what}: the CPU pool takes quantized forms (a QuantTensor); found {type(q).__name__}")
+    if n_expert < 1 or q.rows % n_expert:
+        raise InvalidArgument(f"{what}: {q.rows} rows do not split into {n_expert} experts")
+    form = q.form
+    planes: dict[str, tuple[int, int]] = {}
+    keep: list[np.ndarray] = []
+    for name, plane in q.planes().items():
+        array = np.ascontiguousarray(plane)
+        keep.append(array)
+        planes[name] = (array.ctypes.data, array.nbytes)
+    spec = {
+        "code_bits": form.code_bits, "code_bias": form.code_bias,
+        "codebook": list(form.codebook) if form.codebook is not None else None,
+        "group_size": form.group_size, "super_size": form.super_size,
+        "scale_f32": form.scale_dtype == "float32",
+        "has_sub_scales": form.has_sub_scales, "has_mins": form.has_mins,
+        "n_expert": n_expert, "rows": q.rows // n_expert, "cols": q.cols, "planes": planes,
+    }
+    return spec, keep
+
+
+def physical_cores() -> list[tuple[tuple[int, ...], int]]:
+    """The physical cores this process may use: (SMT sibling CPU ids, NUMA node), ordered by first CPU."""
+    from strata import _native
+
+    return _native.cpu_physical_cores()
+
+
+def default_threads(smt: bool = False) -> int:
+    """Workers of ``threads=None``: one per physical core but the first (every sibling with ``smt``)."""
+    cores = physical_cores()
+    workers = cores[1:] if len(cores) > 1 else cores
+    return max(1, sum(len(cpus) if smt else 1 for cpus, _ in workers))
+
+
+class ExpertPool:
+    """Pinned CPU workers computing routed experts: ``out[j] = w[j] * down(silu(gate x) * up x)`` of expert ``ids[j]``.
+
+    ``threads=None`` runs one worker per physical core except the first; ``pin_caller`` pins the creating
+    thread (the host loop) to that first core until ``close()``, which restores its affinity. ``isa`` is
+    "avx2", "avx512" or None (env STRATA_CPU_ISA, else the best the CPU has).
+    """
+
+    def __init__(self, n_embd: int, expert_ff: int, max_k: int, *, threads: int | None = None, smt: bool = False,
+                 pin_caller: bool = True, isa: str | None = None, spin_us: int = 3000):
+        from strata import _native  # the extension is optional for `import strata`; the pool needs it
+
+        self.n_embd, self.expert_ff, self.max_k = n_embd, expert_ff, max_k
+        self._native = _native.CpuExpertPool(n_embd, expert_ff, max_k, threads=threads or 0, smt=smt,
+                                             pin_caller=pin_caller, isa=isa or "auto", spin_us=spin_us)
+        self._weights: dict[int, list[np.ndarray]] = {}
+        self._n_expert: dict[int, int] = {}
+
+    def set_layer(self, layer: int, gate: QuantTensor, up: QuantTensor, down: QuantTensor, n_expert: int) -> None:
+        """Registers layer ``layer``'s experts (each QuantTensor holds all ``n_expert`` experts, expert-major)."""
+        specs, keep = {}, []
+        for name, q in zip(MATRICES, (gate, up, down)):
+            specs[name], arrays = matrix_spec(q, n_expert, f"layer {layer} {name}")
+            keep += arrays
+        self._native.set_layer(layer, specs["gate"], specs["up"], specs["down"])
+        self._weights[layer] = keep
+        self._n_expert[layer] = n_expert
+
+    def run_layer(self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
+                  skip: np.ndarray | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        """Computes every routed expert not in ``skip`` into its row of ``out`` ([k, n_embd] float32); skipped rows
+        are left untouched. Blocks until done; with ``out`` given, allocates nothing per call."""
+        ids = np.ascontiguousarray(ids, dtype=np.int32)
+        k = ids.shape[0]
+        skip = np.zeros(k, np.uint8) if skip is None else np.ascontiguousarray(skip, dtype=np.uint8)
+        if out is None:
+            out = np.empty((k, self.n_embd), np.float32)
+        self._native.run_layer(layer, np.ascontiguousarray(x, dtype=np.float32), ids,
+                               np.ascontiguousarray(weights, dtype=np.float32), skip, out)
+        return out
+
+    def matvec(self, layer: int, matrix: str, expert: int, x: np.ndarray) -> np.ndarray:
+        """``W x`` of one expert's gate, up or down matrix with the pool's kernels (a test hook)."""
+        return self._native.matvec(layer, matrix, expert, np.ascontiguousarray(x, dtype=np.float32))
+
+    def hidden(self, slot: int) -> np.ndarray:
+        """``silu(gate x) * up x`` of slot ``slot`` of the last ``run_layer`` (float32 [expert_ff])."""
+        return self._native.hidden(slot)
+
+    def read_bandwidth(self, nbytes: int, reps: int = 5) -> float:
+        """Best bytes/s of all workers reading an ``nbytes`` buffer."""
+        return self._native.read_bandwidth(nbytes, reps)
+
+    def layer_bytes(self, layer: int) -> int:
+        """Weight bytes of one expert of ``layer`` (gate + up + down, every plane)."""
+        return sum(a.nbytes for a in self._weights[layer]) // self._n_expert[layer]
+
+    @property
+    def threads(self) -> int:
+        return self._native.threads
+
+    @property
+    def isa(self) -> str:
+        return self._native.isa
+
+    @property
+    def worker_cpus(self) -> list[tuple[int, ...]]:
+        return self._native.worker_cpus
+
+    @property
+    def parked_workers(self) -> int:
+        return self._native.parked_workers
+
+    def close(self) -> None:
+        """Stops the workers, restores the creating thread's affinity and releases the weights."""
+        self._native.close()
+        self._weights.clear()
+
+    def __enter__(self) -> ExpertPool:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
