@@ -1,0 +1,134 @@
+"""CPU expert pool benchmark: effective GB/s of routed-expert bytes per layer job vs the machine's read bandwidth.
+
+Expert sets are large enough to defeat the caches (``n_expert`` experts per layer, several layers, ids
+drawn at random per job), so every job streams its k experts from DRAM. The read bandwidth comes from the
+pool's own workers reading a first-touched buffer (cuda/src/cpu/read_bandwidth.cpp).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from strata.pool import ExpertPool, default_threads, physical_cores
+from strata.quant import QuantTensor, form_for
+
+SHAPES = {"qwen4exp": (2560, 640), "qwen3next": (2048, 512)}  # (n_embd, expert_ff)
+# gate/up type, down type; a down whose rows are not whole 256-blocks takes llama-quantize's fallback type.
+MIXES = {"Q4_K": (T.Q4_K, T.Q4_K), "Q2_K": (T.Q2_K, T.Q2_K), "Q8_0": (T.Q8_0, T.Q8_0), "Q4_K+Q4_0": (T.Q4_K, T.Q4_0)}
+FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.IQ4_XS: T.IQ4_NL}
+HEADLINE = ("qwen4exp", "Q4_K")
+
+
+@dataclass
+class Scale:
+    n_expert: int
+    n_layers: int
+    jobs: int
+    read_bytes: int
+
+
+BOX = Scale(n_expert=128, n_layers=4, jobs=60, read_bytes=2 << 30)
+QUICK = Scale(n_expert=16, n_layers=2, jobs=10, read_bytes=128 << 20)
+
+
+def synthetic_experts(ggml_type: T, rows: int, cols: int, n_expert: int, rng: np.random.Generator) -> QuantTensor:
+    """Random planes of ``n_expert`` experts in ``ggml_type``'s form; finite, moderate scales (no denormals)."""
+    if cols % 256 and ggml_type in FALLBACK:
+        ggml_type = FALLBACK[ggml_type]
+    q = QuantTensor.empty(form_for(ggml_type), rows * n_expert, cols)
+    q.codes[...] = np.frombuffer(rng.bytes(q.codes.size), np.uint8).reshape(q.codes.shape)
+    q.d[...] = rng.uniform(1e-3, 1e-2, q.d.shape).astype(q.d.dtype)
+    if q.sub_scales is not None:
+        q.sub_scales[...] = rng.integers(-32, 32, q.sub_scales.shape, dtype=np.int8)
+    if q.mins is not None:
+        q.mins[...] = rng.uniform(-1e-2, 1e-2, q.mins.shape).astype(np.float16)
+    if q.sub_mins is not None:
+        q.sub_mins[...] = rng.integers(0, 64, q.sub_mins.shape, dtype=np.uint8)
+    return q
+
+
+def time_jobs(pool: ExpertPool, n_layers: int, n_expert: int, k: int, jobs: int, rng: np.random.Generator) -> np.ndarray:
+    """Seconds per run_layer call, ids drawn at random per job (two warm-up jobs not counted)."""
+    x = rng.standard_normal(pool.n_embd, dtype=np.float32)
+    weights = np.full(k, 1.0 / k, np.float32)
+    skip = np.zeros(k, np.uint8)
+    out = np.empty((k, pool.n_embd), np.float32)
+    plans = [(int(rng.integers(n_layers)), rng.choice(n_expert, k, replace=False).astype(np.int32))
+             for _ in range(jobs + 2)]
+    times = []
+    for layer, ids in plans:
+        t0 = time.perf_counter()
+        pool.run_layer(layer, x, ids, weights, skip, out)
+        times.append(time.perf_counter() - t0)
+    return np.array(times[2:])
+
+
+def thread_sweep(max_threads: int) -> list[int]:
+    return sorted({n for n in (1, 2, 4, 8, 12, max_threads) if n <= max_threads})
+
+
+def run(quick: bool = False, k: int = 10, isa: str | None = None, json_path: str | None = None) -> dict:
+    """Runs the benchmark, prints a table and RESULT lines, returns (and optionally writes) the numbers."""
+    scale = QUICK if quick else BOX
+    rng = np.random.default_rng()
+    n_all = default_threads()
+    cores = physical_cores()
+    smt_possible = any(len(cpus) > 1 for cpus, _ in cores[1:])
+    result: dict = {"physical_cores": len(cores), "workers_all": n_all, "k": k, "n_expert": scale.n_expert,
+                    "n_layers": scale.n_layers, "read_bw": {}, "layers": []}
+
+    print(f"{len(cores)} physical cores, workers 1..{n_all}; read bandwidth ({scale.read_bytes >> 20} MiB):")
+    for n in thread_sweep(n_all):
+        with ExpertPool(64, 64, 1, threads=n, isa=isa) as pool:
+            result["read_bw"][n] = pool.read_bandwidth(scale.read_bytes) / 1e9
+        print(f"  {n:3d} workers: {result['read_bw'][n]:7.1f} GB/s")
+    if smt_possible:
+        with ExpertPool(64, 64, 1, smt=True, isa=isa) as pool:
+            result["read_bw_smt"] = pool.read_bandwidth(scale.read_bytes) / 1e9
+            result["smt_workers"] = pool.threads
+        print(f"  {result['smt_workers']:3d} workers (SMT siblings too): {result['read_bw_smt']:7.1f} GB/s")
+    bw_all = result["read_bw"][n_all]
+
+    print(f"\n{'shape':10s} {'mix':10s} {'down':5s} {'thr':>4s} {'MB/job':>7s} {'med us':>8s} {'p90 us':>8s} "
+          f"{'GB/s':>6s} {'%bw':>5s} {'lat/bound':>9s}")
+    for shape, (n_embd, ff) in SHAPES.items():
+        for mix, (gate_type, down_type) in MIXES.items():
+            gate = [synthetic_experts(gate_type, ff, n_embd, scale.n_expert, rng) for _ in range(2 * scale.n_layers)]
+            down = [synthetic_experts(down_type, n_embd, ff, scale.n_expert, rng) for _ in range(scale.n_layers)]
+            sweep = thread_sweep(n_all) if (shape, mix) == HEADLINE else [n_all]
+            variants = [(n, False) for n in sweep]
+            if (shape, mix) == HEADLINE and smt_possible:
+                variants.append((0, True))
+            for n, smt in variants:
+                with ExpertPool(n_embd, ff, k, threads=n or None, smt=smt, isa=isa) as pool:
+                    for layer in range(scale.n_layers):
+                        pool.set_layer(layer, gate[2 * layer], gate[2 * layer + 1], down[layer], scale.n_expert)
+                    job_bytes = pool.layer_bytes(0) * k
+                    times = time_jobs(pool, scale.n_layers, scale.n_expert, k, scale.jobs, rng)
+                    row = {"shape": shape, "mix": mix, "down_form": down[0].form.name, "threads": pool.threads,
+                           "smt": smt, "isa": pool.isa, "job_bytes": job_bytes,
+                           "median_s": float(np.median(times)), "p90_s": float(np.percentile(times, 90))}
+                row["gb_per_s"] = job_bytes / row["median_s"] / 1e9
+                row["fraction_of_read_bw"] = row["gb_per_s"] / bw_all
+                row["latency_over_bound"] = row["median_s"] / (job_bytes / (bw_all * 1e9))
+                result["layers"].append(row)
+                print(f"{shape:10s} {mix:10s} {row['down_form']:5s} {row['threads']:4d}{'s' if smt else ' '}"
+                      f"{job_bytes / 1e6:7.1f} {row['median_s'] * 1e6:8.0f} {row['p90_s'] * 1e6:8.0f} "
+                      f"{row['gb_per_s']:6.1f} {100 * row['fraction_of_read_bw']:5.1f} {row['latency_over_bound']:9.2f}")
+            del gate, down
+
+    head = next(r for r in result["layers"]
+                if (r["shape"], r["mix"]) == HEADLINE and r["threads"] == n_all and not r["smt"])
+    print(f"RESULT read_bw_all_workers_gbps={bw_all:.1f} read_bw_1_worker_gbps={result['read_bw'][1]:.1f}")
+    print(f"RESULT pool_qwen4exp_q4k_k{k}_gbps={head['gb_per_s']:.1f} fraction_of_read_bw="
+          f"{head['fraction_of_read_bw']:.3f} latency_over_bound={head['latency_over_bound']:.2f} "
+          f"median_us={head['median_s'] * 1e6:.0f} p90_us={head['p90_s'] * 1e6:.0f}")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
