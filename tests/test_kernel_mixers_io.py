@@ -71,7 +71,7 @@ def test_doorbell_wait_times_out_with_a_status(rng):
     x = rng.standard_normal(n, dtype=np.float32)
     base, offset = int(rng.integers(1, 10_000)), 3
     got = _native.doorbell_round_trip(x, np.arange(k, dtype=np.int32), np.ones(k, np.float32), base, offset,
-                                      None, max_spins=2000)
+                                      None, timeout_ns=20_000)
     assert got["status"] == base + offset  # the ring that was never answered
     assert got["seq_seen"] == base + offset  # the publish still reached the host
     assert np.array_equal(got["published_x"], x)

@@ -82,5 +82,5 @@ def embed_rows(
 ) -> npt.NDArray[np.float32]: ...
 def doorbell_round_trip(
     x: npt.ArrayLike, ids: npt.ArrayLike, weights: npt.ArrayLike, ring_base: int, ring_offset: int,
-    answer_row: npt.ArrayLike | None = None, max_spins: int = 10_000_000, device: int = 0,
+    answer_row: npt.ArrayLike | None = None, timeout_ns: int = 10_000_000, device: int = 0,
 ) -> dict[str, Any]: ...

@@ -51,5 +51,5 @@ cdef extern from "strata/kernel_check_mixers.hpp" namespace "strata::kernel_chec
         float* out) except +raise_strata_error
     DoorbellCheckResult cpp_doorbell_round_trip "strata::kernel_check::doorbell_round_trip"(
         int device, int n, int k, const float* x, const int* ids, const float* weights, int ring_base,
-        int ring_offset, bool answer, const float* answer_row, long long max_spins, float* published_x,
+        int ring_offset, bool answer, const float* answer_row, long long timeout_ns, float* published_x,
         int* published_ids, float* published_weights, float* answered) except +raise_strata_error

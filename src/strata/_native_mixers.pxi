@@ -231,7 +231,7 @@ def embed_rows(table, ids, d=None, int device=0):
 
 
 def doorbell_round_trip(x, ids, weights, int ring_base, int ring_offset, answer_row=None,
-                        long long max_spins=10_000_000, int device=0) -> dict:
+                        long long timeout_ns=2_000_000_000, int device=0) -> dict:
     """Publish x/ids/weights through mapped pinned memory, let a host thread answer (if answer_row is given),
     and wait on the device. Returns published_x, published_ids, published_weights (what the host read),
     answered (the device's copy of the answer; NaN on a timeout), status (0 or the ring number that timed out)
@@ -256,6 +256,6 @@ def doorbell_round_trip(x, ids, weights, int ring_base, int ring_offset, answer_
     cdef DoorbellCheckResult r
     with nogil:
         r = cpp_doorbell_round_trip(device, c_n, c_k, p_x, p_ids, p_w, ring_base, ring_offset, answer, p_answer,
-                                    max_spins, p_px, p_pids, p_pw, p_answered)
+                                    timeout_ns, p_px, p_pids, p_pw, p_answered)
     result["status"], result["seq_seen"] = r.status, r.seq_seen
     return result

@@ -81,10 +81,10 @@ struct DoorbellCheckResult {
 // One publish -> host answer -> device wait round trip through mapped pinned memory. A host thread waits for
 // the ring (up to 10 s), copies what was published into published_x [n], published_ids [k],
 // published_weights [k], and, if `answer`, writes answer_row [n] and raises the flag. The device wait spins
-// at most max_spins polls and then copies the answer into answered [n] (left NaN on a timeout).
+// at most timeout_ns nanoseconds and then copies the answer into answered [n] (left NaN on a timeout).
 DoorbellCheckResult doorbell_round_trip(int device, int n, int k, const float* x, const int* ids,
                                         const float* weights, int ring_base, int ring_offset, bool answer,
-                                        const float* answer_row, long long max_spins, float* published_x,
+                                        const float* answer_row, long long timeout_ns, float* published_x,
                                         int* published_ids, float* published_weights, float* answered);
 
 }  // namespace strata::kernel_check

@@ -19,16 +19,22 @@ __global__ void doorbell_publish_kernel(Doorbell bell, const float* __restrict__
   if (threadIdx.x == 0) *static_cast<volatile int*>(bell.seq) = *ring_base + ring_offset;
 }
 
+// Nanoseconds of the GPU's global timer: a timeout in time, whatever __nanosleep really sleeps.
+__device__ __forceinline__ unsigned long long global_timer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 __global__ void doorbell_wait_kernel(Doorbell bell, const int* __restrict__ ring_base, int ring_offset,
-                                     long long max_spins, int* status, float* __restrict__ answer_out) {
+                                     long long timeout_ns, int* status, float* __restrict__ answer_out) {
   __shared__ int answered;
   if (threadIdx.x == 0) {
     const int expected = *ring_base + ring_offset;
     const volatile int* flag = bell.flag;
-    long long spins = 0;
-    while (*flag < expected && spins < max_spins) {
+    const unsigned long long start = global_timer_ns();
+    while (*flag < expected && global_timer_ns() - start < static_cast<unsigned long long>(timeout_ns)) {
       __nanosleep(kPollSleepNs);
-      ++spins;
     }
     answered = *flag >= expected;
     if (!answered) *status = expected;
@@ -49,10 +55,11 @@ cudaError_t doorbell_publish(const Doorbell& bell, const float* x, const int* id
   return cudaGetLastError();
 }
 
-cudaError_t doorbell_wait(const Doorbell& bell, const int* ring_base, int ring_offset, long long max_spins,
+cudaError_t doorbell_wait(const Doorbell& bell, const int* ring_base, int ring_offset, long long timeout_ns,
                           int* status, float* answer_out, cudaStream_t stream) {
-  if (bell.n <= 0 || bell.flag == nullptr || bell.answer == nullptr || max_spins <= 0) return cudaErrorInvalidValue;
-  doorbell_wait_kernel<<<1, kDoorbellThreads, 0, stream>>>(bell, ring_base, ring_offset, max_spins, status, answer_out);
+  if (bell.n <= 0 || bell.flag == nullptr || bell.answer == nullptr || timeout_ns <= 0) return cudaErrorInvalidValue;
+  doorbell_wait_kernel<<<1, kDoorbellThreads, 0, stream>>>(bell, ring_base, ring_offset, timeout_ns, status,
+                                                           answer_out);
   return cudaGetLastError();
 }
 

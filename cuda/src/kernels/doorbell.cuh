@@ -25,9 +25,10 @@ cudaError_t doorbell_publish(const Doorbell& bell, const float* x, const int* id
                              const int* ring_base, int ring_offset, cudaStream_t stream);
 
 // Spins until flag >= *ring_base + ring_offset, then copies the answer into `answer_out` [n] (device memory).
-// After max_spins polls without an answer it writes the ring number into *status and leaves answer_out as it
-// was; *status is left untouched on success, so one zeroed status word can serve a whole token.
-cudaError_t doorbell_wait(const Doorbell& bell, const int* ring_base, int ring_offset, long long max_spins,
+// After timeout_ns nanoseconds (the GPU's global timer) without an answer it writes the ring number into
+// *status and leaves answer_out as it was; *status is left untouched on success, so one zeroed status word
+// can serve a whole token.
+cudaError_t doorbell_wait(const Doorbell& bell, const int* ring_base, int ring_offset, long long timeout_ns,
                           int* status, float* answer_out, cudaStream_t stream);
 
 }  // namespace strata::kernels

@@ -69,10 +69,10 @@ void embed_rows(int device, int kind, int rows, int cols, const void* data, cons
 
 DoorbellCheckResult doorbell_round_trip(int device, int n, int k, const float* x, const int* ids,
                                         const float* weights, int ring_base, int ring_offset, bool answer,
-                                        const float* answer_row, long long max_spins, float* published_x,
+                                        const float* answer_row, long long timeout_ns, float* published_x,
                                         int* published_ids, float* published_weights, float* answered) {
-  STRATA_EXPECTS(n > 0 && k >= 0 && max_spins > 0 && ring_base + ring_offset > 0, InvalidArgument,
-                 "doorbell_round_trip: need n > 0, k >= 0, max_spins > 0 and a positive ring number, got n=" +
+  STRATA_EXPECTS(n > 0 && k >= 0 && timeout_ns > 0 && ring_base + ring_offset > 0, InvalidArgument,
+                 "doorbell_round_trip: need n > 0, k >= 0, timeout_ns > 0 and a positive ring number, got n=" +
                      std::to_string(n) + " k=" + std::to_string(k) + " ring=" + std::to_string(ring_base + ring_offset));
   support::check_device(device);
   DeviceScope scope(device);
@@ -109,7 +109,7 @@ DoorbellCheckResult doorbell_round_trip(int device, int n, int k, const float* x
     launched = kernels::doorbell_publish(bell, d_x.as<float>(), d_ids.as<int>(), d_weights.as<float>(),
                                          d_base.as<int>(), ring_offset, stream);
     if (launched == cudaSuccess)
-      launched = kernels::doorbell_wait(bell, d_base.as<int>(), ring_offset, max_spins, d_status.data<int>(),
+      launched = kernels::doorbell_wait(bell, d_base.as<int>(), ring_offset, timeout_ns, d_status.data<int>(),
                                         d_answered.data<float>(), stream);
     if (launched == cudaSuccess) launched = cudaStreamSynchronize(stream);
     (void)cudaStreamDestroy(stream);
