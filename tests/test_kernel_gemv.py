@@ -7,14 +7,15 @@ from gguf import GGMLQuantizationType as T
 
 import strata
 from strata import _native
-from strata.quant import QuantTensor, form_for, matvec, repack
+from strata.quant import QuantTensor, dequantize, form_for, matvec, repack
 from strata.quant.forms import FORMS
 from strata.quant.synthetic import random_blocks
 
 QUANT_TYPES = [t for t, f in FORMS.items() if not f.is_float]
 FLOAT_TYPES = [T.F32, T.F16, T.BF16]
 # Integer inner sums are exact on both sides; only the float32 scaling and the order of the sums over blocks
-# differ (numpy: pairwise, GPU: per lane then a warp tree): a few float32 roundings of max |y|.
+# differ (numpy: pairwise, GPU: per lane then a warp tree): a few float32 roundings of the terms summed, so
+# the bound is relative to max_r sum_j |w_rj x_j| (max |y| alone can be tiny when a row's terms cancel).
 QUANT_RTOL = 2e-6
 # Float weights: fp32 FMA accumulation over up to 10240 products vs a float64 reference.
 FLOAT_RTOL = 1e-5
@@ -32,8 +33,11 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
 def check_quant(ggml_type: T, rows: int, cols: int, rng: np.random.Generator) -> None:
     q = random_weight(ggml_type, rows, cols, rng)
     x = rng.standard_normal(cols).astype(np.float32)
-    err = relative_error(_native.gemv(q, x), matvec(q, x))
-    assert err < QUANT_RTOL, f"{ggml_type.name} {rows}x{cols}: max error {err:.2e} of max |y|"
+    got, want = _native.gemv(q, x), matvec(q, x)
+    assert np.all(np.isfinite(got)), f"{np.count_nonzero(~np.isfinite(got))} non-finite outputs"
+    scale = np.max(np.abs(dequantize(q)).astype(np.float64) @ np.abs(x).astype(np.float64))
+    err = float(np.max(np.abs(got.astype(np.float64) - want)) / scale)
+    assert err < QUANT_RTOL, f"{ggml_type.name} {rows}x{cols}: max error {err:.2e} of max sum |w x|"
 
 
 @pytest.mark.gpu
