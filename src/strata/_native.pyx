@@ -71,3 +71,4 @@ def raise_error(str kind) -> None:
 include "_native_pool.pxi"
 include "_native_kernels.pxi"
 include "_native_mixers.pxi"
+include "_native_session.pxi"

@@ -1,0 +1,111 @@
+#include "strata/device_weights.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include "../runtime/device_buffer.hpp"
+#include "strata/device.hpp"
+#include "strata/error.hpp"
+
+namespace strata {
+namespace {
+
+constexpr std::size_t kAlign = 256;  // every plane starts on a 256-byte boundary (vector loads, TMA)
+constexpr const char* kPlaneNames[5] = {"codes", "d", "sub_scales", "mins", "sub_mins"};
+
+std::size_t aligned(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+std::size_t float_bytes(FloatKind kind) { return kind == FloatKind::F32 ? 4 : 2; }
+
+// What each plane of `t` must hold, from its form and shape alone.
+void expected_bytes(const HostTensor& t, std::size_t out[5]) {
+  for (int i = 0; i < 5; ++i) out[i] = 0;
+  if (t.is_float) {
+    out[0] = static_cast<std::size_t>(t.rows) * t.cols * float_bytes(t.float_kind);
+    return;
+  }
+  const PlaneBytes b = plane_bytes(t.form, t.rows, t.cols);
+  out[0] = b.codes;
+  out[1] = b.d;
+  out[2] = b.sub_scales;
+  out[3] = b.mins;
+  out[4] = b.sub_mins;
+}
+
+void validate(const HostTensor& t) {
+  STRATA_EXPECTS(t.rows > 0 && t.cols > 0, InvalidArgument,
+                 "tensor " + t.name + ": shape " + std::to_string(t.rows) + " x " + std::to_string(t.cols));
+  if (!t.is_float) {
+    const QuantForm& f = t.form;
+    STRATA_EXPECTS((f.code_bits == 2 || f.code_bits == 4 || f.code_bits == 8) && f.super_size > 0 &&
+                       f.group_size > 0 && f.super_size % f.group_size == 0 && t.cols % f.super_size == 0,
+                   InvalidArgument,
+                   "tensor " + t.name + ": form (code_bits " + std::to_string(f.code_bits) + ", super " +
+                       std::to_string(f.super_size) + ") does not fit " + std::to_string(t.cols) + " columns");
+  }
+  std::size_t want[5];
+  expected_bytes(t, want);
+  for (int i = 0; i < 5; ++i) {
+    STRATA_EXPECTS(t.plane_bytes[i] == want[i] && (want[i] == 0 || t.planes[i] != nullptr), InvalidArgument,
+                   "tensor " + t.name + ": plane " + kPlaneNames[i] + " has " + std::to_string(t.plane_bytes[i]) +
+                       " bytes, its form and shape need " + std::to_string(want[i]));
+  }
+}
+
+}  // namespace
+
+DeviceWeights::DeviceWeights(int device, const std::vector<HostTensor>& tensors) : device_(device) {
+  for (const HostTensor& t : tensors) {
+    validate(t);
+    STRATA_EXPECTS(!tensors_.count(t.name), InvalidArgument, "tensor " + t.name + " given twice");
+    tensors_.emplace(t.name, DeviceTensor{});
+    for (std::size_t b : t.plane_bytes) bytes_ += aligned(b);
+  }
+  const int count = device_count();
+  STRATA_EXPECTS(device >= 0 && device < count, InvalidArgument,
+                 "device index " + std::to_string(device) + " out of range: " + std::to_string(count) +
+                     " CUDA device(s) present");
+  DeviceScope scope(device);
+  std::size_t free_bytes = 0, total_bytes = 0;
+  STRATA_CUDA_TRY(cudaMemGetInfo(&free_bytes, &total_bytes));
+  STRATA_EXPECTS(bytes_ <= free_bytes, OutOfMemory,
+                 "dense weights need " + std::to_string(bytes_ >> 20) + " MiB of VRAM, device " +
+                     std::to_string(device) + " has " + std::to_string(free_bytes >> 20) + " MiB free");
+  STRATA_CUDA_TRY(cudaMalloc(&arena_, bytes_ ? bytes_ : 1));
+  try {
+    char* cursor = static_cast<char*>(arena_);
+    for (const HostTensor& t : tensors) {
+      const void* placed[5] = {};
+      for (int i = 0; i < 5; ++i) {
+        if (t.plane_bytes[i] == 0) continue;
+        STRATA_CUDA_TRY(cudaMemcpy(cursor, t.planes[i], t.plane_bytes[i], cudaMemcpyHostToDevice));
+        placed[i] = cursor;
+        cursor += aligned(t.plane_bytes[i]);
+      }
+      DeviceTensor& d = tensors_.at(t.name);
+      d.is_float = t.is_float;
+      d.float_kind = t.float_kind;
+      d.form = t.form;
+      d.rows = t.rows;
+      d.cols = t.cols;
+      d.data = placed[0];
+      d.planes = QuantPlanes{static_cast<const std::uint8_t*>(placed[0]), placed[1],
+                             static_cast<const std::int8_t*>(placed[2]), static_cast<const std::uint16_t*>(placed[3]),
+                             static_cast<const std::uint8_t*>(placed[4])};
+    }
+  } catch (...) {
+    (void)cudaFree(arena_);
+    throw;
+  }
+}
+
+DeviceWeights::~DeviceWeights() {
+  if (arena_) (void)cudaFree(arena_);
+}
+
+const DeviceTensor& DeviceWeights::get(const std::string& name) const {
+  const auto it = tensors_.find(name);
+  STRATA_EXPECTS(it != tensors_.end(), InvalidArgument, "no tensor named " + name + " among the device weights");
+  return it->second;
+}
+
+}  // namespace strata

@@ -1,0 +1,80 @@
+#include "doorbell_host.hpp"
+
+#include <immintrin.h>
+
+#include <atomic>
+
+#include "strata/error.hpp"
+
+namespace strata {
+namespace {
+
+std::size_t align64(std::size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+// The two sides communicate through plain loads and stores on mapped memory: the GPU's
+// __threadfence_system orders its side, these fences and volatile accesses order ours.
+int load_word(const int* word) noexcept { return *static_cast<const volatile int*>(word); }
+void store_word(int* word, int value) noexcept { *static_cast<volatile int*>(word) = value; }
+
+
+int checked_width(int value, const char* what) {
+  STRATA_EXPECTS(value > 0, InvalidArgument, std::string("doorbell needs ") + what + " > 0, got " + std::to_string(value));
+  return value;
+}
+
+}  // namespace
+
+DoorbellHost::DoorbellHost(int n, int k)
+    : n_(checked_width(n, "n")),
+      k_(checked_width(k, "k")),
+      weights_offset_(kIds + align64(sizeof(std::int32_t) * k_)),
+      x_offset_(weights_offset_ + align64(sizeof(float) * k_)),
+      answer_offset_(x_offset_ + align64(sizeof(float) * n_)),
+      memory_(answer_offset_ + align64(sizeof(float) * n_)) {}
+
+kernels::Doorbell DoorbellHost::device_view() const noexcept {
+  kernels::Doorbell view;
+  view.x = memory_.device<float>(x_offset_);
+  view.ids = memory_.device<int>(kIds);
+  view.weights = memory_.device<float>(weights_offset_);
+  view.seq = memory_.device<int>(kSeq);
+  view.flag = memory_.device<const int>(kFlag);
+  view.answer = memory_.device<const float>(answer_offset_);
+  view.n = n_;
+  view.k = k_;
+  return view;
+}
+
+void DoorbellHost::begin_token(int ring_base) noexcept {
+  store_word(memory_.host<int>(kRingBase), ring_base);
+  store_word(memory_.host<int>(kStatus), 0);
+  std::atomic_thread_fence(std::memory_order_release);
+}
+
+bool DoorbellHost::wait_for_ring(int ring, std::chrono::nanoseconds timeout) const noexcept {
+  const int* seq = memory_.host<const int>(kSeq);
+  if (load_word(seq) >= ring) {
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return true;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (unsigned spins = 1;; ++spins) {
+    _mm_pause();
+    if (load_word(seq) >= ring) break;
+    // Reading the clock costs ~20 ns: check it only every 1024 polls.
+    if ((spins & 1023) == 0 && std::chrono::steady_clock::now() > deadline) return false;
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);  // x, ids, weights are read after seq was seen
+  return true;
+}
+
+int DoorbellHost::last_ring() const noexcept { return load_word(memory_.host<const int>(kSeq)); }
+
+void DoorbellHost::answer_ready(int ring) noexcept {
+  std::atomic_thread_fence(std::memory_order_release);
+  store_word(memory_.host<int>(kFlag), ring);
+}
+
+int DoorbellHost::timed_out_ring() const noexcept { return load_word(memory_.host<const int>(kStatus)); }
+
+}  // namespace strata

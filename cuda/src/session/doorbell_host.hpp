@@ -1,0 +1,53 @@
+// The host side of the doorbell: one block of mapped pinned memory holding what the GPU publishes for a
+// MoE layer (x, ids, weights, then the ring number `seq`), what the host answers (the combined expert row,
+// then `flag`), and the per-token staging the captured graphs read (the ring base, the wait status).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+#include "../kernels/doorbell.cuh"
+#include "pinned_memory.hpp"
+
+namespace strata {
+
+class DoorbellHost {
+ public:
+  DoorbellHost(int n, int k);
+
+  // Pointers for the device kernels (all into the mapped block).
+  kernels::Doorbell device_view() const noexcept;
+  const int* ring_base_device() const noexcept { return memory_.device<int>(kRingBase); }
+  int* status_device() const noexcept { return memory_.device<int>(kStatus); }
+
+  // Per-token staging, rewritten before each launch or replay: rings of this token are base + 1 + layer.
+  void begin_token(int ring_base) noexcept;
+
+  // Spins (with _mm_pause) until the GPU has rung `ring`; false once `timeout` has passed without it.
+  bool wait_for_ring(int ring, std::chrono::nanoseconds timeout) const noexcept;
+  int last_ring() const noexcept;
+
+  const float* x() const noexcept { return memory_.host<const float>(x_offset_); }
+  const std::int32_t* ids() const noexcept { return memory_.host<const std::int32_t>(kIds); }
+  const float* weights() const noexcept { return memory_.host<const float>(weights_offset_); }
+  float* answer() const noexcept { return memory_.host<float>(answer_offset_); }
+
+  // Publishes answer() to the GPU: everything written before this call is visible before `flag` moves.
+  void answer_ready(int ring) noexcept;
+
+  // The ring whose answer a device-side wait gave up on during this token, or 0.
+  int timed_out_ring() const noexcept;
+
+  int n() const noexcept { return n_; }
+  int k() const noexcept { return k_; }
+
+ private:
+  // Each word the two sides hand over sits on its own cache line.
+  static constexpr std::size_t kSeq = 0, kFlag = 64, kRingBase = 128, kStatus = 192, kIds = 256;
+
+  int n_, k_;
+  std::size_t weights_offset_, x_offset_, answer_offset_;
+  PinnedMapped memory_;
+};
+
+}  // namespace strata

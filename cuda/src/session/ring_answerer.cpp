@@ -1,0 +1,43 @@
+#include "ring_answerer.hpp"
+
+#include <string>
+
+#include "strata/error.hpp"
+
+namespace strata {
+
+RingAnswerer::RingAnswerer(cpu::ExpertPool& pool, DoorbellHost& bell)
+    : pool_(pool), bell_(bell), rows_(static_cast<std::size_t>(bell.k()) * bell.n()) {}
+
+void RingAnswerer::answer(int layer, int ring, std::chrono::nanoseconds timeout, ExchangeStats& stats) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  if (!bell_.wait_for_ring(ring, timeout)) {
+    throw Error("layer " + std::to_string(layer) + " never rang: waited " +
+                std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()) +
+                " ms for ring " + std::to_string(ring) + ", the last ring seen was " +
+                std::to_string(bell_.last_ring()));
+  }
+  // The GPU rings each layer in turn, and cannot ring the next before this one is answered unless its wait
+  // for this answer gave up: a later ring here means this layer's ring never came.
+  if (const int seen = bell_.last_ring(); seen != ring) {
+    throw Error("layer " + std::to_string(layer) + " never rang: the GPU rang " + std::to_string(seen) +
+                " while the host waited for ring " + std::to_string(ring));
+  }
+  const auto rung = clock::now();
+  const int n = bell_.n(), k = bell_.k();
+  pool_.run_layer(layer, bell_.x(), bell_.ids(), bell_.weights(), nullptr, k, rows_.data());
+  float* answer = bell_.answer();
+  for (int i = 0; i < n; ++i) answer[i] = rows_[i];
+  for (int j = 1; j < k; ++j) {
+    const float* row = rows_.data() + static_cast<std::size_t>(j) * n;
+    for (int i = 0; i < n; ++i) answer[i] += row[i];
+  }
+  bell_.answer_ready(ring);
+  const auto done = clock::now();
+  stats.ring_wait_seconds += std::chrono::duration<double>(rung - start).count();
+  stats.pool_seconds += std::chrono::duration<double>(done - rung).count();
+  ++stats.rings;
+}
+
+}  // namespace strata

@@ -1,0 +1,89 @@
+"""The GPU <-> CPU expert exchange of a decode token in the session's three modes.
+
+Per MoE layer the GPU publishes x, ids and weights into mapped pinned memory and rings; the host answers
+with the CPU pool; the GPU consumes the combined row. The factor (t + 1) the GPU applies comes from
+per-token staging, so a captured graph that replayed stale values would fail here.
+"""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+import strata
+from strata import _native
+from strata.pool import ExpertPool
+from strata.quant import repack
+from strata.quant.synthetic import random_blocks
+
+N, FF, N_EXPERT, K, LAYERS, TOKENS = 256, 64, 16, 4, 5, 3
+MODES = ["uncaptured", "layer_graphs", "token_graph"]
+
+
+def make_pool(rng: np.random.Generator) -> ExpertPool:
+    pool = ExpertPool(N, FF, K, threads=1, pin_caller=False)
+    for layer in range(LAYERS):  # different experts in every layer: mixing layers up cannot pass
+        gate, up = (repack(random_blocks(T.Q4_0, N * FF * N_EXPERT, rng), T.Q4_0, (N, FF, N_EXPERT)) for _ in "gu")
+        down = repack(random_blocks(T.Q4_0, N * FF * N_EXPERT, rng), T.Q4_0, (FF, N, N_EXPERT))
+        pool.set_layer(layer, gate, up, down, N_EXPERT)
+    return pool
+
+
+def routing(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    x = rng.standard_normal((LAYERS, N)).astype(np.float32)
+    ids = np.stack([rng.choice(N_EXPERT, K, replace=False) for _ in range(LAYERS)]).astype(np.int32)
+    weights = rng.dirichlet(np.ones(K), LAYERS).astype(np.float32)
+    return x, ids, weights
+
+
+@pytest.fixture
+def pool(rng):
+    with make_pool(rng) as pool:
+        yield pool
+
+
+@pytest.mark.gpu
+def test_every_mode_returns_this_layers_experts_for_every_token(rng, pool):
+    x, ids, weights = routing(rng)
+    want = np.stack([
+        np.stack([pool.run_layer(l, x[l] * (t + 1), ids[l], weights[l]).sum(axis=0) for l in range(LAYERS)])
+        for t in range(TOKENS)
+    ])
+    results = {}
+    for mode in MODES:
+        out, timing = _native.expert_exchange(pool._native, mode, x, ids, weights, TOKENS)
+        assert np.all(np.isfinite(out)), mode
+        # The pool's own rows, summed in another order: float32 rounding only.
+        err = np.max(np.abs(out - want)) / np.max(np.abs(want))
+        assert err < 1e-6, (mode, err)
+        assert timing["rings"] == LAYERS * TOKENS
+        results[mode] = out
+    # Same pool, same sums: the three modes agree bit for bit.
+    assert np.array_equal(results["uncaptured"], results["layer_graphs"])
+    assert np.array_equal(results["uncaptured"], results["token_graph"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES)
+def test_a_layer_that_never_rings_is_named(rng, pool, mode):
+    x, ids, weights = routing(rng)
+    with pytest.raises(strata.StrataError, match="layer 2 never rang"):
+        _native.expert_exchange(pool._native, mode, x, ids, weights, 2, never_ring_layer=2, timeout=0.2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES)
+def test_a_layer_never_answered_is_named(rng, pool, mode):
+    x, ids, weights = routing(rng)
+    with pytest.raises(strata.StrataError, match="layer 3: the host's answer to ring 4 never arrived"):
+        _native.expert_exchange(pool._native, mode, x, ids, weights, 1, never_answer_layer=3, timeout=0.2)
+
+
+def test_bad_arguments_are_named(rng, pool):
+    x, ids, weights = routing(rng)
+    with pytest.raises(strata.InvalidArgument, match="unknown exchange mode 'bogus'"):
+        _native.expert_exchange(pool._native, "bogus", x, ids, weights, 1)
+    with pytest.raises(strata.InvalidArgument, match="must both be n_layer x k"):
+        _native.expert_exchange(pool._native, "token_graph", x, ids[:2], weights, 1)
+    if _native.device_count() == 0:
+        with pytest.raises(strata.InvalidArgument, match="device index 0 out of range: 0 CUDA device"):
+            _native.expert_exchange(pool._native, "token_graph", x, ids, weights, 1)
