@@ -1,0 +1,40 @@
+"""Loading a model: every tensor repacked into its canonical form and put where it lives at run time
+(architecture.md, 'What lives where'): dense weights to one VRAM arena, routed experts to host memory for
+the CPU pool, the n-gram table left memory-mapped."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from strata.format import ModelFile
+from strata.plan import is_ngram_table, is_routed_expert
+from strata.quant import QuantTensor, repack
+
+Held = QuantTensor | np.ndarray
+
+
+def dense_names(model: ModelFile) -> list[str]:
+    """The tensors that go to VRAM, in file order."""
+    return [name for name in model.tensors if not is_routed_expert(name) and not is_ngram_table(name)]
+
+
+def repacked(model: ModelFile, names: list[str], progress: Callable[[int, int], None] | None = None
+             ) -> Iterator[tuple[str, Held]]:
+    """(name, canonical form) for each of `names`, reporting GGUF bytes done out of the total."""
+    total = sum(model.tensors[name].nbytes for name in names)
+    done = 0
+    for name in names:
+        info = model.tensors[name]
+        yield name, repack(model.raw(name), info.ggml_type, info.ne, name=name)
+        done += info.nbytes
+        if progress:
+            progress(done, total)
+
+
+def upload_dense(model: ModelFile, device: int = 0, progress: Callable[[int, int], None] | None = None):
+    """The model's dense weights in VRAM (strata._native.DeviceWeights)."""
+    from strata import _native
+
+    return _native.DeviceWeights(dict(repacked(model, dense_names(model), progress)), device)
