@@ -68,7 +68,7 @@ def raise_error(str kind) -> None:
         cpp_raise_error(k)
 
 # Each room of the core binds itself in its own include file.
-include "_native_pool.pxi"
 include "_native_kernels.pxi"
+include "_native_pool.pxi"
 include "_native_mixers.pxi"
 include "_native_session.pxi"

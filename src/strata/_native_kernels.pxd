@@ -1,5 +1,5 @@
 # Declarations of the form descriptor the kernel families share (cuda/include/strata/forms.hpp). The
-# kernel_check functions that use it are declared in _native_kernels.pxi, next to raise_strata_error's scope.
+# kernel_check functions that use it are declared in _native_kernels.pxi, next to the Python wrappers.
 from libc.stdint cimport int8_t, int32_t, uint8_t, uint16_t
 
 

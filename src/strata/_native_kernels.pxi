@@ -4,7 +4,6 @@ from libc.stdint cimport int8_t, int32_t, uint8_t, uint16_t
 
 from _native_kernels cimport Codebook, FloatKind, QuantForm, QuantPlanes
 
-# Declared here rather than in _native_kernels.pxd: their exception handler is _native.pyx's raise_strata_error.
 cdef extern from "strata/kernel_check.hpp" nogil:
     void cpp_quantize_q8_32 "strata::kernel_check::quantize_q8_32"(
         int device, const float* x, long n, int8_t* xq, float* dx, int32_t* sums) except +raise_strata_error

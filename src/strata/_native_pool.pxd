@@ -1,9 +1,10 @@
-# Declarations of the CPU expert pool's types (cuda/include/strata/expert_pool.hpp, cpu_topology.hpp). The
-# functions that throw are declared in _native_pool.pxi, next to raise_strata_error's scope: cimporting it
-# here would make the module import a separate top-level `_native` at load time.
+# Declarations of the CPU expert pool's types (cuda/include/strata/expert_pool.hpp, cpu_topology.hpp); the
+# functions are declared in _native_pool.pxi. The form descriptor is the kernels' (strata/forms.hpp).
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t
 from libcpp cimport bool
 from libcpp.vector cimport vector
+
+from _native_kernels cimport QuantForm
 
 
 cdef extern from "strata/cpu_topology.hpp" namespace "strata::cpu" nogil:
@@ -20,23 +21,12 @@ cdef extern from "strata/expert_pool.hpp" namespace "strata::cpu" nogil:
     bool cpp_cpu_has_avx2 "strata::cpu::cpu_has_avx2"()
     bool cpp_cpu_has_avx512_vnni "strata::cpu::cpu_has_avx512_vnni"()
 
-    cdef cppclass FormDesc "strata::cpu::FormDesc":
-        int code_bits
-        int code_bias
-        bool has_codebook
-        int8_t codebook[16]
-        int group_size
-        int super_size
-        bool scale_f32
-        bool has_sub_scales
-        bool has_mins
-
     cdef cppclass Plane "strata::cpu::Plane":
         const void* data
         int64_t nbytes
 
     cdef cppclass ExpertMatrix "strata::cpu::ExpertMatrix":
-        FormDesc form
+        QuantForm form
         int64_t n_expert
         int64_t rows
         int64_t cols

@@ -48,20 +48,7 @@ def cpu_physical_cores() -> list:
 
 cdef ExpertMatrix _expert_matrix(dict spec) except *:
     cdef ExpertMatrix m
-    m.form.code_bits = spec["code_bits"]
-    m.form.code_bias = spec["code_bias"]
-    codebook = spec.get("codebook")
-    m.form.has_codebook = codebook is not None
-    if codebook is not None:
-        if len(codebook) != 16:
-            raise InvalidArgument(f"expert matrix: a codebook has 16 entries, found {len(codebook)}")
-        for i in range(16):
-            m.form.codebook[i] = codebook[i]
-    m.form.group_size = spec["group_size"]
-    m.form.super_size = spec["super_size"]
-    m.form.scale_f32 = spec["scale_f32"]
-    m.form.has_sub_scales = spec["has_sub_scales"]
-    m.form.has_mins = spec["has_mins"]
+    m.form = _quant_form(spec["form"])
     m.n_expert = spec["n_expert"]
     m.rows = spec["rows"]
     m.cols = spec["cols"]

@@ -89,9 +89,6 @@ cdef extern from "strata/weights_check.hpp" nogil:
         const CppDeviceWeights& weights, const string& name, const float* x, float* y) except +raise_strata_error
 
 
-_PLANES = ("codes", "d", "sub_scales", "mins", "sub_mins")
-
-
 cdef HostTensor _host_tensor(str name, held, list keep) except *:
     """A strata.quant QuantTensor or float array (as repack returns them) as the core's HostTensor."""
     cdef HostTensor t

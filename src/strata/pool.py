@@ -27,21 +27,13 @@ def matrix_spec(q: QuantTensor, n_expert: int, what: str) -> tuple[dict[str, Any
         raise InvalidArgument(f"{what}: the CPU pool takes quantized forms (a QuantTensor); found {type(q).__name__}")
     if n_expert < 1 or q.rows % n_expert:
         raise InvalidArgument(f"{what}: {q.rows} rows do not split into {n_expert} experts")
-    form = q.form
     planes: dict[str, tuple[int, int]] = {}
     keep: list[np.ndarray] = []
     for name, plane in q.planes().items():
         array = np.ascontiguousarray(plane)
         keep.append(array)
         planes[name] = (array.ctypes.data, array.nbytes)
-    spec = {
-        "code_bits": form.code_bits, "code_bias": form.code_bias,
-        "codebook": list(form.codebook) if form.codebook is not None else None,
-        "group_size": form.group_size, "super_size": form.super_size,
-        "scale_f32": form.scale_dtype == "float32",
-        "has_sub_scales": form.has_sub_scales, "has_mins": form.has_mins,
-        "n_expert": n_expert, "rows": q.rows // n_expert, "cols": q.cols, "planes": planes,
-    }
+    spec = {"form": q.form, "n_expert": n_expert, "rows": q.rows // n_expert, "cols": q.cols, "planes": planes}
     return spec, keep
 
 

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "strata/forms.hpp"
+
 namespace strata::cpu {
 
 enum class Isa : int { kAuto = 0, kAvx2 = 1, kAvx512 = 2 };
@@ -19,19 +21,6 @@ bool cpu_has_avx2();
 Isa resolve_isa(Isa requested);
 const char* isa_name(Isa isa);
 
-// A quantized canonical form (docs/forms.md "The quantized form").
-struct FormDesc {
-  int code_bits = 0;        // 2, 4 or 8
-  int code_bias = 0;        // v = c - code_bias (ignored with a codebook)
-  bool has_codebook = false;
-  int8_t codebook[16] = {};  // 4-bit codes only
-  int group_size = 0;       // 16 or 32
-  int super_size = 0;       // 32 or 256
-  bool scale_f32 = false;   // d plane is float32 (MXFP4) instead of float16
-  bool has_sub_scales = false;
-  bool has_mins = false;    // sub_mins exist when has_mins && has_sub_scales
-};
-
 // One plane: base pointer and its size in bytes (validated against the form and shape).
 struct Plane {
   const void* data = nullptr;
@@ -40,7 +29,7 @@ struct Plane {
 
 // n_expert matrices of rows x cols each, one form, planes [expert][row][...] (each expert's rows contiguous).
 struct ExpertMatrix {
-  FormDesc form;
+  QuantForm form;
   int64_t n_expert = 0;
   int64_t rows = 0;
   int64_t cols = 0;

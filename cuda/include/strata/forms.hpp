@@ -14,6 +14,16 @@ enum class FloatKind : std::int32_t { F32 = 0, F16 = 1, BF16 = 2 };
 // Which value table a form's codes index; None means v = code - code_bias.
 enum class Codebook : std::int32_t { None = 0, Iq4Nl = 1, Mxfp4 = 2 };
 
+// The values a 4-bit code indexes in a codebook form: IQ4_NL's non-linear grid, MXFP4's e2m1 doubled.
+inline constexpr std::int8_t kIq4NlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                                 1,    13,   25,  38,  53,  69,  89,  113};
+inline constexpr std::int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// The 16 values of `codebook`, or nullptr for Codebook::None.
+constexpr const std::int8_t* codebook_values(Codebook codebook) noexcept {
+  return codebook == Codebook::Iq4Nl ? kIq4NlValues : codebook == Codebook::Mxfp4 ? kMxfp4Values : nullptr;
+}
+
 // One quantized form: how codes, scales and offsets combine (docs/forms.md, "The quantized form").
 struct QuantForm {
   std::int32_t code_bits = 0;     // 2, 4 or 8

@@ -16,7 +16,7 @@ enum class CodeKind { k2, k4, k4Codebook, k8 };
 
 // One expert's matrix: pointers to its row 0 in every plane.
 struct MatrixRows {
-  const FormDesc* form = nullptr;
+  const QuantForm* form = nullptr;
   int64_t cols = 0;
   const uint8_t* codes = nullptr;
   const uint8_t* d = nullptr;  // float16 or float32 values
@@ -29,13 +29,8 @@ using RowsKernel = void (*)(const MatrixRows& m, int64_t row0, int64_t row1, con
                             float* y);
 
 // Kernel for `form` on each ISA (defined in dot_avx2.cpp / dot_avx512.cpp, compiled with their ISA flags).
-RowsKernel rows_kernel_avx2(const FormDesc& form);
-RowsKernel rows_kernel_avx512(const FormDesc& form);
+RowsKernel rows_kernel_avx2(const QuantForm& form);
+RowsKernel rows_kernel_avx512(const QuantForm& form);
 
-// Bytes of each plane per row, for a form and a row length.
-struct RowBytes {
-  int64_t codes, d, sub_scales, mins, sub_mins;
-};
-RowBytes row_bytes(const FormDesc& form, int64_t cols);
 
 }  // namespace strata::cpu

@@ -29,10 +29,10 @@ struct IntDot {
     return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
   }
 
-  static __m256i bias(const FormDesc& f) { return _mm256_set1_epi8(static_cast<char>(f.code_bias)); }
+  static __m256i bias(const QuantForm& f) { return _mm256_set1_epi8(static_cast<char>(f.code_bias)); }
 
-  static __m256i lut(const FormDesc& f) {
-    return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f.codebook)));
+  static __m256i lut(const QuantForm& f) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codebook_values(f.codebook))));
   }
 };
 
@@ -40,6 +40,6 @@ struct IntDot {
 
 }  // namespace
 
-RowsKernel rows_kernel_avx2(const FormDesc& form) { return pick_kernel(form); }
+RowsKernel rows_kernel_avx2(const QuantForm& form) { return pick_kernel(form); }
 
 }  // namespace strata::cpu

@@ -25,12 +25,12 @@ struct IntDot {
   }
 
   // The codebook path looks up codebook[c] + 128 (unsigned), so its bias is 128.
-  static __m256i bias(const FormDesc& f) {
-    return _mm256_set1_epi8(static_cast<char>(f.has_codebook ? 128 : f.code_bias));
+  static __m256i bias(const QuantForm& f) {
+    return _mm256_set1_epi8(static_cast<char>(f.codebook != Codebook::None ? 128 : f.code_bias));
   }
 
-  static __m256i lut(const FormDesc& f) {
-    const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(f.codebook));
+  static __m256i lut(const QuantForm& f) {
+    const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codebook_values(f.codebook)));
     return _mm256_broadcastsi128_si256(_mm_xor_si128(table, _mm_set1_epi8(static_cast<char>(0x80))));
   }
 };
@@ -39,6 +39,6 @@ struct IntDot {
 
 }  // namespace
 
-RowsKernel rows_kernel_avx512(const FormDesc& form) { return pick_kernel(form); }
+RowsKernel rows_kernel_avx512(const QuantForm& form) { return pick_kernel(form); }
 
 }  // namespace strata::cpu

@@ -7,7 +7,7 @@ namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-void validate_form(const FormDesc& f, const std::string& what) {
+void validate_form(const QuantForm& f, const std::string& what) {
   const std::string where = what + ": form ";
   STRATA_EXPECTS(f.code_bits == 2 || f.code_bits == 4 || f.code_bits == 8, InvalidArgument,
                  where + "code_bits must be 2, 4 or 8, found " + str(f.code_bits));
@@ -20,7 +20,9 @@ void validate_form(const FormDesc& f, const std::string& what) {
   STRATA_EXPECTS(f.has_sub_scales == (f.super_size != f.group_size), InvalidArgument,
                  where + "sub_scales must exist exactly when super_size != group_size (" + str(f.super_size) +
                      " vs " + str(f.group_size) + ")");
-  STRATA_EXPECTS(!f.has_codebook || f.code_bits == 4, InvalidArgument,
+  STRATA_EXPECTS(f.codebook == Codebook::None || codebook_values(f.codebook) != nullptr, InvalidArgument,
+                 where + "unknown codebook " + str(static_cast<int64_t>(f.codebook)));
+  STRATA_EXPECTS(f.codebook == Codebook::None || f.code_bits == 4, InvalidArgument,
                  where + "a codebook needs 4-bit codes, found " + str(f.code_bits));
   STRATA_EXPECTS(f.code_bias >= 0 && f.code_bias <= 255, InvalidArgument,
                  where + "code_bias must be in 0..255, found " + str(f.code_bias));
@@ -39,13 +41,6 @@ void check_plane(const Plane& p, int64_t expected, const std::string& what, cons
 
 }  // namespace
 
-RowBytes row_bytes(const FormDesc& f, int64_t cols) {
-  const int64_t n_super = cols / f.super_size, n_group = cols / f.group_size;
-  const bool sub_mins = f.has_mins && f.has_sub_scales;
-  return {cols * f.code_bits / 8, n_super * (f.scale_f32 ? 4 : 2), f.has_sub_scales ? n_group : 0,
-          f.has_mins ? n_super * 2 : 0, sub_mins ? n_group : 0};
-}
-
 void validate_matrix(const ExpertMatrix& m, int64_t rows, int64_t cols, const std::string& what) {
   validate_form(m.form, what);
   STRATA_EXPECTS(m.n_expert >= 1, InvalidArgument, what + ": n_expert must be >= 1, found " + str(m.n_expert));
@@ -56,20 +51,19 @@ void validate_matrix(const ExpertMatrix& m, int64_t rows, int64_t cols, const st
                  what + ": cols " + str(cols) + " is not a multiple of super_size " + str(m.form.super_size));
   STRATA_EXPECTS(cols <= kMaxCols, InvalidArgument,
                  what + ": cols " + str(cols) + " exceeds the limit " + str(kMaxCols));
-  const RowBytes rb = row_bytes(m.form, cols);
-  const int64_t n = m.n_expert * rows;
-  check_plane(m.codes, n * rb.codes, what, "codes");
-  check_plane(m.d, n * rb.d, what, "d");
-  check_plane(m.sub_scales, n * rb.sub_scales, what, "sub_scales");
-  check_plane(m.mins, n * rb.mins, what, "mins");
-  check_plane(m.sub_mins, n * rb.sub_mins, what, "sub_mins");
+  const PlaneBytes b = plane_bytes(m.form, static_cast<std::size_t>(m.n_expert * rows), static_cast<std::size_t>(cols));
+  check_plane(m.codes, static_cast<int64_t>(b.codes), what, "codes");
+  check_plane(m.d, static_cast<int64_t>(b.d), what, "d");
+  check_plane(m.sub_scales, static_cast<int64_t>(b.sub_scales), what, "sub_scales");
+  check_plane(m.mins, static_cast<int64_t>(b.mins), what, "mins");
+  check_plane(m.sub_mins, static_cast<int64_t>(b.sub_mins), what, "sub_mins");
 }
 
 MatrixRows expert_rows(const ExpertMatrix& m, int64_t e) {
-  const RowBytes rb = row_bytes(m.form, m.cols);
+  const PlaneBytes rb = plane_bytes(m.form, 1, static_cast<std::size_t>(m.cols));  // bytes per row
   const int64_t first = e * m.rows;
-  auto at = [first](const Plane& p, int64_t per_row) {
-    return p.data == nullptr ? nullptr : static_cast<const uint8_t*>(p.data) + first * per_row;
+  auto at = [first](const Plane& p, std::size_t per_row) {
+    return p.data == nullptr ? nullptr : static_cast<const uint8_t*>(p.data) + first * static_cast<int64_t>(per_row);
   };
   MatrixRows rows;
   rows.form = &m.form;

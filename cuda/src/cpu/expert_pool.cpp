@@ -75,7 +75,7 @@ struct ExpertPool::Impl {
     down_per_slot = (n_embd + kDownRows - 1) / kDownRows;
   }
 
-  RowsKernel kernel_for(const FormDesc& f) const {
+  RowsKernel kernel_for(const QuantForm& f) const {
     return isa == Isa::kAvx512 ? rows_kernel_avx512(f) : rows_kernel_avx2(f);
   }
 

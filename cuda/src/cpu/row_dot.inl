@@ -7,8 +7,8 @@
 //     signed integer value (docs/forms.md), EXACT: the code bias is removed in the integer domain, never
 //     through float group sums, whose cancellation against large biased products costs accuracy.
 //     Biased is false only for forms with code_bias 0 and no codebook.
-//   static __m256i IntDot::lut(const FormDesc&)   the codebook table as block() wants it.
-//   static __m256i IntDot::bias(const FormDesc&)  the bias as block() wants it.
+//   static __m256i IntDot::lut(const QuantForm&)   the codebook table as block() wants it.
+//   static __m256i IntDot::bias(const QuantForm&)  the bias as block() wants it.
 // Needs <immintrin.h>, <cstring>, "dot.hpp" and code_unpack.inl included before.
 
 inline float horizontal_sum(__m256 v) {
@@ -46,7 +46,7 @@ inline __m256 uint8x8_to_float(const uint8_t* p) {
 // Σ_g mins_S * sm_g * dx_b(g) * Σ_{i in g} xq_i (zero for forms without mins).
 template <int G>
 float row_scales(const MatrixRows& m, int64_t row, const QuantizedVector& x, float* sc) {
-  const FormDesc& f = *m.form;
+  const QuantForm& f = *m.form;
   const int64_t n_groups = m.cols / G, n_super = m.cols / f.super_size;
   const int scale_bytes = f.scale_f32 ? 4 : 2;
   const uint8_t* d = m.d + row * n_super * scale_bytes;
@@ -94,7 +94,7 @@ constexpr int64_t kPrefetchAhead = 4096;
 template <CodeKind K, bool Biased, int G>
 void rows_dot(const MatrixRows& m, int64_t row0, int64_t row1, const QuantizedVector& x, float scale, float* y) {
   alignas(32) float sc[kMaxCols / 16 + 8];
-  const FormDesc& f = *m.form;
+  const QuantForm& f = *m.form;
   const int64_t n_blocks = m.cols / 32;
   const int64_t block_bytes = 32 * f.code_bits / 8;
   const __m256i lut = IntDot::lut(f), bias = IntDot::bias(f);
@@ -126,17 +126,17 @@ void rows_dot(const MatrixRows& m, int64_t row0, int64_t row1, const QuantizedVe
 }
 
 template <CodeKind K, bool Biased>
-RowsKernel pick_group(const FormDesc& f) {
+RowsKernel pick_group(const QuantForm& f) {
   return f.group_size == 16 ? &rows_dot<K, Biased, 16> : &rows_dot<K, Biased, 32>;
 }
 
 template <CodeKind K>
-RowsKernel pick_bias(const FormDesc& f) {
+RowsKernel pick_bias(const QuantForm& f) {
   return f.code_bias != 0 ? pick_group<K, true>(f) : pick_group<K, false>(f);
 }
 
-RowsKernel pick_kernel(const FormDesc& f) {
+RowsKernel pick_kernel(const QuantForm& f) {
   if (f.code_bits == 2) return pick_bias<CodeKind::k2>(f);
   if (f.code_bits == 8) return pick_bias<CodeKind::k8>(f);
-  return f.has_codebook ? pick_group<CodeKind::k4Codebook, true>(f) : pick_bias<CodeKind::k4>(f);
+  return f.codebook != Codebook::None ? pick_group<CodeKind::k4Codebook, true>(f) : pick_bias<CodeKind::k4>(f);
 }

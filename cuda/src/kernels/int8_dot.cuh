@@ -16,10 +16,12 @@ __host__ __device__ constexpr unsigned pack4(int a, int b, int c, int d) {
   return (static_cast<unsigned>(a) & 0xFFu) | ((static_cast<unsigned>(b) & 0xFFu) << 8) |
          ((static_cast<unsigned>(c) & 0xFFu) << 16) | ((static_cast<unsigned>(d) & 0xFFu) << 24);
 }
-__device__ constexpr ValueTable kIq4NlTable{{pack4(-127, -104, -83, -65), pack4(-49, -35, -22, -10),
-                                  pack4(1, 13, 25, 38), pack4(53, 69, 89, 113)}};
-__device__ constexpr ValueTable kMxfp4Table{{pack4(0, 1, 2, 3), pack4(4, 6, 8, 12),
-                                  pack4(0, -1, -2, -3), pack4(-4, -6, -8, -12)}};
+__host__ __device__ constexpr ValueTable value_table(const std::int8_t (&v)[16]) {
+  return {{pack4(v[0], v[1], v[2], v[3]), pack4(v[4], v[5], v[6], v[7]), pack4(v[8], v[9], v[10], v[11]),
+           pack4(v[12], v[13], v[14], v[15])}};
+}
+__device__ constexpr ValueTable kIq4NlTable = value_table(kIq4NlValues);
+__device__ constexpr ValueTable kMxfp4Table = value_table(kMxfp4Values);
 
 // Four codes (0..15, one per byte of `codes`) -> their four int8 table values, one per byte.
 // __byte_perm picks bytes from an 8-byte pair by 3-bit selectors, so look up in both halves of the table
