@@ -1,4 +1,6 @@
-"""CPU expert pool bandwidth: python benchmarks/bench_pool.py [--quick] [--isa avx2|avx512] [--json PATH]."""
+"""CPU expert pool bandwidth: python benchmarks/bench_pool.py [--quick] [--isa avx2|avx512] [--json PATH].
+
+The same as `strata bench pool`; kept here so tools/gpu-check.sh finds every benchmark in one folder."""
 
 from __future__ import annotations
 

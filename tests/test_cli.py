@@ -89,3 +89,10 @@ def test_user_errors_are_one_line(tmp_path, monkeypatch, capsys, argv, fragment)
     err = capsys.readouterr().err
     assert err.startswith(fragment) and err.count("\n") == 1, err
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_bench_pool_quick_runs_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "pool.json"
+    assert cli.main(["bench", "pool", "--quick", "-k", "2", "--isa", "avx2", "--json", str(out)]) == 0
+    assert "GB/s" in capsys.readouterr().out
+    assert out.stat().st_size > 0

@@ -74,6 +74,13 @@ def _synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_pool(args: argparse.Namespace) -> int:
+    from strata.bench_pool import run
+
+    run(quick=args.quick, k=args.k, isa=args.isa, json_path=args.json)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="strata", description="Run very large Mixture-of-Experts models on one GPU plus the host."
@@ -102,6 +109,15 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("experts", "expert-down", "dense", "embeddings", "ple"):
         synth.add_argument(f"--{name}-type", default=None, metavar="TYPE", help=f"GGML type of the {name} tensors")
     synth.set_defaults(handler=_synth)
+
+    bench = commands.add_parser("bench", help="measure strata on this machine")
+    targets = bench.add_subparsers(dest="target", required=True, metavar="TARGET")
+    pool = targets.add_parser("pool", help="CPU expert pool: GB/s per layer job vs the machine's read bandwidth")
+    pool.add_argument("--quick", action="store_true", help="small expert sets (a smoke run)")
+    pool.add_argument("--isa", choices=("avx2", "avx512"), default=None, help="force a kernel ISA")
+    pool.add_argument("-k", type=int, default=10, help="routed experts per layer job (default 10)")
+    pool.add_argument("--json", metavar="PATH", default=None, help="also write the numbers as JSON")
+    pool.set_defaults(handler=_bench_pool)
     return parser
 
 
