@@ -60,3 +60,24 @@ def test_a_plane_of_the_wrong_size_is_refused_before_any_allocation(model):
     held.codes = held.codes[:, :-16]
     with pytest.raises(strata.InvalidArgument, match=f"tensor {name}: plane codes has"):
         _native.DeviceWeights({name: held}, 0)
+
+
+def test_a_second_load_reads_the_repack_cache_instead_of_repacking(tmp_path, model, monkeypatch):
+    import strata.loader as loader
+
+    cache_path = tmp_path / "dense.strataqc"
+    first = loader.dense_weights(model, cache_path)
+    assert cache_path.stat().st_size > 0
+
+    def no_repack(*args, **kwargs):
+        raise AssertionError("repack called although a valid cache exists")
+
+    monkeypatch.setattr(loader, "repack", no_repack)
+    second = loader.dense_weights(model, cache_path)
+    assert second.keys() == first.keys() == set(dense_names(model))
+    for name, held in first.items():
+        again = second[name]
+        if isinstance(held, np.ndarray):
+            assert np.array_equal(held, again), name
+        else:
+            assert all(np.array_equal(a, b) for a, b in zip(held.planes().values(), again.planes().values())), name

@@ -4,13 +4,14 @@ the CPU pool, the n-gram table left memory-mapped."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 
 import numpy as np
 
 from strata.format import ModelFile
 from strata.plan import is_ngram_table, is_routed_expert
-from strata.quant import QuantTensor, repack
+from strata.quant import QuantTensor, cache, repack
 
 Held = QuantTensor | np.ndarray
 
@@ -33,8 +34,19 @@ def repacked(model: ModelFile, names: list[str], progress: Callable[[int, int], 
             progress(done, total)
 
 
-def upload_dense(model: ModelFile, device: int = 0, progress: Callable[[int, int], None] | None = None):
+def dense_weights(model: ModelFile, cache_path: str | os.PathLike[str] | None = None,
+                  progress: Callable[[int, int], None] | None = None) -> dict[str, Held]:
+    """The dense tensors in canonical form. With `cache_path`, a valid cache of this file is memory-mapped
+    instead (the second load costs a read, not a repack); a missing or stale one is rebuilt there."""
+    def build() -> dict[str, Held]:
+        return dict(repacked(model, dense_names(model), progress))
+
+    return build() if cache_path is None else cache.load_or_build(cache_path, model.path, build)
+
+
+def upload_dense(model: ModelFile, device: int = 0, cache_path: str | os.PathLike[str] | None = None,
+                 progress: Callable[[int, int], None] | None = None):
     """The model's dense weights in VRAM (strata._native.DeviceWeights)."""
     from strata import _native
 
-    return _native.DeviceWeights(dict(repacked(model, dense_names(model), progress)), device)
+    return _native.DeviceWeights(dense_weights(model, cache_path, progress), device)
