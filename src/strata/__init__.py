@@ -1,15 +1,35 @@
 """strata: very large Mixture-of-Experts language models on one GPU plus the host."""
 
+from typing import Any
+
 from strata.devices import Device, device_count, devices
 from strata.errors import CudaError, FormatError, InvalidArgument, OutOfMemory, StrataError
+from strata.kv import KV
+
+# load / Model pull in the file, quant and loader modules: imported on first use, so `import strata`
+# stays light (doctor, errors, devices).
+_LAZY = {"load": "strata.model", "Model": "strata.model", "ModelInfo": "strata.model"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'strata' has no attribute {name!r}")
+
 
 __all__ = [
+    "KV",
     "CudaError",
     "Device",
     "FormatError",
     "InvalidArgument",
+    "Model",
+    "ModelInfo",
     "OutOfMemory",
     "StrataError",
     "device_count",
     "devices",
+    "load",
 ]

@@ -1,0 +1,115 @@
+"""strata.load: memory checks before any allocation, experts from the file into the CPU pool, clean failure."""
+
+import numpy as np
+import pytest
+
+import strata
+from strata import model as model_module
+from strata.devices import Device
+from strata.format import inspect
+from strata.model import describe, host_available_bytes, load, load_experts, split_gate_up
+from strata.pool import ExpertPool
+from strata.quant import dequantize, matvec, repack
+from strata.quant.synthetic import random_blocks
+from strata.synth import synthesize
+from gguf import GGMLQuantizationType as T
+
+TYPES = {"experts": "q4_k", "expert_down": "q4_k", "dense": "q8_0", "embeddings": "q8_0", "ple": "q8_0"}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("load") / "tiny.gguf"
+    synthesize(path, "qwen4exp", "tiny", types=TYPES, seed=5)
+    return path
+
+
+def test_host_available_reads_memavailable():
+    assert host_available_bytes("MemTotal: 10 kB\nMemAvailable:   2048 kB\n") == 2048 * 1024
+    assert host_available_bytes("MemTotal: 10 kB\n") == 0
+
+
+def test_merged_gate_up_splits_per_expert(rng):
+    n_expert, ff, cols = 3, 32, 256
+    merged = repack(random_blocks(T.Q4_K, cols * 2 * ff * n_expert, rng), T.Q4_K, (cols, 2 * ff, n_expert))
+    gate, up = split_gate_up(merged, n_expert)
+    full = dequantize(merged).reshape(n_expert, 2 * ff, cols)
+    assert np.array_equal(dequantize(gate).reshape(n_expert, ff, cols), full[:, :ff])
+    assert np.array_equal(dequantize(up).reshape(n_expert, ff, cols), full[:, ff:])
+
+
+def test_experts_go_from_the_file_into_the_pool_unchanged(rng, tiny):
+    with inspect(tiny) as file:
+        g = file.geometry
+        with ExpertPool(g.n_embd, g.expert_ff, g.n_expert_used, threads=1, pin_caller=False) as pool:
+            load_experts(file, pool, None)
+            layer = g.n_layer - 1
+            ids = rng.choice(g.n_expert, g.n_expert_used, replace=False).astype(np.int32)
+            weights = rng.dirichlet(np.ones(g.n_expert_used)).astype(np.float32)
+            x = rng.standard_normal(g.n_embd).astype(np.float32)
+            got = pool.run_layer(layer, x, ids, weights)
+
+            def expert(name, e):
+                info = file.tensors[f"blk.{layer}.{name}.weight"]
+                q = repack(file.raw(f"blk.{layer}.{name}.weight"), info.ggml_type, info.ne)
+                rows = q.rows // g.n_expert
+                planes = {k: v[e * rows:(e + 1) * rows] for k, v in q.planes().items()}
+                return type(q)(q.form, rows, q.cols, **planes)
+
+            for j, e in enumerate(ids):
+                gate = matvec(expert("ffn_gate_exps", e), x)
+                h = gate / (1 + np.exp(-gate)) * matvec(expert("ffn_up_exps", e), x)
+                # Same q8_32 integer math on both sides; float32 order only differs.
+                assert np.max(np.abs(pool.hidden(j) - h)) <= 1e-5 * np.max(np.abs(h)), j
+                # down takes the pool's own h, so a q8 rounding step of h cannot differ between the sides.
+                want = weights[j] * matvec(expert("ffn_down_exps", e), pool.hidden(j))
+                assert np.max(np.abs(got[j] - want)) <= 1e-5 * np.max(np.abs(want)), j
+
+
+def test_a_model_too_big_for_the_gpu_is_refused_with_what_would_fit(tiny, monkeypatch):
+    fake = Device(0, "small GPU", (9, 0), 1 << 30, 2_000_000, 132)
+    monkeypatch.setattr(model_module, "devices", lambda: [fake])
+    with pytest.raises(strata.OutOfMemory, match=r"the GPU has 0.00 GiB free, the plan needs .* nothing fits"):
+        load(tiny, progress=False)
+
+
+def test_no_gpu_is_an_invalid_argument_and_closes_the_file(tiny, monkeypatch):
+    monkeypatch.setattr(model_module, "devices", lambda: [])
+    closed = []
+    real_inspect = model_module.inspect
+
+    def tracking_inspect(path):
+        file = real_inspect(path)
+        original = file.close
+        file.close = lambda: (closed.append(True), original())
+        return file
+
+    monkeypatch.setattr(model_module, "inspect", tracking_inspect)
+    with pytest.raises(strata.InvalidArgument, match="device index 0 out of range: 0 CUDA device"):
+        load(tiny, progress=False)
+    assert closed
+
+
+def test_info_reports_types_and_the_plan(tiny):
+    with inspect(tiny) as file:
+        info = describe(file)
+    assert info.arch == "qwen4exp" and info.tensor_types["Q4_K"] > 0
+    assert info.plan.host["routed experts"] > 0 and info.plan.vram["dense weights"] > 0
+
+
+@pytest.mark.gpu
+def test_load_puts_every_part_in_place(rng, tiny, tmp_path):
+    with load(tiny, threads=1, cache_dir=tmp_path, progress=False) as model:
+        g = model.info.geometry
+        x = rng.standard_normal(g.n_embd).astype(np.float32)
+        info = model.file.tensors["output.weight"]
+        want = matvec(repack(model.file.raw("output.weight"), info.ggml_type, info.ne), x)
+        got = model.weights.gemv("output.weight", x)
+        assert np.max(np.abs(got - want)) < 2e-6 * np.max(np.abs(want))
+    assert any(tmp_path.iterdir())  # the dense cache was written
+
+
+def test_the_public_names_resolve():
+    assert strata.load is load and strata.KV.INT8.value == "int8"
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        strata.nope
