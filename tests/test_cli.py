@@ -96,3 +96,21 @@ def test_bench_pool_quick_runs_and_writes_json(tmp_path, capsys):
     assert cli.main(["bench", "pool", "--quick", "-k", "2", "--isa", "avx2", "--json", str(out)]) == 0
     assert "GB/s" in capsys.readouterr().out
     assert out.stat().st_size > 0
+
+
+def test_run_streams_text_with_the_reference_engine(tmp_path, capsys):
+    path = tmp_path / "r.gguf"
+    assert cli.main(["synth", str(path), "--arch", "qwen35moe", "--layers", "4"]) == 0
+    capsys.readouterr()
+    assert cli.main(["run", str(path), "-p", "hello", "-n", "4", "--temperature", "0.7", "--seed", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "tokens" in captured.err and "tok/s decode" in captured.err and "engine: reference" in captured.err
+
+
+def test_run_with_bad_sampling_is_one_line(tmp_path, capsys):
+    path = tmp_path / "r.gguf"
+    assert cli.main(["synth", str(path), "--arch", "qwen35moe", "--layers", "4"]) == 0
+    capsys.readouterr()
+    assert cli.main(["run", str(path), "-p", "x", "--top-p", "0"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("strata run: top_p must be in (0, 1]") and err.count("\n") == 1

@@ -74,6 +74,27 @@ def _synth(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    from strata.format import inspect
+    from strata.generation import Session
+    from strata.reference import Reference
+    from strata.reference.engine import ReferenceEngine
+
+    with inspect(args.model) as model:
+        session = Session(ReferenceEngine(Reference(model), context=args.context), model.tokenizer())
+        pieces = session.generate(args.prompt, args.max_tokens, temperature=args.temperature, top_k=args.top_k,
+                                  top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
+                                  seed=args.seed, stop=args.stop)
+        for piece in pieces:
+            print(piece.text, end="", flush=True)
+        print()
+        stats = session.stats
+        print(f"[{stats.generated_tokens} tokens, {stats.decode_tokens_per_second:.2f} tok/s decode, "
+              f"prompt {stats.prompt_tokens} tokens in {stats.prefill_seconds:.2f} s, "
+              f"ended by {stats.finish_reason}; engine: {args.engine}]", file=sys.stderr)
+    return 0
+
+
 def _bench_pool(args: argparse.Namespace) -> int:
     from strata.bench_pool import run
 
@@ -109,6 +130,23 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("experts", "expert-down", "dense", "embeddings", "ple"):
         synth.add_argument(f"--{name}-type", default=None, metavar="TYPE", help=f"GGML type of the {name} tensors")
     synth.set_defaults(handler=_synth)
+
+    run = commands.add_parser("run", help="generate text from a prompt, streamed")
+    run.add_argument("model", help="path of a .gguf file")
+    run.add_argument("-p", "--prompt", required=True)
+    run.add_argument("-n", "--max-tokens", type=int, default=128)
+    run.add_argument("--engine", choices=["reference"], default="reference",
+                     help="reference: the numpy oracle (exact, slow: small models only); the GPU engine "
+                          "arrives with the decode session")
+    run.add_argument("--context", type=int, default=4096)
+    run.add_argument("--temperature", type=float, default=0.0)
+    run.add_argument("--top-k", type=int, default=0)
+    run.add_argument("--top-p", type=float, default=1.0)
+    run.add_argument("--min-p", type=float, default=0.0)
+    run.add_argument("--repeat-penalty", type=float, default=1.0)
+    run.add_argument("--seed", type=int, default=None)
+    run.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    run.set_defaults(handler=_run)
 
     bench = commands.add_parser("bench", help="measure strata on this machine")
     targets = bench.add_subparsers(dest="target", required=True, metavar="TARGET")
