@@ -134,3 +134,50 @@ def test_the_reference_engine_generates_what_its_logits_and_the_sampler_say(tmp_
             fed.append(want[-1])
             logits = replay.forward([want[-1]])[-1]
         assert [p.token for p in pieces] == want
+
+
+class ChatCodec(CharCodec):
+    chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+                     "{% if add_generation_prompt %}<assistant>{% endif %}{{ eos_token }}")
+    tokens = [chr(i) for i in range(256)]
+    special_ids = {"eos": [ord("$")]}
+    eos_ids = [0]
+
+
+def test_chat_renders_the_template_and_starts_over_each_turn():
+    engine = ScriptedEngine([ord("o"), ord("k"), 0, ord("!"), 0])
+    session = Session(engine, ChatCodec())
+    history = [{"role": "user", "content": "hi"}]
+    assert "".join(p.text for p in session.chat(history)) == "ok"
+    assert CharCodec().decode(engine.fed[0]) == "<user>hi<assistant>$"
+    history += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}]
+    assert "".join(p.text for p in session.chat(history)) == "!"
+    # reset() between turns: the engine saw the whole conversation again, not the pending EOS of turn one.
+    assert CharCodec().decode(engine.fed[0]) == "<user>hi<assistant>ok<user>go<assistant>$"
+
+
+def test_chat_without_a_template_is_a_format_error():
+    with pytest.raises(strata.FormatError, match="no chat template"):
+        Session(ScriptedEngine([0]), CharCodec()).chat([{"role": "user", "content": "x"}])
+
+
+def test_the_chat_loop_keeps_the_history_and_obeys_its_commands():
+    import io
+
+    from strata.cli_chat import converse
+
+    class Recording(ScriptedEngine):
+        prompts: list = []
+
+        def feed(self, ids, params, u, seen):
+            if len(ids) > 1:
+                self.prompts.append(CharCodec().decode(ids))
+            return super().feed(ids, params, u, seen)
+
+    engine = Recording([ord("A"), 0, ord("B"), 0, ord("C"), 0])
+    out = io.StringIO()
+    converse(Session(engine, ChatCodec()), ["hi\n", "again\n", "/reset\n", "new\n", "/exit\n", "never\n"], out)
+    text = out.getvalue()
+    assert text.count("> ") == 5 and "A\n" in text and "B\n" in text and "(conversation cleared)" in text
+    assert engine.prompts == ["<user>hi<assistant>$", "<user>hi<assistant>A<user>again<assistant>$",
+                              "<user>new<assistant>$"]

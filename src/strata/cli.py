@@ -74,18 +74,34 @@ def _synth(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace) -> int:
-    from strata.format import inspect
+def _sampling(args: argparse.Namespace) -> dict:
+    return {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
+            "repeat_penalty": args.repeat_penalty, "seed": args.seed, "stop": args.stop}
+
+
+def _reference_session(model):
     from strata.generation import Session
     from strata.reference import Reference
     from strata.reference.engine import ReferenceEngine
 
+    return Session(ReferenceEngine(Reference(model)), model.tokenizer())
+
+
+def _chat(args: argparse.Namespace) -> int:
+    from strata.cli_chat import converse
+    from strata.format import inspect
+
     with inspect(args.model) as model:
-        session = Session(ReferenceEngine(Reference(model), context=args.context), model.tokenizer())
-        pieces = session.generate(args.prompt, args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                                  top_p=args.top_p, min_p=args.min_p, repeat_penalty=args.repeat_penalty,
-                                  seed=args.seed, stop=args.stop)
-        for piece in pieces:
+        converse(_reference_session(model), sys.stdin, sys.stdout, max_tokens=args.max_tokens, **_sampling(args))
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from strata.format import inspect
+
+    with inspect(args.model) as model:
+        session = _reference_session(model)
+        for piece in session.generate(args.prompt, args.max_tokens, **_sampling(args)):
             print(piece.text, end="", flush=True)
         print()
         stats = session.stats
@@ -132,21 +148,22 @@ def build_parser() -> argparse.ArgumentParser:
     synth.set_defaults(handler=_synth)
 
     run = commands.add_parser("run", help="generate text from a prompt, streamed")
-    run.add_argument("model", help="path of a .gguf file")
     run.add_argument("-p", "--prompt", required=True)
-    run.add_argument("-n", "--max-tokens", type=int, default=128)
-    run.add_argument("--engine", choices=["reference"], default="reference",
-                     help="reference: the numpy oracle (exact, slow: small models only); the GPU engine "
-                          "arrives with the decode session")
-    run.add_argument("--context", type=int, default=4096)
-    run.add_argument("--temperature", type=float, default=0.0)
-    run.add_argument("--top-k", type=int, default=0)
-    run.add_argument("--top-p", type=float, default=1.0)
-    run.add_argument("--min-p", type=float, default=0.0)
-    run.add_argument("--repeat-penalty", type=float, default=1.0)
-    run.add_argument("--seed", type=int, default=None)
-    run.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
-    run.set_defaults(handler=_run)
+    chat = commands.add_parser("chat", help="an interactive conversation (/reset, /exit)")
+    for sub, handler in ((run, _run), (chat, _chat)):
+        sub.add_argument("model", help="path of a .gguf file")
+        sub.add_argument("-n", "--max-tokens", type=int, default=128)
+        sub.add_argument("--engine", choices=["reference"], default="reference",
+                         help="reference: the numpy oracle (exact, slow: small models only); the GPU engine "
+                              "arrives with the decode session")
+        sub.add_argument("--temperature", type=float, default=0.0)
+        sub.add_argument("--top-k", type=int, default=0)
+        sub.add_argument("--top-p", type=float, default=1.0)
+        sub.add_argument("--min-p", type=float, default=0.0)
+        sub.add_argument("--repeat-penalty", type=float, default=1.0)
+        sub.add_argument("--seed", type=int, default=None)
+        sub.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+        sub.set_defaults(handler=handler)
 
     bench = commands.add_parser("bench", help="measure strata on this machine")
     targets = bench.add_subparsers(dest="target", required=True, metavar="TARGET")

@@ -10,14 +10,15 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-from strata.errors import InvalidArgument, StrataError
+from strata.chat import render_chat
+from strata.errors import FormatError, InvalidArgument, StrataError
 from strata.sampling import SamplingParams
 
 
@@ -37,6 +38,7 @@ class TextCodec(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
     @property
     def eos_ids(self) -> list[int]: ...
+    # A model's tokenizer also carries `chat_template` (str | None) and `tokens` (the vocabulary).
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,22 @@ class Session:
                                   f"context of {self.engine.context}; reset() the session or make a larger one")
         return self._stream(self._pending + ids, len(ids), max_tokens, params, np.random.default_rng(seed),
                             tuple(s for s in stop if s))
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], max_tokens: int = 256, **kwargs: Any) -> Iterator[Piece]:
+        """Stream the assistant's answer to `messages` rendered with the model's chat template. The session
+        starts over (reset) and reads the whole conversation, so callers pass the full history each turn."""
+        template = getattr(self.codec, "chat_template", None)
+        if not template:
+            raise FormatError("the model file carries no chat template (tokenizer.chat_template)")
+        text = render_chat(template, messages, add_generation_prompt=True, bos_token=self._special("bos"),
+                           eos_token=self._special("eos"))
+        self.reset()
+        return self.generate(text, max_tokens, **kwargs)
+
+    def _special(self, name: str) -> str:
+        ids = getattr(self.codec, "special_ids", {}).get(name) or []
+        tokens = getattr(self.codec, "tokens", None)
+        return tokens[ids[0]] if ids and tokens is not None else ""
 
     def _feed(self, ids: list[int], params: SamplingParams, u: float) -> int:
         token = self.engine.feed(ids, params, u, self._history + ids)
