@@ -41,13 +41,15 @@ def test_session_state_matches_the_model_doc():
     # models/qwen4exp.md section 4: 24 KiB of bf16 K+V per token over 12 layers; GDN state 36 x 786432 fp32.
     g = released("qwen4exp")
     plan = memory_plan(g, bench_tensors(g), 262144, KV.BF16)
-    assert plan.vram["KV cache (bf16)"] == 262144 * 24 * 1024
+    assert plan.vram["KV cache (bf16)"] == 262144 * 24 * 1024 + 12 * 4 * 1024  # + the page tables
     assert plan.vram["GDN recurrent + conv state"] == 36 * 4 * (48 * 128 * 128 + 3 * 10240)
-    assert plan.vram["QSA indexer keys"] == 12 * 262144 * 128 * 3
+    # f32 raw keys per token and f32 pooled keys per 4 tokens, as the QSA kernels keep them.
+    assert plan.vram["QSA indexer keys"] == 12 * 262144 * 128 * (4 + 1)
     assert plan.mapped["n-gram table"] > 0 and "n-gram table" not in plan.vram
     # INT8 KV: one byte plus an fp16 scale per 32 elements.
     int8 = memory_plan(g, bench_tensors(g), 262144, KV.INT8)
-    assert int8.vram["KV cache (int8)"] == 262144 * 12 * 1024 * (1 + 2 / 32)
+    page_tables = 12 * 4 * 1024  # one int32 per 256-token page
+    assert int8.vram["KV cache (int8)"] == 262144 * 12 * 1024 * (1 + 2 / 32) + page_tables
 
 
 def test_routed_experts_go_to_host_and_the_rest_to_vram():
@@ -74,7 +76,7 @@ def test_too_big_says_what_would_fit():
     free = 9 * GIB
     plan = memory_plan(g, tensors, 262144, KV.BF16)
     options = {kv: largest_context(g, tensors, kv, free) for kv in KV}
-    assert options[KV.Q4] >= options[KV.INT8] >= options[KV.BF16] > 0
+    assert options[KV.INT8] >= options[KV.BF16] > 0
     assert memory_plan(g, tensors, options[KV.BF16], KV.BF16).vram_total <= free
     with pytest.raises(strata.OutOfMemory, match=r"9\.00 GiB free.*would fit: context <= \d+ with kv=bf16"):
         check_fits(plan, free, 1 << 50, options)
@@ -89,5 +91,25 @@ def test_host_shortfall_is_named():
 
 def test_kv_parse_names_the_choices():
     assert KV.parse("INT8") is KV.INT8
-    with pytest.raises(strata.InvalidArgument, match="choose one of bf16, int8, q4, k8v4"):
+    with pytest.raises(strata.InvalidArgument, match="choose one of bf16, int8"):
         KV.parse("fp8")
+
+
+def test_the_session_arena_layout_is_aligned_disjoint_and_per_layer_kind():
+    from strata import _native
+    from strata.plan import session_shape
+
+    g = released("qwen4exp")
+    layout = _native.session_layout(session_shape(g), 5000, "int8")
+    regions = sorted(layout["regions"], key=lambda r: r[2])
+    end = 0
+    for name, layer, offset, nbytes in regions:
+        assert offset % 256 == 0 and offset >= end and nbytes > 0, name
+        end = offset + nbytes
+        if layer >= 0:
+            assert name.startswith("gdn") == g.recurrent[layer], (name, layer)
+    assert layout["total"] >= end and layout["kv_pages"] == 20  # 5000 tokens in 256-token pages
+    with pytest.raises(strata.InvalidArgument, match="context must be > 0"):
+        _native.session_layout(session_shape(g), 0, "int8")
+    with pytest.raises(strata.InvalidArgument, match="not 'q4'"):
+        _native.session_layout(session_shape(g), 16, "q4")

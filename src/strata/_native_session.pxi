@@ -145,3 +145,55 @@ cdef class DeviceWeights:
     def __dealloc__(self):
         with nogil:
             self.weights.reset()
+
+
+cdef extern from "strata/session_layout.hpp" nogil:
+    cdef enum class KvStorage "strata::KvStorage":
+        Bf16
+        Int8
+
+    cdef cppclass SessionShape "strata::SessionShape":
+        vector[bint] recurrent
+        int n_embd, n_vocab, n_head_kv, head_dim
+        int ssm_k_heads, ssm_v_heads, ssm_head_k_dim, ssm_head_v_dim, ssm_conv_kernel
+        int indexer_head_dim, indexer_ratio, n_ple_layers, ple_history, hc_count
+
+    cdef cppclass LayoutRegion "strata::Region":
+        string name
+        int layer
+        size_t offset
+        size_t bytes
+
+    cdef cppclass SessionLayout "strata::SessionLayout":
+        int kv_pages
+        vector[LayoutRegion] regions
+        size_t total
+
+    SessionLayout cpp_plan_session "strata::plan_session"(
+        const SessionShape& shape, int context, KvStorage kv) except +raise_strata_error
+
+
+_KV_STORAGE = {"bf16": 0, "int8": 1}
+
+
+def session_layout(dict shape, int context, str kv) -> dict:
+    """The session arena's layout (strata/session_layout.hpp): {"total", "kv_pages", "regions": [(name,
+    layer, offset, bytes)]}. `shape` holds SessionShape's fields; `kv` is "bf16" or "int8"."""
+    if kv not in _KV_STORAGE:
+        raise InvalidArgument(f"the session arena holds KV as {' or '.join(_KV_STORAGE)}, not {kv!r}")
+    cdef SessionShape s
+    for flag in shape["recurrent"]:
+        s.recurrent.push_back(bool(flag))
+    s.n_embd, s.n_vocab = shape["n_embd"], shape["n_vocab"]
+    s.n_head_kv, s.head_dim = shape["n_head_kv"], shape["head_dim"]
+    s.ssm_k_heads, s.ssm_v_heads = shape["ssm_k_heads"], shape["ssm_v_heads"]
+    s.ssm_head_k_dim, s.ssm_head_v_dim = shape["ssm_head_k_dim"], shape["ssm_head_v_dim"]
+    s.ssm_conv_kernel = shape["ssm_conv_kernel"]
+    s.indexer_head_dim, s.indexer_ratio = shape["indexer_head_dim"], shape["indexer_ratio"]
+    s.n_ple_layers, s.ple_history, s.hc_count = shape["n_ple_layers"], shape["ple_history"], shape["hc_count"]
+    cdef KvStorage storage = <KvStorage>_KV_STORAGE[kv]
+    cdef SessionLayout layout
+    with nogil:
+        layout = cpp_plan_session(s, context, storage)
+    return {"total": layout.total, "kv_pages": layout.kv_pages,
+            "regions": [(r.name.decode(), r.layer, r.offset, r.bytes) for r in layout.regions]}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any
 from dataclasses import dataclass, field
 
 from strata.errors import InvalidArgument, OutOfMemory
@@ -18,7 +19,8 @@ from strata.quant.forms import FLOAT_DTYPES
 from strata.quant.tensor import plane_layout
 
 GIB = 1024**3
-KV_PAGE_TOKENS = 256  # KV is allocated in whole pages (a multiple of the 4-token QSA block)
+KV_PAGE_TOKENS = 256  # KV is allocated in whole pages (a multiple of the 4-token QSA block): session_layout.hpp
+QSA_RATIO = 4  # tokens per indexer block (models/qwen4exp.md)
 FLOAT32 = 4
 
 
@@ -62,26 +64,37 @@ class MemoryPlan:
         return out
 
 
-def session_state_bytes(g: Geometry, context: int, kv: KV) -> dict[str, int]:
-    """Per-sequence state on the GPU for `context` tokens (models/qwen4exp.md section 4)."""
-    cells = -(-context // KV_PAGE_TOKENS) * KV_PAGE_TOKENS
-    n_attention = len(g.attention_layers)
-    n_recurrent = g.n_layer - n_attention
-    kv_elements = cells * g.n_head_kv * g.head_dim
-    state = {
-        f"KV cache ({kv.value})": round(
-            n_attention * kv_elements * (kv.key_bytes_per_element + kv.value_bytes_per_element)
-        ),
-        "GDN recurrent + conv state": n_recurrent
-        * FLOAT32
-        * (g.ssm_n_v_heads * g.ssm_head_k_dim * g.ssm_head_v_dim + (g.ssm_conv_kernel - 1) * g.ssm_conv_dim),
+def session_shape(g: Geometry) -> dict[str, Any]:
+    """The fields of strata/session_layout.hpp's SessionShape, from a geometry."""
+    return {
+        "recurrent": list(g.recurrent), "n_embd": g.n_embd, "n_vocab": g.n_vocab,
+        "n_head_kv": g.n_head_kv, "head_dim": g.head_dim,
+        "ssm_k_heads": g.ssm_n_k_heads, "ssm_v_heads": g.ssm_n_v_heads, "ssm_head_k_dim": g.ssm_head_k_dim,
+        "ssm_head_v_dim": g.ssm_head_v_dim, "ssm_conv_kernel": g.ssm_conv_kernel,
+        "indexer_head_dim": g.indexer_head_dim if g.indexer_n_heads else 0, "indexer_ratio": QSA_RATIO,
+        "n_ple_layers": len(g.ple_layers), "ple_history": (g.ple_conv_kernel - 1) * g.ple_ngram if g.ple_layers else 0,
+        "hc_count": g.hc_count,
     }
-    if g.indexer_n_heads:
-        # raw keys per token in bf16, pooled block keys per 4 tokens in f32
-        state["QSA indexer keys"] = n_attention * cells * g.indexer_head_dim * (2 + FLOAT32 // 4)
-    if g.ple_layers:
-        history = (g.ple_conv_kernel - 1) * g.ple_ngram
-        state["PLE conv history"] = len(g.ple_layers) * history * g.hc_width * FLOAT32
+
+
+# Plan parts, from the arena's regions (strata/session_layout.hpp is the one definition of what a session holds).
+_PARTS = {
+    "kv keys": "KV cache", "kv values": "KV cache", "kv page table": "KV cache",
+    "gdn state": "GDN recurrent + conv state", "gdn conv history": "GDN recurrent + conv state",
+    "indexer raw keys": "QSA indexer keys", "indexer block keys": "QSA indexer keys",
+    "ple history": "PLE conv history", "residual streams": "residual streams",
+}
+
+
+def session_state_bytes(g: Geometry, context: int, kv: KV) -> dict[str, int]:
+    """Per-sequence state on the GPU for `context` tokens, as the session arena lays it out."""
+    from strata import _native
+
+    layout = _native.session_layout(session_shape(g), context, kv.value)
+    state: dict[str, int] = {}
+    for name, _layer, _offset, nbytes in layout["regions"]:
+        part = _PARTS[name] + (f" ({kv.value})" if _PARTS[name] == "KV cache" else "")
+        state[part] = state.get(part, 0) + nbytes
     return state
 
 
