@@ -113,3 +113,32 @@ def test_the_session_arena_layout_is_aligned_disjoint_and_per_layer_kind():
         _native.session_layout(session_shape(g), 0, "int8")
     with pytest.raises(strata.InvalidArgument, match="not 'q4'"):
         _native.session_layout(session_shape(g), 16, "q4")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["qwen4exp", "qwen3next"])
+def test_a_reset_arena_holds_an_empty_sequence(arch):
+    from strata import _native
+    from strata.plan import session_shape
+
+    g = released(arch)
+    arena = _native.SessionArena(session_shape(g), 1000, "int8")
+    arena.fill(0xFF)  # poison: what reset misses stays 0xFF
+    arena.reset()
+    data = arena.download()
+    for name, layer, offset, nbytes in arena.layout["regions"]:
+        region = data[offset:offset + nbytes]
+        if name == "kv page table":
+            assert np.array_equal(region.view(np.int32), np.arange(arena.layout["kv_pages"])), layer
+        else:
+            assert not region.any(), (name, layer)
+
+
+def test_an_arena_without_a_gpu_names_the_device():
+    from strata import _native
+    from strata.plan import session_shape
+
+    if _native.device_count() > 0:
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(strata.InvalidArgument, match="device index 0 out of range: 0 CUDA device"):
+        _native.SessionArena(session_shape(released("qwen3next")), 64, "bf16")

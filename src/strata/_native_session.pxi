@@ -197,3 +197,57 @@ def session_layout(dict shape, int context, str kv) -> dict:
         layout = cpp_plan_session(s, context, storage)
     return {"total": layout.total, "kv_pages": layout.kv_pages,
             "regions": [(r.name.decode(), r.layer, r.offset, r.bytes) for r in layout.regions]}
+
+
+cdef extern from "strata/session_arena.hpp" nogil:
+    cdef cppclass CppSessionArena "strata::SessionArena":
+        CppSessionArena(int device, SessionLayout layout) except +raise_strata_error
+        void reset() except +raise_strata_error
+        void download(void* host) except +raise_strata_error
+        void fill(unsigned char byte) except +raise_strata_error
+        const SessionLayout& layout()
+
+
+cdef class SessionArena:
+    """One session's sequence state in VRAM (strata/session_arena.hpp)."""
+    cdef unique_ptr[CppSessionArena] arena
+
+    def __cinit__(self, dict shape, int context, str kv, int device=0):
+        layout = session_layout(shape, context, kv)  # validates, names what is wrong
+        cdef SessionLayout cpp_layout
+        cpp_layout.kv_pages = layout["kv_pages"]
+        cpp_layout.total = layout["total"]
+        cdef LayoutRegion r
+        for name, layer, offset, nbytes in layout["regions"]:
+            r.name, r.layer, r.offset, r.bytes = name.encode(), layer, offset, nbytes
+            cpp_layout.regions.push_back(r)
+        with nogil:
+            self.arena.reset(new CppSessionArena(device, cpp_layout))
+
+    @property
+    def layout(self) -> dict:
+        cdef SessionLayout l = self.arena.get().layout()
+        return {"total": l.total, "kv_pages": l.kv_pages,
+                "regions": [(r.name.decode(), r.layer, r.offset, r.bytes) for r in l.regions]}
+
+    def reset(self) -> None:
+        with nogil:
+            self.arena.get().reset()
+
+    def fill(self, int byte) -> None:
+        """Set every byte of the arena (a test hook: poison before proving reset)."""
+        cdef unsigned char b = byte
+        with nogil:
+            self.arena.get().fill(b)
+
+    def download(self):
+        """The arena's bytes (a test hook)."""
+        out = np.empty(self.arena.get().layout().total, np.uint8)
+        cdef unsigned char[::1] view = out
+        with nogil:
+            self.arena.get().download(&view[0])
+        return out
+
+    def __dealloc__(self):
+        with nogil:
+            self.arena.reset()

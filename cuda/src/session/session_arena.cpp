@@ -1,0 +1,75 @@
+#include "strata/session_arena.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <numeric>
+
+#include "../runtime/device_buffer.hpp"
+#include "strata/device.hpp"
+#include "strata/error.hpp"
+
+namespace strata {
+namespace {
+
+constexpr const char* kPageTable = "kv page table";
+
+}  // namespace
+
+SessionArena::SessionArena(int device, SessionLayout layout) : device_(device), layout_(std::move(layout)) {
+  const int count = device_count();
+  STRATA_EXPECTS(device >= 0 && device < count, InvalidArgument,
+                 "device index " + std::to_string(device) + " out of range: " + std::to_string(count) +
+                     " CUDA device(s) present");
+  DeviceScope scope(device);
+  std::size_t free_bytes = 0, total_bytes = 0;
+  STRATA_CUDA_TRY(cudaMemGetInfo(&free_bytes, &total_bytes));
+  STRATA_EXPECTS(layout_.total <= free_bytes, OutOfMemory,
+                 "the session's state needs " + std::to_string(layout_.total >> 20) + " MiB of VRAM, device " +
+                     std::to_string(device) + " has " + std::to_string(free_bytes >> 20) +
+                     " MiB free; a shorter context or int8 KV needs less");
+  STRATA_CUDA_TRY(cudaMalloc(&base_, layout_.total));
+  try {
+    reset();
+  } catch (...) {
+    (void)cudaFree(base_);
+    throw;
+  }
+}
+
+SessionArena::~SessionArena() {
+  if (base_) (void)cudaFree(base_);
+}
+
+void* SessionArena::region(const std::string& name, int layer) const {
+  for (const Region& r : layout_.regions)
+    if (r.name == name && r.layer == layer) return static_cast<char*>(base_) + r.offset;
+  throw InvalidArgument("the session arena has no region '" + name + "' for layer " + std::to_string(layer));
+}
+
+void SessionArena::reset() {
+  DeviceScope scope(device_);
+  std::vector<int> identity(static_cast<std::size_t>(layout_.kv_pages));
+  std::iota(identity.begin(), identity.end(), 0);
+  for (const Region& r : layout_.regions) {
+    char* at = static_cast<char*>(base_) + r.offset;
+    if (r.name == kPageTable) {
+      STRATA_CUDA_TRY(cudaMemcpy(at, identity.data(), r.bytes, cudaMemcpyHostToDevice));
+    } else {
+      STRATA_CUDA_TRY(cudaMemset(at, 0, r.bytes));
+    }
+  }
+  STRATA_CUDA_TRY(cudaDeviceSynchronize());
+}
+
+void SessionArena::download(void* host) const {
+  DeviceScope scope(device_);
+  STRATA_CUDA_TRY(cudaMemcpy(host, base_, layout_.total, cudaMemcpyDeviceToHost));
+}
+
+void SessionArena::fill(unsigned char byte) {
+  DeviceScope scope(device_);
+  STRATA_CUDA_TRY(cudaMemset(base_, byte, layout_.total));
+  STRATA_CUDA_TRY(cudaDeviceSynchronize());
+}
+
+}  // namespace strata
