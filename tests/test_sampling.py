@@ -85,3 +85,8 @@ def test_bad_parameters_name_themselves(kwargs, fragment):
 def test_nan_logits_are_refused():
     with pytest.raises(strata.InvalidArgument, match="NaN"):
         sample(np.array([0.0, np.nan], np.float32), SamplingParams(temperature=1.0), 0.5)
+
+
+def test_numpy_scalars_become_python_numbers():
+    params = SamplingParams(temperature=np.float32(0.5), top_k=np.int64(3), repeat_penalty=np.float64(1.1))
+    assert type(params.temperature) is float and type(params.top_k) is int and type(params.repeat_penalty) is float

@@ -25,6 +25,10 @@ class SamplingParams:
     repeat_penalty: float = 1.0  # 1 means off
 
     def __post_init__(self) -> None:
+        # Plain Python numbers, so a numpy scalar argument cannot change the arithmetic's precision.
+        for name in ("temperature", "top_p", "min_p", "repeat_penalty"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+        object.__setattr__(self, "top_k", int(self.top_k))
         if not np.all(np.isfinite([self.temperature, self.top_p, self.min_p, self.repeat_penalty])):
             raise InvalidArgument(f"sampling parameters must be finite, got {self}")
         checks = [
