@@ -51,4 +51,53 @@ double time_gemv_float(int device, FloatKind kind, const void* w, int rows, int 
 // so tests can prove that each arrives in Python as the right exception.
 void raise_error(const std::string& kind);
 
+// MoE router (kernels/router.cuh) over logits [tokens][n_expert]: ids [tokens][k] in descending probability
+// (exact ties to the lower index), weights [tokens][k] renormalised to sum 1.
+void moe_route(int device, const float* logits, int tokens, int n_expert, int k, std::int32_t* ids,
+               float* weights);
+
+// The shared expert's scalar gate sigmoid(w . x) over n floats.
+float shared_expert_gate(int device, const float* w, const float* x, int n);
+
+// h = silu(g) * u over n floats.
+void swiglu(int device, const float* g, const float* u, float* h, int n);
+
+// out = routed + gate * shared over n floats (the gate travels through device memory, as in a decode step).
+void moe_combine(int device, const float* routed, const float* shared, float gate, float* out, int n);
+
+}  // namespace strata::kernel_check
+
+namespace strata {
+struct HostTensor;  // strata/device_weights.hpp: one weight in its canonical form, host planes
+}  // namespace strata
+
+namespace strata::kernel_check {
+
+// Host destinations of hc_read's results.
+struct HcReadOutputs {
+  float* normed = nullptr;  // [streams * n] the grouped-normalised streams Hn
+  float* low = nullptr;     // [rank] silu(W_down Hn / streams)
+  float* x = nullptr;       // [n] the block input
+  float* inj = nullptr;     // [streams] 2 sigmoid(W_inj Hn / streams); untouched without an inject weight
+};
+
+// The whole hyper-connection read (shared/docs/models/qwen4exp.md §3(a)) of h [streams][n] as a decode step
+// chains it on the device: grouped RMSNorm by norm [streams * n] -> q8_32 -> down GEMV -> silu(/streams) ->
+// q8_32 -> up GEMV -> sigmoid-gated mean over the streams; with `inject`, inject GEMV -> 2 sigmoid(/streams).
+// down [rank][streams * n], up [streams * n][rank], inject [streams][streams * n] (may be null: the final
+// mixer); float forms take the float32 activation instead of q8_32.
+void hc_read(int device, const float* h, const float* norm, int streams, int n, float eps, const HostTensor& down,
+             const HostTensor& up, const HostTensor* inject, const HcReadOutputs& out);
+
+// The write-back: h_out [streams][n] = h [streams][n] + inj[k] * y [n] for every stream k.
+void hc_write(int device, const float* h, const float* inj, const float* y, float* h_out, int streams, int n);
+
+// The token strata.sampling.sample picks, for each uniform draw u in draws [n_draws], into tokens [n_draws]:
+// logits [vocab], the seen ids [n_seen] for the repetition penalty, and the SamplingParams fields. Arguments
+// are checked as the reference checks them (before any device work); the per-token values travel in device
+// memory as on the token path, and with `graph` one captured CUDA graph is replayed for every draw.
+void sample_tokens(int device, const float* logits, int vocab, const std::int32_t* seen, int n_seen,
+                   double temperature, int top_k, double top_p, double min_p, double repeat_penalty,
+                   const double* draws, int n_draws, bool graph, std::int32_t* tokens);
+
 }  // namespace strata::kernel_check

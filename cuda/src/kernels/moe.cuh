@@ -1,0 +1,22 @@
+// The GPU side of a MoE block (shared/docs/models/qwen3next.md §3.3): the shared expert's sigmoid gate, its
+// SwiGLU between the GEMVs, and the combine with the routed experts' answer. Launchers never allocate,
+// synchronise or throw: they are capturable into CUDA graphs (the gate travels in device memory).
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace strata::kernels {
+
+// *gate = sigmoid(Σ_i w[i] x[i]) over n floats (w = ffn_gate_inp_shexp, a float32 vector).
+cudaError_t shared_expert_gate(const float* w, const float* x, float* gate, int n, cudaStream_t stream);
+
+// h[i] = silu(g[i]) * u[i] for i < n (g = gate GEMV output, u = up GEMV output; a merged gate_up output
+// passes g = gu, u = gu + n).
+cudaError_t swiglu(const float* g, const float* u, float* h, int n, cudaStream_t stream);
+
+// out[i] = routed[i] + *gate * shared[i] for i < n: `routed` is the host's answer row (the weighted sum of
+// the routed experts, doorbell.cuh), `shared` the shared expert's down output. out may alias routed.
+cudaError_t moe_combine(const float* routed, const float* shared, const float* gate, float* out, int n,
+                        cudaStream_t stream);
+
+}  // namespace strata::kernels

@@ -1,0 +1,221 @@
+// Token sampling (see sample.cuh). Three steps on the stream, all sized by the host-known vocab:
+//  1. a 64-bit sort key per logit (the repetition penalty applied to the seen ids),
+//  2. a CUB radix sort of the keys: the candidates by logit descending, ties to the lower id,
+//  3. one CTA walks the sorted prefix: greedy, or top-k, float64 softmax, top-p, min-p and the draw.
+// Probabilities are recomputed from the sorted keys in each pass rather than stored: the same instructions on
+// the same inputs give the same float64 values, so the passes agree with each other exactly.
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+#include <cub/device/device_radix_sort.cuh>
+
+#include <algorithm>
+
+#include "sample.cuh"
+
+namespace strata::kernels {
+namespace {
+
+using Key = unsigned long long;
+
+constexpr int kKeyThreads = 256;
+constexpr int kPenaltyThreads = 256;
+constexpr int kMaxPenaltyBlocks = 64;
+constexpr int kDrawThreads = 512;
+constexpr int kDrawItems = 8;  // consecutive candidates per thread in one scan tile
+constexpr int kDrawTile = kDrawThreads * kDrawItems;
+constexpr std::size_t kScratchAlign = 256;
+
+std::size_t aligned(std::size_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
+
+// An ascending sort of these keys orders the candidates by logit descending with ties to the lower id.
+// High 32 bits: the logit's bits mapped so that a larger float gives a smaller value (-0 and +0 alike, as
+// numpy compares them); low 32 bits: the id. Keys are unique, so the order never depends on sort stability.
+__device__ __forceinline__ Key make_key(float logit, int id) {
+  const unsigned bits = __float_as_uint(logit == 0.0f ? 0.0f : logit);
+  const unsigned ascending = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+  return (static_cast<Key>(~ascending) << 32) | static_cast<unsigned>(id);
+}
+
+__device__ __forceinline__ int key_id(Key key) { return static_cast<int>(key & 0xffffffffull); }
+
+// The (penalised) logit of a key; the inverse of make_key's mapping.
+__device__ __forceinline__ float key_logit(Key key) {
+  const unsigned ascending = ~static_cast<unsigned>(key >> 32);
+  return __uint_as_float((ascending & 0x80000000u) ? (ascending & 0x7fffffffu) : ~ascending);
+}
+
+__global__ void key_kernel(const float* __restrict__ logits, int vocab, Key* __restrict__ keys) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < vocab) keys[i] = make_key(logits[i], i);
+}
+
+// Rewrites the keys of the seen ids from their penalised logits. Each write starts from the original logit, so
+// an id seen several times is penalised once (concurrent writes for one id store the same key). The float32
+// division and product are the reference's (numpy computes float32 logits with the penalty cast to float32).
+__global__ void penalty_kernel(const float* __restrict__ logits, int vocab, const int* __restrict__ seen_ids,
+                               int max_seen, const SampleParams* __restrict__ params, Key* keys) {
+  const float penalty = params->repeat_penalty;
+  if (penalty == 1.0f) return;
+  const int n_seen = min(params->n_seen, max_seen);
+  for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < n_seen; k += gridDim.x * blockDim.x) {
+    const int id = seen_ids[k];
+    if (id < 0 || id >= vocab) continue;
+    const float x = logits[id];
+    keys[id] = make_key(x > 0.0f ? x / penalty : x * penalty, id);
+  }
+}
+
+using DrawScan = cub::BlockScan<double, kDrawThreads>;
+using DrawReduce = cub::BlockReduce<double, kDrawThreads>;
+
+struct DrawShared {
+  union {
+    DrawScan::TempStorage scan;
+    DrawReduce::TempStorage reduce;
+  } storage;
+  double total;
+  int index;
+};
+
+// value(0) + ... + value(count - 1), returned to every thread.
+template <class Value>
+__device__ double block_sum_of(int count, Value value, DrawShared& shared) {
+  double part = 0.0;
+  for (int i = threadIdx.x; i < count; i += kDrawThreads) part += value(i);
+  const double total = DrawReduce(shared.storage.reduce).Sum(part);
+  if (threadIdx.x == 0) shared.total = total;
+  __syncthreads();
+  const double all = shared.total;
+  __syncthreads();  // shared.total and the CUB storage are reused by the next step
+  return all;
+}
+
+// The first index i < count whose prefix sum value(0) + ... + value(i) satisfies `crossed`; count if none.
+// Tiles of kDrawTile values are scanned in order, each thread owning kDrawItems consecutive indices.
+template <class Value, class Crossed>
+__device__ int first_crossing(int count, Value value, Crossed crossed, DrawShared& shared) {
+  double carry = 0.0;  // the sum of the earlier tiles
+  for (int base = 0; base < count; base += kDrawTile) {
+    const int first = base + threadIdx.x * kDrawItems;
+    double sums[kDrawItems];
+#pragma unroll
+    for (int j = 0; j < kDrawItems; ++j) sums[j] = first + j < count ? value(first + j) : 0.0;
+    if (threadIdx.x == 0) shared.index = count;
+    double tile_sum;
+    DrawScan(shared.storage.scan).InclusiveSum(sums, sums, tile_sum);
+    __syncthreads();  // shared.index reset before any atomicMin
+    int mine = count;
+#pragma unroll
+    for (int j = kDrawItems - 1; j >= 0; --j)
+      if (first + j < count && crossed(carry + sums[j])) mine = first + j;
+    if (mine < count) atomicMin(&shared.index, mine);
+    __syncthreads();
+    const int hit = shared.index;
+    __syncthreads();  // the next tile resets shared.index and reuses the scan storage
+    if (hit < count) return hit;
+    carry += tile_sum;
+  }
+  return count;
+}
+
+// The largest index i < count with kept(i) (index 0 is always kept), returned to every thread.
+template <class Kept>
+__device__ int last_kept(int count, Kept kept, DrawShared& shared) {
+  if (threadIdx.x == 0) shared.index = 0;
+  __syncthreads();
+  int mine = -1;
+  for (int i = threadIdx.x; i < count; i += kDrawThreads)
+    if (kept(i)) mine = i;
+  if (mine > 0) atomicMax(&shared.index, mine);
+  __syncthreads();
+  const int last = shared.index;
+  __syncthreads();
+  return last;
+}
+
+// One CTA over the sorted keys; each step as in strata.sampling.candidates / sample, in float64.
+__global__ void __launch_bounds__(kDrawThreads)
+    draw_kernel(const Key* __restrict__ sorted, int vocab, const SampleParams* __restrict__ params,
+                int* __restrict__ token) {
+  __shared__ DrawShared shared;
+  const SampleParams p = *params;
+  if (p.temperature == 0.0) {  // greedy: the first key is the largest logit with the lowest id among ties
+    if (threadIdx.x == 0) *token = key_id(sorted[0]);
+    return;
+  }
+  const int n = p.top_k > 0 && p.top_k < vocab ? p.top_k : vocab;  // top-k keeps a prefix of the order
+  // probs[i] = exp(logit_i / T - logit_0 / T) / sum, the reference's float64 softmax over the n candidates.
+  const double scaled_first = static_cast<double>(key_logit(sorted[0])) / p.temperature;
+  auto weight = [&](int i) { return exp(static_cast<double>(key_logit(sorted[i])) / p.temperature - scaled_first); };
+  const double weight_sum = block_sum_of(n, weight, shared);
+  auto prob = [&](int i) { return weight(i) / weight_sum; };
+
+  // top-p: the smallest prefix whose cumulative probability reaches top_p (all n if rounding stays below).
+  int keep = n;
+  if (p.top_p < 1.0) {
+    const int reached = first_crossing(n, prob, [&](double mass) { return mass >= p.top_p; }, shared);
+    keep = min(reached, n - 1) + 1;
+  }
+  // min-p against probs[0] = exp(0) / sum, applied as a mask over the top-p prefix, as the reference does.
+  const double min_prob = p.min_p * (1.0 / weight_sum);
+  auto kept = [&](int i) { return p.min_p <= 0.0 || prob(i) >= min_prob; };
+  auto kept_prob = [&](int i) { return kept(i) ? prob(i) : 0.0; };
+  const double kept_sum = block_sum_of(keep, kept_prob, shared);
+
+  // The draw: the first candidate whose renormalised cumulative probability exceeds u (searchsorted
+  // side="right"); dropped candidates add nothing, so the crossing always lands on a kept one. If rounding
+  // keeps every sum <= u, the last kept candidate.
+  int index = first_crossing(keep, [&](int i) { return kept_prob(i) / kept_sum; },
+                             [&](double mass) { return mass > p.u; }, shared);
+  if (index == keep) index = last_kept(keep, kept, shared);
+  if (threadIdx.x == 0) *token = key_id(sorted[index]);
+}
+
+cudaError_t sort_workspace_bytes(int vocab, std::size_t* bytes) {
+  return cub::DeviceRadixSort::SortKeys(nullptr, *bytes, static_cast<const Key*>(nullptr),
+                                        static_cast<Key*>(nullptr), vocab);
+}
+
+}  // namespace
+
+cudaError_t sample_scratch_bytes(int vocab, std::size_t* bytes) {
+  if (vocab <= 0 || vocab > kMaxSampleVocab || bytes == nullptr) return cudaErrorInvalidValue;
+  std::size_t sort_bytes = 0;
+  const cudaError_t status = sort_workspace_bytes(vocab, &sort_bytes);
+  if (status != cudaSuccess) return status;
+  *bytes = 2 * aligned(static_cast<std::size_t>(vocab) * sizeof(Key)) + sort_bytes;
+  return cudaSuccess;
+}
+
+cudaError_t sample_token(const float* logits, int vocab, const int* seen_ids, int max_seen,
+                         const SampleParams* params, void* scratch, std::size_t scratch_bytes, int* token,
+                         cudaStream_t stream) {
+  if (logits == nullptr || vocab <= 0 || vocab > kMaxSampleVocab || max_seen < 0 ||
+      (max_seen > 0 && seen_ids == nullptr) || params == nullptr || scratch == nullptr || token == nullptr)
+    return cudaErrorInvalidValue;
+  std::size_t sort_bytes = 0;
+  cudaError_t status = sort_workspace_bytes(vocab, &sort_bytes);
+  if (status != cudaSuccess) return status;
+  // Scratch layout: keys [vocab], sorted keys [vocab], the sort's workspace; each part 256-byte aligned.
+  const std::size_t keys_bytes = aligned(static_cast<std::size_t>(vocab) * sizeof(Key));
+  if (scratch_bytes < 2 * keys_bytes + sort_bytes) return cudaErrorInvalidValue;
+  auto* base = static_cast<unsigned char*>(scratch);
+  Key* keys = reinterpret_cast<Key*>(base);
+  Key* sorted = reinterpret_cast<Key*>(base + keys_bytes);
+  void* workspace = base + 2 * keys_bytes;
+
+  key_kernel<<<(vocab + kKeyThreads - 1) / kKeyThreads, kKeyThreads, 0, stream>>>(logits, vocab, keys);
+  if (max_seen > 0) {
+    const int blocks = std::min((max_seen + kPenaltyThreads - 1) / kPenaltyThreads, kMaxPenaltyBlocks);
+    penalty_kernel<<<blocks, kPenaltyThreads, 0, stream>>>(logits, vocab, seen_ids, max_seen, params, keys);
+  }
+  status = cudaGetLastError();
+  if (status != cudaSuccess) return status;
+  status = cub::DeviceRadixSort::SortKeys(workspace, sort_bytes, keys, sorted, vocab, 0,
+                                          static_cast<int>(8 * sizeof(Key)), stream);
+  if (status != cudaSuccess) return status;
+  draw_kernel<<<1, kDrawThreads, 0, stream>>>(sorted, vocab, params, token);
+  return cudaGetLastError();
+}
+
+}  // namespace strata::kernels
