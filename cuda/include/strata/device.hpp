@@ -22,6 +22,13 @@ int device_count() noexcept;
 // Describes device `index`; throws InvalidArgument for an index out of range, CudaError on failure.
 DeviceInfo device_info(int index);
 
+// Throws InvalidArgument unless `index` names a present device ("device index 3 out of range: 1 ...").
+void require_device(int index);
+
+// Throws OutOfMemory unless `bytes` fit in the free memory of the current device; the message says what
+// `what` needs, what is free and, when given, what would need less (`hint`).
+void require_free_memory(std::size_t bytes, int device, const std::string& what, const std::string& hint = "");
+
 // CUDA driver and runtime versions as 1000*major + 10*minor; the driver's is 0 when there is none.
 int driver_version() noexcept;
 int runtime_version() noexcept;

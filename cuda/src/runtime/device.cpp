@@ -16,11 +16,23 @@ int device_count() noexcept {
   return count;
 }
 
-DeviceInfo device_info(int index) {
+void require_device(int index) {
   const int count = device_count();
   STRATA_EXPECTS(index >= 0 && index < count, InvalidArgument,
                  "device index " + std::to_string(index) + " out of range: " + std::to_string(count) +
                      " CUDA device(s) present");
+}
+
+void require_free_memory(std::size_t bytes, int device, const std::string& what, const std::string& hint) {
+  std::size_t free_bytes = 0, total_bytes = 0;
+  STRATA_CUDA_TRY(cudaMemGetInfo(&free_bytes, &total_bytes));
+  STRATA_EXPECTS(bytes <= free_bytes, OutOfMemory,
+                 what + " need " + std::to_string(bytes >> 20) + " MiB of VRAM, device " + std::to_string(device) +
+                     " has " + std::to_string(free_bytes >> 20) + " MiB free" + (hint.empty() ? "" : "; " + hint));
+}
+
+DeviceInfo device_info(int index) {
+  require_device(index);
   cudaDeviceProp prop{};
   STRATA_CUDA_TRY(cudaGetDeviceProperties(&prop, index));
   DeviceInfo info;

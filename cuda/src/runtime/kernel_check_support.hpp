@@ -51,9 +51,7 @@ inline DeviceBuffer upload(const void* host, std::size_t bytes) {
 inline void check_device(int device) {
   const int count = device_count();
   STRATA_EXPECTS(count > 0, InvalidArgument, "no CUDA device is available");
-  STRATA_EXPECTS(device >= 0 && device < count, InvalidArgument,
-                 "device index " + std::to_string(device) + " out of range: " + std::to_string(count) +
-                     " CUDA device(s) present");
+  require_device(device);
 }
 
 }  // namespace strata::kernel_check::support

@@ -60,16 +60,9 @@ DeviceWeights::DeviceWeights(int device, const std::vector<HostTensor>& tensors)
     tensors_.emplace(t.name, DeviceTensor{});
     for (std::size_t b : t.plane_bytes) bytes_ += aligned(b);
   }
-  const int count = device_count();
-  STRATA_EXPECTS(device >= 0 && device < count, InvalidArgument,
-                 "device index " + std::to_string(device) + " out of range: " + std::to_string(count) +
-                     " CUDA device(s) present");
+  require_device(device);
   DeviceScope scope(device);
-  std::size_t free_bytes = 0, total_bytes = 0;
-  STRATA_CUDA_TRY(cudaMemGetInfo(&free_bytes, &total_bytes));
-  STRATA_EXPECTS(bytes_ <= free_bytes, OutOfMemory,
-                 "dense weights need " + std::to_string(bytes_ >> 20) + " MiB of VRAM, device " +
-                     std::to_string(device) + " has " + std::to_string(free_bytes >> 20) + " MiB free");
+  require_free_memory(bytes_, device, "the dense weights");
   STRATA_CUDA_TRY(cudaMalloc(&arena_, bytes_ ? bytes_ : 1));
   try {
     char* cursor = static_cast<char*>(arena_);

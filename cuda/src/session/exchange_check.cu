@@ -156,10 +156,7 @@ class Exchange {
 };
 
 void check_arguments(int device, int n_layer, int n, int k, int tokens, double timeout_seconds) {
-  const int count = device_count();
-  STRATA_EXPECTS(device >= 0 && device < count, InvalidArgument,
-                 "device index " + std::to_string(device) + " out of range: " + std::to_string(count) +
-                     " CUDA device(s) present");
+  require_device(device);
   STRATA_EXPECTS(n_layer > 0 && n > 0 && k > 0 && tokens > 0, InvalidArgument,
                  "exchange needs n_layer, n, k, tokens > 0");
   STRATA_EXPECTS(timeout_seconds > 0.0 && timeout_seconds <= 60.0, InvalidArgument,

@@ -16,17 +16,9 @@ constexpr const char* kPageTable = "kv page table";
 }  // namespace
 
 SessionArena::SessionArena(int device, SessionLayout layout) : device_(device), layout_(std::move(layout)) {
-  const int count = device_count();
-  STRATA_EXPECTS(device >= 0 && device < count, InvalidArgument,
-                 "device index " + std::to_string(device) + " out of range: " + std::to_string(count) +
-                     " CUDA device(s) present");
+  require_device(device);
   DeviceScope scope(device);
-  std::size_t free_bytes = 0, total_bytes = 0;
-  STRATA_CUDA_TRY(cudaMemGetInfo(&free_bytes, &total_bytes));
-  STRATA_EXPECTS(layout_.total <= free_bytes, OutOfMemory,
-                 "the session's state needs " + std::to_string(layout_.total >> 20) + " MiB of VRAM, device " +
-                     std::to_string(device) + " has " + std::to_string(free_bytes >> 20) +
-                     " MiB free; a shorter context or int8 KV needs less");
+  require_free_memory(layout_.total, device, "the session's state would", "a shorter context or int8 KV needs less");
   STRATA_CUDA_TRY(cudaMalloc(&base_, layout_.total));
   try {
     reset();
