@@ -69,6 +69,9 @@ def raise_error(str kind) -> None:
 
 # Each room of the core binds itself in its own include file.
 include "_native_kernels.pxi"
+include "_native_norms.pxi"
+include "_native_moe.pxi"
+include "_native_sample.pxi"
 include "_native_pool.pxi"
 include "_native_mixers.pxi"
 include "_native_session.pxi"
