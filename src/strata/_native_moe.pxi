@@ -1,5 +1,5 @@
-# Router, shared-expert and hyper-connection kernels: host round trips (strata::kernel_check). Each uploads its inputs, runs one
-# kernel into a poisoned, guarded output and copies it back: for tests and benchmarks, not the token path.
+# Router, shared-expert and hyper-connection kernels: host round trips (strata::kernel_check). Each uploads
+# its inputs, runs one kernel into a poisoned, guarded output and copies it back: for tests and benchmarks.
 
 cdef extern from "strata/kernel_check.hpp" nogil:
     void cpp_moe_route "strata::kernel_check::moe_route"(

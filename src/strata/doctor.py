@@ -59,6 +59,7 @@ def run(write: Callable[[str], None] = print) -> int:
             continue
         error = self_test(gpu.index)
         ok = error < 1e-5
-        write(f"self-test GPU {gpu.index}: rms_norm vs numpy, max relative error {error:.1e}: {'OK' if ok else 'FAILED'}")
+        verdict = "OK" if ok else "FAILED"
+        write(f"self-test GPU {gpu.index}: rms_norm vs numpy, max relative error {error:.1e}: {verdict}")
         status |= 0 if ok else 1
     return status

@@ -60,7 +60,8 @@ class MemoryPlan:
         out += [f"  {name:<28}{nbytes / GIB:8.2f} GiB" for name, nbytes in self.vram.items()]
         out.append(f"host  {self.host_total / GIB:8.2f} GiB")
         out += [f"  {name:<28}{nbytes / GIB:8.2f} GiB" for name, nbytes in self.host.items()]
-        out += [f"mapped {name}: {nbytes / GIB:.2f} GiB (page cache, not resident)" for name, nbytes in self.mapped.items()]
+        out += [f"mapped {name}: {nbytes / GIB:.2f} GiB (page cache, not resident)"
+                for name, nbytes in self.mapped.items()]
         return out
 
 
@@ -154,7 +155,8 @@ def check_fits(plan: MemoryPlan, vram_free: int, host_available: int, alternativ
     if plan.vram_total > vram_free:
         parts = ", ".join(f"{name} {nbytes / GIB:.2f}" for name, nbytes in plan.vram.items())
         options = [f"context <= {ctx} with kv={kv.value}" for kv, ctx in alternatives.items() if ctx > 0]
-        hint = ("; would fit: " + ", ".join(options)) if options else "; nothing fits: the dense weights alone are too big"
+        hint = ("; would fit: " + ", ".join(options) if options
+                else "; nothing fits: the dense weights alone are too big")
         raise OutOfMemory(
             f"the GPU has {vram_free / GIB:.2f} GiB free, the plan needs {plan.vram_total / GIB:.2f} GiB "
             f"({parts} GiB){hint}"
