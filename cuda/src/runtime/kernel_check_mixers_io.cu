@@ -12,6 +12,7 @@
 #include "../kernels/doorbell.cuh"
 #include "../kernels/embed.cuh"
 #include "kernel_check_support.hpp"
+#include "pinned_memory.hpp"
 #include "strata/kernel_check_mixers.hpp"
 
 namespace strata::kernel_check {
@@ -19,27 +20,6 @@ namespace {
 
 using support::GuardedOutput;
 using support::upload;
-
-// Pinned host memory mapped into the device's address space, zeroed.
-class MappedHost {
- public:
-  explicit MappedHost(std::size_t bytes) {
-    STRATA_CUDA_TRY(cudaHostAlloc(&host_, bytes, cudaHostAllocMapped));
-    std::memset(host_, 0, bytes);
-    STRATA_CUDA_TRY(cudaHostGetDevicePointer(&device_, host_, 0));
-  }
-  MappedHost(const MappedHost&) = delete;
-  MappedHost& operator=(const MappedHost&) = delete;
-  ~MappedHost() { (void)cudaFreeHost(host_); }
-  template <class T>
-  T* host() const noexcept { return static_cast<T*>(host_); }
-  template <class T>
-  T* device() const noexcept { return static_cast<T*>(device_); }
-
- private:
-  void* host_ = nullptr;
-  void* device_ = nullptr;
-};
 
 constexpr auto kHostWait = std::chrono::seconds(10);
 
@@ -76,7 +56,7 @@ DoorbellCheckResult doorbell_round_trip(int device, int n, int k, const float* x
                      std::to_string(n) + " k=" + std::to_string(k) + " ring=" + std::to_string(ring_base + ring_offset));
   support::check_device(device);
   DeviceScope scope(device);
-  MappedHost bell_x(n * sizeof(float)), bell_ids(k * sizeof(int) + 4), bell_weights(k * sizeof(float) + 4),
+  PinnedMapped bell_x(n * sizeof(float)), bell_ids(k * sizeof(int) + 4), bell_weights(k * sizeof(float) + 4),
       bell_seq(sizeof(int)), bell_flag(sizeof(int)), bell_answer(n * sizeof(float));
   DeviceBuffer d_x = upload(x, n * sizeof(float)), d_ids = upload(ids, k * sizeof(int)),
                d_weights = upload(weights, k * sizeof(float)), d_base = upload(&ring_base, sizeof(int));

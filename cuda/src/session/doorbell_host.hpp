@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "../kernels/doorbell.cuh"
-#include "pinned_memory.hpp"
+#include "../runtime/pinned_memory.hpp"
 
 namespace strata {
 

@@ -9,6 +9,7 @@
 
 #include "../kernels/doorbell.cuh"
 #include "../runtime/device_buffer.hpp"
+#include "../runtime/kernel_check_support.hpp"
 #include "doorbell_host.hpp"
 #include "graph.hpp"
 #include "ring_answerer.hpp"
@@ -18,6 +19,8 @@
 
 namespace strata::exchange_check {
 namespace {
+
+using kernel_check::support::upload;
 
 // Stands in for a layer's GPU work before the router: reads the per-token factor from staging.
 __global__ void scale_by_token(const float* __restrict__ x, const int* __restrict__ ring_base, int n_layer, int n,
@@ -129,12 +132,6 @@ class Exchange {
   void drain() noexcept { (void)cudaStreamSynchronize(stream_); }
 
  private:
-  static DeviceBuffer upload(const void* host, std::size_t bytes) {
-    DeviceBuffer buffer(bytes);
-    STRATA_CUDA_TRY(cudaMemcpy(buffer.as<void>(), host, bytes, cudaMemcpyHostToDevice));
-    return buffer;
-  }
-
   void capture_layers() {
     if (!pre_.empty()) return;
     for (int l = 0; l < n_layer_; ++l) {
