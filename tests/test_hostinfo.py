@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from strata.hostinfo import host_info
+from strata.hostinfo import available_ram_bytes, host_info
 
 CPUINFO = """processor\t: 0
 model name\t: Test CPU 9000
@@ -38,6 +38,7 @@ def test_smt_siblings_count_as_one_physical_core(tmp_path):
     assert info.physical_cores == 4
     assert info.numa_nodes == 2
     assert info.ram_bytes == 131072000 * 1024
+    assert available_ram_bytes(proc) == 0  # the fake meminfo has no MemAvailable line
     assert info.cpu_model == "Test CPU 9000"
     assert info.simd == ("AVX2", "FMA", "AVX-512F", "AVX-512BW", "AVX-512 VNNI", "AMX", "AMX-INT8")
 
@@ -52,3 +53,4 @@ def test_missing_files_give_unknown_not_an_error(tmp_path):
 def test_this_machine_reads():
     info = host_info()
     assert info.physical_cores >= 1 and info.logical_cpus >= info.physical_cores
+    assert 0 < available_ram_bytes() <= info.ram_bytes

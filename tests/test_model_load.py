@@ -7,7 +7,8 @@ import strata
 from strata import model as model_module
 from strata.devices import Device
 from strata.format import inspect
-from strata.model import describe, host_available_bytes, load, load_experts, split_gate_up
+from strata.hostinfo import meminfo_bytes
+from strata.model import describe, load, load_experts, split_gate_up
 from strata.pool import ExpertPool
 from strata.quant import dequantize, matvec, repack
 from strata.quant.synthetic import random_blocks
@@ -25,8 +26,8 @@ def tiny(tmp_path_factory):
 
 
 def test_host_available_reads_memavailable():
-    assert host_available_bytes("MemTotal: 10 kB\nMemAvailable:   2048 kB\n") == 2048 * 1024
-    assert host_available_bytes("MemTotal: 10 kB\n") == 0
+    assert meminfo_bytes("MemTotal: 10 kB\nMemAvailable:   2048 kB\n", "MemAvailable") == 2048 * 1024
+    assert meminfo_bytes("MemTotal: 10 kB\n", "MemAvailable") == 0
 
 
 def test_merged_gate_up_splits_per_expert(rng):

@@ -54,11 +54,20 @@ def _physical_cores(sys_cpu: Path) -> int:
     return len(cores) or (os.cpu_count() or 1)
 
 
-def _ram_bytes(meminfo: str) -> int:
+def meminfo_bytes(meminfo: str, field: str) -> int:
+    """A /proc/meminfo field (e.g. "MemTotal", "MemAvailable") in bytes; 0 when absent."""
     for line in meminfo.splitlines():
-        if line.startswith("MemTotal:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def available_ram_bytes(proc: Path = Path("/proc")) -> int:
+    """RAM the kernel could give a new allocation now (MemAvailable); 0 when unknown."""
+    try:
+        return meminfo_bytes((proc / "meminfo").read_text(), "MemAvailable")
+    except OSError:
+        return 0
 
 
 def host_info(proc: Path = Path("/proc"), sys_devices: Path = Path("/sys/devices/system")) -> HostInfo:
@@ -68,7 +77,7 @@ def host_info(proc: Path = Path("/proc"), sys_devices: Path = Path("/sys/devices
     except OSError:
         model, flags = "unknown", set()
     try:
-        ram = _ram_bytes((proc / "meminfo").read_text())
+        ram = meminfo_bytes((proc / "meminfo").read_text(), "MemTotal")
     except OSError:
         ram = 0
     numa = len(list((sys_devices / "node").glob("node[0-9]*"))) or 1

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from types import TracebackType
 
 import numpy as np
@@ -18,13 +17,14 @@ import numpy as np
 from strata.devices import devices
 from strata.errors import InvalidArgument
 from strata.format import ModelFile, inspect
+from strata.hostinfo import available_ram_bytes
 from strata.kv import KV
-from strata.loader import upload_dense
+from strata.loader import repacked, upload_dense
 from strata.models import Geometry
-from strata.plan import KV_PAGE_TOKENS, MemoryPlan, check_fits, largest_context, memory_plan
+from strata.plan import KV_PAGE_TOKENS, MemoryPlan, check_fits, is_routed_expert, largest_context, memory_plan
 from strata.pool import ExpertPool
 from strata.progress import ByteProgress
-from strata.quant import QuantTensor, repack
+from strata.quant import QuantTensor
 
 
 @dataclass(frozen=True)
@@ -34,18 +34,6 @@ class ModelInfo:
     tensor_types: dict[str, int]  # GGML type name -> tensor count
     plan: MemoryPlan  # the model's parts with the smallest session (one KV page)
     warnings: tuple[str, ...]
-
-
-def host_available_bytes(meminfo: str | None = None) -> int:
-    """MemAvailable from /proc/meminfo (0 when unknown)."""
-    try:
-        text = meminfo if meminfo is not None else Path("/proc/meminfo").read_text()
-    except OSError:
-        return 0
-    for line in text.splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def split_gate_up(merged: QuantTensor, n_expert: int) -> tuple[QuantTensor, QuantTensor]:
@@ -99,30 +87,22 @@ def check_memory(file: ModelFile, info: ModelInfo, device: int) -> None:
     free = gpus[device].free_memory
     tensors = {name: (t.ggml_type, t.ne) for name, t in file.tensors.items()}
     options = {kv: largest_context(info.geometry, tensors, kv, free) for kv in KV}
-    check_fits(info.plan, free, host_available_bytes(), options)
+    check_fits(info.plan, free, available_ram_bytes(), options)
 
 
 def load_experts(file: ModelFile, pool: ExpertPool, progress: ByteProgress | None) -> None:
     g = file.geometry
-    names = [n for n in file.tensors if "_exps." in n]
-    total, done = sum(file.tensors[n].nbytes for n in names), 0
-
-    def held(name: str) -> QuantTensor:
-        nonlocal done
-        info = file.tensors[name]
-        tensor = repack(file.raw(name), info.ggml_type, info.ne, name=name)
-        done += info.nbytes
-        if progress:
-            progress(done, total)
-        return tensor
-
-    for layer in range(g.n_layer):
+    per_layer = [[n for n in file.tensors if is_routed_expert(n) and n.startswith(f"blk.{layer}.")]
+                 for layer in range(g.n_layer)]
+    tensors = repacked(file, [name for names in per_layer for name in names], progress)
+    for layer, names in enumerate(per_layer):
+        held = dict(next(tensors) for _ in names)  # this layer's gate/up (or merged gate_up) and down
         prefix = f"blk.{layer}."
-        if prefix + "ffn_gate_up_exps.weight" in file.tensors:
-            gate, up = split_gate_up(held(prefix + "ffn_gate_up_exps.weight"), g.n_expert)
+        if prefix + "ffn_gate_up_exps.weight" in held:
+            gate, up = split_gate_up(held[prefix + "ffn_gate_up_exps.weight"], g.n_expert)
         else:
-            gate, up = held(prefix + "ffn_gate_exps.weight"), held(prefix + "ffn_up_exps.weight")
-        pool.set_layer(layer, gate, up, held(prefix + "ffn_down_exps.weight"), g.n_expert)
+            gate, up = held[prefix + "ffn_gate_exps.weight"], held[prefix + "ffn_up_exps.weight"]
+        pool.set_layer(layer, gate, up, held[prefix + "ffn_down_exps.weight"], g.n_expert)
 
 
 def load(path: str | os.PathLike[str], *, device: int = 0, threads: int | None = None,

@@ -5,15 +5,16 @@ from __future__ import annotations
 from collections import Counter
 
 from strata.format import ModelFile
+from strata.plan import is_ngram_table, is_routed_expert
 
 GIB = 1024**3
 
 
 def part_of(name: str) -> str:
     """Where a tensor lives at run time (architecture.md, 'What lives where')."""
-    if "_exps." in name:
+    if is_routed_expert(name):
         return "routed experts (host RAM)"
-    if name.startswith("per_layer_token_embd"):
+    if is_ngram_table(name):
         return "n-gram table (memory-mapped)"
     if name.startswith(("token_embd", "output.")):
         return "embedding + LM head (VRAM)"
