@@ -11,9 +11,19 @@ import numpy as np
 
 from strata.format import ModelFile
 from strata.plan import is_ngram_table, is_routed_expert
-from strata.quant import QuantTensor, cache, repack
+from strata.quant import QuantTensor, cache, dequantize, repack
 
 Held = QuantTensor | np.ndarray
+
+# Tensors the decode program reads elementwise (norm gammas, conv kernels, GDN constants, the shared expert's
+# gate vector), not through a GEMV: they must reach VRAM as float32 whatever the file stores (a PLE conv
+# kernel may be F16, a community file may quantize anything 2-D).
+ELEMENTWISE_SUFFIXES = ("norm.weight", "_norm_key.weight", "_norm_query.weight", "_norm_conv.weight", "ssm_a",
+                        "ssm_dt.bias", "conv1d.weight", "ffn_gate_inp_shexp.weight")
+
+
+def is_elementwise(name: str) -> bool:
+    return name.endswith(ELEMENTWISE_SUFFIXES)
 
 
 def dense_names(model: ModelFile) -> list[str]:
@@ -28,7 +38,10 @@ def repacked(model: ModelFile, names: list[str], progress: Callable[[int, int], 
     done = 0
     for name in names:
         info = model.tensors[name]
-        yield name, repack(model.raw(name), info.ggml_type, info.ne, name=name)
+        held = repack(model.raw(name), info.ggml_type, info.ne, name=name)
+        if is_elementwise(name) and not (isinstance(held, np.ndarray) and held.dtype == np.float32):
+            held = dequantize(held)
+        yield name, held
         done += info.nbytes
         if progress:
             progress(done, total)

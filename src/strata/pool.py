@@ -109,6 +109,11 @@ class ExpertPool:
         return sum(a.nbytes for a in self._weights[layer]) // self._n_expert[layer]
 
     @property
+    def native(self):
+        """The strata._native.CpuExpertPool (the decode session answers rings through it)."""
+        return self._native
+
+    @property
     def threads(self) -> int:
         return self._native.threads
 

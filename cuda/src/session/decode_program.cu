@@ -1,0 +1,380 @@
+#include "decode_program.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../kernels/embed.cuh"
+#include "../kernels/gdn.cuh"
+#include "../kernels/hc.cuh"
+#include "../kernels/moe.cuh"
+#include "../kernels/norm.cuh"
+#include "../kernels/ple.cuh"
+#include "../kernels/rope.cuh"
+#include "../kernels/router.cuh"
+#include "strata/device.hpp"
+#include "strata/error.hpp"
+
+namespace strata {
+namespace {
+
+constexpr std::size_t kAlign = 256;
+
+// Hands out 256-byte aligned pieces of one allocation: a first pass over a null base sizes it.
+class Carver {
+ public:
+  explicit Carver(char* base) : base_(base) {}
+  template <class T>
+  T* take(std::size_t count) {
+    const std::size_t at = used_;
+    used_ += (std::max<std::size_t>(count * sizeof(T), 1) + kAlign - 1) / kAlign * kAlign;
+    return base_ ? reinterpret_cast<T*>(base_ + at) : nullptr;
+  }
+  std::size_t used() const noexcept { return used_; }
+
+ private:
+  char* base_;
+  std::size_t used_ = 0;
+};
+
+// The stage's token lands in the penalty's history at its position.
+__global__ void record_token(const TokenStage* stage, int* seen) { seen[stage->position] = stage->token; }
+
+kernels::EmbedTable embed_table(const DeviceTensor& t) {
+  kernels::EmbedTable table;
+  table.rows = static_cast<int>(t.rows);
+  table.cols = static_cast<int>(t.cols);
+  if (t.is_float) {
+    table.kind = t.float_kind == FloatKind::F32   ? kernels::EmbedKind::F32
+                 : t.float_kind == FloatKind::F16 ? kernels::EmbedKind::F16
+                                                  : kernels::EmbedKind::BF16;
+    table.data = t.data;
+    return table;
+  }
+  const QuantForm& f = t.form;
+  const bool q8_0 = f.code_bits == 8 && f.code_bias == 128 && f.codebook == Codebook::None && f.group_size == 32 &&
+                    f.super_size == 32 && !f.scale_f32 && !f.has_sub_scales && !f.has_mins;
+  STRATA_EXPECTS(q8_0, InvalidArgument,
+                 "token_embd.weight: the GPU embedding gather reads F32, F16, BF16 or Q8_0 rows; this file's type "
+                 "is another quantized form (requantize token_embd to Q8_0)");
+  table.kind = kernels::EmbedKind::Q8_0;
+  table.data = t.planes.codes;
+  table.d = static_cast<const __half*>(t.planes.d);
+  return table;
+}
+
+}  // namespace
+
+std::size_t DecodeProgram::stage_bytes(const DecodeGeometry& g) {
+  return kStagePleOffset + sizeof(float) * std::max(g.ple_n_heads * g.ple_head_dim, 1);
+}
+
+DecodeProgram::DecodeProgram(const DeviceWeights& weights, const DecodeGeometry& g, const SessionArena& arena,
+                             KvStorage kv_storage, const ProgramIo& io)
+    : g_(g), t_(resolve_tensors(weights, g)), io_(io), context_(arena.layout().kv_pages * kKvPageTokens),
+      scratch_(0) {
+  embed_table(*t_.embedding);  // refuses an embedding form the gather lacks, before anything is allocated
+  const int n = g.n_embd, hc = std::max(g.hc_count, 1), width = hc * n;
+  const int hv = g.ssm_v_heads, value_dim = hv * g.ssm_head_v_dim;
+  const int conv = 2 * g.ssm_k_heads * g.ssm_head_k_dim + value_dim;
+  const int heads_dim = g.n_head * g.head_dim, kv_dim = g.n_head_kv * g.head_dim;
+  const int ple_rows = g.ple_n_heads * g.ple_head_dim;
+  const int max_cols = std::max({width, n, value_dim, heads_dim, g.shared_ff, ple_rows, g.hc_rank, 32});
+  const int rope_half = g.rope_dim / 2;
+  int max_blocks = 0, keep_blocks = 0;
+  if (g.indexer_head_dim > 0) {
+    max_blocks = context_ / 4;
+    keep_blocks = g.indexer_budget / 4;
+  }
+  STRATA_CUDA_TRY(kernels::sample_scratch_bytes(g.n_vocab, &sample_scratch_bytes_));
+  STRATA_EXPECTS(io.stage_bytes == stage_bytes(g), InvalidArgument,
+                 "decode program: a staging block of " + std::to_string(io.stage_bytes) + " bytes, not " +
+                     std::to_string(stage_bytes(g)));
+
+  auto carve = [&](Carver& c) {
+    char* stage = c.take<char>(stage_bytes(g));
+    stage_ = reinterpret_cast<TokenStage*>(stage);
+    ple_rows_ = stage ? reinterpret_cast<float*>(stage + kStagePleOffset) : nullptr;
+    q8_.xq = c.take<std::int8_t>(max_cols);
+    q8_.dx = c.take<float>(max_cols / 32 + 1);
+    q8_.sums = c.take<std::int32_t>(max_cols / 32 + 1);
+    seen_ = c.take<int>(context_);
+    cos_ = c.take<float>(static_cast<std::size_t>(context_) * std::max(rope_half, 1));
+    sin_ = c.take<float>(static_cast<std::size_t>(context_) * std::max(rope_half, 1));
+    ones_ = c.take<float>(hc);
+    x_ = c.take<float>(n);
+    y_ = c.take<float>(n);
+    normed_ = c.take<float>(width);
+    down_ = c.take<float>(g.hc_rank);
+    up_ = c.take<float>(width);
+    inject_ = c.take<float>(hc);
+    inj_attn_ = c.take<float>(hc);
+    inj_ffn_ = c.take<float>(hc);
+    qkvz_ = c.take<float>(conv + value_dim);
+    beta_ = c.take<float>(2 * hv);
+    alpha_ = c.take<float>(hv);
+    conv_out_ = c.take<float>(conv);
+    core_ = c.take<float>(value_dim);
+    qg_ = c.take<float>(2 * heads_dim);
+    k_ = c.take<float>(kv_dim);
+    v_ = c.take<float>(kv_dim);
+    q_ = c.take<float>(heads_dim);
+    attn_ = c.take<float>(heads_dim);
+    iq_ = c.take<float>(g.indexer_heads * g.indexer_head_dim);
+    ik_ = c.take<float>(g.indexer_head_dim);
+    scores_ = c.take<float>(max_blocks);
+    selected_ = c.take<int>(keep_blocks);
+    n_selected_ = c.take<int>(1);
+    router_logits_ = c.take<float>(g.n_expert);
+    route_weights_ = c.take<float>(g.n_expert_used);
+    route_ids_ = c.take<int>(g.n_expert_used);
+    sh_g_ = c.take<float>(g.shared_ff);
+    sh_u_ = c.take<float>(g.shared_ff);
+    sh_h_ = c.take<float>(g.shared_ff);
+    shared_ = c.take<float>(n);
+    shared_gate_ = c.take<float>(1);
+    routed_ = c.take<float>(n);
+    ple_key_ = c.take<float>(width);
+    ple_value_ = c.take<float>(n);
+    ple_out_ = c.take<float>(width);
+    logits_ = c.take<float>(g.n_vocab);
+    sample_scratch_ = c.take<char>(sample_scratch_bytes_);
+  };
+  Carver sizing(nullptr);
+  carve(sizing);
+  require_free_memory(sizing.used(), weights.device(), "the decode scratch would", "a shorter context needs less");
+  scratch_ = DeviceBuffer(sizing.used());
+  Carver real(scratch_.as<char>());
+  carve(real);
+
+  // Constants: the RoPE tables (float64 on the host) and the unit injection weights of one-stream writes.
+  if (rope_half > 0) {
+    std::vector<float> cos(static_cast<std::size_t>(context_) * rope_half), sin(cos.size());
+    kernels::build_rope_tables(cos.data(), sin.data(), context_, g.rope_dim, g.rope_theta);
+    STRATA_CUDA_TRY(cudaMemcpy(cos_, cos.data(), sizeof(float) * cos.size(), cudaMemcpyHostToDevice));
+    STRATA_CUDA_TRY(cudaMemcpy(sin_, sin.data(), sizeof(float) * sin.size(), cudaMemcpyHostToDevice));
+  }
+  const std::vector<float> ones(hc, 1.0f);
+  STRATA_CUDA_TRY(cudaMemcpy(ones_, ones.data(), sizeof(float) * hc, cudaMemcpyHostToDevice));
+
+  // Views of the sequence state in the arena.
+  attention_ = {g.n_head, g.n_head_kv, g.head_dim, g.rope_dim, g.rms_eps};
+  kv_.resize(g.n_layer);
+  index_shape_.resize(g.n_layer);
+  index_cache_.resize(g.n_layer);
+  gdn_state_.assign(g.n_layer, nullptr);
+  gdn_conv_.assign(g.n_layer, nullptr);
+  const int pages = arena.layout().kv_pages;
+  const std::size_t kv_elements = static_cast<std::size_t>(pages) * kKvPageTokens * kv_dim;
+  for (int l = 0; l < g.n_layer; ++l) {
+    if (g.recurrent[l]) {
+      gdn_state_[l] = static_cast<float*>(arena.region("gdn state", l));
+      gdn_conv_[l] = static_cast<float*>(arena.region("gdn conv history", l));
+      continue;
+    }
+    kernels::PagedKv& kv = kv_[l];
+    kv.format = kv_storage == KvStorage::Int8 ? kernels::KvFormat::INT8 : kernels::KvFormat::BF16;
+    kv.n_head_kv = g.n_head_kv;
+    kv.head_dim = g.head_dim;
+    kv.page_size = kKvPageTokens;
+    kv.max_pages = pages;
+    kv.k = arena.region("kv keys", l);
+    kv.v = arena.region("kv values", l);
+    kv.page_table = static_cast<const int*>(arena.region("kv page table", l));
+    if (kv.format == kernels::KvFormat::INT8) {  // codes, then one fp16 scale per 32 (session_layout.cpp)
+      kv.k_scale = reinterpret_cast<__half*>(static_cast<char*>(kv.k) + kv_elements);
+      kv.v_scale = reinterpret_cast<__half*>(static_cast<char*>(kv.v) + kv_elements);
+    }
+    if (t_.layers[l].index_q) {
+      const int ratio = g.compress_ratios.at(l);
+      STRATA_EXPECTS(ratio >= 4 && kKvPageTokens % ratio == 0, InvalidArgument,
+                     "layer " + std::to_string(l) + ": QSA block of " + std::to_string(ratio) +
+                         " tokens; the session holds blocks of 4 or more tokens that divide a KV page");
+      index_shape_[l] = {g.indexer_heads, g.indexer_head_dim, ratio, g.indexer_budget / ratio, g.rope_dim,
+                         context_ / ratio, g.rms_eps};
+      index_cache_[l] = {static_cast<float*>(arena.region("indexer raw keys", l)),
+                         static_cast<float*>(arena.region("indexer block keys", l))};
+    }
+  }
+  if (g.ple_layer >= 0) ple_history_ = static_cast<float*>(arena.region("ple history"));
+  streams_ = static_cast<float*>(arena.region("residual streams"));
+}
+
+void DecodeProgram::begin(cudaStream_t s) const {
+  STRATA_CUDA_TRY(cudaMemcpyAsync(stage_, io_.host_stage, io_.stage_bytes, cudaMemcpyHostToDevice, s));
+  record_token<<<1, 1, 0, s>>>(stage_, seen_);
+  STRATA_CUDA_TRY(cudaGetLastError());
+  STRATA_CUDA_TRY(kernels::embed_rows(embed_table(*t_.embedding), &stage_->token, 1, x_, s));
+  const int hc = std::max(g_.hc_count, 1);
+  STRATA_CUDA_TRY(cudaMemsetAsync(streams_, 0, sizeof(float) * hc * g_.n_embd, s));
+  STRATA_CUDA_TRY(kernels::hc_write(streams_, ones_, x_, hc, g_.n_embd, s));  // every stream = the embedding
+}
+
+void DecodeProgram::add_to_streams(const float* inj, const float* y, int streams, int width, cudaStream_t s) const {
+  STRATA_CUDA_TRY(kernels::hc_write(streams_, inj, y, streams, width, s));
+}
+
+void DecodeProgram::hc_read(const HcTensors& t, float* x, float* inj, cudaStream_t s) const {
+  const int hc = g_.hc_count, n = g_.n_embd;
+  const float inv_hc = 1.0f / static_cast<float>(hc);
+  STRATA_CUDA_TRY(kernels::rms_norm_grouped(streams_, t.norm, normed_, 1, hc, n, g_.rms_eps, s));
+  if (inj) {
+    project(normed_, {{t.down, down_}, {t.inject, inject_}}, q8_, s);
+  } else {
+    project(normed_, {{t.down, down_}}, q8_, s);
+  }
+  STRATA_CUDA_TRY(kernels::scaled_activation(down_, down_, g_.hc_rank, kernels::Activation::Silu, inv_hc, 1.0f, s));
+  project(down_, {{t.up, up_}}, q8_, s);
+  STRATA_CUDA_TRY(kernels::hc_mix(up_, normed_, x, hc, n, s));
+  if (inj) STRATA_CUDA_TRY(kernels::scaled_activation(inject_, inj, hc, kernels::Activation::Sigmoid, inv_hc, 2.0f, s));
+}
+
+void DecodeProgram::ple(int layer, cudaStream_t s) const {
+  const LayerTensors& t = t_.layers[layer];
+  project(ple_rows_, {{t.ple_key, ple_key_}, {t.ple_value, ple_value_}}, q8_, s);
+  const kernels::PleShape shape{g_.hc_count, g_.n_embd, g_.ple_ngram, g_.ple_conv_kernel, g_.rms_eps};
+  kernels::PleStepArgs args;
+  args.streams = streams_;
+  args.key = ple_key_;
+  args.value = ple_value_;
+  args.norm_key = t.ple_norm_key;
+  args.norm_query = t.ple_norm_query;
+  args.norm_conv = t.ple_norm_conv;
+  args.conv_weight = t.ple_conv;
+  args.history = ple_history_;
+  args.out = ple_out_;
+  STRATA_CUDA_TRY(kernels::ple_step(shape, args, s));
+  add_to_streams(ones_, ple_out_, 1, g_.hc_count * g_.n_embd, s);
+}
+
+void DecodeProgram::mixer_gdn(int layer, cudaStream_t s) const {
+  const LayerTensors& t = t_.layers[layer];
+  const int value_dim = g_.ssm_v_heads * g_.ssm_head_v_dim;
+  const int conv = 2 * g_.ssm_k_heads * g_.ssm_head_k_dim + value_dim;
+  float* z = qkvz_ + conv;
+  const bool next = g_.arch == Arch::Qwen3Next;
+  if (t.ssm_in) {
+    if (next) project(x_, {{t.ssm_in, qkvz_}, {t.ba, beta_}}, q8_, s);
+    else project(x_, {{t.ssm_in, qkvz_}, {t.beta, beta_}, {t.alpha, alpha_}}, q8_, s);
+  } else if (next) {
+    project(x_, {{t.qkv, qkvz_}, {t.gate, z}, {t.ba, beta_}}, q8_, s);
+  } else {
+    project(x_, {{t.qkv, qkvz_}, {t.gate, z}, {t.beta, beta_}, {t.alpha, alpha_}}, q8_, s);
+  }
+  kernels::GdnShape shape;
+  shape.n_k_heads = g_.ssm_k_heads;
+  shape.n_v_heads = g_.ssm_v_heads;
+  shape.head_k_dim = g_.ssm_head_k_dim;
+  shape.head_v_dim = g_.ssm_head_v_dim;
+  shape.conv_kernel = g_.ssm_conv_kernel;
+  shape.tiled_heads = !next;
+  shape.interleaved_ba = next;
+  shape.sigmoid_gate = g_.arch == Arch::Qwen4Exp;
+  shape.eps = g_.rms_eps;
+  kernels::GdnStepArgs args;
+  args.qkv = qkvz_;
+  args.z = z;
+  args.beta_in = beta_;
+  args.alpha_in = alpha_;
+  args.conv_weight = t.conv1d;
+  args.ssm_a = t.ssm_a;
+  args.dt_bias = t.dt_bias;
+  args.norm_weight = t.ssm_norm;
+  args.conv_state = gdn_conv_[layer];
+  args.state = gdn_state_[layer];
+  args.conv_out = conv_out_;
+  args.out = core_;
+  STRATA_CUDA_TRY(kernels::gdn_step(shape, args, s));
+  project(core_, {{t.ssm_out, y_}}, q8_, s);
+}
+
+void DecodeProgram::mixer_attention(int layer, cudaStream_t s) const {
+  const LayerTensors& t = t_.layers[layer];
+  const int* position = &stage_->position;
+  if (t.index_q) {
+    project(x_, {{t.q, qg_}, {t.k, k_}, {t.v, v_}, {t.index_q, iq_}, {t.index_k, ik_}}, q8_, s);
+  } else {
+    project(x_, {{t.q, qg_}, {t.k, k_}, {t.v, v_}}, q8_, s);
+  }
+  kernels::AttentionPrepArgs prep;
+  prep.q_gate = qg_;
+  prep.k = k_;
+  prep.v = v_;
+  prep.q_norm = t.q_norm;
+  prep.k_norm = t.k_norm;
+  prep.rope_cos = cos_;
+  prep.rope_sin = sin_;
+  prep.position = position;
+  prep.q_out = q_;
+  STRATA_CUDA_TRY(kernels::attention_prep(attention_, prep, kv_[layer], s));
+  kernels::AttentionDecodeArgs decode;
+  decode.q = q_;
+  decode.q_gate = qg_;
+  decode.position = position;
+  decode.out = attn_;
+  if (t.index_q) {
+    const kernels::IndexerShape& shape = index_shape_[layer];
+    STRATA_CUDA_TRY(kernels::qsa_append(shape, index_cache_[layer], ik_, t.index_k_norm, cos_, sin_, position, s));
+    kernels::IndexerSelectArgs select;
+    select.q = iq_;
+    select.q_norm = t.index_q_norm;
+    select.rope_cos = cos_;
+    select.rope_sin = sin_;
+    select.position = position;
+    select.scores = scores_;
+    select.selected_blocks = selected_;
+    select.n_selected = n_selected_;
+    STRATA_CUDA_TRY(kernels::qsa_select(shape, index_cache_[layer], select, s));
+    decode.selected_blocks = selected_;
+    decode.n_selected = n_selected_;
+    decode.block_tokens = shape.ratio;
+  }
+  STRATA_CUDA_TRY(kernels::attention_decode(attention_, decode, kv_[layer], s));
+  project(attn_, {{t.o, y_}}, q8_, s);
+}
+
+void DecodeProgram::pre(int layer, cudaStream_t s) const {
+  const LayerTensors& t = t_.layers[layer];
+  const bool hc = g_.hc_count > 0;
+  const int n = g_.n_embd;
+  if (layer == g_.ple_layer) ple(layer, s);
+  if (hc) hc_read(t.hc_attn, x_, inj_attn_, s);
+  else STRATA_CUDA_TRY(kernels::rms_norm(streams_, t.attn_norm, x_, 1, n, g_.rms_eps, s));
+  if (g_.recurrent[layer]) mixer_gdn(layer, s);
+  else mixer_attention(layer, s);
+  if (hc) {
+    add_to_streams(inj_attn_, y_, g_.hc_count, n, s);
+    hc_read(t.hc_ffn, x_, inj_ffn_, s);
+  } else {
+    add_to_streams(ones_, y_, 1, n, s);
+    STRATA_CUDA_TRY(kernels::rms_norm(streams_, t.post_attention_norm, x_, 1, n, g_.rms_eps, s));
+  }
+  // Router, then the ring: the host starts on the routed experts while the shared expert runs here.
+  project(x_, {{t.router, router_logits_}, {t.shared_gate, sh_g_}, {t.shared_up, sh_u_}}, q8_, s);
+  STRATA_CUDA_TRY(kernels::moe_route(router_logits_, route_ids_, route_weights_, 1, g_.n_expert, g_.n_expert_used, s));
+  STRATA_CUDA_TRY(kernels::doorbell_publish(io_.bell, x_, route_ids_, route_weights_, io_.ring_base, layer + 1, s));
+  STRATA_CUDA_TRY(kernels::swiglu(sh_g_, sh_u_, sh_h_, g_.shared_ff, s));
+  project(sh_h_, {{t.shared_down, shared_}}, q8_, s);
+  STRATA_CUDA_TRY(kernels::shared_expert_gate(t.shared_gate_inp, x_, shared_gate_, n, s));
+}
+
+void DecodeProgram::post(int layer, cudaStream_t s) const {
+  const int n = g_.n_embd;
+  STRATA_CUDA_TRY(kernels::doorbell_wait(io_.bell, io_.ring_base, layer + 1, io_.answer_timeout_ns, io_.wait_status,
+                                         routed_, s));
+  STRATA_CUDA_TRY(kernels::moe_combine(routed_, shared_, shared_gate_, y_, n, s));
+  if (g_.hc_count > 0) add_to_streams(inj_ffn_, y_, g_.hc_count, n, s);
+  else add_to_streams(ones_, y_, 1, n, s);
+}
+
+void DecodeProgram::end(bool sample, cudaStream_t s) const {
+  if (g_.hc_count > 0) hc_read(t_.output_hc, x_, nullptr, s);
+  else STRATA_CUDA_TRY(kernels::rms_norm(streams_, t_.output_norm, x_, 1, g_.n_embd, g_.rms_eps, s));
+  project(x_, {{t_.head, logits_}}, q8_, s);
+  if (!sample) return;
+  STRATA_CUDA_TRY(kernels::sample_token(logits_, g_.n_vocab, seen_, context_, &stage_->sampling, sample_scratch_,
+                                        sample_scratch_bytes_, io_.sampled, s));
+}
+
+}  // namespace strata

@@ -1,0 +1,99 @@
+// The GPU work of one decode token as enqueue functions over fixed buffers: begin (staging, embedding),
+// pre[l] (mixer, router, publish, shared expert), post[l] (wait, combine, write back), end (final mixer, LM
+// head, sampler). Every per-token value is read from device memory, so any part can be captured into a CUDA
+// graph once and replayed (docs/session.md). Enqueue functions never allocate or synchronise.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "../kernels/attention.cuh"
+#include "../kernels/doorbell.cuh"
+#include "../kernels/qsa.cuh"
+#include "../kernels/sample.cuh"
+#include "../runtime/device_buffer.hpp"
+#include "decode_tensors.hpp"
+#include "projection.hpp"
+#include "strata/session_arena.hpp"
+
+namespace strata {
+
+// The per-token values the host writes (pinned) before a launch; begin() copies them to the device.
+struct TokenStage {
+  kernels::SampleParams sampling;
+  int token = 0;
+  int position = 0;
+};
+constexpr std::size_t kStagePleOffset = 256;  // PLE rows follow the stage in the same block
+
+// Where the program meets the host: staging and the doorbell.
+struct ProgramIo {
+  const void* host_stage = nullptr;  // pinned: TokenStage, then the PLE rows at kStagePleOffset
+  std::size_t stage_bytes = 0;       // bytes begin() copies
+  kernels::Doorbell bell;
+  const int* ring_base = nullptr;    // mapped: this token's ring base
+  int* wait_status = nullptr;        // mapped: the ring a device-side wait gave up on
+  long long answer_timeout_ns = 0;
+  int* sampled = nullptr;            // mapped: the sampled token id
+};
+
+class DecodeProgram {
+ public:
+  // Resolves the tensors and allocates the scratch; the arena holds the sequence state.
+  DecodeProgram(const DeviceWeights& weights, const DecodeGeometry& geometry, const SessionArena& arena,
+                KvStorage kv, const ProgramIo& io);
+
+  // Bytes of the pinned staging block the host writes before each token (ProgramIo::host_stage).
+  static std::size_t stage_bytes(const DecodeGeometry& g);
+
+  void begin(cudaStream_t s) const;
+  void pre(int layer, cudaStream_t s) const;
+  void post(int layer, cudaStream_t s) const;
+  void end(bool sample, cudaStream_t s) const;
+
+  const float* logits() const noexcept { return logits_; }
+  const float* streams() const noexcept { return streams_; }
+  std::size_t scratch_bytes() const noexcept { return scratch_.bytes(); }
+
+ private:
+  void hc_read(const HcTensors& t, float* x, float* inj, cudaStream_t s) const;
+  void add_to_streams(const float* inj, const float* y, int streams, int width, cudaStream_t s) const;
+  void mixer_gdn(int layer, cudaStream_t s) const;
+  void mixer_attention(int layer, cudaStream_t s) const;
+  void ple(int layer, cudaStream_t s) const;
+
+  const DecodeGeometry& g_;
+  ModelTensors t_;
+  ProgramIo io_;
+  int context_;
+  kernels::AttentionShape attention_;
+  std::vector<kernels::PagedKv> kv_;                 // per layer (attention layers)
+  std::vector<kernels::IndexerShape> index_shape_;   // per layer (indexed layers)
+  std::vector<kernels::IndexerCache> index_cache_;
+  std::vector<float*> gdn_state_, gdn_conv_;         // per layer (GDN layers)
+  float* ple_history_ = nullptr;
+  float* streams_ = nullptr;                          // the arena's residual streams [hc][n]
+
+  DeviceBuffer scratch_;
+  Q8Scratch q8_;
+  TokenStage* stage_ = nullptr;  // device copy
+  float* ple_rows_ = nullptr;
+  int* seen_ = nullptr;          // [context] every token fed, for the repetition penalty
+  float *cos_ = nullptr, *sin_ = nullptr, *ones_ = nullptr;
+  float *x_ = nullptr, *y_ = nullptr, *normed_ = nullptr, *down_ = nullptr, *up_ = nullptr, *inject_ = nullptr;
+  float *inj_attn_ = nullptr, *inj_ffn_ = nullptr;
+  float *qkvz_ = nullptr, *beta_ = nullptr, *alpha_ = nullptr, *conv_out_ = nullptr, *core_ = nullptr;
+  float *qg_ = nullptr, *k_ = nullptr, *v_ = nullptr, *q_ = nullptr, *attn_ = nullptr, *iq_ = nullptr, *ik_ = nullptr;
+  float* scores_ = nullptr;
+  int *selected_ = nullptr, *n_selected_ = nullptr;
+  float *router_logits_ = nullptr, *route_weights_ = nullptr, *sh_g_ = nullptr, *sh_u_ = nullptr, *sh_h_ = nullptr;
+  float *shared_ = nullptr, *shared_gate_ = nullptr, *routed_ = nullptr;
+  int* route_ids_ = nullptr;
+  float *ple_key_ = nullptr, *ple_value_ = nullptr, *ple_out_ = nullptr;
+  float* logits_ = nullptr;
+  void* sample_scratch_ = nullptr;
+  std::size_t sample_scratch_bytes_ = 0;
+};
+
+}  // namespace strata

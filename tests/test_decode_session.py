@@ -1,0 +1,151 @@
+"""The decode session on the GPU: every layer composed, checked token by token against the numpy reference
+(activation_quant=True, the same q8_32 activation contract), in all three modes."""
+
+import numpy as np
+import pytest
+
+from strata import _native
+from strata.errors import InvalidArgument
+from strata.model import load
+from strata.reference import Reference
+from strata.ple_rows import PleRows
+from strata.sampling import SamplingParams, sample
+from strata.session_geometry import native_geometry
+from strata.synth import synthesize
+
+pytestmark = pytest.mark.gpu
+
+QUANT = {"experts": "q4_k", "expert_down": "q4_0", "dense": "q8_0", "embeddings": "q8_0", "ple": "q8_0"}
+# The CPU pool computes quantized experts only; everything on the GPU stays float32 here.
+FLOAT = {"experts": "q8_0", "expert_down": "q8_0", "dense": "f32", "embeddings": "f32", "ple": "f32"}
+CASES = {"qwen4exp-f32": ("qwen4exp", FLOAT), "qwen4exp-quant": ("qwen4exp", QUANT),
+         "qwen3next-quant": ("qwen3next", QUANT), "qwen35moe-f32": ("qwen35moe", FLOAT)}
+MODES = ("uncaptured", "layer_graphs", "token_graph")
+GREEDY = (0.0, 0, 1.0, 0.0, 1.0)
+# max|logit diff| / max|logit| against the reference, per step. The GPU and numpy agree on every integer inner
+# sum; what differs is float32 summation order (GEMV rows, norms, softmax), the KV cache's rounding (bf16: 8
+# mantissa bits; int8: 1/254 of each 32-group's range) and, where x is requantized to q8_32 before every
+# quantized weight, the codes those tiny differences flip. Measured on the box: float dense 1e-4..4e-3 per
+# step (bf16) and up to 9e-3 (int8); q8_0 dense 2e-3..1.1e-2. A near-tie in a router's top-k or a QSA block
+# choice can flip one discrete decision on one side, which moves a few steps' logits by several 1e-2: the
+# median bounds the systematic error, the worst step only catches what no flip explains.
+MEDIAN = {("float", "bf16"): 4e-3, ("float", "int8"): 1e-2, ("quant", "bf16"): 1.5e-2, ("quant", "int8"): 2e-2}
+WORST = 0.15
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def loaded(request, tmp_path_factory):
+    arch, types = CASES[request.param]
+    path = tmp_path_factory.mktemp("decode") / f"{request.param}.gguf"
+    synthesize(path, arch, "tiny", types=types, seed=11)
+    model = load(path, progress=False)
+    yield request.param, model
+    model.close()
+
+
+def ple_rows(model):
+    """Each next token's n-gram table rows (None for a model without PLE), as the GPU engine gathers them."""
+    g = model.info.geometry
+    if not g.ple_layers:
+        return lambda token: None
+    return PleRows(model.file, g).rows
+
+
+def session(model, mode, kv="bf16", context=256):
+    return _native.DecodeSession(model.weights, model.pool.native, native_geometry(model.info.geometry),
+                                 context=context, kv=kv, mode=mode)
+
+
+def decode(native, model, prompt, steps, reference=None):
+    """Feed the prompt, then `steps` tokens the GPU picks greedily; returns (tokens, GPU logits, reference
+    logits), the reference's only when it is given (it then runs every token too)."""
+    ple = ple_rows(model)
+    tokens, gpu, ref = [], [], []
+    token = None
+    feed = list(prompt)
+    while len(gpu) < len(prompt) + steps:
+        t = feed.pop(0) if feed else token
+        token = native.step(int(t), ple(t), GREEDY, 0.0)
+        tokens.append(token)
+        gpu.append(native.logits())
+        if reference is not None:
+            ref.append(reference.forward([t])[-1])
+    return tokens, np.array(gpu), np.array(ref)
+
+
+def relative_errors(gpu, ref):
+    return np.array([np.max(np.abs(g - r)) / np.max(np.abs(r)) for g, r in zip(gpu, ref)])
+
+
+@pytest.mark.parametrize("kv", ["bf16", "int8"])
+def test_decode_matches_the_reference_token_by_token(loaded, kv, rng):
+    name, model = loaded
+    prompt = rng.integers(0, model.info.geometry.n_vocab, 8)
+    reference = Reference(model.file, activation_quant=True)
+    native = session(model, "uncaptured", kv)
+    tokens, gpu, ref = decode(native, model, prompt, 56, reference)
+    assert np.all(np.isfinite(gpu)), name
+    errors = relative_errors(gpu, ref)
+    dense = "quant" if name.endswith("quant") else "float"
+    print(f"{name} kv={kv}: max|diff|/max|logit| median {np.median(errors):.2e}, worst {errors.max():.2e}")
+    assert np.median(errors) < MEDIAN[dense, kv], (name, kv, errors)
+    assert errors.max() < WORST, (name, kv, errors)
+    assert tokens == [int(np.argmax(g)) for g in gpu]  # greedy picks the GPU logits' argmax
+    # Where the reference's top two are further apart than the tolerance, both pick the same token.
+    for step, (g, r) in enumerate(zip(gpu, ref)):
+        top = np.sort(r)[-2:]
+        if top[1] - top[0] > 2 * WORST * np.max(np.abs(r)):
+            assert int(np.argmax(g)) == int(np.argmax(r)), (name, step)
+    assert native.position == 64
+
+
+def test_three_modes_give_identical_logits_and_reset_repeats(loaded, rng):
+    name, model = loaded
+    prompt = rng.integers(0, model.info.geometry.n_vocab, 5)
+    runs = {}
+    for mode in MODES:
+        native = session(model, mode)
+        runs[mode] = decode(native, model, prompt, 20)[:2]
+        if mode != "uncaptured":
+            assert native.captured
+        native.reset()
+        assert native.position == 0
+        again = decode(native, model, prompt, 20)[:2]
+        assert again[0] == runs[mode][0], (name, mode)
+        assert np.array_equal(again[1], runs[mode][1]), (name, mode)
+    for mode in MODES[1:]:
+        assert runs[mode][0] == runs["uncaptured"][0], (name, mode)
+        assert np.array_equal(runs[mode][1], runs["uncaptured"][1]), (name, mode)
+
+
+def test_sampling_follows_the_definition_with_every_token_seen(loaded, rng):
+    name, model = loaded
+    params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.02, repeat_penalty=1.3)
+    native = session(model, "token_graph")
+    ple = ple_rows(model)
+    seen, token = [], int(rng.integers(0, model.info.geometry.n_vocab))
+    for _ in range(24):
+        u = float(rng.random())
+        seen.append(token)
+        got = native.step(token, ple(token), (params.temperature, params.top_k, params.top_p,
+                                                                params.min_p, params.repeat_penalty), u)
+        assert got == sample(native.logits(), params, u, seen), (name, len(seen))
+        token = got
+
+
+def test_bad_steps_are_refused_with_the_limit(loaded):
+    name, model = loaded
+    g = model.info.geometry
+    native = session(model, "uncaptured", context=3)
+    ple = ple_rows(model)
+    with pytest.raises(InvalidArgument, match="outside the vocabulary"):
+        native.step(g.n_vocab, ple(0), GREEDY, 0.0)
+    if g.ple_layers:
+        with pytest.raises(InvalidArgument, match="PLE"):
+            native.step(1, None, GREEDY, 0.0)
+    for t in range(3):
+        native.step(t, ple(t), GREEDY, 0.0)
+    with pytest.raises(InvalidArgument, match="sequence is full"):
+        native.step(1, ple(1), GREEDY, 0.0)
+    native.reset()
+    assert native.position == 0
