@@ -11,6 +11,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,6 +26,9 @@ from strata.plan import KV_PAGE_TOKENS, MemoryPlan, check_fits, is_routed_expert
 from strata.pool import ExpertPool
 from strata.progress import ByteProgress
 from strata.quant import QuantTensor
+
+if TYPE_CHECKING:
+    from strata.generation import Session
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,15 @@ class Model:
 
     def __init__(self, file: ModelFile, info: ModelInfo, weights, pool: ExpertPool):
         self.file, self.info, self.weights, self.pool = file, info, weights, pool
+
+    def session(self, context: int | None = None, kv: KV | str = KV.INT8, mode: str = "token_graph",
+                timeout: float = 5.0) -> Session:
+        """A generation session on the GPU: `context` tokens (default min(context_length, 4096)) of KV in
+        format `kv`; `mode` is "token_graph" (one CUDA graph per token), "layer_graphs" or "uncaptured";
+        `timeout` bounds every wait on the CPU pool. The native session is `session.engine.native`."""
+        from strata.engine import open_session
+
+        return open_session(self, context, kv, mode, timeout)
 
     def close(self) -> None:
         self.pool.close()

@@ -1,0 +1,56 @@
+"""The n-gram table rows of each new token for the GPU engine's PLE layer (shared/docs/models/qwen4exp.md §3(d)).
+
+The table (per_layer_token_embd, ~320M rows in the released model) stays memory-mapped: per token only its
+ple_n_heads hashed rows are read from the page cache, dequantized on the host and handed to the session.
+The hash and the EOS cut are strata.reference.ple's, so the GPU engine reads exactly the rows the reference does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strata.errors import FormatError, InvalidArgument
+from strata.models import Geometry
+from strata.quant import dequantize_raw
+from strata.reference.ple import PleShape, ngram_context, ngram_rows
+
+TABLE = "per_layer_token_embd.weight"
+
+
+def ple_shape(g: Geometry) -> PleShape:
+    """The reference's PleShape of a geometry that has a PLE layer."""
+    if not g.ple_layers:
+        raise InvalidArgument(f"geometry of {g.arch!r} has no PLE layer (qwen4exp.ple.layers is empty)")
+    return PleShape(g.ple_ngram, g.ple_heads_per_ngram, g.ple_head_dim, g.ple_conv_kernel, g.ple_eos,
+                    tuple(g.ple_multipliers), tuple(g.ple_head_offsets), tuple(g.ple_head_sizes))
+
+
+class PleRows:
+    """Keeps the last ngram-1 ids (EOS before the sequence) and gathers each new token's table rows."""
+
+    def __init__(self, model_file, geometry: Geometry):
+        self.shape = ple_shape(geometry)
+        info = model_file.tensors.get(TABLE)
+        if info is None:
+            raise FormatError(f"{model_file.path}: no tensor {TABLE!r}, required by the PLE layer "
+                              f"{geometry.ple_layers[0]}")
+        width, n_rows = int(info.ne[0]), int(info.ne[-1])
+        if width != self.shape.head_dim or len(info.ne) != 2:
+            raise FormatError(f"{TABLE}: ne {tuple(info.ne)}, expected ({self.shape.head_dim}, rows)")
+        self.ggml_type = info.ggml_type
+        # The raw bytes as [rows, bytes per row]: a row gather is one fancy index of the mapping.
+        self.table = model_file.raw(TABLE).reshape(n_rows, info.nbytes // n_rows)
+        self.n_heads = geometry.ple_n_heads
+        self.reset()
+
+    def reset(self) -> None:
+        """An empty sequence: the ids before it read as EOS."""
+        self.previous = np.full(self.shape.ngram - 1, self.shape.eos, dtype=np.int64)
+
+    def rows(self, token: int) -> np.ndarray:
+        """float32 [ple_n_heads, ple_head_dim]: the rows of `token` appended after the ids seen so far."""
+        ids = np.array([token], dtype=np.int64)
+        index = ngram_rows(ngram_context(self.previous, ids, self.shape.eos), self.shape)[0]
+        self.previous = np.concatenate([self.previous[1:], ids])
+        raw = self.table[index]
+        return dequantize_raw(raw, self.ggml_type, (self.shape.head_dim, self.n_heads))

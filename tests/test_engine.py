@@ -1,0 +1,225 @@
+"""The GPU engine's Python side on the CPU: PleRows vs the reference n-gram hash, GpuEngine over a fake
+native DecodeSession, Model.session's argument and memory checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from types import SimpleNamespace
+
+import gguf
+import numpy as np
+import pytest
+
+from strata import _native
+from strata.devices import Device
+from strata.engine import GpuEngine, open_session
+from strata.errors import FormatError, InvalidArgument, StrataError
+from strata.format import inspect
+from strata.generation import Session
+from strata.model import Model, describe
+from strata.ple_rows import TABLE, PleRows, ple_shape
+from strata.reference.ple import ngram_context, ngram_rows
+from strata.sampling import SamplingParams
+from strata.synth import presets, synthesize
+
+T = gguf.GGMLQuantizationType
+
+
+class FakeDecodeSession:
+    """Records every call the engine makes; samples `position * 7 % n_vocab` so answers are checkable."""
+
+    def __init__(self, weights=None, pool=None, geometry=None, *, context=64, kv="int8", mode="token_graph",
+                 device=0, timeout=5.0, n_vocab=512):
+        self.args = dict(weights=weights, pool=pool, geometry=geometry, context=context, kv=kv, mode=mode,
+                         device=device, timeout=timeout)
+        self.context, self.mode, self.position, self.n_vocab = context, mode, 0, n_vocab
+        self.steps: list[tuple] = []
+        self.resets = self.closes = 0
+
+    def step(self, token, ple_rows, params, u, sample=True):
+        self.steps.append((token, None if ple_rows is None else ple_rows.copy(), params, u, sample))
+        self.position += 1
+        return self.position * 7 % self.n_vocab if sample else -1
+
+    def reset(self):
+        self.position = 0
+        self.resets += 1
+
+    def stats(self):
+        return {"tokens": self.position, "seconds": 0.5}
+
+    def close(self):
+        self.closes += 1
+
+
+def _reference_rows(table: np.ndarray, shape, ids: list[int]) -> np.ndarray:
+    """[T, heads, width]: the reference hash of every id, rows looked up in the float table."""
+    ctx = ngram_context(np.full(shape.ngram - 1, shape.eos), np.array(ids), shape.eos)
+    return table[ngram_rows(ctx, shape)]
+
+
+def _table_file(g, ggml_type: T, rng: np.random.Generator):
+    """A stand-in ModelFile holding only the n-gram table of `g` in `ggml_type`, and its float values."""
+    values = rng.standard_normal((g.ple_rows, g.ple_head_dim), dtype=np.float32)
+    encoded = gguf.quants.quantize(values, ggml_type)
+    floats = gguf.quants.dequantize(encoded, ggml_type).reshape(g.ple_rows, g.ple_head_dim)
+    raw = np.ascontiguousarray(encoded).view(np.uint8).reshape(-1)  # the file's bytes
+    info = SimpleNamespace(ne=(g.ple_head_dim, g.ple_rows), ggml_type=ggml_type, nbytes=raw.nbytes)
+    return SimpleNamespace(path="table.gguf", tensors={TABLE: info}, raw=lambda name: raw), floats
+
+
+def _ids_with_eos(g, rng: np.random.Generator, n: int = 12) -> list[int]:
+    ids = [int(t) for t in rng.integers(0, g.n_vocab, n)]
+    ids[3] = ids[7] = ids[8] = g.ple_eos  # an EOS alone and two in a row: both cut the n-gram context
+    return ids
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen4exp(tmp_path_factory):
+    path = tmp_path_factory.mktemp("engine") / "tiny.gguf"
+    synthesize(path, "qwen4exp", seed=5)
+    with inspect(path) as file:
+        yield file
+
+
+def test_ple_rows_match_the_reference_hash_on_a_synth_file(tiny_qwen4exp, rng):
+    from strata.reference.weights import FileWeights
+
+    g = tiny_qwen4exp.geometry
+    ids = _ids_with_eos(g, rng)
+    table = FileWeights(tiny_qwen4exp).get(TABLE)
+    expected = _reference_rows(table, ple_shape(g), ids)
+    rows = PleRows(tiny_qwen4exp, g)
+    for t, token in enumerate(ids):
+        got = rows.rows(token)
+        assert got.dtype == np.float32 and got.shape == (g.ple_n_heads, g.ple_head_dim)
+        # Bit-exact: the same dequantization of the same bytes.
+        assert np.array_equal(got, expected[t]), f"token {t} ({token}) of {ids}"
+    rows.reset()
+    assert np.array_equal(rows.rows(ids[0]), expected[0]), "reset must bring back the EOS-filled history"
+
+
+@pytest.mark.parametrize("ggml_type", [T.F32, T.Q8_0, T.Q4_0])
+def test_ple_rows_dequantize_any_table_type(ggml_type, rng):
+    g = presets.geometry("qwen4exp", "tiny")
+    g = dataclasses.replace(g, ple_head_dim=32)  # rows of whole 32-element blocks
+    file, floats = _table_file(g, ggml_type, rng)
+    ids = _ids_with_eos(g, rng)
+    expected = _reference_rows(floats, ple_shape(g), ids)
+    rows = PleRows(file, g)
+    got = np.stack([rows.rows(t) for t in ids])
+    assert np.isfinite(got).all()
+    # gguf.quants' dequantization is the definition (docs/forms.md: bit-exact).
+    assert np.array_equal(got, expected), f"ids {ids}"
+
+
+def test_ple_rows_refuses_a_table_of_the_wrong_width(rng):
+    g = presets.geometry("qwen4exp", "tiny")
+    file, _ = _table_file(dataclasses.replace(g, ple_head_dim=32), T.F32, rng)
+    with pytest.raises(FormatError, match="per_layer_token_embd.weight: ne"):
+        PleRows(file, g)
+
+
+def test_feed_samples_only_on_the_last_id_and_passes_ple_rows(tiny_qwen4exp, rng):
+    g = tiny_qwen4exp.geometry
+    native = FakeDecodeSession()
+    engine = GpuEngine(native, PleRows(tiny_qwen4exp, g))
+    params = SamplingParams(0.7, 40, 0.9, 0.05, 1.1)
+    prompt = _ids_with_eos(g, rng)[:6]
+    u = float(rng.random())
+    token = engine.feed(prompt, params, u, prompt)
+    assert token == 6 * 7 and engine.position == 6
+    assert [s[0] for s in native.steps] == prompt
+    assert [s[4] for s in native.steps] == [False] * 5 + [True]
+    assert all(s[2] == (0.7, 40, 0.9, 0.05, 1.1) and s[3] == u for s in native.steps)
+    expected = PleRows(tiny_qwen4exp, g)
+    for step, t in zip(native.steps, prompt):
+        assert np.array_equal(step[1], expected.rows(t)), f"PLE rows of token {t} in {prompt}"
+    assert engine.feed([token], params, u, prompt + [token]) == 7 * 7
+    assert native.steps[-1][4] is True
+
+
+def test_feed_refuses_a_history_the_native_session_does_not_hold():
+    engine = GpuEngine(FakeDecodeSession())
+    engine.feed([1, 2], SamplingParams(), 0.5, [1, 2])
+    with pytest.raises(StrataError, match="`seen` has 2 ids, but the session holds 2 and is fed 1"):
+        engine.feed([3], SamplingParams(), 0.5, [1, 2])
+    with pytest.raises(InvalidArgument):
+        engine.feed([], SamplingParams(), 0.5, [1, 2])
+
+
+def test_engine_without_ple_passes_none_and_reset_restarts_the_ngram_history(tiny_qwen4exp):
+    native = FakeDecodeSession()
+    GpuEngine(native).feed([5, 6], SamplingParams(), 0.0, [5, 6])
+    assert [s[1] for s in native.steps] == [None, None]
+
+    g = tiny_qwen4exp.geometry
+    native = FakeDecodeSession()
+    engine = GpuEngine(native, PleRows(tiny_qwen4exp, g))
+    engine.feed([5, 6], SamplingParams(), 0.0, [5, 6])
+    engine.reset()
+    assert native.resets == 1 and engine.position == 0
+    engine.feed([6], SamplingParams(), 0.0, [6])
+    assert np.array_equal(native.steps[-1][1], PleRows(tiny_qwen4exp, g).rows(6))
+    assert engine.stats() == {"tokens": 1, "seconds": 0.5} and engine.context == 64
+
+
+def test_generation_session_streams_over_the_gpu_engine(tiny_qwen4exp):
+    native = FakeDecodeSession(context=32)
+    session = Session(GpuEngine(native), tiny_qwen4exp.tokenizer())
+    pieces = list(session.generate([1, 2, 3], max_tokens=3))
+    assert [p.token for p in pieces] == [21, 28, 35]
+    assert session.stats.finish_reason == "length"
+    list(session.generate([4], max_tokens=1))  # the pending last token is fed first, history stays in step
+    assert [s[0] for s in native.steps] == [1, 2, 3, 21, 28, 35, 4]
+
+
+def _model(file) -> Model:
+    return Model(file, describe(file), weights="device-weights", pool=SimpleNamespace(native="pool-native"))
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """One 'GPU' with settable free memory and a fake native DecodeSession."""
+    gpu = {"free": 80 << 30}
+    module = importlib.import_module("strata.devices")  # the package's `devices` attribute is the function
+    monkeypatch.setattr(module, "devices", lambda: [Device(0, "fake", (9, 0), 96 << 30, gpu["free"], 132)])
+    monkeypatch.setattr(_native, "DecodeSession", FakeDecodeSession, raising=False)
+    return gpu
+
+
+def test_model_session_builds_a_native_session_with_the_geometry(tiny_qwen4exp, fake_gpu):
+    model = _model(tiny_qwen4exp)
+    session = model.session()
+    native = session.engine.native
+    g = tiny_qwen4exp.geometry
+    assert native.args["context"] == min(g.context_length, 4096) and native.args["kv"] == "int8"
+    assert native.args["mode"] == "token_graph" and native.args["pool"] == "pool-native"
+    assert native.args["geometry"]["ple_layer"] == g.ple_layers[0]
+    assert session.engine.ple is not None
+    session = model.session(context=100, kv="bf16", mode="uncaptured", timeout=1.5)
+    assert (session.engine.native.args["context"], session.engine.native.args["kv"]) == (100, "bf16")
+    assert session.engine.native.args["timeout"] == 1.5
+
+
+@pytest.mark.parametrize(("kwargs", "fragment"), [
+    ({"context": 0}, "context 0 is outside 1..4096"),
+    ({"context": 5000}, "context 5000 is outside 1..4096"),
+    ({"kv": "q3"}, "unknown KV format 'q3'"),
+    ({"mode": "graphs"}, "unknown session mode 'graphs'"),
+    ({"timeout": 0}, "timeout must be > 0"),
+])
+def test_model_session_argument_errors(tiny_qwen4exp, fake_gpu, kwargs, fragment):
+    with pytest.raises(InvalidArgument, match=fragment):
+        _model(tiny_qwen4exp).session(**kwargs)
+
+
+def test_model_session_refuses_a_context_the_gpu_cannot_hold(tiny_qwen4exp, fake_gpu):
+    model = _model(tiny_qwen4exp)
+    fake_gpu["free"] = 1 << 20  # 1 MiB: a few KV pages of the tiny model fit (~0.4 MiB), 4096 tokens (~2 MiB) not
+    with pytest.raises(InvalidArgument, match=r"context 4096 with kv=int8 does not fit: GPU 0 has 0.00 GiB free"):
+        model.session(context=4096)
+    fake_gpu["free"] = 0
+    with pytest.raises(InvalidArgument, match="holds context <= 0"):
+        open_session(model, 16)
