@@ -102,7 +102,8 @@ def test_run_streams_text_with_the_reference_engine(tmp_path, capsys):
     path = tmp_path / "r.gguf"
     assert cli.main(["synth", str(path), "--arch", "qwen35moe", "--layers", "4"]) == 0
     capsys.readouterr()
-    assert cli.main(["run", str(path), "-p", "hello", "-n", "4", "--temperature", "0.7", "--seed", "1"]) == 0
+    assert cli.main(["run", str(path), "-p", "hello", "-n", "4", "--temperature", "0.7", "--seed", "1",
+                     "--engine", "reference"]) == 0
     captured = capsys.readouterr()
     assert "tokens" in captured.err and "tok/s decode" in captured.err and "engine: reference" in captured.err
 
@@ -111,6 +112,53 @@ def test_run_with_bad_sampling_is_one_line(tmp_path, capsys):
     path = tmp_path / "r.gguf"
     assert cli.main(["synth", str(path), "--arch", "qwen35moe", "--layers", "4"]) == 0
     capsys.readouterr()
-    assert cli.main(["run", str(path), "-p", "x", "--top-p", "0"]) == 1
+    assert cli.main(["run", str(path), "-p", "x", "--top-p", "0", "--engine", "reference"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("strata run: top_p must be in (0, 1]") and err.count("\n") == 1
+
+
+def test_run_and_chat_default_to_the_gpu_engine_with_its_options():
+    for command in (["run", "m.gguf", "-p", "x"], ["chat", "m.gguf"]):
+        args = cli.parse_args(command)
+        assert (args.engine, args.context, args.kv, args.mode) == ("gpu", None, "int8", "token_graph")
+    args = cli.parse_args(["run", "m.gguf", "-p", "x", "--engine", "reference", "--context", "64", "--kv", "bf16",
+                           "--mode", "uncaptured"])
+    assert (args.engine, args.context, args.kv, args.mode) == ("reference", 64, "bf16", "uncaptured")
+
+
+@pytest.fixture
+def no_gpu(monkeypatch):
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("strata.devices"), "device_count", lambda: 0)
+
+
+@pytest.mark.parametrize("command", [["run", "m.gguf", "-p", "hi"], ["chat", "m.gguf"]])
+def test_gpu_engine_without_a_gpu_is_one_line_suggesting_the_reference(no_gpu, capsys, command):
+    assert cli.main(command) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"strata {command[0]}: no CUDA device found") and err.count("\n") == 1, err
+    assert "--engine reference" in err
+
+
+def test_bench_argument_shapes():
+    args = cli.parse_args(["bench"])
+    assert args.handler is cli._bench and args.model is None and args.mode == "all" and args.json is None
+    args = cli.parse_args(["bench", "m.gguf", "--tokens", "5", "--prompt-tokens", "3", "--mode", "uncaptured",
+                           "--context", "64", "--json", "b.json"])
+    assert (args.model, args.tokens, args.prompt_tokens, args.mode, args.context, args.json) == (
+        "m.gguf", 5, 3, "uncaptured", 64, "b.json")
+    args = cli.parse_args(["bench", "pool", "--quick", "-k", "4", "--isa", "avx2"])
+    assert args.handler is cli._bench_pool and (args.quick, args.k, args.isa) == (True, 4, "avx2")
+    with pytest.raises(SystemExit):
+        cli.parse_args(["bench", "pool", "--tokens", "5"])  # a model-bench option is not a pool option
+    with pytest.raises(SystemExit):
+        cli.parse_args(["bench", "--mode", "fast"])
+
+
+def test_bench_without_a_gpu_is_one_line_and_synthesizes_nothing(no_gpu, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("STRATA_CACHE", str(tmp_path / "cache"))
+    assert cli.main(["bench"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("strata bench: no CUDA device found") and err.count("\n") == 1, err
+    assert "strata bench pool" in err and not (tmp_path / "cache").exists()

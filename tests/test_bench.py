@@ -1,0 +1,143 @@
+"""`strata bench` on the CPU: the limit arithmetic, the cache rules, the report, a run over a fake session."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from strata import bench
+from strata.engine import MODES, GpuEngine
+from strata.errors import InvalidArgument
+from strata.format import inspect
+from strata.synth import synthesize
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny qwen4exp: f32 everywhere but the experts (q8_0: 34 bytes per 32 weights)."""
+    path = tmp_path_factory.mktemp("bench") / "tiny.gguf"
+    synthesize(path, "qwen4exp", types={"experts": "q8_0", "expert_down": "q8_0"}, seed=2)
+    with inspect(path) as file:
+        yield file
+
+
+def _tensors(file):
+    return {name: (t.ggml_type, t.ne) for name, t in file.tensors.items()}
+
+
+def test_limit_matches_a_hand_computation(tiny):
+    g = tiny.geometry
+    # Each expert's gate, up and down hold n_embd * expert_ff weights; q8_0 stores 34 bytes per 32.
+    per_expert = 3 * g.n_embd * g.expert_ff // 32 * 34
+    routed = g.n_layer * g.n_expert_used * per_expert
+    dense = 4 * sum(math.prod(t.ne) for name, t in tiny.tensors.items()
+                    if "_exps." not in name and name not in ("per_layer_token_embd.weight", "token_embd.weight"))
+    limit = bench.machine_limit(g, _tensors(tiny), read_bandwidth=20e9)
+    assert (limit.routed_bytes, limit.dense_bytes) == (routed, dense)
+    expected = routed / 20e9 + dense / 4.2e12 + g.n_layer * 3.1e-6
+    assert math.isclose(limit.seconds, expected, rel_tol=1e-12), (limit, expected)  # same sums, other order
+    with pytest.raises(InvalidArgument, match="read bandwidth must be > 0"):
+        bench.machine_limit(g, _tensors(tiny), 0.0)
+
+
+def test_cache_dir_rules(tmp_path):
+    assert bench.cache_dir({"STRATA_CACHE": "/c", "XDG_CACHE_HOME": "/x"}) == Path("/c")
+    assert bench.cache_dir({"XDG_CACHE_HOME": "/x"}) == Path("/x/strata")
+    assert bench.cache_dir({"STRATA_CACHE": "", "XDG_CACHE_HOME": ""}) == Path.home() / ".cache" / "strata"
+
+
+def test_bench_model_is_written_under_a_temp_name_then_reused(tmp_path, capsys):
+    calls = []
+
+    def fake_synth(path, arch, **kwargs):
+        calls.append((Path(path), arch, kwargs))
+        assert not (tmp_path / "cache" / "qwen4exp-bench-16L.gguf").exists(), "the final name appears only when done"
+        Path(path).write_bytes(b"GGUF model")
+
+    cache = tmp_path / "cache"
+    path = bench.bench_model(cache, fake_synth)
+    assert path == cache / "qwen4exp-bench-16L.gguf" and path.read_bytes() == b"GGUF model"
+    (written, arch, kwargs) = calls[0]
+    assert written != path and written.parent == cache and arch == "qwen4exp"
+    assert kwargs["preset"] == "bench" and kwargs["n_layer"] == 16
+    assert "synthesizing the default benchmark model" in capsys.readouterr().err
+    assert bench.bench_model(cache, fake_synth) == path and len(calls) == 1  # reused, not synthesized again
+    assert sorted(p.name for p in cache.iterdir()) == [path.name]
+
+
+def test_an_interrupted_synth_leaves_nothing_that_would_be_reused(tmp_path):
+    def failing_synth(path, arch, **kwargs):
+        Path(path).write_bytes(b"half a model")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        bench.bench_model(tmp_path, failing_synth)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_prompt_ids_avoid_the_ple_eos(tiny, rng):
+    g = tiny.geometry
+    ids = bench.prompt_ids(g, 2000, rng)
+    assert len(ids) == 2000 and g.ple_eos not in ids and 0 <= min(ids) and max(ids) < g.n_vocab
+
+
+class TimedFakeSession:
+    """A native session whose stats grow by fixed amounts per step."""
+
+    def __init__(self, mode: str):
+        self.mode, self.context, self.position, self.closed = mode, 4096, 0, False
+        self.sums = dict.fromkeys(("ring_wait_seconds", "pool_seconds", "gpu_pre_seconds", "gpu_post_seconds"), 0.0)
+
+    def step(self, token, ple_rows, params, u, sample=True):
+        self.position += 1
+        self.sums["ring_wait_seconds"] += 1e-4
+        self.sums["pool_seconds"] += 2e-4
+        return (token + 1) % 512 if sample else -1
+
+    def reset(self):
+        self.position = 0
+
+    def stats(self):
+        return {"tokens": self.position, **self.sums}
+
+    def close(self):
+        self.closed = True
+
+
+def test_run_decodes_each_mode_and_writes_json(tiny, monkeypatch, tmp_path, capsys):
+    opened = []
+
+    def fake_open(model, context, mode):
+        opened.append((context, mode))
+        return SimpleNamespace(engine=GpuEngine(TimedFakeSession(mode)))
+
+    monkeypatch.setattr(bench, "open_session", fake_open)
+    model = SimpleNamespace(info=SimpleNamespace(geometry=tiny.geometry), file=tiny,
+                            pool=SimpleNamespace(read_bandwidth=lambda nbytes: 30e9))
+    out = tmp_path / "bench.json"
+    result = bench.run(model, model_path="tiny.gguf", modes=list(MODES), prompt_tokens=4, tokens=8,
+                       json_path=str(out))
+    assert opened == [(13, mode) for mode in MODES]
+    for mode in MODES:
+        m = result["modes"][mode]
+        assert math.isclose(m["ring_wait_seconds"], 1e-4) and math.isclose(m["pool_seconds"], 2e-4)
+        parts = m["ring_wait_seconds"] + m["pool_seconds"] + m["host_other_seconds"]
+        assert math.isclose(parts, m["seconds_per_token"], rel_tol=1e-9)
+        assert math.isclose(m["fraction_of_limit"], result["limit"]["seconds"] / m["seconds_per_token"])
+    assert json.loads(out.read_text()) == result
+    text = capsys.readouterr().out
+    assert "machine limit" in text and "measured device copy" in text and "token_graph" in text
+
+
+@pytest.mark.parametrize(("kwargs", "fragment"), [
+    ({"modes": ["fast"]}, "unknown session mode"),
+    ({"tokens": 0}, "--tokens must be >= 1"),
+])
+def test_run_argument_errors(kwargs, fragment):
+    args = {"modes": ["token_graph"], "prompt_tokens": 4, "tokens": 8, **kwargs}
+    with pytest.raises(InvalidArgument, match=fragment):
+        bench.run(SimpleNamespace(), model_path="m.gguf", **args)
