@@ -1,12 +1,15 @@
 #include <climits>
 #include <cmath>
 
+#include "reduce.cuh"
 #include "router.cuh"
 
 namespace strata::kernels {
 namespace {
 
-constexpr int kRouterThreads = 256;  // one CTA per token; up to 4 experts per thread
+// One warp per token: each lane holds the logits of experts lane, lane + 32, ... in registers, so the k
+// selection rounds are a register scan and a warp argmax each, without shared memory or block barriers.
+constexpr int kPerLane = kRouterMaxExperts / 32;
 
 // The total order of the selection: higher value first, and of equal values the lower index.
 __device__ __forceinline__ bool precedes(float value, int index, float other_value, int other_index) {
@@ -25,65 +28,51 @@ __device__ __forceinline__ void warp_argmax(float& value, int& index) {
   }
 }
 
-// Index of the first (value, index) of the block under `precedes`; every thread gets it. A thread without a
-// candidate passes (-inf, INT_MAX), which any real candidate precedes.
-__device__ int block_argmax(float value, int index) {
-  __shared__ float values[32];
-  __shared__ int indices[32];
-  const int lane = threadIdx.x & 31;
-  const int warp = threadIdx.x >> 5;
-  warp_argmax(value, index);
-  __syncthreads();  // values[] may still be read by the previous call
-  if (lane == 0) {
-    values[warp] = value;
-    indices[warp] = index;
-  }
-  __syncthreads();
-  const int warps = blockDim.x >> 5;
-  value = lane < warps ? values[lane] : -INFINITY;
-  index = lane < warps ? indices[lane] : INT_MAX;
-  warp_argmax(value, index);
-  return index;
-}
-
 // Selection runs on the logits themselves: exp is monotone, so their order is the probabilities' order, and
 // equal logits are exactly the equal probabilities (float32 exps of distinct logits could collide).
-__global__ void route_kernel(const float* __restrict__ logits, std::int32_t* __restrict__ ids,
-                             float* __restrict__ weights, int n_expert, int k) {
-  __shared__ float z[kRouterMaxExperts];
-  __shared__ bool taken[kRouterMaxExperts];
-  __shared__ int chosen[kRouterMaxTopK];
-  const long row = blockIdx.x;
-  for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
-    z[e] = logits[row * n_expert + e];
-    taken[e] = false;
+__global__ void __launch_bounds__(32) route_kernel(const float* __restrict__ logits, std::int32_t* __restrict__ ids,
+                                                   float* __restrict__ weights, int n_expert, int k) {
+  const int lane = threadIdx.x;
+  const float* z = logits + static_cast<long>(blockIdx.x) * n_expert;
+  float raw[kPerLane];
+  unsigned taken = 0;  // bit i: expert lane + 32 i is chosen already, or does not exist
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + 32 * i;
+    raw[i] = e < n_expert ? z[e] : -INFINITY;
+    if (e >= n_expert) taken |= 1u << i;
   }
-  __syncthreads();
+  // Lane j keeps the j-th choice, so the weights are computed in parallel from registers.
+  float chosen_raw = 0.0f, top = 0.0f;
+  int chosen_id = 0;
   for (int j = 0; j < k; ++j) {
-    float best_value = -INFINITY;
+    float best_value = -INFINITY, best_raw = -INFINITY;
     int best_index = INT_MAX;
-    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
-      const float value = isnan(z[e]) ? -INFINITY : z[e];  // a NaN is still chosen (and poisons the weights)
-      if (!taken[e] && precedes(value, e, best_value, best_index)) {
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const float value = isnan(raw[i]) ? -INFINITY : raw[i];  // a NaN is still chosen in its turn (and poisons)
+      if (!((taken >> i) & 1u) && precedes(value, lane + 32 * i, best_value, best_index)) {
         best_value = value;
-        best_index = e;
+        best_raw = raw[i];
+        best_index = lane + 32 * i;
       }
     }
-    const int winner = block_argmax(best_value, best_index);
-    if (threadIdx.x == 0) {
-      chosen[j] = winner;
-      taken[winner] = true;
+    warp_argmax(best_value, best_index);
+    const int owner = best_index & 31;  // its own best is the winner
+    const float winner_raw = __shfl_sync(0xffffffffu, best_raw, owner);
+    if (lane == owner) taken |= 1u << (best_index >> 5);
+    if (lane == j) {
+      chosen_raw = winner_raw;
+      chosen_id = best_index;
     }
-    __syncthreads();
+    // The first is the largest logit: every exp is <= 1 and the first is exactly 1, so the sum is >= 1.
+    if (j == 0) top = winner_raw;
   }
-  if (threadIdx.x != 0) return;
-  // chosen[0] holds the largest logit: every exp is <= 1 and the first is exactly 1, so the sum is >= 1.
-  const float top = z[chosen[0]];
-  float sum = 0.0f;
-  for (int j = 0; j < k; ++j) sum += expf(z[chosen[j]] - top);
-  for (int j = 0; j < k; ++j) {
-    ids[row * k + j] = chosen[j];
-    weights[row * k + j] = expf(z[chosen[j]] - top) / sum;
+  const float e = lane < k ? expf(chosen_raw - top) : 0.0f;
+  const float sum = warp_sum(e);
+  if (lane < k) {
+    ids[static_cast<long>(blockIdx.x) * k + lane] = chosen_id;
+    weights[static_cast<long>(blockIdx.x) * k + lane] = e / sum;
   }
 }
 
@@ -95,7 +84,7 @@ cudaError_t moe_route(const float* logits, std::int32_t* ids, float* weights, in
       k > n_expert) {
     return cudaErrorInvalidValue;
   }
-  route_kernel<<<static_cast<unsigned>(tokens), kRouterThreads, 0, stream>>>(logits, ids, weights, n_expert, k);
+  route_kernel<<<static_cast<unsigned>(tokens), 32, 0, stream>>>(logits, ids, weights, n_expert, k);
   return cudaGetLastError();
 }
 
