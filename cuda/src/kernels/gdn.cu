@@ -1,11 +1,11 @@
 #include "gdn.cuh"
+#include "norm.cuh"
 #include "reduce.cuh"
 
 namespace strata::kernels {
 namespace {
 
 constexpr int kConvThreads = 256;
-constexpr int kHeadThreads = 128;
 constexpr int kMaxConvKernel = 8;
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
@@ -25,17 +25,24 @@ __global__ void gdn_conv_kernel(const float* __restrict__ qkv, const float* __re
   for (int j = 0; j < kernel - 1; ++j) history[static_cast<long>(j) * channels + c] = window[j + 1];
 }
 
-// One block per v-head: normalise its q/k, run the gated delta rule over the head's [dk][dv] state
-// (each thread owns state columns, so reads and writes are coalesced over dv), then the gated RMSNorm.
-__global__ void gdn_head_kernel(GdnShape shape, GdnStepArgs args) {
+// The delta rule acts on each state column j on its own (kv_j, delta_j, the update and out_j only read column
+// j and the head's q, k), so a CTA takes one v-head's tile of 32 columns (a lane each) and its warps split the
+// dk rows: every thread loads its rows of the state once, in one batch, and the warps' partial sums meet in
+// shared memory. The head's gated RMSNorm needs all dv outputs and runs after (rms_norm_gated).
+constexpr int kTileColumns = 32;
+constexpr int kHeadWarps = 8;
+constexpr int kMaxRowsPerWarp = 32;  // dk <= 256
+
+__global__ void __launch_bounds__(kHeadWarps * 32) gdn_head_kernel(GdnShape shape, GdnStepArgs args) {
   extern __shared__ float shared[];
   const int dk = shape.head_k_dim, dv = shape.head_v_dim, hk = shape.n_k_heads;
   const int h = blockIdx.x;
   const int ratio = shape.n_v_heads / hk;
   const int kh = shape.tiled_heads ? h % hk : h / ratio;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float* q = shared;
   float* k = q + dk;
-  float* o = k + dk;
+  float* partial = k + dk;  // [kHeadWarps][kTileColumns]
 
   float q_sq = 0.0f, k_sq = 0.0f;
   for (int i = threadIdx.x; i < dk; i += blockDim.x) {
@@ -46,6 +53,7 @@ __global__ void gdn_head_kernel(GdnShape shape, GdnStepArgs args) {
   }
   const float q_scale = rsqrtf(block_sum(q_sq) + 1e-6f) * rsqrtf(static_cast<float>(dk));
   const float k_scale = rsqrtf(block_sum(k_sq) + 1e-6f);
+  __syncthreads();  // every q, k is loaded before any is rescaled
   for (int i = threadIdx.x; i < dk; i += blockDim.x) {
     q[i] *= q_scale;
     k[i] *= k_scale;
@@ -64,42 +72,62 @@ __global__ void gdn_head_kernel(GdnShape shape, GdnStepArgs args) {
   const float beta = sigmoid(b);
   const float decay = expf(args.ssm_a[h] * softplus(a + args.dt_bias[h]));
 
+  const int j = blockIdx.y * kTileColumns + lane;
+  const bool column = j < dv;
   float* s = args.state + static_cast<long>(h) * dk * dv;
-  const float* v = args.conv_out + 2 * hk * dk + h * dv;
-  float o_sq = 0.0f;
-  for (int j = threadIdx.x; j < dv; j += blockDim.x) {
-    float kv = 0.0f;
-    for (int i = 0; i < dk; ++i) kv += s[i * dv + j] * k[i];
-    const float delta = (v[j] - decay * kv) * beta;
-    float acc = 0.0f;
-    for (int i = 0; i < dk; ++i) {
-      const float updated = decay * s[i * dv + j] + k[i] * delta;
-      s[i * dv + j] = updated;
+  float rows[kMaxRowsPerWarp];
+  float kv = 0.0f;
+#pragma unroll
+  for (int r = 0; r < kMaxRowsPerWarp; ++r) {
+    const int i = warp + r * kHeadWarps;
+    rows[r] = column && i < dk ? s[static_cast<long>(i) * dv + j] : 0.0f;
+  }
+#pragma unroll
+  for (int r = 0; r < kMaxRowsPerWarp; ++r) {
+    const int i = warp + r * kHeadWarps;
+    if (i < dk) kv += rows[r] * k[i];
+  }
+  partial[warp * kTileColumns + lane] = kv;
+  __syncthreads();
+  kv = 0.0f;
+  for (int w = 0; w < kHeadWarps; ++w) kv += partial[w * kTileColumns + lane];
+  const float v = column ? args.conv_out[2 * hk * dk + h * dv + j] : 0.0f;
+  const float delta = (v - decay * kv) * beta;
+  float acc = 0.0f;
+#pragma unroll
+  for (int r = 0; r < kMaxRowsPerWarp; ++r) {
+    const int i = warp + r * kHeadWarps;
+    if (column && i < dk) {
+      const float updated = decay * rows[r] + k[i] * delta;
+      s[static_cast<long>(i) * dv + j] = updated;
       acc += updated * q[i];
     }
-    o[j] = acc;
-    o_sq += acc * acc;
   }
-  const float inv = rsqrtf(block_sum(o_sq) / static_cast<float>(dv) + shape.eps);
-  for (int j = threadIdx.x; j < dv; j += blockDim.x) {
-    const float zj = args.z[h * dv + j];
-    const float gate = shape.sigmoid_gate ? sigmoid(zj) : zj * sigmoid(zj);
-    args.out[h * dv + j] = o[j] * inv * args.norm_weight[j] * gate;
-  }
+  __syncthreads();  // every warp has read its kv partials
+  partial[warp * kTileColumns + lane] = acc;
+  __syncthreads();
+  if (warp != 0 || !column) return;
+  float out = 0.0f;
+  for (int w = 0; w < kHeadWarps; ++w) out += partial[w * kTileColumns + lane];
+  args.out[h * dv + j] = out;
 }
 
 }  // namespace
 
 cudaError_t gdn_step(const GdnShape& shape, const GdnStepArgs& args, cudaStream_t stream) {
   if (shape.n_k_heads <= 0 || shape.n_v_heads <= 0 || shape.n_v_heads % shape.n_k_heads != 0 ||
-      shape.head_k_dim <= 0 || shape.head_v_dim <= 0 || shape.conv_kernel < 2 || shape.conv_kernel > kMaxConvKernel)
+      shape.head_k_dim <= 0 || shape.head_k_dim > kHeadWarps * kMaxRowsPerWarp || shape.head_v_dim <= 0 ||
+      shape.conv_kernel < 2 || shape.conv_kernel > kMaxConvKernel)
     return cudaErrorInvalidValue;
   const int channels = shape.conv_channels();
   gdn_conv_kernel<<<(channels + kConvThreads - 1) / kConvThreads, kConvThreads, 0, stream>>>(
       args.qkv, args.conv_weight, args.conv_state, args.conv_out, channels, shape.conv_kernel);
-  const size_t smem = static_cast<size_t>(2 * shape.head_k_dim + shape.head_v_dim) * sizeof(float);
-  gdn_head_kernel<<<shape.n_v_heads, kHeadThreads, smem, stream>>>(shape, args);
-  return cudaGetLastError();
+  const size_t smem = static_cast<size_t>(2 * shape.head_k_dim + kHeadWarps * kTileColumns) * sizeof(float);
+  const dim3 grid(shape.n_v_heads, (shape.head_v_dim + kTileColumns - 1) / kTileColumns);
+  gdn_head_kernel<<<grid, kHeadWarps * 32, smem, stream>>>(shape, args);
+  if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  return rms_norm_gated(args.out, args.z, args.norm_weight, args.out, shape.n_v_heads, shape.head_v_dim, shape.eps,
+                        shape.sigmoid_gate ? Gate::Sigmoid : Gate::Silu, stream);
 }
 
 }  // namespace strata::kernels

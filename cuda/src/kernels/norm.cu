@@ -5,6 +5,8 @@ namespace strata::kernels {
 namespace {
 
 constexpr int kNormThreads = 256;   // rows of a few thousand floats
+constexpr int kWideThreads = 1024;  // a slice of 2048+ floats (a 2560 row, a hyper-connection stream): one
+                                    // CTA per slice, so the whole device waits on few CTAs' serial loads
 constexpr int kHeadThreads = 128;   // one head (head_dim 128) per CTA
 
 enum class Kind { Rms, GatedSigmoid, GatedSilu, L2 };
@@ -14,8 +16,8 @@ __device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + __expf
 // One CTA per normalised slice of `cols` floats (a row, a stream, a head). w advances with the slice index
 // modulo `w_slices` (1: one shared gamma; groups: one gamma slice per stream); L2 has no weight.
 template <Kind K>
-__global__ void norm_kernel(const float* __restrict__ x, const float* __restrict__ z, const float* __restrict__ w,
-                            float* __restrict__ y, int cols, int w_slices, float eps) {
+__global__ void norm_kernel(const float* x, const float* __restrict__ z, const float* __restrict__ w, float* y,
+                            int cols, int w_slices, float eps) {  // y may alias x: no __restrict__ on them
   const long slice = blockIdx.x;
   const float* xs = x + slice * cols;
   float* ys = y + slice * cols;
@@ -41,6 +43,7 @@ template <Kind K>
 cudaError_t launch(const float* x, const float* z, const float* w, float* y, long slices, int cols, int w_slices,
                    float eps, int threads, cudaStream_t stream) {
   if (slices <= 0 || cols <= 0 || w_slices <= 0) return cudaErrorInvalidValue;
+  if (cols >= 2048) threads = kWideThreads;
   norm_kernel<K><<<static_cast<unsigned>(slices), threads, 0, stream>>>(x, z, w, y, cols, w_slices, eps);
   return cudaGetLastError();
 }

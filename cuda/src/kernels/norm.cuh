@@ -1,5 +1,5 @@
-// RMSNorm family and L2 norm. Launchers never allocate, synchronise or throw: they are capturable into
-// CUDA graphs.
+// RMSNorm family and L2 norm; y may alias x (each element is read before it is written). Launchers never
+// allocate, synchronise or throw: they are capturable into CUDA graphs.
 #pragma once
 
 #include <cuda_runtime.h>
