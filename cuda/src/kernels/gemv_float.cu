@@ -4,12 +4,12 @@
 #include <cstdint>
 
 #include "gemv.cuh"
+#include "gemv_rows.cuh"
 #include "reduce.cuh"
 
 namespace strata::kernels {
 namespace {
 
-constexpr int kRowsPerCta = 4;  // one warp per row
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
@@ -43,39 +43,45 @@ __device__ __forceinline__ float chunk_dot(const Chunk<T, Vec>& c, const float* 
 
 template <class T, int Vec>
 __global__ void __launch_bounds__(kRowsPerCta * 32)
-gemv_float_kernel(const T* __restrict__ w, int rows, int cols, const float* __restrict__ x, float* __restrict__ y) {
-  const int row = blockIdx.x * kRowsPerCta + (threadIdx.x >> 5);
-  if (row >= rows) return;
-  const int lane = threadIdx.x & 31;
-  const T* wr = w + static_cast<long>(row) * cols;
+gemv_float_kernel(const T* __restrict__ w, int rows, int cols, const float* __restrict__ x, float* __restrict__ y,
+                  int split) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row = blockIdx.x * (kRowsPerCta / split) + warp / split;
+  const int part = warp % split;
   constexpr int kStride = 32 * Vec;
   float acc = 0.0f;
-  for (int base = lane * Vec; base < cols; base += kStride * kUnroll) {
-    Chunk<T, Vec> c[kUnroll];
+  if (row < rows) {
+    const T* wr = w + static_cast<long>(row) * cols;
+    const int stride = kStride * split;
+    for (int base = part * kStride + lane * Vec; base < cols; base += stride * kUnroll) {
+      Chunk<T, Vec> c[kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = base + u * kStride;
-      if (i < cols) c[u] = *reinterpret_cast<const Chunk<T, Vec>*>(wr + i);
-    }
+      for (int u = 0; u < kUnroll; ++u) {
+        const int i = base + u * stride;
+        if (i < cols) c[u] = *reinterpret_cast<const Chunk<T, Vec>*>(wr + i);
+      }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = base + u * kStride;
-      if (i < cols) acc = chunk_dot<T, Vec>(c[u], x + i, acc);
+      for (int u = 0; u < kUnroll; ++u) {
+        const int i = base + u * stride;
+        if (i < cols) acc = chunk_dot<T, Vec>(c[u], x + i, acc);
+      }
     }
   }
   acc = warp_sum(acc);
-  if (lane == 0) y[row] = acc;
+  store_row(acc, row, rows, warp, lane, split, y);
 }
 
 template <class T>
 cudaError_t launch(const void* w, int rows, int cols, const float* x, float* y, cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
-  const unsigned grid = static_cast<unsigned>((rows + kRowsPerCta - 1) / kRowsPerCta);
+  const int split = row_split(rows);
+  const int rows_per_cta = kRowsPerCta / split;
+  const unsigned grid = static_cast<unsigned>((rows + rows_per_cta - 1) / rows_per_cta);
   const T* wt = static_cast<const T*>(w);
   if (cols % kVec == 0 && reinterpret_cast<std::uintptr_t>(w) % 16 == 0 && reinterpret_cast<std::uintptr_t>(x) % 16 == 0) {
-    gemv_float_kernel<T, kVec><<<grid, kRowsPerCta * 32, 0, stream>>>(wt, rows, cols, x, y);
+    gemv_float_kernel<T, kVec><<<grid, kRowsPerCta * 32, 0, stream>>>(wt, rows, cols, x, y, split);
   } else {
-    gemv_float_kernel<T, 1><<<grid, kRowsPerCta * 32, 0, stream>>>(wt, rows, cols, x, y);
+    gemv_float_kernel<T, 1><<<grid, kRowsPerCta * 32, 0, stream>>>(wt, rows, cols, x, y, split);
   }
   return cudaGetLastError();
 }

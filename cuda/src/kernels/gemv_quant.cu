@@ -1,13 +1,13 @@
 #include <cuda_fp16.h>
 
 #include "gemv.cuh"
+#include "gemv_rows.cuh"
 #include "int8_dot.cuh"
 #include "reduce.cuh"
 
 namespace strata::kernels {
 namespace {
 
-constexpr int kRowsPerCta = 4;  // one warp per row
 constexpr int kBlock = 32;      // elements per code block and per q8_32 activation block
 
 // The compile-time shape of a form; code_bias stays a runtime value (it only scales the group's Σ xq).
@@ -75,16 +75,19 @@ __device__ __forceinline__ void block_dots(const unsigned (&c)[S::kCodeWords], c
 template <class S>
 __global__ void __launch_bounds__(kRowsPerCta * 32)
 gemv_quant_kernel(QuantPlanes p, int rows, int cols, int code_bias, const std::int8_t* __restrict__ xq,
-                  const float* __restrict__ dx, const std::int32_t* __restrict__ xsums, float* __restrict__ y) {
-  const int row = blockIdx.x * kRowsPerCta + (threadIdx.x >> 5);
-  if (row >= rows) return;
-  const int lane = threadIdx.x & 31;
+                  const float* __restrict__ dx, const std::int32_t* __restrict__ xsums, float* __restrict__ y,
+                  int split) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row_in_range = blockIdx.x * (kRowsPerCta / split) + warp / split;
+  const int part = warp % split;
+  const bool live = row_in_range < rows;
+  const int row = live ? row_in_range : rows - 1;  // a spare warp walks no blocks but joins the CTA's reduction
   const int n_blocks = cols / kBlock, n_super = cols / S::kSuper, n_group = cols / S::kGroup;
   const std::uint8_t* codes = p.codes + static_cast<long>(row) * n_blocks * S::kCodeWords * 4;
   // Σ v xq = Σ operand xq + bias_shift Σ xq: the 8-bit operand is code - 128, the others code (or table).
   const int bias_shift = S::kBook != Codebook::None ? 0 : (S::kBits == 8 ? 128 : 0) - code_bias;
   float acc = 0.0f;
-  for (int b = lane; b < n_blocks; b += 32) {
+  for (int b = live ? part * 32 + lane : n_blocks; b < n_blocks; b += 32 * split) {
     unsigned c[S::kCodeWords];
     load_codes<S>(codes + static_cast<long>(b) * S::kCodeWords * 4, c);
     int x[8];
@@ -120,7 +123,7 @@ gemv_quant_kernel(QuantPlanes p, int rows, int cols, int code_bias, const std::i
     acc += __ldg(dx + b) * block_term;
   }
   acc = warp_sum(acc);
-  if (lane == 0) y[row] = acc;
+  store_row(acc, row_in_range, rows, warp, lane, split, y);
 }
 
 template <class S>
@@ -137,10 +140,12 @@ struct ShapeList {
   // Launches the kernel of the shape `form` matches; false if it matches none.
   static bool launch(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, const std::int8_t* xq,
                      const float* dx, const std::int32_t* xsums, float* y, cudaStream_t stream) {
-    const unsigned grid = static_cast<unsigned>((rows + kRowsPerCta - 1) / kRowsPerCta);
+    const int split = row_split(rows);
+    const int rows_per_cta = kRowsPerCta / split;
+    const unsigned grid = static_cast<unsigned>((rows + rows_per_cta - 1) / rows_per_cta);
     return ((matches<Shapes>(form) &&
              (gemv_quant_kernel<Shapes><<<grid, kRowsPerCta * 32, 0, stream>>>(planes, rows, cols, form.code_bias,
-                                                                                xq, dx, xsums, y),
+                                                                                xq, dx, xsums, y, split),
               true)) ||
             ...);
   }
