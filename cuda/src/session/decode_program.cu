@@ -220,7 +220,7 @@ void DecodeProgram::hc_read(const HcTensors& t, float* x, float* inj, cudaStream
   const float inv_hc = 1.0f / static_cast<float>(hc);
   STRATA_CUDA_TRY(kernels::rms_norm_grouped(streams_, t.norm, normed_, 1, hc, n, g_.rms_eps, s));
   if (inj) {
-    project(normed_, {{t.down, down_}, {t.inject, inject_}}, q8_, s);
+    project(normed_, {{t.down, down_}, {t.inject, inject_}}, q8_, s, &branches_);
   } else {
     project(normed_, {{t.down, down_}}, q8_, s);
   }
@@ -232,7 +232,7 @@ void DecodeProgram::hc_read(const HcTensors& t, float* x, float* inj, cudaStream
 
 void DecodeProgram::ple(int layer, cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
-  project(ple_rows_, {{t.ple_key, ple_key_}, {t.ple_value, ple_value_}}, q8_, s);
+  project(ple_rows_, {{t.ple_key, ple_key_}, {t.ple_value, ple_value_}}, q8_, s, &branches_);
   const kernels::PleShape shape{g_.hc_count, g_.n_embd, g_.ple_ngram, g_.ple_conv_kernel, g_.rms_eps};
   kernels::PleStepArgs args;
   args.streams = streams_;
@@ -255,12 +255,12 @@ void DecodeProgram::mixer_gdn(int layer, cudaStream_t s) const {
   float* z = qkvz_ + conv;
   const bool next = g_.arch == Arch::Qwen3Next;
   if (t.ssm_in) {
-    if (next) project(x_, {{t.ssm_in, qkvz_}, {t.ba, beta_}}, q8_, s);
-    else project(x_, {{t.ssm_in, qkvz_}, {t.beta, beta_}, {t.alpha, alpha_}}, q8_, s);
+    if (next) project(x_, {{t.ssm_in, qkvz_}, {t.ba, beta_}}, q8_, s, &branches_);
+    else project(x_, {{t.ssm_in, qkvz_}, {t.beta, beta_}, {t.alpha, alpha_}}, q8_, s, &branches_);
   } else if (next) {
-    project(x_, {{t.qkv, qkvz_}, {t.gate, z}, {t.ba, beta_}}, q8_, s);
+    project(x_, {{t.qkv, qkvz_}, {t.gate, z}, {t.ba, beta_}}, q8_, s, &branches_);
   } else {
-    project(x_, {{t.qkv, qkvz_}, {t.gate, z}, {t.beta, beta_}, {t.alpha, alpha_}}, q8_, s);
+    project(x_, {{t.qkv, qkvz_}, {t.gate, z}, {t.beta, beta_}, {t.alpha, alpha_}}, q8_, s, &branches_);
   }
   kernels::GdnShape shape;
   shape.n_k_heads = g_.ssm_k_heads;
@@ -293,9 +293,9 @@ void DecodeProgram::mixer_attention(int layer, cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
   const int* position = &stage_->position;
   if (t.index_q) {
-    project(x_, {{t.q, qg_}, {t.k, k_}, {t.v, v_}, {t.index_q, iq_}, {t.index_k, ik_}}, q8_, s);
+    project(x_, {{t.q, qg_}, {t.k, k_}, {t.v, v_}, {t.index_q, iq_}, {t.index_k, ik_}}, q8_, s, &branches_);
   } else {
-    project(x_, {{t.q, qg_}, {t.k, k_}, {t.v, v_}}, q8_, s);
+    project(x_, {{t.q, qg_}, {t.k, k_}, {t.v, v_}}, q8_, s, &branches_);
   }
   kernels::AttentionPrepArgs prep;
   prep.q_gate = qg_;
@@ -351,9 +351,10 @@ void DecodeProgram::pre(int layer, cudaStream_t s) const {
     STRATA_CUDA_TRY(kernels::rms_norm(streams_, t.post_attention_norm, x_, 1, n, g_.rms_eps, s));
   }
   // Router, then the ring: the host starts on the routed experts while the shared expert runs here.
-  project(x_, {{t.router, router_logits_}, {t.shared_gate, sh_g_}, {t.shared_up, sh_u_}}, q8_, s);
+  project(x_, {{t.router, router_logits_}}, q8_, s);
   STRATA_CUDA_TRY(kernels::moe_route(router_logits_, route_ids_, route_weights_, 1, g_.n_expert, g_.n_expert_used, s));
   STRATA_CUDA_TRY(kernels::doorbell_publish(io_.bell, x_, route_ids_, route_weights_, io_.ring_base, layer + 1, s));
+  project(x_, {{t.shared_gate, sh_g_}, {t.shared_up, sh_u_}}, q8_, s, &branches_);
   STRATA_CUDA_TRY(kernels::swiglu(sh_g_, sh_u_, sh_h_, g_.shared_ff, s));
   project(sh_h_, {{t.shared_down, shared_}}, q8_, s);
   STRATA_CUDA_TRY(kernels::shared_expert_gate(t.shared_gate_inp, x_, shared_gate_, n, s));

@@ -76,6 +76,7 @@ class DecodeProgram {
   float* streams_ = nullptr;                          // the arena's residual streams [hc][n]
 
   DeviceBuffer scratch_;
+  Branches branches_;
   Q8Scratch q8_;
   TokenStage* stage_ = nullptr;  // device copy
   float* ple_rows_ = nullptr;

@@ -1,29 +1,62 @@
 #include "projection.hpp"
 
+#include <algorithm>
+
 #include "../kernels/gemv.cuh"
 #include "../kernels/quantize.cuh"
 #include "strata/error.hpp"
 
 namespace strata {
 
-void project(const float* x, std::initializer_list<Product> products, const Q8Scratch& q8, cudaStream_t stream) {
-  bool quantized = false;
-  for (const Product& p : products) {
-    if (!p.w->is_float) {
-      if (!quantized) STRATA_CUDA_TRY(kernels::quantize_q8_32(x, q8.xq, q8.dx, q8.sums, p.w->cols, stream));
-      quantized = true;
+Branches::Branches() {
+  try {
+    STRATA_CUDA_TRY(cudaEventCreateWithFlags(&fork_, cudaEventDisableTiming));
+    for (int i = 0; i < kMax; ++i) {
+      STRATA_CUDA_TRY(cudaStreamCreateWithFlags(&side_[i], cudaStreamNonBlocking));
+      STRATA_CUDA_TRY(cudaEventCreateWithFlags(&join_[i], cudaEventDisableTiming));
     }
+  } catch (...) {
+    this->~Branches();
+    throw;
   }
-  for (const Product& p : products) {
-    const DeviceTensor& w = *p.w;
-    if (w.is_float) {
-      STRATA_CUDA_TRY(kernels::gemv_float(w.float_kind, w.data, static_cast<int>(w.rows), static_cast<int>(w.cols),
-                                          x, p.y, stream));
-    } else {
-      STRATA_CUDA_TRY(kernels::gemv_quant(w.form, w.planes, static_cast<int>(w.rows), static_cast<int>(w.cols),
-                                          q8.xq, q8.dx, q8.sums, p.y, stream));
-    }
+}
+
+Branches::~Branches() {
+  for (int i = 0; i < kMax; ++i) {
+    if (side_[i]) (void)cudaStreamDestroy(side_[i]);
+    if (join_[i]) (void)cudaEventDestroy(join_[i]);
   }
+  if (fork_) (void)cudaEventDestroy(fork_);
+}
+
+namespace {
+
+void gemv(const Product& p, const Q8Scratch& q8, const float* x, cudaStream_t stream) {
+  const DeviceTensor& w = *p.w;
+  if (w.is_float) {
+    STRATA_CUDA_TRY(kernels::gemv_float(w.float_kind, w.data, static_cast<int>(w.rows), static_cast<int>(w.cols), x,
+                                        p.y, stream));
+  } else {
+    STRATA_CUDA_TRY(kernels::gemv_quant(w.form, w.planes, static_cast<int>(w.rows), static_cast<int>(w.cols), q8.xq,
+                                        q8.dx, q8.sums, p.y, stream));
+  }
+}
+
+}  // namespace
+
+void project(const float* x, std::initializer_list<Product> products, const Q8Scratch& q8, cudaStream_t stream,
+             const Branches* branches) {
+  const auto quantized = std::find_if(products.begin(), products.end(), [](const Product& p) { return !p.w->is_float; });
+  if (quantized != products.end()) {
+    STRATA_CUDA_TRY(kernels::quantize_q8_32(x, q8.xq, q8.dx, q8.sums, quantized->w->cols, stream));
+  }
+  const Product* list = products.begin();
+  if (branches && products.size() > 1) {
+    branches->run(static_cast<int>(products.size()), stream,
+                  [&](int i, cudaStream_t s) { gemv(list[i], q8, x, s); });
+    return;
+  }
+  for (const Product& p : products) gemv(p, q8, x, stream);
 }
 
 }  // namespace strata

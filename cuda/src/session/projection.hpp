@@ -1,5 +1,7 @@
 // y = W x for the decode program: one q8_32 quantization of x shared by every quantized weight that reads
-// it, then the GEMV for each weight's form. Enqueues only (no allocation, no synchronisation).
+// it, then the GEMV for each weight's form, the products as parallel branches where side streams are given
+// (in a captured graph they become parallel nodes: small projections hide behind the large one).
+// project() enqueues only (no allocation, no synchronisation).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,6 +10,7 @@
 #include <initializer_list>
 
 #include "strata/device_weights.hpp"
+#include "strata/error.hpp"
 
 namespace strata {
 
@@ -24,7 +27,41 @@ struct Q8Scratch {
   std::int32_t* sums = nullptr;
 };
 
+// Side streams and the events that fork them from, and join them back into, the calling stream.
+class Branches {
+ public:
+  static constexpr int kMax = 4;  // side streams: up to 5 products of one input run side by side
+  Branches();
+  ~Branches();
+  Branches(const Branches&) = delete;
+  Branches& operator=(const Branches&) = delete;
+
+  // Enqueues `launch(i, stream_i)` for i < n: i = 0 on `stream`, the others on side streams that start after
+  // everything enqueued on `stream` so far; `stream` continues once all have finished.
+  template <class Launch>
+  void run(int n, cudaStream_t stream, Launch&& launch) const;
+
+ private:
+  cudaStream_t side_[kMax] = {};
+  cudaEvent_t fork_ = nullptr;
+  cudaEvent_t join_[kMax] = {};
+};
+
+template <class Launch>
+void Branches::run(int n, cudaStream_t stream, Launch&& launch) const {
+  STRATA_EXPECTS(n <= kMax + 1, InvalidArgument, "more parallel branches than side streams");
+  if (n > 1) STRATA_CUDA_TRY(cudaEventRecord(fork_, stream));
+  for (int i = 1; i < n; ++i) {
+    STRATA_CUDA_TRY(cudaStreamWaitEvent(side_[i - 1], fork_, 0));
+    launch(i, side_[i - 1]);
+    STRATA_CUDA_TRY(cudaEventRecord(join_[i - 1], side_[i - 1]));
+  }
+  launch(0, stream);
+  for (int i = 1; i < n; ++i) STRATA_CUDA_TRY(cudaStreamWaitEvent(stream, join_[i - 1], 0));
+}
+
 // Enqueues y = W x for every product; x has the weights' column count. Throws CudaError on a launch error.
-void project(const float* x, std::initializer_list<Product> products, const Q8Scratch& q8, cudaStream_t stream);
+void project(const float* x, std::initializer_list<Product> products, const Q8Scratch& q8, cudaStream_t stream,
+             const Branches* branches = nullptr);
 
 }  // namespace strata
