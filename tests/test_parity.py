@@ -17,68 +17,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from strata.convert import convert  # noqa: E402
+from hf_models import ARCHS, CONFIGS, EOS, VOCAB, random_model, save_and_convert  # noqa: E402
 from strata.format import inspect  # noqa: E402
 from strata.reference import Reference  # noqa: E402
 
-LIN, ATT = "linear_attention", "full_attention"
-# (hidden size, layer types); the PLE layer (qwen4exp) is index 1, which every layout keeps recurrent.
-CONFIGS = [(64, [LIN, LIN, ATT, LIN, ATT]), (96, [LIN, LIN, ATT, ATT]), (128, [LIN, LIN, LIN, ATT, LIN, ATT])]
-VOCAB, EOS, SEQ, SPLIT = 512, 7, 56, 37
-BUDGET, RATIO = 16, 4          # 4 blocks: QSA drops blocks from 20 visible tokens on
+SEQ, SPLIT = 56, 37
 TOLERANCE = 1e-4
-
-
-def _common(hidden: int, layer_types: list[str]) -> dict:
-    return dict(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=len(layer_types), num_attention_heads=4,
-                num_key_value_heads=2, head_dim=32, max_position_embeddings=4096, linear_conv_kernel_dim=4,
-                linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
-                moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts_per_tok=2, num_experts=8,
-                layer_types=layer_types, eos_token_id=EOS, bos_token_id=EOS)
-
-
-def _rope(sections: bool) -> dict:
-    rope = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}
-    return {**rope, "mrope_section": [2, 1, 1], "mrope_interleaved": True} if sections else rope
-
-
-def _hf_model(arch: str, hidden: int, layer_types: list[str]):
-    if arch == "qwen4exp":
-        from transformers.models.qwen4_exp import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
-        # 8 indexer heads: relu(q.k) summed over 2 heads is exactly 0 for a quarter of the blocks, and exact
-        # ties at the top-k cut are broken differently by torch.topk and by the reference (lower index).
-        cfg = Qwen4ExpTextConfig(**_common(hidden, layer_types), rope_parameters=_rope(True),
-                                 linear_num_value_heads=6, hc_count=4, hc_lowrank=16, ple_layer_ids=[2],
-                                 ple_embed_dim=hidden, ngram_vocab_size_base=1000, split_ngram_parts=2,
-                                 indexer_n_heads=8, indexer_kv_heads=1, indexer_head_dim=16,
-                                 indexer_budget=BUDGET, indexer_compress_ratio=RATIO, output_gate_type="sigmoid")
-        return Qwen4ExpForCausalLM(cfg)
-    if arch == "qwen3next":
-        from transformers.models.qwen3_next import Qwen3NextConfig, Qwen3NextForCausalLM
-        cfg = Qwen3NextConfig(**_common(hidden, layer_types), rope_parameters=_rope(False),
-                              linear_num_value_heads=4, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
-        return Qwen3NextForCausalLM(cfg)
-    from transformers.models.qwen3_5_moe import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
-    cfg = Qwen3_5MoeTextConfig(**_common(hidden, layer_types), rope_parameters=_rope(True), linear_num_value_heads=4)
-    return Qwen3_5MoeForCausalLM(cfg)
-
-
-def _randomize(model) -> None:
-    """Every parameter random and O(1) in effect (HF initialises norms and the PLE conv to zero)."""
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "A_log" in name:
-                # Moderate decay: transformers' chunked prefill multiplies by exp(cumulative decay), which
-                # underflows float32 past about -87 and would make the oracle itself inexact.
-                p.copy_(torch.empty_like(p).uniform_(0.02, 0.3).log())
-            elif "linear_attn.norm" in name:   # a plain gamma (no 1 + w)
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            elif p.ndim == 1:
-                p.copy_(0.2 * torch.randn_like(p))
-            elif "embed" in name:
-                p.copy_(torch.randn_like(p))
-            else:
-                p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
 
 
 def _check_qsa_dumps(dumps: list[dict], seed: int) -> None:
@@ -94,16 +38,12 @@ def _check_qsa_dumps(dumps: list[dict], seed: int) -> None:
     assert dropped or not any("qsa_blocks" in d for d in dumps), f"no QSA row dropped a block (seed={seed})"
 
 
-@pytest.mark.parametrize("arch", ["qwen4exp", "qwen3next", "qwen35moe"])
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("config", range(len(CONFIGS)))
 def test_reference_matches_transformers(arch: str, config: int, rng: np.random.Generator, tmp_path: Path) -> None:
     seed = int(rng.integers(2**31))
-    torch.manual_seed(seed)
-    hidden, layer_types = CONFIGS[config]
-    model = _hf_model(arch, hidden, layer_types).eval()
-    _randomize(model)
-    model.save_pretrained(tmp_path / "hf")
-    convert(tmp_path / "hf", tmp_path / "model.gguf", outtype="f32")
+    model = random_model(arch, config, seed)
+    path = save_and_convert(model, tmp_path, "f32")
 
     ids = rng.integers(0, VOCAB, SEQ)
     ids[rng.choice(SEQ, 4, replace=False)] = EOS     # PLE n-gram resets (qwen4exp), plain tokens elsewhere
@@ -111,7 +51,7 @@ def test_reference_matches_transformers(arch: str, config: int, rng: np.random.G
     with torch.no_grad():
         expected = model(torch.tensor(ids)[None]).logits[0].numpy()
 
-    with inspect(tmp_path / "model.gguf") as model_file:
+    with inspect(path) as model_file:
         ref = Reference(model_file)
         prompt, dumps = ref.forward(ids[:SPLIT], dump=True)
         steps = [ref.forward(ids[i:i + 1]) for i in range(SPLIT, SEQ)]   # the stateful decode path
