@@ -112,3 +112,18 @@ def test_strata_bench_writes_json(tiny_model, tmp_path, capsys):
     for mode, m in result["modes"].items():
         assert math.isfinite(m["tokens_per_second"]) and m["tokens_per_second"] > 0, (mode, m)
     assert result["limit"]["seconds"] > 0
+
+
+def test_a_converted_checkpoint_runs_from_the_cli(tmp_path, capsys):
+    """The README's path: a transformers checkpoint -> strata convert -> strata run on the GPU."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from hf_models import random_model
+
+    random_model("qwen4exp", 0, seed=3).save_pretrained(tmp_path / "hf")
+    out = tmp_path / "model.gguf"
+    # q8_0: the CPU pool computes quantized experts only
+    assert cli.main(["convert", str(tmp_path / "hf"), str(out), "--outtype", "q8_0"]) == 0
+    assert cli.main(["run", str(out), "-p", PROMPT, "-n", "12"]) == 0
+    err = capsys.readouterr().err
+    assert "tok/s decode" in err and "engine: gpu" in err, err
