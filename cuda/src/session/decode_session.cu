@@ -16,6 +16,7 @@
 #include "doorbell_host.hpp"
 #include "graph.hpp"
 #include "ring_answerer.hpp"
+#include "strata/cpu_topology.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"
 #include "strata/expert_pool.hpp"
@@ -71,6 +72,28 @@ SessionShape session_shape(const DecodeGeometry& g) {
   s.hc_count = g.hc_count;
   return s;
 }
+
+// The host loop's core: the first physical core, which the pool leaves free of workers (expert_pool.hpp).
+// Empty on a one-core machine, where the loop shares the only core.
+std::vector<int> host_loop_cpus() {
+  const std::vector<cpu::PhysicalCore> cores = cpu::physical_cores();
+  return cores.size() >= 2 ? cores.front().cpus : std::vector<int>{};
+}
+
+// Pins the calling thread to the host loop's core for one step (its ring spins must not share a core with
+// a pool worker) and puts its affinity back afterwards, so the caller's thread is only borrowed.
+class HostLoopPin {
+ public:
+  explicit HostLoopPin(const std::vector<int>& cpus) {
+    if (!cpus.empty()) cpu::pin_current_thread(cpus);
+  }
+  HostLoopPin(const HostLoopPin&) = delete;
+  HostLoopPin& operator=(const HostLoopPin&) = delete;
+  ~HostLoopPin() { saved_.restore(); }
+
+ private:
+  cpu::SavedAffinity saved_;  // constructed before the pin: the caller's own affinity
+};
 
 // CUDA events around the stages of an uncaptured token, summed into the stats after it finished.
 class StageTimer {
@@ -219,6 +242,7 @@ struct DecodeSession::Impl {
                                     : "this model has no PLE layer, yet PLE rows were given");
     STRATA_EXPECTS(u >= 0.0 && u < 1.0, InvalidArgument, "the draw u must lie in [0, 1), got " + std::to_string(u));
     const auto start = std::chrono::steady_clock::now();
+    const HostLoopPin pin(host_cpus);
     auto* st = stage.host<TokenStage>();
     st->sampling = {sampling.temperature, sampling.top_p, sampling.min_p, u, sampling.repeat_penalty,
                     sampling.top_k, position + 1};
@@ -261,6 +285,7 @@ struct DecodeSession::Impl {
 
   DecodeGeometry g;
   DecodeOptions options;
+  std::vector<int> host_cpus = host_loop_cpus();
   DeviceScope scope;
   SessionArena arena;
   DoorbellHost bell;
