@@ -46,8 +46,11 @@ class FakeDecodeSession:
         self.position = 0
         self.resets += 1
 
+    captured = False
+
     def stats(self):
-        return {"tokens": self.position, "seconds": 0.5}
+        return {"tokens": self.position, "seconds": 0.5, "ring_wait_seconds": 0.1, "pool_seconds": 0.2, "rings": 0,
+                "gpu_pre_seconds": 0.0, "gpu_post_seconds": 0.0}
 
     def close(self):
         self.closes += 1
@@ -162,7 +165,7 @@ def test_engine_without_ple_passes_none_and_reset_restarts_the_ngram_history(tin
     assert native.resets == 1 and engine.position == 0
     engine.feed([6], SamplingParams(), 0.0, [6])
     assert np.array_equal(native.steps[-1][1], PleRows(tiny_qwen4exp, g).rows(6))
-    assert engine.stats() == {"tokens": 1, "seconds": 0.5} and engine.context == 64
+    assert engine.stats()["tokens"] == 1 and engine.context == 64
 
 
 def test_generation_session_streams_over_the_gpu_engine(tiny_qwen4exp):
@@ -173,6 +176,35 @@ def test_generation_session_streams_over_the_gpu_engine(tiny_qwen4exp):
     assert session.stats.finish_reason == "length"
     list(session.generate([4], max_tokens=1))  # the pending last token is fed first, history stays in step
     assert [s[0] for s in native.steps] == [1, 2, 3, 21, 28, 35, 4]
+
+
+def test_session_graphs_report_the_mode_capture_and_stage_timing(tiny_qwen4exp):
+    native = FakeDecodeSession(context=32, mode="layer_graphs")
+    native.captured = True
+    with Session(GpuEngine(native), tiny_qwen4exp.tokenizer()) as session:
+        list(session.generate([1, 2], max_tokens=2))
+        graphs = session.graphs
+        assert (graphs.mode, graphs.captured, graphs.tokens) == ("layer_graphs", True, 3)
+        # per token: the sums the native session keeps, divided by its tokens; host is the rest of the step
+        assert graphs.timing["ring_wait"] == pytest.approx(0.1 / 3) and graphs.timing["pool"] == pytest.approx(0.2 / 3)
+        assert graphs.timing["host"] == pytest.approx((0.5 - 0.3) / 3)
+        assert graphs.timing["gpu_pre"] == graphs.timing["gpu_post"] == 0.0
+    assert native.closes == 1  # leaving the with block closed the engine
+
+
+def test_a_session_without_graphs_says_none():
+    class Plain:
+        context, position = 8, 0
+
+        def feed(self, ids, params, u, seen):
+            return 0
+
+        def reset(self):
+            pass
+
+    session = Session(Plain(), SimpleNamespace(encode=list, decode=str, eos_ids=[]))
+    assert session.graphs is None
+    session.close()  # an engine without close() is fine
 
 
 def _model(file) -> Model:
@@ -201,6 +233,13 @@ def test_model_session_builds_a_native_session_with_the_geometry(tiny_qwen4exp, 
     session = model.session(context=100, kv="bf16", mode="uncaptured", timeout=1.5)
     assert (session.engine.native.args["context"], session.engine.native.args["kv"]) == (100, "bf16")
     assert session.engine.native.args["timeout"] == 1.5
+
+
+def test_model_session_runs_on_the_models_device(tiny_qwen4exp, fake_gpu):
+    model = _model(tiny_qwen4exp)
+    model.device = 1  # the fake machine has only GPU 0: the refusal shows which device the session chose
+    with pytest.raises(InvalidArgument, match="device index 1 out of range"):
+        model.session()
 
 
 @pytest.mark.parametrize(("kwargs", "fragment"), [

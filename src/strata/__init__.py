@@ -8,7 +8,8 @@ from strata.kv import KV
 
 # load / Model pull in the file, quant and loader modules: imported on first use, so `import strata`
 # stays light (doctor, errors, devices).
-_LAZY = {"load": "strata.model", "Model": "strata.model", "ModelInfo": "strata.model"}
+_LAZY = {"load": "strata.model", "Model": "strata.model", "ModelInfo": "strata.model",
+         "Session": "strata.generation", "Graphs": "strata.engine"}
 
 
 def __getattr__(name: str) -> Any:
@@ -24,10 +25,12 @@ __all__ = [
     "CudaError",
     "Device",
     "FormatError",
+    "Graphs",
     "InvalidArgument",
     "Model",
     "ModelInfo",
     "OutOfMemory",
+    "Session",
     "StrataError",
     "device_count",
     "devices",

@@ -8,6 +8,7 @@ side only checks that the caller's history agrees, and hands the PLE layer each 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from strata.errors import InvalidArgument, StrataError
@@ -24,6 +25,19 @@ if TYPE_CHECKING:
 
 MODES = ("uncaptured", "layer_graphs", "token_graph")
 DEFAULT_CONTEXT = 4096
+
+
+@dataclass(frozen=True)
+class Graphs:
+    """How a GPU session runs its tokens: `mode`, whether its CUDA graphs are `captured` (on the first step),
+    and `timing`: seconds per token of each stage, averaged since the session started or was reset (ring
+    wait = the GPU's work before each router; gpu_pre / gpu_post only in mode "uncaptured", from CUDA
+    events; host = the rest of the step)."""
+
+    mode: str
+    captured: bool
+    tokens: int
+    timing: dict[str, float]
 
 
 class GpuEngine:
@@ -67,6 +81,15 @@ class GpuEngine:
         self.native.reset()
         if self.ple is not None:
             self.ple.reset()
+
+    @property
+    def graphs(self) -> Graphs:
+        st = self.native.stats()
+        n = max(st["tokens"], 1)
+        stages = ("ring_wait_seconds", "pool_seconds", "gpu_pre_seconds", "gpu_post_seconds")
+        timing = {key.removesuffix("_seconds"): st[key] / n for key in stages}
+        timing["host"] = max(st["seconds"] / n - timing["ring_wait"] - timing["pool"], 0.0)
+        return Graphs(self.native.mode, self.native.captured, st["tokens"], timing)
 
     def stats(self) -> dict[str, float]:
         """The native session's sums since construction or reset (tokens, seconds, ring wait, pool, gpu)."""

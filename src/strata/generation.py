@@ -116,6 +116,25 @@ class Session:
         finally:
             self._busy.release()
 
+    @property
+    def graphs(self) -> Any:
+        """The engine's Graphs (mode, captured, per-stage timing; strata.engine.Graphs), or None for an
+        engine without CUDA graphs (the reference)."""
+        return getattr(self.engine, "graphs", None)
+
+    def close(self) -> None:
+        """Free the engine's resources (a GPU session's VRAM); the session cannot generate afterwards."""
+        with self._exclusive():
+            close = getattr(self.engine, "close", None)
+            if close is not None:
+                close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def reset(self) -> None:
         """Forget the sequence: the next generate starts from an empty context."""
         with self._exclusive():

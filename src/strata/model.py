@@ -57,8 +57,8 @@ def split_gate_up(merged: QuantTensor, n_expert: int) -> tuple[QuantTensor, Quan
 class Model:
     """A loaded model: `info`, the dense weights in VRAM, the routed experts in the CPU pool."""
 
-    def __init__(self, file: ModelFile, info: ModelInfo, weights, pool: ExpertPool):
-        self.file, self.info, self.weights, self.pool = file, info, weights, pool
+    def __init__(self, file: ModelFile, info: ModelInfo, weights, pool: ExpertPool, device: int = 0):
+        self.file, self.info, self.weights, self.pool, self.device = file, info, weights, pool, device
 
     def session(self, context: int | None = None, kv: KV | str = KV.INT8, mode: str = "token_graph",
                 timeout: float = 5.0) -> Session:
@@ -67,7 +67,7 @@ class Model:
         `timeout` bounds every wait on the CPU pool. The native session is `session.engine.native`."""
         from strata.engine import open_session
 
-        return open_session(self, context, kv, mode, timeout)
+        return open_session(self, context, kv, mode, timeout, self.device)
 
     def close(self) -> None:
         self.pool.close()
@@ -138,7 +138,7 @@ def load(path: str | os.PathLike[str], *, device: int = 0, threads: int | None =
         except BaseException:
             pool.close()
             raise
-        return Model(file, info, weights, pool)
+        return Model(file, info, weights, pool, device)
     except BaseException:
         file.close()
         raise
