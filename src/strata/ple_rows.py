@@ -12,7 +12,7 @@ import numpy as np
 from strata.errors import FormatError, InvalidArgument
 from strata.models import Geometry
 from strata.quant import dequantize_raw
-from strata.reference.ple import PleShape, ngram_context, ngram_rows
+from strata.reference.ple import PleShape
 
 TABLE = "per_layer_token_embd.weight"
 
@@ -49,8 +49,23 @@ class PleRows:
 
     def rows(self, token: int) -> np.ndarray:
         """float32 [ple_n_heads, ple_head_dim]: the rows of `token` appended after the ids seen so far."""
-        ids = np.array([token], dtype=np.int64)
-        index = ngram_rows(ngram_context(self.previous, ids, self.shape.eos), self.shape)[0]
-        self.previous = np.concatenate([self.previous[1:], ids])
-        raw = self.table[index]
-        return dequantize_raw(raw, self.ggml_type, (self.shape.head_dim, self.n_heads))
+        index = self.row_indices(token)
+        return dequantize_raw(self.table[index], self.ggml_type, (self.shape.head_dim, self.n_heads))
+
+    def row_indices(self, token: int) -> list[int]:
+        """The table rows of `token` after the ids seen so far (which it joins): the reference's n-gram hash
+        (strata.reference.ple.ngram_rows) for one token, on Python ints, since this runs before every token."""
+        shape, mask = self.shape, (1 << 64) - 1
+        context, cut = [int(token)], False
+        for s in range(1, shape.ngram):
+            previous = int(self.previous[-s])
+            cut = cut or previous == shape.eos
+            context.append(shape.eos if cut else previous)
+        self.previous = np.concatenate([self.previous[1:], [token]])
+        mixed = (context[0] * shape.multipliers[0]) & mask
+        index = []
+        for order in range(2, shape.ngram + 1):
+            mixed ^= (context[order - 1] * shape.multipliers[order - 1]) & mask
+            for head in range((order - 2) * shape.heads_per_ngram, (order - 1) * shape.heads_per_ngram):
+                index.append(mixed % shape.head_sizes[head] + shape.head_offsets[head])
+        return index
