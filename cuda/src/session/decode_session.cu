@@ -25,10 +25,6 @@
 namespace strata {
 namespace {
 
-// The host waits this many times longer for a ring than the GPU waits for an answer, so a missing answer
-// is reported by the GPU's wait (naming its layer) before the host gives up on the next ring.
-constexpr double kHostWaitFactor = 3.0;
-
 void check_geometry(const DecodeGeometry& g, const DecodeOptions& o) {
   auto positive = [](int v, const char* name) {
     STRATA_EXPECTS(v > 0, InvalidArgument, std::string("decode geometry: ") + name + " must be > 0, got " +
@@ -132,8 +128,7 @@ struct DecodeSession::Impl {
         sampled(sizeof(int)),
         program(weights, g, arena, options.kv, program_io()),
         timer(4 * g.n_layer + 4),
-        ring_timeout(std::chrono::duration_cast<std::chrono::nanoseconds>(
-            std::chrono::duration<double>(kHostWaitFactor * options.timeout_seconds))) {
+        ring_timeout(host_ring_timeout(options.timeout_seconds)) {
     STRATA_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   }
   ~Impl() {
@@ -213,11 +208,7 @@ struct DecodeSession::Impl {
         break;
     }
     STRATA_CUDA_TRY(cudaStreamSynchronize(stream));
-    if (const int ring = bell.timed_out_ring(); ring != 0) {
-      throw Error("layer " + std::to_string(ring - ring_base - 1) + ": the host's answer to ring " +
-                  std::to_string(ring) + " never arrived; the GPU's wait gave up after " +
-                  std::to_string(options.timeout_seconds) + " s");
-    }
+    bell.check_answers(ring_base, options.timeout_seconds);
     if (options.mode == DecodeMode::kUncaptured) {
       double pre_s = timer.seconds(0, 1), post_s = 0.0;
       for (int l = 0; l < g.n_layer; ++l) {

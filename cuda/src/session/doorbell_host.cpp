@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <atomic>
+#include <string>
 
 #include "strata/error.hpp"
 
@@ -76,5 +77,19 @@ void DoorbellHost::answer_ready(int ring) noexcept {
 }
 
 int DoorbellHost::timed_out_ring() const noexcept { return load_word(memory_.host<const int>(kStatus)); }
+
+void DoorbellHost::check_answers(int ring_base, double answer_timeout_seconds) const {
+  const int ring = timed_out_ring();
+  if (ring == 0) return;
+  throw Error("layer " + std::to_string(ring - ring_base - 1) + ": the host's answer to ring " +
+              std::to_string(ring) + " never arrived; the GPU's wait gave up after " +
+              std::to_string(answer_timeout_seconds) + " s");
+}
+
+std::chrono::nanoseconds host_ring_timeout(double answer_timeout_seconds) {
+  constexpr double kHostWaitFactor = 3.0;
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(kHostWaitFactor * answer_timeout_seconds));
+}
 
 }  // namespace strata

@@ -11,6 +11,11 @@
 
 namespace strata {
 
+// How long the host loop waits for a ring when the GPU's wait for an answer is `answer_timeout_seconds`:
+// three times as long, so that when an answer goes missing the GPU's wait gives up first and the next ring
+// still arrives in time; the error then names the layer whose answer was missing, not the one after it.
+std::chrono::nanoseconds host_ring_timeout(double answer_timeout_seconds);
+
 class DoorbellHost {
  public:
   DoorbellHost(int n, int k);
@@ -37,6 +42,10 @@ class DoorbellHost {
 
   // The ring whose answer a device-side wait gave up on during this token, or 0.
   int timed_out_ring() const noexcept;
+
+  // After a token whose rings are ring_base + 1 + layer: throws Error naming the layer whose answer the
+  // device-side wait (of `answer_timeout_seconds`) gave up on; returns when every answer arrived.
+  void check_answers(int ring_base, double answer_timeout_seconds) const;
 
   int n() const noexcept { return n_; }
   int k() const noexcept { return k_; }

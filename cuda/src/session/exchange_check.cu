@@ -29,11 +29,6 @@ __global__ void scale_by_token(const float* __restrict__ x, const int* __restric
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = x[i] * factor;
 }
 
-// The host waits this many times longer for a ring than the GPU waits for an answer: when an answer goes
-// missing, the GPU's wait gives up first and the next ring still arrives in time, so the error names the
-// layer whose answer was missing rather than the one after it.
-constexpr double kHostWaitFactor = 3.0;
-
 class Exchange {
  public:
   Exchange(cpu::ExpertPool& pool, int n_layer, int n, int k, const float* x, const std::int32_t* ids,
@@ -42,9 +37,8 @@ class Exchange {
         n_(n),
         k_(k),
         faults_(faults),
-        ring_timeout_(std::chrono::duration_cast<std::chrono::nanoseconds>(
-            std::chrono::duration<double>(kHostWaitFactor * timeout_seconds))),
-        answer_timeout_ns_(static_cast<long long>(timeout_seconds * 1e9)),
+        ring_timeout_(host_ring_timeout(timeout_seconds)),
+        answer_timeout_seconds_(timeout_seconds),
         bell_(n, k),
         answerer_(pool, bell_),
         x_(upload(x, sizeof(float) * n_layer * n)),
@@ -73,7 +67,8 @@ class Exchange {
   }
 
   void enqueue_post(int layer, cudaStream_t stream) const {
-    STRATA_CUDA_TRY(kernels::doorbell_wait(bell_.device_view(), bell_.ring_base_device(), layer + 1, answer_timeout_ns_,
+    const auto timeout_ns = static_cast<long long>(answer_timeout_seconds_ * 1e9);
+    STRATA_CUDA_TRY(kernels::doorbell_wait(bell_.device_view(), bell_.ring_base_device(), layer + 1, timeout_ns,
                                            bell_.status_device(), answers_.as<float>() + static_cast<long>(layer) * n_,
                                            stream));
   }
@@ -117,11 +112,7 @@ class Exchange {
         break;
     }
     STRATA_CUDA_TRY(cudaStreamSynchronize(stream_));
-    if (const int ring = bell_.timed_out_ring(); ring != 0) {
-      const int layer = ring - ring_base - 1;
-      throw Error("layer " + std::to_string(layer) + ": the host's answer to ring " + std::to_string(ring) +
-                  " never arrived; the GPU's wait gave up after its timeout");
-    }
+    bell_.check_answers(ring_base, answer_timeout_seconds_);
   }
 
   void copy_answers(float* out) const {
@@ -143,7 +134,7 @@ class Exchange {
   int n_layer_, n_, k_;
   Faults faults_;
   std::chrono::nanoseconds ring_timeout_;
-  long long answer_timeout_ns_;
+  double answer_timeout_seconds_;
   DoorbellHost bell_;
   RingAnswerer answerer_;
   DeviceBuffer x_, ids_, weights_, scaled_, answers_;
