@@ -72,9 +72,12 @@ std::size_t DecodeProgram::stage_bytes(const DecodeGeometry& g) {
 
 DecodeProgram::DecodeProgram(const DeviceWeights& weights, const DecodeGeometry& g, const SessionArena& arena,
                              KvStorage kv_storage, const ProgramIo& io)
-    : g_(g), t_(resolve_tensors(weights, g)), io_(io), context_(arena.layout().kv_pages * kKvPageTokens),
+    : g_(g),
+      t_(resolve_tensors(weights, g)),
+      embedding_(embed_table(*t_.embedding)),  // refuses a form the gather lacks, before anything is allocated
+      io_(io),
+      context_(arena.layout().kv_pages * kKvPageTokens),
       scratch_(0) {
-  embed_table(*t_.embedding);  // refuses an embedding form the gather lacks, before anything is allocated
   const int n = g.n_embd, hc = std::max(g.hc_count, 1), width = hc * n;
   const int hv = g.ssm_v_heads, value_dim = hv * g.ssm_head_v_dim;
   const int conv = 2 * g.ssm_k_heads * g.ssm_head_k_dim + value_dim;
@@ -88,9 +91,6 @@ DecodeProgram::DecodeProgram(const DeviceWeights& weights, const DecodeGeometry&
     keep_blocks = g.indexer_budget / 4;
   }
   STRATA_CUDA_TRY(kernels::sample_scratch_bytes(g.n_vocab, &sample_scratch_bytes_));
-  STRATA_EXPECTS(io.stage_bytes == stage_bytes(g), InvalidArgument,
-                 "decode program: a staging block of " + std::to_string(io.stage_bytes) + " bytes, not " +
-                     std::to_string(stage_bytes(g)));
 
   auto carve = [&](Carver& c) {
     char* stage = c.take<char>(stage_bytes(g));
@@ -202,10 +202,10 @@ DecodeProgram::DecodeProgram(const DeviceWeights& weights, const DecodeGeometry&
 }
 
 void DecodeProgram::begin(cudaStream_t s) const {
-  STRATA_CUDA_TRY(cudaMemcpyAsync(stage_, io_.host_stage, io_.stage_bytes, cudaMemcpyHostToDevice, s));
+  STRATA_CUDA_TRY(cudaMemcpyAsync(stage_, io_.host_stage, stage_bytes(g_), cudaMemcpyHostToDevice, s));
   record_token<<<1, 1, 0, s>>>(stage_, seen_);
   STRATA_CUDA_TRY(cudaGetLastError());
-  STRATA_CUDA_TRY(kernels::embed_rows(embed_table(*t_.embedding), &stage_->token, 1, x_, s));
+  STRATA_CUDA_TRY(kernels::embed_rows(embedding_, &stage_->token, 1, x_, s));
   const int hc = std::max(g_.hc_count, 1);
   STRATA_CUDA_TRY(cudaMemsetAsync(streams_, 0, sizeof(float) * hc * g_.n_embd, s));
   STRATA_CUDA_TRY(kernels::hc_write(streams_, ones_, x_, hc, g_.n_embd, s));  // every stream = the embedding

@@ -10,6 +10,7 @@
 
 #include "../kernels/attention.cuh"
 #include "../kernels/doorbell.cuh"
+#include "../kernels/embed.cuh"
 #include "../kernels/qsa.cuh"
 #include "../kernels/sample.cuh"
 #include "../runtime/device_buffer.hpp"
@@ -29,8 +30,7 @@ constexpr std::size_t kStagePleOffset = 256;  // PLE rows follow the stage in th
 
 // Where the program meets the host: staging and the doorbell.
 struct ProgramIo {
-  const void* host_stage = nullptr;  // pinned: TokenStage, then the PLE rows at kStagePleOffset
-  std::size_t stage_bytes = 0;       // bytes begin() copies
+  const void* host_stage = nullptr;  // pinned, stage_bytes(geometry): TokenStage, then the PLE rows
   kernels::Doorbell bell;
   const int* ring_base = nullptr;    // mapped: this token's ring base
   int* wait_status = nullptr;        // mapped: the ring a device-side wait gave up on
@@ -65,6 +65,7 @@ class DecodeProgram {
 
   const DecodeGeometry& g_;
   ModelTensors t_;
+  kernels::EmbedTable embedding_;  // token_embd as the row gather reads it
   ProgramIo io_;
   int context_;
   kernels::AttentionShape attention_;

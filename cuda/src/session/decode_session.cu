@@ -139,7 +139,6 @@ struct DecodeSession::Impl {
   ProgramIo program_io() const {
     ProgramIo io;
     io.host_stage = stage.host<void>();
-    io.stage_bytes = stage.bytes();
     io.bell = bell.device_view();
     io.ring_base = bell.ring_base_device();
     io.wait_status = bell.status_device();
