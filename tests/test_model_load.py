@@ -1,5 +1,7 @@
 """strata.load: memory checks before any allocation, experts from the file into the CPU pool, clean failure."""
 
+import importlib
+
 import numpy as np
 import pytest
 
@@ -69,13 +71,13 @@ def test_experts_go_from_the_file_into_the_pool_unchanged(rng, tiny):
 
 def test_a_model_too_big_for_the_gpu_is_refused_with_what_would_fit(tiny, monkeypatch):
     fake = Device(0, "small GPU", (9, 0), 1 << 30, 2_000_000, 132)
-    monkeypatch.setattr(model_module, "devices", lambda: [fake])
+    monkeypatch.setattr(importlib.import_module("strata.devices"), "devices", lambda: [fake])
     with pytest.raises(strata.OutOfMemory, match=r"the GPU has 0.00 GiB free, the plan needs .* nothing fits"):
         load(tiny, progress=False)
 
 
 def test_no_gpu_is_an_invalid_argument_and_closes_the_file(tiny, monkeypatch):
-    monkeypatch.setattr(model_module, "devices", lambda: [])
+    monkeypatch.setattr(importlib.import_module("strata.devices"), "devices", lambda: [])
     closed = []
     real_inspect = model_module.inspect
 

@@ -23,7 +23,7 @@ import numpy as np
 from strata.engine import MODES, GpuEngine, open_session
 from strata.errors import InvalidArgument
 from strata.models import Geometry
-from strata.plan import is_ngram_table, is_routed_expert, tensor_bytes
+from strata.plan import file_tensors, is_ngram_table, is_routed_expert, tensor_bytes
 from strata.sampling import SamplingParams
 
 HBM_BYTES_PER_SECOND = 4.2e12  # the box's measured device-to-device copy rate (H200)
@@ -183,7 +183,7 @@ def run(model: Any, *, model_path: str, modes: list[str], prompt_tokens: int, to
     if prompt_tokens < 1 or tokens < 1:
         raise InvalidArgument(f"--prompt-tokens and --tokens must be >= 1, got {prompt_tokens} and {tokens}")
     g = model.info.geometry
-    tensors = {name: (t.ggml_type, t.ne) for name, t in model.file.tensors.items()}
+    tensors = file_tensors(model.file)
     limit = machine_limit(g, tensors, model.pool.read_bandwidth(READ_BANDWIDTH_BYTES))
     results = run_modes(model, modes, prompt_tokens, tokens, context, np.random.default_rng())
     for m in results.values():

@@ -105,14 +105,11 @@ def check_session_fits(model: Model, context: int, kv: KV, device: int) -> None:
     The dense weights are already in VRAM (they are part of the plan but no longer part of the free memory),
     so the plan is asked for the largest context that fits in the free memory plus the dense weights.
     """
-    from strata.devices import devices
-    from strata.plan import GIB, largest_context
+    from strata.devices import free_memory
+    from strata.plan import GIB, file_tensors, largest_context
 
-    gpus = devices()
-    if not 0 <= device < len(gpus):
-        raise InvalidArgument(f"device index {device} out of range: {len(gpus)} CUDA device(s) present")
-    free = gpus[device].free_memory
-    tensors = {name: (t.ggml_type, t.ne) for name, t in model.file.tensors.items()}
+    free = free_memory(device)
+    tensors = file_tensors(model.file)
     budget = free + model.info.plan.vram["dense weights"]
     fits = largest_context(model.info.geometry, tensors, kv, budget)
     if context > fits:

@@ -15,14 +15,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from strata.devices import devices
+from strata.devices import free_memory
 from strata.errors import InvalidArgument
 from strata.format import ModelFile, inspect
 from strata.hostinfo import available_ram_bytes
 from strata.kv import KV
 from strata.loader import repacked, upload_dense
 from strata.models import Geometry
-from strata.plan import KV_PAGE_TOKENS, MemoryPlan, check_fits, is_routed_expert, largest_context, memory_plan
+from strata.plan import (KV_PAGE_TOKENS, MemoryPlan, check_fits, file_tensors, is_routed_expert, largest_context,
+                         memory_plan)
 from strata.pool import ExpertPool
 from strata.progress import ByteProgress
 from strata.quant import QuantTensor
@@ -82,23 +83,19 @@ class Model:
 
 
 def describe(file: ModelFile) -> ModelInfo:
-    tensors = {name: (info.ggml_type, info.ne) for name, info in file.tensors.items()}
     return ModelInfo(
         arch=file.arch,
         geometry=file.geometry,
         tensor_types=dict(Counter(info.ggml_type.name for info in file.tensors.values())),
-        plan=memory_plan(file.geometry, tensors, KV_PAGE_TOKENS, KV.INT8),
+        plan=memory_plan(file.geometry, file_tensors(file), KV_PAGE_TOKENS, KV.INT8),
         warnings=tuple(file.warnings),
     )
 
 
 def check_memory(file: ModelFile, info: ModelInfo, device: int) -> None:
     """Refuse, before any allocation, a model whose parts do not fit the GPU and the host."""
-    gpus = devices()
-    if not 0 <= device < len(gpus):
-        raise InvalidArgument(f"device index {device} out of range: {len(gpus)} CUDA device(s) present")
-    free = gpus[device].free_memory
-    tensors = {name: (t.ggml_type, t.ne) for name, t in file.tensors.items()}
+    free = free_memory(device)
+    tensors = file_tensors(file)
     options = {kv: largest_context(info.geometry, tensors, kv, free) for kv in KV}
     check_fits(info.plan, free, available_ram_bytes(), options)
 

@@ -33,6 +33,11 @@ def tensor_bytes(ggml_type: int, ne: tuple[int, ...]) -> int:
     return sum(dtype.itemsize * math.prod(shape) for dtype, shape in plane_layout(form, rows, ne[0]).values())
 
 
+def file_tensors(file: Any) -> dict[str, tuple[int, tuple[int, ...]]]:
+    """(GGML type, ne) of every tensor of a strata.format.ModelFile: what the plan's functions read."""
+    return {name: (info.ggml_type, info.ne) for name, info in file.tensors.items()}
+
+
 def is_routed_expert(name: str) -> bool:
     return "_exps." in name
 
