@@ -1,7 +1,7 @@
 """strata.convert on tiny random transformers checkpoints, checked tensor by tensor against the HF state dict.
 
 The expected GGUF values are derived here from the in-memory HF model with the transforms of
-shared/docs/models/qwen4exp.md §2.3 and qwen3next.md §2.4, written out independently (index lists,
+docs/models/qwen4exp.md §2.3 and qwen3next.md §2.4, written out independently (index lists,
 not the converter's reshapes).
 """
 

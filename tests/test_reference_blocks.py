@@ -89,7 +89,7 @@ def _gdn_weights(rng: np.random.Generator, shape: GdnShape, n: int) -> dict[str,
 
 
 def _gdn_loops(w: dict[str, np.ndarray], shape: GdnShape, xs: np.ndarray) -> np.ndarray:
-    """The GDN layer per token, per head, per element (shared/docs/models/qwen3next.md §3.1)."""
+    """The GDN layer per token, per head, per element (docs/models/qwen3next.md §3.1)."""
     hk, hv, dk, dv, kern = (shape.n_k_heads, shape.n_v_heads, shape.head_k_dim, shape.head_v_dim,
                             shape.conv_kernel)
     r = hv // hk

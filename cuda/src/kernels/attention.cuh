@@ -1,4 +1,4 @@
-// Gated attention decode over a paged KV cache (shared/docs/models/qwen3next.md §3.2, qwen4exp.md §3(c)).
+// Gated attention decode over a paged KV cache (docs/models/qwen3next.md §3.2, qwen4exp.md §3(c)).
 // The token's position and the QSA selection are read from device memory, so captured graphs replay them.
 // Launchers never allocate, synchronise or throw.
 #pragma once

@@ -1,4 +1,4 @@
-// Gated DeltaNet decode step (shared/docs/models/qwen3next.md §3.1, qwen4exp.md §3(b)): one token of the
+// Gated DeltaNet decode step (docs/models/qwen3next.md §3.1, qwen4exp.md §3(b)): one token of the
 // causal conv + L2-normalised gated delta rule + gated RMSNorm, given the projections computed by the GEMVs.
 // Launchers never allocate, synchronise or throw: they are capturable into CUDA graphs.
 #pragma once

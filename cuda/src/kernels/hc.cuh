@@ -1,4 +1,4 @@
-// The elementwise pieces of qwen4exp's hyper-connection mixer (shared/docs/models/qwen4exp.md §3(a)); the
+// The elementwise pieces of qwen4exp's hyper-connection mixer (docs/models/qwen4exp.md §3(a)); the
 // grouped RMSNorm is norm.cuh's rms_norm_grouped and the projections are gemv.cuh's. Launchers never
 // allocate, synchronise or throw: they are capturable into CUDA graphs.
 #pragma once

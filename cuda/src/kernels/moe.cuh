@@ -1,4 +1,4 @@
-// The GPU side of a MoE block (shared/docs/models/qwen3next.md §3.3): the shared expert's sigmoid gate, its
+// The GPU side of a MoE block (docs/models/qwen3next.md §3.3): the shared expert's sigmoid gate, its
 // SwiGLU between the GEMVs, and the combine with the routed experts' answer. Launchers never allocate,
 // synchronise or throw: they are capturable into CUDA graphs (the gate travels in device memory).
 #pragma once

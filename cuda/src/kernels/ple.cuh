@@ -1,4 +1,4 @@
-// The device half of qwen4exp's PLE block (shared/docs/models/qwen4exp.md §3(d)) for one decode token, given
+// The device half of qwen4exp's PLE block (docs/models/qwen4exp.md §3(d)) for one decode token, given
 // the ple_key / ple_value projections of the gathered n-gram rows (the GEMVs are elsewhere): grouped RMSNorms,
 // the signed-sqrt sigmoid gate per stream, the dilated depthwise causal conv and its history advance.
 // Launchers never allocate, synchronise or throw.

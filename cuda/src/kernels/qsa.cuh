@@ -1,4 +1,4 @@
-// QSA indexer of qwen4exp attention layers (shared/docs/models/qwen4exp.md §3(c)): raw key append with block
+// QSA indexer of qwen4exp attention layers (docs/models/qwen4exp.md §3(c)): raw key append with block
 // pooling, block scoring and the top-k block selection that attention_decode consumes.
 // Per-token values come from device memory; launchers never allocate, synchronise or throw.
 #pragma once

@@ -1,4 +1,4 @@
-// The MoE router of one decode step (shared/docs/models/qwen3next.md §3.3): softmax over all experts, top-k,
+// The MoE router of one decode step (docs/models/qwen3next.md §3.3): softmax over all experts, top-k,
 // renormalised by the sum of the k kept probabilities. Launchers never allocate, synchronise or throw: they
 // are capturable into CUDA graphs.
 #pragma once

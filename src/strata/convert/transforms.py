@@ -1,7 +1,7 @@
 """The value transforms llama.cpp's converter applies between HF tensors and GGUF tensors.
 
 All inputs and outputs are float32 numpy arrays in HF (row-major, [out, in]) orientation; a GGUF
-weight with ne = {in, out} is exactly such an array. See shared/docs/models/qwen3next.md §2.4 and
+weight with ne = {in, out} is exactly such an array. See docs/models/qwen3next.md §2.4 and
 qwen4exp.md §2.3.
 """
 

@@ -1,4 +1,4 @@
-"""Gated full attention with partial NEOX RoPE (shared/docs/models/qwen3next.md §3.2, qwen4exp.md §3(c))."""
+"""Gated full attention with partial NEOX RoPE (docs/models/qwen3next.md §3.2, qwen4exp.md §3(c))."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Gated DeltaNet (linear attention) layer: shared/docs/models/qwen3next.md §3.1, qwen4exp.md §3(b).
+"""Gated DeltaNet (linear attention) layer: docs/models/qwen3next.md §3.1, qwen4exp.md §3(b).
 
 Three GGUF layouts share the recurrence and differ in projections, v-head -> k-head map and output gate:
 qwen3next (`ssm_ba` interleaved per k-head, grouped heads, SiLU gate), qwen35moe (`ssm_beta`/`ssm_alpha`,

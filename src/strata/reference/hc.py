@@ -1,4 +1,4 @@
-"""Hyper-connection mixers of qwen4exp (shared/docs/models/qwen4exp.md §3(a)).
+"""Hyper-connection mixers of qwen4exp (docs/models/qwen4exp.md §3(a)).
 
 The residual is `hc` parallel streams H [T, hc, n]. A mixer reads them into one block input x and, for the
 two per-layer mixers, also gives the per-stream injection weights used to write the block output back.

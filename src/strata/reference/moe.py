@@ -1,4 +1,4 @@
-"""Sparse MoE with a sigmoid-gated shared expert (shared/docs/models/qwen3next.md §3.3; qwen4exp §3(e))."""
+"""Sparse MoE with a sigmoid-gated shared expert (docs/models/qwen3next.md §3.3; qwen4exp §3(e))."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""QSA indexer of qwen4exp attention layers (shared/docs/models/qwen4exp.md §3(c), transformers' QSAIndexer).
+"""QSA indexer of qwen4exp attention layers (docs/models/qwen4exp.md §3(c), transformers' QSAIndexer).
 
 The indexer caches raw per-token keys. For a query at position p it sees n = p + 1 tokens, pools each
 complete block of `ratio` tokens (mean, RMSNorm, RoPE at the block's first position), scores the blocks by
