@@ -16,7 +16,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from strata.models import Geometry, metadata_for, tensor_inventory
+from strata.models import Geometry, metadata_for, tensor_inventory, variant
 
 V = gguf.GGUFValueType
 T = gguf.GGMLQuantizationType
@@ -52,7 +52,7 @@ def tiny_geometry() -> Geometry:
         hc_count=4, hc_rank=16, indexer_n_heads=2, indexer_head_dim=32, indexer_top_k=64,
         compress_ratios=(0, 0, 0, 4), ple_layers=(1,), ple_ngram=3, ple_heads_per_ngram=2, ple_conv_kernel=4,
         ple_eos=256 + len(MERGES), ple_head_dim=16, ple_multipliers=(1000003, 2000003, 3000017),
-        ple_head_offsets=(0, 37, 78, 121), ple_head_sizes=sizes, ple_rows=256,
+        ple_head_offsets=(0, 37, 78, 121), ple_head_sizes=sizes, ple_rows=256, **variant("qwen4exp"),
     )
 
 

@@ -8,7 +8,8 @@ import numpy as np
 
 from strata import models
 from strata.reference.ops import rope_tables
-from strata.reference.ple import PleShape, PleState, ngram_context, ngram_rows, ple_forward
+from strata.models import PleShape
+from strata.reference.ple import PleState, ngram_context, ngram_rows, ple_forward
 from strata.reference.qsa import IndexerShape, IndexerState, block_scores, pooled_block_keys, qsa_select, select_blocks
 from strata.reference.weights import Weights
 
@@ -107,7 +108,7 @@ def _primes_from(start: int, count: int) -> list[int]:
 
 
 def test_released_ple_constants_follow_the_formula() -> None:
-    """shared/docs/models/qwen4exp.md §3(d): seed 1234, ple_idx 0, vocab 248320, primes >= 20 000 000."""
+    """docs/models/qwen4exp.md §3(d): seed 1234, ple_idx 0, vocab 248320, primes >= 20 000 000."""
     g = models.released("qwen4exp")
     half = ((2**63 - 1) // 248320) // 2
     mult = [2 * (_splitmix64((1234 + 0x9E3779B97F4A7C15 * (i + 1)) & MASK64) % half) + 1 for i in range(3)]

@@ -12,6 +12,7 @@ from typing import Any
 
 from strata.convert.safetensors_reader import Checkpoint
 from strata.errors import FormatError, InvalidArgument
+from strata.models import variant
 
 # transformers model_type (outer or text) -> GGUF architecture
 MODEL_TYPES = {
@@ -88,7 +89,7 @@ def _common_fields(arch: str, cfg: dict[str, Any]) -> dict[str, Any]:
         shared_ff=int(_require(cfg, "shared_expert_intermediate_size")),
         hc_count=0, hc_rank=0, indexer_n_heads=0, indexer_head_dim=0, indexer_top_k=0, compress_ratios=(),
         ple_layers=(), ple_ngram=0, ple_heads_per_ngram=0, ple_conv_kernel=0, ple_eos=0, ple_head_dim=0,
-        ple_multipliers=(), ple_head_offsets=(), ple_head_sizes=(), ple_rows=0,
+        ple_multipliers=(), ple_head_offsets=(), ple_head_sizes=(), ple_rows=0, **variant(arch),
     )
 
 

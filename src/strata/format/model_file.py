@@ -14,8 +14,6 @@ from strata.format.scanner import TensorInfo, scan
 from strata.format.tokenizer import Tokenizer, validate_tokenizer_metadata
 from strata.models import Geometry, geometry_from_metadata
 
-_QSA_RATIO = 4
-
 
 class ModelFile:
     """A validated GGUF model file; tensor bytes are memory-mapped views, never copies."""
@@ -89,7 +87,7 @@ def _qsa_warnings(g: Geometry) -> list[str]:
     if not zero:
         return []
     return [f"attention.compress_ratios is 0 on attention layer(s) {zero[:8]}{'...' if len(zero) > 8 else ''} "
-            f"although their indexer tensors are present; strata runs QSA there (ratio {_QSA_RATIO}, "
+            f"although their indexer tensors are present; strata runs QSA there (ratio {g.qsa_block}, "
             f"budget {g.indexer_top_k} tokens from attention.indexer.top_k)"]
 
 

@@ -1,15 +1,18 @@
-"""The architectures strata runs: geometry from GGUF metadata, the metadata writers need, tensor inventories."""
+"""The architectures strata runs: geometry from GGUF metadata, the metadata writers need, tensor inventories
+and each tensor's role. Every architecture fact lives in this package; the engines read the flags it sets."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import gguf
 
 from strata.errors import FormatError
 from strata.models import qwen3next, qwen4exp
-from strata.models.geometry import ARCHITECTURES, Alternative, Geometry, TensorSpec
+from strata.models.geometry import ARCHITECTURES, Alternative, Geometry, PleShape, Role, TensorSpec
 from strata.models.keys import MetadataReader, check
 
 
@@ -63,6 +66,24 @@ def tensor_alternatives(g: Geometry) -> list[Alternative]:
     return qwen4exp.alternatives(g) if g.arch == qwen4exp.ARCH else qwen3next.alternatives(g)
 
 
+@functools.lru_cache(maxsize=16)
+def tensor_specs(g: Geometry) -> Mapping[str, TensorSpec]:
+    """The spec (layer, role, ...) of every tensor a file of `g` may hold: its inventory and every accepted
+    alternative. Names not in it (the tensors of MTP blocks, which strata does not run) are not loaded."""
+    specs = {s.name: s for s in tensor_inventory(g)}
+    specs.update((alt.spec.name, alt.spec) for alt in tensor_alternatives(g))
+    return MappingProxyType(specs)
+
+
+def variant(arch: str) -> dict[str, Any]:
+    """The Geometry flags of `arch`'s variant (GDN head mapping, b/a layout and output gate; QSA block)."""
+    if arch == qwen4exp.ARCH:
+        return dict(qwen4exp.VARIANT)
+    if arch in qwen3next.ARCHS:
+        return dict(qwen3next.VARIANTS[arch])
+    raise FormatError(f"architecture {arch!r} is not one of {list(ARCHITECTURES)}")
+
+
 def released(arch: str) -> Geometry:
     """qwen4exp: Qwen3.8-Flash-Next; qwen3next: Qwen3-Next-80B-A3B; qwen35moe: Qwen3.5-35B-A3B."""
     if arch == qwen4exp.ARCH:
@@ -72,5 +93,6 @@ def released(arch: str) -> Geometry:
     raise FormatError(f"architecture {arch!r} is not one of {list(ARCHITECTURES)}")
 
 
-__all__ = ["ARCHITECTURES", "Alternative", "Geometry", "TensorSpec", "geometry_from_metadata", "metadata_for",
-           "released", "tensor_alternatives", "tensor_inventory", "validate"]
+__all__ = ["ARCHITECTURES", "Alternative", "Geometry", "PleShape", "Role", "TensorSpec", "geometry_from_metadata",
+           "metadata_for", "released", "tensor_alternatives", "tensor_inventory", "tensor_specs", "validate",
+           "variant"]

@@ -1,6 +1,6 @@
 """What qwen4exp, qwen3next and qwen35moe share: the common keys, their checks, and the common tensors.
 
-Key names and tensor layouts: shared/docs/models/qwen3next.md §2 and shared/docs/models/qwen4exp.md §2.
+Key names and tensor layouts: docs/models/qwen3next.md §2 and docs/models/qwen4exp.md §2.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import gguf
 
-from strata.models.geometry import Alternative, Geometry, TensorSpec
+from strata.models.geometry import Alternative, Geometry, Role, TensorSpec
 from strata.models.keys import MetadataReader, check
 
 U32 = gguf.GGUFValueType.UINT32
@@ -30,17 +30,25 @@ _FORCED_F32_BASES = ("ffn_gate_inp", "ffn_gate_inp_shexp", "ssm_conv1d")
 _NOT_QUANTIZED_BASES = ("indexer.q_proj", "indexer.k_proj")
 
 
-def spec(name: str, ne: tuple[int, ...], layer: int | None) -> TensorSpec:
-    """A TensorSpec with the converter's dtype rule and llama-quantize's leave-alone rule applied."""
+def spec(name: str, ne: tuple[int, ...], layer: int | None, role: Role | None = None) -> TensorSpec:
+    """A TensorSpec with the converter's dtype rule and llama-quantize's leave-alone rule applied. Its role is
+    `role`, else ELEMENTWISE for vectors and conv kernels (the decode program reads them as float32), else DENSE."""
     base = name.split(".", 2)[2] if name.startswith("blk.") else name
     base = base.removesuffix(".weight")
     forced = (len(ne) <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight")
               or base in _FORCED_F32_BASES)
-    return TensorSpec(name, ne, layer, forced, not forced and base not in _NOT_QUANTIZED_BASES)
+    if role is None:
+        role = Role.ELEMENTWISE if len(ne) == 1 or base.endswith("conv1d") else Role.DENSE
+    return TensorSpec(name, ne, layer, forced, not forced and base not in _NOT_QUANTIZED_BASES, role)
 
 
-def read_common(r: MetadataReader, n_vocab: int) -> dict[str, Any]:
-    """The Geometry fields every architecture reads the same way (all architecture-only fields zeroed)."""
+def embedding(g: Geometry) -> TensorSpec:
+    return spec("token_embd.weight", (g.n_embd, g.n_vocab), None, Role.ROW_GATHERED)
+
+
+def read_common(r: MetadataReader, n_vocab: int, variant: dict[str, Any]) -> dict[str, Any]:
+    """The Geometry fields every architecture reads the same way (architecture-only sizes zeroed), with the
+    flags of the architecture's `variant`."""
     n_layer = r.int("block_count") - r.int("nextn_predict_layers", minimum=0, default=0)
     check(0 < n_layer <= MAX_LAYERS, r.key("block_count"),
           f"1..{MAX_LAYERS} main layers (block_count - nextn_predict_layers)", n_layer)
@@ -66,7 +74,7 @@ def read_common(r: MetadataReader, n_vocab: int) -> dict[str, Any]:
         expert_ff=r.int("expert_feed_forward_length"), shared_ff=r.int("expert_shared_feed_forward_length"),
         hc_count=0, hc_rank=0, indexer_n_heads=0, indexer_head_dim=0, indexer_top_k=0, compress_ratios=(),
         ple_layers=(), ple_ngram=0, ple_heads_per_ngram=0, ple_conv_kernel=0, ple_eos=0, ple_head_dim=0,
-        ple_multipliers=(), ple_head_offsets=(), ple_head_sizes=(), ple_rows=0,
+        ple_multipliers=(), ple_head_offsets=(), ple_head_sizes=(), ple_rows=0, **variant,
     )
 
 
@@ -155,9 +163,9 @@ def moe_tensors(g: Geometry, layer: int) -> list[TensorSpec]:
     p, e, ff, sff, n = f"blk.{layer}.", g.n_embd, g.expert_ff, g.shared_ff, g.n_expert
     return [
         spec(p + "ffn_gate_inp.weight", (e, n), layer),
-        spec(p + "ffn_gate_exps.weight", (e, ff, n), layer),
-        spec(p + "ffn_up_exps.weight", (e, ff, n), layer),
-        spec(p + "ffn_down_exps.weight", (ff, e, n), layer),
+        spec(p + "ffn_gate_exps.weight", (e, ff, n), layer, Role.ROUTED_EXPERT),
+        spec(p + "ffn_up_exps.weight", (e, ff, n), layer, Role.ROUTED_EXPERT),
+        spec(p + "ffn_down_exps.weight", (ff, e, n), layer, Role.ROUTED_EXPERT),
         spec(p + "ffn_gate_inp_shexp.weight", (e,), layer),
         spec(p + "ffn_gate_shexp.weight", (e, sff), layer),
         spec(p + "ffn_up_shexp.weight", (e, sff), layer),
@@ -169,7 +177,8 @@ def merged_experts(g: Geometry, layer: int) -> Alternative:
     """The merged expert gate+up tensor the loaders also accept (rows [0, ff) gate, [ff, 2ff) up)."""
     p = f"blk.{layer}."
     return Alternative((p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight"),
-                       spec(p + "ffn_gate_up_exps.weight", (g.n_embd, 2 * g.expert_ff, g.n_expert), layer))
+                       spec(p + "ffn_gate_up_exps.weight", (g.n_embd, 2 * g.expert_ff, g.n_expert), layer,
+                            Role.ROUTED_EXPERT))
 
 
 def attention_tensors(g: Geometry, layer: int) -> list[TensorSpec]:

@@ -1,10 +1,46 @@
-"""The Geometry and TensorSpec records shared by every architecture."""
+"""The records every architecture fills: Geometry (sizes and the flags the engines need), PleShape, TensorSpec
+with each tensor's Role. The engines read these, never an architecture's name."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 ARCHITECTURES: tuple[str, ...] = ("qwen4exp", "qwen3next", "qwen35moe")
+
+
+class Role(enum.Enum):
+    """What a tensor is to the engines: where it lives at run time and how a token reads it
+    (architecture.md, 'What lives where')."""
+
+    DENSE = "dense"                  # a matrix in VRAM that a token reads whole (a GEMV)
+    ELEMENTWISE = "elementwise"      # a vector or conv kernel in VRAM, read elementwise as float32
+    ROW_GATHERED = "row-gathered"    # in VRAM; a token reads only its own rows (the token embedding)
+    ROUTED_EXPERT = "routed expert"  # host RAM: the CPU pool reads the experts a token routes to
+    NGRAM_TABLE = "n-gram table"     # memory-mapped: the host gathers the rows of each token
+
+
+@dataclass(frozen=True)
+class PleShape:
+    """The PLE block's hashing and conv geometry (models/qwen4exp.md §3(d))."""
+
+    ngram: int                    # largest n-gram order; also the conv dilation
+    heads_per_ngram: int
+    head_dim: int                 # row width of per_layer_token_embd
+    conv_kernel: int
+    eos: int
+    multipliers: tuple[int, ...]  # one per context slot c0..c_{ngram-1}
+    head_offsets: tuple[int, ...]
+    head_sizes: tuple[int, ...]
+
+    @property
+    def n_heads(self) -> int:
+        return (self.ngram - 1) * self.heads_per_ngram
+
+    @property
+    def history(self) -> int:
+        """Normalised gated rows the conv needs from before a chunk: dilation * (kernel - 1)."""
+        return self.ngram * (self.conv_kernel - 1)
 
 
 @dataclass(frozen=True)
@@ -50,6 +86,11 @@ class Geometry:
     ple_head_offsets: tuple[int, ...]
     ple_head_sizes: tuple[int, ...]
     ple_rows: int                      # rows of per_layer_token_embd (padded)
+    # The architecture's variant, as flags its module sets (models/<arch>.py VARIANT)
+    gdn_tiled_heads: bool              # GDN value head h reads key head h % n_k (else h // (n_v / n_k))
+    gdn_interleaved_ba: bool           # GDN b and a come from one ssm_ba projection, interleaved per key head
+    gdn_sigmoid_gate: bool             # GDN output gate sigmoid(z) (else silu(z))
+    qsa_block: int                     # tokens per QSA indexer block; 0: no indexed attention
 
     def is_recurrent(self, layer: int) -> bool:
         return self.recurrent[layer]
@@ -84,6 +125,25 @@ class Geometry:
     def ple_n_heads(self) -> int:
         return max(self.ple_ngram - 1, 0) * self.ple_heads_per_ngram
 
+    @property
+    def has_hyper_connections(self) -> bool:
+        return self.hc_count > 0
+
+    @property
+    def ple(self) -> PleShape | None:
+        """The PLE block's shape, or None where the model has no PLE layer."""
+        if not self.ple_layers:
+            return None
+        return PleShape(self.ple_ngram, self.ple_heads_per_ngram, self.ple_head_dim, self.ple_conv_kernel,
+                        self.ple_eos, tuple(self.ple_multipliers), tuple(self.ple_head_offsets),
+                        tuple(self.ple_head_sizes))
+
+    def qsa_ratio(self, layer: int) -> int:
+        """Tokens per indexer block of attention layer `layer`: its compress ratio, or the architecture's block
+        where the file says 0 (a checkpoint re-saved by transformers >= 5 still runs QSA, qwen4exp.md §5.3)."""
+        ratios = self.compress_ratios
+        return ratios[layer] if layer < len(ratios) and ratios[layer] > 0 else self.qsa_block
+
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -94,6 +154,7 @@ class TensorSpec:
     layer: int | None
     forced_f32: bool          # the converter always writes it F32 (norms, ssm_a, ffn_gate_inp, conv1d, ...)
     quantizable: bool         # llama-quantize may give it a quantized type
+    role: Role
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """qwen3next (Qwen3-Next) and qwen35moe (Qwen3.5/3.6 MoE): one residual stream with pre-RMSNorms.
 
 The two differ only in the GDN b/a projections (qwen3next: one interleaved ssm_ba; qwen35moe: ssm_beta and
-ssm_alpha) and in the MRoPE sections key (qwen35moe only). shared/docs/models/qwen3next.md §2.
+ssm_alpha) and in the MRoPE sections key (qwen35moe only). docs/models/qwen3next.md §2.
 """
 
 from __future__ import annotations
@@ -14,10 +14,16 @@ from strata.models.geometry import Alternative, Geometry, TensorSpec
 from strata.models.keys import MetadataReader
 
 ARCHS = ("qwen3next", "qwen35moe")
+# Plain attention (no QSA), SiLU GDN output gate; qwen3next's interleaved ssm_ba reads grouped heads, qwen35moe's
+# separate ssm_beta/ssm_alpha tiled heads (§3.1).
+VARIANTS = {
+    "qwen3next": dict(gdn_tiled_heads=False, gdn_interleaved_ba=True, gdn_sigmoid_gate=False, qsa_block=0),
+    "qwen35moe": dict(gdn_tiled_heads=True, gdn_interleaved_ba=False, gdn_sigmoid_gate=False, qsa_block=0),
+}
 
 
 def geometry(kv: Mapping[str, Any], arch: str, n_vocab: int) -> Geometry:
-    g = Geometry(**common.read_common(MetadataReader(kv, arch), n_vocab))
+    g = Geometry(**common.read_common(MetadataReader(kv, arch), n_vocab, VARIANTS[arch]))
     validate(g)
     return g
 
@@ -35,14 +41,14 @@ def metadata(g: Geometry) -> list[common.MetadataItem]:
 
 def _beta_alpha(g: Geometry, layer: int) -> list[TensorSpec]:
     p, e, hv = f"blk.{layer}.", g.n_embd, g.ssm_n_v_heads
-    if g.arch == "qwen3next":
+    if g.gdn_interleaved_ba:
         return [common.spec(p + "ssm_ba.weight", (e, 2 * hv), layer)]   # rows per k-head: [b.., a..]
     return [common.spec(p + "ssm_beta.weight", (e, hv), layer), common.spec(p + "ssm_alpha.weight", (e, hv), layer)]
 
 
 def inventory(g: Geometry) -> list[TensorSpec]:
     e = g.n_embd
-    specs = [common.spec("token_embd.weight", (e, g.n_vocab), None)]
+    specs = [common.embedding(g)]
     for layer in range(g.n_layer):
         p = f"blk.{layer}."
         specs.append(common.spec(p + "attn_norm.weight", (e,), layer))
@@ -81,5 +87,5 @@ def released(arch: str) -> Geometry:
         n_expert=n_expert, n_expert_used=used, expert_ff=512, shared_ff=512,
         hc_count=0, hc_rank=0, indexer_n_heads=0, indexer_head_dim=0, indexer_top_k=0, compress_ratios=(),
         ple_layers=(), ple_ngram=0, ple_heads_per_ngram=0, ple_conv_kernel=0, ple_eos=0, ple_head_dim=0,
-        ple_multipliers=(), ple_head_offsets=(), ple_head_sizes=(), ple_rows=0,
+        ple_multipliers=(), ple_head_offsets=(), ple_head_sizes=(), ple_rows=0, **VARIANTS[arch],
     )

@@ -1,6 +1,6 @@
 """qwen4exp (Qwen3.8-Flash-Next): 4 hyper-connection streams, QSA attention, PLE n-gram embedding.
 
-Keys and tensors: shared/docs/models/qwen4exp.md §2.
+Keys and tensors: docs/models/qwen4exp.md §2.
 """
 
 from __future__ import annotations
@@ -10,17 +10,19 @@ from typing import Any
 
 from strata.models import common
 from strata.models.common import U32, U64, I32, spec
-from strata.models.geometry import Alternative, Geometry, TensorSpec
+from strata.models.geometry import Alternative, Geometry, Role, TensorSpec
 from strata.models.keys import MetadataReader, check
 
 ARCH = "qwen4exp"
 QSA_BLOCK = 4                 # tokens per indexer block: the only compress ratio strata runs
 PLE_ROW_PADDING = 128         # HF make_ngram_vocab_size_divisible_by: the table's rows are padded to this
+# qwen35moe's GDN layout with a sigmoid output gate (§3(b)); indexed sparse attention in blocks of QSA_BLOCK.
+VARIANT = dict(gdn_tiled_heads=True, gdn_interleaved_ba=False, gdn_sigmoid_gate=True, qsa_block=QSA_BLOCK)
 
 
 def geometry(kv: Mapping[str, Any], n_vocab: int) -> Geometry:
     r = MetadataReader(kv, ARCH)
-    fields = common.read_common(r, n_vocab)
+    fields = common.read_common(r, n_vocab, VARIANT)
     n_layer = fields["n_layer"]
     fields.update(
         hc_count=r.int("hyper_connection.count", minimum=2), hc_rank=r.int("hyper_connection.low_rank"),
@@ -146,9 +148,9 @@ def _ple_tensors(g: Geometry, layer: int) -> list[TensorSpec]:
 
 
 def inventory(g: Geometry) -> list[TensorSpec]:
-    specs = [spec("token_embd.weight", (g.n_embd, g.n_vocab), None)]
+    specs = [common.embedding(g)]
     if g.ple_layers:
-        specs.append(spec("per_layer_token_embd.weight", (g.ple_head_dim, g.ple_rows), None))
+        specs.append(spec("per_layer_token_embd.weight", (g.ple_head_dim, g.ple_rows), None, Role.NGRAM_TABLE))
     for layer in range(g.n_layer):
         specs += _hc_tensors(g, f"blk.{layer}.hc_attn", layer, inject=True)
         specs += _gdn_tensors(g, layer) if g.recurrent[layer] else _qsa_tensors(g, layer)
@@ -185,5 +187,5 @@ def released() -> Geometry:
         ple_layers=(1,), ple_ngram=3, ple_heads_per_ngram=8, ple_conv_kernel=4, ple_eos=248044, ple_head_dim=160,
         ple_multipliers=_MULTIPLIERS,
         ple_head_offsets=tuple(sum(_HEAD_SIZES[:h]) for h in range(16)), ple_head_sizes=_HEAD_SIZES,
-        ple_rows=320001536,
+        ple_rows=320001536, **VARIANT,
     )

@@ -7,20 +7,15 @@ from typing import Any
 
 import numpy as np
 
-from strata.errors import FormatError, InvalidArgument
+from strata.errors import InvalidArgument
 from strata.reference.attention import AttentionShape, KvState, gated_attention
 from strata.reference.gdn import GdnShape, GdnState, gdn_forward
 from strata.reference.hc import hc_read, hc_write
 from strata.reference.moe import moe_forward
 from strata.reference.ops import rms_norm, rope_tables
-from strata.reference.ple import PleShape, PleState, ple_forward
+from strata.reference.ple import PleState, ple_forward
 from strata.reference.qsa import IndexerShape, IndexerState, qsa_select
 from strata.reference.weights import FileWeights, Weights
-
-ARCHITECTURES = ("qwen4exp", "qwen3next", "qwen35moe")
-# transformers' QSA uses blocks of 4; a GGUF whose compress_ratios say 0 on an indexed layer (a checkpoint
-# re-saved by transformers >= 5) still means QSA with that ratio (shared/docs/models/qwen4exp.md §5.3).
-DEFAULT_COMPRESS_RATIO = 4
 
 
 class Reference:
@@ -42,25 +37,20 @@ class Reference:
             self.geometry = geometry
             self.weights = Weights(weights, activation_quant=activation_quant)
         g = self.geometry
-        if g.arch not in ARCHITECTURES:
-            raise FormatError(f"architecture {g.arch!r} is not one of {ARCHITECTURES}")
-        self.is_hc = g.arch == "qwen4exp"
+        self.is_hc = g.has_hyper_connections
         self._gdn_shape = GdnShape(g.ssm_n_k_heads, g.ssm_n_v_heads, g.ssm_head_k_dim, g.ssm_head_v_dim,
-                                   g.ssm_conv_kernel, tiled_heads=g.arch != "qwen3next",
-                                   interleaved_ba=g.arch == "qwen3next", sigmoid_gate=self.is_hc)
+                                   g.ssm_conv_kernel, tiled_heads=g.gdn_tiled_heads,
+                                   interleaved_ba=g.gdn_interleaved_ba, sigmoid_gate=g.gdn_sigmoid_gate)
         self._attn_shape = AttentionShape(g.n_head, g.n_head_kv, g.head_dim)
-        self._ple_shape = (PleShape(g.ple_ngram, g.ple_heads_per_ngram, g.ple_head_dim, g.ple_conv_kernel,
-                                    g.ple_eos, tuple(g.ple_multipliers), tuple(g.ple_head_offsets),
-                                    tuple(g.ple_head_sizes)) if self.is_hc and g.ple_layers else None)
+        self._ple_shape = g.ple
         self.reset()
 
     def _indexer_shape(self, layer: int) -> IndexerShape | None:
         g = self.geometry
-        if not (self.is_hc and self.weights.has(f"blk.{layer}.indexer.q_proj.weight")):
+        if not (g.qsa_block and self.weights.has(f"blk.{layer}.indexer.q_proj.weight")):
             return None
-        ratios = tuple(g.compress_ratios)
-        ratio = ratios[layer] if layer < len(ratios) and ratios[layer] > 0 else DEFAULT_COMPRESS_RATIO
-        return IndexerShape(g.indexer_n_heads, g.indexer_head_dim, ratio, g.indexer_top_k, g.rope_dim, g.rope_theta)
+        return IndexerShape(g.indexer_n_heads, g.indexer_head_dim, g.qsa_ratio(layer), g.indexer_top_k, g.rope_dim,
+                            g.rope_theta)
 
     def reset(self) -> None:
         """Forget the sequence: every per-layer state back to empty."""

@@ -1,34 +1,13 @@
-"""PLE block of qwen4exp (shared/docs/models/qwen4exp.md §3(d)): hashed n-gram embeddings, a per-stream
+"""PLE block of qwen4exp (docs/models/qwen4exp.md §3(d)): hashed n-gram embeddings, a per-stream
 sigmoid gate and a dilated depthwise conv, added to every stream before that layer's attention mixer."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+from strata.models import PleShape
 from strata.reference.ops import grouped_rms_norm, sigmoid, silu
 from strata.reference.weights import Weights
-
-MASK64 = (1 << 64) - 1
-SPLITMIX_GAMMA = 0x9E3779B97F4A7C15
-
-
-@dataclass(frozen=True)
-class PleShape:
-    ngram: int                    # largest n-gram order; also the conv dilation
-    heads_per_ngram: int
-    head_dim: int                 # row width of per_layer_token_embd
-    conv_kernel: int
-    eos: int
-    multipliers: tuple[int, ...]  # one per context slot c0..c_{ngram-1}
-    head_offsets: tuple[int, ...]
-    head_sizes: tuple[int, ...]
-
-    @property
-    def history(self) -> int:
-        """Normalised gated rows the conv needs from before the chunk: dilation * (kernel - 1)."""
-        return self.ngram * (self.conv_kernel - 1)
 
 
 class PleState:

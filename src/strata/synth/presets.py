@@ -75,12 +75,12 @@ def with_layers(g: models.Geometry, n_layer: int) -> models.Geometry:
         raise InvalidArgument(f"n_layer must be in 1..4096, got {n_layer}")
     recurrent = tuple((i + 1) % 4 != 0 for i in range(n_layer))
     changes: dict = dict(n_layer=n_layer, recurrent=recurrent)
-    if g.arch == "qwen4exp":
-        ratio = max(g.compress_ratios, default=4) or 4
+    if g.qsa_block:
+        ratio = max(g.compress_ratios, default=0) or g.qsa_block
         changes["compress_ratios"] = tuple(0 if r else ratio for r in recurrent)
-        if g.ple_layers and not (g.ple_layers[0] < n_layer and recurrent[g.ple_layers[0]]):
-            changes.update(ple_layers=(), ple_ngram=0, ple_heads_per_ngram=0, ple_conv_kernel=0, ple_eos=0,
-                           ple_head_dim=0, ple_multipliers=(), ple_head_offsets=(), ple_head_sizes=(), ple_rows=0)
+    if g.ple_layers and not (g.ple_layers[0] < n_layer and recurrent[g.ple_layers[0]]):
+        changes.update(ple_layers=(), ple_ngram=0, ple_heads_per_ngram=0, ple_conv_kernel=0, ple_eos=0,
+                       ple_head_dim=0, ple_multipliers=(), ple_head_offsets=(), ple_head_sizes=(), ple_rows=0)
     return dataclasses.replace(g, **changes)
 
 
