@@ -15,10 +15,11 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from strata import _native
-from strata.pool import ExpertPool
+from strata import _native_check
+from strata.options import Mode
 from strata.quant import repack
 from strata.quant.synthetic import random_blocks
+from strata.runtime.pool import ExpertPool
 
 N, FF, K = 2560, 640, 10
 
@@ -45,14 +46,14 @@ def main() -> None:
         print(f"{args.layers} layers, k={K}, {expert_bytes * K / 1e6:.1f} MB of expert weights per layer, "
               f"{pool.threads} workers ({pool.isa})")
         print(f"{'mode':<14}{'ms/token':>10}{'ring wait':>11}{'pool':>9}{'other':>9}   (ms per token)")
-        for mode in ("uncaptured", "layer_graphs", "token_graph"):
-            _native.expert_exchange(pool._native, mode, x, ids, weights, 2)  # warm: capture, page faults
-            _, t = _native.expert_exchange(pool._native, mode, x, ids, weights, args.tokens)
+        for mode in Mode:
+            _native_check.expert_exchange(pool.native, mode, x, ids, weights, 2)  # warm: capture, page faults
+            _, t = _native_check.expert_exchange(pool.native, mode, x, ids, weights, args.tokens)
             ms = {key: t[key] * 1e3 for key in ("seconds_per_token", "ring_wait_seconds", "pool_seconds")}
             other = ms["seconds_per_token"] - ms["ring_wait_seconds"] - ms["pool_seconds"]
-            print(f"{mode:<14}{ms['seconds_per_token']:>10.3f}{ms['ring_wait_seconds']:>11.3f}"
+            print(f"{mode.value:<14}{ms['seconds_per_token']:>10.3f}{ms['ring_wait_seconds']:>11.3f}"
                   f"{ms['pool_seconds']:>9.3f}{other:>9.3f}")
-            results[mode] = {**ms, "expert_gb_per_s": expert_bytes * K * args.layers / t["pool_seconds"] / 1e9}
+            results[mode.value] = {**ms, "expert_gb_per_s": expert_bytes * K * args.layers / t["pool_seconds"] / 1e9}
     for mode, r in results.items():
         print(f"RESULT exchange {mode}: {r['seconds_per_token']:.3f} ms/token for {args.layers} layers, "
               f"pool {r['expert_gb_per_s']:.1f} GB/s of expert bytes, ring wait {r['ring_wait_seconds']:.3f} ms")

@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from strata import _native
+from strata import _native_check
 from strata.quant import QuantTensor, form_for
 from strata.quant.tensor import plane_layout
 
 PEAK_BYTES_PER_S = 4.2e12
-# (name, in, out) of one qwen4exp layer (shared/docs/models/qwen4exp.md): GDN, attention, HC, shared expert.
+# (name, in, out) of one qwen4exp layer (docs/models/qwen4exp.md): GDN, attention, HC, shared expert.
 LAYER = [
     ("attn_qkv", 2560, 10240), ("attn_gate", 2560, 6144), ("ssm_beta", 2560, 48), ("ssm_alpha", 2560, 48),
     ("ssm_out", 6144, 2560), ("attn_q", 2560, 12288), ("attn_k", 2560, 512), ("attn_v", 2560, 512),
@@ -57,7 +57,7 @@ def measure(name: str, column: str, ggml_type: T, n_in: int, n_out: int, reps: i
     if ggml_type == T.Q4_K and n_in % 256:
         ggml_type = T.Q4_0
     w = random_weight(ggml_type, n_out, n_in, rng)
-    seconds = _native.time_gemv(w, reps)
+    seconds = _native_check.time_gemv(w, reps)
     nbytes = w.nbytes
     return {"tensor": name, "column": column, "format": ggml_type.name, "in": n_in, "out": n_out, "bytes": nbytes,
             "us": seconds * 1e6,

@@ -3,7 +3,7 @@
 import pytest
 
 import strata
-from strata import _native
+from strata import _native_check
 
 
 @pytest.mark.parametrize(
@@ -18,7 +18,7 @@ from strata import _native
 )
 def test_native_errors_map_to_python_classes(kind, exception, compatible, fragment):
     with pytest.raises(exception, match=fragment) as caught:
-        _native.raise_error(kind)
+        _native_check.raise_error(kind)
     assert type(caught.value) is exception
     assert isinstance(caught.value, compatible)
     assert isinstance(caught.value, strata.StrataError)
@@ -26,7 +26,7 @@ def test_native_errors_map_to_python_classes(kind, exception, compatible, fragme
 
 def test_cuda_error_carries_the_cuda_error_name():
     with pytest.raises(strata.CudaError) as caught:
-        _native.raise_error("cuda")
+        _native_check.raise_error("cuda")
     assert caught.value.cuda_name == "cudaErrorInvalidValue"
     # The message says which call failed and where, not only the code.
     assert "failed" in str(caught.value) and "kernel_check" in str(caught.value)
@@ -34,7 +34,7 @@ def test_cuda_error_carries_the_cuda_error_name():
 
 def test_unknown_kind_is_an_invalid_argument_naming_it():
     with pytest.raises(strata.InvalidArgument, match="unknown kind 'bogus'"):
-        _native.raise_error("bogus")
+        _native_check.raise_error("bogus")
 
 
 def test_exception_hierarchy_is_catchable_by_builtin_classes():

@@ -6,7 +6,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 import strata
-from strata import _native
+from strata import _native_check
 from strata.quant import QuantTensor, dequantize, form_for, matvec, repack
 from strata.quant.forms import FORMS
 from strata.quant.synthetic import random_blocks
@@ -33,7 +33,7 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
 def check_quant(ggml_type: T, rows: int, cols: int, rng: np.random.Generator) -> None:
     q = random_weight(ggml_type, rows, cols, rng)
     x = rng.standard_normal(cols).astype(np.float32)
-    got, want = _native.gemv(q, x), matvec(q, x)
+    got, want = _native_check.gemv(q, x), matvec(q, x)
     assert np.all(np.isfinite(got)), f"{np.count_nonzero(~np.isfinite(got))} non-finite outputs"
     scale = np.max(np.abs(dequantize(q)).astype(np.float64) @ np.abs(x).astype(np.float64))
     err = float(np.max(np.abs(got.astype(np.float64) - want)) / scale)
@@ -68,7 +68,7 @@ def test_float_gemv(rng, ggml_type, rows, cols):
     w = random_weight(ggml_type, rows, cols, rng)
     x = rng.standard_normal(cols).astype(np.float32)
     want = _float64_reference(w, x)
-    err = relative_error(_native.gemv(w, x), want)
+    err = relative_error(_native_check.gemv(w, x), want)
     assert err < FLOAT_RTOL, f"{ggml_type.name} {rows}x{cols}: max error {err:.2e} of max |y|"
 
 
@@ -90,7 +90,7 @@ def test_lm_head(rng, ggml_type):
     rows, cols = 248320, 2560
     w = random_weight(ggml_type, rows, cols, rng)
     x = rng.standard_normal(cols).astype(np.float32)
-    y = _native.gemv(w, x)
+    y = _native_check.gemv(w, x)
     assert y.shape == (rows,) and np.all(np.isfinite(y))
     sample = np.sort(np.concatenate([rng.choice(rows - 1, 2048, replace=False), [rows - 1]]))
     if isinstance(w, np.ndarray):
@@ -105,13 +105,13 @@ def test_lm_head(rng, ggml_type):
 def test_gemv_rejects_wrong_x_length(rng):
     q = random_weight(T.Q8_0, 4, 64, rng)
     with pytest.raises(strata.InvalidArgument, match="x has 32 elements, the weight has 64 columns"):
-        _native.gemv(q, rng.standard_normal(32).astype(np.float32))
+        _native_check.gemv(q, rng.standard_normal(32).astype(np.float32))
 
 
 @pytest.mark.gpu
 def test_gemv_rejects_unknown_float_dtype(rng):
     with pytest.raises(strata.InvalidArgument, match="float64"):
-        _native.gemv(rng.standard_normal((4, 64)), rng.standard_normal(64).astype(np.float32))
+        _native_check.gemv(rng.standard_normal((4, 64)), rng.standard_normal(64).astype(np.float32))
 
 
 def test_every_quant_type_has_a_form():

@@ -1,4 +1,4 @@
-"""The hyper-connection mixer on the GPU (shared/docs/models/qwen4exp.md §3(a)): the read chained from the
+"""The hyper-connection mixer on the GPU (docs/models/qwen4exp.md §3(a)): the read chained from the
 grouped RMSNorm, q8_32, GEMV and hc kernels, stage by stage and whole against strata.reference.hc.hc_read with
 activation_quant weights, and the write-back against hc_write."""
 
@@ -8,7 +8,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants
 
 import strata
-from strata import _native
+from strata import _native_check
 from strata.quant import dequantize, matvec, repack
 from strata.reference.hc import hc_read, hc_write
 from strata.reference.ops import grouped_rms_norm, sigmoid, silu
@@ -83,7 +83,7 @@ FORM_IDS = [f"{d.name}-{u.name}" for d, u in FORMS]
 def test_hc_read_stage_by_stage(rng, down_type, up_type):
     """Each stage against numpy applied to the GPU's own previous stage: every q8_32 input is identical."""
     w, h = hc_weights(down_type, up_type, rng), random_streams(rng)
-    got = _native.hc_read(h, w["norm"], w["down"], w["up"], w["inject"], eps=EPS)
+    got = _native_check.hc_read(h, w["norm"], w["down"], w["up"], w["inject"], eps=EPS)
     want_normed = grouped_rms_norm(h.reshape(1, -1), w["norm"], HC, EPS)[0]
     assert_within(got["normed"], want_normed, 1e-5 * np.max(np.abs(want_normed)), "grouped rms_norm")
     down, down_scale = gemv_reference(w["down"], got["normed"])
@@ -104,7 +104,7 @@ def test_hc_read_stage_by_stage(rng, down_type, up_type):
 @pytest.mark.parametrize(("down_type", "up_type"), FORMS, ids=FORM_IDS)
 def test_hc_read_whole_vs_reference(rng, down_type, up_type):
     w, h = hc_weights(down_type, up_type, rng), random_streams(rng)
-    got = _native.hc_read(h, w["norm"], w["down"], w["up"], w["inject"], eps=EPS)
+    got = _native_check.hc_read(h, w["norm"], w["down"], w["up"], w["inject"], eps=EPS)
     want_x, want_inj = hc_read(CanonicalWeights(w), PREFIX, h[None], EPS)
     rtol = WHOLE_RTOL_FLOAT if down_type in (T.F32, T.BF16) else WHOLE_RTOL_QUANT
     assert_within(got["x"], want_x[0], rtol * np.max(np.abs(want_x)), f"x ({down_type.name})")
@@ -114,8 +114,8 @@ def test_hc_read_whole_vs_reference(rng, down_type, up_type):
 @pytest.mark.gpu
 def test_hc_read_without_inject_is_the_final_mixer(rng):
     w, h = hc_weights(T.Q8_0, T.Q8_0, rng), random_streams(rng)
-    with_inject = _native.hc_read(h, w["norm"], w["down"], w["up"], w["inject"], eps=EPS)
-    final = _native.hc_read(h, w["norm"], w["down"], w["up"], eps=EPS)
+    with_inject = _native_check.hc_read(h, w["norm"], w["down"], w["up"], w["inject"], eps=EPS)
+    final = _native_check.hc_read(h, w["norm"], w["down"], w["up"], eps=EPS)
     assert "inj" not in final
     assert np.array_equal(final["x"], with_inject["x"]), "the inject GEMV must not change x"
 
@@ -126,7 +126,7 @@ def test_hc_write(rng, streams, n):
     h = (rng.standard_normal((streams, n)) * 3).astype(np.float32)
     inj = rng.uniform(0.0, 2.0, streams).astype(np.float32)
     y = rng.standard_normal(n).astype(np.float32)
-    got = _native.hc_write(h, inj, y)
+    got = _native_check.hc_write(h, inj, y)
     want = hc_write(h[None], inj[None], y[None])[0]
     assert np.all(np.isfinite(got)), "non-finite streams"
     # One fused multiply-add vs float64 then float32: equal up to a double rounding (one ulp).
@@ -136,8 +136,8 @@ def test_hc_write(rng, streams, n):
 def test_hc_read_rejects_mismatched_weights_without_a_device(rng):
     w, h = hc_weights(T.F32, T.F32, rng), random_streams(rng)
     with pytest.raises(strata.InvalidArgument, match=r"up weight up is 320 x 10240, expected 10240 x 320"):
-        _native.hc_read(h, w["norm"], w["down"], w["down"], eps=EPS)
+        _native_check.hc_read(h, w["norm"], w["down"], w["down"], eps=EPS)
     with pytest.raises(strata.InvalidArgument, match=r"inject weight inject is 320 x 10240, expected 4 x 10240"):
-        _native.hc_read(h, w["norm"], w["down"], w["up"], w["down"], eps=EPS)
+        _native_check.hc_read(h, w["norm"], w["down"], w["up"], w["down"], eps=EPS)
     with pytest.raises(strata.InvalidArgument, match="of 10240 entries; found 2560"):
-        _native.hc_read(h, w["norm"][:N], w["down"], w["up"], eps=EPS)
+        _native_check.hc_read(h, w["norm"][:N], w["down"], w["up"], eps=EPS)

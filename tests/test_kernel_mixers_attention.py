@@ -29,7 +29,7 @@ def bf16_round(x: np.ndarray) -> np.ndarray:
 
 
 def run(rng, steps, heads, kv_heads, d, page_size, int8_kv=False, indexer=None):
-    from strata import _native
+    from strata import _native_check
 
     f = np.float32
     inputs = {
@@ -43,7 +43,7 @@ def run(rng, steps, heads, kv_heads, d, page_size, int8_kv=False, indexer=None):
     inputs["cos"], inputs["sin"] = cos.astype(f), sin.astype(f)
     n_pages = -(-steps // page_size) + 1  # one spare page, so the table is a real permutation
     inputs["pages"] = rng.permutation(n_pages).astype(np.int32)
-    got = _native.attention_steps(inputs["q_gate"], inputs["k"], inputs["v"], inputs["q_norm"], inputs["k_norm"],
+    got = _native_check.attention_steps(inputs["q_gate"], inputs["k"], inputs["v"], inputs["q_norm"], inputs["k_norm"],
                                   inputs["cos"], inputs["sin"], inputs["pages"], page_size=page_size,
                                   int8_kv=int8_kv, eps=EPS, indexer=indexer)
     return inputs, got
@@ -145,11 +145,11 @@ def test_qsa_attention_drops_blocks(rng):
 @pytest.mark.gpu
 @pytest.mark.parametrize("keep", [1, 7, 512, 2999, 3000, 5000])
 def test_qsa_top_blocks_ties_go_to_lower_index(rng, keep):
-    from strata import _native
+    from strata import _native_check
 
     n = 3000
     scores = rng.integers(-2, 5, n).astype(np.float32)  # many exact ties, a few negative values
     scores[rng.integers(0, n, 50)] = rng.standard_normal(50, dtype=np.float32) * 10
-    got = _native.qsa_top_blocks(scores, keep)
+    got = _native_check.qsa_top_blocks(scores, keep)
     want = select_blocks(scores.astype(np.float64), min(keep, n))
     assert np.array_equal(got, want), f"keep={keep}: first differences at {np.nonzero(got[:len(want)] != want)[0][:5]}"

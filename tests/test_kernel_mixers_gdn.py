@@ -71,14 +71,14 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_gdn_steps_match_reference(rng, layout):
-    from strata import _native
+    from strata import _native_check
 
     shape = LAYOUTS[layout]
     steps = 6
     inputs = random_inputs(rng, shape, steps)
     conv_state = rng.standard_normal((shape.conv_kernel - 1, shape.conv_channels), dtype=np.float32)
     state = rng.standard_normal((shape.n_v_heads, shape.head_k_dim, shape.head_v_dim), dtype=np.float32) * 0.1
-    got, got_conv, got_state = _native.gdn_steps(
+    got, got_conv, got_state = _native_check.gdn_steps(
         inputs["qkv"], inputs["z"], inputs["beta_in"], None if shape.interleaved_ba else inputs["alpha_in"],
         inputs["conv_weight"], inputs["ssm_a"], inputs["dt_bias"], inputs["norm_weight"], conv_state, state,
         n_k_heads=shape.n_k_heads, tiled_heads=shape.tiled_heads, interleaved_ba=shape.interleaved_ba,
@@ -96,14 +96,14 @@ def test_gdn_steps_match_reference(rng, layout):
 def test_gdn_head_mappings_differ(rng):
     """Tiled and grouped head maps must give different outputs on the same inputs (the test above would not
     notice a kernel that ignored the flag if both maps coincided)."""
-    from strata import _native
+    from strata import _native_check
 
     shape = LAYOUTS["qwen35moe"]
     inputs = random_inputs(rng, shape, 1)
     conv_state = rng.standard_normal((shape.conv_kernel - 1, shape.conv_channels), dtype=np.float32)
     state = rng.standard_normal((shape.n_v_heads, shape.head_k_dim, shape.head_v_dim), dtype=np.float32) * 0.1
     outs = [
-        _native.gdn_steps(inputs["qkv"], inputs["z"], inputs["beta_in"], inputs["alpha_in"], inputs["conv_weight"],
+        _native_check.gdn_steps(inputs["qkv"], inputs["z"], inputs["beta_in"], inputs["alpha_in"], inputs["conv_weight"],
                           inputs["ssm_a"], inputs["dt_bias"], inputs["norm_weight"], conv_state, state,
                           n_k_heads=shape.n_k_heads, tiled_heads=tiled, interleaved_ba=False, sigmoid_gate=False,
                           eps=EPS)[0]
@@ -113,11 +113,11 @@ def test_gdn_head_mappings_differ(rng):
 
 
 def test_gdn_shape_mismatch_is_refused(rng):
-    from strata import _native
+    from strata import _native_check
     import strata
 
     with pytest.raises(strata.InvalidArgument, match="conv_weight has 10 channels"):
-        _native.gdn_steps(np.ones((1, 10), np.float32), np.ones((1, 4), np.float32), np.ones((1, 1), np.float32),
+        _native_check.gdn_steps(np.ones((1, 10), np.float32), np.ones((1, 4), np.float32), np.ones((1, 1), np.float32),
                           np.ones((1, 1), np.float32), rng.standard_normal((10, 4)), np.ones(1), np.ones(1),
                           np.ones(4), np.ones((3, 10)), np.ones((1, 4, 4)), n_k_heads=1, tiled_heads=True,
                           interleaved_ba=False, sigmoid_gate=True, eps=EPS)

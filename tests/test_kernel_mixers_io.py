@@ -11,7 +11,7 @@ def bf16_bits(x: np.ndarray) -> np.ndarray:
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["f32", "f16", "bf16", "q8_0"])
 def test_embed_rows_exact(rng, kind):
-    from strata import _native
+    from strata import _native_check
 
     rows, cols = 50, 320
     values = rng.standard_normal((rows, cols), dtype=np.float32)
@@ -29,24 +29,24 @@ def test_embed_rows_exact(rng, kind):
         table = rng.integers(0, 256, (rows, cols)).astype(np.uint8)
         d = rng.uniform(0.001, 0.1, (rows, cols // 32)).astype(np.float16)
         want = (np.repeat(d.astype(np.float32), 32, axis=1) * (table.astype(np.float32) - 128)).astype(np.float32)
-    got = _native.embed_rows(table, ids, d=d)
+    got = _native_check.embed_rows(table, ids, d=d)
     # Each element is one conversion (and for Q8_0 one float32 product), done identically here: exact.
     assert np.array_equal(got, want[ids]), f"kind={kind}"
 
 
 @pytest.mark.gpu
 def test_embed_rows_bad_id_gives_nan_row(rng):
-    from strata import _native
+    from strata import _native_check
 
     table = rng.standard_normal((8, 64), dtype=np.float32)
-    got = _native.embed_rows(table, np.array([3, 8, -1], np.int32))
+    got = _native_check.embed_rows(table, np.array([3, 8, -1], np.int32))
     assert np.array_equal(got[0], table[3])
     assert np.all(np.isnan(got[1:]))
 
 
 @pytest.mark.gpu
 def test_doorbell_round_trip_with_host_thread(rng):
-    from strata import _native
+    from strata import _native_check
 
     n, k = 2560, 8
     x = rng.standard_normal(n, dtype=np.float32)
@@ -54,7 +54,7 @@ def test_doorbell_round_trip_with_host_thread(rng):
     weights = rng.uniform(0.0, 1.0, k).astype(np.float32)
     answer = rng.standard_normal(n, dtype=np.float32)
     base, offset = int(rng.integers(1, 10_000)), 7
-    got = _native.doorbell_round_trip(x, ids, weights, base, offset, answer)
+    got = _native_check.doorbell_round_trip(x, ids, weights, base, offset, answer)
     assert got["status"] == 0
     assert got["seq_seen"] == base + offset
     assert np.array_equal(got["published_x"], x)
@@ -65,12 +65,12 @@ def test_doorbell_round_trip_with_host_thread(rng):
 
 @pytest.mark.gpu
 def test_doorbell_wait_times_out_with_a_status(rng):
-    from strata import _native
+    from strata import _native_check
 
     n, k = 256, 4
     x = rng.standard_normal(n, dtype=np.float32)
     base, offset = int(rng.integers(1, 10_000)), 3
-    got = _native.doorbell_round_trip(x, np.arange(k, dtype=np.int32), np.ones(k, np.float32), base, offset,
+    got = _native_check.doorbell_round_trip(x, np.arange(k, dtype=np.int32), np.ones(k, np.float32), base, offset,
                                       None, timeout_ns=20_000)
     assert got["status"] == base + offset  # the ring that was never answered
     assert got["seq_seen"] == base + offset  # the publish still reached the host

@@ -30,7 +30,7 @@ def reference_steps(streams, key, value, norm_key, norm_query, norm_conv, conv_w
 
 @pytest.mark.gpu
 def test_ple_steps_match_reference(rng):
-    from strata import _native
+    from strata import _native_check
 
     steps, hc, n, dilation, kernel = 5, 4, 2560, 3, 4
     f = np.float32
@@ -40,7 +40,7 @@ def test_ple_steps_match_reference(rng):
     norms = [rng.uniform(0.5, 1.5, hc * n).astype(f) for _ in range(3)]
     conv_weight = rng.standard_normal((hc * n, kernel), dtype=f) * 0.5
     history = rng.standard_normal((dilation * (kernel - 1), hc * n), dtype=f)
-    got, got_history = _native.ple_steps(streams, key, value, *norms, conv_weight, history, dilation=dilation, eps=EPS)
+    got, got_history = _native_check.ple_steps(streams, key, value, *norms, conv_weight, history, dilation=dilation, eps=EPS)
     want, want_history = reference_steps(streams, key, value, *norms, conv_weight, history, dilation)
     assert np.all(np.isfinite(got))
     for t in range(steps):

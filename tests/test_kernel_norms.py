@@ -1,11 +1,11 @@
 """RMSNorm variants, L2 norm and NEOX RoPE on the GPU vs the float64 formulas of strata.reference.ops
-(shared/docs/models/qwen4exp.md §3 notation)."""
+(docs/models/qwen4exp.md §3 notation)."""
 
 import numpy as np
 import pytest
 
 import strata
-from strata import _native
+from strata import _native_check
 from strata.reference.ops import apply_rope, grouped_rms_norm, l2_normalize, rms_norm, rope_tables, sigmoid, silu
 
 # float32 sums of up to 2560 squares and a few float32 products (fast exp in the gates): well under 1e-5.
@@ -23,7 +23,7 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
 def test_grouped_rms_norm(rng, rows, groups, cols):
     x = rng.standard_normal((rows, groups * cols), dtype=np.float32) * np.float32(rng.uniform(0.1, 10))
     w = rng.standard_normal(groups * cols, dtype=np.float32)
-    err = relative_error(_native.rms_norm_grouped(x, w, groups, EPS), grouped_rms_norm(x, w, groups, EPS))
+    err = relative_error(_native_check.rms_norm_grouped(x, w, groups, EPS), grouped_rms_norm(x, w, groups, EPS))
     assert err < RTOL, f"max relative error {err:.2e}"
 
 
@@ -36,7 +36,7 @@ def test_gated_rms_norm(rng, gate, heads):
     w = rng.standard_normal(128, dtype=np.float32)
     gate_values = sigmoid(z) if gate == "sigmoid" else silu(z)
     want = rms_norm(x, w, EPS) * gate_values
-    err = relative_error(_native.rms_norm_gated(x, z, w, EPS, gate), want)
+    err = relative_error(_native_check.rms_norm_gated(x, z, w, EPS, gate), want)
     assert err < RTOL, f"{gate}: max relative error {err:.2e}"
 
 
@@ -44,14 +44,14 @@ def test_gated_rms_norm(rng, gate, heads):
 def test_gated_rms_norm_rejects_unknown_gate(rng):
     x = rng.standard_normal((2, 128), dtype=np.float32)
     with pytest.raises(strata.InvalidArgument, match="gate must be 'sigmoid' or 'silu', got 'tanh'"):
-        _native.rms_norm_gated(x, x, np.ones(128, np.float32), EPS, "tanh")
+        _native_check.rms_norm_gated(x, x, np.ones(128, np.float32), EPS, "tanh")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("heads", [1, 16, 32])
 def test_l2_norm(rng, heads):
     x = rng.standard_normal((heads, 128), dtype=np.float32) * np.float32(rng.uniform(0.01, 10))
-    err = relative_error(_native.l2_norm(x, EPS), l2_normalize(x, EPS))
+    err = relative_error(_native_check.l2_norm(x, EPS), l2_normalize(x, EPS))
     assert err < RTOL, f"max relative error {err:.2e}"
 
 
@@ -63,7 +63,7 @@ def test_rope_neox_partial(rng, tokens, heads, head_dim, rope_dim):
     positions[0] = 0
     cos, sin = rope_tables(positions, rope_dim, 10_000_000.0)
     want = apply_rope(x, cos, sin)
-    got = _native.rope_neox(x, positions, rope_dim, 10_000_000.0)
+    got = _native_check.rope_neox(x, positions, rope_dim, 10_000_000.0)
     # cos/sin rounded to float32 (rel 6e-8) and two float32 products: 1e-6 of max |x| is ample.
     err = relative_error(got, want)
     assert err < 1e-6, f"max relative error {err:.2e}"

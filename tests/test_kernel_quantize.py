@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 
 import strata
-from strata import _native
+from strata import _native_check
 from strata.quant import quantize_activation
 
 
 def _check_exact(x: np.ndarray, seed_note: str) -> None:
-    xq, dx, sums = _native.quantize_q8_32(x)
+    xq, dx, sums = _native_check.quantize_q8_32(x)
     want_xq, want_dx, want_sums = quantize_activation(x)
     # Same IEEE division and rounding rule: every output is bit-exact, not just close.
     assert np.array_equal(dx.view(np.uint32), want_dx.view(np.uint32)), f"dx differs ({seed_note})"
@@ -33,11 +33,11 @@ def test_quantize_ties_zero_blocks_and_tiny_blocks(rng):
     mixed = rng.standard_normal(32).astype(np.float32)
     x = np.concatenate([ties, -ties, zero, tiny, mixed])
     _check_exact(x, "ties/zero/tiny")
-    xq, _, _ = _native.quantize_q8_32(ties)
+    xq, _, _ = _native_check.quantize_q8_32(ties)
     assert xq[1] == np.trunc(ties[1]) + np.sign(ties[1]), "a .5 tie must round away from zero"
 
 
 @pytest.mark.gpu
 def test_quantize_rejects_partial_block(rng):
     with pytest.raises(strata.InvalidArgument, match="multiple of 32"):
-        _native.quantize_q8_32(rng.standard_normal(48).astype(np.float32))
+        _native_check.quantize_q8_32(rng.standard_normal(48).astype(np.float32))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import strata
-from strata import _native
+from strata import _native_check
 from strata.sampling import SamplingParams, sample
 
 QWEN_VOCAB = 248320
@@ -45,7 +45,7 @@ def reference_tokens(logits, params, draws, seen=()):
 
 
 def check_same_tokens(logits, params, draws, seen=(), graph=False, seed=None):
-    got = _native.sample_tokens(logits, params, draws, seen, graph=graph)
+    got = _native_check.sample_tokens(logits, params, draws, seen, graph=graph)
     want = reference_tokens(logits, params, draws, seen)
     bad = np.flatnonzero(got != want)
     assert bad.size == 0, (f"seed={seed} {params} graph={graph}: {bad.size}/{len(draws)} draws differ, first u="
@@ -79,7 +79,7 @@ def test_greedy_is_the_argmax_with_ties_to_the_lower_id(rng, seed):
     logits = random_logits(rng, QWEN_VOCAB)
     top = logits.max() + np.float32(1.0)
     logits[[200000, 70000, 131072]] = top
-    got = _native.sample_tokens(logits, SamplingParams(), rng.random(3))
+    got = _native_check.sample_tokens(logits, SamplingParams(), rng.random(3))
     assert got.tolist() == [70000] * 3, f"seed={seed}: greedy gave {got.tolist()}, want 70000"
     check_same_tokens(logits, SamplingParams(), [0.5], seed=seed)
 
@@ -101,12 +101,12 @@ def test_equal_logits_hit_boundaries_exactly():
     """
     logits = np.full(8, 0.75, np.float32)
     draws = np.arange(8) / 8.0
-    got = _native.sample_tokens(logits, SamplingParams(temperature=1.0), draws)
+    got = _native_check.sample_tokens(logits, SamplingParams(temperature=1.0), draws)
     assert got.tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
-    got = _native.sample_tokens(logits, SamplingParams(temperature=1.0, top_p=0.5), draws)
+    got = _native_check.sample_tokens(logits, SamplingParams(temperature=1.0, top_p=0.5), draws)
     assert got.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
     zeros = np.array([0.0, -0.0, 0.0, -0.0], np.float32)
-    got = _native.sample_tokens(zeros, SamplingParams(temperature=1.0), [0.0, 0.25, 0.5, 0.75])
+    got = _native_check.sample_tokens(zeros, SamplingParams(temperature=1.0), [0.0, 0.25, 0.5, 0.75])
     assert got.tolist() == [0, 1, 2, 3]
     for params in (SamplingParams(temperature=1.0), SamplingParams(temperature=1.0, top_p=0.5)):
         check_same_tokens(logits, params, draws)
@@ -119,12 +119,12 @@ def test_repeated_seen_ids_are_penalised_once(rng, seed):
     logits[[10, 20]] = [2.0, 1.5]
     seen = [10, 10, 10, 5, 5, 999]
     greedy = SamplingParams(repeat_penalty=1.2)
-    assert _native.sample_tokens(logits, greedy, [0.3], seen).tolist() == [10], f"seed={seed}"
+    assert _native_check.sample_tokens(logits, greedy, [0.3], seen).tolist() == [10], f"seed={seed}"
     check_same_tokens(logits, greedy, [0.3], seen, seed=seed)
 
     negative = -rng.uniform(0.5, 1.0, 1000).astype(np.float32)  # all negative: the penalty multiplies
     negative[[3, 4]] = [-0.1, -0.11]
-    assert _native.sample_tokens(negative, greedy, [0.3], [3, 3]).tolist() == [4], f"seed={seed}"
+    assert _native_check.sample_tokens(negative, greedy, [0.3], [3, 3]).tolist() == [4], f"seed={seed}"
     for params in (SamplingParams(temperature=0.9, repeat_penalty=1.7), PARAMS["all"]):
         check_same_tokens(logits, params, rng.random(30), rng.integers(0, 1000, 400), seed=seed)
 
@@ -156,7 +156,7 @@ GOOD = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0)
 def test_bad_parameters_are_refused_as_the_reference_refuses_them(change, fragment):
     params = SimpleNamespace(**{**GOOD, **change})
     with pytest.raises(strata.InvalidArgument, match=fragment):
-        _native.sample_tokens(np.ones(10, np.float32), params, [0.5])
+        _native_check.sample_tokens(np.ones(10, np.float32), params, [0.5])
 
 
 @pytest.mark.parametrize(
@@ -174,11 +174,11 @@ def test_bad_parameters_are_refused_as_the_reference_refuses_them(change, fragme
 )
 def test_bad_inputs_are_refused(logits, draws, seen, fragment):
     with pytest.raises(strata.InvalidArgument, match=fragment):
-        _native.sample_tokens(logits, SimpleNamespace(**GOOD), draws, seen)
+        _native_check.sample_tokens(logits, SimpleNamespace(**GOOD), draws, seen)
 
 
 def test_a_penalty_that_overflows_a_logit_is_refused():
     logits = np.array([1.0, -3e38], np.float32)
     params = SimpleNamespace(**{**GOOD, "repeat_penalty": 10.0})
     with pytest.raises(strata.InvalidArgument, match=r"after the repetition penalty \(id 1\)"):
-        _native.sample_tokens(logits, params, [0.5], [1])
+        _native_check.sample_tokens(logits, params, [0.5], [1])

@@ -1,4 +1,4 @@
-"""The CPU expert pool (cuda/src/cpu via strata.pool) against the numpy reference of strata.quant.
+"""The CPU expert pool (cuda/src/cpu via strata.runtime.pool) against the numpy reference of strata.quant.
 
 Every canonical quantized form, both expert shapes, both ISA paths (AVX-512 only where the CPU has it),
 thread counts 1 and all. The reference applies the same activation contract: q8_32 of x, q8_32 of h.
@@ -14,11 +14,12 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 import strata
-import strata.pool
+import strata.runtime.pool
 from strata.quant import QuantTensor, matvec, repack
 from strata.quant.synthetic import random_blocks
 
 _native = pytest.importorskip("strata._native")
+_native_check = pytest.importorskip("strata._native_check")
 
 # The kernels reorder float32 sums (lanes, FMA, offsets folded per row) against numpy's per-group order:
 # a few ulp of the largest partial sums over at most 80 blocks, far below 1e-5 of max|y|.
@@ -62,9 +63,9 @@ def rel_err(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.max(np.abs(got.astype(np.float64) - want)) / max(np.max(np.abs(want)), 1e-30))
 
 
-def make_pool(ggml_type: T, shape: str, isa: str, threads: int | None = None) -> strata.pool.ExpertPool:
+def make_pool(ggml_type: T, shape: str, isa: str, threads: int | None = None) -> strata.runtime.pool.ExpertPool:
     n_embd, ff = SHAPES[shape]
-    pool = strata.pool.ExpertPool(n_embd, ff, K, isa=isa, threads=threads)
+    pool = strata.runtime.pool.ExpertPool(n_embd, ff, K, isa=isa, threads=threads)
     pool.set_layer(0, *layer_weights(ggml_type, shape), n_expert=N_EXPERT)
     return pool
 
@@ -74,7 +75,7 @@ def silu(g: np.ndarray) -> np.ndarray:
         return (g.astype(np.float64) / (1.0 + np.exp(-g.astype(np.float64)))).astype(np.float32)
 
 
-def check_layer(pool: strata.pool.ExpertPool, ggml_type: T, shape: str, rng: np.random.Generator) -> None:
+def check_layer(pool: strata.runtime.pool.ExpertPool, ggml_type: T, shape: str, rng: np.random.Generator) -> None:
     gate, up, down = layer_weights(ggml_type, shape)
     n_embd, _ = SHAPES[shape]
     x = rng.standard_normal(n_embd, dtype=np.float32) * np.float32(rng.uniform(0.1, 10))
@@ -90,13 +91,14 @@ def check_layer(pool: strata.pool.ExpertPool, ggml_type: T, shape: str, rng: np.
             assert np.all(np.isnan(out[j])), f"skipped row {j} was written ({note})"
             continue
         e = int(ids[j])
-        g, u = pool.matvec(0, "gate", e, x), pool.matvec(0, "up", e, x)
+        g = _native_check.expert_matvec(pool.isa, expert(gate, e), x)
+        u = _native_check.expert_matvec(pool.isa, expert(up, e), x)
         assert rel_err(g, matvec(expert(gate, e), x)) < RTOL, f"gate of expert {e} ({note})"
         assert rel_err(u, matvec(expert(up, e), x)) < RTOL, f"up of expert {e} ({note})"
-        h = pool.hidden(j)
+        h = _native_check.expert_hidden(pool.isa, expert(gate, e), expert(up, e), x)  # the job's code, bit for bit
         # silu in float32 (native expf) vs float64 here: an ulp or two of each h.
         assert rel_err(h, silu(g) * u) < RTOL, f"h of slot {j} ({note})"
-        # The reference quantizes the pool's own h, so both sides see the same q8_32 of h.
+        # The reference quantizes the pool's h, so both sides see the same q8_32 of h.
         want = weights[j] * matvec(expert(down, e), h)
         assert rel_err(out[j], want) < RTOL, f"out row {j} (expert {e}) ({note})"
 
@@ -114,7 +116,7 @@ def test_layer_matches_reference(rng, ggml_type, shape, isa):
 @pytest.mark.parametrize("ggml_type", [T.Q4_K, T.Q2_K, T.Q8_0], ids=lambda t: t.name)
 def test_layer_thread_counts(rng, ggml_type, threads, isa):
     with make_pool(ggml_type, "qwen3next", isa, threads=threads) as pool:
-        assert pool.threads == (1 if threads == 1 else strata.pool.default_threads())
+        assert pool.threads == (1 if threads == 1 else strata.runtime.pool.default_threads())
         for _ in range(3):  # repeated jobs reuse the workers and the scratch
             check_layer(pool, ggml_type, "qwen3next", rng)
 

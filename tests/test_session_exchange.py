@@ -10,13 +10,13 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 import strata
-from strata import _native
-from strata.pool import ExpertPool
+from strata import _native, _native_check
+from strata.options import Mode
 from strata.quant import repack
 from strata.quant.synthetic import random_blocks
+from strata.runtime.pool import ExpertPool
 
 N, FF, N_EXPERT, K, LAYERS, TOKENS = 256, 64, 16, 4, 5, 3
-MODES = ["uncaptured", "layer_graphs", "token_graph"]
 
 
 def make_pool(rng: np.random.Generator) -> ExpertPool:
@@ -49,8 +49,8 @@ def test_every_mode_returns_this_layers_experts_for_every_token(rng, pool):
         for t in range(TOKENS)
     ])
     results = {}
-    for mode in MODES:
-        out, timing = _native.expert_exchange(pool._native, mode, x, ids, weights, TOKENS)
+    for mode in Mode:
+        out, timing = _native_check.expert_exchange(pool.native, mode, x, ids, weights, TOKENS)
         assert np.all(np.isfinite(out)), mode
         # The pool's own rows, summed in another order: float32 rounding only.
         err = np.max(np.abs(out - want)) / np.max(np.abs(want))
@@ -58,32 +58,32 @@ def test_every_mode_returns_this_layers_experts_for_every_token(rng, pool):
         assert timing["rings"] == LAYERS * TOKENS
         results[mode] = out
     # Same pool, same sums: the three modes agree bit for bit.
-    assert np.array_equal(results["uncaptured"], results["layer_graphs"])
-    assert np.array_equal(results["uncaptured"], results["token_graph"])
+    assert np.array_equal(results[Mode.UNCAPTURED], results[Mode.LAYER_GRAPHS])
+    assert np.array_equal(results[Mode.UNCAPTURED], results[Mode.TOKEN_GRAPH])
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", list(Mode))
 def test_a_layer_that_never_rings_is_named(rng, pool, mode):
     x, ids, weights = routing(rng)
     with pytest.raises(strata.StrataError, match="layer 2 never rang"):
-        _native.expert_exchange(pool._native, mode, x, ids, weights, 2, never_ring_layer=2, timeout=0.2)
+        _native_check.expert_exchange(pool.native, mode, x, ids, weights, 2, never_ring_layer=2, timeout=0.2)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", list(Mode))
 def test_a_layer_never_answered_is_named(rng, pool, mode):
     x, ids, weights = routing(rng)
     with pytest.raises(strata.StrataError, match="layer 3: the host's answer to ring 4 never arrived"):
-        _native.expert_exchange(pool._native, mode, x, ids, weights, 1, never_answer_layer=3, timeout=0.2)
+        _native_check.expert_exchange(pool.native, mode, x, ids, weights, 1, never_answer_layer=3, timeout=0.2)
 
 
 def test_bad_arguments_are_named(rng, pool):
     x, ids, weights = routing(rng)
-    with pytest.raises(strata.InvalidArgument, match="unknown exchange mode 'bogus'"):
-        _native.expert_exchange(pool._native, "bogus", x, ids, weights, 1)
+    with pytest.raises(strata.InvalidArgument, match="unknown session mode 'bogus'"):
+        _native_check.expert_exchange(pool.native, "bogus", x, ids, weights, 1)
     with pytest.raises(strata.InvalidArgument, match="must both be n_layer x k"):
-        _native.expert_exchange(pool._native, "token_graph", x, ids[:2], weights, 1)
+        _native_check.expert_exchange(pool.native, Mode.TOKEN_GRAPH, x, ids[:2], weights, 1)
     if _native.device_count() == 0:
         with pytest.raises(strata.InvalidArgument, match="device index 0 out of range: 0 CUDA device"):
-            _native.expert_exchange(pool._native, "token_graph", x, ids, weights, 1)
+            _native_check.expert_exchange(pool.native, Mode.TOKEN_GRAPH, x, ids, weights, 1)

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 import strata
-from strata import _native
+from strata import _native, _native_check
 from strata.format import inspect
-from strata.loader import dense_names, repacked, upload_dense
+from strata.runtime.loader import dense_names, repacked, upload_dense
 from strata.quant import matvec
 from strata.synth import synthesize
 
@@ -37,7 +37,7 @@ def test_gemv_on_uploaded_weights_matches_the_reference(rng, model):
                  "blk.1.ple_key.weight", "blk.2.ssm_out.weight"):
         w = held[name]
         x = rng.standard_normal(w.shape[1] if isinstance(w, np.ndarray) else w.cols).astype(np.float32)
-        got = weights.gemv(name, x)
+        got = _native_check.weights_gemv(weights, name, x)
         want = matvec(w, x)
         assert np.all(np.isfinite(got)), name
         err = np.max(np.abs(got - want)) / np.max(np.abs(want))
@@ -49,9 +49,9 @@ def test_gemv_on_uploaded_weights_matches_the_reference(rng, model):
 def test_a_missing_tensor_and_a_wrong_width_are_named(rng, model):
     weights = upload_dense(model)
     with pytest.raises(strata.InvalidArgument, match="no tensor named blk.0.nope"):
-        weights.gemv("blk.0.nope", np.zeros(4, np.float32))
+        _native_check.weights_gemv(weights, "blk.0.nope", np.zeros(4, np.float32))
     with pytest.raises(strata.InvalidArgument, match="x has 3 entries, the tensor has"):
-        weights.gemv("output.weight", np.ones(3, np.float32))
+        _native_check.weights_gemv(weights, "output.weight", np.ones(3, np.float32))
 
 
 def test_a_plane_of_the_wrong_size_is_refused_before_any_allocation(model):
@@ -63,7 +63,7 @@ def test_a_plane_of_the_wrong_size_is_refused_before_any_allocation(model):
 
 
 def test_a_second_load_reads_the_repack_cache_instead_of_repacking(tmp_path, model, monkeypatch):
-    import strata.loader as loader
+    import strata.runtime.loader as loader
 
     cache_path = tmp_path / "dense.strataqc"
     first = loader.dense_weights(model, cache_path)

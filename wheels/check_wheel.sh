@@ -15,13 +15,19 @@ if (( size_mib > MAX_WHEEL_MIB )); then
   echo "wheel is ${size_mib} MiB, over the ${MAX_WHEEL_MIB} MiB budget" >&2; exit 1
 fi
 
+# The test hooks (strata._native_check, strata_check, the binding sources) are for development builds only.
+hooks=$(python -m zipfile -l "$wheel" | awk '{print $1}' | grep -E '_native_check|\.(pyx|pxd|pxi)$' || true)
+if [[ -n "$hooks" ]]; then
+  echo "the wheel holds test hooks or binding sources:" >&2; echo "$hooks" >&2; exit 1
+fi
+
 python -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install -q "$wheel"
 # Import from outside the source tree so the installed wheel, not the checkout, is what runs.
 (cd "$work" && "$work/venv/bin/python" -c "import strata, strata._native; print('import: ok, devices:', strata.device_count())")
 (cd "$work" && "$work/venv/bin/strata" doctor)
 
-extension=$(find "$work/venv" -name '_native*.so' | head -n 1)
+extension=$(find "$work/venv" -name '_native.cpython*.so' | head -n 1)
 # Hidden visibility: the module's init function is the only symbol it exports.
 exported=$(nm -D --defined-only --extern-only "$extension" | awk '{print $3}' | grep -v -E '^(PyInit__native|_init|_fini)$' || true)
 if [[ -n "$exported" ]]; then
@@ -32,4 +38,11 @@ needed=$(readelf -d "$extension" | grep NEEDED || true)
 if grep -q -E 'libcuda\.so|libcudart' <<<"$needed"; then
   echo "the extension links the CUDA driver or runtime dynamically:" >&2; echo "$needed" >&2; exit 1
 fi
+# Nothing of the test hooks' library is linked in: none of its messages is in the extension.
+for marker in "raise_error: unknown kind" "exchange needs n_layer" "expert_matvec" "wrote outside its output buffer"; do
+  if grep -a -q -F "$marker" "$extension"; then
+    echo "the extension carries the test hooks (found \"$marker\")" >&2; exit 1
+  fi
+done
+echo "test hooks: none in the wheel"
 echo "wheel check: ok"

@@ -1,30 +1,40 @@
-# Declarations only: the C++ API of strata_core that the binding uses. Definitions live in _native.pyx.
-from libcpp.string cimport string
+# The extension types and C-level helpers of strata._native that other modules cimport (the test hooks'
+# strata._native_check takes the production objects and converts arguments the same way). Definitions live
+# in _native.pyx and its .pxi files.
+from libcpp.memory cimport unique_ptr
+
+from strata._native_forms cimport FloatKind, QuantForm, QuantPlanes
+from strata._native_pool cimport CppExpertPool, ExpertMatrix, Isa
+from strata._native_session cimport CppDecodeSession, DecodeMode, KvStorage, ModelGeometry, SessionLayout
+from strata._native_weights cimport CppDeviceWeights, HostTensor
 
 
-# The `except +` handler of every native call (see _native_errors.hpp). Pure extern: a room's .pxd may
-# cimport it without making the module import anything at load time.
-cdef extern from "_native_errors.hpp" namespace "strata_binding":
-    int raise_strata_error() except -1
+cdef class CpuExpertPool:
+    cdef unique_ptr[CppExpertPool] pool
+    cdef readonly long n_embd
+    cdef readonly long expert_ff
+    cdef readonly int max_k
+    cdef CppExpertPool* native(self) except NULL
 
 
-# The core's functions take a cpp_ prefix here so the Python-facing wrappers can keep the plain names.
-cdef extern from "strata/device.hpp" nogil:
-    cdef cppclass DeviceInfo "strata::DeviceInfo":
-        int index
-        string name
-        int cc_major
-        int cc_minor
-        size_t total_memory
-        size_t free_memory
-        int sm_count
-    int cpp_device_count "strata::device_count"()
-    DeviceInfo cpp_device_info "strata::device_info"(int index) except +raise_strata_error
-    int cpp_driver_version "strata::driver_version"()
-    int cpp_runtime_version "strata::runtime_version"()
+cdef class DeviceWeights:
+    cdef unique_ptr[CppDeviceWeights] weights
 
 
-cdef extern from "strata/kernel_check.hpp" nogil:
-    void cpp_rms_norm "strata::kernel_check::rms_norm"(int device, const float* x, const float* w,
-                                                     float* y, int rows, int cols, float eps) except +raise_strata_error
-    void cpp_raise_error "strata::kernel_check::raise_error"(const string& kind) except +raise_strata_error
+cdef class DecodeSession:
+    cdef unique_ptr[CppDecodeSession] session
+    cdef readonly object weights, pool
+    cdef readonly int n_vocab, ple_width
+    cdef CppDecodeSession* native(self) except NULL
+
+
+cdef QuantForm quant_form(object form) except *
+cdef QuantPlanes quant_planes(object weight, list keep) except *
+cdef FloatKind float_kind(object weight) except *
+cdef HostTensor host_tensor(str name, object held, list keep) except *
+cdef Isa pool_isa(str isa) except *
+cdef ExpertMatrix expert_matrix(dict spec) except *
+cdef ModelGeometry model_geometry(dict geometry) except *
+cdef KvStorage kv_storage(object kv) except *
+cdef DecodeMode decode_mode(object mode) except *
+cdef dict layout_dict(SessionLayout layout)

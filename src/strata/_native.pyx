@@ -1,14 +1,18 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """strata._native: the thin binding over the native core (strata_core).
 
-Every native call that can take time runs with the GIL released; every C++ exception crosses here, once,
-into a strata.errors class.
+Every native call that can take time runs with the GIL released, construction and destruction included;
+every native object is owned through a unique_ptr; every C++ exception crosses here, once, into a
+strata.errors class. The test hooks are another extension, strata._native_check, which wheels leave out.
 """
-from libcpp.string cimport string
-
 import numpy as np
 
 from strata.errors import InvalidArgument
+from strata.options import KV, Mode
+
+from strata._native_device cimport (
+    DeviceInfo, cpp_device_count, cpp_device_info, cpp_driver_version, cpp_runtime_version, cpp_self_test,
+)
 
 
 def device_count() -> int:
@@ -44,35 +48,16 @@ def runtime_version() -> int:
     return cpp_runtime_version()
 
 
-def rms_norm(x, w, float eps, int device=0):
-    """RMSNorm of each row of x (float32 [rows, cols]) times w (float32 [cols]), on GPU `device`."""
-    cdef const float[:, ::1] xv = np.ascontiguousarray(x, dtype=np.float32)
-    cdef const float[::1] wv = np.ascontiguousarray(w, dtype=np.float32)
-    rows, cols = xv.shape[0], xv.shape[1]
-    if wv.shape[0] != cols:
-        raise InvalidArgument(f"rms_norm: weight has {wv.shape[0]} entries, rows have {cols}")
-    if rows == 0 or cols == 0:
-        raise InvalidArgument(f"rms_norm: empty input of shape ({rows}, {cols})")
-    out = np.empty((rows, cols), dtype=np.float32)
-    cdef float[:, ::1] yv = out
-    cdef int r = rows, c = cols
+def self_test(int device) -> float:
+    """`strata doctor`'s self-test on GPU `device`: RMSNorm of fresh random rows against the host in float64;
+    the largest error relative to the largest output (inf if any output is not finite)."""
+    cdef double error
     with nogil:
-        cpp_rms_norm(device, &xv[0, 0], &wv[0], &yv[0, 0], r, c, eps)
-    return out
+        error = cpp_self_test(device)
+    return error
 
-
-def raise_error(str kind) -> None:
-    """Throw the C++ error kind `kind` (test hook for the error path)."""
-    cdef string k = kind.encode()
-    with nogil:
-        cpp_raise_error(k)
-
-# Each room of the core binds itself in its own include file.
-include "_native_kernels.pxi"
-include "_native_norms.pxi"
-include "_native_moe.pxi"
-include "_native_sample.pxi"
+# Each room of the core binds itself in its own include file; its declarations are in the room's .pxd.
+include "_native_forms.pxi"
 include "_native_pool.pxi"
-include "_native_mixers.pxi"
+include "_native_weights.pxi"
 include "_native_session.pxi"
-include "_native_decode.pxi"

@@ -1,16 +1,18 @@
-# Declarations of the CPU expert pool's types (cuda/include/strata/expert_pool.hpp, cpu_topology.hpp); the
-# functions are declared in _native_pool.pxi. The form descriptor is the kernels' (strata/forms.hpp).
-from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t
+# Declarations of the CPU expert pool (cuda/include/strata/expert_pool.hpp, cpu_topology.hpp). The form
+# descriptor is the kernels' (strata/forms.hpp).
+from libc.stdint cimport int32_t, int64_t, uint8_t
 from libcpp cimport bool
 from libcpp.vector cimport vector
 
-from _native_kernels cimport QuantForm
+from strata._native_errors cimport raise_strata_error
+from strata._native_forms cimport QuantForm
 
 
 cdef extern from "strata/cpu_topology.hpp" namespace "strata::cpu" nogil:
     cdef cppclass PhysicalCore "strata::cpu::PhysicalCore":
         vector[int] cpus
         int node
+    vector[PhysicalCore] cpp_physical_cores "strata::cpu::physical_cores"() except +raise_strata_error
 
 
 cdef extern from "strata/expert_pool.hpp" namespace "strata::cpu" nogil:
@@ -42,3 +44,17 @@ cdef extern from "strata/expert_pool.hpp" namespace "strata::cpu" nogil:
         bool pin_caller
         Isa isa
         int spin_us
+
+    cdef cppclass CppExpertPool "strata::cpu::ExpertPool":
+        CppExpertPool(int64_t n_embd, int64_t expert_ff, int max_k, const PoolOptions& options) except +raise_strata_error
+        void set_layer(int layer, const ExpertMatrix& gate, const ExpertMatrix& up,
+                       const ExpertMatrix& down) except +raise_strata_error
+        void run_layer(int layer, const float* x, const int32_t* ids, const float* weights, const uint8_t* skip,
+                       int k, float* out) except +raise_strata_error
+        double read_bandwidth(int64_t nbytes, int reps) except +raise_strata_error
+        void close()
+        int threads()
+        Isa isa()
+        vector[vector[int]] worker_cpus()
+        vector[int] caller_cpus()
+        int parked_workers()

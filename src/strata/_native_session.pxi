@@ -1,253 +1,169 @@
-# The session room: the GPU <-> CPU expert exchange (cuda/include/strata/exchange_check.hpp) and the
-# model's dense weights in VRAM (cuda/include/strata/device_weights.hpp).
-from libc.stdint cimport int32_t, int64_t
-from libcpp.memory cimport unique_ptr
-from libcpp.string cimport string
-from libcpp.vector cimport vector
+# The session room: the model geometry the core reads, the session's layout (the plan reads it), and one
+# sequence decoding on the GPU and the CPU pool (cuda/include/strata/geometry.hpp, session_layout.hpp,
+# decode_session.hpp).
+from libcpp cimport bool as cbool
 
-cdef extern from "strata/exchange_check.hpp" nogil:
-    cdef enum class ExchangeMode "strata::exchange_check::Mode":
-        kUncaptured
-        kLayerGraphs
-        kTokenGraph
+from strata._native_session cimport (
+    DecodeOptions, DecodeStats, LayoutRegion, SamplingValues, SessionLayout, cpp_plan_session, kKvPageTokens,
+)
 
-    cdef cppclass ExchangeFaults "strata::exchange_check::Faults":
-        int never_ring_layer
-        int never_answer_layer
+KV_PAGE_TOKENS = kKvPageTokens  # tokens per KV page: sessions hold whole pages
 
-    cdef cppclass ExchangeTiming "strata::exchange_check::Timing":
-        double seconds_per_token
-        double ring_wait_seconds
-        double pool_seconds
-        long rings
-
-    ExchangeTiming cpp_exchange_run "strata::exchange_check::run"(
-        CppExpertPool& pool, int device, ExchangeMode mode, int n_layer, int n, int k, const float* x,
-        const int32_t* ids, const float* weights, int tokens, float* out, const ExchangeFaults& faults,
-        double timeout_seconds) except +raise_strata_error
+_GEOMETRY_INTS = ("n_layer", "n_embd", "n_vocab", "n_head", "n_head_kv", "head_dim", "rope_dim", "ssm_k_heads",
+                  "ssm_v_heads", "ssm_head_k_dim", "ssm_head_v_dim", "ssm_conv_kernel", "n_expert", "n_expert_used",
+                  "expert_ff", "shared_ff", "hc_count", "hc_rank", "indexer_heads", "indexer_head_dim",
+                  "indexer_budget", "ple_layer", "ple_ngram", "ple_conv_kernel", "ple_n_heads", "ple_head_dim")
+_GEOMETRY_FLAGS = ("gdn_tiled_heads", "gdn_interleaved_ba", "gdn_sigmoid_gate")
+_GEOMETRY_FIELDS = frozenset(_GEOMETRY_INTS + _GEOMETRY_FLAGS + ("recurrent", "rope_theta", "rms_eps",
+                                                                 "compress_ratios"))
+_KV_STORAGE = {KV.BF16: KvStorage.Bf16, KV.INT8: KvStorage.Int8}
+_DECODE_MODES = {Mode.UNCAPTURED: DecodeMode.kUncaptured, Mode.LAYER_GRAPHS: DecodeMode.kLayerGraphs,
+                 Mode.TOKEN_GRAPH: DecodeMode.kTokenGraph}
 
 
-_EXCHANGE_MODES = {"uncaptured": 0, "layer_graphs": 1, "token_graph": 2}
+cdef ModelGeometry model_geometry(dict g) except *:
+    """The core's ModelGeometry from the fields strata.runtime.geometry.native_geometry writes; names a missing
+    or unknown field."""
+    missing = sorted(_GEOMETRY_FIELDS - g.keys())
+    unknown = sorted(g.keys() - _GEOMETRY_FIELDS)
+    if missing or unknown:
+        raise InvalidArgument(f"model geometry: {'missing ' + ', '.join(missing) if missing else ''}"
+                              f"{'; ' if missing and unknown else ''}"
+                              f"{'unknown ' + ', '.join(unknown) if unknown else ''} "
+                              "(strata.runtime.geometry.native_geometry writes every field)")
+    cdef ModelGeometry c
+    c.n_layer, c.n_embd, c.n_vocab = g["n_layer"], g["n_embd"], g["n_vocab"]
+    c.n_head, c.n_head_kv, c.head_dim, c.rope_dim = g["n_head"], g["n_head_kv"], g["head_dim"], g["rope_dim"]
+    c.rope_theta, c.rms_eps = g["rope_theta"], g["rms_eps"]
+    c.ssm_k_heads, c.ssm_v_heads = g["ssm_k_heads"], g["ssm_v_heads"]
+    c.ssm_head_k_dim, c.ssm_head_v_dim, c.ssm_conv_kernel = g["ssm_head_k_dim"], g["ssm_head_v_dim"], g["ssm_conv_kernel"]
+    c.gdn_tiled_heads, c.gdn_interleaved_ba = g["gdn_tiled_heads"], g["gdn_interleaved_ba"]
+    c.gdn_sigmoid_gate = g["gdn_sigmoid_gate"]
+    c.n_expert, c.n_expert_used, c.expert_ff, c.shared_ff = g["n_expert"], g["n_expert_used"], g["expert_ff"], g["shared_ff"]
+    c.hc_count, c.hc_rank = g["hc_count"], g["hc_rank"]
+    c.indexer_heads, c.indexer_head_dim, c.indexer_budget = g["indexer_heads"], g["indexer_head_dim"], g["indexer_budget"]
+    c.ple_layer, c.ple_ngram, c.ple_conv_kernel = g["ple_layer"], g["ple_ngram"], g["ple_conv_kernel"]
+    c.ple_n_heads, c.ple_head_dim = g["ple_n_heads"], g["ple_head_dim"]
+    for flag in g["recurrent"]:
+        c.recurrent.push_back(bool(flag))
+    for ratio in g["compress_ratios"]:
+        c.compress_ratios.push_back(int(ratio))
+    return c
 
 
-def expert_exchange(CpuExpertPool pool, str mode, x, ids, weights, int tokens, *, int device=0,
-                    int never_ring_layer=-1, int never_answer_layer=-1, double timeout=2.0):
-    """Run `tokens` tokens of the per-layer GPU <-> CPU expert exchange in `mode`.
-
-    x: float32 [n_layer, n]; ids: int32 [n_layer, k]; weights: float32 [n_layer, k]. For token t the GPU
-    publishes x[l] * (t + 1). Returns (out float32 [tokens, n_layer, n], timing dict).
-    """
-    if mode not in _EXCHANGE_MODES:
-        raise InvalidArgument(f"unknown exchange mode {mode!r}; choose one of {', '.join(_EXCHANGE_MODES)}")
-    cdef const float[:, ::1] xv = np.ascontiguousarray(x, dtype=np.float32)
-    cdef const int32_t[:, ::1] iv = np.ascontiguousarray(ids, dtype=np.int32)
-    cdef const float[:, ::1] wv = np.ascontiguousarray(weights, dtype=np.float32)
-    cdef int n_layer = xv.shape[0], n = xv.shape[1], k = iv.shape[1]
-    if iv.shape[0] != n_layer or wv.shape[0] != n_layer or wv.shape[1] != k:
-        raise InvalidArgument(f"ids {iv.shape[0]}x{iv.shape[1]} and weights {wv.shape[0]}x{wv.shape[1]} must "
-                              f"both be n_layer x k = {n_layer}x{k}")
-    if tokens < 1:
-        raise InvalidArgument(f"tokens must be >= 1, got {tokens}")
-    out = np.full((tokens, n_layer, n), np.nan, dtype=np.float32)
-    cdef float[:, :, ::1] ov = out
-    cdef ExchangeFaults faults
-    faults.never_ring_layer = never_ring_layer
-    faults.never_answer_layer = never_answer_layer
-    cdef ExchangeMode cmode = <ExchangeMode>_EXCHANGE_MODES[mode]
-    cdef ExchangeTiming timing
-    with nogil:
-        timing = cpp_exchange_run(pool.pool[0], device, cmode, n_layer, n, k, &xv[0, 0], &iv[0, 0], &wv[0, 0],
-                                  tokens, &ov[0, 0, 0], faults, timeout)
-    return out, {"seconds_per_token": timing.seconds_per_token, "ring_wait_seconds": timing.ring_wait_seconds,
-                 "pool_seconds": timing.pool_seconds, "rings": timing.rings}
+cdef KvStorage kv_storage(object kv) except *:
+    choice = KV.parse(kv)
+    if choice not in _KV_STORAGE:
+        raise InvalidArgument(f"the session holds KV as {' or '.join(k.value for k in _KV_STORAGE)}, "
+                              f"not {choice.value!r}")
+    return _KV_STORAGE[choice]
 
 
-cdef extern from "strata/device_weights.hpp" nogil:
-    cdef cppclass HostTensor "strata::HostTensor":
-        string name
-        bint is_float
-        FloatKind float_kind
-        QuantForm form
-        int64_t rows
-        int64_t cols
-        const void* planes[5]
-        size_t plane_bytes[5]
-
-    cdef cppclass DeviceTensor "strata::DeviceTensor":
-        int64_t rows
-        int64_t cols
-
-    cdef cppclass CppDeviceWeights "strata::DeviceWeights":
-        CppDeviceWeights(int device, const vector[HostTensor]& tensors) except +raise_strata_error
-        size_t bytes()
-        bint has(const string& name)
-        const DeviceTensor& get(const string& name) except +raise_strata_error
+cdef DecodeMode decode_mode(object mode) except *:
+    return _DECODE_MODES[Mode.parse(mode)]
 
 
-cdef extern from "strata/weights_check.hpp" nogil:
-    void cpp_weights_gemv "strata::weights_check::gemv"(
-        const CppDeviceWeights& weights, const string& name, const float* x, float* y) except +raise_strata_error
-
-
-cdef HostTensor _host_tensor(str name, held, list keep) except *:
-    """A strata.quant QuantTensor or float array (as repack returns them) as the core's HostTensor."""
-    cdef HostTensor t
-    t.name = name.encode()
-    if isinstance(held, np.ndarray):
-        if held.ndim != 2 or held.dtype not in _FLOAT_KINDS:
-            raise InvalidArgument(f"tensor {name}: a float weight must be a 2-D float32/float16/uint16(bf16) "
-                                  f"array, got {held.dtype} {held.shape}")
-        t.is_float = True
-        t.float_kind = <FloatKind>_FLOAT_KINDS[held.dtype]
-        t.rows, t.cols = held.shape
-        t.planes[0] = _plane_pointer(held, keep)
-        t.plane_bytes[0] = held.nbytes
-        return t
-    t.is_float = False
-    t.form = _quant_form(held.form)
-    t.rows, t.cols = held.rows, held.cols
-    for i, plane_name in enumerate(_PLANES):
-        plane = getattr(held, plane_name)
-        t.planes[i] = _plane_pointer(plane, keep)
-        t.plane_bytes[i] = 0 if plane is None else plane.nbytes
-    return t
-
-
-cdef class DeviceWeights:
-    """A model's dense weights in VRAM, in canonical forms, one allocation (strata::DeviceWeights)."""
-    cdef unique_ptr[CppDeviceWeights] weights
-
-    def __cinit__(self, dict tensors, int device=0):
-        cdef vector[HostTensor] host
-        keep = []
-        for name, held in tensors.items():
-            host.push_back(_host_tensor(name, held, keep))
-        with nogil:
-            self.weights.reset(new CppDeviceWeights(device, host))
-
-    @property
-    def nbytes(self) -> int:
-        return self.weights.get().bytes()
-
-    def gemv(self, str name, x):
-        """W x for the uploaded tensor `name` through the decode-step GEMV kernels (a test hook)."""
-        cdef string key = name.encode()
-        cdef const DeviceTensor* t = &self.weights.get().get(key)
-        cdef const float[::1] xv = np.ascontiguousarray(x, dtype=np.float32)
-        if xv.shape[0] != t.cols:
-            raise InvalidArgument(f"gemv of {name}: x has {xv.shape[0]} entries, the tensor has {t.cols} columns")
-        out = np.empty(t.rows, np.float32)
-        cdef float[::1] ov = out
-        with nogil:
-            cpp_weights_gemv(self.weights.get()[0], key, &xv[0], &ov[0])
-        return out
-
-    def __dealloc__(self):
-        with nogil:
-            self.weights.reset()
-
-
-cdef extern from "strata/session_layout.hpp" nogil:
-    cdef enum class KvStorage "strata::KvStorage":
-        Bf16
-        Int8
-
-    cdef cppclass SessionShape "strata::SessionShape":
-        vector[bint] recurrent
-        int n_embd, n_vocab, n_head_kv, head_dim
-        int ssm_k_heads, ssm_v_heads, ssm_head_k_dim, ssm_head_v_dim, ssm_conv_kernel
-        int indexer_head_dim, indexer_ratio, n_ple_layers, ple_history, hc_count
-
-    cdef cppclass LayoutRegion "strata::Region":
-        string name
-        int layer
-        size_t offset
-        size_t bytes
-
-    cdef cppclass SessionLayout "strata::SessionLayout":
-        int kv_pages
-        vector[LayoutRegion] regions
-        size_t total
-
-    SessionLayout cpp_plan_session "strata::plan_session"(
-        const SessionShape& shape, int context, KvStorage kv) except +raise_strata_error
-
-
-_KV_STORAGE = {"bf16": 0, "int8": 1}
-
-
-def session_layout(dict shape, int context, str kv) -> dict:
-    """The session arena's layout (strata/session_layout.hpp): {"total", "kv_pages", "regions": [(name,
-    layer, offset, bytes)]}. `shape` holds SessionShape's fields; `kv` is "bf16" or "int8"."""
-    if kv not in _KV_STORAGE:
-        raise InvalidArgument(f"the session arena holds KV as {' or '.join(_KV_STORAGE)}, not {kv!r}")
-    cdef SessionShape s
-    for flag in shape["recurrent"]:
-        s.recurrent.push_back(bool(flag))
-    s.n_embd, s.n_vocab = shape["n_embd"], shape["n_vocab"]
-    s.n_head_kv, s.head_dim = shape["n_head_kv"], shape["head_dim"]
-    s.ssm_k_heads, s.ssm_v_heads = shape["ssm_k_heads"], shape["ssm_v_heads"]
-    s.ssm_head_k_dim, s.ssm_head_v_dim = shape["ssm_head_k_dim"], shape["ssm_head_v_dim"]
-    s.ssm_conv_kernel = shape["ssm_conv_kernel"]
-    s.indexer_head_dim, s.indexer_ratio = shape["indexer_head_dim"], shape["indexer_ratio"]
-    s.n_ple_layers, s.ple_history, s.hc_count = shape["n_ple_layers"], shape["ple_history"], shape["hc_count"]
-    cdef KvStorage storage = <KvStorage>_KV_STORAGE[kv]
-    cdef SessionLayout layout
-    with nogil:
-        layout = cpp_plan_session(s, context, storage)
+cdef dict layout_dict(SessionLayout layout):
     return {"total": layout.total, "kv_pages": layout.kv_pages,
             "regions": [(r.name.decode(), r.layer, r.offset, r.bytes) for r in layout.regions]}
 
 
-cdef extern from "strata/session_arena.hpp" nogil:
-    cdef cppclass CppSessionArena "strata::SessionArena":
-        CppSessionArena(int device, SessionLayout layout) except +raise_strata_error
-        void reset() except +raise_strata_error
-        void download(void* host) except +raise_strata_error
-        void fill(unsigned char byte) except +raise_strata_error
-        const SessionLayout& layout()
+def session_layout(dict geometry, int context, kv) -> dict:
+    """The session arena's layout (strata/session_layout.hpp) for `context` tokens of KV in `kv` (a strata.KV):
+    {"total", "kv_pages", "regions": [(name, layer, offset, bytes)]}."""
+    cdef ModelGeometry g = model_geometry(geometry)
+    cdef KvStorage storage = kv_storage(kv)
+    cdef SessionLayout layout
+    with nogil:
+        layout = cpp_plan_session(g, context, storage)
+    return layout_dict(layout)
 
 
-cdef class SessionArena:
-    """One session's sequence state in VRAM (strata/session_arena.hpp)."""
-    cdef unique_ptr[CppSessionArena] arena
+cdef class DecodeSession:
+    """One sequence decoding on the GPU and the CPU expert pool (strata/decode_session.hpp).
 
-    def __cinit__(self, dict shape, int context, str kv, int device=0):
-        layout = session_layout(shape, context, kv)  # validates, names what is wrong
-        cdef SessionLayout cpp_layout
-        cpp_layout.kv_pages = layout["kv_pages"]
-        cpp_layout.total = layout["total"]
-        cdef LayoutRegion r
-        for name, layer, offset, nbytes in layout["regions"]:
-            r.name, r.layer, r.offset, r.bytes = name.encode(), layer, offset, nbytes
-            cpp_layout.regions.push_back(r)
+    Keeps `weights` and `pool` alive while it lives. `step` feeds one token and returns the sampled next one.
+    """
+
+    def __cinit__(self, DeviceWeights weights, CpuExpertPool pool, dict geometry, *, int context, kv,
+                  mode=Mode.TOKEN_GRAPH, int device=0, double timeout=5.0):
+        cdef ModelGeometry g = model_geometry(geometry)
+        cdef DecodeOptions o
+        o.device, o.context, o.timeout_seconds = device, context, timeout
+        o.kv = kv_storage(kv)
+        o.mode = decode_mode(mode)
+        cdef CppExpertPool* native_pool = pool.native()
+        self.weights, self.pool = weights, pool
+        self.n_vocab = g.n_vocab
+        self.ple_width = g.ple_n_heads * g.ple_head_dim if g.ple_layer >= 0 else 0
         with nogil:
-            self.arena.reset(new CppSessionArena(device, cpp_layout))
-
-    @property
-    def layout(self) -> dict:
-        cdef SessionLayout l = self.arena.get().layout()
-        return {"total": l.total, "kv_pages": l.kv_pages,
-                "regions": [(r.name.decode(), r.layer, r.offset, r.bytes) for r in l.regions]}
-
-    def reset(self) -> None:
-        with nogil:
-            self.arena.get().reset()
-
-    def fill(self, int byte) -> None:
-        """Set every byte of the arena (a test hook: poison before proving reset)."""
-        cdef unsigned char b = byte
-        with nogil:
-            self.arena.get().fill(b)
-
-    def download(self):
-        """The arena's bytes (a test hook)."""
-        out = np.empty(self.arena.get().layout().total, np.uint8)
-        cdef unsigned char[::1] view = out
-        with nogil:
-            self.arena.get().download(&view[0])
-        return out
+            self.session.reset(new CppDecodeSession(weights.weights.get()[0], native_pool[0], g, o))
 
     def __dealloc__(self):
         with nogil:
-            self.arena.reset()
+            self.session.reset()
+
+    cdef CppDecodeSession* native(self) except NULL:
+        if not self.session:
+            raise InvalidArgument("the decode session is closed")
+        return self.session.get()
+
+    def step(self, int token, ple_rows, tuple params, double u, bint sample=True) -> int:
+        """Feed `token`; with `sample`, the next token for the draw u under params = (temperature, top_k,
+        top_p, min_p, repeat_penalty), else -1. ple_rows: float32 [ple heads, ple head dim] or None."""
+        cdef CppDecodeSession* s = self.native()
+        cdef SamplingValues v
+        v.temperature, v.top_k, v.top_p, v.min_p, v.repeat_penalty = params
+        cdef const float[::1] rows
+        cdef const float* rows_ptr = NULL
+        if ple_rows is not None:
+            rows = np.ascontiguousarray(ple_rows, dtype=np.float32).reshape(-1)
+            if rows.shape[0] != self.ple_width:
+                raise InvalidArgument(f"ple_rows has {rows.shape[0]} values; this model's PLE rows hold "
+                                      f"{self.ple_width}")
+            rows_ptr = &rows[0]
+        cdef int out
+        with nogil:
+            out = s.step(token, rows_ptr, v, u, sample)
+        return out
+
+    def logits(self):
+        """float32 [n_vocab] of the last step."""
+        cdef CppDecodeSession* s = self.native()
+        out = np.empty(self.n_vocab, np.float32)
+        cdef float[::1] view = out
+        with nogil:
+            s.logits(&view[0])
+        return out
+
+    def reset(self) -> None:
+        cdef CppDecodeSession* s = self.native()
+        with nogil:
+            s.reset()
+
+    @property
+    def position(self) -> int:
+        return self.native().position()
+
+    @property
+    def context(self) -> int:
+        return self.native().context()
+
+    @property
+    def mode(self) -> Mode:
+        cdef DecodeMode mode = self.native().mode()
+        return next(m for m, native in _DECODE_MODES.items() if native == mode)
+
+    @property
+    def captured(self) -> bool:
+        return self.native().captured()
+
+    def stats(self) -> dict:
+        cdef DecodeStats st = self.native().stats()
+        return {"tokens": st.tokens, "seconds": st.seconds, "ring_wait_seconds": st.ring_wait_seconds,
+                "pool_seconds": st.pool_seconds, "rings": st.rings, "gpu_pre_seconds": st.gpu_pre_seconds,
+                "gpu_post_seconds": st.gpu_post_seconds}
+
+    def close(self) -> None:
+        with nogil:
+            self.session.reset()

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "strata/geometry.hpp"
 #include "strata/session_layout.hpp"
 
 namespace strata {
@@ -16,24 +17,7 @@ namespace cpu {
 class ExpertPool;
 }
 
-enum class Arch : int { Qwen4Exp = 0, Qwen3Next = 1, Qwen35Moe = 2 };
-
-// What the decode program needs of strata.models.Geometry (strata.session_geometry builds it).
-struct DecodeGeometry {
-  Arch arch = Arch::Qwen4Exp;
-  int n_layer = 0, n_embd = 0, n_vocab = 0;
-  std::vector<bool> recurrent;
-  int n_head = 0, n_head_kv = 0, head_dim = 0, rope_dim = 0;
-  double rope_theta = 0.0;
-  float rms_eps = 1e-6f;
-  int ssm_k_heads = 0, ssm_v_heads = 0, ssm_head_k_dim = 0, ssm_head_v_dim = 0, ssm_conv_kernel = 0;
-  int n_expert = 0, n_expert_used = 0, expert_ff = 0, shared_ff = 0;
-  int hc_count = 0, hc_rank = 0;  // 0: one residual stream with pre-norms (qwen3next, qwen35moe)
-  int indexer_heads = 0, indexer_head_dim = 0, indexer_budget = 0;
-  std::vector<int> compress_ratios;  // per layer, QSA block tokens on indexed attention layers
-  int ple_layer = -1, ple_ngram = 0, ple_conv_kernel = 0, ple_n_heads = 0, ple_head_dim = 0;
-};
-
+// strata.Mode: how a token's GPU work is launched (token_schedule.hpp).
 enum class DecodeMode : int { kUncaptured = 0, kLayerGraphs = 1, kTokenGraph = 2 };
 
 struct DecodeOptions {
@@ -66,7 +50,7 @@ class DecodeSession {
  public:
   // Checks every tensor the program reads against the geometry (InvalidArgument naming the tensor), plans
   // and allocates the arena and scratch (OutOfMemory naming the need), builds the RoPE tables.
-  DecodeSession(const DeviceWeights& weights, cpu::ExpertPool& pool, const DecodeGeometry& geometry,
+  DecodeSession(const DeviceWeights& weights, cpu::ExpertPool& pool, const ModelGeometry& geometry,
                 const DecodeOptions& options);
   ~DecodeSession();
   DecodeSession(const DecodeSession&) = delete;
@@ -77,9 +61,8 @@ class DecodeSession {
   // ple_rows: [ple_n_heads][ple_head_dim] float32 n-gram table rows of this token (required with PLE).
   int step(int token, const float* ple_rows, const SamplingValues& sampling, double u, bool sample);
 
-  void logits(float* out) const;   // [n_vocab] of the last step
-  void streams(float* out) const;  // [max(hc_count, 1)][n_embd] residual streams after the last step
-  void reset();                    // an empty sequence; stats start over
+  void logits(float* out) const;  // [n_vocab] of the last step
+  void reset();                   // an empty sequence; stats start over
 
   int position() const noexcept;
   int context() const noexcept;

@@ -4,7 +4,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <string>
 #include <vector>
 
 #include "strata/forms.hpp"
@@ -61,13 +60,6 @@ class ExpertPool {
   // nothing. skip may be null.
   void run_layer(int layer, const float* x, const int32_t* ids, const float* weights, const uint8_t* skip, int k,
                  float* out);
-
-  // y = W x for expert `expert` of one registered matrix ("gate", "up", "down"), on the caller's thread
-  // (a test hook for the dot kernels; x quantized to q8_32 like run_layer does).
-  void matvec(int layer, const std::string& matrix, int64_t expert, const float* x, float* y);
-
-  // The intermediate h = silu(gate x) * up x of slot j of the last run_layer (expert_ff floats).
-  const float* hidden(int slot) const;
 
   // Best read bandwidth (bytes/s) of all workers streaming their slice of a `bytes` buffer, over `reps`.
   double read_bandwidth(int64_t bytes, int reps);

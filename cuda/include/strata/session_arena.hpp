@@ -24,10 +24,8 @@ class SessionArena {
   // An empty sequence: every state region zeroed, every KV page table the identity. Synchronous.
   void reset();
 
-  // Test hooks: the arena's bytes copied to `host` (layout().total bytes); every byte set to `byte`.
-  void download(void* host) const;
-  void fill(unsigned char byte);
-
+  // Device address of the whole allocation (layout().total bytes).
+  void* data() const noexcept { return base_; }
   const SessionLayout& layout() const noexcept { return layout_; }
   int device() const noexcept { return device_; }
 

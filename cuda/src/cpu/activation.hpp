@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace strata::cpu {
 
@@ -12,6 +13,17 @@ struct QuantizedVector {
   float* dx16 = nullptr;  // [cols / 16] the block scale of each 16-element group (dx repeated)
   float* xs16 = nullptr;  // [cols / 16] dx * Σ xq over each 16-element group
   float* xs32 = nullptr;  // [cols / 32] dx * Σ xq over each block
+};
+
+// Owns the buffers of one quantized vector of `cols` elements.
+struct QuantizedBuffer {
+  std::vector<int8_t> xq;
+  std::vector<float> dx, dx16, xs16, xs32;
+  QuantizedVector view;
+
+  explicit QuantizedBuffer(int64_t cols)
+      : xq(cols), dx(cols / 32), dx16(cols / 16), xs16(cols / 16), xs32(cols / 32),
+        view{xq.data(), dx.data(), dx16.data(), xs16.data(), xs32.data()} {}
 };
 
 // Quantizes blocks [block0, block1) of x into q. Bit-identical to strata.quant.quantize_activation: the

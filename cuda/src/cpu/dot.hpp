@@ -32,5 +32,9 @@ using RowsKernel = void (*)(const MatrixRows& m, int64_t row0, int64_t row1, con
 RowsKernel rows_kernel_avx2(const QuantForm& form);
 RowsKernel rows_kernel_avx512(const QuantForm& form);
 
+// The kernel for `form` on a resolved `isa` (kAvx2 or kAvx512).
+inline RowsKernel rows_kernel(Isa isa, const QuantForm& form) {
+  return isa == Isa::kAvx512 ? rows_kernel_avx512(form) : rows_kernel_avx2(form);
+}
 
 }  // namespace strata::cpu

@@ -4,10 +4,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 
 #include "activation.hpp"
 #include "dot.hpp"
+#include "expert_hidden.hpp"
 #include "expert_layout.hpp"
 #include "read_bandwidth.hpp"
 #include "strata/cpu_topology.hpp"
@@ -22,17 +22,6 @@ constexpr int64_t kGateUpRows = 32;
 constexpr int64_t kDownRows = 64;
 
 std::string str(int64_t v) { return std::to_string(v); }
-
-// Owns the buffers of one quantized vector of `cols` elements.
-struct QuantizedBuffer {
-  std::vector<int8_t> xq;
-  std::vector<float> dx, dx16, xs16, xs32;
-  QuantizedVector view;
-
-  explicit QuantizedBuffer(int64_t cols)
-      : xq(cols), dx(cols / 32), dx16(cols / 16), xs16(cols / 16), xs32(cols / 32),
-        view{xq.data(), dx.data(), dx16.data(), xs16.data(), xs32.data()} {}
-};
 
 struct Layer {
   bool set = false;
@@ -75,22 +64,13 @@ struct ExpertPool::Impl {
     down_per_slot = (n_embd + kDownRows - 1) / kDownRows;
   }
 
-  RowsKernel kernel_for(const QuantForm& f) const {
-    return isa == Isa::kAvx512 ? rows_kernel_avx512(f) : rows_kernel_avx2(f);
-  }
-
   void gate_up_item(int64_t item) {
     const int slot = active[item / gate_up_per_slot];
     const int64_t r0 = (item % gate_up_per_slot) * kGateUpRows, r1 = std::min(ff, r0 + kGateUpRows);
     const int64_t e = ids[slot];
-    float g[kGateUpRows], u[kGateUpRows];
-    layer->gate_kernel(expert_rows(layer->gate, e), r0, r1, x_q.view, 1.0f, g);
-    layer->up_kernel(expert_rows(layer->up, e), r0, r1, x_q.view, 1.0f, u);
     float* hs = h.data() + slot * ff;
-    for (int64_t r = r0; r < r1; ++r) {
-      const float gv = g[r - r0];
-      hs[r] = gv / (1.0f + std::exp(-gv)) * u[r - r0];
-    }
+    expert_hidden(layer->gate_kernel, expert_rows(layer->gate, e), layer->up_kernel, expert_rows(layer->up, e), r0,
+                  r1, x_q.view, hs + r0);
     quantize_blocks(hs, r0 / 32, r1 / 32, h_q[slot].view);
   }
 
@@ -179,9 +159,9 @@ void ExpertPool::set_layer(int layer, const ExpertMatrix& gate, const ExpertMatr
   l.gate = gate;
   l.up = up;
   l.down = down;
-  l.gate_kernel = p.kernel_for(l.gate.form);
-  l.up_kernel = p.kernel_for(l.up.form);
-  l.down_kernel = p.kernel_for(l.down.form);
+  l.gate_kernel = rows_kernel(p.isa, l.gate.form);
+  l.up_kernel = rows_kernel(p.isa, l.up.form);
+  l.down_kernel = rows_kernel(p.isa, l.down.form);
   l.set = true;
 }
 
@@ -211,24 +191,6 @@ void ExpertPool::run_layer(int layer, const float* x, const int32_t* ids, const 
   p.next_gate_up.store(0, std::memory_order_relaxed);
   p.next_down.store(0, std::memory_order_relaxed);
   p.team->run(&Impl::layer_job, &p);
-}
-
-void ExpertPool::matvec(int layer, const std::string& matrix, int64_t expert, const float* x, float* y) {
-  Impl& p = *impl_;
-  const Layer& l = p.registered(layer, "matvec");
-  const ExpertMatrix* m = matrix == "gate" ? &l.gate : matrix == "up" ? &l.up : matrix == "down" ? &l.down : nullptr;
-  STRATA_EXPECTS(m != nullptr, InvalidArgument, "matvec: matrix must be gate, up or down, found '" + matrix + "'");
-  STRATA_EXPECTS(expert >= 0 && expert < m->n_expert, InvalidArgument,
-                 "matvec: expert " + str(expert) + " is outside 0.." + str(m->n_expert - 1));
-  QuantizedBuffer xq(m->cols);
-  quantize_blocks(x, 0, m->cols / 32, xq.view);
-  p.kernel_for(m->form)(expert_rows(*m, expert), 0, m->rows, xq.view, 1.0f, y);
-}
-
-const float* ExpertPool::hidden(int slot) const {
-  STRATA_EXPECTS(slot >= 0 && slot < impl_->max_k, InvalidArgument,
-                 "hidden: slot must be in 0.." + str(impl_->max_k - 1) + ", found " + str(slot));
-  return impl_->h.data() + slot * impl_->ff;
 }
 
 double ExpertPool::read_bandwidth(int64_t bytes, int reps) {

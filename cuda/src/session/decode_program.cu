@@ -66,11 +66,11 @@ kernels::EmbedTable embed_table(const DeviceTensor& t) {
 
 }  // namespace
 
-std::size_t DecodeProgram::stage_bytes(const DecodeGeometry& g) {
+std::size_t DecodeProgram::stage_bytes(const ModelGeometry& g) {
   return kStagePleOffset + sizeof(float) * std::max(g.ple_n_heads * g.ple_head_dim, 1);
 }
 
-DecodeProgram::DecodeProgram(const DeviceWeights& weights, const DecodeGeometry& g, const SessionArena& arena,
+DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& g, const SessionArena& arena,
                              KvStorage kv_storage, const ProgramIo& io)
     : g_(g),
       t_(resolve_tensors(weights, g)),
@@ -85,10 +85,16 @@ DecodeProgram::DecodeProgram(const DeviceWeights& weights, const DecodeGeometry&
   const int ple_rows = g.ple_n_heads * g.ple_head_dim;
   const int max_cols = std::max({width, n, value_dim, heads_dim, g.shared_ff, ple_rows, g.hc_rank, 32});
   const int rope_half = g.rope_dim / 2;
+  // QSA scratch for the smallest block of any layer: the most blocks a context has, and the most kept.
   int max_blocks = 0, keep_blocks = 0;
-  if (g.indexer_head_dim > 0) {
-    max_blocks = context_ / 4;
-    keep_blocks = g.indexer_budget / 4;
+  for (int l = 0; l < static_cast<int>(g.compress_ratios.size()); ++l) {
+    if (g.recurrent[l] || g.indexer_head_dim == 0) continue;
+    const int ratio = g.compress_ratios[l];
+    STRATA_EXPECTS(ratio >= kMinQsaBlock && kKvPageTokens % ratio == 0, InvalidArgument,
+                   "layer " + std::to_string(l) + ": QSA block of " + std::to_string(ratio) + " tokens; the session "
+                       "holds blocks of " + std::to_string(kMinQsaBlock) + " or more tokens that divide a KV page");
+    max_blocks = std::max(max_blocks, context_ / ratio);
+    keep_blocks = std::max(keep_blocks, g.indexer_budget / ratio);
   }
   STRATA_CUDA_TRY(kernels::sample_scratch_bytes(g.n_vocab, &sample_scratch_bytes_));
 
@@ -188,9 +194,6 @@ DecodeProgram::DecodeProgram(const DeviceWeights& weights, const DecodeGeometry&
     }
     if (t_.layers[l].index_q) {
       const int ratio = g.compress_ratios.at(l);
-      STRATA_EXPECTS(ratio >= 4 && kKvPageTokens % ratio == 0, InvalidArgument,
-                     "layer " + std::to_string(l) + ": QSA block of " + std::to_string(ratio) +
-                         " tokens; the session holds blocks of 4 or more tokens that divide a KV page");
       index_shape_[l] = {g.indexer_heads, g.indexer_head_dim, ratio, g.indexer_budget / ratio, g.rope_dim,
                          context_ / ratio, g.rms_eps};
       index_cache_[l] = {static_cast<float*>(arena.region("indexer raw keys", l)),
@@ -253,11 +256,11 @@ void DecodeProgram::mixer_gdn(int layer, cudaStream_t s) const {
   const int value_dim = g_.ssm_v_heads * g_.ssm_head_v_dim;
   const int conv = 2 * g_.ssm_k_heads * g_.ssm_head_k_dim + value_dim;
   float* z = qkvz_ + conv;
-  const bool next = g_.arch == Arch::Qwen3Next;
+  const bool interleaved = g_.gdn_interleaved_ba;
   if (t.ssm_in) {
-    if (next) project(x_, {{t.ssm_in, qkvz_}, {t.ba, beta_}}, q8_, s, &branches_);
+    if (interleaved) project(x_, {{t.ssm_in, qkvz_}, {t.ba, beta_}}, q8_, s, &branches_);
     else project(x_, {{t.ssm_in, qkvz_}, {t.beta, beta_}, {t.alpha, alpha_}}, q8_, s, &branches_);
-  } else if (next) {
+  } else if (interleaved) {
     project(x_, {{t.qkv, qkvz_}, {t.gate, z}, {t.ba, beta_}}, q8_, s, &branches_);
   } else {
     project(x_, {{t.qkv, qkvz_}, {t.gate, z}, {t.beta, beta_}, {t.alpha, alpha_}}, q8_, s, &branches_);
@@ -268,9 +271,9 @@ void DecodeProgram::mixer_gdn(int layer, cudaStream_t s) const {
   shape.head_k_dim = g_.ssm_head_k_dim;
   shape.head_v_dim = g_.ssm_head_v_dim;
   shape.conv_kernel = g_.ssm_conv_kernel;
-  shape.tiled_heads = !next;
-  shape.interleaved_ba = next;
-  shape.sigmoid_gate = g_.arch == Arch::Qwen4Exp;
+  shape.tiled_heads = g_.gdn_tiled_heads;
+  shape.interleaved_ba = g_.gdn_interleaved_ba;
+  shape.sigmoid_gate = g_.gdn_sigmoid_gate;
   shape.eps = g_.rms_eps;
   kernels::GdnStepArgs args;
   args.qkv = qkvz_;

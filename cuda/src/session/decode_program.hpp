@@ -17,6 +17,7 @@
 #include "decode_tensors.hpp"
 #include "projection.hpp"
 #include "strata/session_arena.hpp"
+#include "token_schedule.hpp"
 
 namespace strata {
 
@@ -27,6 +28,7 @@ struct TokenStage {
   int position = 0;
 };
 constexpr std::size_t kStagePleOffset = 256;  // PLE rows follow the stage in the same block
+constexpr int kMinQsaBlock = 4;  // the smallest QSA block the kernels are tested with (the released model's)
 
 // Where the program meets the host: staging and the doorbell.
 struct ProgramIo {
@@ -38,23 +40,22 @@ struct ProgramIo {
   int* sampled = nullptr;            // mapped: the sampled token id
 };
 
-class DecodeProgram {
+class DecodeProgram final : public TokenProgram {
  public:
   // Resolves the tensors and allocates the scratch; the arena holds the sequence state.
-  DecodeProgram(const DeviceWeights& weights, const DecodeGeometry& geometry, const SessionArena& arena,
+  DecodeProgram(const DeviceWeights& weights, const ModelGeometry& geometry, const SessionArena& arena,
                 KvStorage kv, const ProgramIo& io);
 
   // Bytes of the pinned staging block the host writes before each token (ProgramIo::host_stage).
-  static std::size_t stage_bytes(const DecodeGeometry& g);
+  static std::size_t stage_bytes(const ModelGeometry& g);
 
-  void begin(cudaStream_t s) const;
-  void pre(int layer, cudaStream_t s) const;
-  void post(int layer, cudaStream_t s) const;
-  void end(bool sample, cudaStream_t s) const;
+  int layers() const override { return g_.n_layer; }
+  void begin(cudaStream_t s) const override;
+  void pre(int layer, cudaStream_t s) const override;
+  void post(int layer, cudaStream_t s) const override;
+  void end(bool sample, cudaStream_t s) const override;
 
   const float* logits() const noexcept { return logits_; }
-  const float* streams() const noexcept { return streams_; }
-  std::size_t scratch_bytes() const noexcept { return scratch_.bytes(); }
 
  private:
   void hc_read(const HcTensors& t, float* x, float* inj, cudaStream_t s) const;
@@ -63,7 +64,7 @@ class DecodeProgram {
   void mixer_attention(int layer, cudaStream_t s) const;
   void ple(int layer, cudaStream_t s) const;
 
-  const DecodeGeometry& g_;
+  const ModelGeometry& g_;
   ModelTensors t_;
   kernels::EmbedTable embedding_;  // token_embd as the row gather reads it
   ProgramIo io_;

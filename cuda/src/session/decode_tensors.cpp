@@ -36,7 +36,7 @@ class Resolver {
     return static_cast<const float*>(t.data);
   }
 
-  HcTensors hc(const std::string& prefix, const DecodeGeometry& g, bool inject) const {
+  HcTensors hc(const std::string& prefix, const ModelGeometry& g, bool inject) const {
     const long width = static_cast<long>(g.hc_count) * g.n_embd;
     HcTensors t;
     t.norm = vector(prefix + "_norm.weight", width);
@@ -50,7 +50,7 @@ class Resolver {
   const DeviceWeights& weights_;
 };
 
-void resolve_gdn(const Resolver& r, const std::string& p, const DecodeGeometry& g, LayerTensors& t) {
+void resolve_gdn(const Resolver& r, const std::string& p, const ModelGeometry& g, LayerTensors& t) {
   const long n = g.n_embd, hv = g.ssm_v_heads;
   const long key_dim = static_cast<long>(g.ssm_k_heads) * g.ssm_head_k_dim, value_dim = hv * g.ssm_head_v_dim;
   const long conv = 2 * key_dim + value_dim;
@@ -59,7 +59,7 @@ void resolve_gdn(const Resolver& r, const std::string& p, const DecodeGeometry& 
     t.qkv = r.matrix(p + "attn_qkv.weight", conv, n);
     t.gate = r.matrix(p + "attn_gate.weight", value_dim, n);
   }
-  if (g.arch == Arch::Qwen3Next) {
+  if (g.gdn_interleaved_ba) {
     t.ba = r.matrix(p + "ssm_ba.weight", 2 * hv, n);
   } else {
     t.beta = r.matrix(p + "ssm_beta.weight", hv, n);
@@ -72,7 +72,7 @@ void resolve_gdn(const Resolver& r, const std::string& p, const DecodeGeometry& 
   t.ssm_out = r.matrix(p + "ssm_out.weight", n, value_dim);
 }
 
-void resolve_attention(const Resolver& r, const std::string& p, const DecodeGeometry& g, LayerTensors& t) {
+void resolve_attention(const Resolver& r, const std::string& p, const ModelGeometry& g, LayerTensors& t) {
   const long n = g.n_embd, hd = g.head_dim;
   t.q = r.matrix(p + "attn_q.weight", 2 * g.n_head * hd, n);
   t.k = r.matrix(p + "attn_k.weight", g.n_head_kv * hd, n);
@@ -90,7 +90,7 @@ void resolve_attention(const Resolver& r, const std::string& p, const DecodeGeom
   }
 }
 
-void resolve_moe(const Resolver& r, const std::string& p, const DecodeGeometry& g, LayerTensors& t) {
+void resolve_moe(const Resolver& r, const std::string& p, const ModelGeometry& g, LayerTensors& t) {
   const long n = g.n_embd;
   t.router = r.matrix(p + "ffn_gate_inp.weight", g.n_expert, n);
   t.shared_gate = r.matrix(p + "ffn_gate_shexp.weight", g.shared_ff, n);
@@ -99,7 +99,7 @@ void resolve_moe(const Resolver& r, const std::string& p, const DecodeGeometry& 
   t.shared_gate_inp = r.vector(p + "ffn_gate_inp_shexp.weight", n);
 }
 
-void resolve_ple(const Resolver& r, const std::string& p, const DecodeGeometry& g, LayerTensors& t) {
+void resolve_ple(const Resolver& r, const std::string& p, const ModelGeometry& g, LayerTensors& t) {
   const long width = static_cast<long>(g.hc_count) * g.n_embd;
   const long rows = static_cast<long>(g.ple_n_heads) * g.ple_head_dim;
   t.ple_key = r.matrix(p + "ple_key.weight", width, rows);
@@ -112,7 +112,7 @@ void resolve_ple(const Resolver& r, const std::string& p, const DecodeGeometry& 
 
 }  // namespace
 
-ModelTensors resolve_tensors(const DeviceWeights& weights, const DecodeGeometry& g) {
+ModelTensors resolve_tensors(const DeviceWeights& weights, const ModelGeometry& g) {
   const Resolver r(weights);
   const bool hc = g.hc_count > 0;
   ModelTensors m;

@@ -4,8 +4,8 @@
 
 #include <vector>
 
-#include "strata/decode_session.hpp"
 #include "strata/device_weights.hpp"
+#include "strata/geometry.hpp"
 
 namespace strata {
 
@@ -48,6 +48,6 @@ struct ModelTensors {
 
 // Throws InvalidArgument naming the first tensor that is missing, has the wrong shape, or a form the
 // kernels lack (elementwise tensors must be float32: the loader converts them).
-ModelTensors resolve_tensors(const DeviceWeights& weights, const DecodeGeometry& g);
+ModelTensors resolve_tensors(const DeviceWeights& weights, const ModelGeometry& g);
 
 }  // namespace strata

@@ -53,15 +53,4 @@ void SessionArena::reset() {
   STRATA_CUDA_TRY(cudaDeviceSynchronize());
 }
 
-void SessionArena::download(void* host) const {
-  DeviceScope scope(device_);
-  STRATA_CUDA_TRY(cudaMemcpy(host, base_, layout_.total, cudaMemcpyDeviceToHost));
-}
-
-void SessionArena::fill(unsigned char byte) {
-  DeviceScope scope(device_);
-  STRATA_CUDA_TRY(cudaMemset(base_, byte, layout_.total));
-  STRATA_CUDA_TRY(cudaDeviceSynchronize());
-}
-
 }  // namespace strata

@@ -1,0 +1,103 @@
+// Host round trips of single kernels, so Python tests can check each one against the numpy reference.
+// Each call copies its inputs to the device, poisons the output (NaN bytes) inside guard bands, runs the
+// kernel, verifies that the guard bands are untouched, and copies the output back. Not for the token path:
+// these allocate and synchronise.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "strata/forms.hpp"
+
+namespace strata::kernel_check {
+
+// y = rms_norm(x) * w over `rows` rows of `cols` floats, computed on `device`.
+void rms_norm(int device, const float* x, const float* w, float* y, int rows, int cols, float eps);
+
+// Grouped RMSNorm: each row of groups * cols floats normalised per slice of `cols`, scaled by w [groups * cols].
+void rms_norm_grouped(int device, const float* x, const float* w, float* y, int rows, int groups, int cols,
+                      float eps);
+
+// Gated RMSNorm per head (x, z, y [heads][head_dim], w [head_dim]); gate "sigmoid" or "silu".
+void rms_norm_gated(int device, const float* x, const float* z, const float* w, float* y, int heads, int head_dim,
+                    float eps, const std::string& gate);
+
+// L2 norm per head: y = x / sqrt(sum x^2 + eps) over each row of head_dim.
+void l2_norm(int device, const float* x, float* y, int heads, int head_dim, float eps);
+
+// NEOX RoPE of x [tokens][heads][head_dim] (in: x, out: y) on the first rope_dim dims, at positions [tokens],
+// from tables the host builds in float64 for theta (max position + 1 rows).
+void rope_neox(int device, const float* x, const std::int32_t* positions, float* y, int tokens, int heads,
+               int head_dim, int rope_dim, double theta);
+
+// q8_32 of x [n] (n a multiple of 32): xq [n], dx [n / 32], sums [n / 32].
+void quantize_q8_32(int device, const float* x, long n, std::int8_t* xq, float* dx, std::int32_t* sums);
+
+// y [rows] = W x for a quantized W given by host planes (docs/forms.md): x is quantized to q8_32 on the
+// device first, then the GEMV runs.
+void gemv_quant(int device, const QuantForm& form, const QuantPlanes& host_planes, int rows, int cols,
+                const float* x, float* y);
+
+// y [rows] = W x for a float W [rows][cols] of `kind` (host bytes) and float32 x.
+void gemv_float(int device, FloatKind kind, const void* w, int rows, int cols, const float* x, float* y);
+
+// Median time in seconds of one GEMV launch (CUDA events), with L2 cold: launches cycle through enough
+// device copies of the weight to overflow the L2 cache. Inputs as gemv_quant / gemv_float.
+double time_gemv_quant(int device, const QuantForm& form, const QuantPlanes& host_planes, int rows, int cols,
+                       int reps);
+double time_gemv_float(int device, FloatKind kind, const void* w, int rows, int cols, int reps);
+
+// Throws the error kind named by `kind` ("invalid_argument", "out_of_memory", "format", "cuda", "error"),
+// so tests can prove that each arrives in Python as the right exception.
+void raise_error(const std::string& kind);
+
+// MoE router (kernels/router.cuh) over logits [tokens][n_expert]: ids [tokens][k] in descending probability
+// (exact ties to the lower index), weights [tokens][k] renormalised to sum 1.
+void moe_route(int device, const float* logits, int tokens, int n_expert, int k, std::int32_t* ids,
+               float* weights);
+
+// The shared expert's scalar gate sigmoid(w . x) over n floats.
+float shared_expert_gate(int device, const float* w, const float* x, int n);
+
+// h = silu(g) * u over n floats.
+void swiglu(int device, const float* g, const float* u, float* h, int n);
+
+// out = routed + gate * shared over n floats (the gate travels through device memory, as in a decode step).
+void moe_combine(int device, const float* routed, const float* shared, float gate, float* out, int n);
+
+}  // namespace strata::kernel_check
+
+namespace strata {
+struct HostTensor;  // strata/device_weights.hpp: one weight in its canonical form, host planes
+}  // namespace strata
+
+namespace strata::kernel_check {
+
+// Host destinations of hc_read's results.
+struct HcReadOutputs {
+  float* normed = nullptr;  // [streams * n] the grouped-normalised streams Hn
+  float* low = nullptr;     // [rank] silu(W_down Hn / streams)
+  float* x = nullptr;       // [n] the block input
+  float* inj = nullptr;     // [streams] 2 sigmoid(W_inj Hn / streams); untouched without an inject weight
+};
+
+// The whole hyper-connection read (docs/models/qwen4exp.md §3(a)) of h [streams][n] as a decode step
+// chains it on the device: grouped RMSNorm by norm [streams * n] -> q8_32 -> down GEMV -> silu(/streams) ->
+// q8_32 -> up GEMV -> sigmoid-gated mean over the streams; with `inject`, inject GEMV -> 2 sigmoid(/streams).
+// down [rank][streams * n], up [streams * n][rank], inject [streams][streams * n] (may be null: the final
+// mixer); float forms take the float32 activation instead of q8_32.
+void hc_read(int device, const float* h, const float* norm, int streams, int n, float eps, const HostTensor& down,
+             const HostTensor& up, const HostTensor* inject, const HcReadOutputs& out);
+
+// The write-back: h_out [streams][n] = h [streams][n] + inj[k] * y [n] for every stream k.
+void hc_write(int device, const float* h, const float* inj, const float* y, float* h_out, int streams, int n);
+
+// The token strata.sampling.sample picks, for each uniform draw u in draws [n_draws], into tokens [n_draws]:
+// logits [vocab], the seen ids [n_seen] for the repetition penalty, and the SamplingParams fields. Arguments
+// are checked as the reference checks them (before any device work); the per-token values travel in device
+// memory as on the token path, and with `graph` one captured CUDA graph is replayed for every draw.
+void sample_tokens(int device, const float* logits, int vocab, const std::int32_t* seen, int n_seen,
+                   double temperature, int top_k, double top_p, double min_p, double repeat_penalty,
+                   const double* draws, int n_draws, bool graph, std::int32_t* tokens);
+
+}  // namespace strata::kernel_check

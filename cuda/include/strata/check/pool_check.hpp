@@ -1,0 +1,19 @@
+// The CPU pool's kernels on one expert, outside a layer job, so tests can check each half of an expert's
+// product against the numpy reference. Host-only header, no CUDA.
+#pragma once
+
+#include <cstdint>
+
+#include "strata/expert_pool.hpp"
+
+namespace strata::pool_check {
+
+// y [m.rows] = W x for expert `expert` of `m`, with the row kernels of `isa` and x quantized to q8_32 as a
+// layer job quantizes it.
+void expert_matvec(cpu::Isa isa, const cpu::ExpertMatrix& m, int64_t expert, const float* x, float* y);
+
+// h [gate.rows] = silu(gate x) * up x of expert `expert`, computed by the code a layer job runs (bit for bit).
+void expert_hidden(cpu::Isa isa, const cpu::ExpertMatrix& gate, const cpu::ExpertMatrix& up, int64_t expert,
+                   const float* x, float* h);
+
+}  // namespace strata::pool_check

@@ -1,0 +1,207 @@
+// kernel_check entries of the GEMV family: q8_32 activation quantization, quantized and float GEMV, and
+// their cold-L2 timing for benchmarks/bench_gemv.py.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "../kernels/gemv.cuh"
+#include "../kernels/quantize.cuh"
+#include "kernel_check_support.hpp"
+#include "strata/check/kernel_check.hpp"
+
+namespace strata::kernel_check {
+using namespace support;
+namespace {
+
+constexpr std::size_t kPlaneAlign = 256;
+constexpr std::size_t kColdBytes = std::size_t{512} << 20;  // well above any GPU's L2 cache
+constexpr int kMaxCopies = 4096;
+
+std::size_t aligned(std::size_t bytes) { return (bytes + kPlaneAlign - 1) / kPlaneAlign * kPlaneAlign; }
+
+void check_quant_shape(const QuantForm& form, int rows, int cols) {
+  STRATA_EXPECTS(kernels::gemv_quant_supports(form), InvalidArgument,
+                 "gemv_quant: the form descriptor (code_bits " + std::to_string(form.code_bits) + ", group " +
+                     std::to_string(form.group_size) + ", super " + std::to_string(form.super_size) +
+                     ") is none of docs/forms.md's forms");
+  STRATA_EXPECTS(rows > 0 && cols > 0 && cols % form.super_size == 0, InvalidArgument,
+                 "gemv_quant needs rows > 0 and cols a positive multiple of " + std::to_string(form.super_size) +
+                     ", got " + std::to_string(rows) + " x " + std::to_string(cols));
+}
+
+// `copies` device copies of a quantized tensor's planes, each plane 256-byte aligned.
+class DevicePlanes {
+ public:
+  DevicePlanes(const QuantForm& form, const QuantPlanes& host, int rows, int cols, int copies)
+      : sizes_(plane_bytes(form, rows, cols)),
+        stride_(aligned(sizes_.codes) + aligned(sizes_.d) + aligned(sizes_.sub_scales) + aligned(sizes_.mins) +
+                aligned(sizes_.sub_mins)),
+        buffer_(stride_ * copies) {
+    for (int c = 0; c < copies; ++c) {
+      const QuantPlanes dst = at(c);
+      put(dst.codes, host.codes, sizes_.codes, "codes");
+      put(dst.d, host.d, sizes_.d, "d");
+      put(dst.sub_scales, host.sub_scales, sizes_.sub_scales, "sub_scales");
+      put(dst.mins, host.mins, sizes_.mins, "mins");
+      put(dst.sub_mins, host.sub_mins, sizes_.sub_mins, "sub_mins");
+    }
+  }
+  QuantPlanes at(int copy) const {
+    unsigned char* base = buffer_.as<unsigned char>() + stride_ * copy;
+    QuantPlanes p;
+    p.codes = base;
+    base += aligned(sizes_.codes);
+    p.d = base;
+    base += aligned(sizes_.d);
+    if (sizes_.sub_scales) p.sub_scales = reinterpret_cast<const std::int8_t*>(base);
+    base += aligned(sizes_.sub_scales);
+    if (sizes_.mins) p.mins = reinterpret_cast<const std::uint16_t*>(base);
+    base += aligned(sizes_.mins);
+    if (sizes_.sub_mins) p.sub_mins = base;
+    return p;
+  }
+
+ private:
+  static void put(const void* dst, const void* src, std::size_t bytes, const char* plane) {
+    if (bytes == 0) return;
+    STRATA_EXPECTS(src != nullptr, InvalidArgument, std::string("gemv_quant: the form needs plane ") + plane);
+    STRATA_CUDA_TRY(cudaMemcpy(const_cast<void*>(dst), src, bytes, cudaMemcpyHostToDevice));
+  }
+  PlaneBytes sizes_;
+  std::size_t stride_;
+  DeviceBuffer buffer_;
+};
+
+// The q8_32 form of x, on the device.
+struct DeviceActivation {
+  explicit DeviceActivation(int cols)
+      : xq(static_cast<std::size_t>(cols)), dx(cols / 32 * sizeof(float)), sums(cols / 32 * sizeof(std::int32_t)) {}
+  DeviceBuffer xq, dx, sums;
+};
+
+int cold_copies(std::size_t bytes) {
+  return static_cast<int>(std::clamp<std::size_t>(kColdBytes / std::max<std::size_t>(bytes, 1) + 1, 1, kMaxCopies));
+}
+
+// Median seconds per launch: `reps` timed batches, each cycling once (at least 8 launches) through `copies`.
+template <class Launch>
+double median_launch_seconds(int copies, int reps, Launch&& launch) {
+  STRATA_EXPECTS(reps > 0, InvalidArgument, "timing needs reps > 0, got " + std::to_string(reps));
+  const int batch = std::max(copies, 8);
+  cudaEvent_t start, stop;
+  STRATA_CUDA_TRY(cudaEventCreate(&start));
+  STRATA_CUDA_TRY(cudaEventCreate(&stop));
+  std::vector<double> seconds;
+  try {
+    for (int i = 0; i < batch; ++i) STRATA_CUDA_TRY(launch(i % copies));  // warm-up (clocks, TLB)
+    for (int r = 0; r < reps; ++r) {
+      STRATA_CUDA_TRY(cudaEventRecord(start));
+      for (int i = 0; i < batch; ++i) STRATA_CUDA_TRY(launch(i % copies));
+      STRATA_CUDA_TRY(cudaEventRecord(stop));
+      STRATA_CUDA_TRY(cudaEventSynchronize(stop));
+      float ms = 0.0f;
+      STRATA_CUDA_TRY(cudaEventElapsedTime(&ms, start, stop));
+      seconds.push_back(ms * 1e-3 / batch);
+    }
+  } catch (...) {
+    (void)cudaEventDestroy(start);
+    (void)cudaEventDestroy(stop);
+    throw;
+  }
+  (void)cudaEventDestroy(start);
+  (void)cudaEventDestroy(stop);
+  std::nth_element(seconds.begin(), seconds.begin() + reps / 2, seconds.end());
+  return seconds[reps / 2];
+}
+
+}  // namespace
+
+void quantize_q8_32(int device, const float* x, long n, std::int8_t* xq, float* dx, std::int32_t* sums) {
+  STRATA_EXPECTS(n > 0 && n % 32 == 0, InvalidArgument,
+                 "quantize_q8_32 needs n a positive multiple of 32, got " + std::to_string(n));
+  check_device(device);
+  DeviceScope scope(device);
+  DeviceBuffer d_x = upload(x, n * sizeof(float));
+  GuardedOutput d_xq(n), d_dx(n / 32 * sizeof(float)), d_sums(n / 32 * sizeof(std::int32_t));
+  STRATA_CUDA_TRY(kernels::quantize_q8_32(d_x.as<float>(), d_xq.data<std::int8_t>(), d_dx.data<float>(),
+                                          d_sums.data<std::int32_t>(), n, nullptr));
+  STRATA_CUDA_TRY(cudaDeviceSynchronize());
+  d_xq.copy_out(xq, "quantize_q8_32 (xq)");
+  d_dx.copy_out(dx, "quantize_q8_32 (dx)");
+  d_sums.copy_out(sums, "quantize_q8_32 (sums)");
+}
+
+void gemv_quant(int device, const QuantForm& form, const QuantPlanes& host_planes, int rows, int cols,
+                const float* x, float* y) {
+  check_quant_shape(form, rows, cols);
+  check_device(device);
+  DeviceScope scope(device);
+  const DevicePlanes planes(form, host_planes, rows, cols, 1);
+  DeviceBuffer d_x = upload(x, static_cast<std::size_t>(cols) * sizeof(float));
+  DeviceActivation a(cols);
+  GuardedOutput d_y(static_cast<std::size_t>(rows) * sizeof(float));
+  STRATA_CUDA_TRY(kernels::quantize_q8_32(d_x.as<float>(), a.xq.as<std::int8_t>(), a.dx.as<float>(),
+                                          a.sums.as<std::int32_t>(), cols, nullptr));
+  STRATA_CUDA_TRY(kernels::gemv_quant(form, planes.at(0), rows, cols, a.xq.as<std::int8_t>(), a.dx.as<float>(),
+                                      a.sums.as<std::int32_t>(), d_y.data<float>(), nullptr));
+  STRATA_CUDA_TRY(cudaDeviceSynchronize());
+  d_y.copy_out(y, "gemv_quant");
+}
+
+void gemv_float(int device, FloatKind kind, const void* w, int rows, int cols, const float* x, float* y) {
+  STRATA_EXPECTS(rows > 0 && cols > 0, InvalidArgument,
+                 "gemv_float needs rows > 0 and cols > 0, got " + std::to_string(rows) + " x " + std::to_string(cols));
+  check_device(device);
+  DeviceScope scope(device);
+  const std::size_t element = kind == FloatKind::F32 ? 4 : 2;
+  DeviceBuffer d_w = upload(w, static_cast<std::size_t>(rows) * cols * element);
+  DeviceBuffer d_x = upload(x, static_cast<std::size_t>(cols) * sizeof(float));
+  GuardedOutput d_y(static_cast<std::size_t>(rows) * sizeof(float));
+  STRATA_CUDA_TRY(kernels::gemv_float(kind, d_w.as<void>(), rows, cols, d_x.as<float>(), d_y.data<float>(), nullptr));
+  STRATA_CUDA_TRY(cudaDeviceSynchronize());
+  d_y.copy_out(y, "gemv_float");
+}
+
+double time_gemv_quant(int device, const QuantForm& form, const QuantPlanes& host_planes, int rows, int cols,
+                       int reps) {
+  check_quant_shape(form, rows, cols);
+  check_device(device);
+  DeviceScope scope(device);
+  const int copies = cold_copies(plane_bytes(form, rows, cols).total());
+  const DevicePlanes planes(form, host_planes, rows, cols, copies);
+  DeviceActivation a(cols);
+  STRATA_CUDA_TRY(cudaMemset(a.xq.as<void>(), 1, a.xq.bytes()));
+  STRATA_CUDA_TRY(cudaMemset(a.dx.as<void>(), 0, a.dx.bytes()));
+  STRATA_CUDA_TRY(cudaMemset(a.sums.as<void>(), 0, a.sums.bytes()));
+  DeviceBuffer d_y(static_cast<std::size_t>(rows) * sizeof(float));
+  return median_launch_seconds(copies, reps, [&](int copy) {
+    return kernels::gemv_quant(form, planes.at(copy), rows, cols, a.xq.as<std::int8_t>(), a.dx.as<float>(),
+                               a.sums.as<std::int32_t>(), d_y.as<float>(), nullptr);
+  });
+}
+
+double time_gemv_float(int device, FloatKind kind, const void* w, int rows, int cols, int reps) {
+  STRATA_EXPECTS(rows > 0 && cols > 0, InvalidArgument,
+                 "time_gemv_float needs rows > 0 and cols > 0, got " + std::to_string(rows) + " x " +
+                     std::to_string(cols));
+  check_device(device);
+  DeviceScope scope(device);
+  const std::size_t bytes = static_cast<std::size_t>(rows) * cols * (kind == FloatKind::F32 ? 4 : 2);
+  const int copies = cold_copies(bytes);
+  const std::size_t stride = aligned(bytes);
+  DeviceBuffer d_w(stride * copies);
+  for (int c = 0; c < copies; ++c) {
+    STRATA_CUDA_TRY(cudaMemcpy(d_w.as<unsigned char>() + stride * c, w, bytes, cudaMemcpyHostToDevice));
+  }
+  DeviceBuffer d_x(static_cast<std::size_t>(cols) * sizeof(float));
+  STRATA_CUDA_TRY(cudaMemset(d_x.as<void>(), 0, d_x.bytes()));
+  DeviceBuffer d_y(static_cast<std::size_t>(rows) * sizeof(float));
+  return median_launch_seconds(copies, reps, [&](int copy) {
+    return kernels::gemv_float(kind, d_w.as<unsigned char>() + stride * copy, rows, cols, d_x.as<float>(),
+                               d_y.as<float>(), nullptr);
+  });
+}
+
+}  // namespace strata::kernel_check

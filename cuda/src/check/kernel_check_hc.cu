@@ -1,0 +1,124 @@
+// kernel_check entries of the hyper-connection mixer: the whole read of one token chained on the device from
+// the grouped RMSNorm, q8_32, GEMV and hc.cuh kernels (the order a decode step will launch them in), and the
+// write-back.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../kernels/gemv.cuh"
+#include "../kernels/hc.cuh"
+#include "../kernels/norm.cuh"
+#include "../kernels/quantize.cuh"
+#include "kernel_check_support.hpp"
+#include "strata/device_weights.hpp"
+#include "strata/check/kernel_check.hpp"
+
+namespace strata::kernel_check {
+using namespace support;
+namespace {
+
+std::size_t floats(long n) { return static_cast<std::size_t>(n) * sizeof(float); }
+
+void check_shape(const HostTensor& t, const char* role, long rows, long cols) {
+  STRATA_EXPECTS(t.rows == rows && t.cols == cols, InvalidArgument,
+                 "hc_read: the " + std::string(role) + " weight " + t.name + " is " + std::to_string(t.rows) +
+                     " x " + std::to_string(t.cols) + ", expected " + std::to_string(rows) + " x " +
+                     std::to_string(cols));
+  STRATA_EXPECTS(t.is_float || (cols % kernels::kQ8Block == 0 && kernels::gemv_quant_supports(t.form)),
+                 InvalidArgument,
+                 "hc_read: the " + std::string(role) + " weight " + t.name +
+                     " has a quantized form the GEMV lacks, or " + std::to_string(cols) +
+                     " columns that are no multiple of 32");
+}
+
+// y = W x on the device as the decode step runs it: quantized forms quantize x to q8_32 first (into buffers
+// sized for the widest input), float forms take x as it is.
+class DeviceGemv {
+ public:
+  explicit DeviceGemv(long max_cols)
+      : xq_(static_cast<std::size_t>(max_cols)),
+        dx_(floats(max_cols / kernels::kQ8Block)),
+        sums_(static_cast<std::size_t>(max_cols / kernels::kQ8Block) * sizeof(std::int32_t)) {}
+
+  void operator()(const DeviceTensor& w, const float* x, float* y) const {
+    const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
+    if (w.is_float) {
+      STRATA_CUDA_TRY(kernels::gemv_float(w.float_kind, w.data, rows, cols, x, y, nullptr));
+      return;
+    }
+    STRATA_CUDA_TRY(kernels::quantize_q8_32(x, xq_.as<std::int8_t>(), dx_.as<float>(), sums_.as<std::int32_t>(),
+                                            cols, nullptr));
+    STRATA_CUDA_TRY(kernels::gemv_quant(w.form, w.planes, rows, cols, xq_.as<std::int8_t>(), dx_.as<float>(),
+                                        sums_.as<std::int32_t>(), y, nullptr));
+  }
+
+ private:
+  DeviceBuffer xq_, dx_, sums_;
+};
+
+}  // namespace
+
+void hc_read(int device, const float* h, const float* norm, int streams, int n, float eps, const HostTensor& down,
+             const HostTensor& up, const HostTensor* inject, const HcReadOutputs& out) {
+  STRATA_EXPECTS(streams > 0 && n > 0, InvalidArgument,
+                 "hc_read needs streams > 0 and n > 0, got " + std::to_string(streams) + " x " + std::to_string(n));
+  const long width = static_cast<long>(streams) * n;
+  const long rank = down.rows;
+  STRATA_EXPECTS(rank > 0 && rank % kernels::kQ8Block == 0, InvalidArgument,
+                 "hc_read: the down weight " + down.name + " has " + std::to_string(rank) +
+                     " rows, expected a positive multiple of 32 (the rank is the up GEMV's q8_32 input)");
+  check_shape(down, "down", rank, width);
+  check_shape(up, "up", width, rank);
+  std::vector<HostTensor> host = {down, up};
+  if (inject != nullptr) {
+    check_shape(*inject, "inject", streams, width);
+    host.push_back(*inject);
+  }
+  check_device(device);
+  DeviceScope scope(device);
+  const DeviceWeights weights(device, host);
+  const DeviceGemv gemv(width);
+  DeviceBuffer d_h = upload(h, floats(width));
+  DeviceBuffer d_norm = upload(norm, floats(width));
+  DeviceBuffer d_down_out(floats(rank)), d_up_out(floats(width)), d_inject_out(floats(streams));
+  GuardedOutput d_normed(floats(width)), d_low(floats(rank)), d_x(floats(n)), d_inj(floats(streams));
+  const float per_stream = 1.0f / static_cast<float>(streams);
+
+  STRATA_CUDA_TRY(kernels::rms_norm_grouped(d_h.as<float>(), d_norm.as<float>(), d_normed.data<float>(), 1, streams,
+                                            n, eps, nullptr));
+  gemv(weights.get(down.name), d_normed.data<float>(), d_down_out.as<float>());
+  STRATA_CUDA_TRY(kernels::scaled_activation(d_down_out.as<float>(), d_low.data<float>(), static_cast<int>(rank),
+                                             kernels::Activation::Silu, per_stream, 1.0f, nullptr));
+  gemv(weights.get(up.name), d_low.data<float>(), d_up_out.as<float>());
+  STRATA_CUDA_TRY(kernels::hc_mix(d_up_out.as<float>(), d_normed.data<float>(), d_x.data<float>(), streams, n,
+                                  nullptr));
+  if (inject != nullptr) {
+    gemv(weights.get(inject->name), d_normed.data<float>(), d_inject_out.as<float>());
+    STRATA_CUDA_TRY(kernels::scaled_activation(d_inject_out.as<float>(), d_inj.data<float>(), streams,
+                                               kernels::Activation::Sigmoid, per_stream, 2.0f, nullptr));
+  }
+  STRATA_CUDA_TRY(cudaDeviceSynchronize());
+  d_normed.copy_out(out.normed, "hc_read (grouped rms_norm)");
+  d_low.copy_out(out.low, "hc_read (low-rank silu)");
+  d_x.copy_out(out.x, "hc_mix");
+  if (inject != nullptr) d_inj.copy_out(out.inj, "hc_read (inject sigmoid)");
+}
+
+void hc_write(int device, const float* h, const float* inj, const float* y, float* h_out, int streams, int n) {
+  STRATA_EXPECTS(streams > 0 && n > 0, InvalidArgument,
+                 "hc_write needs streams > 0 and n > 0, got " + std::to_string(streams) + " x " + std::to_string(n));
+  check_device(device);
+  DeviceScope scope(device);
+  const long width = static_cast<long>(streams) * n;
+  DeviceBuffer d_inj = upload(inj, floats(streams));
+  DeviceBuffer d_y = upload(y, floats(n));
+  GuardedOutput d_h(floats(width));
+  STRATA_CUDA_TRY(cudaMemcpy(d_h.data<float>(), h, floats(width), cudaMemcpyHostToDevice));  // it works in place
+  STRATA_CUDA_TRY(kernels::hc_write(d_h.data<float>(), d_inj.as<float>(), d_y.as<float>(), streams, n, nullptr));
+  STRATA_CUDA_TRY(cudaDeviceSynchronize());
+  d_h.copy_out(h_out, "hc_write");
+}
+
+}  // namespace strata::kernel_check

@@ -1,0 +1,298 @@
+// kernel_check round trips of the GDN and attention (+ QSA) decode kernels. The attention check runs the
+// kernels as the session will: captured once into a CUDA graph, replayed per token after the per-token
+// values (position, projections) are rewritten in fixed device buffers.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "../kernels/attention.cuh"
+#include "../kernels/gdn.cuh"
+#include "../kernels/ple.cuh"
+#include "../kernels/qsa.cuh"
+#include "kernel_check_support.hpp"
+#include "strata/check/kernel_check_mixers.hpp"
+
+namespace strata::kernel_check {
+namespace {
+
+using support::GuardedOutput;
+using support::upload;
+
+void copy_in(DeviceBuffer& dst, const void* host, std::size_t bytes) {
+  STRATA_CUDA_TRY(cudaMemcpy(dst.as<void>(), host, bytes, cudaMemcpyHostToDevice));
+}
+
+// A stream, the graph captured on it and its executable, released together.
+class CapturedGraph {
+ public:
+  CapturedGraph() { STRATA_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  ~CapturedGraph() {
+    if (exec_) (void)cudaGraphExecDestroy(exec_);
+    if (graph_) (void)cudaGraphDestroy(graph_);
+    (void)cudaStreamDestroy(stream_);
+  }
+  cudaStream_t stream() const noexcept { return stream_; }
+  void begin() { STRATA_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal)); }
+  // Ends the capture; `launched` is the first launcher error inside it (the capture is closed either way).
+  void end(cudaError_t launched, const char* what) {
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph_);
+    STRATA_EXPECTS(launched == cudaSuccess, InvalidArgument,
+                   std::string(what) + ": a launcher refused its arguments (" + cudaGetErrorName(launched) + ")");
+    STRATA_CUDA_TRY(ended);
+    STRATA_CUDA_TRY(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  void replay() {
+    STRATA_CUDA_TRY(cudaGraphLaunch(exec_, stream_));
+    STRATA_CUDA_TRY(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+cudaError_t first_error(std::initializer_list<cudaError_t> errors) {
+  for (cudaError_t e : errors)
+    if (e != cudaSuccess) return e;
+  return cudaSuccess;
+}
+
+}  // namespace
+
+void gdn_steps(int device, const GdnCheckShape& s, int steps, const float* qkv, const float* z,
+               const float* beta_in, const float* alpha_in, const float* conv_weight, const float* ssm_a,
+               const float* dt_bias, const float* norm_weight, float* conv_state, float* state, float* out) {
+  kernels::GdnShape shape{s.n_k_heads, s.n_v_heads, s.head_k_dim, s.head_v_dim, s.conv_kernel,
+                          s.tiled_heads, s.interleaved_ba, s.sigmoid_gate, s.eps};
+  STRATA_EXPECTS(steps > 0 && shape.n_k_heads > 0 && shape.n_v_heads % shape.n_k_heads == 0, InvalidArgument,
+                 "gdn_steps: need steps > 0 and n_v_heads a multiple of n_k_heads, got steps=" +
+                     std::to_string(steps) + ", heads " + std::to_string(s.n_v_heads) + "/" +
+                     std::to_string(s.n_k_heads));
+  support::check_device(device);
+  DeviceScope scope(device);
+  const std::size_t c = shape.conv_channels(), hv = s.n_v_heads, vd = hv * s.head_v_dim;
+  const std::size_t ba = s.interleaved_ba ? 2 * hv : hv;
+  const std::size_t conv_bytes = (s.conv_kernel - 1) * c * sizeof(float);
+  const std::size_t state_bytes = hv * s.head_k_dim * s.head_v_dim * sizeof(float);
+  DeviceBuffer d_weight = upload(conv_weight, c * s.conv_kernel * sizeof(float));
+  DeviceBuffer d_a = upload(ssm_a, hv * sizeof(float)), d_dt = upload(dt_bias, hv * sizeof(float));
+  DeviceBuffer d_norm = upload(norm_weight, s.head_v_dim * sizeof(float));
+  GuardedOutput d_conv_state(conv_bytes), d_state(state_bytes), d_conv_out(c * sizeof(float)),
+      d_out(vd * sizeof(float));
+  STRATA_CUDA_TRY(cudaMemcpy(d_conv_state.data<void>(), conv_state, conv_bytes, cudaMemcpyHostToDevice));
+  STRATA_CUDA_TRY(cudaMemcpy(d_state.data<void>(), state, state_bytes, cudaMemcpyHostToDevice));
+  DeviceBuffer d_qkv(c * sizeof(float)), d_z(vd * sizeof(float)), d_b(ba * sizeof(float)), d_alpha(hv * sizeof(float));
+  kernels::GdnStepArgs args{d_qkv.as<float>(), d_z.as<float>(), d_b.as<float>(), d_alpha.as<float>(),
+                            d_weight.as<float>(), d_a.as<float>(), d_dt.as<float>(), d_norm.as<float>(),
+                            d_conv_state.data<float>(), d_state.data<float>(), d_conv_out.data<float>(),
+                            d_out.data<float>()};
+  for (int t = 0; t < steps; ++t) {
+    copy_in(d_qkv, qkv + t * c, c * sizeof(float));
+    copy_in(d_z, z + t * vd, vd * sizeof(float));
+    copy_in(d_b, beta_in + t * ba, ba * sizeof(float));
+    if (!s.interleaved_ba) copy_in(d_alpha, alpha_in + t * hv, hv * sizeof(float));
+    STRATA_EXPECTS(kernels::gdn_step(shape, args, nullptr) == cudaSuccess, InvalidArgument,
+                   "gdn_step refused the shape (conv_kernel must be 2..8)");
+    STRATA_CUDA_TRY(cudaDeviceSynchronize());
+    d_out.copy_out(out + t * vd, "gdn_step");
+  }
+  d_conv_state.copy_out(conv_state, "gdn_step (conv state)");
+  d_state.copy_out(state, "gdn_step (recurrent state)");
+}
+
+void ple_steps(int device, int streams, int width, int dilation, int conv_kernel, float eps, int steps,
+               const float* stream_rows, const float* key, const float* value, const float* norm_key,
+               const float* norm_query, const float* norm_conv, const float* conv_weight, float* history, float* out) {
+  const kernels::PleShape shape{streams, width, dilation, conv_kernel, eps};
+  STRATA_EXPECTS(steps > 0 && streams > 0 && width > 0 && dilation > 0 && conv_kernel >= 2 && conv_kernel <= 8,
+                 InvalidArgument,
+                 "ple_steps: need steps, streams, width, dilation > 0 and conv_kernel in 2..8, got steps=" +
+                     std::to_string(steps) + " hc=" + std::to_string(streams) + " n=" + std::to_string(width) +
+                     " dilation=" + std::to_string(dilation) + " K=" + std::to_string(conv_kernel));
+  support::check_device(device);
+  DeviceScope scope(device);
+  const std::size_t c = static_cast<std::size_t>(streams) * width, f = sizeof(float);
+  const std::size_t history_bytes = static_cast<std::size_t>(shape.history_rows()) * c * f;
+  DeviceBuffer d_nk = upload(norm_key, c * f), d_nq = upload(norm_query, c * f), d_nc = upload(norm_conv, c * f);
+  DeviceBuffer d_w = upload(conv_weight, c * conv_kernel * f);
+  DeviceBuffer d_streams(c * f), d_key(c * f), d_value(width * f);
+  GuardedOutput d_history(history_bytes), d_out(c * f);
+  STRATA_CUDA_TRY(cudaMemcpy(d_history.data<void>(), history, history_bytes, cudaMemcpyHostToDevice));
+  const kernels::PleStepArgs args{d_streams.as<float>(), d_key.as<float>(), d_value.as<float>(), d_nk.as<float>(),
+                                  d_nq.as<float>(), d_nc.as<float>(), d_w.as<float>(), d_history.data<float>(),
+                                  d_out.data<float>()};
+  for (int t = 0; t < steps; ++t) {
+    copy_in(d_streams, stream_rows + t * c, c * f);
+    copy_in(d_key, key + t * c, c * f);
+    copy_in(d_value, value + static_cast<std::size_t>(t) * width, width * f);
+    STRATA_CUDA_TRY(kernels::ple_step(shape, args, nullptr));
+    STRATA_CUDA_TRY(cudaDeviceSynchronize());
+    d_out.copy_out(out + t * c, "ple_step");
+  }
+  d_history.copy_out(history, "ple_step (history)");
+}
+
+namespace {
+
+float dequant_cell(const std::vector<unsigned char>& data, const std::vector<__half>& scales, bool int8,
+                   std::size_t row, int d, int i) {
+  if (!int8) {
+    __nv_bfloat16 b;
+    std::memcpy(&b, data.data() + (row * d + i) * 2, 2);
+    return __bfloat162float(b);
+  }
+  const auto code = static_cast<signed char>(data[row * d + i]);
+  return __half2float(scales[row * (d / kernels::kKvGroup) + i / kernels::kKvGroup]) * code;
+}
+
+// Reads a poisoned, guarded cache buffer back and dequantizes tokens 0..steps-1 into [Hkv][steps][d].
+void read_cache(const GuardedOutput& data, std::size_t data_bytes, const GuardedOutput* scale,
+                std::size_t scale_bytes, const AttentionCheckShape& s, int steps, const int* page_order, float* dst,
+                const char* what) {
+  std::vector<unsigned char> bytes(data_bytes);
+  data.copy_out(bytes.data(), what);
+  std::vector<__half> scales(scale_bytes / sizeof(__half));
+  if (scale) scale->copy_out(scales.data(), what);
+  for (int j = 0; j < s.n_head_kv; ++j)
+    for (int t = 0; t < steps; ++t) {
+      const std::size_t row =
+          (static_cast<std::size_t>(page_order[t / s.page_size]) * s.n_head_kv + j) * s.page_size + t % s.page_size;
+      for (int i = 0; i < s.head_dim; ++i)
+        dst[(static_cast<std::size_t>(j) * steps + t) * s.head_dim + i] = dequant_cell(bytes, scales, s.int8_kv, row, s.head_dim, i);
+    }
+}
+
+}  // namespace
+
+void attention_steps(int device, const AttentionCheckShape& s, int steps, const float* q_gate, const float* k,
+                     const float* v, const float* q_norm, const float* k_norm, const float* rope_cos,
+                     const float* rope_sin, const int* page_order, int n_pages, const QsaCheckInputs& qsa,
+                     const QsaCheckOutputs& qsa_out, float* out, float* q_out, float* k_cache, float* v_cache) {
+  STRATA_EXPECTS(steps > 0 && s.page_size > 0 && n_pages * s.page_size >= steps, InvalidArgument,
+                 "attention_steps: " + std::to_string(n_pages) + " pages of " + std::to_string(s.page_size) +
+                     " tokens cannot hold " + std::to_string(steps) + " steps");
+  for (int i = 0; i < n_pages; ++i)
+    STRATA_EXPECTS(page_order[i] >= 0 && page_order[i] < n_pages, InvalidArgument,
+                   "attention_steps: page_order[" + std::to_string(i) + "] = " + std::to_string(page_order[i]) +
+                       " outside [0, " + std::to_string(n_pages) + ")");
+  support::check_device(device);
+  DeviceScope scope(device);
+  const int d = s.head_dim, half = s.rope_dim / 2;
+  const std::size_t qg = static_cast<std::size_t>(s.n_head) * 2 * d, hd = static_cast<std::size_t>(s.n_head) * d;
+  const std::size_t kvd = static_cast<std::size_t>(s.n_head_kv) * d;
+  const std::size_t cells = static_cast<std::size_t>(n_pages) * s.n_head_kv * s.page_size;
+  const std::size_t data_bytes = cells * d * (s.int8_kv ? 1 : 2);
+  const std::size_t scale_bytes = s.int8_kv ? cells * (d / kernels::kKvGroup) * sizeof(__half) : 0;
+  GuardedOutput k_data(data_bytes), v_data(data_bytes), k_scale(scale_bytes), v_scale(scale_bytes);
+  DeviceBuffer table = upload(page_order, n_pages * sizeof(int));
+  DeviceBuffer cos = upload(rope_cos, static_cast<std::size_t>(steps) * half * sizeof(float));
+  DeviceBuffer sin = upload(rope_sin, static_cast<std::size_t>(steps) * half * sizeof(float));
+  DeviceBuffer d_qn = upload(q_norm, d * sizeof(float)), d_kn = upload(k_norm, d * sizeof(float));
+  DeviceBuffer d_qg(qg * sizeof(float)), d_k(kvd * sizeof(float)), d_v(kvd * sizeof(float)), d_pos(sizeof(int));
+  GuardedOutput d_q(hd * sizeof(float)), d_out(hd * sizeof(float));
+  kernels::PagedKv kv{s.int8_kv ? kernels::KvFormat::INT8 : kernels::KvFormat::BF16, s.n_head_kv, d, s.page_size,
+                      n_pages, k_data.data<void>(), v_data.data<void>(), k_scale.data<__half>(),
+                      v_scale.data<__half>(), table.as<int>()};
+  kernels::AttentionShape shape{s.n_head, s.n_head_kv, d, s.rope_dim, s.eps};
+  kernels::AttentionPrepArgs prep{d_qg.as<float>(), d_k.as<float>(), d_v.as<float>(), d_qn.as<float>(),
+                                  d_kn.as<float>(), cos.as<float>(), sin.as<float>(), d_pos.as<int>(), d_q.data<float>()};
+  kernels::AttentionDecodeArgs decode{d_q.data<float>(), d_qg.as<float>(), d_pos.as<int>(), nullptr, nullptr, 4,
+                                      d_out.data<float>()};
+
+  // QSA buffers (empty when disabled).
+  const bool use_qsa = qsa.q != nullptr;
+  const int di = qsa.head_dim, max_blocks = steps / 4 + 1;
+  const std::size_t iq = static_cast<std::size_t>(qsa.n_heads) * di;
+  kernels::IndexerShape ishape{qsa.n_heads, di, 4, qsa.keep_blocks, s.rope_dim, max_blocks, s.eps};
+  DeviceBuffer d_iq(use_qsa ? iq * sizeof(float) : 0), d_kraw(use_qsa ? di * sizeof(float) : 0);
+  DeviceBuffer d_iqn = use_qsa ? upload(qsa.q_norm, di * sizeof(float)) : DeviceBuffer(0);
+  DeviceBuffer d_ikn = use_qsa ? upload(qsa.k_norm, di * sizeof(float)) : DeviceBuffer(0);
+  GuardedOutput raw_keys(use_qsa ? max_blocks * 4 * di * sizeof(float) : 0),
+      block_keys(use_qsa ? max_blocks * di * sizeof(float) : 0), scores(use_qsa ? max_blocks * sizeof(float) : 0),
+      selected(use_qsa ? qsa.keep_blocks * sizeof(int) : 0), n_selected(sizeof(int));
+  kernels::IndexerCache icache{raw_keys.data<float>(), block_keys.data<float>()};
+  kernels::IndexerSelectArgs select{d_iq.as<float>(), d_iqn.as<float>(), cos.as<float>(), sin.as<float>(),
+                                    d_pos.as<int>(), scores.data<float>(), selected.data<int>(), n_selected.data<int>()};
+  if (use_qsa) {
+    decode.selected_blocks = selected.data<int>();
+    decode.n_selected = n_selected.data<int>();
+  }
+
+  CapturedGraph graph;
+  graph.begin();
+  cudaError_t launched = kernels::attention_prep(shape, prep, kv, graph.stream());
+  if (use_qsa)
+    launched = first_error({launched,
+                            kernels::qsa_append(ishape, icache, d_kraw.as<float>(), d_ikn.as<float>(), cos.as<float>(),
+                                                sin.as<float>(), d_pos.as<int>(), graph.stream()),
+                            kernels::qsa_select(ishape, icache, select, graph.stream())});
+  launched = first_error({launched, kernels::attention_decode(shape, decode, kv, graph.stream())});
+  graph.end(launched, "attention_steps");
+
+  const int nb_max = steps / 4;
+  std::vector<float> step_scores(max_blocks);
+  std::vector<int> step_selected(use_qsa ? qsa.keep_blocks : 0);
+  for (int t = 0; t < steps; ++t) {
+    copy_in(d_pos, &t, sizeof(int));
+    copy_in(d_qg, q_gate + t * qg, qg * sizeof(float));
+    copy_in(d_k, k + t * kvd, kvd * sizeof(float));
+    copy_in(d_v, v + t * kvd, kvd * sizeof(float));
+    if (use_qsa) {
+      copy_in(d_iq, qsa.q + t * iq, iq * sizeof(float));
+      copy_in(d_kraw, qsa.kraw + t * di, di * sizeof(float));
+    }
+    graph.replay();
+    d_out.copy_out(out + t * hd, "attention_decode");
+    d_q.copy_out(q_out + t * hd, "attention_prep");
+    if (!use_qsa) continue;
+    int count = 0;
+    n_selected.copy_out(&count, "qsa_select (count)");
+    scores.copy_out(step_scores.data(), "qsa_select (scores)");
+    selected.copy_out(step_selected.data(), "qsa_select (blocks)");
+    const int nb = (t + 1) / 4;
+    for (int b = 0; b < nb_max; ++b)
+      qsa_out.scores[t * nb_max + b] = b < nb ? step_scores[b] : std::numeric_limits<float>::quiet_NaN();
+    for (int b = 0; b < qsa.keep_blocks; ++b)
+      qsa_out.selected[t * qsa.keep_blocks + b] = b < count ? step_selected[b] : -1;
+    qsa_out.n_selected[t] = count;
+  }
+  read_cache(k_data, data_bytes, s.int8_kv ? &k_scale : nullptr, scale_bytes, s, steps, page_order, k_cache, "k cache");
+  read_cache(v_data, data_bytes, s.int8_kv ? &v_scale : nullptr, scale_bytes, s, steps, page_order, v_cache, "v cache");
+}
+
+int qsa_top_blocks(int device, const float* scores, int n_blocks, int keep_blocks, int* selected) {
+  STRATA_EXPECTS(n_blocks > 0 && keep_blocks > 0, InvalidArgument,
+                 "qsa_top_blocks: need n_blocks > 0 and keep_blocks > 0, got " + std::to_string(n_blocks) + ", " +
+                     std::to_string(keep_blocks));
+  support::check_device(device);
+  DeviceScope scope(device);
+  kernels::IndexerShape shape{1, 32, 4, keep_blocks, 0, n_blocks, 1e-6f};
+  DeviceBuffer d_scores = upload(scores, n_blocks * sizeof(float));
+  const int position = n_blocks * 4 - 1;
+  DeviceBuffer d_pos = upload(&position, sizeof(int));
+  GuardedOutput d_selected(keep_blocks * sizeof(int)), d_count(sizeof(int));
+  kernels::IndexerSelectArgs args{};
+  args.position = d_pos.as<int>();
+  args.scores = d_scores.as<float>();
+  args.selected_blocks = d_selected.data<int>();
+  args.n_selected = d_count.data<int>();
+  STRATA_CUDA_TRY(kernels::qsa_top_blocks(shape, args, nullptr));
+  STRATA_CUDA_TRY(cudaDeviceSynchronize());
+  int count = 0;
+  d_count.copy_out(&count, "qsa_top_blocks (count)");
+  std::vector<int> chosen(keep_blocks);
+  d_selected.copy_out(chosen.data(), "qsa_top_blocks");
+  for (int b = 0; b < keep_blocks; ++b) selected[b] = b < count ? chosen[b] : -1;
+  return count;
+}
+
+}  // namespace strata::kernel_check

@@ -1,0 +1,44 @@
+#include "strata/check/pool_check.hpp"
+
+#include <string>
+
+#include "../cpu/activation.hpp"
+#include "../cpu/expert_hidden.hpp"
+#include "../cpu/expert_layout.hpp"
+#include "strata/error.hpp"
+
+namespace strata::pool_check {
+namespace {
+
+void check_matrix(const cpu::ExpertMatrix& m, int64_t expert, const char* what) {
+  cpu::validate_matrix(m, m.rows, m.cols, what);
+  STRATA_EXPECTS(expert >= 0 && expert < m.n_expert, InvalidArgument,
+                 std::string(what) + ": expert " + std::to_string(expert) + " is outside 0.." +
+                     std::to_string(m.n_expert - 1));
+}
+
+}  // namespace
+
+void expert_matvec(cpu::Isa isa, const cpu::ExpertMatrix& m, int64_t expert, const float* x, float* y) {
+  check_matrix(m, expert, "expert_matvec");
+  const cpu::Isa resolved = cpu::resolve_isa(isa);
+  cpu::QuantizedBuffer xq(m.cols);
+  cpu::quantize_blocks(x, 0, m.cols / 32, xq.view);
+  cpu::rows_kernel(resolved, m.form)(cpu::expert_rows(m, expert), 0, m.rows, xq.view, 1.0f, y);
+}
+
+void expert_hidden(cpu::Isa isa, const cpu::ExpertMatrix& gate, const cpu::ExpertMatrix& up, int64_t expert,
+                   const float* x, float* h) {
+  check_matrix(gate, expert, "expert_hidden gate");
+  check_matrix(up, expert, "expert_hidden up");
+  STRATA_EXPECTS(gate.rows == up.rows && gate.cols == up.cols, InvalidArgument,
+                 "expert_hidden: gate is " + std::to_string(gate.rows) + " x " + std::to_string(gate.cols) +
+                     ", up " + std::to_string(up.rows) + " x " + std::to_string(up.cols) + "; they must agree");
+  const cpu::Isa resolved = cpu::resolve_isa(isa);
+  cpu::QuantizedBuffer xq(gate.cols);
+  cpu::quantize_blocks(x, 0, gate.cols / 32, xq.view);
+  cpu::expert_hidden(cpu::rows_kernel(resolved, gate.form), cpu::expert_rows(gate, expert),
+                     cpu::rows_kernel(resolved, up.form), cpu::expert_rows(up, expert), 0, gate.rows, xq.view, h);
+}
+
+}  // namespace strata::pool_check

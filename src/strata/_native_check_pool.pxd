@@ -1,0 +1,14 @@
+# Declarations of the CPU pool's kernels on one expert (cuda/include/strata/check/pool_check.hpp). Bound in
+# _native_check_pool.pxi.
+from libc.stdint cimport int64_t
+
+from strata._native_errors cimport raise_strata_error
+from strata._native_pool cimport ExpertMatrix, Isa
+
+
+cdef extern from "strata/check/pool_check.hpp" nogil:
+    void cpp_expert_matvec "strata::pool_check::expert_matvec"(
+        Isa isa, const ExpertMatrix& m, int64_t expert, const float* x, float* y) except +raise_strata_error
+    void cpp_expert_hidden "strata::pool_check::expert_hidden"(
+        Isa isa, const ExpertMatrix& gate, const ExpertMatrix& up, int64_t expert, const float* x,
+        float* h) except +raise_strata_error

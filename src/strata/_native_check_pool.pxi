@@ -1,0 +1,46 @@
+# The CPU pool's kernels on one expert (strata::pool_check): each half of an expert's product, computed by the
+# code a layer job runs, for the tests that check it against the numpy reference.
+from strata._native cimport expert_matrix, pool_isa
+from strata._native_check_pool cimport cpp_expert_hidden, cpp_expert_matvec
+from strata._native_pool cimport ExpertMatrix, Isa
+
+
+cdef ExpertMatrix _one_expert(q, str what, list keep) except *:
+    from strata.runtime.pool import matrix_spec
+
+    spec, arrays = matrix_spec(q, 1, what)
+    keep += arrays
+    return expert_matrix(spec)
+
+
+def expert_matvec(str isa, q, x):
+    """y = W x for one expert's matrix `q` (a strata.quant.QuantTensor) with the pool's row kernels for `isa`
+    ("avx2", "avx512" or "auto"); x is quantized to q8_32 as a layer job does."""
+    keep = []
+    cdef ExpertMatrix m = _one_expert(q, "expert_matvec", keep)
+    cdef Isa chosen = pool_isa(isa)
+    cdef const float[::1] xv = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    if xv.shape[0] != m.cols:
+        raise InvalidArgument(f"expert_matvec: x has {xv.shape[0]} entries, the matrix has {m.cols} columns")
+    y = np.empty(m.rows, np.float32)
+    cdef float[::1] yv = y
+    with nogil:
+        cpp_expert_matvec(chosen, m, 0, &xv[0], &yv[0])
+    return y
+
+
+def expert_hidden(str isa, gate, up, x):
+    """h = silu(gate x) * up x of one expert (gate, up: strata.quant.QuantTensor), computed exactly as a layer
+    job of the pool computes it."""
+    keep = []
+    cdef ExpertMatrix g = _one_expert(gate, "expert_hidden gate", keep)
+    cdef ExpertMatrix u = _one_expert(up, "expert_hidden up", keep)
+    cdef Isa chosen = pool_isa(isa)
+    cdef const float[::1] xv = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    if xv.shape[0] != g.cols:
+        raise InvalidArgument(f"expert_hidden: x has {xv.shape[0]} entries, gate has {g.cols} columns")
+    h = np.empty(g.rows, np.float32)
+    cdef float[::1] hv = h
+    with nogil:
+        cpp_expert_hidden(chosen, g, u, 0, &xv[0], &hv[0])
+    return h

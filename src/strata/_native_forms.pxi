@@ -1,0 +1,59 @@
+# Canonical weight forms (strata.quant) as the core's descriptors: form, planes, float kind. Shared with the
+# test hooks through _native.pxd.
+from libc.stdint cimport int8_t, uint8_t, uint16_t
+
+from strata._native_forms cimport Codebook, FloatKind, QuantForm, QuantPlanes
+
+# numpy dtype of a float weight -> its FloatKind; bf16 travels as its raw uint16 bits (as strata.quant holds it).
+_FLOAT_KINDS = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, np.dtype(np.uint16): 2}
+_PLANES = ("codes", "d", "sub_scales", "mins", "sub_mins")
+
+
+cdef QuantForm quant_form(object form) except *:
+    from strata.quant.forms import IQ4_NL_CODEBOOK, MXFP4_CODEBOOK
+
+    cdef QuantForm f
+    f.code_bits = form.code_bits
+    f.code_bias = form.code_bias
+    if form.codebook is None:
+        f.codebook = <Codebook>0  # Codebook::None (a Python keyword, so not declared by name)
+    elif tuple(form.codebook) == IQ4_NL_CODEBOOK:
+        f.codebook = Codebook.Iq4Nl
+    elif tuple(form.codebook) == MXFP4_CODEBOOK:
+        f.codebook = Codebook.Mxfp4
+    else:
+        raise InvalidArgument(f"form {form.name}: codebook {form.codebook} is neither IQ4_NL's nor MXFP4's")
+    f.group_size = form.group_size
+    f.super_size = form.super_size
+    f.scale_f32 = form.scale_dtype == "float32"
+    f.has_sub_scales = form.has_sub_scales
+    f.has_mins = form.has_mins
+    return f
+
+
+cdef const void* plane_pointer(plane, list keep) except? NULL:
+    """Address of a C-contiguous plane (NULL for None); the array is kept alive in `keep`."""
+    if plane is None:
+        return NULL
+    arr = np.ascontiguousarray(plane)
+    keep.append(arr)
+    cdef const unsigned char[::1] bytes_view = arr.reshape(-1).view(np.uint8)
+    return &bytes_view[0]
+
+
+cdef QuantPlanes quant_planes(object weight, list keep) except *:
+    cdef QuantPlanes p
+    p.codes = <const uint8_t*>plane_pointer(weight.codes, keep)
+    p.d = plane_pointer(weight.d, keep)
+    p.sub_scales = <const int8_t*>plane_pointer(weight.sub_scales, keep)
+    p.mins = <const uint16_t*>plane_pointer(weight.mins, keep)
+    p.sub_mins = <const uint8_t*>plane_pointer(weight.sub_mins, keep)
+    return p
+
+
+cdef FloatKind float_kind(object weight) except *:
+    kind = _FLOAT_KINDS.get(weight.dtype)
+    if kind is None or weight.ndim != 2:
+        raise InvalidArgument(f"a float weight must be a 2-D float32, float16 or uint16 (bf16 bits) array; "
+                              f"found {weight.dtype}{list(weight.shape)}")
+    return <FloatKind>kind

@@ -1,0 +1,91 @@
+# Declarations of the model geometry, the session layout and arena, and the decode session
+# (cuda/include/strata/geometry.hpp, session_layout.hpp, session_arena.hpp, decode_session.hpp).
+from libcpp cimport bool as cbool
+from libcpp.string cimport string
+from libcpp.vector cimport vector
+
+from strata._native_errors cimport raise_strata_error
+from strata._native_pool cimport CppExpertPool
+from strata._native_weights cimport CppDeviceWeights
+
+
+cdef extern from "strata/geometry.hpp" nogil:
+    cdef cppclass ModelGeometry "strata::ModelGeometry":
+        int n_layer, n_embd, n_vocab
+        vector[cbool] recurrent
+        int n_head, n_head_kv, head_dim, rope_dim
+        double rope_theta
+        float rms_eps
+        int ssm_k_heads, ssm_v_heads, ssm_head_k_dim, ssm_head_v_dim, ssm_conv_kernel
+        cbool gdn_tiled_heads, gdn_interleaved_ba, gdn_sigmoid_gate
+        int n_expert, n_expert_used, expert_ff, shared_ff
+        int hc_count, hc_rank
+        int indexer_heads, indexer_head_dim, indexer_budget
+        vector[int] compress_ratios
+        int ple_layer, ple_ngram, ple_conv_kernel, ple_n_heads, ple_head_dim
+
+
+cdef extern from "strata/session_layout.hpp" nogil:
+    cdef enum class KvStorage "strata::KvStorage":
+        Bf16
+        Int8
+
+    cdef cppclass LayoutRegion "strata::Region":
+        string name
+        int layer
+        size_t offset
+        size_t bytes
+
+    cdef cppclass SessionLayout "strata::SessionLayout":
+        int kv_pages
+        vector[LayoutRegion] regions
+        size_t total
+
+    const int kKvPageTokens "strata::kKvPageTokens"
+    SessionLayout cpp_plan_session "strata::plan_session"(
+        const ModelGeometry& geometry, int context, KvStorage kv) except +raise_strata_error
+
+
+cdef extern from "strata/session_arena.hpp" nogil:
+    cdef cppclass CppSessionArena "strata::SessionArena":
+        CppSessionArena(int device, SessionLayout layout) except +raise_strata_error
+        void reset() except +raise_strata_error
+        const SessionLayout& layout()
+
+
+cdef extern from "strata/decode_session.hpp" nogil:
+    cdef enum class DecodeMode "strata::DecodeMode":
+        kUncaptured
+        kLayerGraphs
+        kTokenGraph
+
+    cdef cppclass DecodeOptions "strata::DecodeOptions":
+        int device
+        int context
+        KvStorage kv
+        DecodeMode mode
+        double timeout_seconds
+
+    cdef cppclass SamplingValues "strata::SamplingValues":
+        double temperature, top_p, min_p
+        float repeat_penalty
+        int top_k
+
+    cdef cppclass DecodeStats "strata::DecodeStats":
+        long tokens
+        double seconds, ring_wait_seconds, pool_seconds
+        long rings
+        double gpu_pre_seconds, gpu_post_seconds
+
+    cdef cppclass CppDecodeSession "strata::DecodeSession":
+        CppDecodeSession(const CppDeviceWeights& weights, CppExpertPool& pool, const ModelGeometry& geometry,
+                         const DecodeOptions& options) except +raise_strata_error
+        int step(int token, const float* ple_rows, const SamplingValues& sampling, double u,
+                 cbool sample) except +raise_strata_error
+        void logits(float* out) except +raise_strata_error
+        void reset() except +raise_strata_error
+        int position()
+        int context()
+        DecodeMode mode()
+        cbool captured()
+        const DecodeStats& stats()
