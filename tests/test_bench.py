@@ -9,10 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from strata import bench
-from strata.engine import MODES, GpuEngine
+from strata.cli import bench
 from strata.errors import InvalidArgument
 from strata.format import inspect
+from strata.options import Mode
+from strata.runtime.engine import GpuEngine
 from strata.synth import synthesize
 
 
@@ -108,21 +109,20 @@ class TimedFakeSession:
         self.closed = True
 
 
-def test_run_decodes_each_mode_and_writes_json(tiny, monkeypatch, tmp_path, capsys):
+def test_run_decodes_each_mode_and_writes_json(tiny, tmp_path, capsys):
     opened = []
 
-    def fake_open(model, context, mode):
+    def fake_session(context, mode):
         opened.append((context, mode))
-        return SimpleNamespace(engine=GpuEngine(TimedFakeSession(mode)))
+        return SimpleNamespace(engine=GpuEngine(TimedFakeSession(mode.value)))
 
-    monkeypatch.setattr(bench, "open_session", fake_open)
-    model = SimpleNamespace(info=SimpleNamespace(geometry=tiny.geometry), file=tiny,
+    model = SimpleNamespace(info=SimpleNamespace(geometry=tiny.geometry), file=tiny, session=fake_session,
                             pool=SimpleNamespace(read_bandwidth=lambda nbytes: 30e9))
     out = tmp_path / "bench.json"
-    result = bench.run(model, model_path="tiny.gguf", modes=list(MODES), prompt_tokens=4, tokens=8,
+    result = bench.run(model, model_path="tiny.gguf", modes=Mode.values(), prompt_tokens=4, tokens=8,
                        json_path=str(out))
-    assert opened == [(13, mode) for mode in MODES]
-    for mode in MODES:
+    assert opened == [(13, mode) for mode in Mode]
+    for mode in Mode.values():
         m = result["modes"][mode]
         assert math.isclose(m["ring_wait_seconds"], 1e-4) and math.isclose(m["pool_seconds"], 2e-4)
         parts = m["ring_wait_seconds"] + m["pool_seconds"] + m["host_other_seconds"]

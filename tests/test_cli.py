@@ -17,7 +17,7 @@ def test_doctor_reports_the_machine(capsys):
     if _native.device_count() == 0:
         assert "GPU       none: no NVIDIA driver or GPU found" in out
     else:
-        assert "self-test GPU 0: rms_norm vs numpy" in out and "OK" in out
+        assert "self-test GPU 0: rms_norm vs the host in float64" in out and "OK" in out
 
 
 def test_doctor_runs_as_a_console_script():
@@ -143,13 +143,13 @@ def test_gpu_engine_without_a_gpu_is_one_line_suggesting_the_reference(no_gpu, c
 
 def test_bench_argument_shapes():
     args = cli.parse_args(["bench"])
-    assert args.handler is cli._bench and args.model is None and args.mode == "all" and args.json is None
+    assert args.handler is cli.bench.handle and args.model is None and args.mode == "all" and args.json is None
     args = cli.parse_args(["bench", "m.gguf", "--tokens", "5", "--prompt-tokens", "3", "--mode", "uncaptured",
                            "--context", "64", "--json", "b.json"])
     assert (args.model, args.tokens, args.prompt_tokens, args.mode, args.context, args.json) == (
         "m.gguf", 5, 3, "uncaptured", 64, "b.json")
     args = cli.parse_args(["bench", "pool", "--quick", "-k", "4", "--isa", "avx2"])
-    assert args.handler is cli._bench_pool and (args.quick, args.k, args.isa) == (True, 4, "avx2")
+    assert args.handler is cli.bench_pool.handle and (args.quick, args.k, args.isa) == (True, 4, "avx2")
     with pytest.raises(SystemExit):
         cli.parse_args(["bench", "pool", "--tokens", "5"])  # a model-bench option is not a pool option
     with pytest.raises(SystemExit):

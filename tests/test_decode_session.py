@@ -6,11 +6,12 @@ import pytest
 
 from strata import _native
 from strata.errors import InvalidArgument
-from strata.model import load
+from strata.options import Mode
+from strata.runtime.model import load
 from strata.reference import Reference
-from strata.ple_rows import PleRows
+from strata.runtime.ple_rows import PleRows
 from strata.sampling import SamplingParams, sample
-from strata.session_geometry import native_geometry
+from strata.runtime.geometry import native_geometry
 from strata.synth import synthesize
 
 pytestmark = pytest.mark.gpu
@@ -20,7 +21,6 @@ QUANT = {"experts": "q4_k", "expert_down": "q4_0", "dense": "q8_0", "embeddings"
 FLOAT = {"experts": "q8_0", "expert_down": "q8_0", "dense": "f32", "embeddings": "f32", "ple": "f32"}
 CASES = {"qwen4exp-f32": ("qwen4exp", FLOAT), "qwen4exp-quant": ("qwen4exp", QUANT),
          "qwen3next-quant": ("qwen3next", QUANT), "qwen35moe-f32": ("qwen35moe", FLOAT)}
-MODES = ("uncaptured", "layer_graphs", "token_graph")
 GREEDY = (0.0, 0, 1.0, 0.0, 1.0)
 # max|logit diff| / max|logit| against the reference, per step. The GPU and numpy agree on every integer inner
 # sum; what differs is float32 summation order (GEMV rows, norms, softmax), the KV cache's rounding (bf16: 8
@@ -82,7 +82,7 @@ def test_decode_matches_the_reference_token_by_token(loaded, kv, rng):
     name, model = loaded
     prompt = rng.integers(0, model.info.geometry.n_vocab, 8)
     reference = Reference(model.file, activation_quant=True)
-    native = session(model, "uncaptured", kv)
+    native = session(model, Mode.UNCAPTURED, kv)
     tokens, gpu, ref = decode(native, model, prompt, 56, reference)
     assert np.all(np.isfinite(gpu)), name
     errors = relative_errors(gpu, ref)
@@ -103,25 +103,25 @@ def test_three_modes_give_identical_logits_and_reset_repeats(loaded, rng):
     name, model = loaded
     prompt = rng.integers(0, model.info.geometry.n_vocab, 5)
     runs = {}
-    for mode in MODES:
+    for mode in Mode:
         native = session(model, mode)
         runs[mode] = decode(native, model, prompt, 20)[:2]
-        if mode != "uncaptured":
+        if mode is not Mode.UNCAPTURED:
             assert native.captured
         native.reset()
         assert native.position == 0
         again = decode(native, model, prompt, 20)[:2]
         assert again[0] == runs[mode][0], (name, mode)
         assert np.array_equal(again[1], runs[mode][1]), (name, mode)
-    for mode in MODES[1:]:
-        assert runs[mode][0] == runs["uncaptured"][0], (name, mode)
-        assert np.array_equal(runs[mode][1], runs["uncaptured"][1]), (name, mode)
+    for mode in (Mode.LAYER_GRAPHS, Mode.TOKEN_GRAPH):
+        assert runs[mode][0] == runs[Mode.UNCAPTURED][0], (name, mode)
+        assert np.array_equal(runs[mode][1], runs[Mode.UNCAPTURED][1]), (name, mode)
 
 
 def test_sampling_follows_the_definition_with_every_token_seen(loaded, rng):
     name, model = loaded
     params = SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.02, repeat_penalty=1.3)
-    native = session(model, "token_graph")
+    native = session(model, Mode.TOKEN_GRAPH)
     ple = ple_rows(model)
     seen, token = [], int(rng.integers(0, model.info.geometry.n_vocab))
     for _ in range(24):
@@ -136,7 +136,7 @@ def test_sampling_follows_the_definition_with_every_token_seen(loaded, rng):
 def test_bad_steps_are_refused_with_the_limit(loaded):
     name, model = loaded
     g = model.info.geometry
-    native = session(model, "uncaptured", context=3)
+    native = session(model, Mode.UNCAPTURED, context=3)
     ple = ple_rows(model)
     with pytest.raises(InvalidArgument, match="outside the vocabulary"):
         native.step(g.n_vocab, ple(0), GREEDY, 0.0)

@@ -175,9 +175,9 @@ def gpu_decode(path: Path, prompt: np.ndarray) -> tuple[list[int], np.ndarray, n
     (its token after each fed one, its logits, the activation-quantizing reference's logits on the same
     tokens, the first position where that reference's discrete choices differ from the float one's)."""
     from strata import _native
-    from strata.model import load
-    from strata.ple_rows import PleRows
-    from strata.session_geometry import native_geometry
+    from strata.runtime.model import load
+    from strata.runtime.ple_rows import PleRows
+    from strata.runtime.geometry import native_geometry
 
     greedy = (0.0, 0, 1.0, 0.0, 1.0)   # (temperature, top_k, top_p, min_p, repeat_penalty)
     with load(path, progress=False) as model:

@@ -13,12 +13,13 @@ import pytest
 
 from strata import _native
 from strata.devices import Device
-from strata.engine import GpuEngine, open_session
-from strata.errors import FormatError, InvalidArgument, StrataError
+from strata.errors import FormatError, InvalidArgument, OutOfMemory, StrataError
+from strata.options import KV, Mode
+from strata.runtime.engine import GpuEngine
 from strata.format import inspect
 from strata.generation import Session
-from strata.model import Model, describe
-from strata.ple_rows import TABLE, PleRows, ple_shape
+from strata.runtime.model import Model, describe
+from strata.runtime.ple_rows import TABLE, PleRows
 from strata.reference.ple import ngram_context, ngram_rows
 from strata.sampling import SamplingParams
 from strata.synth import presets, synthesize
@@ -29,7 +30,7 @@ T = gguf.GGMLQuantizationType
 class FakeDecodeSession:
     """Records every call the engine makes; samples `position * 7 % n_vocab` so answers are checkable."""
 
-    def __init__(self, weights=None, pool=None, geometry=None, *, context=64, kv="int8", mode="token_graph",
+    def __init__(self, weights=None, pool=None, geometry=None, *, context=64, kv=KV.INT8, mode=Mode.TOKEN_GRAPH,
                  device=0, timeout=5.0, n_vocab=512):
         self.args = dict(weights=weights, pool=pool, geometry=geometry, context=context, kv=kv, mode=mode,
                          device=device, timeout=timeout)
@@ -92,7 +93,7 @@ def test_ple_rows_match_the_reference_hash_on_a_synth_file(tiny_qwen4exp, rng):
     g = tiny_qwen4exp.geometry
     ids = _ids_with_eos(g, rng)
     table = FileWeights(tiny_qwen4exp).get(TABLE)
-    expected = _reference_rows(table, ple_shape(g), ids)
+    expected = _reference_rows(table, g.ple, ids)
     rows = PleRows(tiny_qwen4exp, g)
     for t, token in enumerate(ids):
         got = rows.rows(token)
@@ -109,7 +110,7 @@ def test_ple_rows_dequantize_any_table_type(ggml_type, rng):
     g = dataclasses.replace(g, ple_head_dim=32)  # rows of whole 32-element blocks
     file, floats = _table_file(g, ggml_type, rng)
     ids = _ids_with_eos(g, rng)
-    expected = _reference_rows(floats, ple_shape(g), ids)
+    expected = _reference_rows(floats, g.ple, ids)
     rows = PleRows(file, g)
     got = np.stack([rows.rows(t) for t in ids])
     assert np.isfinite(got).all()
@@ -179,12 +180,12 @@ def test_generation_session_streams_over_the_gpu_engine(tiny_qwen4exp):
 
 
 def test_session_graphs_report_the_mode_capture_and_stage_timing(tiny_qwen4exp):
-    native = FakeDecodeSession(context=32, mode="layer_graphs")
+    native = FakeDecodeSession(context=32, mode=Mode.LAYER_GRAPHS)
     native.captured = True
     with Session(GpuEngine(native), tiny_qwen4exp.tokenizer()) as session:
         list(session.generate([1, 2], max_tokens=2))
         graphs = session.graphs
-        assert (graphs.mode, graphs.captured, graphs.tokens) == ("layer_graphs", True, 3)
+        assert (graphs.mode, graphs.captured, graphs.tokens) == (Mode.LAYER_GRAPHS, True, 3)
         # per token: the sums the native session keeps, divided by its tokens; host is the rest of the step
         assert graphs.timing["ring_wait"] == pytest.approx(0.1 / 3) and graphs.timing["pool"] == pytest.approx(0.2 / 3)
         assert graphs.timing["host"] == pytest.approx((0.5 - 0.3) / 3)
@@ -226,12 +227,12 @@ def test_model_session_builds_a_native_session_with_the_geometry(tiny_qwen4exp, 
     session = model.session()
     native = session.engine.native
     g = tiny_qwen4exp.geometry
-    assert native.args["context"] == min(g.context_length, 4096) and native.args["kv"] == "int8"
-    assert native.args["mode"] == "token_graph" and native.args["pool"] == "pool-native"
+    assert native.args["context"] == min(g.context_length, 4096) and native.args["kv"] is KV.INT8
+    assert native.args["mode"] is Mode.TOKEN_GRAPH and native.args["pool"] == "pool-native"
     assert native.args["geometry"]["ple_layer"] == g.ple_layers[0]
     assert session.engine.ple is not None
     session = model.session(context=100, kv="bf16", mode="uncaptured", timeout=1.5)
-    assert (session.engine.native.args["context"], session.engine.native.args["kv"]) == (100, "bf16")
+    assert (session.engine.native.args["context"], session.engine.native.args["kv"]) == (100, KV.BF16)
     assert session.engine.native.args["timeout"] == 1.5
 
 
@@ -257,8 +258,9 @@ def test_model_session_argument_errors(tiny_qwen4exp, fake_gpu, kwargs, fragment
 def test_model_session_refuses_a_context_the_gpu_cannot_hold(tiny_qwen4exp, fake_gpu):
     model = _model(tiny_qwen4exp)
     fake_gpu["free"] = 1 << 20  # 1 MiB: a few KV pages of the tiny model fit (~0.4 MiB), 4096 tokens (~2 MiB) not
-    with pytest.raises(InvalidArgument, match=r"context 4096 with kv=int8 does not fit: GPU 0 has 0.00 GiB free"):
+    with pytest.raises(OutOfMemory, match=r"GPU 0 has 0.00 GiB free; the plan of context 4096 with kv=int8 needs .* "
+                                          r"in place\); would fit: context <= \d+ with kv=bf16"):
         model.session(context=4096)
     fake_gpu["free"] = 0
-    with pytest.raises(InvalidArgument, match="holds context <= 0"):
-        open_session(model, 16)
+    with pytest.raises(OutOfMemory, match="nothing fits"):
+        model.session(16)

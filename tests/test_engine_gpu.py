@@ -8,7 +8,7 @@ import math
 import pytest
 
 from strata import cli
-from strata.engine import MODES
+from strata.options import Mode
 from strata.synth import synthesize
 
 pytestmark = pytest.mark.gpu
@@ -34,8 +34,8 @@ def _native_greedy(model, ids: list[int], n: int) -> list[int]:
     logits can flip a greedy token between two correct implementations).
     """
     from strata import _native
-    from strata.ple_rows import PleRows
-    from strata.session_geometry import native_geometry
+    from strata.runtime.ple_rows import PleRows
+    from strata.runtime.geometry import native_geometry
 
     g = model.info.geometry
     ple = PleRows(model.file, g).rows if g.ple_layers else (lambda token: None)
@@ -72,7 +72,7 @@ class _Replay:
 def expected(tiny_model):
     """The GPU's greedy tokens for PROMPT, and the text generation.Session streams for them."""
     from strata.generation import Session
-    from strata.model import load
+    from strata.runtime.model import load
 
     with load(tiny_model, progress=False) as model:
         tokenizer = model.file.tokenizer()
@@ -81,9 +81,9 @@ def expected(tiny_model):
     return tokens, text
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", list(Mode))
 def test_gpu_engine_generates_the_native_sessions_tokens(tiny_model, expected, mode):
-    from strata.model import load
+    from strata.runtime.model import load
 
     with load(tiny_model, progress=False) as model:
         session = model.session(context=256, kv="int8", mode=mode)
@@ -108,7 +108,7 @@ def test_strata_bench_writes_json(tiny_model, tmp_path, capsys):
     assert cli.main(["bench", str(tiny_model), "--tokens", "8", "--prompt-tokens", "4", "--json", str(out)]) == 0
     assert "machine limit" in capsys.readouterr().out
     result = json.loads(out.read_text())
-    assert sorted(result["modes"]) == sorted(MODES)
+    assert sorted(result["modes"]) == sorted(Mode.values())
     for mode, m in result["modes"].items():
         assert math.isfinite(m["tokens_per_second"]) and m["tokens_per_second"] > 0, (mode, m)
     assert result["limit"]["seconds"] > 0

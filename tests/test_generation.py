@@ -164,7 +164,7 @@ def test_chat_without_a_template_is_a_format_error():
 def test_the_chat_loop_keeps_the_history_and_obeys_its_commands():
     import io
 
-    from strata.cli_chat import converse
+    from strata.cli.chat import converse
 
     class Recording(ScriptedEngine):
         prompts: list = []

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from strata.hostinfo import available_ram_bytes, host_info
+from strata.runtime.host import available_ram_bytes, host_info
 
 CPUINFO = """processor\t: 0
 model name\t: Test CPU 9000

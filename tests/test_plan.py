@@ -7,9 +7,10 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 import strata
-from strata.kv import KV
 from strata.models import released, tensor_inventory
-from strata.plan import GIB, check_fits, largest_context, memory_plan, tensor_bytes
+from strata.options import KV
+from strata.runtime.geometry import native_geometry
+from strata.runtime.plan import GIB, check_fits, largest_context, memory_plan, tensor_bytes
 from strata.quant import repack
 from strata.quant.synthetic import random_blocks
 
@@ -74,19 +75,24 @@ def test_too_big_says_what_would_fit():
     g = released("qwen4exp")
     tensors = bench_tensors(g)
     free = 9 * GIB
-    plan = memory_plan(g, tensors, 262144, KV.BF16)
     options = {kv: largest_context(g, tensors, kv, free) for kv in KV}
     assert options[KV.INT8] >= options[KV.BF16] > 0
     assert memory_plan(g, tensors, options[KV.BF16], KV.BF16).vram_total <= free
-    with pytest.raises(strata.OutOfMemory, match=r"9\.00 GiB free.*would fit: context <= \d+ with kv=bf16"):
-        check_fits(plan, free, 1 << 50, options)
+    with pytest.raises(strata.OutOfMemory, match=rf"GPU 0 has 9\.00 GiB free; the plan of context 262144 with kv=bf16 "
+                                                  rf".*would fit: context <= {options[KV.BF16]} with kv=bf16, "
+                                                  rf"context <= {options[KV.INT8]} with kv=int8"):
+        check_fits(g, tensors, 262144, KV.BF16, vram_free=free, device=0)
+    resident = memory_plan(g, tensors, 256, KV.BF16).vram["dense weights"]  # a loaded model's share
+    with pytest.raises(strata.OutOfMemory, match=rf"{resident / GIB:.2f} GiB of it in place\); would fit: context <= "
+                                                  rf"{options[KV.BF16]} with kv=bf16"):
+        check_fits(g, tensors, 262144, KV.BF16, vram_free=free - resident, device=0, resident=resident)
+    assert check_fits(g, tensors, options[KV.BF16], KV.BF16, vram_free=free, device=0).vram_total <= free
 
 
 def test_host_shortfall_is_named():
     g = released("qwen4exp")
-    plan = memory_plan(g, bench_tensors(g), 4096)
     with pytest.raises(strata.OutOfMemory, match="host RAM: 32.00 GiB available"):
-        check_fits(plan, 1 << 50, 32 * GIB, {})
+        check_fits(g, bench_tensors(g), 4096, KV.INT8, vram_free=1 << 50, device=0, host_available=32 * GIB)
 
 
 def test_kv_parse_names_the_choices():
@@ -97,10 +103,9 @@ def test_kv_parse_names_the_choices():
 
 def test_the_session_arena_layout_is_aligned_disjoint_and_per_layer_kind():
     from strata import _native
-    from strata.plan import session_shape
 
     g = released("qwen4exp")
-    layout = _native.session_layout(session_shape(g), 5000, "int8")
+    layout = _native.session_layout(native_geometry(g), 5000, "int8")
     regions = sorted(layout["regions"], key=lambda r: r[2])
     end = 0
     for name, layer, offset, nbytes in regions:
@@ -110,19 +115,21 @@ def test_the_session_arena_layout_is_aligned_disjoint_and_per_layer_kind():
             assert name.startswith("gdn") == g.recurrent[layer], (name, layer)
     assert layout["total"] >= end and layout["kv_pages"] == 20  # 5000 tokens in 256-token pages
     with pytest.raises(strata.InvalidArgument, match="context must be > 0"):
-        _native.session_layout(session_shape(g), 0, "int8")
-    with pytest.raises(strata.InvalidArgument, match="not 'q4'"):
-        _native.session_layout(session_shape(g), 16, "q4")
+        _native.session_layout(native_geometry(g), 0, "int8")
+    with pytest.raises(strata.InvalidArgument, match="unknown KV format 'q4'"):
+        _native.session_layout(native_geometry(g), 16, "q4")
+    with pytest.raises(strata.InvalidArgument, match="model geometry: missing hc_rank; unknown hc_ranks"):
+        _native.session_layout({**{k: v for k, v in native_geometry(g).items() if k != "hc_rank"}, "hc_ranks": 1},
+                               16, "int8")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ["qwen4exp", "qwen3next"])
 def test_a_reset_arena_holds_an_empty_sequence(arch):
-    from strata import _native
-    from strata.plan import session_shape
+    from strata import _native_check
 
     g = released(arch)
-    arena = _native.SessionArena(session_shape(g), 1000, "int8")
+    arena = _native_check.SessionArena(native_geometry(g), 1000, "int8")
     arena.fill(0xFF)  # poison: what reset misses stays 0xFF
     arena.reset()
     data = arena.download()
@@ -135,10 +142,9 @@ def test_a_reset_arena_holds_an_empty_sequence(arch):
 
 
 def test_an_arena_without_a_gpu_names_the_device():
-    from strata import _native
-    from strata.plan import session_shape
+    from strata import _native, _native_check
 
     if _native.device_count() > 0:
         pytest.skip("a CUDA device is present")
     with pytest.raises(strata.InvalidArgument, match="device index 0 out of range: 0 CUDA device"):
-        _native.SessionArena(session_shape(released("qwen3next")), 64, "bf16")
+        _native_check.SessionArena(native_geometry(released("qwen3next")), 64, "bf16")

@@ -10,7 +10,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 import strata
-import strata.pool
+import strata.runtime.pool
 from strata.quant import repack
 from strata.quant.synthetic import random_blocks
 
@@ -26,7 +26,7 @@ def small_layer(rng: np.random.Generator, ggml_type: T = T.Q4_0):
     return make(N_EMBD, FF), make(N_EMBD, FF), make(FF, N_EMBD)
 
 
-def run_once(pool: strata.pool.ExpertPool, rng: np.random.Generator) -> np.ndarray:
+def run_once(pool: strata.runtime.pool.ExpertPool, rng: np.random.Generator) -> np.ndarray:
     out = pool.run_layer(0, rng.standard_normal(N_EMBD, dtype=np.float32), np.array([0, 3], np.int32),
                          np.array([0.5, 0.25], np.float32))
     assert np.all(np.isfinite(out))
@@ -35,25 +35,25 @@ def run_once(pool: strata.pool.ExpertPool, rng: np.random.Generator) -> np.ndarr
 
 def test_caller_pinned_to_first_core_and_restored(rng):
     before = os.sched_getaffinity(0)
-    cores = strata.pool.physical_cores()
-    with strata.pool.ExpertPool(N_EMBD, FF, 2) as pool:
+    cores = strata.runtime.pool.physical_cores()
+    with strata.runtime.pool.ExpertPool(N_EMBD, FF, 2) as pool:
         if len(cores) > 1:
             assert os.sched_getaffinity(0) == set(cores[0][0])
             worker_cpus = {c for cpus in pool.worker_cpus for c in cpus}
             assert not worker_cpus & set(cores[0][0]), "a worker shares the host loop's core"
-            assert len(pool.worker_cpus) == strata.pool.default_threads()
+            assert len(pool.worker_cpus) == strata.runtime.pool.default_threads()
     assert os.sched_getaffinity(0) == before
 
 
 def test_unpinned_caller_keeps_its_affinity():
     before = os.sched_getaffinity(0)
-    with strata.pool.ExpertPool(N_EMBD, FF, 2, pin_caller=False):
+    with strata.runtime.pool.ExpertPool(N_EMBD, FF, 2, pin_caller=False):
         assert os.sched_getaffinity(0) == before
     assert os.sched_getaffinity(0) == before
 
 
 def test_idle_workers_park_and_wake(rng):
-    with strata.pool.ExpertPool(N_EMBD, FF, 2, spin_us=1000) as pool:
+    with strata.runtime.pool.ExpertPool(N_EMBD, FF, 2, spin_us=1000) as pool:
         pool.set_layer(0, *small_layer(rng), n_expert=N_EXPERT)
         first = run_once(pool, rng)
         deadline = time.monotonic() + 5.0
@@ -64,30 +64,30 @@ def test_idle_workers_park_and_wake(rng):
 
 
 def test_isa_override_by_argument_and_env(monkeypatch):
-    with strata.pool.ExpertPool(N_EMBD, FF, 1, isa="avx2") as pool:
+    with strata.runtime.pool.ExpertPool(N_EMBD, FF, 1, isa="avx2") as pool:
         assert pool.isa == "avx2"
     monkeypatch.setenv("STRATA_CPU_ISA", "avx2")
-    with strata.pool.ExpertPool(N_EMBD, FF, 1) as pool:
+    with strata.runtime.pool.ExpertPool(N_EMBD, FF, 1) as pool:
         assert pool.isa == "avx2"
     monkeypatch.setenv("STRATA_CPU_ISA", "sse9")
     with pytest.raises(strata.InvalidArgument, match="STRATA_CPU_ISA must be avx2 or avx512, found 'sse9'"):
-        strata.pool.ExpertPool(N_EMBD, FF, 1)
+        strata.runtime.pool.ExpertPool(N_EMBD, FF, 1)
 
 
 def test_avx512_refused_where_missing():
     if _native.cpu_isa_support()["avx512"]:
         pytest.skip("this CPU has AVX-512 VNNI")
     with pytest.raises(strata.InvalidArgument, match="avx512 requested"):
-        strata.pool.ExpertPool(N_EMBD, FF, 1, isa="avx512")
+        strata.runtime.pool.ExpertPool(N_EMBD, FF, 1, isa="avx512")
 
 
 def test_bad_arguments_are_named(rng):
     with pytest.raises(strata.InvalidArgument, match="n_embd must be a multiple of 32"):
-        strata.pool.ExpertPool(100, FF, 1)
+        strata.runtime.pool.ExpertPool(100, FF, 1)
     with pytest.raises(strata.InvalidArgument, match="exceeds the .* worker CPUs"):
-        strata.pool.ExpertPool(N_EMBD, FF, 1, threads=10_000)
+        strata.runtime.pool.ExpertPool(N_EMBD, FF, 1, threads=10_000)
     gate, up, down = small_layer(rng)
-    with strata.pool.ExpertPool(N_EMBD, FF, 2) as pool:
+    with strata.runtime.pool.ExpertPool(N_EMBD, FF, 2) as pool:
         with pytest.raises(strata.InvalidArgument, match="layer 0 down: expected 256 x 128 per expert, found 128 x 256"):
             pool.set_layer(0, gate, up, gate, n_expert=N_EXPERT)
         with pytest.raises(strata.InvalidArgument, match="rows do not split into 3 experts"):
@@ -103,16 +103,16 @@ def test_bad_arguments_are_named(rng):
 
 def test_plane_size_mismatch_names_the_plane(rng):
     gate, up, down = small_layer(rng)
-    with strata.pool.ExpertPool(N_EMBD, FF, 1) as pool:
-        spec, _keep = strata.pool.matrix_spec(gate, N_EXPERT, "gate")
+    with strata.runtime.pool.ExpertPool(N_EMBD, FF, 1) as pool:
+        spec, _keep = strata.runtime.pool.matrix_spec(gate, N_EXPERT, "gate")
         address, nbytes = spec["planes"]["d"]
         spec["planes"]["d"] = (address, nbytes - 2)
-        up_spec, _u = strata.pool.matrix_spec(up, N_EXPERT, "up")
-        down_spec, _d = strata.pool.matrix_spec(down, N_EXPERT, "down")
+        up_spec, _u = strata.runtime.pool.matrix_spec(up, N_EXPERT, "up")
+        down_spec, _d = strata.runtime.pool.matrix_spec(down, N_EXPERT, "down")
         with pytest.raises(strata.InvalidArgument, match=f"layer 2 gate: plane d has {nbytes - 2} bytes, expected {nbytes}"):
             pool._native.set_layer(2, spec, up_spec, down_spec)
 
 
 def test_read_bandwidth_is_positive():
-    with strata.pool.ExpertPool(N_EMBD, FF, 1) as pool:
+    with strata.runtime.pool.ExpertPool(N_EMBD, FF, 1) as pool:
         assert pool.read_bandwidth(64 << 20, reps=2) > 1e8  # any machine reads more than 100 MB/s

@@ -11,11 +11,13 @@ import argparse
 
 import numpy as np
 
+from strata.options import Mode
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model")
-    parser.add_argument("--mode", default="token_graph", choices=["uncaptured", "layer_graphs", "token_graph"])
+    parser.add_argument("--mode", default=Mode.TOKEN_GRAPH.value, choices=Mode.values())
     parser.add_argument("--tokens", type=int, default=8)
     parser.add_argument("--rows", type=int, default=40)
     args = parser.parse_args()
@@ -24,11 +26,10 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     import strata
-    from strata.engine import open_session
     from strata.sampling import SamplingParams
 
     model = strata.load(args.model, progress=False)
-    session = open_session(model, 256, mode=args.mode)
+    session = model.session(256, mode=args.mode)
     engine = session.engine
     g = model.info.geometry
     rng = np.random.default_rng(0)

@@ -1,15 +1,21 @@
 """strata: very large Mixture-of-Experts language models on one GPU plus the host."""
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from strata.devices import Device, device_count, devices
 from strata.errors import CudaError, FormatError, InvalidArgument, OutOfMemory, StrataError
-from strata.kv import KV
+from strata.options import KV, Mode
+
+try:
+    __version__ = version("strata")
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "unknown"
 
 # load / Model pull in the file, quant and loader modules: imported on first use, so `import strata`
 # stays light (doctor, errors, devices).
-_LAZY = {"load": "strata.model", "Model": "strata.model", "ModelInfo": "strata.model",
-         "Session": "strata.generation", "Graphs": "strata.engine"}
+_LAZY = {"load": "strata.runtime.model", "Model": "strata.runtime.model", "ModelInfo": "strata.runtime.model",
+         "Session": "strata.generation", "Graphs": "strata.runtime.engine"}
 
 
 def __getattr__(name: str) -> Any:
@@ -29,6 +35,7 @@ __all__ = [
     "InvalidArgument",
     "Model",
     "ModelInfo",
+    "Mode",
     "OutOfMemory",
     "Session",
     "StrataError",

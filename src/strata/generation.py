@@ -118,7 +118,7 @@ class Session:
 
     @property
     def graphs(self) -> Any:
-        """The engine's Graphs (mode, captured, per-stage timing; strata.engine.Graphs), or None for an
+        """The engine's Graphs (mode, captured, per-stage timing; strata.runtime.engine.Graphs), or None for an
         engine without CUDA graphs (the reference)."""
         return getattr(self.engine, "graphs", None)
 

@@ -7,6 +7,7 @@ pool's own workers reading a first-touched buffer (cuda/src/cpu/read_bandwidth.c
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from dataclasses import dataclass
@@ -14,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from strata.pool import ExpertPool, default_threads, physical_cores
 from strata.quant import QuantTensor, form_for
+from strata.runtime.pool import ExpertPool, default_threads, physical_cores
 
 SHAPES = {"qwen4exp": (2560, 640), "qwen3next": (2048, 512)}  # (n_embd, expert_ff)
 # gate/up type, down type; a down whose rows are not whole 256-blocks takes llama-quantize's fallback type.
@@ -132,3 +133,20 @@ def run(quick: bool = False, k: int = 10, isa: str | None = None, json_path: str
         with open(json_path, "w") as f:
             json.dump(result, f, indent=1)
     return result
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`strata bench pool`: parsed apart from `strata bench [MODEL]` (see strata.cli.parse_args)."""
+    pool = argparse.ArgumentParser(
+        prog="strata bench pool", description="CPU expert pool: GB/s per layer job vs the machine's read bandwidth")
+    pool.add_argument("--quick", action="store_true", help="small expert sets (a smoke run)")
+    pool.add_argument("--isa", choices=("avx2", "avx512"), default=None, help="force a kernel ISA")
+    pool.add_argument("-k", type=int, default=10, help="routed experts per layer job (default 10)")
+    pool.add_argument("--json", metavar="PATH", default=None, help="also write the numbers as JSON")
+    pool.set_defaults(handler=handle, command="bench pool")
+    return pool
+
+
+def handle(args: argparse.Namespace) -> int:
+    run(quick=args.quick, k=args.k, isa=args.isa, json_path=args.json)
+    return 0

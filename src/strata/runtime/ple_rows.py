@@ -1,4 +1,4 @@
-"""The n-gram table rows of each new token for the GPU engine's PLE layer (shared/docs/models/qwen4exp.md §3(d)).
+"""The n-gram table rows of each new token for the GPU engine's PLE layer (docs/models/qwen4exp.md §3(d)).
 
 The table (per_layer_token_embd, ~320M rows in the released model) stays memory-mapped: per token only its
 ple_n_heads hashed rows are read from the page cache, dequantized on the host and handed to the session.
@@ -12,24 +12,17 @@ import numpy as np
 from strata.errors import FormatError, InvalidArgument
 from strata.models import Geometry
 from strata.quant import dequantize_raw
-from strata.reference.ple import PleShape
 
 TABLE = "per_layer_token_embd.weight"
-
-
-def ple_shape(g: Geometry) -> PleShape:
-    """The reference's PleShape of a geometry that has a PLE layer."""
-    if not g.ple_layers:
-        raise InvalidArgument(f"geometry of {g.arch!r} has no PLE layer (qwen4exp.ple.layers is empty)")
-    return PleShape(g.ple_ngram, g.ple_heads_per_ngram, g.ple_head_dim, g.ple_conv_kernel, g.ple_eos,
-                    tuple(g.ple_multipliers), tuple(g.ple_head_offsets), tuple(g.ple_head_sizes))
 
 
 class PleRows:
     """Keeps the last ngram-1 ids (EOS before the sequence) and gathers each new token's table rows."""
 
     def __init__(self, model_file, geometry: Geometry):
-        self.shape = ple_shape(geometry)
+        if geometry.ple is None:
+            raise InvalidArgument(f"geometry of {geometry.arch!r} has no PLE layer (its ple.layers is empty)")
+        self.shape = geometry.ple
         info = model_file.tensors.get(TABLE)
         if info is None:
             raise FormatError(f"{model_file.path}: no tensor {TABLE!r}, required by the PLE layer "
@@ -40,7 +33,7 @@ class PleRows:
         self.ggml_type = info.ggml_type
         # The raw bytes as [rows, bytes per row]: a row gather is one fancy index of the mapping.
         self.table = model_file.raw(TABLE).reshape(n_rows, info.nbytes // n_rows)
-        self.n_heads = geometry.ple_n_heads
+        self.n_heads = self.shape.n_heads
         self.reset()
 
     def reset(self) -> None:

@@ -92,14 +92,6 @@ class ExpertPool:
                                np.ascontiguousarray(weights, dtype=np.float32), skip, out)
         return out
 
-    def matvec(self, layer: int, matrix: str, expert: int, x: np.ndarray) -> np.ndarray:
-        """``W x`` of one expert's gate, up or down matrix with the pool's kernels (a test hook)."""
-        return self._native.matvec(layer, matrix, expert, np.ascontiguousarray(x, dtype=np.float32))
-
-    def hidden(self, slot: int) -> np.ndarray:
-        """``silu(gate x) * up x`` of slot ``slot`` of the last ``run_layer`` (float32 [expert_ff])."""
-        return self._native.hidden(slot)
-
     def read_bandwidth(self, nbytes: int, reps: int = 5) -> float:
         """Best bytes/s of all workers reading an ``nbytes`` buffer."""
         return self._native.read_bandwidth(nbytes, reps)

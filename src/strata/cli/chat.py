@@ -3,10 +3,27 @@ end of input) leaves; Ctrl-C while the model writes stops its answer at a token 
 
 from __future__ import annotations
 
+import argparse
+import sys
 from collections.abc import Iterable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from strata.generation import Session
+from strata.cli import session as session_options
+
+if TYPE_CHECKING:
+    from strata.generation import Session
+
+
+def register(commands) -> None:
+    sub = commands.add_parser("chat", help="an interactive conversation (/reset, /exit)")
+    session_options.add_arguments(sub)
+    sub.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    with session_options.opened(args) as session:
+        converse(session, sys.stdin, sys.stdout, max_tokens=args.max_tokens, **session_options.sampling(args))
+    return 0
 
 
 def converse(session: Session, lines: Iterable[str], out: TextIO, prompt: str = "> ", **generate: Any) -> None:

@@ -18,21 +18,21 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+from typing import TYPE_CHECKING
 
-from strata.engine import MODES, GpuEngine, open_session
 from strata.errors import InvalidArgument
-from strata.models import Geometry
-from strata.plan import file_tensors, is_ngram_table, is_routed_expert, tensor_bytes
-from strata.sampling import SamplingParams
+from strata.options import Mode
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from strata.models import Geometry
+    from strata.runtime.engine import GpuEngine
 
 HBM_BYTES_PER_SECOND = 4.2e12  # the box's measured device-to-device copy rate (H200)
 DOORBELL_SECONDS = 3.1e-6  # one doorbell round trip GPU -> host loop -> GPU, measured on the box
 READ_BANDWIDTH_BYTES = 1 << 30  # buffer the pool's workers read to measure host read bandwidth
 BENCH_ARCH, BENCH_PRESET, BENCH_LAYERS = "qwen4exp", "bench", 16
-GREEDY = SamplingParams()
-# Read by every token at most once per row, not whole: the token embedding (one row per token).
-GATHERED = ("token_embd.weight",)
 
 Tensors = Mapping[str, tuple[int, tuple[int, ...]]]  # name -> (ggml_type, ne)
 
@@ -53,27 +53,18 @@ class Limit:
         return self.routed_seconds + self.dense_seconds + self.doorbell_seconds
 
 
-def routed_bytes_per_token(g: Geometry, tensors: Tensors) -> int:
-    """Sum over layers of n_expert_used experts' gate + up + down bytes in their canonical forms."""
-    total = 0
-    for name, (ggml_type, ne) in tensors.items():
-        if is_routed_expert(name):  # ne = {cols, rows, n_expert}: all experts of one matrix of one layer
-            total += tensor_bytes(ggml_type, ne) * g.n_expert_used // g.n_expert
-    return total
-
-
-def dense_bytes_per_token(tensors: Tensors) -> int:
-    """Bytes of the VRAM-resident weights a token reads whole (all but the routed experts, the n-gram table
-    and the row-gathered token embedding)."""
-    return sum(tensor_bytes(ggml_type, ne) for name, (ggml_type, ne) in tensors.items()
-               if not (is_routed_expert(name) or is_ngram_table(name) or name in GATHERED))
-
-
 def machine_limit(g: Geometry, tensors: Tensors, read_bandwidth: float) -> Limit:
-    """The limit for `g` whose tensors are {name: (ggml_type, ne)} at host read bandwidth `read_bandwidth`."""
+    """The limit for `g` whose tensors are {name: (ggml_type, ne)} at host read bandwidth `read_bandwidth`: a
+    token reads n_expert_used of every layer's experts (each routed tensor holds all n_expert of one matrix) and
+    every VRAM weight it reads whole (dense and elementwise; of the row-gathered embedding only its own row)."""
+    from strata.models import Role
+    from strata.runtime.plan import bytes_by_role
+
     if not read_bandwidth > 0:
         raise InvalidArgument(f"host read bandwidth must be > 0 bytes/s, got {read_bandwidth}")
-    routed, dense = routed_bytes_per_token(g, tensors), dense_bytes_per_token(tensors)
+    parts = bytes_by_role(g, tensors)
+    routed = parts[Role.ROUTED_EXPERT] * g.n_expert_used // g.n_expert
+    dense = parts[Role.DENSE] + parts[Role.ELEMENTWISE]
     return Limit(routed, dense, read_bandwidth, routed / read_bandwidth, dense / HBM_BYTES_PER_SECOND,
                  g.n_layer * DOORBELL_SECONDS)
 
@@ -115,14 +106,17 @@ def prompt_ids(g: Geometry, n: int, rng: np.random.Generator) -> list[int]:
 
 def decode(engine: GpuEngine, prompt: list[int], tokens: int) -> dict[str, float]:
     """Greedy decode of `tokens` after `prompt`; seconds per decoded token and its native breakdown."""
+    from strata.sampling import SamplingParams
+
+    greedy = SamplingParams()
     engine.reset()
     history = list(prompt)
-    token = engine.feed(prompt, GREEDY, 0.0, history)
+    token = engine.feed(prompt, greedy, 0.0, history)
     before = engine.stats()
     start = time.perf_counter()
     for _ in range(tokens):
         history.append(token)
-        token = engine.feed([token], GREEDY, 0.0, history)
+        token = engine.feed([token], greedy, 0.0, history)
     wall = time.perf_counter() - start
     after = engine.stats()
     per = {key: (after[key] - before[key]) / tokens for key in
@@ -132,7 +126,7 @@ def decode(engine: GpuEngine, prompt: list[int], tokens: int) -> dict[str, float
             "host_other_seconds": seconds - sum(per.values())}
 
 
-def run_modes(model: Any, modes: list[str], prompt_tokens: int, tokens: int, context: int | None,
+def run_modes(model: Any, modes: list[Mode], prompt_tokens: int, tokens: int, context: int | None,
               rng: np.random.Generator) -> dict[str, dict[str, float]]:
     """decode() on a fresh session of each mode in turn (one session in VRAM at a time)."""
     g = model.info.geometry
@@ -141,9 +135,9 @@ def run_modes(model: Any, modes: list[str], prompt_tokens: int, tokens: int, con
         context = min(g.context_length, prompt_tokens + tokens + 1)
     results = {}
     for mode in modes:
-        session = open_session(model, context, mode=mode)
+        session = model.session(context, mode=mode)
         try:
-            results[mode] = decode(session.engine, prompt, tokens)
+            results[mode.value] = decode(session.engine, prompt, tokens)
         finally:
             session.engine.close()
     return results
@@ -174,12 +168,16 @@ def report(result: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def run(model: Any, *, model_path: str, modes: list[str], prompt_tokens: int, tokens: int,
+def run(model: Any, *, model_path: str, modes: list[Mode | str], prompt_tokens: int, tokens: int,
         context: int | None = None, json_path: str | None = None) -> dict[str, Any]:
     """Bench a loaded model: prints the report, returns (and with `json_path` writes) the numbers."""
-    unknown = [m for m in modes if m not in MODES]
-    if unknown or not modes:
-        raise InvalidArgument(f"unknown session mode(s) {unknown}; choose from {', '.join(MODES)} or all")
+    import numpy as np
+
+    from strata.runtime.plan import file_tensors
+
+    if not modes:
+        raise InvalidArgument(f"no session mode to bench; choose from {', '.join(Mode.values())} or all")
+    modes = [Mode.parse(mode) for mode in modes]
     if prompt_tokens < 1 or tokens < 1:
         raise InvalidArgument(f"--prompt-tokens and --tokens must be >= 1, got {prompt_tokens} and {tokens}")
     g = model.info.geometry
@@ -195,3 +193,38 @@ def run(model: Any, *, model_path: str, modes: list[str], prompt_tokens: int, to
         with open(json_path, "w") as f:
             json.dump(result, f, indent=1)
     return result
+
+
+def register(commands) -> None:
+    sub = commands.add_parser(
+        "bench", help="decode speed of the GPU engine vs this machine's limit (`bench pool`: the CPU pool alone)",
+        description="Greedy decode speed per session mode, its per-token breakdown and the machine's limit. "
+                    "With no MODEL the default benchmark model (qwen4exp, 16 layers, about 26 GB) is synthesized "
+                    "once into the user cache. `strata bench pool --help`: the CPU expert pool benchmark.")
+    sub.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                     help="a .gguf file (default: the synthesized benchmark model)")
+    sub.add_argument("--tokens", type=int, default=128, help="tokens decoded per mode (default 128)")
+    sub.add_argument("--prompt-tokens", type=int, default=16, help="random prompt tokens first (default 16)")
+    sub.add_argument("--mode", choices=[*Mode.values(), "all"], default="all", help="session mode(s) to measure")
+    sub.add_argument("--context", type=int, default=None, help="session context (default: prompt + tokens)")
+    sub.add_argument("--json", metavar="PATH", default=None, help="also write the numbers as JSON")
+    sub.set_defaults(handler=handle)
+
+
+def handle(args) -> int:
+    from strata.cli.session import require_gpu
+
+    require_gpu("strata bench measures the GPU engine; `strata bench pool` measures the CPU expert pool alone")
+    path = args.model
+    if path is None:
+        from strata.progress import ByteProgress
+        from strata.synth import synthesize
+
+        path = bench_model(cache_dir(), synthesize, ByteProgress("bench: synth"))
+    from strata.runtime.model import load
+
+    modes = list(Mode) if args.mode == "all" else [Mode.parse(args.mode)]
+    with load(str(path), progress=True) as model:
+        run(model, model_path=str(path), modes=modes, prompt_tokens=args.prompt_tokens, tokens=args.tokens,
+            context=args.context, json_path=args.json)
+    return 0

@@ -4,26 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-
 from strata.devices import cuda_version_text, devices
-from strata.hostinfo import host_info
+from strata.runtime.host import host_info
 
+HELP = "what this machine offers strata, and a GPU self-test"
 GIB = 1024**3
 MIN_COMPUTE_CAPABILITY = (8, 0)
-
-
-def self_test(device: int, rng: np.random.Generator | None = None) -> float:
-    """Runs a kernel through the whole native chain on `device`; returns the max relative error vs numpy."""
-    from strata import _native
-
-    rng = rng or np.random.default_rng()
-    x = rng.standard_normal((64, 2560), dtype=np.float32)
-    w = rng.standard_normal(2560, dtype=np.float32)
-    got = _native.rms_norm(x, w, 1e-6, device)
-    x64 = x.astype(np.float64)
-    want = x64 / np.sqrt((x64 * x64).mean(axis=1, keepdims=True) + 1e-6) * w
-    return float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
 
 
 def run(write: Callable[[str], None] = print) -> int:
@@ -57,9 +43,20 @@ def run(write: Callable[[str], None] = print) -> int:
             write("          unsupported: strata needs compute capability >= 8.0")
             status = 1
             continue
-        error = self_test(gpu.index)
+        error = _native.self_test(gpu.index)
         ok = error < 1e-5
         verdict = "OK" if ok else "FAILED"
-        write(f"self-test GPU {gpu.index}: rms_norm vs numpy, max relative error {error:.1e}: {verdict}")
+        write(f"self-test GPU {gpu.index}: rms_norm vs the host in float64, max relative error {error:.1e}: {verdict}")
         status |= 0 if ok else 1
     return status
+
+
+def register(commands) -> None:
+    commands.add_parser("doctor", help=HELP).set_defaults(handler=handle)
+
+
+def handle(_args) -> int:
+    import strata
+
+    print(f"strata {strata.__version__}")
+    return run()

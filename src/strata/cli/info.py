@@ -1,28 +1,53 @@
-"""What `strata info` says about a model file: architecture, geometry, tensor types, bytes by part."""
+"""`strata info`: what a model file holds: architecture, geometry, tensor types, bytes by part."""
 
 from __future__ import annotations
 
+import argparse
 from collections import Counter
+from typing import TYPE_CHECKING
 
-from strata.format import ModelFile
-from strata.plan import is_ngram_table, is_routed_expert
+if TYPE_CHECKING:
+    from strata.format import ModelFile
+    from strata.models import TensorSpec
 
 GIB = 1024**3
+HEAD = "output.weight"
 
 
-def part_of(name: str) -> str:
-    """Where a tensor lives at run time (architecture.md, 'What lives where')."""
-    if is_routed_expert(name):
+def register(commands) -> None:
+    sub = commands.add_parser("info", help="validate a GGUF model file and describe it")
+    sub.add_argument("model", help="path of a .gguf file")
+    sub.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from strata.format import inspect
+
+    with inspect(args.model) as model:
+        print("\n".join(describe(model)))
+    return 0
+
+
+def part_of(spec: TensorSpec | None) -> str:
+    """Where a tensor lives at run time (architecture.md, 'What lives where'), from its role."""
+    from strata.models import Role
+
+    if spec is None:
+        return "not run (ignored)"
+    if spec.role is Role.ROUTED_EXPERT:
         return "routed experts (host RAM)"
-    if is_ngram_table(name):
+    if spec.role is Role.NGRAM_TABLE:
         return "n-gram table (memory-mapped)"
-    if name.startswith(("token_embd", "output.")):
+    if spec.role is Role.ROW_GATHERED or spec.name == HEAD:
         return "embedding + LM head (VRAM)"
     return "dense layers (VRAM)"
 
 
 def describe(model: ModelFile) -> list[str]:
+    from strata.models import tensor_specs
+
     g = model.geometry
+    specs = tensor_specs(g)
     attention = len(g.attention_layers)
     lines = [
         f"file          {model.path}",
@@ -32,16 +57,16 @@ def describe(model: ModelFile) -> list[str]:
         f"attention     {g.n_head} query / {g.n_head_kv} KV heads of {g.head_dim}, RoPE on {g.rope_dim} dims, "
         f"theta {g.rope_theta:g}",
     ]
-    if g.hc_count:
+    if g.has_hyper_connections:
         lines.append(
-            f"qwen4exp      {g.hc_count} residual streams (rank {g.hc_rank}); QSA budget {g.indexer_top_k} tokens; "
+            f"{g.arch:<13} {g.hc_count} residual streams (rank {g.hc_rank}); QSA budget {g.indexer_top_k} tokens; "
             f"PLE at layer(s) {list(g.ple_layers)} over {g.ple_rows} x {g.ple_head_dim} rows"
         )
     types = Counter(info.ggml_type.name for info in model.tensors.values())
     lines.append("tensor types  " + ", ".join(f"{name} x{count}" for name, count in types.most_common()))
     parts: Counter[str] = Counter()
     for name, info in model.tensors.items():
-        parts[part_of(name)] += info.nbytes
+        parts[part_of(specs.get(name))] += info.nbytes
     total = sum(parts.values())
     lines.append(f"bytes         {total / GIB:.2f} GiB in {len(model.tensors)} tensors")
     lines += [f"  {part:<30} {nbytes / GIB:9.2f} GiB" for part, nbytes in parts.most_common()]

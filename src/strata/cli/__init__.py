@@ -1,0 +1,47 @@
+"""The `strata` command: one module per command, each adding its own parser (`register`) and handler (`handle`).
+
+Command modules import only what their parsers need at module level, so `strata --help` and `strata doctor`
+stay fast; the work each command does is imported by its handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import strata
+from strata.cli import bench, bench_pool, chat, convert, doctor, info, run, synth
+from strata.errors import StrataError
+
+COMMANDS = (doctor, info, convert, synth, run, chat, bench)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="strata", description="Run very large Mixture-of-Experts models on one GPU plus the host."
+    )
+    parser.add_argument("--version", action="version", version=f"strata {strata.__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        command.register(commands)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:2] == ["bench", "pool"]:
+        # parsed apart from `strata bench [MODEL]`, whose optional MODEL argparse could not tell from a command
+        return bench_pool.build_parser().parse_args(argv[2:])
+    return build_parser().parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return args.handler(args)
+    except StrataError as error:
+        print(f"strata {args.command}: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"strata {args.command}: interrupted", file=sys.stderr)
+        return 130

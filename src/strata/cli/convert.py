@@ -1,0 +1,21 @@
+"""`strata convert`: a transformers checkpoint directory to a GGUF in llama.cpp's layout."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(commands) -> None:
+    sub = commands.add_parser("convert", help="a transformers checkpoint directory -> GGUF (llama.cpp layout)")
+    sub.add_argument("hf_dir", help="directory written by save_pretrained (config.json + *.safetensors)")
+    sub.add_argument("out", help="the .gguf file to write")
+    sub.add_argument("--outtype", default="f32", choices=["f32", "f16", "bf16", "q8_0"])
+    sub.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    from strata.convert import convert
+    from strata.progress import ByteProgress
+
+    print(convert(args.hf_dir, args.out, outtype=args.outtype, progress=ByteProgress("convert")))
+    return 0

@@ -1,0 +1,28 @@
+"""`strata run`: text from a prompt, streamed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from strata.cli import session
+
+
+def register(commands) -> None:
+    sub = commands.add_parser("run", help="generate text from a prompt, streamed")
+    sub.add_argument("-p", "--prompt", required=True)
+    session.add_arguments(sub)
+    sub.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    with session.opened(args) as opened:
+        for piece in opened.generate(args.prompt, args.max_tokens, **session.sampling(args)):
+            print(piece.text, end="", flush=True)
+        print()
+        stats = opened.stats
+        engine = args.engine if args.engine == "reference" else f"{args.engine} ({args.mode}, kv {args.kv})"
+        print(f"[{stats.generated_tokens} tokens, {stats.decode_tokens_per_second:.2f} tok/s decode, "
+              f"prompt {stats.prompt_tokens} tokens in {stats.prefill_seconds:.2f} s, "
+              f"ended by {stats.finish_reason}; engine: {engine}]", file=sys.stderr)
+    return 0

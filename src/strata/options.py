@@ -1,0 +1,55 @@
+"""The choices a session is opened with, each defined once: how KV is stored (architecture.md, 'KV formats';
+the rotated Q4 and K8V4 formats of that page are not built yet) and how a token's GPU work is launched."""
+
+from __future__ import annotations
+
+import enum
+
+from strata.errors import InvalidArgument
+
+
+class _Choice(enum.Enum):
+    """An enum whose members are chosen by their value in any case ("int8", "TOKEN_GRAPH")."""
+
+    @classmethod
+    def parse(cls, value: _Choice | str):
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            raise InvalidArgument(
+                f"unknown {cls.kind()} {value!r}; choose one of {', '.join(cls.values())}"
+            ) from None
+
+    @classmethod
+    def values(cls) -> list[str]:
+        return [member.value for member in cls]
+
+    @classmethod
+    def kind(cls) -> str:
+        """What the choice is of, for messages."""
+        raise NotImplementedError
+
+
+class KV(_Choice):
+    """How attention keys and values are stored per cell."""
+
+    BF16 = "bf16"
+    INT8 = "int8"  # int8 with one fp16 scale per 32 elements
+
+    @classmethod
+    def kind(cls) -> str:
+        return "KV format"
+
+
+class Mode(_Choice):
+    """How the GPU engine launches a token: identical tokens in every mode (docs/session.md)."""
+
+    UNCAPTURED = "uncaptured"      # kernels launched one by one: per-stage timing, debugging
+    LAYER_GRAPHS = "layer_graphs"  # a CUDA graph per layer part, launched by the host loop
+    TOKEN_GRAPH = "token_graph"    # one CUDA graph per token with device-side doorbell waits
+
+    @classmethod
+    def kind(cls) -> str:
+        return "session mode"

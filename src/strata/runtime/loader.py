@@ -1,0 +1,97 @@
+"""Loading a model: every tensor repacked into its canonical form and put where its role says it lives at run
+time (architecture.md, 'What lives where'): dense, elementwise and row-gathered weights to one VRAM arena, the
+routed experts to host memory for the CPU pool; the n-gram table stays memory-mapped."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from strata.errors import InvalidArgument
+from strata.format import ModelFile
+from strata.models import Role, tensor_specs
+from strata.quant import QuantTensor, cache, dequantize, repack
+from strata.runtime.pool import ExpertPool
+
+Held = QuantTensor | np.ndarray
+Progress = Callable[[int, int], None]
+_IN_VRAM = (Role.DENSE, Role.ELEMENTWISE, Role.ROW_GATHERED)
+
+
+def dense_names(model: ModelFile) -> list[str]:
+    """The tensors that go to VRAM, in file order."""
+    specs = tensor_specs(model.geometry)
+    return [name for name in model.tensors if name in specs and specs[name].role in _IN_VRAM]
+
+
+def repacked(model: ModelFile, names: list[str], progress: Progress | None = None) -> Iterator[tuple[str, Held]]:
+    """(name, canonical form) for each of `names`, reporting GGUF bytes done out of the total. Elementwise
+    tensors come as float32 whatever the file stores (a PLE conv kernel may be F16, a community file may quantize
+    anything 2-D): the decode program reads them elementwise, not through a GEMV."""
+    specs = tensor_specs(model.geometry)
+    total = sum(model.tensors[name].nbytes for name in names)
+    done = 0
+    for name in names:
+        info = model.tensors[name]
+        held = repack(model.raw(name), info.ggml_type, info.ne, name=name)
+        elementwise = name in specs and specs[name].role is Role.ELEMENTWISE
+        if elementwise and not (isinstance(held, np.ndarray) and held.dtype == np.float32):
+            held = dequantize(held)
+        yield name, held
+        done += info.nbytes
+        if progress:
+            progress(done, total)
+
+
+def dense_weights(model: ModelFile, cache_path: str | os.PathLike[str] | None = None,
+                  progress: Progress | None = None) -> dict[str, Held]:
+    """The dense tensors in canonical form. With `cache_path`, a valid cache of this file is memory-mapped
+    instead (the second load costs a read, not a repack); a missing or stale one is rebuilt there."""
+    def build() -> dict[str, Held]:
+        return dict(repacked(model, dense_names(model), progress))
+
+    return build() if cache_path is None else cache.load_or_build(cache_path, model.path, build)
+
+
+def upload_dense(model: ModelFile, device: int = 0, cache_path: str | os.PathLike[str] | None = None,
+                 progress: Progress | None = None):
+    """The model's dense weights in VRAM (strata._native.DeviceWeights)."""
+    from strata import _native
+
+    return _native.DeviceWeights(dense_weights(model, cache_path, progress), device)
+
+
+def split_gate_up(merged: QuantTensor, n_expert: int) -> tuple[QuantTensor, QuantTensor]:
+    """The merged ffn_gate_up_exps tensor as separate gate and up tensors (each expert's first half of rows
+    is its gate, the second its up, as llama.cpp's loader reads it)."""
+    rows = merged.rows // n_expert
+    if merged.rows % n_expert or rows % 2:
+        raise InvalidArgument(f"ffn_gate_up_exps: {merged.rows} rows do not split into {n_expert} gate|up pairs")
+    halves = []
+    for half in (slice(0, rows // 2), slice(rows // 2, rows)):
+        planes = {name: np.ascontiguousarray(plane.reshape(n_expert, rows, -1)[:, half].reshape(-1, plane.shape[1]))
+                  for name, plane in merged.planes().items()}
+        halves.append(QuantTensor(merged.form, n_expert * rows // 2, merged.cols, **planes))
+    return halves[0], halves[1]
+
+
+def load_experts(file: ModelFile, pool: ExpertPool, progress: Progress | None = None) -> None:
+    """Every layer's routed experts repacked and registered with the CPU pool, layer by layer."""
+    g = file.geometry
+    specs = tensor_specs(g)
+    per_layer: list[list[str]] = [[] for _ in range(g.n_layer)]
+    for name in file.tensors:
+        spec = specs.get(name)
+        if spec is not None and spec.role is Role.ROUTED_EXPERT:
+            per_layer[spec.layer].append(name)
+    tensors = repacked(file, [name for names in per_layer for name in names], progress)
+    for layer, names in enumerate(per_layer):
+        held = dict(next(tensors) for _ in names)  # this layer's gate/up (or merged gate_up) and down
+        prefix = f"blk.{layer}."
+        if prefix + "ffn_gate_up_exps.weight" in held:
+            gate, up = split_gate_up(held[prefix + "ffn_gate_up_exps.weight"], g.n_expert)
+        else:
+            gate, up = held[prefix + "ffn_gate_exps.weight"], held[prefix + "ffn_up_exps.weight"]
+        pool.set_layer(layer, gate, up, held[prefix + "ffn_down_exps.weight"], g.n_expert)
