@@ -34,13 +34,16 @@ PROMPT, GENERATED = 8, 56
 # test_parity's criterion applies unchanged (float32 summation order only).
 EXACT = 1e-4
 # max|logit diff| / max|logit| per step. Activation quantization (8 bits per 32-group before every
-# quantized weight) moves the logits against float32 by ~5e-3 (reference(activation_quant) vs HF, 8 seeds per
-# arch: medians 3e-3..5.4e-3, every step <= 1.2e-2) until it flips a near-tied discrete choice (a routed
-# expert or a QSA block; most 64-token runs have one). The attention cache and the slowly decaying recurrent
-# state then carry that difference to every later step: measured up to 0.14, 0.09 on every step after an
-# early flip. So steps before the first flip (found from both references' router and QSA dumps) are held to
-# QUANT_STEADY, every step to QUANT_WORST.
-QUANT_STEADY, QUANT_WORST = 3e-2, 0.3
+# quantized weight) moves the logits against float32 by ~5e-3: reference(activation_quant) vs HF, 36 seeds
+# (12 per arch), medians 3.0e-3..6.4e-3 (QUANT_MEDIAN bounds this systematic part). A single step can move
+# more without any discrete choice flipping: where a GDN head's q or k nearly cancels, l2-normalising turns
+# the 8-bit noise into a large change of that layer's output at that position (seed 133420330, qwen35moe:
+# layer 1's mixer output 38 % off at prompt position 3, the logits 4.3e-2, back to 7e-3 four steps later;
+# the other 36 seeds stayed <= 1.1e-2 before their first flip), so steps before the first flip are held to
+# QUANT_STEADY. A flipped near-tie (a routed expert or a QSA block; most 64-token runs have one) is carried
+# to every later step by the attention cache and the slowly decaying recurrent state: measured up to 0.14,
+# 0.09 on every step after an early flip; every step is held to QUANT_WORST.
+QUANT_MEDIAN, QUANT_STEADY, QUANT_WORST = 1e-2, 0.1, 0.3
 # GPU vs reference, both quantizing activations: test_decode_session's bounds for q8_0 dense weights, bf16 KV
 # (float summation order, bf16 KV rounding and the q8 codes these flip; set there without the peaked head,
 # whose larger max|logit| only makes relative errors smaller). Measured here on an H200 (3 seeds per arch):
@@ -166,6 +169,7 @@ def test_greedy_tokens_survive_activation_quantization(decoded: Decoded) -> None
           f"smallest top-2 gap / max|logit| {gap:.3f}")
     assert gap >= MIN_GAP, f"the peaked head's smallest gap is {gap:.3f} (seed={decoded.seed})"
     assert [int(t) for t in got[PROMPT - 1:].argmax(axis=1)] == decoded.predictions, f"seed={decoded.seed}"
+    assert np.median(rel) <= QUANT_MEDIAN, f"median {np.median(rel):.3e} (seed={decoded.seed}) {rel}"
     assert steady <= QUANT_STEADY, f"before position {flip}: {steady:.3e} (seed={decoded.seed}) {rel}"
     assert rel.max() <= QUANT_WORST, f"position {rel.argmax()}: {rel.max():.3e} (seed={decoded.seed})"
 
