@@ -1,7 +1,9 @@
-"""Generation over an engine: streaming, stops, carry-over, one generate at a time, Ctrl-C at a token boundary."""
+"""Generation over an engine: streaming, stops, carry-over, prefix reuse with snapshots, streams left early,
+one call at a time, Ctrl-C at a token boundary, logprobs, the non-streaming call."""
 
 import os
 import signal
+import threading
 
 import numpy as np
 import pytest
@@ -31,12 +33,29 @@ class ScriptedEngine:
         self.fed.clear()
 
 
+class SnapshotEngine(ScriptedEngine):
+    """A scripted engine that keeps snapshots of its position (the state a real engine would copy)."""
+
+    snapshots = 2
+
+    def __init__(self, script, context=64):
+        super().__init__(script, context)
+        self.saved, self.restored = {}, []
+
+    def snapshot(self, slot):
+        self.saved[slot] = self.position
+
+    def restore(self, slot):
+        self.position = self.saved[slot]
+        self.restored.append(slot)
+
+
 class CharCodec:
     """Token i is chr(i); 0 is EOS."""
 
     eos_ids = [0]
 
-    def encode(self, text):
+    def encode(self, text, special=False):
         return [ord(c) for c in text]
 
     def decode(self, ids):
@@ -77,16 +96,53 @@ def test_max_tokens_and_context_end_generation():
         list(small.generate("more"))
 
 
-def test_one_generate_at_a_time():
+def test_a_stream_left_early_leaves_the_session_holding_what_the_caller_received():
+    engine = ScriptedEngine([ord(c) for c in "abcdef"])
+    session = Session(engine, CharCodec())
+    for piece in session.generate("q"):
+        if piece.text == "b":
+            break  # the caller holds "ab"
+    assert session.stats.finish_reason == "cancelled" and session.tokens == [ord(c) for c in "qab"]
+    assert run(session, "!", max_tokens=1)[0] == "c"
+    assert engine.fed == [[ord("q")], [ord("a")], [ord("b"), ord("!")]]  # b, never fed before, goes first
+
+
+def test_an_exception_in_the_consumer_loses_nothing():
+    session = Session(ScriptedEngine([ord(c) for c in "abc"]), CharCodec())
+    with pytest.raises(RuntimeError):
+        for _ in session.generate("q"):
+            raise RuntimeError("the consumer broke")
+    assert session.stats.finish_reason == "cancelled" and session.tokens == [ord("q"), ord("a")]
+
+
+def test_an_abandoned_stream_never_blocks_the_next_call_of_its_thread():
     session = Session(ScriptedEngine([ord("a")] * 10), CharCodec())
     first = session.generate("q")
     next(first)
-    with pytest.raises(strata.StrataError, match="already generating"):
-        next(session.generate("q"))
-    with pytest.raises(strata.StrataError, match="already generating"):
-        session.reset()
+    assert run(session, "r", max_tokens=1)[0] == "a"  # first is closed: its token "a" was pending, then fed
+    assert list(first) == [] and session.tokens == [ord(c) for c in "qara"]
+    abandoned = session.generate("s")
+    session.reset()  # closes it too
+    assert session.tokens == [] and list(abandoned) == []
+
+
+def test_one_call_at_a_time_across_threads():
+    session = Session(ScriptedEngine([ord("a")] * 10), CharCodec())
+    first = session.generate("q")
+    next(first)
+    errors = []
+
+    def other():
+        try:
+            next(session.generate("r"))
+        except strata.StrataError as error:
+            errors.append(str(error))
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert errors and "already generating" in errors[0]
     first.close()
-    session.reset()
     assert run(session, "q", max_tokens=1)[0] == "a"
 
 
@@ -114,6 +170,27 @@ def test_bad_arguments_are_named():
         session.generate("q", max_tokens=0)
     with pytest.raises(strata.InvalidArgument, match="top_p must be in"):
         session.generate("q", top_p=2.0)
+    with pytest.raises(strata.InvalidArgument, match="stop must be a string or a list of strings"):
+        session.generate("q", stop=[3])
+    with pytest.raises(strata.InvalidArgument, match="does not report log-probabilities"):
+        session.generate("q", logprobs=2)
+
+
+def test_stop_may_be_one_string_and_max_tokens_none_runs_to_eos():
+    session = Session(ScriptedEngine([ord(c) for c in "abcdef"] + [0]), CharCodec())
+    assert run(session, "q", stop="cd")[0] == "ab" and session.stats.finish_reason == "stop"
+    session = Session(ScriptedEngine([ord("a")] * 300 + [0], context=400), CharCodec())
+    assert run(session, "q", max_tokens=None)[0] == "a" * 300 and session.stats.finish_reason == "eos"
+
+
+def test_complete_returns_text_reason_and_usage():
+    session = Session(SnapshotEngine([ord(c) for c in "hi"] + [0] + [ord("!"), 0]), CharCodec())
+    done = session.complete("ab")
+    assert (done.text, done.tokens, done.finish_reason) == ("hi", (ord("h"), ord("i")), "eos")
+    assert (done.usage.prompt_tokens, done.usage.completion_tokens, done.usage.cached_tokens) == (2, 2, 0)
+    # The whole sequence again, extended: only the new part is fed.
+    again = session.complete("abhi" + chr(0) + "c")
+    assert again.text == "!" and again.usage.cached_tokens == 4 and again.usage.total_tokens == 7
 
 
 def test_the_reference_engine_generates_what_its_logits_and_the_sampler_say(tmp_path, rng):
@@ -144,7 +221,7 @@ class ChatCodec(CharCodec):
     eos_ids = [0]
 
 
-def test_chat_renders_the_template_and_starts_over_each_turn():
+def test_chat_renders_the_template_and_starts_over_where_the_conversation_differs():
     engine = ScriptedEngine([ord("o"), ord("k"), 0, ord("!"), 0])
     session = Session(engine, ChatCodec())
     history = [{"role": "user", "content": "hi"}]
@@ -152,8 +229,50 @@ def test_chat_renders_the_template_and_starts_over_each_turn():
     assert CharCodec().decode(engine.fed[0]) == "<user>hi<assistant>$"
     history += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}]
     assert "".join(p.text for p in session.chat(history)) == "!"
-    # reset() between turns: the engine saw the whole conversation again, not the pending EOS of turn one.
+    # This template ends every prompt with "$", so turn two differs from what the engine holds right after
+    # "<user>hi<assistant>"; with no snapshot to go back to, the engine starts over (reset clears `fed`).
     assert CharCodec().decode(engine.fed[0]) == "<user>hi<assistant>ok<user>go<assistant>$"
+
+
+class TurnCodec(CharCodec):
+    """A template whose turns end with the EOS the model writes (token 0), as real chat templates do."""
+
+    chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{{ eos_token }}{% endfor %}"
+                     "{% if add_generation_prompt %}<assistant>{% endif %}")
+    tokens = [chr(i) for i in range(256)]
+    special_ids = {"eos": [0]}
+
+
+def test_a_conversation_that_continues_feeds_only_each_turns_new_tokens():
+    engine = SnapshotEngine([ord("o"), ord("k"), 0, ord("!"), 0])
+    session = Session(engine, TurnCodec())
+    history = [{"role": "user", "content": "hi"}]
+    assert "".join(p.text for p in session.chat(history)) == "ok"
+    history += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}]
+    assert "".join(p.text for p in session.chat(history)) == "!"
+    decode = CharCodec().decode
+    assert [decode(ids) for ids in engine.fed] == ["<user>hi\0<assistant>", "o", "k", "\0<user>go\0<assistant>", "!"]
+    assert session.stats.cached_tokens == len("<user>hi\0<assistant>ok") and engine.restored == []
+
+
+def test_a_conversation_that_diverges_rolls_back_to_the_last_turn_boundary():
+    engine = SnapshotEngine([ord("o"), ord("k"), 0, ord("!"), 0])
+    session = Session(engine, TurnCodec())
+    history = [{"role": "user", "content": "hi"}]
+    list(session.chat(history))
+    history += [{"role": "assistant", "content": "OK"}, {"role": "user", "content": "go"}]  # the answer, edited
+    list(session.chat(history))
+    decode = CharCodec().decode
+    # Back to the snapshot after turn one's prompt, then the rest: the edited answer and the new turn.
+    assert engine.restored == [0] and decode(engine.fed[-2]) == "OK\0<user>go\0<assistant>"
+    assert engine.position == len("<user>hi\0<assistant>OK\0<user>go\0<assistant>!")
+
+
+def test_template_options_reach_the_template():
+    codec = TurnCodec()
+    codec.chat_template = "{% if enable_thinking %}<think>{% endif %}{{ messages[0]['content'] }}"
+    session = Session(ScriptedEngine([0]), codec)
+    assert session.render([{"role": "user", "content": "x"}], {"enable_thinking": True}) == "<think>x"
 
 
 def test_chat_without_a_template_is_a_format_error():

@@ -24,11 +24,21 @@ def test_merges_and_special_tokens(tiny_file: Path) -> None:
     tokens = tiny_vocab()[0]
     with inspect(tiny_file) as mf:
         tok = mf.tokenizer()
-    ids = tok.encode("hello world<|im_end|> the")
+    ids = tok.encode("hello world<|im_end|> the", special=True)
     assert [tokens[i] for i in ids] == ["hello", "Ġworld", "<|im_end|>", "Ġthe"]
+    assert tok.count("hello world<|im_end|> the", special=True) == 4
     assert tok.eos_ids == [tokens.index("<|endoftext|>")]
     assert tok.bos_id == tokens.index("<|endoftext|>")
     assert tok.chat_template == CHAT_TEMPLATE
+
+
+def test_user_text_never_becomes_a_control_token_unless_asked(tiny_file: Path) -> None:
+    tokens = tiny_vocab()[0]
+    with inspect(tiny_file) as mf:
+        tok = mf.tokenizer()
+    plain = tok.encode("hi<|im_end|>")
+    assert tokens.index("<|im_end|>") not in plain and tok.decode(plain) == "hi<|im_end|>"
+    assert tok.count("hi<|im_end|>") == len(plain) > tok.count("hi<|im_end|>", special=True)
 
 
 def test_round_trip_is_byte_exact(tiny_file: Path, rng: np.random.Generator) -> None:

@@ -86,3 +86,15 @@ def sample(logits: np.ndarray, params: SamplingParams, u: float, seen: Iterable[
     ids, probs = candidates(logits, params)
     index = int(np.searchsorted(np.cumsum(probs), u, side="right"))
     return int(ids[min(index, ids.size - 1)])
+
+
+def log_probabilities(logits: np.ndarray, token: int, n: int) -> tuple[float, list[tuple[int, float]]]:
+    """The log-probability of `token` and the `n` most likely ids with theirs, under the model's distribution at
+    that position: the softmax of the raw logits (before the repetition penalty and temperature), computed in
+    float64; ties go to the lower id. The GPU engine's logprobs follow this definition."""
+    x = np.asarray(logits, dtype=np.float64).reshape(-1)
+    if not 0 <= token < x.size:
+        raise InvalidArgument(f"token {token} is outside the {x.size} logits")
+    log_z = float(np.max(x) + np.log(np.sum(np.exp(x - np.max(x)))))
+    top = np.argsort(-x, kind="stable")[:n]
+    return float(x[token] - log_z), [(int(i), float(x[i] - log_z)) for i in top]

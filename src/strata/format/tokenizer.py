@@ -6,6 +6,7 @@ Qwen files store a byte-level BPE ("gpt2" model): tokens in the byte-to-unicode 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -95,7 +96,11 @@ def validate_tokenizer_metadata(kv: Mapping[str, Any], n_vocab: int) -> list[str
 
 
 class Tokenizer:
-    """encode/decode with the file's vocabulary; special ids, EOS ids and the chat template."""
+    """encode/decode with the file's vocabulary; special ids, EOS ids and the chat template.
+
+    Text becomes control tokens (<|im_end|>, ...) only when asked (`special=True`, as for a rendered chat
+    template); by default a control token's text in the input is plain text, so user text cannot end a turn.
+    """
 
     def __init__(self, kv: Mapping[str, Any], n_vocab: int):
         validate_tokenizer_metadata(kv, n_vocab)
@@ -107,6 +112,7 @@ class Tokenizer:
         self.chat_template: str | None = kv.get(TEMPLATE_KEY)
         self.pre: str = kv.get(PRE_KEY, "default")
         self._hf = _build(self.tokens, kv.get(MERGES_KEY, []), kv.get(TYPES_KEY), self.pre)
+        self._encoding = threading.Lock()  # the HF tokenizer's special-token switch is one flag for all callers
 
     @property
     def bos_id(self) -> int | None:
@@ -122,8 +128,15 @@ class Tokenizer:
         ids = self.special_ids.get("eos", []) + self.special_ids.get("eot", [])
         return list(dict.fromkeys(ids))
 
-    def encode(self, text: str) -> list[int]:
-        return self._hf.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, special: bool = False) -> list[int]:
+        """The ids of `text`; with `special`, control tokens written in it are read as such."""
+        with self._encoding:
+            self._hf.encode_special_tokens = not special
+            return self._hf.encode(text, add_special_tokens=False).ids
+
+    def count(self, text: str, special: bool = False) -> int:
+        """How many tokens `text` is (as `encode`)."""
+        return len(self.encode(text, special))
 
     def decode(self, ids: Sequence[int]) -> str:
         bad = [i for i in ids if not 0 <= i < len(self.tokens)]

@@ -1,0 +1,313 @@
+"""Generation over any decode engine: streamed and whole answers, stop conditions, prefix reuse across calls,
+Ctrl-C at a token boundary.
+
+An engine appends token ids to its sequence and returns the next token, sampled by its own rules from a
+uniform draw u (strata.sampling); the GPU session samples on the device and returns only the id, the
+reference engine samples its numpy logits. Everything above that line lives here, once.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from strata.chat import render_chat
+from strata.errors import FormatError, InvalidArgument, StrataError
+from strata.generation.prefix import Snapshots, common_prefix
+from strata.generation.records import FINISH_REASONS, Completion, Engine, Piece, Stats, TextCodec, Usage
+from strata.generation.text import TextStream
+from strata.sampling import SamplingParams
+
+MAX_LOGPROBS = 20  # the most alternatives a position reports (OpenAI's limit)
+DEFAULT_CONTEXT = 4096
+
+__all__ = ["FINISH_REASONS", "Completion", "Engine", "Piece", "Session", "Stats", "TextCodec", "Usage",
+           "session_context"]
+
+
+def session_context(context: int | None, context_length: int) -> int:
+    """The context a session holds: `context`, default min(context_length, 4096); refused outside the model's.
+    Every engine's session is sized by this one rule."""
+    context = min(context_length, DEFAULT_CONTEXT) if context is None else int(context)
+    if not 1 <= context <= context_length:
+        raise InvalidArgument(f"context {context} is outside 1..{context_length} (the model's context_length)")
+    return context
+
+
+@dataclass
+class _Interrupt:
+    """SIGINT during a generate only raises a flag; the loop stops at the next token boundary."""
+
+    requested: bool = False
+    previous: object = field(default=None)
+
+    def __enter__(self) -> _Interrupt:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.requested = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
+@dataclass(frozen=True)
+class _Request:
+    """One call's checked arguments."""
+
+    params: SamplingParams
+    max_tokens: int | None
+    stops: tuple[str, ...]
+    seed: int | None
+    logprobs: int | None
+
+
+class Session:
+    """A sequence on an engine that carries over between calls until `reset`.
+
+    `generate(prompt)` continues the sequence with `prompt`; `stream(prompt)` and `complete(prompt)` take the
+    prompt as the whole sequence and feed only what the session does not hold yet (rolling back to the latest
+    state snapshot before the first difference where the engine keeps snapshots); `chat(messages)` renders
+    the conversation and streams like `stream`. Whatever the caller received is what the session holds: the
+    last token of a call (also one left early, by `break`, an exception or Ctrl-C) is fed at the start of the
+    next. One call at a time; a new call from the thread that left an earlier one unfinished closes it.
+    """
+
+    def __init__(self, engine: Engine, codec: TextCodec):
+        self.engine, self.codec = engine, codec
+        self.stats = Stats()
+        self._lock = threading.Lock()
+        self._history: list[int] = []  # every token fed to the engine (the repetition penalty's "seen")
+        self._pending: list[int] = []  # the last token produced, not yet fed
+        self._snapshots = Snapshots(getattr(engine, "snapshots", 0))
+        # The unfinished stream and its thread, held weakly: a stream the caller drops is closed at once.
+        self._open: tuple[weakref.ref, int] | None = None
+
+    # ----------------------------------------------------------------------------------------- the sequence
+
+    @property
+    def tokens(self) -> list[int]:
+        """The sequence the session stands for: every token fed, then the one produced last (not fed yet)."""
+        return self._history + self._pending
+
+    @property
+    def graphs(self) -> Any:
+        """The engine's Graphs (mode, captured, per-stage timing; strata.Graphs), or None for an engine
+        without CUDA graphs (the reference)."""
+        return getattr(self.engine, "graphs", None)
+
+    def reset(self) -> None:
+        """Forget the sequence: the next call starts from an empty context."""
+        with self._exclusive():
+            self.engine.reset()
+            self._history.clear()
+            self._pending.clear()
+            self._snapshots.clear()
+            self.stats = Stats()
+
+    def close(self) -> None:
+        """Free the engine's resources (a GPU session's VRAM); the session cannot generate afterwards."""
+        with self._exclusive():
+            close = getattr(self.engine, "close", None)
+            if close is not None:
+                close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --------------------------------------------------------------------------------------------- calls
+
+    def generate(self, prompt: str | Sequence[int], max_tokens: int | None = 256, *, temperature: float = 0.0,
+                 top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
+                 seed: int | None = None, stop: str | Sequence[str] = (), logprobs: int | None = None,
+                 special: bool = False) -> Iterator[Piece]:
+        """Stream the continuation of the sequence with `prompt` (text, or token ids) appended. `max_tokens`
+        None runs until EOS or the context; `stop` is a string or strings; `logprobs` asks for that many
+        alternatives per token; `special` reads control tokens written in the text (else it is plain text)."""
+        request = self._request(max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, seed, stop, logprobs)
+        ids = self._ids(prompt, special)
+        self._close_abandoned()  # its last token is part of the sequence this call continues
+        return self._start(self.tokens + ids, request)
+
+    def stream(self, prompt: str | Sequence[int], max_tokens: int | None = 256, *, special: bool = False,
+               **sampling: Any) -> Iterator[Piece]:
+        """Stream the answer to `prompt`, the whole sequence (text, or token ids): the part the session already
+        holds is not fed again. Keyword arguments as `generate`."""
+        request = self._request(max_tokens, **sampling)
+        return self._start(self._ids(prompt, special), request)
+
+    def complete(self, prompt: str | Sequence[int], max_tokens: int | None = 256, **kwargs: Any) -> Completion:
+        """`stream` to its end: the text, tokens, finish reason and usage (and per-token logprobs)."""
+        return self._collect(self.stream(prompt, max_tokens, **kwargs))
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], max_tokens: int | None = 256, *,
+             template_options: Mapping[str, Any] | None = None, **kwargs: Any) -> Iterator[Piece]:
+        """Stream the assistant's answer to `messages` rendered with the model's chat template (with
+        `template_options` such as tools or enable_thinking). Callers pass the whole conversation each turn;
+        the session feeds only what it has not seen."""
+        return self.stream(self.render(messages, template_options), max_tokens, special=True, **kwargs)
+
+    def chat_complete(self, messages: Sequence[Mapping[str, Any]], max_tokens: int | None = 256,
+                      **kwargs: Any) -> Completion:
+        """`chat` to its end, as `complete`."""
+        return self._collect(self.chat(messages, max_tokens, **kwargs))
+
+    def render(self, messages: Sequence[Mapping[str, Any]], template_options: Mapping[str, Any] | None = None
+               ) -> str:
+        """The prompt text of `messages` under the model's chat template, ready for the assistant's turn."""
+        template = getattr(self.codec, "chat_template", None)
+        if not template:
+            raise FormatError("the model file carries no chat template (tokenizer.chat_template)")
+        return render_chat(template, messages, add_generation_prompt=True, bos_token=self._special("bos"),
+                           eos_token=self._special("eos"), **dict(template_options or {}))
+
+    # ---------------------------------------------------------------------------------------- internals
+
+    def _request(self, max_tokens: int | None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 min_p: float = 0.0, repeat_penalty: float = 1.0, seed: int | None = None,
+                 stop: str | Sequence[str] = (), logprobs: int | None = None) -> _Request:
+        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty)
+        if max_tokens is not None and max_tokens < 1:
+            raise InvalidArgument(f"max_tokens must be >= 1 (or None: until EOS or the context), got {max_tokens}")
+        stops = (stop,) if isinstance(stop, str) else tuple(stop)
+        if not all(isinstance(s, str) for s in stops):
+            raise InvalidArgument(f"stop must be a string or a list of strings, got {stop!r}")
+        if logprobs is not None:
+            if not 0 <= logprobs <= MAX_LOGPROBS:
+                raise InvalidArgument(f"logprobs must be in 0..{MAX_LOGPROBS}, got {logprobs}")
+            if not hasattr(self.engine, "logprobs"):
+                raise InvalidArgument("this engine does not report log-probabilities")
+        return _Request(params, max_tokens, tuple(s for s in stops if s), seed, logprobs)
+
+    def _ids(self, prompt: str | Sequence[int], special: bool) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.codec.encode(prompt, special=True) if special else self.codec.encode(prompt)
+        else:
+            ids = [int(t) for t in prompt]
+        if not ids:
+            raise InvalidArgument("the prompt is empty")
+        return ids
+
+    def _special(self, name: str) -> str:
+        ids = getattr(self.codec, "special_ids", {}).get(name) or []
+        tokens = getattr(self.codec, "tokens", None)
+        return tokens[ids[0]] if ids and tokens is not None else ""
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        self._close_abandoned()
+        if not self._lock.acquire(blocking=False):
+            raise StrataError("this session is already generating; one generate at a time per session")
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def _close_abandoned(self) -> None:
+        """A stream this thread left unfinished (suspended, or never started) is abandoned once the thread makes
+        another call: close it, which makes its last token the pending one. Another thread's stream, and the
+        stream that is running this code, are in use."""
+        if self._open is not None:
+            ref, thread = self._open
+            stream = ref()
+            if stream is not None and thread == threading.get_ident() and not stream.gi_running:
+                stream.close()
+
+    def _start(self, target: list[int], request: _Request) -> Iterator[Piece]:
+        if len(target) >= self.engine.context:
+            raise InvalidArgument(f"the prompt needs {len(target)} tokens of the session's context of "
+                                  f"{self.engine.context} (at least one more for the answer); reset() the session "
+                                  "or make a larger one")
+        self._close_abandoned()
+        stream = self._stream(target, request)
+        self._open = (weakref.ref(stream), threading.get_ident())
+        return stream
+
+    def _collect(self, pieces: Iterator[Piece]) -> Completion:
+        got = list(pieces)
+        s = self.stats
+        return Completion("".join(p.text for p in got), tuple(p.token for p in got), s.finish_reason,
+                          Usage(s.prompt_tokens, s.generated_tokens, s.cached_tokens), tuple(got))
+
+    def _reuse(self, target: list[int]) -> int:
+        """Bring the engine to the longest prefix of `target` it can hold (at least one token short of it, so
+        that feeding the rest yields the next token); returns that prefix's length."""
+        keep = min(common_prefix(self._history, target), len(target) - 1)
+        if keep < len(self._history):
+            best = self._snapshots.best(keep)
+            if best is None:
+                self.engine.reset()
+                keep = 0
+            else:
+                slot, keep = best
+                self.engine.restore(slot)
+            del self._history[keep:]
+            self._snapshots.forget_after(keep)
+        self._pending = []
+        return keep
+
+    def _feed(self, ids: list[int], params: SamplingParams, u: float) -> int:
+        token = self.engine.feed(ids, params, u, self._history + ids)
+        self._history += ids
+        return token
+
+    def _piece(self, token: int, text: str, request: _Request) -> Piece:
+        if request.logprobs is None:
+            return Piece(token, text)
+        logprob, top = self.engine.logprobs(token, request.logprobs)
+        return Piece(token, text, logprob, tuple(top))
+
+    def _stream(self, target: list[int], request: _Request) -> Iterator[Piece]:
+        with self._exclusive(), _Interrupt() as interrupt:
+            stats = self.stats = Stats(prompt_tokens=len(target))
+            eos = set(self.codec.eos_ids)
+            text = TextStream(self.codec.decode, request.stops)
+            rng = np.random.default_rng(request.seed)
+            start = time.perf_counter()
+            unfed = None  # the last token produced and not fed yet: the sequence's next
+            try:
+                stats.cached_tokens = self._reuse(target)
+                unfed = self._feed(target[stats.cached_tokens:], request.params, rng.random())
+                slot = self._snapshots.slot_for(len(self._history))  # a turn boundary: the prompt is in
+                if slot is not None:
+                    self.engine.snapshot(slot)
+                stats.prefill_seconds = time.perf_counter() - start
+                start = time.perf_counter()
+                while True:
+                    if unfed in eos:
+                        stats.finish_reason = "eos"
+                        break
+                    stats.generated_tokens += 1
+                    new, stopped = text.push(unfed)
+                    yield self._piece(unfed, new, request)
+                    stats.finish_reason = (
+                        "stop" if stopped else "interrupted" if interrupt.requested
+                        else "length" if request.max_tokens is not None and stats.generated_tokens >= request.max_tokens
+                        else "context" if self.engine.position + 1 >= self.engine.context else "")
+                    if stats.finish_reason:
+                        break
+                    unfed = self._feed([unfed], request.params, rng.random())  # kept unfed if this raises
+            except GeneratorExit:
+                stats.finish_reason = stats.finish_reason or "cancelled"
+                raise
+            except BaseException:
+                stats.finish_reason = stats.finish_reason or "error"
+                raise
+            finally:
+                self._pending = [] if unfed is None else [unfed]
+                stats.decode_seconds = time.perf_counter() - start
+                self._open = None

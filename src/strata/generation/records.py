@@ -1,0 +1,85 @@
+"""What generation works with and hands back: the engine and codec it drives, and the records it returns."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from strata.sampling import SamplingParams
+
+FINISH_REASONS = ("eos", "stop", "length", "context", "interrupted", "cancelled", "error")
+
+
+class Engine(Protocol):
+    """A sequence of token ids that an engine extends and samples from.
+
+    Optional abilities, looked up with getattr: `snapshots` (how many states it can keep) with
+    `snapshot(slot)` / `restore(slot)` (save the state after `position` tokens, go back to it); `logprobs(token,
+    n)` (the log-probability of `token` and the n most likely ids at the last fed position); `close()`.
+    """
+
+    context: int   # the most tokens the sequence may hold
+    position: int  # tokens in the sequence so far
+
+    def feed(self, ids: Sequence[int], params: SamplingParams, u: float, seen: Sequence[int]) -> int:
+        """Append `ids` to the sequence; return the next token for the draw `u`."""
+        ...
+
+    def reset(self) -> None: ...
+
+
+class TextCodec(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, ids: Sequence[int]) -> str: ...
+    @property
+    def eos_ids(self) -> list[int]: ...
+    # A model's tokenizer also carries `chat_template` (str | None), `tokens` (the vocabulary) and
+    # `encode(text, special=True)`, which reads control tokens written in the text (rendered chat templates).
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One generated token and the text it completed (may be empty while a character or stop is pending).
+    With logprobs asked for: the token's log-probability and the most likely alternatives at its position."""
+
+    token: int
+    text: str
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # of the prompt, already held by the session and not fed again
+    generated_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    finish_reason: str = ""  # one of FINISH_REASONS once the call has ended
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        return (self.generated_tokens - 1) / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished (non-streaming) generation."""
+
+    text: str
+    tokens: tuple[int, ...]
+    finish_reason: str
+    usage: Usage
+    pieces: tuple[Piece, ...] = field(default=(), repr=False)  # per token, with logprobs when asked for
