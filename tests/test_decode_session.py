@@ -10,7 +10,7 @@ from strata.options import Mode
 from strata.runtime.model import load
 from strata.reference import Reference
 from strata.runtime.ple_rows import PleRows
-from strata.sampling import SamplingParams, sample
+from strata.sampling import SamplingParams, log_probabilities, sample
 from strata.runtime.geometry import native_geometry
 from strata.synth import synthesize
 
@@ -51,9 +51,9 @@ def ple_rows(model):
     return PleRows(model.file, g).rows
 
 
-def session(model, mode, kv="bf16", context=256):
+def session(model, mode, kv="bf16", context=256, snapshots=0):
     return _native.DecodeSession(model.weights, model.pool.native, native_geometry(model.info.geometry),
-                                 context=context, kv=kv, mode=mode)
+                                 context=context, kv=kv, mode=mode, snapshots=snapshots)
 
 
 def decode(native, model, prompt, steps, reference=None):
@@ -149,3 +149,64 @@ def test_bad_steps_are_refused_with_the_limit(loaded):
         native.step(1, ple(1), GREEDY, 0.0)
     native.reset()
     assert native.position == 0
+
+
+def fresh_logits(model, ids) -> np.ndarray:
+    """The logits after `ids` fed one by one to a new native session (no snapshot ever taken)."""
+    native = session(model, Mode.TOKEN_GRAPH)
+    ple = ple_rows(model)
+    for t in ids:
+        native.step(int(t), ple(int(t)), GREEDY, 0.0, sample=False)
+    return native.logits()
+
+
+def test_a_conversation_reuses_its_prefix_and_a_restored_snapshot_continues_bit_for_bit(loaded, rng):
+    name, model = loaded
+    g = model.info.geometry
+    eos = set(model.tokenizer.eos_ids) | ({g.ple_eos} if g.ple_layers else set())
+
+    def ids(n):
+        return [int(t) for t in rng.integers(0, g.n_vocab, 4 * n) if int(t) not in eos][:n]
+
+    chat = model.session(context=256, kv="bf16", snapshots=2)
+    try:
+        first = ids(9)
+        chat.complete(first, max_tokens=4)
+        answered = chat.tokens[len(first)]  # the first token of the answer (its EOS, if it said nothing)
+        assert np.array_equal(chat.engine.logits(), fresh_logits(model, chat.tokens[:-1])), name
+        longer = chat.tokens + ids(5)  # the conversation continues: only the new turn is fed
+        done = chat.complete(longer, max_tokens=3)
+        assert done.usage.cached_tokens == len(longer) - 6, (name, done.usage)
+        assert np.array_equal(chat.engine.logits(), fresh_logits(model, chat.tokens[:-1])), name
+        edited = first + [answered ^ 1] + ids(4)  # diverges after the first prompt: roll back to it
+        done = chat.complete(edited, max_tokens=3)
+        assert done.usage.cached_tokens == len(first), (name, done.usage)
+        assert np.array_equal(chat.engine.logits(), fresh_logits(model, chat.tokens[:-1])), name
+    finally:
+        chat.close()
+
+
+def test_device_logprobs_follow_the_definition(loaded, rng):
+    name, model = loaded
+    native = session(model, Mode.TOKEN_GRAPH)
+    ple = ple_rows(model)
+    token = int(rng.integers(0, model.info.geometry.n_vocab))
+    for _ in range(5):
+        token = native.step(token, ple(token), GREEDY, 0.0)
+        got = native.logprobs(token, 5)
+        want = log_probabilities(native.logits(), token, 5)
+        # the same float32 logits on both sides, exp and log in float64: rounding of the sum's order only
+        assert got[0] == pytest.approx(want[0], abs=1e-9), name
+        assert [i for i, _ in got[1]] == [i for i, _ in want[1]], name
+        assert np.allclose([v for _, v in got[1]], [v for _, v in want[1]], rtol=0, atol=1e-9), name
+    with pytest.raises(InvalidArgument, match="n must be in 0..20"):
+        native.logprobs(token, 21)
+
+
+def test_snapshot_slots_are_checked(loaded):
+    name, model = loaded
+    native = session(model, Mode.UNCAPTURED)
+    with pytest.raises(InvalidArgument, match="holds no snapshot"):
+        native.restore(0)
+    with pytest.raises(InvalidArgument, match="outside the session's 0 slots"):
+        native.snapshot(0)

@@ -31,9 +31,10 @@ class FakeDecodeSession:
     """Records every call the engine makes; samples `position * 7 % n_vocab` so answers are checkable."""
 
     def __init__(self, weights=None, pool=None, geometry=None, *, context=64, kv=KV.INT8, mode=Mode.TOKEN_GRAPH,
-                 device=0, timeout=5.0, n_vocab=512):
+                 device=0, timeout=5.0, snapshots=0, n_vocab=512):
         self.args = dict(weights=weights, pool=pool, geometry=geometry, context=context, kv=kv, mode=mode,
-                         device=device, timeout=timeout)
+                         device=device, timeout=timeout, snapshots=snapshots)
+        self.saved: dict[int, int] = {}
         self.context, self.mode, self.position, self.n_vocab = context, mode, 0, n_vocab
         self.steps: list[tuple] = []
         self.resets = self.closes = 0
@@ -46,6 +47,15 @@ class FakeDecodeSession:
     def reset(self):
         self.position = 0
         self.resets += 1
+        self.saved.clear()
+
+    def snapshot(self, slot):
+        self.saved[slot] = self.position
+
+    def restore(self, slot):
+        if slot not in self.saved:
+            raise InvalidArgument(f"state snapshot slot {slot} holds no snapshot")
+        self.position = self.saved[slot]
 
     captured = False
 
@@ -179,6 +189,24 @@ def test_generation_session_streams_over_the_gpu_engine(tiny_qwen4exp):
     assert [s[0] for s in native.steps] == [1, 2, 3, 21, 28, 35, 4]
 
 
+def test_gpu_engine_snapshots_keep_the_ple_ids_with_the_native_state(tiny_qwen4exp):
+    g = tiny_qwen4exp.geometry
+    engine = GpuEngine(FakeDecodeSession(context=32), PleRows(tiny_qwen4exp, g), snapshots=2)
+    greedy = SamplingParams()
+    engine.feed([1, 2, 3], greedy, 0.0, [1, 2, 3])
+    engine.snapshot(0)
+    engine.feed([4, 5], greedy, 0.0, [1, 2, 3, 4, 5])
+    engine.restore(0)
+    assert engine.position == 3
+    fresh = PleRows(tiny_qwen4exp, g)
+    for token in (1, 2, 3):
+        fresh.rows(token)
+    assert np.array_equal(engine.ple.rows(9), fresh.rows(9))  # the n-gram context is 2, 3 again
+    engine.reset()
+    with pytest.raises(InvalidArgument, match="holds no snapshot"):
+        engine.restore(0)  # reset forgets every snapshot
+
+
 def test_session_graphs_report_the_mode_capture_and_stage_timing(tiny_qwen4exp):
     native = FakeDecodeSession(context=32, mode=Mode.LAYER_GRAPHS)
     native.captured = True
@@ -231,9 +259,10 @@ def test_model_session_builds_a_native_session_with_the_geometry(tiny_qwen4exp, 
     assert native.args["mode"] is Mode.TOKEN_GRAPH and native.args["pool"] == "pool-native"
     assert native.args["geometry"]["ple_layer"] == g.ple_layers[0]
     assert session.engine.ple is not None
-    session = model.session(context=100, kv="bf16", mode="uncaptured", timeout=1.5)
+    assert native.args["snapshots"] == 2 and session.engine.snapshots == 2
+    session = model.session(context=100, kv="bf16", mode="uncaptured", timeout=1.5, snapshots=0)
     assert (session.engine.native.args["context"], session.engine.native.args["kv"]) == (100, KV.BF16)
-    assert session.engine.native.args["timeout"] == 1.5
+    assert session.engine.native.args["timeout"] == 1.5 and session.engine.native.args["snapshots"] == 0
 
 
 def test_model_session_runs_on_the_models_device(tiny_qwen4exp, fake_gpu):
@@ -249,6 +278,7 @@ def test_model_session_runs_on_the_models_device(tiny_qwen4exp, fake_gpu):
     ({"kv": "q3"}, "unknown KV format 'q3'"),
     ({"mode": "graphs"}, "unknown session mode 'graphs'"),
     ({"timeout": 0}, "timeout must be > 0"),
+    ({"snapshots": -1}, "snapshots must be in 0..64"),
 ])
 def test_model_session_argument_errors(tiny_qwen4exp, fake_gpu, kwargs, fragment):
     with pytest.raises(InvalidArgument, match=fragment):

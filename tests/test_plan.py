@@ -148,3 +148,19 @@ def test_an_arena_without_a_gpu_names_the_device():
         pytest.skip("a CUDA device is present")
     with pytest.raises(strata.InvalidArgument, match="device index 0 out of range: 0 CUDA device"):
         _native_check.SessionArena(native_geometry(released("qwen3next")), 64, "bf16")
+
+
+def test_state_snapshots_are_planned_as_copies_of_the_recurrent_state():
+    g = released("qwen4exp")
+    tensors = bench_tensors(g)
+    none = memory_plan(g, tensors, 4096, KV.INT8, snapshots=0)
+    two = memory_plan(g, tensors, 4096, KV.INT8, snapshots=2)
+    assert "state snapshots" not in none.vram
+    # GDN recurrent + conv state (36 layers) and the PLE conv history (dilation 3 x (kernel 4 - 1) rows of the
+    # 4 x 2560 streams), each region rounded up to 256 bytes; KV and indexer keys are indexed by position.
+    gdn = 36 * (4 * 48 * 128 * 128 + -(-4 * 3 * 10240 // 256) * 256)
+    ple = -(-4 * 9 * 4 * 2560 // 256) * 256
+    assert two.vram["state snapshots"] == 2 * (gdn + ple)
+    assert two.vram_total - none.vram_total == two.vram["state snapshots"]
+    with pytest.raises(strata.InvalidArgument, match="state snapshots must be in 0..64"):
+        memory_plan(g, tensors, 4096, KV.INT8, snapshots=65)

@@ -35,4 +35,5 @@ cdef extern from "strata/check/weights_check.hpp" nogil:
 cdef extern from "strata/check/arena_check.hpp" nogil:
     void cpp_arena_download "strata::arena_check::download"(
         const CppSessionArena& arena, void* host) except +raise_strata_error
-    void cpp_arena_fill "strata::arena_check::fill"(CppSessionArena& arena, unsigned char byte) except +raise_strata_error
+    void cpp_arena_fill "strata::arena_check::fill"(
+        CppSessionArena& arena, unsigned char byte) except +raise_strata_error

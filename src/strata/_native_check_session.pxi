@@ -9,7 +9,9 @@ from strata._native cimport CpuExpertPool, DeviceWeights, decode_mode, kv_storag
 from strata._native_check_session cimport (
     ExchangeFaults, ExchangeTiming, cpp_arena_download, cpp_arena_fill, cpp_exchange_run, cpp_weights_gemv,
 )
-from strata._native_session cimport CppSessionArena, DecodeMode, KvStorage, ModelGeometry, SessionLayout, cpp_plan_session
+from strata._native_session cimport (
+    CppSessionArena, DecodeMode, KvStorage, ModelGeometry, SessionLayout, cpp_plan_session,
+)
 from strata._native_pool cimport CppExpertPool
 from strata._native_weights cimport DeviceTensor
 
@@ -64,12 +66,12 @@ cdef class SessionArena:
     strata.runtime.geometry.native_geometry writes it), `context` tokens and `kv`."""
     cdef unique_ptr[CppSessionArena] arena
 
-    def __cinit__(self, dict geometry, int context, kv, int device=0):
+    def __cinit__(self, dict geometry, int context, kv, int device=0, int snapshots=0):
         cdef ModelGeometry g = model_geometry(geometry)
         cdef KvStorage storage = kv_storage(kv)
         cdef SessionLayout layout
         with nogil:
-            layout = cpp_plan_session(g, context, storage)
+            layout = cpp_plan_session(g, context, storage, snapshots)
             self.arena.reset(new CppSessionArena(device, layout))
 
     @property
@@ -79,6 +81,14 @@ cdef class SessionArena:
     def reset(self) -> None:
         with nogil:
             self.arena.get().reset()
+
+    def snapshot(self, int slot) -> None:
+        with nogil:
+            self.arena.get().snapshot(slot)
+
+    def restore(self, int slot) -> None:
+        with nogil:
+            self.arena.get().restore(slot)
 
     def fill(self, int byte) -> None:
         """Set every byte of the arena (poison before proving reset)."""

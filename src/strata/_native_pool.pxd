@@ -46,7 +46,8 @@ cdef extern from "strata/expert_pool.hpp" namespace "strata::cpu" nogil:
         int spin_us
 
     cdef cppclass CppExpertPool "strata::cpu::ExpertPool":
-        CppExpertPool(int64_t n_embd, int64_t expert_ff, int max_k, const PoolOptions& options) except +raise_strata_error
+        CppExpertPool(int64_t n_embd, int64_t expert_ff, int max_k,
+                      const PoolOptions& options) except +raise_strata_error
         void set_layer(int layer, const ExpertMatrix& gate, const ExpertMatrix& up,
                        const ExpertMatrix& down) except +raise_strata_error
         void run_layer(int layer, const float* x, const int32_t* ids, const float* weights, const uint8_t* skip,

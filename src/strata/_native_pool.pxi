@@ -27,7 +27,8 @@ cdef Isa pool_isa(str isa) except *:
 
 
 cdef ExpertMatrix expert_matrix(dict spec) except *:
-    """A matrix spec of strata.runtime.pool.matrix_spec: form, n_expert, rows, cols, planes {name: (address, nbytes)}."""
+    """A matrix spec of strata.runtime.pool.matrix_spec: form, n_expert, rows, cols, planes {name: (address,
+    nbytes)}."""
     cdef ExpertMatrix m
     m.form = quant_form(spec["form"])
     m.n_expert = spec["n_expert"]

@@ -38,18 +38,23 @@ cdef extern from "strata/session_layout.hpp" nogil:
 
     cdef cppclass SessionLayout "strata::SessionLayout":
         int kv_pages
+        int snapshots
+        size_t state_bytes
         vector[LayoutRegion] regions
         size_t total
 
     const int kKvPageTokens "strata::kKvPageTokens"
+    const int kMaxSnapshots "strata::kMaxSnapshots"
     SessionLayout cpp_plan_session "strata::plan_session"(
-        const ModelGeometry& geometry, int context, KvStorage kv) except +raise_strata_error
+        const ModelGeometry& geometry, int context, KvStorage kv, int snapshots) except +raise_strata_error
 
 
 cdef extern from "strata/session_arena.hpp" nogil:
     cdef cppclass CppSessionArena "strata::SessionArena":
         CppSessionArena(int device, SessionLayout layout) except +raise_strata_error
         void reset() except +raise_strata_error
+        void snapshot(int slot) except +raise_strata_error
+        void restore(int slot) except +raise_strata_error
         const SessionLayout& layout()
 
 
@@ -65,6 +70,12 @@ cdef extern from "strata/decode_session.hpp" nogil:
         KvStorage kv
         DecodeMode mode
         double timeout_seconds
+        int snapshots
+
+    cdef cppclass TokenLogprobs "strata::TokenLogprobs":
+        double token
+        vector[int] ids
+        vector[double] values
 
     cdef cppclass SamplingValues "strata::SamplingValues":
         double temperature, top_p, min_p
@@ -84,6 +95,9 @@ cdef extern from "strata/decode_session.hpp" nogil:
                  cbool sample) except +raise_strata_error
         void logits(float* out) except +raise_strata_error
         void reset() except +raise_strata_error
+        TokenLogprobs logprobs(int token, int n) except +raise_strata_error
+        void snapshot(int slot) except +raise_strata_error
+        void restore(int slot) except +raise_strata_error
         int position()
         int context()
         DecodeMode mode()

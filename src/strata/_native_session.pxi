@@ -4,10 +4,12 @@
 from libcpp cimport bool as cbool
 
 from strata._native_session cimport (
-    DecodeOptions, DecodeStats, LayoutRegion, SamplingValues, SessionLayout, cpp_plan_session, kKvPageTokens,
+    DecodeOptions, DecodeStats, LayoutRegion, SamplingValues, SessionLayout, TokenLogprobs, cpp_plan_session,
+    kKvPageTokens, kMaxSnapshots,
 )
 
 KV_PAGE_TOKENS = kKvPageTokens  # tokens per KV page: sessions hold whole pages
+MAX_SNAPSHOTS = kMaxSnapshots   # state snapshot slots a session may have
 
 _GEOMETRY_INTS = ("n_layer", "n_embd", "n_vocab", "n_head", "n_head_kv", "head_dim", "rope_dim", "ssm_k_heads",
                   "ssm_v_heads", "ssm_head_k_dim", "ssm_head_v_dim", "ssm_conv_kernel", "n_expert", "n_expert_used",
@@ -36,12 +38,15 @@ cdef ModelGeometry model_geometry(dict g) except *:
     c.n_head, c.n_head_kv, c.head_dim, c.rope_dim = g["n_head"], g["n_head_kv"], g["head_dim"], g["rope_dim"]
     c.rope_theta, c.rms_eps = g["rope_theta"], g["rms_eps"]
     c.ssm_k_heads, c.ssm_v_heads = g["ssm_k_heads"], g["ssm_v_heads"]
-    c.ssm_head_k_dim, c.ssm_head_v_dim, c.ssm_conv_kernel = g["ssm_head_k_dim"], g["ssm_head_v_dim"], g["ssm_conv_kernel"]
+    c.ssm_head_k_dim, c.ssm_head_v_dim = g["ssm_head_k_dim"], g["ssm_head_v_dim"]
+    c.ssm_conv_kernel = g["ssm_conv_kernel"]
     c.gdn_tiled_heads, c.gdn_interleaved_ba = g["gdn_tiled_heads"], g["gdn_interleaved_ba"]
     c.gdn_sigmoid_gate = g["gdn_sigmoid_gate"]
-    c.n_expert, c.n_expert_used, c.expert_ff, c.shared_ff = g["n_expert"], g["n_expert_used"], g["expert_ff"], g["shared_ff"]
+    c.n_expert, c.n_expert_used = g["n_expert"], g["n_expert_used"]
+    c.expert_ff, c.shared_ff = g["expert_ff"], g["shared_ff"]
     c.hc_count, c.hc_rank = g["hc_count"], g["hc_rank"]
-    c.indexer_heads, c.indexer_head_dim, c.indexer_budget = g["indexer_heads"], g["indexer_head_dim"], g["indexer_budget"]
+    c.indexer_heads, c.indexer_head_dim = g["indexer_heads"], g["indexer_head_dim"]
+    c.indexer_budget = g["indexer_budget"]
     c.ple_layer, c.ple_ngram, c.ple_conv_kernel = g["ple_layer"], g["ple_ngram"], g["ple_conv_kernel"]
     c.ple_n_heads, c.ple_head_dim = g["ple_n_heads"], g["ple_head_dim"]
     for flag in g["recurrent"]:
@@ -64,18 +69,20 @@ cdef DecodeMode decode_mode(object mode) except *:
 
 
 cdef dict layout_dict(SessionLayout layout):
-    return {"total": layout.total, "kv_pages": layout.kv_pages,
+    return {"total": layout.total, "kv_pages": layout.kv_pages, "snapshots": layout.snapshots,
+            "state_bytes": layout.state_bytes,
             "regions": [(r.name.decode(), r.layer, r.offset, r.bytes) for r in layout.regions]}
 
 
-def session_layout(dict geometry, int context, kv) -> dict:
-    """The session arena's layout (strata/session_layout.hpp) for `context` tokens of KV in `kv` (a strata.KV):
-    {"total", "kv_pages", "regions": [(name, layer, offset, bytes)]}."""
+def session_layout(dict geometry, int context, kv, int snapshots=0) -> dict:
+    """The session arena's layout (strata/session_layout.hpp) for `context` tokens of KV in `kv` (a strata.KV)
+    and `snapshots` slots of recurrent state: {"total", "kv_pages", "snapshots", "state_bytes", "regions":
+    [(name, layer, offset, bytes)]}."""
     cdef ModelGeometry g = model_geometry(geometry)
     cdef KvStorage storage = kv_storage(kv)
     cdef SessionLayout layout
     with nogil:
-        layout = cpp_plan_session(g, context, storage)
+        layout = cpp_plan_session(g, context, storage, snapshots)
     return layout_dict(layout)
 
 
@@ -86,10 +93,10 @@ cdef class DecodeSession:
     """
 
     def __cinit__(self, DeviceWeights weights, CpuExpertPool pool, dict geometry, *, int context, kv,
-                  mode=Mode.TOKEN_GRAPH, int device=0, double timeout=5.0):
+                  mode=Mode.TOKEN_GRAPH, int device=0, double timeout=5.0, int snapshots=0):
         cdef ModelGeometry g = model_geometry(geometry)
         cdef DecodeOptions o
-        o.device, o.context, o.timeout_seconds = device, context, timeout
+        o.device, o.context, o.timeout_seconds, o.snapshots = device, context, timeout, snapshots
         o.kv = kv_storage(kv)
         o.mode = decode_mode(mode)
         cdef CppExpertPool* native_pool = pool.native()
@@ -140,6 +147,27 @@ cdef class DecodeSession:
         cdef CppDecodeSession* s = self.native()
         with nogil:
             s.reset()
+
+    def logprobs(self, int token, int n):
+        """(log p(token), [(id, log p)] of the n most likely ids) at the last step's position, computed on the
+        device as strata.sampling.log_probabilities defines them."""
+        cdef CppDecodeSession* s = self.native()
+        cdef TokenLogprobs out
+        with nogil:
+            out = s.logprobs(token, n)
+        return out.token, [(out.ids[i], out.values[i]) for i in range(n)]
+
+    def snapshot(self, int slot) -> None:
+        """Keep the sequence so far (its recurrent state and position) in slot `slot`."""
+        cdef CppDecodeSession* s = self.native()
+        with nogil:
+            s.snapshot(slot)
+
+    def restore(self, int slot) -> None:
+        """Back to the sequence kept in slot `slot`."""
+        cdef CppDecodeSession* s = self.native()
+        with nogil:
+            s.restore(slot)
 
     @property
     def position(self) -> int:

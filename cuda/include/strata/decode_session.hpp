@@ -26,6 +26,15 @@ struct DecodeOptions {
   KvStorage kv = KvStorage::Int8;
   DecodeMode mode = DecodeMode::kTokenGraph;
   double timeout_seconds = 5.0;  // the GPU's wait for an answer; the host waits 3x this for a ring
+  int snapshots = 0;             // slots of recurrent state for snapshot() / restore() (in the arena)
+};
+
+// The log-probabilities of one position (strata.sampling.log_probabilities): the sampled token's, and the
+// n most likely ids with theirs.
+struct TokenLogprobs {
+  double token = 0.0;
+  std::vector<int> ids;
+  std::vector<double> values;
 };
 
 // One token's sampling, as strata.sampling.SamplingParams defines it.
@@ -63,6 +72,15 @@ class DecodeSession {
 
   void logits(float* out) const;  // [n_vocab] of the last step
   void reset();                   // an empty sequence; stats start over
+
+  // Log-probabilities at the last step's position for `token` and the n (<= 20) most likely ids, computed on
+  // the device from its logits.
+  TokenLogprobs logprobs(int token, int n) const;
+
+  // The sequence so far kept in snapshot slot `slot` (options.snapshots of them), and brought back: restore
+  // returns to that position; what was fed after it is forgotten.
+  void snapshot(int slot);
+  void restore(int slot);
 
   int position() const noexcept;
   int context() const noexcept;

@@ -24,12 +24,19 @@ class SessionArena {
   // An empty sequence: every state region zeroed, every KV page table the identity. Synchronous.
   void reset();
 
+  // The recurrent state (is_recurrent_state) copied into / back from snapshot slot `slot`; KV and indexer keys
+  // are indexed by position and stay. InvalidArgument for a slot the layout lacks. Synchronous.
+  void snapshot(int slot);
+  void restore(int slot);
+
   // Device address of the whole allocation (layout().total bytes).
   void* data() const noexcept { return base_; }
   const SessionLayout& layout() const noexcept { return layout_; }
   int device() const noexcept { return device_; }
 
  private:
+  void copy_state(int slot, bool save);
+
   int device_;
   SessionLayout layout_;
   void* base_ = nullptr;

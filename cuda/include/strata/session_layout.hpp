@@ -22,6 +22,8 @@ struct Region {
 
 struct SessionLayout {
   int kv_pages = 0;  // pages per attention layer
+  int snapshots = 0;  // slots of the "state snapshots" region
+  std::size_t state_bytes = 0;  // one slot: every recurrent-state region, each at its aligned size
   std::vector<Region> regions;
   std::size_t total = 0;
 
@@ -30,8 +32,20 @@ struct SessionLayout {
 };
 
 constexpr int kKvPageTokens = 256;  // tokens per KV page: whole QSA blocks, and the planning granularity
+constexpr std::size_t kRegionAlign = 256;
 
-// The layout for `context` tokens; throws InvalidArgument naming an impossible geometry or context.
-SessionLayout plan_session(const ModelGeometry& g, int context, KvStorage kv);
+// The bytes a region of `bytes` takes in the arena: regions start at kRegionAlign boundaries.
+constexpr std::size_t region_span(std::size_t bytes) {
+  return (bytes + kRegionAlign - 1) / kRegionAlign * kRegionAlign;
+}
+constexpr int kMaxSnapshots = 64;
+
+// The state a sequence cannot cut back to an earlier position, and so is snapshotted whole: GDN recurrent and
+// conv state, PLE conv history. KV, indexer keys and the seen ids are indexed by position and need no copy.
+bool is_recurrent_state(const std::string& region);
+
+// The layout for `context` tokens and `snapshots` slots of recurrent state; throws InvalidArgument naming an
+// impossible geometry, context or slot count.
+SessionLayout plan_session(const ModelGeometry& g, int context, KvStorage kv, int snapshots = 0);
 
 }  // namespace strata

@@ -145,6 +145,7 @@ DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& 
     ple_value_ = c.take<float>(n);
     ple_out_ = c.take<float>(width);
     logits_ = c.take<float>(g.n_vocab);
+    logprobs_ = c.take<kernels::Logprobs>(1);
     sample_scratch_ = c.take<char>(sample_scratch_bytes_);
   };
   Carver sizing(nullptr);
@@ -370,6 +371,10 @@ void DecodeProgram::post(int layer, cudaStream_t s) const {
   STRATA_CUDA_TRY(kernels::moe_combine(routed_, shared_, shared_gate_, y_, n, s));
   if (g_.hc_count > 0) add_to_streams(inj_ffn_, y_, g_.hc_count, n, s);
   else add_to_streams(ones_, y_, 1, n, s);
+}
+
+void DecodeProgram::enqueue_logprobs(int token, int n, cudaStream_t s) const {
+  STRATA_CUDA_TRY(kernels::logprobs(logits_, g_.n_vocab, token, n, logprobs_, s));
 }
 
 void DecodeProgram::end(bool sample, cudaStream_t s) const {

@@ -11,6 +11,7 @@
 #include "../kernels/attention.cuh"
 #include "../kernels/doorbell.cuh"
 #include "../kernels/embed.cuh"
+#include "../kernels/logprobs.cuh"
 #include "../kernels/qsa.cuh"
 #include "../kernels/sample.cuh"
 #include "../runtime/device_buffer.hpp"
@@ -57,6 +58,10 @@ class DecodeProgram final : public TokenProgram {
 
   const float* logits() const noexcept { return logits_; }
 
+  // The log-probabilities of `token` and the n most likely ids at the last position, into logprobs().
+  void enqueue_logprobs(int token, int n, cudaStream_t s) const;
+  const kernels::Logprobs* logprobs() const noexcept { return logprobs_; }
+
  private:
   void hc_read(const HcTensors& t, float* x, float* inj, cudaStream_t s) const;
   void add_to_streams(const float* inj, const float* y, int streams, int width, cudaStream_t s) const;
@@ -95,6 +100,7 @@ class DecodeProgram final : public TokenProgram {
   int* route_ids_ = nullptr;
   float *ple_key_ = nullptr, *ple_value_ = nullptr, *ple_out_ = nullptr;
   float* logits_ = nullptr;
+  kernels::Logprobs* logprobs_ = nullptr;
   void* sample_scratch_ = nullptr;
   std::size_t sample_scratch_bytes_ = 0;
 };

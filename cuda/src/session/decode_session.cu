@@ -27,6 +27,8 @@ namespace {
 void check_options(const DecodeOptions& o) {
   STRATA_EXPECTS(o.timeout_seconds > 0.0 && o.timeout_seconds <= 600.0, InvalidArgument,
                  "timeout must be in (0, 600] seconds, got " + std::to_string(o.timeout_seconds));
+  STRATA_EXPECTS(o.snapshots >= 0 && o.snapshots <= kMaxSnapshots, InvalidArgument,
+                 "snapshots must be in 0.." + std::to_string(kMaxSnapshots) + ", got " + std::to_string(o.snapshots));
 }
 
 // The host loop's core: the first physical core, which the pool leaves free of workers (expert_pool.hpp).
@@ -59,7 +61,7 @@ struct DecodeSession::Impl {
       : g(geometry),
         options(options),
         scope(options.device),
-        arena(options.device, plan_session(g, options.context, options.kv)),
+        arena(options.device, plan_session(g, options.context, options.kv, options.snapshots)),
         bell(g.n_embd, g.n_expert_used),
         answerer(pool, bell),
         stage(DecodeProgram::stage_bytes(g)),
@@ -133,6 +135,39 @@ struct DecodeSession::Impl {
     broken = false;
     stats = {};
     exchange = {};
+    snapshot_position.assign(options.snapshots, -1);
+  }
+
+  TokenLogprobs logprobs(int token, int n) {
+    STRATA_EXPECTS(!broken && position > 0, InvalidArgument, "logprobs come after a completed step");
+    STRATA_EXPECTS(token >= 0 && token < g.n_vocab, InvalidArgument,
+                   "token id " + std::to_string(token) + " is outside the vocabulary [0, " +
+                       std::to_string(g.n_vocab) + ")");
+    STRATA_EXPECTS(n >= 0 && n <= kernels::kMaxLogprobs, InvalidArgument,
+                   "logprobs: n must be in 0.." + std::to_string(kernels::kMaxLogprobs) + ", got " + std::to_string(n));
+    program.enqueue_logprobs(token, n, stream.get());
+    kernels::Logprobs host;
+    STRATA_CUDA_TRY(cudaMemcpyAsync(&host, program.logprobs(), sizeof(host), cudaMemcpyDeviceToHost, stream.get()));
+    STRATA_CUDA_TRY(cudaStreamSynchronize(stream.get()));
+    return TokenLogprobs{host.token, std::vector<int>(host.ids, host.ids + n),
+                         std::vector<double>(host.values, host.values + n)};
+  }
+
+  void snapshot(int slot) {
+    STRATA_EXPECTS(!broken, Error, "an earlier step failed midway; reset() the session before a snapshot");
+    STRATA_CUDA_TRY(cudaStreamSynchronize(stream.get()));
+    arena.snapshot(slot);  // checks the slot
+    snapshot_position[slot] = position;
+  }
+
+  void restore(int slot) {
+    STRATA_EXPECTS(slot >= 0 && slot < options.snapshots && snapshot_position[slot] >= 0, InvalidArgument,
+                   "state snapshot slot " + std::to_string(slot) + " holds no snapshot (the session has " +
+                       std::to_string(options.snapshots) + " slots)");
+    STRATA_CUDA_TRY(cudaStreamSynchronize(stream.get()));
+    arena.restore(slot);
+    position = snapshot_position[slot];
+    broken = false;  // every state a later token reads is the snapshot's or indexed below its position
   }
 
   int context() const noexcept { return options.context; }
@@ -154,6 +189,7 @@ struct DecodeSession::Impl {
   bool broken = false;
   DecodeStats stats;
   ExchangeStats exchange;
+  std::vector<int> snapshot_position = std::vector<int>(options.snapshots, -1);  // per slot; -1: empty
 };
 
 DecodeSession::DecodeSession(const DeviceWeights& weights, cpu::ExpertPool& pool, const ModelGeometry& geometry,
@@ -179,6 +215,21 @@ void DecodeSession::logits(float* out) const {
 void DecodeSession::reset() {
   DeviceScope scope(impl_->options.device);
   impl_->reset();
+}
+
+TokenLogprobs DecodeSession::logprobs(int token, int n) const {
+  DeviceScope scope(impl_->options.device);
+  return impl_->logprobs(token, n);
+}
+
+void DecodeSession::snapshot(int slot) {
+  DeviceScope scope(impl_->options.device);
+  impl_->snapshot(slot);
+}
+
+void DecodeSession::restore(int slot) {
+  DeviceScope scope(impl_->options.device);
+  impl_->restore(slot);
 }
 
 int DecodeSession::position() const noexcept { return impl_->position; }

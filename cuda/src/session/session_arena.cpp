@@ -53,4 +53,23 @@ void SessionArena::reset() {
   STRATA_CUDA_TRY(cudaDeviceSynchronize());
 }
 
+void SessionArena::snapshot(int slot) { copy_state(slot, true); }
+
+void SessionArena::restore(int slot) { copy_state(slot, false); }
+
+void SessionArena::copy_state(int slot, bool save) {
+  STRATA_EXPECTS(slot >= 0 && slot < layout_.snapshots, InvalidArgument,
+                 "state snapshot slot " + std::to_string(slot) + " is outside the session's " +
+                     std::to_string(layout_.snapshots) + " slots");
+  DeviceScope scope(device_);
+  char* at = static_cast<char*>(region("state snapshots")) + static_cast<std::size_t>(slot) * layout_.state_bytes;
+  for (const Region& r : layout_.regions) {
+    if (!is_recurrent_state(r.name)) continue;
+    char* live = static_cast<char*>(base_) + r.offset;
+    STRATA_CUDA_TRY(cudaMemcpy(save ? at : live, save ? live : at, r.bytes, cudaMemcpyDeviceToDevice));
+    at += region_span(r.bytes);  // a slot mirrors the regions' spans (session_layout.hpp)
+  }
+  STRATA_CUDA_TRY(cudaDeviceSynchronize());
+}
+
 }  // namespace strata

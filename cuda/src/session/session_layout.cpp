@@ -5,14 +5,14 @@
 namespace strata {
 namespace {
 
-constexpr std::size_t kAlign = 256;
 constexpr std::size_t kFloat = 4;
 
 class Builder {
  public:
   void add(const std::string& name, int layer, std::size_t bytes) {
     layout.regions.push_back({name, layer, layout.total, bytes});
-    layout.total += (bytes + kAlign - 1) / kAlign * kAlign;
+    layout.total += region_span(bytes);
+    if (is_recurrent_state(name)) layout.state_bytes += region_span(bytes);
   }
   SessionLayout layout;
 };
@@ -32,6 +32,10 @@ void check(const ModelGeometry& g, int context) {
 
 }  // namespace
 
+bool is_recurrent_state(const std::string& region) {
+  return region == "gdn state" || region == "gdn conv history" || region == "ple history";
+}
+
 std::size_t SessionLayout::bytes_of(const std::string& name) const {
   std::size_t sum = 0;
   for (const Region& r : regions)
@@ -39,8 +43,11 @@ std::size_t SessionLayout::bytes_of(const std::string& name) const {
   return sum;
 }
 
-SessionLayout plan_session(const ModelGeometry& g, int context, KvStorage kv) {
+SessionLayout plan_session(const ModelGeometry& g, int context, KvStorage kv, int snapshots) {
   check(g, context);
+  STRATA_EXPECTS(snapshots >= 0 && snapshots <= kMaxSnapshots, InvalidArgument,
+                 "state snapshots must be in 0.." + std::to_string(kMaxSnapshots) + ", got " +
+                     std::to_string(snapshots));
   Builder b;
   const int pages = (context + kKvPageTokens - 1) / kKvPageTokens;
   const std::size_t cells = static_cast<std::size_t>(pages) * kKvPageTokens;
@@ -62,6 +69,8 @@ SessionLayout plan_session(const ModelGeometry& g, int context, KvStorage kv) {
   }
   if (g.ple_layer >= 0) b.add("ple history", -1, kFloat * g.ple_history() * g.hc_count * g.n_embd);
   b.add("residual streams", -1, kFloat * g.streams() * g.n_embd);
+  b.layout.snapshots = snapshots;
+  if (snapshots > 0) b.add("state snapshots", -1, static_cast<std::size_t>(snapshots) * b.layout.state_bytes);
   return b.layout;
 }
 

@@ -35,10 +35,12 @@ class Graphs:
 
 
 class GpuEngine:
-    """strata.generation.Engine over a DecodeSession (`native`), with `ple` rows when the model has PLE."""
+    """strata.generation.Engine over a DecodeSession (`native`), with `ple` rows when the model has PLE and
+    `snapshots` state slots (the native session's) for prefix reuse."""
 
-    def __init__(self, native: Any, ple: PleRows | None = None):
-        self.native, self.ple = native, ple
+    def __init__(self, native: Any, ple: PleRows | None = None, snapshots: int = 0):
+        self.native, self.ple, self.snapshots = native, ple, snapshots
+        self._ple_saved: dict[int, Any] = {}  # per slot: the PLE rows' last ids, which the host keeps
 
     @property
     def context(self) -> int:
@@ -71,8 +73,23 @@ class GpuEngine:
         """float32 [n_vocab] of the last step."""
         return self.native.logits()
 
+    def logprobs(self, token: int, n: int) -> tuple[float, list[tuple[int, float]]]:
+        """log p(token) and the n most likely ids at the last step's position, from the device."""
+        return self.native.logprobs(token, n)
+
+    def snapshot(self, slot: int) -> None:
+        self.native.snapshot(slot)
+        if self.ple is not None:
+            self._ple_saved[slot] = self.ple.previous.copy()
+
+    def restore(self, slot: int) -> None:
+        self.native.restore(slot)
+        if self.ple is not None:
+            self.ple.previous = self._ple_saved[slot].copy()
+
     def reset(self) -> None:
         self.native.reset()
+        self._ple_saved.clear()
         if self.ple is not None:
             self.ple.reset()
 

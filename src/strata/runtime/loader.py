@@ -18,6 +18,28 @@ from strata.runtime.pool import ExpertPool
 Held = QuantTensor | np.ndarray
 Progress = Callable[[int, int], None]
 _IN_VRAM = (Role.DENSE, Role.ELEMENTWISE, Role.ROW_GATHERED)
+EMBED_FORMS = ("f32", "f16", "bf16", "q8_0")  # what the GPU's embedding gather reads (decode_program.cu)
+
+
+def gpu_refusals(model: ModelFile) -> list[str]:
+    """Why the GPU engine would refuse `model` as it is (empty: it runs), from the tensors' types alone: what
+    load and the session check when they get there."""
+    from strata.quant import form_for
+
+    specs = tensor_specs(model.geometry)
+    refusals = []
+    floats = sorted({info.ggml_type.name for name, info in model.tensors.items()
+                     if name in specs and specs[name].role is Role.ROUTED_EXPERT and form_for(info.ggml_type).is_float})
+    if floats:
+        refusals.append(f"the routed experts are {'/'.join(floats)}: the CPU expert pool takes quantized forms "
+                        "(convert with --outtype q8_0)")
+    for name, info in model.tensors.items():
+        if name in specs and specs[name].role is Role.ROW_GATHERED and form_for(info.ggml_type).name not in EMBED_FORMS:
+            refusals.append(f"{name} is {info.ggml_type.name}: the GPU's embedding gather reads "
+                            f"{', '.join(f.upper() for f in EMBED_FORMS)} rows (requantize it to Q8_0)")
+    if "tokenizer.ggml.model" not in model.metadata:
+        refusals.append("the file carries no tokenizer: run and chat need one (token ids work from Python)")
+    return refusals
 
 
 def dense_names(model: ModelFile) -> list[str]:

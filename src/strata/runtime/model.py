@@ -16,7 +16,7 @@ from types import TracebackType
 from strata.devices import free_memory
 from strata.errors import InvalidArgument
 from strata.format import ModelFile, inspect
-from strata.generation import Session
+from strata.generation import Session, session_context
 from strata.models import Geometry
 from strata.options import KV, Mode
 from strata.progress import ByteProgress
@@ -24,12 +24,9 @@ from strata.runtime.engine import GpuEngine
 from strata.runtime.geometry import native_geometry
 from strata.runtime.host import available_ram_bytes
 from strata.runtime.loader import load_experts, upload_dense
-from strata.runtime.plan import MemoryPlan, check_fits, file_tensors, kv_page_tokens, memory_plan
+from strata.runtime.plan import DEFAULT_SNAPSHOTS, MemoryPlan, check_fits, file_tensors, kv_page_tokens, memory_plan
 from strata.runtime.ple_rows import PleRows
 from strata.runtime.pool import ExpertPool
-
-DEFAULT_CONTEXT = 4096
-
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -45,27 +42,36 @@ class Model:
 
     def __init__(self, file: ModelFile, info: ModelInfo, weights, pool: ExpertPool, device: int = 0):
         self.file, self.info, self.weights, self.pool, self.device = file, info, weights, pool, device
+        self._tokenizer = None
+
+    @property
+    def tokenizer(self):
+        """The file's tokenizer (strata.format.Tokenizer): encode, decode, count, the chat template."""
+        if self._tokenizer is None:
+            self._tokenizer = self.file.tokenizer()
+        return self._tokenizer
 
     def session(self, context: int | None = None, kv: KV | str = KV.INT8, mode: Mode | str = Mode.TOKEN_GRAPH,
-                timeout: float = 5.0) -> Session:
+                timeout: float = 5.0, snapshots: int = DEFAULT_SNAPSHOTS) -> Session:
         """A generation session on the GPU: `context` tokens (default min(context_length, 4096)) of KV in
         format `kv`; `mode` says how a token is launched (strata.Mode); `timeout` bounds every wait on the CPU
-        pool. The native session is `session.engine.native`."""
+        pool; `snapshots` states are kept for prefix reuse (the turn boundaries a conversation rolls back to).
+        The native session is `session.engine.native`."""
         g = self.info.geometry
         kv, mode = KV.parse(kv), Mode.parse(mode)
         if not timeout > 0:
             raise InvalidArgument(f"timeout must be > 0 seconds, got {timeout}")
-        context = min(g.context_length, DEFAULT_CONTEXT) if context is None else int(context)
-        if not 1 <= context <= g.context_length:
-            raise InvalidArgument(f"context {context} is outside 1..{g.context_length} (the model's context_length)")
-        check_fits(g, file_tensors(self.file), context, kv, vram_free=free_memory(self.device), device=self.device,
-                   resident=self.info.plan.vram["dense weights"])
-        ple = PleRows(self.file, g) if g.ple_layers else None
+        context = session_context(context, g.context_length)
         from strata import _native  # the extension is optional for `import strata`; a session needs it
 
+        if not 0 <= snapshots <= _native.MAX_SNAPSHOTS:
+            raise InvalidArgument(f"snapshots must be in 0..{_native.MAX_SNAPSHOTS}, got {snapshots}")
+        check_fits(g, file_tensors(self.file), context, kv, vram_free=free_memory(self.device), device=self.device,
+                   resident=self.info.plan.vram["dense weights"], snapshots=snapshots)
+        ple = PleRows(self.file, g) if g.ple_layers else None
         native = _native.DecodeSession(self.weights, self.pool.native, native_geometry(g), context=context,
-                                       kv=kv, mode=mode, device=self.device, timeout=timeout)
-        return Session(GpuEngine(native, ple), self.file.tokenizer())
+                                       kv=kv, mode=mode, device=self.device, timeout=timeout, snapshots=snapshots)
+        return Session(GpuEngine(native, ple, snapshots), self.tokenizer)
 
     def close(self) -> None:
         self.pool.close()

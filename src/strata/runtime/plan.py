@@ -87,14 +87,16 @@ _PARTS = {
     "gdn state": "GDN recurrent + conv state", "gdn conv history": "GDN recurrent + conv state",
     "indexer raw keys": "QSA indexer keys", "indexer block keys": "QSA indexer keys",
     "ple history": "PLE conv history", "residual streams": "residual streams",
+    "state snapshots": "state snapshots",
 }
+DEFAULT_SNAPSHOTS = 2  # a conversation's last two turn boundaries (strata.generation rolls back to them)
 
 
-def session_state_bytes(g: Geometry, context: int, kv: KV) -> dict[str, int]:
+def session_state_bytes(g: Geometry, context: int, kv: KV, snapshots: int = DEFAULT_SNAPSHOTS) -> dict[str, int]:
     """Per-sequence state on the GPU for `context` tokens, as the session arena lays it out."""
     from strata import _native
 
-    layout = _native.session_layout(native_geometry(g), context, kv.value)
+    layout = _native.session_layout(native_geometry(g), context, kv.value, snapshots)
     state: dict[str, int] = {}
     for name, _layer, _offset, nbytes in layout["regions"]:
         part = _PARTS[name] + (f" ({kv.value})" if _PARTS[name] == "KV cache" else "")
@@ -113,41 +115,45 @@ def pinned_bytes(g: Geometry) -> int:
     return FLOAT32 * (g.n_embd * (1 + g.n_expert_used) + 2 * g.n_expert_used) + 64 * 1024
 
 
-def memory_plan(g: Geometry, tensors: Tensors, context: int, kv: KV | str = KV.INT8) -> MemoryPlan:
-    """The plan for a model whose tensors are {name: (ggml_type, ne)}, one session of `context` tokens."""
+def memory_plan(g: Geometry, tensors: Tensors, context: int, kv: KV | str = KV.INT8,
+                snapshots: int = DEFAULT_SNAPSHOTS) -> MemoryPlan:
+    """The plan for a model whose tensors are {name: (ggml_type, ne)}, one session of `context` tokens with
+    `snapshots` slots of recurrent state."""
     kv = KV.parse(kv)
     if not 1 <= context <= g.context_length:
         raise InvalidArgument(f"context {context} is outside 1..{g.context_length} (the model's context_length)")
     parts = bytes_by_role(g, tensors)
     dense = parts[Role.DENSE] + parts[Role.ELEMENTWISE] + parts[Role.ROW_GATHERED]
-    vram = {"dense weights": dense, **session_state_bytes(g, context, kv), "scratch": scratch_bytes(g)}
+    vram = {"dense weights": dense, **session_state_bytes(g, context, kv, snapshots), "scratch": scratch_bytes(g)}
     host = {"routed experts": parts[Role.ROUTED_EXPERT], "pinned buffers": pinned_bytes(g)}
     table = parts[Role.NGRAM_TABLE]
     return MemoryPlan(vram=vram, host=host, mapped={"n-gram table": table} if table else {})
 
 
-def largest_context(g: Geometry, tensors: Tensors, kv: KV, vram_free: int) -> int:
+def largest_context(g: Geometry, tensors: Tensors, kv: KV, vram_free: int, snapshots: int = DEFAULT_SNAPSHOTS) -> int:
     """The longest context (a whole number of KV pages) whose plan fits in `vram_free`, or 0."""
     page = kv_page_tokens()
     lo, hi = 0, -(-g.context_length // page)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        plan = memory_plan(g, tensors, min(mid * page, g.context_length), kv)
+        plan = memory_plan(g, tensors, min(mid * page, g.context_length), kv, snapshots)
         lo, hi = (mid, hi) if plan.vram_total <= vram_free else (lo, mid - 1)
     return min(lo * page, g.context_length)
 
 
 def check_fits(g: Geometry, tensors: Tensors, context: int, kv: KV | str, *, vram_free: int, device: int,
-               resident: int = 0, host_available: int | None = None) -> MemoryPlan:
-    """The plan of one session of `context` tokens in `kv`, refused with OutOfMemory unless it fits: on GPU
-    `device` its VRAM beyond the `resident` bytes already there (a loaded model's dense weights) within
-    `vram_free`; with `host_available`, its host part within that. The refusal names the parts and what fits."""
+               resident: int = 0, host_available: int | None = None, snapshots: int = DEFAULT_SNAPSHOTS
+               ) -> MemoryPlan:
+    """The plan of one session of `context` tokens in `kv` with `snapshots` state slots, refused with
+    OutOfMemory unless it fits: on GPU `device` its VRAM beyond the `resident` bytes already there (a loaded
+    model's dense weights) within `vram_free`; with `host_available`, its host part within that. The refusal
+    names the parts and what fits."""
     kv = KV.parse(kv)
-    plan = memory_plan(g, tensors, context, kv)
+    plan = memory_plan(g, tensors, context, kv, snapshots)
     need = plan.vram_total - resident
     if need > vram_free:
         would = [f"context <= {fits} with kv={k.value}" for k in KV
-                 if (fits := largest_context(g, tensors, k, vram_free + resident)) > 0]
+                 if (fits := largest_context(g, tensors, k, vram_free + resident, snapshots)) > 0]
         parts = ", ".join(f"{name} {nbytes / GIB:.2f}" for name, nbytes in plan.vram.items())
         placed = f", {resident / GIB:.2f} GiB of it in place" if resident else ""
         hint = ("would fit: " + ", ".join(would) if would

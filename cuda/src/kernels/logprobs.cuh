@@ -1,0 +1,23 @@
+// Log-probabilities of one position on the device, as strata.sampling.log_probabilities defines them: the
+// softmax of the raw logits in float64, the sampled token's value and the n most likely ids (ties to the lower
+// id). Only these few numbers leave the device, never the vocabulary's logits. Launchers never allocate,
+// synchronise or throw.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace strata::kernels {
+
+constexpr int kMaxLogprobs = 20;
+
+struct Logprobs {
+  double token = 0.0;              // log p(token)
+  int ids[kMaxLogprobs] = {};      // the n most likely ids, most likely first
+  double values[kMaxLogprobs] = {};
+};
+
+// *out for logits [vocab] (finite), the id `token` and n in [0, kMaxLogprobs]: one CTA reads the logits n + 2
+// times (max and log-sum-exp, then one pass per alternative), which is cheap next to a token.
+cudaError_t logprobs(const float* logits, int vocab, int token, int n, Logprobs* out, cudaStream_t stream);
+
+}  // namespace strata::kernels
