@@ -81,6 +81,9 @@ def test_convert_from_the_command_line(tmp_path, capsys):
     [
         (["synth", "x.gguf", "--experts-type", "q9_9"], "strata synth: type 'q9_9' is not a GGML type name"),
         (["convert", "no-such-dir", "x.gguf"], "strata convert: "),
+        (["synth", "missing/x.gguf"], "strata synth: No such file or directory (missing/x.gguf.partial-"),
+        (["synth", "."], "strata synth: . is a directory; name the .gguf file to write"),
+        (["info", "x.gguf"], "strata info: x.gguf: cannot read the file (No such file or directory)"),
     ],
 )
 def test_user_errors_are_one_line(tmp_path, monkeypatch, capsys, argv, fragment):
@@ -162,3 +165,128 @@ def test_bench_without_a_gpu_is_one_line_and_synthesizes_nothing(no_gpu, tmp_pat
     err = capsys.readouterr().err
     assert err.startswith("strata bench: no CUDA device found") and err.count("\n") == 1, err
     assert "strata bench pool" in err and not (tmp_path / "cache").exists()
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "tiny.gguf"
+    assert cli.main(["synth", str(path), "--arch", "qwen3next", "--layers", "4", "--seed", "5"]) == 0
+    return path
+
+
+def test_synth_tiny_writes_a_file_the_gpu_engine_runs_with_a_chat_template(tiny_model, capsys):
+    capsys.readouterr()
+    assert cli.main(["info", str(tiny_model)]) == 0
+    out = capsys.readouterr().out
+    assert "GPU engine    runs this file as it is" in out and "'<|im_end|>'" in out
+    assert "chat template 1" in out and "tokenizer     gpt2 BPE, 512 tokens" in out
+    assert not list(tiny_model.parent.glob("*.partial-*"))  # written under a temporary name, then renamed
+
+
+def test_info_says_why_the_gpu_engine_would_refuse_a_file(tmp_path, capsys):
+    path = tmp_path / "f.gguf"
+    assert cli.main(["synth", str(path), "--arch", "qwen3next", "--layers", "4", "--experts-type", "f16",
+                     "--expert-down-type", "f16"]) == 0
+    capsys.readouterr()
+    assert cli.main(["info", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "GPU engine    cannot run this file as it is:" in out and "routed experts are F16" in out
+
+
+def test_help_shows_the_defaults(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: 128)" in out and "(default: int8)" in out and "(default: -1)" in out
+
+
+def test_a_negative_seed_is_random_and_ignored_gpu_flags_are_named(tiny_model, capsys):
+    args = ["run", str(tiny_model), "-p", "hello", "-n", "3", "--engine", "reference", "--temperature", "0.9",
+            "--seed", "-1", "--kv", "bf16", "--mode", "uncaptured"]
+    assert cli.main(args) == 0
+    err = capsys.readouterr().err
+    assert "strata run: --kv, --mode ignored: the reference engine has no use for it" in err
+    assert cli.parse_args(args).seed == -1 and "seed" not in err
+
+
+def test_the_context_is_checked_the_same_way_on_both_engines(tiny_model, capsys):
+    for engine in ("reference", "gpu"):
+        if engine == "gpu" and _native.device_count() == 0:
+            continue
+        assert cli.main(["run", str(tiny_model), "-p", "x", "--context", "5000", "--engine", engine]) == 1
+        err = capsys.readouterr().err
+        assert "context 5000 is outside 1..4096 (the model's context_length)" in err, (engine, err)
+
+
+def test_a_closed_pipe_is_one_line(tiny_model, monkeypatch, capsys):
+    import sys
+
+    class ClosedPipe:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    code = cli.main(["run", str(tiny_model), "-p", "x", "-n", "2", "--engine", "reference"])
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert code == 1 and err.endswith("strata run: the output was closed before the end\n"), err
+
+
+def test_chat_drops_the_oldest_turns_when_the_context_is_full_and_keeps_the_system_prompt():
+    import io
+
+    from strata.cli.chat import converse
+    from strata.generation import Session
+    from test_generation import ScriptedEngine, TurnCodec
+
+    engine = ScriptedEngine([ord("a"), 0] * 10, context=60)
+    out = io.StringIO()
+    lines = ["first question\n", "second question\n", "third question\n", "x" * 80 + "\n", "/exit\n"]
+    converse(Session(engine, TurnCodec()), lines, out, system="be brief", max_tokens=4)
+    text = out.getvalue()
+    assert text.startswith("(/exit or Ctrl-D leaves") and "(the context is full: the oldest" in text
+    assert "does not fit the session's context of 60 tokens: /reset, or start strata chat with a larger --context" \
+        in text
+    prompts = [CharDecode(ids) for ids in engine.fed if len(ids) > 1]
+    assert all(p.startswith("<system>be brief") for p in prompts), prompts
+
+
+def CharDecode(ids):
+    return "".join(chr(i) for i in ids)
+
+
+
+def test_a_full_disk_is_one_line_and_leaves_no_file(tmp_path, monkeypatch, capsys):
+    import errno
+    import os
+
+    def full(fd, data, offset):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "pwrite", full)
+    assert cli.main(["synth", str(tmp_path / "x.gguf"), "--layers", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err == "strata synth: No space left on device\n", err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_while_running_exits_130_at_a_token_boundary(tiny_model, monkeypatch, capsys):
+    import os
+    import signal
+
+    from strata.reference.engine import ReferenceEngine
+
+    feed = ReferenceEngine.feed
+
+    def interrupted(self, ids, params, u, seen):
+        token = feed(self, ids, params, u, seen)
+        if self.position > 3:
+            os.kill(os.getpid(), signal.SIGINT)  # as if the user pressed Ctrl-C mid-answer
+        return token
+
+    monkeypatch.setattr(ReferenceEngine, "feed", interrupted)
+    assert cli.main(["run", str(tiny_model), "-p", "hi", "-n", "50", "--engine", "reference"]) == 130
+    assert "ended by interrupted" in capsys.readouterr().err

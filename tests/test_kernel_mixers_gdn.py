@@ -103,10 +103,10 @@ def test_gdn_head_mappings_differ(rng):
     conv_state = rng.standard_normal((shape.conv_kernel - 1, shape.conv_channels), dtype=np.float32)
     state = rng.standard_normal((shape.n_v_heads, shape.head_k_dim, shape.head_v_dim), dtype=np.float32) * 0.1
     outs = [
-        _native_check.gdn_steps(inputs["qkv"], inputs["z"], inputs["beta_in"], inputs["alpha_in"], inputs["conv_weight"],
-                          inputs["ssm_a"], inputs["dt_bias"], inputs["norm_weight"], conv_state, state,
-                          n_k_heads=shape.n_k_heads, tiled_heads=tiled, interleaved_ba=False, sigmoid_gate=False,
-                          eps=EPS)[0]
+        _native_check.gdn_steps(inputs["qkv"], inputs["z"], inputs["beta_in"], inputs["alpha_in"],
+                                inputs["conv_weight"], inputs["ssm_a"], inputs["dt_bias"], inputs["norm_weight"],
+                                conv_state, state, n_k_heads=shape.n_k_heads, tiled_heads=tiled,
+                                interleaved_ba=False, sigmoid_gate=False, eps=EPS)[0]
         for tiled in (True, False)
     ]
     assert relative_error(outs[0], outs[1]) > 1e-2

@@ -40,7 +40,8 @@ def test_ple_steps_match_reference(rng):
     norms = [rng.uniform(0.5, 1.5, hc * n).astype(f) for _ in range(3)]
     conv_weight = rng.standard_normal((hc * n, kernel), dtype=f) * 0.5
     history = rng.standard_normal((dilation * (kernel - 1), hc * n), dtype=f)
-    got, got_history = _native_check.ple_steps(streams, key, value, *norms, conv_weight, history, dilation=dilation, eps=EPS)
+    got, got_history = _native_check.ple_steps(streams, key, value, *norms, conv_weight, history, dilation=dilation,
+                                               eps=EPS)
     want, want_history = reference_steps(streams, key, value, *norms, conv_weight, history, dilation)
     assert np.all(np.isfinite(got))
     for t in range(steps):

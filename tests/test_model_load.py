@@ -12,7 +12,8 @@ from strata.devices import Device
 from strata.format import inspect
 from strata.runtime.host import meminfo_bytes
 from strata.runtime.loader import load_experts, split_gate_up
-from strata.runtime.model import describe, load
+from strata import api
+from strata.runtime.model import Model, describe, load
 from strata.runtime.pool import ExpertPool
 from strata.quant import dequantize, matvec, repack
 from strata.quant.synthetic import random_blocks
@@ -116,6 +117,8 @@ def test_load_puts_every_part_in_place(rng, tiny, tmp_path):
 
 
 def test_the_public_names_resolve():
-    assert strata.load is load and strata.KV.INT8.value == "int8"
+    assert strata.load is api.load and strata.Model is Model and strata.KV.INT8.value == "int8"
+    for name in ("load", "Model", "Session", "Mode", "ReferenceModel", "Completion"):
+        assert name in dir(strata), name
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         strata.nope

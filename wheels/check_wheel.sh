@@ -8,7 +8,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 python -m pip wheel --no-deps -q -w "$work/dist" .
-wheel=$(ls "$work"/dist/strata-*.whl)
+wheel=$(ls "$work"/dist/strata_moe-*.whl)
 size_mib=$(( $(stat -c %s "$wheel") / 1048576 ))
 echo "wheel: $(basename "$wheel") (${size_mib} MiB)"
 if (( size_mib > MAX_WHEEL_MIB )); then

@@ -8,14 +8,15 @@ from strata.errors import CudaError, FormatError, InvalidArgument, OutOfMemory, 
 from strata.options import KV, Mode
 
 try:
-    __version__ = version("strata")
+    __version__ = version("strata-moe")  # the distribution name (pyproject.toml)
 except PackageNotFoundError:  # a source tree that was never installed
     __version__ = "unknown"
 
 # load / Model pull in the file, quant and loader modules: imported on first use, so `import strata`
 # stays light (doctor, errors, devices).
-_LAZY = {"load": "strata.runtime.model", "Model": "strata.runtime.model", "ModelInfo": "strata.runtime.model",
-         "Session": "strata.generation", "Graphs": "strata.runtime.engine"}
+_LAZY = {"load": "strata.api", "ReferenceModel": "strata.api", "Model": "strata.runtime.model",
+         "ModelInfo": "strata.runtime.model", "Session": "strata.generation", "Completion": "strata.generation",
+         "Piece": "strata.generation", "Graphs": "strata.runtime.engine"}
 
 
 def __getattr__(name: str) -> Any:
@@ -26,8 +27,13 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'strata' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
     "KV",
+    "Completion",
     "CudaError",
     "Device",
     "FormatError",
@@ -37,6 +43,8 @@ __all__ = [
     "ModelInfo",
     "Mode",
     "OutOfMemory",
+    "Piece",
+    "ReferenceModel",
     "Session",
     "StrataError",
     "device_count",

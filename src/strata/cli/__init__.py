@@ -7,6 +7,7 @@ stay fast; the work each command does is imported by its handler.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import strata
@@ -35,6 +36,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return build_parser().parse_args(argv)
 
 
+def _discard_stdout() -> None:
+    """Point stdout's descriptor at /dev/null, so the interpreter's last flush of a closed pipe cannot fail."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):  # no descriptor behind stdout (a test's capture): nothing to do
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -45,3 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"strata {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`strata run ... | head`): nothing more can be written to it
+        _discard_stdout()
+        print(f"strata {args.command}: the output was closed before the end", file=sys.stderr)
+        return 1
+    except OSError as error:
+        where = f" ({error.filename})" if error.filename else ""
+        print(f"strata {args.command}: {error.strerror or error}{where}", file=sys.stderr)
+        return 1

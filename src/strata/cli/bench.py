@@ -9,6 +9,7 @@ GPU, measured on the box). With no MODEL, the default benchmark model is synthes
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -200,7 +201,8 @@ def register(commands) -> None:
         "bench", help="decode speed of the GPU engine vs this machine's limit (`bench pool`: the CPU pool alone)",
         description="Greedy decode speed per session mode, its per-token breakdown and the machine's limit. "
                     "With no MODEL the default benchmark model (qwen4exp, 16 layers, about 26 GB) is synthesized "
-                    "once into the user cache. `strata bench pool --help`: the CPU expert pool benchmark.")
+                    "once into the user cache. `strata bench pool --help`: the CPU expert pool benchmark.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     sub.add_argument("model", nargs="?", default=None, metavar="MODEL",
                      help="a .gguf file (default: the synthesized benchmark model)")
     sub.add_argument("--tokens", type=int, default=128, help="tokens decoded per mode (default 128)")

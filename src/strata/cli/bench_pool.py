@@ -138,7 +138,8 @@ def run(quick: bool = False, k: int = 10, isa: str | None = None, json_path: str
 def build_parser() -> argparse.ArgumentParser:
     """`strata bench pool`: parsed apart from `strata bench [MODEL]` (see strata.cli.parse_args)."""
     pool = argparse.ArgumentParser(
-        prog="strata bench pool", description="CPU expert pool: GB/s per layer job vs the machine's read bandwidth")
+        prog="strata bench pool", description="CPU expert pool: GB/s per layer job vs the machine's read bandwidth",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     pool.add_argument("--quick", action="store_true", help="small expert sets (a smoke run)")
     pool.add_argument("--isa", choices=("avx2", "avx512"), default=None, help="force a kernel ISA")
     pool.add_argument("-k", type=int, default=10, help="routed experts per layer job (default 10)")

@@ -70,5 +70,23 @@ def describe(model: ModelFile) -> list[str]:
     total = sum(parts.values())
     lines.append(f"bytes         {total / GIB:.2f} GiB in {len(model.tensors)} tensors")
     lines += [f"  {part:<30} {nbytes / GIB:9.2f} GiB" for part, nbytes in parts.most_common()]
+    lines += tokenizer_lines(model)
+    from strata.runtime.loader import gpu_refusals
+
+    refusals = gpu_refusals(model)
+    lines.append("GPU engine    " + ("runs this file as it is" if not refusals else "cannot run this file as it is:"))
+    lines += [f"  {reason}" for reason in refusals]
     lines += [f"warning       {warning}" for warning in model.warnings]
     return lines
+
+
+def tokenizer_lines(model: ModelFile) -> list[str]:
+    """The tokenizer, the ids that end a generation and the chat template, as the file holds them."""
+    if "tokenizer.ggml.model" not in model.metadata:
+        return ["tokenizer     none (the file has no tokenizer.ggml.* keys)"]
+    tokenizer = model.tokenizer()
+    eos = ", ".join(f"{tokenizer.tokens[i]!r} ({i})" for i in tokenizer.eos_ids) or "none"
+    template = tokenizer.chat_template
+    return [f"tokenizer     {model.metadata['tokenizer.ggml.model']} BPE, {len(tokenizer.tokens)} tokens, "
+            f"pre-tokenizer {tokenizer.pre}; generation ends at {eos}",
+            f"chat template {f'{len(template)} characters' if template else 'none (strata chat needs one)'}"]

@@ -7,9 +7,12 @@ import sys
 
 from strata.cli import session
 
+INTERRUPTED = 130  # the shell's code for a command stopped by Ctrl-C
+
 
 def register(commands) -> None:
-    sub = commands.add_parser("run", help="generate text from a prompt, streamed")
+    sub = commands.add_parser("run", help="generate text from a prompt, streamed",
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     sub.add_argument("-p", "--prompt", required=True)
     session.add_arguments(sub)
     sub.set_defaults(handler=handle)
@@ -17,7 +20,7 @@ def register(commands) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     with session.opened(args) as opened:
-        for piece in opened.generate(args.prompt, args.max_tokens, **session.sampling(args)):
+        for piece in opened.generate(args.prompt, **session.sampling(args)):
             print(piece.text, end="", flush=True)
         print()
         stats = opened.stats
@@ -25,4 +28,4 @@ def handle(args: argparse.Namespace) -> int:
         print(f"[{stats.generated_tokens} tokens, {stats.decode_tokens_per_second:.2f} tok/s decode, "
               f"prompt {stats.prompt_tokens} tokens in {stats.prefill_seconds:.2f} s, "
               f"ended by {stats.finish_reason}; engine: {engine}]", file=sys.stderr)
-    return 0
+    return INTERRUPTED if stats.finish_reason == "interrupted" else 0

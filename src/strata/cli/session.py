@@ -4,36 +4,49 @@ open on the chosen engine."""
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from strata.errors import StrataError
 from strata.options import KV, Mode
 
+GPU_ONLY = ("kv", "mode")  # options the reference engine has no use for
+
+
+class _Given(argparse.Action):
+    """Stores the value and remembers that the user gave the option (so an ignored one can be named)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.given = getattr(namespace, "given", set()) | {self.dest}
+
 
 def add_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("model", help="path of a .gguf file")
-    sub.add_argument("-n", "--max-tokens", type=int, default=128)
+    sub.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens per answer at most (0: until EOS)")
     sub.add_argument("--engine", choices=["gpu", "reference"], default="gpu",
-                     help="gpu: the decode session on GPU 0 plus the CPU expert pool (default); reference: "
-                          "the numpy oracle (exact, slow: small models only)")
+                     help="gpu: the decode session on GPU 0 plus the CPU expert pool; reference: the numpy oracle "
+                          "on the CPU (exact, slow: small models; no GPU needed)")
     sub.add_argument("--context", type=int, default=None,
                      help="tokens the session holds (default: the model's, at most 4096)")
-    sub.add_argument("--kv", choices=KV.values(), default=KV.INT8.value, help="KV cache format (gpu)")
-    sub.add_argument("--mode", choices=Mode.values(), default=Mode.TOKEN_GRAPH.value,
+    sub.add_argument("--kv", choices=KV.values(), default=KV.INT8.value, action=_Given,
+                     help="KV cache format (gpu engine)")
+    sub.add_argument("--mode", choices=Mode.values(), default=Mode.TOKEN_GRAPH.value, action=_Given,
                      help="how the gpu engine launches a token: one CUDA graph, a graph per layer, or uncaptured")
-    sub.add_argument("--temperature", type=float, default=0.0)
-    sub.add_argument("--top-k", type=int, default=0)
+    sub.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    sub.add_argument("--top-k", type=int, default=0, help="0: off")
     sub.add_argument("--top-p", type=float, default=1.0)
     sub.add_argument("--min-p", type=float, default=0.0)
-    sub.add_argument("--repeat-penalty", type=float, default=1.0)
-    sub.add_argument("--seed", type=int, default=None)
+    sub.add_argument("--repeat-penalty", type=float, default=1.0, help="1: off")
+    sub.add_argument("--seed", type=int, default=-1, help="the sampler's seed (-1: a random one)")
     sub.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
 
 
 def sampling(args: argparse.Namespace) -> dict:
     return {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
-            "repeat_penalty": args.repeat_penalty, "seed": args.seed, "stop": args.stop}
+            "repeat_penalty": args.repeat_penalty, "seed": None if args.seed < 0 else args.seed, "stop": args.stop,
+            "max_tokens": args.max_tokens or None}
 
 
 def require_gpu(hint: str) -> None:
@@ -48,25 +61,26 @@ def require_gpu(hint: str) -> None:
         raise StrataError(f"no CUDA device found (no NVIDIA driver or GPU); {hint}")
 
 
+def warn_ignored(args: argparse.Namespace) -> None:
+    ignored = sorted(getattr(args, "given", set()) & set(GPU_ONLY)) if args.engine == "reference" else []
+    if ignored:
+        names = ", ".join(f"--{name}" for name in ignored)
+        print(f"strata {args.command}: {names} ignored: the reference engine has no use for it", file=sys.stderr)
+
+
 @contextmanager
 def opened(args: argparse.Namespace) -> Iterator:
     """The Session of `--engine` on the model file, closed (with its model) on exit."""
-    from strata.generation import Session
+    from strata.api import load
 
-    if args.engine == "reference":
-        from strata.format import inspect
-        from strata.reference import Reference
-        from strata.reference.engine import ReferenceEngine
-
-        with inspect(args.model) as file:
-            yield Session(ReferenceEngine(Reference(file), args.context), file.tokenizer())
-        return
-    require_gpu("use --engine reference to run a small model on the CPU")
-    from strata.runtime.model import load
-
-    with load(args.model, progress=True) as model:
-        session = model.session(args.context, args.kv, args.mode)
+    warn_ignored(args)
+    if args.engine == "gpu":
+        require_gpu("use --engine reference to run a small model on the CPU")
+    options = {"progress": True} if args.engine == "gpu" else {}
+    with load(args.model, engine=args.engine, **options) as model:
+        session = (model.session(args.context, args.kv, args.mode) if args.engine == "gpu"
+                   else model.session(args.context))
         try:
             yield session
         finally:
-            session.engine.close()
+            session.close()

@@ -10,7 +10,8 @@ TENSOR_CLASSES = ("experts", "expert-down", "dense", "embeddings", "ple")
 
 
 def register(commands) -> None:
-    sub = commands.add_parser("synth", help="a GGUF with well-formed random weights, of any geometry")
+    sub = commands.add_parser("synth", help="a GGUF with well-formed random weights, of any geometry",
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     sub.add_argument("out", help="the .gguf file to write")
     sub.add_argument("--arch", default="qwen4exp", choices=list(ARCHITECTURES))
     sub.add_argument("--preset", default="tiny", choices=["tiny", "bench", "full"])

@@ -51,12 +51,31 @@ def _add_metadata(writer: gguf.GGUFWriter, kv: Iterable[tuple[str, Any, gguf.GGU
 
 
 class GGUFStream:
-    """An open GGUF file with its layout fixed; fill tensors with `write` (thread-safe), then `close`."""
+    """An open GGUF file with its layout fixed; fill tensors with `write` (thread-safe), then leave the `with`
+    block. The file is written under a temporary name beside `path` and renamed to it only when complete, so an
+    interrupted write never leaves a half-written model at `path`."""
 
     def __init__(self, path: str | Path, arch: str, kv: Iterable[tuple[str, Any, gguf.GGUFValueType]],
                  tensors: Sequence[tuple[str, Sequence[int], gguf.GGMLQuantizationType]],
                  progress: Progress | None = None):
-        self.path = Path(path)
+        self.final = Path(path)
+        if self.final.is_dir():
+            raise InvalidArgument(f"{self.final} is a directory; name the .gguf file to write")
+        self.path = self.final.with_name(f"{self.final.name}.partial-{os.getpid()}")
+        self._fd = -1
+        try:
+            self._lay_out(arch, kv, tensors)
+        except BaseException:
+            self.close()
+            self.path.unlink(missing_ok=True)
+            raise
+        self._progress = progress
+        self._done = 0
+        self._lock = threading.Lock()
+
+    def _lay_out(self, arch: str, kv: Iterable[tuple[str, Any, gguf.GGUFValueType]],
+                 tensors: Sequence[tuple[str, Sequence[int], gguf.GGMLQuantizationType]]) -> None:
+        """Header, metadata and tensor table written; the data section allocated (zeros) and opened."""
         writer = gguf.GGUFWriter(self.path, arch)
         _add_metadata(writer, kv)
         sizes = []
@@ -79,9 +98,6 @@ class GGUFStream:
         self.total_bytes = offset
         self._fd = os.open(self.path, os.O_RDWR)
         os.ftruncate(self._fd, self.total_bytes)  # zero padding everywhere, data filled in below
-        self._progress = progress
-        self._done = 0
-        self._lock = threading.Lock()
 
     def write(self, name: str, at: int, data: bytes | memoryview | np.ndarray) -> None:
         """Place `data` at byte `at` inside tensor `name` (bounds-checked)."""
@@ -108,5 +124,7 @@ class GGUFStream:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close()
-        if exc_type is not None:
+        if exc_type is None:
+            os.replace(self.path, self.final)
+        else:
             self.path.unlink(missing_ok=True)  # never leave a half-written model behind

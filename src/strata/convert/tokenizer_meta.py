@@ -20,6 +20,10 @@ K = gguf.Keys.Tokenizer
 # llama.cpp's pre-tokenizer names for these families (chosen there by hashing the pre-tokenizer's output)
 PRE_TOKENIZER = {"qwen3next": "qwen2", "qwen35moe": "qwen35", "qwen4exp": "qwen35"}
 EOS_TEXT = "<|endoftext|>"
+TURN_START, TURN_END = "<|im_start|>", "<|im_end|>"
+# ChatML, the turn format of the Qwen templates, for vocabularies made here.
+CHATML_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                   "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
 def _byte_chars() -> list[str]:
@@ -41,7 +45,7 @@ def _kv(pre: str, tokens: list[str], types: list[int], merges: list[str], specia
         (K.MODEL, "gpt2", T.STRING), (K.PRE, pre, T.STRING),
         (K.LIST, tokens, T.STRING), (K.TOKEN_TYPE, types, T.INT32), (K.MERGES, merges, T.STRING),
     ]
-    keys = {"bos": K.BOS_ID, "eos": K.EOS_ID, "pad": K.PAD_ID, "unk": K.UNK_ID}
+    keys = {"bos": K.BOS_ID, "eos": K.EOS_ID, "eot": K.EOT_ID, "pad": K.PAD_ID, "unk": K.UNK_ID}
     kv += [(keys[role], int(tid), T.UINT32) for role, tid in special.items()]
     kv.append((K.ADD_BOS, False, T.BOOL))
     if chat_template:
@@ -54,23 +58,31 @@ def _grow_from(tokens: list[str | None]):
     i = 0
     while True:
         t = tokens[i]
-        if t is not None and t != EOS_TEXT:
+        if t is not None and t not in (EOS_TEXT, TURN_START, TURN_END):
             yield t
         i += 1
 
 
-def byte_level(n_vocab: int, eos_id: int | None = None) -> KV:
-    """A valid BPE vocabulary of exactly n_vocab tokens: 256 bytes, pair merges, `<|endoftext|>` as EOS."""
-    if n_vocab < 258:
-        raise InvalidArgument(f"a byte-level vocabulary needs n_vocab >= 258, got {n_vocab}")
+def byte_level(n_vocab: int, eos_id: int | None = None, chat: bool = False) -> KV:
+    """A valid BPE vocabulary of exactly n_vocab tokens: 256 bytes, pair merges, `<|endoftext|>` as EOS. With
+    `chat`, also ChatML's turn tokens (`<|im_end|>` the end of a turn, tokenizer.ggml.eot_token_id) and
+    template, so the vocabulary runs chats."""
+    if n_vocab < 258 + 2 * chat:
+        raise InvalidArgument(f"a byte-level vocabulary needs n_vocab >= {258 + 2 * chat}, got {n_vocab}")
     eos = n_vocab - 1 if eos_id is None else eos_id
     if not 0 <= eos < n_vocab:
         raise InvalidArgument(f"eos id {eos} is outside the vocabulary of {n_vocab}")
     types = [int(gguf.TokenType.NORMAL)] * n_vocab
     tokens: list[str | None] = [*_byte_chars(), *([None] * (n_vocab - 256))]
+    special = {"bos": eos, "eos": eos}
     if eos >= 256:  # below 256 the id is a byte token and stays one
         tokens[eos] = EOS_TEXT
         types[eos] = int(gguf.TokenType.CONTROL)
+    if chat:
+        free = [i for i in range(n_vocab - 1, 255, -1) if tokens[i] is None][:2]
+        for i, text in zip(sorted(free), (TURN_START, TURN_END)):
+            tokens[i], types[i] = text, int(gguf.TokenType.CONTROL)
+        special["eot"] = sorted(free)[1]
     # Grow tokens breadth-first, each an existing token plus one byte: all distinct, every merge valid.
     chars = _byte_chars()
     grown = ((left, c) for left in _grow_from(tokens) for c in chars)
@@ -81,7 +93,7 @@ def byte_level(n_vocab: int, eos_id: int | None = None) -> KV:
             tokens[i] = left + c
             merges.append(f"{left} {c}")
     # a made-up vocabulary has no pre-tokenizer of its own; qwen2's splitting is the common Qwen one
-    return _kv("qwen2", tokens, types, merges, {"bos": eos, "eos": eos}, None)
+    return _kv("qwen2", tokens, types, merges, special, CHATML_TEMPLATE if chat else None)
 
 
 def _special_id(value: Any, by_text: dict[str, int]) -> int | None:

@@ -128,7 +128,7 @@ def synthesize(path: str | Path, arch: str, preset: str = "tiny", n_layer: int |
     plan = [(s.name, s.ne, tensor_type(s, mix)) for s in specs]
     eos = g.ple_eos if g.ple_layers else g.n_vocab - 1
     kv = [*models.metadata_for(g), (gguf.Keys.General.NAME, f"strata-synth-{arch}-{preset}", gguf.GGUFValueType.STRING),
-          *tokenizer_meta.byte_level(g.n_vocab, eos)]
+          *tokenizer_meta.byte_level(g.n_vocab, eos, chat=True)]
     workers = threads or os.cpu_count() or 1
     with GGUFStream(path, arch, kv, plan, progress) as out, ThreadPoolExecutor(workers) as pool:
         writer = _Writer(out, seed)

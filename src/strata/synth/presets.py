@@ -25,6 +25,9 @@ class TypeMix:
 
 
 BENCH_TYPES = TypeMix(experts="q4_k", expert_down="q4_0", dense="q8_0", embeddings="q8_0", ple="q8_0")
+# tiny: float everywhere (exact for the reference) but the routed experts, which the CPU pool takes quantized
+# only: so `strata synth` with no options writes a model the GPU engine runs.
+TINY_TYPES = TypeMix(experts="q8_0", expert_down="q8_0")
 
 
 def _splitmix64(v: int) -> int:
@@ -120,4 +123,4 @@ def geometry(arch: str, preset: str = "tiny", n_layer: int | None = None, full_p
 
 
 def default_types(preset: str) -> TypeMix:
-    return TypeMix() if preset == "tiny" else BENCH_TYPES
+    return TINY_TYPES if preset == "tiny" else BENCH_TYPES
