@@ -20,7 +20,7 @@ BOUND = 1e-4
 
 
 class CountingEngine(ReferenceEngine):
-    """The reference engine, counting the tokens each feed hands it."""
+    """The reference engine, counting the tokens each feed (and prefill) hands it."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -29,6 +29,10 @@ class CountingEngine(ReferenceEngine):
     def feed(self, ids, params, u, seen):
         self.fed.append(len(ids))
         return super().feed(ids, params, u, seen)
+
+    def prefill(self, ids, seen):
+        self.fed.append(len(ids))
+        super().prefill(ids, seen)
 
 
 @pytest.fixture(scope="module", params=["qwen4exp", "qwen3next"])
@@ -62,8 +66,9 @@ def test_each_turn_feeds_only_its_new_tokens_and_matches_a_fresh_session(model_f
         done = session.complete(conversation, max_tokens=4)
         assert done.usage.prompt_tokens == len(conversation)
         if turn:
-            # Only the previous answer's last token (never fed) and the new turn went in.
-            assert done.usage.cached_tokens == len(conversation) - 7 and engine.fed[start] == 7
+            # Only the previous answer's last token (never fed) and the new turn went in: all but the last, then
+            # (after a snapshot) the last, whose logits give the answer's first token.
+            assert done.usage.cached_tokens == len(conversation) - 7 and engine.fed[start:start + 2] == [6, 1]
         assert relative(engine._logits, fresh_logits(model_file, session.tokens[:-1])) < BOUND, turn
         conversation = session.tokens + random_ids(model_file, rng, 6)
 
@@ -74,15 +79,17 @@ def test_a_turn_that_diverges_rolls_back_to_the_last_snapshot(model_file, rng):
     first = random_ids(model_file, rng, 10)
     session.complete(first, max_tokens=5)
     # The caller edits the answer (its first token; its EOS if it said nothing): the session goes back to the
-    # state right after the first prompt.
+    # snapshot taken before the first prompt's last token, and feeds from there.
     edited = first + [session.tokens[len(first)] ^ 1] + random_ids(model_file, rng, 3)
     start = len(engine.fed)
     done = session.complete(edited, max_tokens=3)
-    assert done.usage.cached_tokens == len(first) and engine.fed[start] == len(edited) - len(first)
+    assert done.usage.cached_tokens == len(first) - 1
+    assert engine.fed[start:start + 2] == [len(edited) - len(first), 1]
     assert relative(engine._logits, fresh_logits(model_file, session.tokens[:-1])) < BOUND
-    # A prompt shorter than everything snapshotted starts over.
-    short = first[:4]
-    done = session.complete(short, max_tokens=2)
+    # The same prompt again (a retry) feeds one token; one shorter than everything snapshotted starts over.
+    assert session.complete(edited, max_tokens=2).usage.cached_tokens == len(edited) - 1
+    assert relative(engine._logits, fresh_logits(model_file, session.tokens[:-1])) < BOUND
+    done = session.complete(first[:4], max_tokens=2)
     assert done.usage.cached_tokens == 0
     assert relative(engine._logits, fresh_logits(model_file, session.tokens[:-1])) < BOUND
 

@@ -178,9 +178,12 @@ def test_a_conversation_reuses_its_prefix_and_a_restored_snapshot_continues_bit_
         done = chat.complete(longer, max_tokens=3)
         assert done.usage.cached_tokens == len(longer) - 6, (name, done.usage)
         assert np.array_equal(chat.engine.logits(), fresh_logits(model, chat.tokens[:-1])), name
-        edited = first + [answered ^ 1] + ids(4)  # diverges after the first prompt: roll back to it
+        edited = first + [answered ^ 1] + ids(4)  # diverges after the first prompt: back to its last token
         done = chat.complete(edited, max_tokens=3)
-        assert done.usage.cached_tokens == len(first), (name, done.usage)
+        assert done.usage.cached_tokens == len(first) - 1, (name, done.usage)
+        assert np.array_equal(chat.engine.logits(), fresh_logits(model, chat.tokens[:-1])), name
+        done = chat.complete(edited, max_tokens=2)  # a retry of the same prompt feeds one token
+        assert done.usage.cached_tokens == len(edited) - 1, (name, done.usage)
         assert np.array_equal(chat.engine.logits(), fresh_logits(model, chat.tokens[:-1])), name
     finally:
         chat.close()

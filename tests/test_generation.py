@@ -42,6 +42,10 @@ class SnapshotEngine(ScriptedEngine):
         super().__init__(script, context)
         self.saved, self.restored = {}, []
 
+    def prefill(self, ids, seen):
+        self.fed.append(list(ids))
+        self.position += len(ids)
+
     def snapshot(self, slot):
         self.saved[slot] = self.position
 
@@ -251,7 +255,9 @@ def test_a_conversation_that_continues_feeds_only_each_turns_new_tokens():
     history += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "go"}]
     assert "".join(p.text for p in session.chat(history)) == "!"
     decode = CharCodec().decode
-    assert [decode(ids) for ids in engine.fed] == ["<user>hi\0<assistant>", "o", "k", "\0<user>go\0<assistant>", "!"]
+    # Each prompt in two parts: all but its last token, a snapshot, the last token (whose logits give the answer).
+    assert [decode(ids) for ids in engine.fed] == ["<user>hi\0<assistant", ">", "o", "k",
+                                                   "\0<user>go\0<assistant", ">", "!"]
     assert session.stats.cached_tokens == len("<user>hi\0<assistant>ok") and engine.restored == []
 
 
@@ -263,8 +269,8 @@ def test_a_conversation_that_diverges_rolls_back_to_the_last_turn_boundary():
     history += [{"role": "assistant", "content": "OK"}, {"role": "user", "content": "go"}]  # the answer, edited
     list(session.chat(history))
     decode = CharCodec().decode
-    # Back to the snapshot after turn one's prompt, then the rest: the edited answer and the new turn.
-    assert engine.restored == [0] and decode(engine.fed[-2]) == "OK\0<user>go\0<assistant>"
+    # Back to the snapshot before turn one's last prompt token, then the rest: the edited answer, the new turn.
+    assert engine.restored == [0] and decode(engine.fed[-3]) == ">OK\0<user>go\0<assistant"
     assert engine.position == len("<user>hi\0<assistant>OK\0<user>go\0<assistant>!")
 
 

@@ -34,13 +34,11 @@ class ReferenceModel:
 
     def __init__(self, file: ModelFile):
         self.file = file
-        self._tokenizer = None
 
     @property
     def tokenizer(self):
-        if self._tokenizer is None:
-            self._tokenizer = self.file.tokenizer()
-        return self._tokenizer
+        """The file's tokenizer (strata.format.Tokenizer): encode, decode, count, the chat template."""
+        return self.file.tokenizer()
 
     def session(self, context: int | None = None, snapshots: int | None = None) -> Session:
         """A generation session of `context` tokens (default min(context_length, 4096)) on the reference."""

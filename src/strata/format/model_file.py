@@ -20,6 +20,7 @@ class ModelFile:
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
+        self._tokenizer: Tokenizer | None = None
         size = _file_size(self.path)
         try:
             self._map: np.memmap | None = np.memmap(self.path, dtype=np.uint8, mode="r")
@@ -52,9 +53,12 @@ class ModelFile:
         return self._map[start:start + info.nbytes]
 
     def tokenizer(self) -> Tokenizer:
+        """The file's tokenizer, built on first use (a large vocabulary takes a moment) and kept."""
         if "tokenizer.ggml.model" not in self.metadata:
             raise FormatError(f"{self.path}: the file carries no tokenizer (no tokenizer.ggml.model key)")
-        return Tokenizer(self.metadata, self.geometry.n_vocab)
+        if self._tokenizer is None:
+            self._tokenizer = Tokenizer(self.metadata, self.geometry.n_vocab)
+        return self._tokenizer
 
     def close(self) -> None:
         # Views already handed out keep the mapping alive until they are dropped; numpy unmaps then.

@@ -265,6 +265,21 @@ class Session:
         self._history += ids
         return token
 
+    def _feed_prompt(self, target: list[int], held: int, params: SamplingParams, u: float) -> int:
+        """Feed target[held:] and return the next token. Where the engine keeps snapshots, the state before the
+        prompt's last token is snapshotted on the way (a turn boundary): a later prompt that extends this one,
+        repeats it (a retry) or differs only after it then feeds from there."""
+        if self._snapshots.slots == 0:
+            return self._feed(target[held:], params, u)
+        if len(target) - 1 > held:
+            ids = target[held:-1]
+            self.engine.prefill(ids, self._history + ids)
+            self._history += ids
+        slot = self._snapshots.slot_for(len(target) - 1)
+        if slot is not None:
+            self.engine.snapshot(slot)
+        return self._feed(target[-1:], params, u)
+
     def _piece(self, token: int, text: str, request: _Request) -> Piece:
         if request.logprobs is None:
             return Piece(token, text)
@@ -281,10 +296,7 @@ class Session:
             unfed = None  # the last token produced and not fed yet: the sequence's next
             try:
                 stats.cached_tokens = self._reuse(target)
-                unfed = self._feed(target[stats.cached_tokens:], request.params, rng.random())
-                slot = self._snapshots.slot_for(len(self._history))  # a turn boundary: the prompt is in
-                if slot is not None:
-                    self.engine.snapshot(slot)
+                unfed = self._feed_prompt(target, stats.cached_tokens, request.params, rng.random())
                 stats.prefill_seconds = time.perf_counter() - start
                 start = time.perf_counter()
                 while True:

@@ -15,8 +15,9 @@ class Engine(Protocol):
     """A sequence of token ids that an engine extends and samples from.
 
     Optional abilities, looked up with getattr: `snapshots` (how many states it can keep) with
-    `snapshot(slot)` / `restore(slot)` (save the state after `position` tokens, go back to it); `logprobs(token,
-    n)` (the log-probability of `token` and the n most likely ids at the last fed position); `close()`.
+    `snapshot(slot)` / `restore(slot)` (save the state after `position` tokens, go back to it) and
+    `prefill(ids, seen)` (append ids, no token wanted); `logprobs(token, n)` (the log-probability of `token` and
+    the n most likely ids at the last fed position); `close()`.
     """
 
     context: int   # the most tokens the sequence may hold

@@ -33,6 +33,10 @@ class ReferenceEngine:
         self._logits = self.reference.forward(list(ids))[-1]
         return sample(self._logits, params, u, seen)
 
+    def prefill(self, ids: Sequence[int], seen: Sequence[int]) -> None:
+        """Append `ids` to the sequence; no token is sampled."""
+        self._logits = self.reference.forward(list(ids))[-1]
+
     def logprobs(self, token: int, n: int) -> tuple[float, list[tuple[int, float]]]:
         if self._logits is None:
             raise InvalidArgument("logprobs come after a feed")

@@ -56,17 +56,24 @@ class GpuEngine:
 
     def feed(self, ids: Sequence[int], params: SamplingParams, u: float, seen: Sequence[int]) -> int:
         """Step every id; only the last one samples (the earlier ones only fill the state)."""
+        sampling = (params.temperature, params.top_k, params.top_p, params.min_p, params.repeat_penalty)
+        return self._step(ids, seen, sampling, u, sample=True)
+
+    def prefill(self, ids: Sequence[int], seen: Sequence[int]) -> None:
+        """Step every id; nothing is sampled."""
+        self._step(ids, seen, (0.0, 0, 1.0, 0.0, 1.0), 0.0, sample=False)
+
+    def _step(self, ids: Sequence[int], seen: Sequence[int], sampling: tuple, u: float, sample: bool) -> int:
         if not ids:
             raise InvalidArgument("feed() needs at least one token id")
         if len(seen) != self.position + len(ids):
             raise StrataError(f"the history passed as `seen` has {len(seen)} ids, but the session holds "
                               f"{self.position} and is fed {len(ids)}: the native session keeps the same "
                               "history, so the two would disagree")
-        sampling = (params.temperature, params.top_k, params.top_p, params.min_p, params.repeat_penalty)
         token = -1
         for i, token_id in enumerate(ids):
             rows = self.ple.rows(int(token_id)) if self.ple is not None else None
-            token = self.native.step(int(token_id), rows, sampling, u, sample=i == len(ids) - 1)
+            token = self.native.step(int(token_id), rows, sampling, u, sample=sample and i == len(ids) - 1)
         return token
 
     def logits(self) -> np.ndarray:

@@ -42,14 +42,11 @@ class Model:
 
     def __init__(self, file: ModelFile, info: ModelInfo, weights, pool: ExpertPool, device: int = 0):
         self.file, self.info, self.weights, self.pool, self.device = file, info, weights, pool, device
-        self._tokenizer = None
 
     @property
     def tokenizer(self):
         """The file's tokenizer (strata.format.Tokenizer): encode, decode, count, the chat template."""
-        if self._tokenizer is None:
-            self._tokenizer = self.file.tokenizer()
-        return self._tokenizer
+        return self.file.tokenizer()
 
     def session(self, context: int | None = None, kv: KV | str = KV.INT8, mode: Mode | str = Mode.TOKEN_GRAPH,
                 timeout: float = 5.0, snapshots: int = DEFAULT_SNAPSHOTS) -> Session:
