@@ -127,3 +127,16 @@ def test_a_converted_checkpoint_runs_from_the_cli(tmp_path, capsys):
     assert cli.main(["run", str(out), "-p", PROMPT, "-n", "12"]) == 0
     err = capsys.readouterr().err
     assert "tok/s decode" in err and "engine: gpu" in err, err
+
+
+def test_the_quick_start_synth_then_chat_runs_on_the_gpu(tmp_path, monkeypatch, capsys):
+    """README: `strata synth tiny.gguf && strata chat tiny.gguf`, two turns piped in."""
+    import io
+    import sys
+
+    path = tmp_path / "tiny.gguf"
+    assert cli.main(["synth", str(path)]) == 0
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hello\nand again\n/exit\n"))
+    assert cli.main(["chat", str(path), "-n", "6"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{path}\n(/exit or Ctrl-D leaves") and out.count("> ") == 3, out
