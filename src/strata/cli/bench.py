@@ -17,10 +17,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from typing import TYPE_CHECKING
-
+from strata.cli.help import ShowDefaults
 from strata.errors import InvalidArgument
 from strata.options import Mode
 
@@ -202,7 +201,7 @@ def register(commands) -> None:
         description="Greedy decode speed per session mode, its per-token breakdown and the machine's limit. "
                     "With no MODEL the default benchmark model (qwen4exp, 16 layers, about 26 GB) is synthesized "
                     "once into the user cache. `strata bench pool --help`: the CPU expert pool benchmark.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=ShowDefaults)
     sub.add_argument("model", nargs="?", default=None, metavar="MODEL",
                      help="a .gguf file (default: the synthesized benchmark model)")
     sub.add_argument("--tokens", type=int, default=128, help="tokens decoded per mode (default 128)")

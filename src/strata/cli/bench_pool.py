@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from strata.cli.help import ShowDefaults
 from strata.quant import QuantTensor, form_for
 from strata.runtime.pool import ExpertPool, default_threads, physical_cores
 
@@ -139,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     """`strata bench pool`: parsed apart from `strata bench [MODEL]` (see strata.cli.parse_args)."""
     pool = argparse.ArgumentParser(
         prog="strata bench pool", description="CPU expert pool: GB/s per layer job vs the machine's read bandwidth",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=ShowDefaults)
     pool.add_argument("--quick", action="store_true", help="small expert sets (a smoke run)")
     pool.add_argument("--isa", choices=("avx2", "avx512"), default=None, help="force a kernel ISA")
     pool.add_argument("-k", type=int, default=10, help="routed experts per layer job (default 10)")

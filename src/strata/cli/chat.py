@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TextIO
 
 from strata.cli import session as session_options
+from strata.cli.help import ShowDefaults
 
 if TYPE_CHECKING:
     from strata.generation import Session
@@ -21,7 +22,7 @@ HELP_LINE = "(/exit or Ctrl-D leaves, /reset starts over, Ctrl-C stops an answer
 
 def register(commands) -> None:
     sub = commands.add_parser("chat", help="an interactive conversation (/reset, /exit)",
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                              formatter_class=ShowDefaults)
     session_options.add_arguments(sub)
     sub.add_argument("--system", default=None, help="a system prompt, kept when old turns are dropped")
     sub.add_argument("--think", dest="enable_thinking", action=argparse.BooleanOptionalAction, default=None,

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from strata.cli.help import ShowDefaults
+
 
 def register(commands) -> None:
     sub = commands.add_parser("convert", help="a transformers checkpoint directory -> GGUF (llama.cpp layout)",
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                              formatter_class=ShowDefaults)
     sub.add_argument("hf_dir", help="directory written by save_pretrained (config.json + *.safetensors)")
     sub.add_argument("out", help="the .gguf file to write")
     sub.add_argument("--outtype", default="f32", choices=["f32", "f16", "bf16", "q8_0"])

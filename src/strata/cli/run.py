@@ -6,13 +6,14 @@ import argparse
 import sys
 
 from strata.cli import session
+from strata.cli.help import ShowDefaults
 
 INTERRUPTED = 130  # the shell's code for a command stopped by Ctrl-C
 
 
 def register(commands) -> None:
     sub = commands.add_parser("run", help="generate text from a prompt, streamed",
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                              formatter_class=ShowDefaults)
     sub.add_argument("-p", "--prompt", required=True)
     session.add_arguments(sub)
     sub.set_defaults(handler=handle)

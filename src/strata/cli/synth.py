@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from strata.cli.help import ShowDefaults
 from strata.models import ARCHITECTURES
 
 TENSOR_CLASSES = ("experts", "expert-down", "dense", "embeddings", "ple")
@@ -11,7 +12,7 @@ TENSOR_CLASSES = ("experts", "expert-down", "dense", "embeddings", "ple")
 
 def register(commands) -> None:
     sub = commands.add_parser("synth", help="a GGUF with well-formed random weights, of any geometry",
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                              formatter_class=ShowDefaults)
     sub.add_argument("out", help="the .gguf file to write")
     sub.add_argument("--arch", default="qwen4exp", choices=list(ARCHITECTURES))
     sub.add_argument("--preset", default="tiny", choices=["tiny", "bench", "full"])
