@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from strata import _native, cli
+from strata.convert.tokenizer_meta import CHATML_TEMPLATE
 
 
 def test_doctor_reports_the_machine(capsys):
@@ -179,7 +180,8 @@ def test_synth_tiny_writes_a_file_the_gpu_engine_runs_with_a_chat_template(tiny_
     assert cli.main(["info", str(tiny_model)]) == 0
     out = capsys.readouterr().out
     assert "GPU engine    runs this file as it is" in out and "'<|im_end|>'" in out
-    assert "chat template 1" in out and "tokenizer     gpt2 BPE, 512 tokens" in out
+    template = len(CHATML_TEMPLATE)
+    assert f"chat template {template} characters" in out and "tokenizer     gpt2 BPE, 512 tokens" in out
     assert not list(tiny_model.parent.glob("*.partial-*"))  # written under a temporary name, then renamed
 
 

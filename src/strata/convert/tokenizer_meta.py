@@ -21,9 +21,24 @@ K = gguf.Keys.Tokenizer
 PRE_TOKENIZER = {"qwen3next": "qwen2", "qwen35moe": "qwen35", "qwen4exp": "qwen35"}
 EOS_TEXT = "<|endoftext|>"
 TURN_START, TURN_END = "<|im_start|>", "<|im_end|>"
-# ChatML, the turn format of the Qwen templates, for vocabularies made here.
-CHATML_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                   "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# ChatML, the turn format of the Qwen templates, for vocabularies made here; tools as the Qwen templates render
+# them (offered in the system turn, called in <tool_call> tags, answered in <tool_response> tags of a user turn).
+CHATML_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}"
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n<tools>\n"
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within <tool_call></tool_call>"
+    " XML tags.<|im_end|>\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' and tools and loop.first %}"
+    "{% elif m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "{% for call in m['tool_calls'] or [] %}\n<tool_call>\n"
+    "{\"name\": \"{{ call['function']['name'] }}\", \"arguments\": {{ call['function']['arguments'] | tojson }}}"
+    "\n</tool_call>{% endfor %}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
 def _byte_chars() -> list[str]:
