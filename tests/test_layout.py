@@ -28,8 +28,9 @@ ALLOWED: dict[str, set[str]] = {
     "convert": {"errors", "models", "format", "quant", "progress"},
     "synth": {"errors", "models", "format", "quant", "progress", "convert"},
     "cli": {"errors", "options", "devices", "progress", "native", "models", "format", "quant", "sampling",
-            "generation", "chat", "reference", "runtime", "convert", "synth", "api", "strata"},
+            "generation", "chat", "reference", "runtime", "convert", "synth", "api", "server", "strata"},
     "api": {"errors", "format", "generation", "reference", "runtime"},
+    "server": {"errors", "generation"},
     "strata": {"errors", "options", "devices", "generation", "runtime", "api"},  # src/strata/__init__.py
 }
 

@@ -11,10 +11,10 @@ import os
 import sys
 
 import strata
-from strata.cli import bench, bench_pool, chat, convert, doctor, info, run, synth
+from strata.cli import bench, bench_pool, chat, convert, doctor, info, run, serve, synth
 from strata.errors import StrataError
 
-COMMANDS = (doctor, info, convert, synth, run, chat, bench)
+COMMANDS = (doctor, info, convert, synth, run, chat, serve, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

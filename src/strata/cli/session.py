@@ -1,5 +1,5 @@
-"""What `strata run` and `strata chat` share: their options, the sampling they pass on, and the session they
-open on the chosen engine."""
+"""What `strata run`, `strata chat` and `strata serve` share: their options, the sampling they pass on, and the
+model and sessions they open on the chosen engine."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ class _Given(argparse.Action):
         namespace.given = getattr(namespace, "given", set()) | {self.dest}
 
 
-def add_arguments(sub: argparse.ArgumentParser) -> None:
+def add_engine_arguments(sub: argparse.ArgumentParser) -> None:
+    """The model file, the engine and the session's shape."""
     sub.add_argument("model", help="path of a .gguf file")
-    sub.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens per answer at most (0: until EOS)")
     sub.add_argument("--engine", choices=["gpu", "reference"], default="gpu",
                      help="gpu: the decode session on GPU 0 plus the CPU expert pool; reference: the numpy oracle "
                           "on the CPU (exact, slow: small models; no GPU needed)")
@@ -34,6 +34,12 @@ def add_arguments(sub: argparse.ArgumentParser) -> None:
                      help="KV cache format (gpu engine)")
     sub.add_argument("--mode", choices=Mode.values(), default=Mode.TOKEN_GRAPH.value, action=_Given,
                      help="how the gpu engine launches a token: one CUDA graph, a graph per layer, or uncaptured")
+
+
+def add_arguments(sub: argparse.ArgumentParser) -> None:
+    """The engine's arguments, then those of one answer: its length and sampling."""
+    add_engine_arguments(sub)
+    sub.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens per answer at most (0: until EOS)")
     sub.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     sub.add_argument("--top-k", type=int, default=0, help="0: off")
     sub.add_argument("--top-p", type=float, default=1.0)
@@ -69,8 +75,8 @@ def warn_ignored(args: argparse.Namespace) -> None:
 
 
 @contextmanager
-def opened(args: argparse.Namespace) -> Iterator:
-    """The Session of `--engine` on the model file, closed (with its model) on exit."""
+def opened_model(args: argparse.Namespace) -> Iterator:
+    """The model of `--engine` on the file, closed on exit."""
     from strata.api import load
 
     warn_ignored(args)
@@ -78,8 +84,19 @@ def opened(args: argparse.Namespace) -> Iterator:
         require_gpu("use --engine reference to run a small model on the CPU")
     options = {"progress": True} if args.engine == "gpu" else {}
     with load(args.model, engine=args.engine, **options) as model:
-        session = (model.session(args.context, args.kv, args.mode) if args.engine == "gpu"
-                   else model.session(args.context))
+        yield model
+
+
+def new_session(model, args: argparse.Namespace):
+    """A Session on `model` of `--context` tokens (and, on the gpu engine, `--kv` and `--mode`)."""
+    return model.session(args.context, args.kv, args.mode) if args.engine == "gpu" else model.session(args.context)
+
+
+@contextmanager
+def opened(args: argparse.Namespace) -> Iterator:
+    """The Session of `--engine` on the model file, closed (with its model) on exit."""
+    with opened_model(args) as model:
+        session = new_session(model, args)
         try:
             yield session
         finally:

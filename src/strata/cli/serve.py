@@ -1,0 +1,59 @@
+"""`strata serve`: the OpenAI-compatible server (chat completions, completions, models, health, metrics) on one
+model, bound to localhost unless told otherwise."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from strata.cli import session as session_options
+from strata.cli.help import ShowDefaults
+from strata.errors import InvalidArgument, StrataError
+
+API_KEY_VARIABLE = "STRATA_API_KEY"
+
+
+def register(commands) -> None:
+    sub = commands.add_parser("serve", help="an OpenAI-compatible HTTP server (/v1/chat/completions, ...)",
+                              formatter_class=ShowDefaults)
+    session_options.add_engine_arguments(sub)
+    sub.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    sub.add_argument("--port", type=int, default=8000, help="port to listen on")
+    sub.add_argument("--api-key", default=os.environ.get(API_KEY_VARIABLE),
+                     help=f"require 'Authorization: Bearer KEY' on every request (default: ${API_KEY_VARIABLE}, "
+                          "which keeps the key out of the process list; none: no key)")
+    sub.add_argument("--sessions", type=int, default=1,
+                     help="conversations held at once, each with its own state (memory allowing)")
+    sub.add_argument("--queue", type=int, default=16, help="requests that may wait; more are answered 429")
+    sub.add_argument("--name", default=None, help="the model's name in /v1/models (default: the file's stem)")
+    sub.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+    except ImportError:
+        raise StrataError("the server needs its extra packages: pip install 'strata-moe[server]'") from None
+    from strata.server import Server
+
+    if args.sessions < 1 or args.queue < 0:
+        raise InvalidArgument(f"--sessions must be >= 1 and --queue >= 0, got {args.sessions} and {args.queue}")
+    with session_options.opened_model(args) as model:
+        sessions = []
+        try:
+            for _ in range(args.sessions):
+                sessions.append(session_options.new_session(model, args))
+            server = Server(sessions, args.name or Path(args.model).stem, api_key=args.api_key,
+                            max_waiting=args.queue)
+            print(f"strata serve: {args.model} on http://{args.host}:{args.port}/v1 ({args.engine} engine, "
+                  f"{args.sessions} session(s) of {sessions[0].engine.context} tokens)", file=sys.stderr)
+            try:
+                uvicorn.run(server.app(), host=args.host, port=args.port, log_level="warning")
+            finally:
+                server.close()
+        finally:
+            for session in sessions:
+                session.close()
+    return 0

@@ -1,0 +1,56 @@
+"""The server's counters in Prometheus' text format: requests by endpoint and status, tokens in and out, the
+queue, the sessions, decode speed and time to first token."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+from strata.generation import Stats
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: Counter[tuple[str, int]] = Counter()
+        self.prompt_tokens = self.cached_tokens = self.generated_tokens = 0
+        self.first_token_seconds = 0.0
+        self.first_tokens = 0
+        self.decode_tokens_per_second = 0.0
+
+    def answered(self, endpoint: str, status: int, stats: Stats | None = None) -> None:
+        with self._lock:
+            self.requests[(endpoint, status)] += 1
+            if stats is not None:
+                self.prompt_tokens += stats.prompt_tokens
+                self.cached_tokens += stats.cached_tokens
+                self.generated_tokens += stats.generated_tokens
+                if stats.generated_tokens:
+                    self.first_token_seconds += stats.prefill_seconds
+                    self.first_tokens += 1
+                if stats.generated_tokens > 1:
+                    self.decode_tokens_per_second = stats.decode_tokens_per_second
+
+    def text(self, pool) -> str:
+        with self._lock:
+            lines = ["# HELP strata_requests_total Requests answered, by endpoint and HTTP status.",
+                     "# TYPE strata_requests_total counter"]
+            lines += [f'strata_requests_total{{endpoint="{endpoint}",status="{status}"}} {count}'
+                      for (endpoint, status), count in sorted(self.requests.items())]
+            for name, value, what in (
+                    ("prompt_tokens_total", self.prompt_tokens, "Prompt tokens of answered requests."),
+                    ("cached_prompt_tokens_total", self.cached_tokens, "Prompt tokens a session already held."),
+                    ("generated_tokens_total", self.generated_tokens, "Tokens generated.")):
+                lines += [f"# HELP strata_{name} {what}", f"# TYPE strata_{name} counter", f"strata_{name} {value}"]
+            for name, value, what in (
+                    ("queue_depth", pool.waiting, "Requests waiting for a session."),
+                    ("busy_sessions", pool.busy, "Sessions generating."),
+                    ("sessions", len(pool.sessions), "Sessions."),
+                    ("decode_tokens_per_second", round(self.decode_tokens_per_second, 3),
+                     "Decode speed of the last answer of more than one token.")):
+                lines += [f"# HELP strata_{name} {what}", f"# TYPE strata_{name} gauge", f"strata_{name} {value}"]
+            lines += ["# HELP strata_time_to_first_token_seconds Prompt processing until the first token.",
+                      "# TYPE strata_time_to_first_token_seconds summary",
+                      f"strata_time_to_first_token_seconds_sum {self.first_token_seconds:.6f}",
+                      f"strata_time_to_first_token_seconds_count {self.first_tokens}"]
+        return "\n".join(lines) + "\n"

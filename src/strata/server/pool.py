@@ -1,0 +1,50 @@
+"""The server's sessions: each request takes the free session whose sequence shares the longest prefix with its
+prompt (a conversation that continues goes back to the session that holds it), one request per session at a
+time, a bounded queue of waiting requests in front (a full one is refused at once)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from contextlib import asynccontextmanager
+
+from strata.generation import Session
+from strata.generation.prefix import common_prefix
+
+
+class QueueFull(Exception):
+    """Every session is busy and `max_waiting` requests already wait."""
+
+
+class SessionPool:
+    def __init__(self, sessions: Sequence[Session], max_waiting: int):
+        self.sessions = list(sessions)
+        self.max_waiting = max_waiting
+        self.free = list(self.sessions)
+        self.waiting = 0
+        self.closing = False
+        self._changed = asyncio.Condition()
+
+    @property
+    def busy(self) -> int:
+        return len(self.sessions) - len(self.free)
+
+    @asynccontextmanager
+    async def lease(self, ids: Sequence[int]):
+        """A session for a prompt of `ids`, held for the block; QueueFull when too many already wait."""
+        async with self._changed:
+            if not self.free and self.waiting >= self.max_waiting:
+                raise QueueFull(f"the server is busy: {self.busy} request(s) generating and {self.waiting} waiting")
+            self.waiting += 1
+            try:
+                await self._changed.wait_for(lambda: self.free)
+            finally:
+                self.waiting -= 1
+            session = max(self.free, key=lambda s: common_prefix(s.tokens, ids))
+            self.free.remove(session)
+        try:
+            yield session
+        finally:
+            async with self._changed:
+                self.free.append(session)
+                self._changed.notify()

@@ -1,0 +1,51 @@
+"""What the server tests share (besides strata.server.background.serving, the live server on 127.0.0.1): the
+official client, and an engine whose answers are a function of the conversation (so a test knows
+what every client must get back)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import openai
+
+from strata.sampling import SamplingParams
+
+
+def client(url: str, key: str = "unused", **options) -> openai.OpenAI:
+    """The official client, with no retries: a test sees each answer as the server gave it."""
+    return openai.OpenAI(base_url=url, api_key=key, max_retries=0, **options)
+
+
+class ScriptedEngine:
+    """An engine that answers `answer(seen)` token by token (seen: every token of the sequence when the
+    assistant's turn began, as the session hands it), then `eos`; `delay` seconds per feed stand for compute."""
+
+    def __init__(self, answer: Callable[[list[int]], list[int]], turn_start: Sequence[int], eos: int,
+                 context: int = 1024, delay: float = 0.0):
+        self.answer, self.turn_start, self.eos = answer, list(turn_start), eos
+        self.context, self.delay = context, delay
+        self.position = 0
+        self.fed: list[int] = []
+
+    def feed(self, ids: Sequence[int], params: SamplingParams, u: float, seen: Sequence[int]) -> int:
+        time.sleep(self.delay)
+        self.fed += ids
+        self.position += len(ids)
+        seen = list(seen)
+        start = self._turn(seen)
+        answer = self.answer(seen[:start])
+        done = len(seen) - start
+        return answer[done] if done < len(answer) else self.eos
+
+    def reset(self) -> None:
+        self.position = 0
+        self.fed = []
+
+    def _turn(self, seen: list[int]) -> int:
+        """Where the last assistant turn's text starts in `seen`."""
+        n = len(self.turn_start)
+        for i in range(len(seen) - n, -1, -1):
+            if seen[i:i + n] == self.turn_start:
+                return i + n
+        raise AssertionError("the scripted engine saw no assistant turn")

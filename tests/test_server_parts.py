@@ -1,0 +1,104 @@
+"""The server's parts without a socket: tool calls found in model output (whole and streamed a character at a
+time), request bodies mapped onto generation options, the Prometheus text."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from strata.generation import Stats
+from strata.server.metrics import Metrics
+from strata.server.pool import SessionPool
+from strata.server.requests import BadRequest, parse_chat, parse_completion
+from strata.server.tools import ToolCallStream, split_tool_calls
+
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
+
+
+def test_tool_calls_become_openai_tool_calls():
+    content, calls = split_tool_calls("Let me look.\n" + CALL + "\n" + CALL.replace("Paris", "Oslo"))
+    assert content == "Let me look."
+    assert [c["function"]["name"] for c in calls] == ["get_weather"] * 2
+    assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"city": "Paris", "days": 2},
+                                                                       {"city": "Oslo", "days": 2}]
+    assert len({c["id"] for c in calls}) == 2 and all(c["type"] == "function" for c in calls)
+
+
+@pytest.mark.parametrize("text", ["no call here", "<tool_call>not json</tool_call>",
+                                  '<tool_call>{"arguments": {}}</tool_call>', "<tool_call>{\"name\": \"f\"",
+                                  "a < b and <tool_ca"])
+def test_text_that_is_not_a_call_stays_text(text):
+    assert split_tool_calls(text) == (text, [])
+
+
+@pytest.mark.parametrize("prefix", ["", "Checking: ", "a <b> c "])
+def test_a_streamed_call_is_held_back_and_the_text_before_it_shown(prefix):
+    stream = ToolCallStream()
+    shown = "".join(stream.push(ch) for ch in prefix + CALL)
+    assert shown == prefix
+    rest, calls = stream.finish()
+    assert rest == "" and json.loads(calls[0]["function"]["arguments"])["city"] == "Paris"
+
+
+def test_streamed_text_with_a_false_start_is_shown_whole():
+    stream = ToolCallStream()
+    text = "x <tool_c y"
+    shown = "".join(stream.push(ch) for ch in text)
+    rest, calls = stream.finish()
+    assert shown + rest == text and calls == []
+
+
+def test_request_bodies_map_onto_generation_options():
+    call = parse_chat({"model": "m", "messages": [{"role": "developer", "content": [{"type": "text", "text": "a"},
+                                                                                    {"type": "text", "text": "b"}]},
+                                                  {"role": "user", "content": "hi"}],
+                       "temperature": 0.5, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1,
+                       "seed": 3, "stop": "END", "max_completion_tokens": 7, "logprobs": True, "top_logprobs": 2,
+                       "stream": True, "stream_options": {"include_usage": True},
+                       "chat_template_kwargs": {"enable_thinking": False}})
+    assert call.messages[0] == {"role": "system", "content": "ab"}
+    assert call.generate_options() == {"temperature": 0.5, "top_p": 0.9, "top_k": 20, "min_p": 0.05,
+                                       "repeat_penalty": 1.1, "seed": 3, "stop": ["END"], "max_tokens": 7,
+                                       "logprobs": 2}
+    assert call.stream and call.include_usage and call.template_options == {"enable_thinking": False}
+    assert parse_chat({"messages": [{"role": "user", "content": "hi"}]}).generate_options()["max_tokens"] is None
+    assert parse_completion({"prompt": "hi"}).max_tokens == 16  # OpenAI's default for completions
+
+
+def test_tools_reach_the_template_unless_turned_off():
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": tools}
+    assert parse_chat(body).template_options == {"tools": tools}
+    assert parse_chat({**body, "tool_choice": "none"}).tools is None
+    with pytest.raises(BadRequest, match="tool_choice"):
+        parse_chat({**body, "tool_choice": "required"})
+
+
+def test_an_assistant_tool_call_reaches_the_template_with_arguments_as_an_object():
+    body = {"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]}]}
+    message = parse_chat(body).messages[0]
+    assert message["tool_calls"][0]["function"]["arguments"] == {"x": 1} and message["content"] == ""
+    assert body["messages"][0]["tool_calls"][0]["function"]["arguments"] == '{"x": 1}'  # the body is not changed
+
+
+def test_metrics_speak_prometheus_text():
+    metrics = Metrics()
+    metrics.answered("/v1/chat/completions", 200, Stats(prompt_tokens=10, cached_tokens=4, generated_tokens=5,
+                                                        prefill_seconds=0.5, decode_seconds=0.1,
+                                                        finish_reason="eos"))
+    metrics.answered("/v1/chat/completions", 429)
+    text = metrics.text(SessionPool([object(), object()], 4))
+    lines = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+             if line and not line.startswith("#")}
+    assert lines['strata_requests_total{endpoint="/v1/chat/completions",status="200"}'] == 1
+    assert lines['strata_requests_total{endpoint="/v1/chat/completions",status="429"}'] == 1
+    assert lines["strata_prompt_tokens_total"] == 10 and lines["strata_cached_prompt_tokens_total"] == 4
+    assert lines["strata_generated_tokens_total"] == 5 and lines["strata_sessions"] == 2
+    assert lines["strata_decode_tokens_per_second"] == pytest.approx(40.0)
+    assert lines["strata_time_to_first_token_seconds_sum"] == 0.5
+    assert lines["strata_queue_depth"] == 0 and lines["strata_busy_sessions"] == 0
+    # every sample has its HELP and TYPE
+    names = {key.split("{")[0].removesuffix("_sum").removesuffix("_count") for key in lines}
+    assert all(f"# TYPE {name} " in text and f"# HELP {name} " in text for name in names)
