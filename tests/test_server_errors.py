@@ -41,7 +41,7 @@ def echo(tok) -> Session:
 @pytest.fixture(scope="module")
 def url(tok):
     server = Server([echo(tok)], "echo")
-    with serving(server.app()) as url:
+    with serving(server) as url:
         yield url
 
 
@@ -126,7 +126,7 @@ def test_the_server_answers_normally_after_bad_requests(url):
 
 def test_an_api_key_is_required_where_one_is_set(tok):
     server = Server([echo(tok)], "echo", api_key="sesame")
-    with serving(server.app()) as url:
+    with serving(server) as url:
         with client(url, "wrong") as api, pytest.raises(openai.AuthenticationError) as refused:
             api.chat.completions.create(model="echo", messages=HELLO)
         assert refused.value.status_code == 401 and refused.value.body["code"] == "invalid_api_key"

@@ -46,7 +46,7 @@ def test_the_gpu_engine_served_answers_as_its_session_does(model):
     sessions = [model.session(CONTEXT), model.session(CONTEXT)]
     server = Server(sessions, "tiny")
     try:
-        with serving(server.app()) as url, client(url) as api:
+        with serving(server) as url, client(url) as api:
             whole = ask(api, USER, 16)
             assert whole.choices[0].message.content == expected.text
             assert whole.usage.completion_tokens == expected.usage.completion_tokens

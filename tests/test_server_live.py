@@ -84,7 +84,7 @@ def test_chat_and_completions_answer_as_a_session_does(model, tok):
     expected_chat = direct.chat_complete(USER, 12)
     expected_text = model.session(CONTEXT).complete("Once upon", 10)
     server = Server([model.session(CONTEXT), model.session(CONTEXT)], "tiny")
-    with serving(server.app()) as url, client(url) as api:
+    with serving(server) as url, client(url) as api:
         chat = api.chat.completions.create(model="tiny", messages=USER, max_tokens=12, temperature=0)
         assert chat.choices[0].message.content == expected_chat.text
         assert chat.choices[0].finish_reason == "length"
@@ -113,7 +113,7 @@ def test_chat_and_completions_answer_as_a_session_does(model, tok):
 
 def test_a_continued_conversation_reuses_its_prefix(model):
     server = Server([model.session(CONTEXT)], "tiny")
-    with serving(server.app()) as url, client(url) as api:
+    with serving(server) as url, client(url) as api:
         first = api.chat.completions.create(model="tiny", messages=USER, max_tokens=6, temperature=0)
         again = [*USER, {"role": "assistant", "content": first.choices[0].message.content},
                  {"role": "user", "content": "and then?"}]
@@ -124,7 +124,7 @@ def test_a_continued_conversation_reuses_its_prefix(model):
 
 def test_sampling_seed_logprobs_and_usage(model, tok):
     server = Server([model.session(CONTEXT)], "tiny")
-    with serving(server.app()) as url, client(url) as api:
+    with serving(server) as url, client(url) as api:
         def sampled(seed):
             answer = api.chat.completions.create(model="tiny", messages=USER, max_tokens=10, temperature=1.0,
                                                  top_p=0.9, seed=seed, extra_body={"top_k": 40})
@@ -150,7 +150,7 @@ def test_sampling_seed_logprobs_and_usage(model, tok):
 
 def test_stop_strings_end_the_answer_before_them(tok):
     server = Server([echo_session(tok)], "echo")
-    with serving(server.app()) as url, client(url) as api:
+    with serving(server) as url, client(url) as api:
         words = [{"role": "user", "content": "alpha beta gamma delta"}]
         whole = api.chat.completions.create(model="echo", messages=words, stop=[" gamma", "zzz"])
         assert whole.choices[0].message.content == "alpha beta"
@@ -169,7 +169,7 @@ def test_a_tool_call_round_trip(tok):
 
     engine = ScriptedEngine(answer, turn_start(tok), tok.eos_ids[0], context=CONTEXT * 4)
     server = Server([Session(engine, tok)], "tools")
-    with serving(server.app()) as url, client(url) as api:
+    with serving(server) as url, client(url) as api:
         messages = [{"role": "user", "content": "What is the weather in Paris?"}]
         first = api.chat.completions.create(model="tools", messages=messages, tools=[WEATHER])
         choice = first.choices[0]
@@ -200,7 +200,7 @@ def test_a_client_that_hangs_up_cancels_at_a_token_boundary(tok):
     long_text = " ".join(f"w{i}" for i in range(100))
     session = echo_session(tok, delay=0.01, context=4 * CONTEXT)
     server = Server([session], "echo")
-    with serving(server.app()) as url, client(url) as api:
+    with serving(server) as url, client(url) as api:
         stream = api.chat.completions.create(model="echo", messages=[{"role": "user", "content": long_text}],
                                              stream=True)
         got = ""
@@ -233,7 +233,7 @@ def test_a_client_that_hangs_up_cancels_at_a_token_boundary(tok):
 def test_a_full_queue_is_refused_at_once_with_429(tok):
     server = Server([echo_session(tok, delay=0.05)], "echo", max_waiting=1)
     slow = [{"role": "user", "content": " ".join(["word"] * 8)}]
-    with serving(server.app()) as url, client(url) as api:
+    with serving(server) as url, client(url) as api:
         with ThreadPoolExecutor(2) as pool:
             running = [pool.submit(api.chat.completions.create, model="echo", messages=slow) for _ in range(2)]
             deadline = time.monotonic() + 5
@@ -271,7 +271,7 @@ def test_load_every_request_answered_or_refused_and_none_mixed(tok):
             with lock:
                 outcomes[(c, r)] = outcome
 
-    with serving(server.app()) as url, client(url) as api:
+    with serving(server) as url, client(url) as api:
         with ThreadPoolExecutor(32) as pool:
             for future in [pool.submit(client_run, c, api) for c in range(32)]:
                 future.result()

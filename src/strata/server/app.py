@@ -33,14 +33,13 @@ CLIENT_GONE = 499  # the status nginx logs for a client that closed the connecti
 DISCONNECT_POLL_SECONDS = 0.05
 
 
-def compute_thread() -> ThreadPoolExecutor:
+def compute_thread(cpus: set[int] | None) -> ThreadPoolExecutor:
     """The one thread every generation runs on: batch 1, one request computes at a time (the sessions of a model
-    share its CPU expert pool, which takes one layer at a time). It runs where the thread that made it runs: the
-    pool pinned the loading thread to the core its workers leave free, and the doorbell is answered from there."""
-    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    share its CPU expert pool, which takes one layer at a time). It runs on `cpus`: where the thread that loaded
+    the model runs, which the pool pinned to the core its workers leave free, and the doorbell is answered there."""
     def pin() -> None:
-        if affinity is not None:
-            os.sched_setaffinity(0, affinity)
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
     return ThreadPoolExecutor(1, thread_name_prefix="strata-generate", initializer=pin)
 
 
@@ -55,7 +54,7 @@ class Server:
         self.model_name, self.api_key = model_name, api_key
         self.codec = sessions[0].codec
         self.context = sessions[0].engine.context
-        self.executor = compute_thread()
+        self.executor = compute_thread(os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None)
         self.metrics = Metrics()
         self.created = int(time.time())
 

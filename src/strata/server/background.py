@@ -10,13 +10,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from strata.errors import StrataError
+from strata.server.app import Server
 
 STARTUP_SECONDS = 10.0
 
 
 @contextmanager
-def serving(app, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """Serve the ASGI `app` on host:port (0: a free port) for the block; yields the base URL (ends in /v1)."""
+def serving(server: Server, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Serve `server` on host:port (0: a free port) for the block; yields the base URL (ends in /v1)."""
     import uvicorn
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -27,17 +28,19 @@ def serving(app, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
         sock.close()
         raise StrataError(f"cannot listen on {host}:{port}: {error.strerror}") from None
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="strata-serve", daemon=True)
+    loop = uvicorn.Server(uvicorn.Config(server.app(), log_level="warning", lifespan="off",
+                                         timeout_graceful_shutdown=5))
+
+    thread = threading.Thread(target=loop.run, kwargs={"sockets": [sock]}, name="strata-serve", daemon=True)
     thread.start()
     try:
         deadline = time.monotonic() + STARTUP_SECONDS
-        while not server.started:
+        while not loop.started:
             if time.monotonic() > deadline or not thread.is_alive():
                 raise StrataError(f"the server on {host}:{port} did not start within {STARTUP_SECONDS:.0f} s")
             time.sleep(0.01)
         yield f"http://{host}:{port}/v1"
     finally:
-        server.should_exit = True
+        loop.should_exit = True
         thread.join(STARTUP_SECONDS)
         sock.close()
