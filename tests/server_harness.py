@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 
 import openai
 
+from strata.generation import Session
 from strata.sampling import SamplingParams
 
 
@@ -49,3 +50,22 @@ class ScriptedEngine:
             if seen[i:i + n] == self.turn_start:
                 return i + n
         raise AssertionError("the scripted engine saw no assistant turn")
+
+
+def turn_start(tok) -> list[int]:
+    """The ids that open the assistant's turn in a ChatML prompt."""
+    return tok.encode("<|im_start|>assistant\n", special=True)
+
+
+def user_text(tok, seen: list[int]) -> str:
+    """The last user message's text in a rendered conversation."""
+    text = tok.decode(seen)
+    last = text.rindex("<|im_start|>user\n") + len("<|im_start|>user\n")
+    return text[last:text.index("<|im_end|>", last)]
+
+
+def echo_session(tok, context: int, delay: float = 0.0) -> Session:
+    """A Session that answers each chat with its last user message, word for word."""
+    engine = ScriptedEngine(lambda seen: tok.encode(user_text(tok, seen)), turn_start(tok), tok.eos_ids[0],
+                            context=context, delay=delay)
+    return Session(engine, tok)

@@ -10,8 +10,7 @@ import urllib.request
 import openai
 import pytest
 
-from server_harness import ScriptedEngine, client
-from strata.generation import Session
+from server_harness import client, echo_session
 from strata.server import Server
 from strata.server.background import serving
 from strata.synth import synthesize
@@ -29,18 +28,9 @@ def tok(tmp_path_factory):
         yield file.tokenizer()
 
 
-def echo(tok) -> Session:
-    def answer(seen):
-        text = tok.decode(seen)
-        start = text.rindex("<|im_start|>user\n") + len("<|im_start|>user\n")
-        return tok.encode(text[start:text.index("<|im_end|>", start)])
-    return Session(ScriptedEngine(answer, tok.encode("<|im_start|>assistant\n", special=True), tok.eos_ids[0],
-                                  context=CONTEXT), tok)
-
-
 @pytest.fixture(scope="module")
 def url(tok):
-    server = Server([echo(tok)], "echo")
+    server = Server([echo_session(tok, CONTEXT)], "echo")
     with serving(server) as url:
         yield url
 
@@ -125,7 +115,7 @@ def test_the_server_answers_normally_after_bad_requests(url):
 
 
 def test_an_api_key_is_required_where_one_is_set(tok):
-    server = Server([echo(tok)], "echo", api_key="sesame")
+    server = Server([echo_session(tok, CONTEXT)], "echo", api_key="sesame")
     with serving(server) as url:
         with client(url, "wrong") as api, pytest.raises(openai.AuthenticationError) as refused:
             api.chat.completions.create(model="echo", messages=HELLO)

@@ -19,7 +19,7 @@ import urllib.request
 import openai
 import pytest
 
-from server_harness import ScriptedEngine, client
+from server_harness import ScriptedEngine, client, echo_session, turn_start
 from strata.api import load
 from strata.generation import Session
 from strata.server import Server
@@ -44,24 +44,6 @@ def model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tok(model):
     return model.tokenizer
-
-
-def turn_start(tok) -> list[int]:
-    return tok.encode("<|im_start|>assistant\n", special=True)
-
-
-def user_text(tok, seen: list[int]) -> str:
-    """The last user message's text in a rendered conversation."""
-    text = tok.decode(seen)
-    last = text.rindex("<|im_start|>user\n") + len("<|im_start|>user\n")
-    return text[last:text.index("<|im_end|>", last)]
-
-
-def echo_session(tok, delay: float = 0.0, context: int = CONTEXT) -> Session:
-    """Answers each chat with its last user message, word for word."""
-    engine = ScriptedEngine(lambda seen: tok.encode(user_text(tok, seen)), turn_start(tok), tok.eos_ids[0],
-                            context=context, delay=delay)
-    return Session(engine, tok)
 
 
 def get(url: str, path: str) -> str:
@@ -149,7 +131,7 @@ def test_sampling_seed_logprobs_and_usage(model, tok):
 
 
 def test_stop_strings_end_the_answer_before_them(tok):
-    server = Server([echo_session(tok)], "echo")
+    server = Server([echo_session(tok, CONTEXT)], "echo")
     with serving(server) as url, client(url) as api:
         words = [{"role": "user", "content": "alpha beta gamma delta"}]
         whole = api.chat.completions.create(model="echo", messages=words, stop=[" gamma", "zzz"])
@@ -198,7 +180,7 @@ def test_a_tool_call_round_trip(tok):
 
 def test_a_client_that_hangs_up_cancels_at_a_token_boundary(tok):
     long_text = " ".join(f"w{i}" for i in range(100))
-    session = echo_session(tok, delay=0.01, context=4 * CONTEXT)
+    session = echo_session(tok, 4 * CONTEXT, delay=0.01)
     server = Server([session], "echo")
     with serving(server) as url, client(url) as api:
         stream = api.chat.completions.create(model="echo", messages=[{"role": "user", "content": long_text}],
@@ -231,7 +213,7 @@ def test_a_client_that_hangs_up_cancels_at_a_token_boundary(tok):
 
 
 def test_a_full_queue_is_refused_at_once_with_429(tok):
-    server = Server([echo_session(tok, delay=0.05)], "echo", max_waiting=1)
+    server = Server([echo_session(tok, CONTEXT, delay=0.05)], "echo", max_waiting=1)
     slow = [{"role": "user", "content": " ".join(["word"] * 8)}]
     with serving(server) as url, client(url) as api:
         with ThreadPoolExecutor(2) as pool:
@@ -251,7 +233,7 @@ def test_a_full_queue_is_refused_at_once_with_429(tok):
 
 def test_load_every_request_answered_or_refused_and_none_mixed(tok):
     """32 clients x 4 requests on 2 sessions with 8 places in the queue."""
-    server = Server([echo_session(tok, delay=0.001), echo_session(tok, delay=0.001)], "echo", max_waiting=8)
+    server = Server([echo_session(tok, CONTEXT, delay=0.001) for _ in range(2)], "echo", max_waiting=8)
     outcomes: dict[tuple[int, int], str] = {}
     lock = threading.Lock()
 
