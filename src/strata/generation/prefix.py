@@ -39,7 +39,10 @@ class Snapshots:
     def best(self, limit: int) -> tuple[int, int] | None:
         """(slot, position) of the latest snapshot taken at a position <= limit, or None."""
         held = [(position, slot) for slot, position in self.position.items() if position <= limit]
-        return (max(held)[1], max(held)[0]) if held else None
+        if not held:
+            return None
+        position, slot = max(held)
+        return slot, position
 
     def forget_after(self, position: int) -> None:
         """Drop the snapshots of a branch the sequence left (taken after `position`)."""

@@ -233,14 +233,14 @@ class Server:
     def _logprobs(self, call: Call, pieces: list[Piece]) -> Any:
         if call.logprobs is None:
             return None
-        def token(t: int) -> str:
-            return self.codec.decode([t])
+        text = {t: self.codec.decode([t]) for p in pieces for t in (p.token, *(t for t, _ in p.top_logprobs))}
         if call.kind == "chat":
-            return {"content": [{"token": token(p.token), "logprob": p.logprob, "bytes": list(token(p.token).encode()),
-                                 "top_logprobs": [{"token": token(t), "logprob": lp, "bytes": list(token(t).encode())}
-                                                  for t, lp in p.top_logprobs]} for p in pieces]}
-        return {"tokens": [token(p.token) for p in pieces], "token_logprobs": [p.logprob for p in pieces],
-                "top_logprobs": [{token(t): lp for t, lp in p.top_logprobs} for p in pieces]}
+            def entry(token: int, logprob: float) -> dict[str, Any]:
+                return {"token": text[token], "logprob": logprob, "bytes": list(text[token].encode())}
+            return {"content": [{**entry(p.token, p.logprob),
+                                 "top_logprobs": [entry(t, lp) for t, lp in p.top_logprobs]} for p in pieces]}
+        return {"tokens": [text[p.token] for p in pieces], "token_logprobs": [p.logprob for p in pieces],
+                "top_logprobs": [{text[t]: lp for t, lp in p.top_logprobs} for p in pieces]}
 
     @staticmethod
     def _usage(stats: Stats | None) -> dict[str, Any]:
