@@ -15,6 +15,8 @@
 #include "../kernels/gdn.cuh"
 #include "../kernels/ple.cuh"
 #include "../kernels/qsa.cuh"
+#include "../runtime/stream.hpp"
+#include "../session/graph.hpp"
 #include "kernel_check_support.hpp"
 #include "strata/check/kernel_check_mixers.hpp"
 
@@ -27,38 +29,6 @@ using support::upload;
 void copy_in(DeviceBuffer& dst, const void* host, std::size_t bytes) {
   STRATA_CUDA_TRY(cudaMemcpy(dst.as<void>(), host, bytes, cudaMemcpyHostToDevice));
 }
-
-// A stream, the graph captured on it and its executable, released together.
-class CapturedGraph {
- public:
-  CapturedGraph() { STRATA_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
-  CapturedGraph(const CapturedGraph&) = delete;
-  CapturedGraph& operator=(const CapturedGraph&) = delete;
-  ~CapturedGraph() {
-    if (exec_) (void)cudaGraphExecDestroy(exec_);
-    if (graph_) (void)cudaGraphDestroy(graph_);
-    (void)cudaStreamDestroy(stream_);
-  }
-  cudaStream_t stream() const noexcept { return stream_; }
-  void begin() { STRATA_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal)); }
-  // Ends the capture; `launched` is the first launcher error inside it (the capture is closed either way).
-  void end(cudaError_t launched, const char* what) {
-    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph_);
-    STRATA_EXPECTS(launched == cudaSuccess, InvalidArgument,
-                   std::string(what) + ": a launcher refused its arguments (" + cudaGetErrorName(launched) + ")");
-    STRATA_CUDA_TRY(ended);
-    STRATA_CUDA_TRY(cudaGraphInstantiate(&exec_, graph_, 0));
-  }
-  void replay() {
-    STRATA_CUDA_TRY(cudaGraphLaunch(exec_, stream_));
-    STRATA_CUDA_TRY(cudaStreamSynchronize(stream_));
-  }
-
- private:
-  cudaStream_t stream_ = nullptr;
-  cudaGraph_t graph_ = nullptr;
-  cudaGraphExec_t exec_ = nullptr;
-};
 
 cudaError_t first_error(std::initializer_list<cudaError_t> errors) {
   for (cudaError_t e : errors)
@@ -227,16 +197,19 @@ void attention_steps(int device, const AttentionCheckShape& s, int steps, const 
     decode.n_selected = n_selected.data<int>();
   }
 
-  CapturedGraph graph;
-  graph.begin();
-  cudaError_t launched = kernels::attention_prep(shape, prep, kv, graph.stream());
-  if (use_qsa)
-    launched = first_error({launched,
-                            kernels::qsa_append(ishape, icache, d_kraw.as<float>(), d_ikn.as<float>(), cos.as<float>(),
-                                                sin.as<float>(), d_pos.as<int>(), graph.stream()),
-                            kernels::qsa_select(ishape, icache, select, graph.stream())});
-  launched = first_error({launched, kernels::attention_decode(shape, decode, kv, graph.stream())});
-  graph.end(launched, "attention_steps");
+  Stream stream;
+  const CapturedGraph graph(stream.get(), [&](cudaStream_t s) {
+    cudaError_t launched = kernels::attention_prep(shape, prep, kv, s);
+    if (use_qsa)
+      launched = first_error({launched,
+                              kernels::qsa_append(ishape, icache, d_kraw.as<float>(), d_ikn.as<float>(),
+                                                  cos.as<float>(), sin.as<float>(), d_pos.as<int>(), s),
+                              kernels::qsa_select(ishape, icache, select, s)});
+    launched = first_error({launched, kernels::attention_decode(shape, decode, kv, s)});
+    STRATA_EXPECTS(launched == cudaSuccess, InvalidArgument,
+                   std::string("attention_steps: a launcher refused its arguments (") + cudaGetErrorName(launched) +
+                       ")");
+  });
 
   const int nb_max = steps / 4;
   std::vector<float> step_scores(max_blocks);
@@ -250,7 +223,8 @@ void attention_steps(int device, const AttentionCheckShape& s, int steps, const 
       copy_in(d_iq, qsa.q + t * iq, iq * sizeof(float));
       copy_in(d_kraw, qsa.kraw + t * di, di * sizeof(float));
     }
-    graph.replay();
+    graph.launch(stream.get());
+    STRATA_CUDA_TRY(cudaStreamSynchronize(stream.get()));
     d_out.copy_out(out + t * hd, "attention_decode");
     d_q.copy_out(q_out + t * hd, "attention_prep");
     if (!use_qsa) continue;
