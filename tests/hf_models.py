@@ -8,6 +8,7 @@ the GPU's activation quantization noise.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -23,6 +24,9 @@ ARCHS = ("qwen4exp", "qwen3next", "qwen35moe")
 CONFIGS = [(64, [LIN, LIN, ATT, LIN, ATT]), (96, [LIN, LIN, ATT, ATT]), (128, [LIN, LIN, LIN, ATT, LIN, ATT])]
 VOCAB, EOS = 512, 7
 BUDGET, RATIO = 16, 4          # 4 blocks: QSA drops blocks from 20 visible tokens on
+# qwen4exp geometries beside the released one (ratio 4, sigmoid gate) that a file may state: other QSA blocks,
+# one that divides no power of two, and transformers' other GDN output gate.
+QWEN4EXP_VARIANTS = (dict(budget=24, ratio=8, output_gate="silu"), dict(budget=12, ratio=3), dict(budget=8, ratio=2))
 Q8_BLOCK = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0][0]
 
 
@@ -39,8 +43,10 @@ def _rope(sections: bool) -> dict:
     return {**rope, "mrope_section": [2, 1, 1], "mrope_interleaved": True} if sections else rope
 
 
-def hf_model(arch: str, hidden: int, layer_types: list[str]) -> torch.nn.Module:
-    """An untrained HF causal LM of `arch` (one of ARCHS) in eval mode, float32."""
+def hf_model(arch: str, hidden: int, layer_types: list[str], *, budget: int = BUDGET, ratio: int = RATIO,
+             output_gate: str = "sigmoid") -> torch.nn.Module:
+    """An untrained HF causal LM of `arch` (one of ARCHS) in eval mode, float32; `budget`, `ratio` (QSA) and
+    `output_gate` (the GDN gate) shape qwen4exp only."""
     if arch == "qwen4exp":
         from transformers.models.qwen4_exp import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
         # 8 indexer heads: relu(q.k) summed over 2 heads is exactly 0 for a quarter of the blocks, and exact
@@ -49,7 +55,7 @@ def hf_model(arch: str, hidden: int, layer_types: list[str]) -> torch.nn.Module:
                                  linear_num_value_heads=6, hc_count=4, hc_lowrank=16, ple_layer_ids=[2],
                                  ple_embed_dim=hidden, ngram_vocab_size_base=1000, split_ngram_parts=2,
                                  indexer_n_heads=8, indexer_kv_heads=1, indexer_head_dim=16,
-                                 indexer_budget=BUDGET, indexer_compress_ratio=RATIO, output_gate_type="sigmoid")
+                                 indexer_budget=budget, indexer_compress_ratio=ratio, output_gate_type=output_gate)
         return Qwen4ExpForCausalLM(cfg).eval()
     if arch == "qwen3next":
         from transformers.models.qwen3_next import Qwen3NextConfig, Qwen3NextForCausalLM
@@ -79,10 +85,10 @@ def randomize(model: torch.nn.Module) -> None:
                 p.copy_(torch.randn_like(p) / p.shape[-1] ** 0.5)
 
 
-def random_model(arch: str, config: int, seed: int) -> torch.nn.Module:
-    """hf_model of CONFIGS[config], randomized from torch seed `seed`."""
+def random_model(arch: str, config: int, seed: int, **options: Any) -> torch.nn.Module:
+    """hf_model of CONFIGS[config] with `options`, randomized from torch seed `seed`."""
     torch.manual_seed(seed)
-    model = hf_model(arch, *CONFIGS[config])
+    model = hf_model(arch, *CONFIGS[config], **options)
     randomize(model)
     return model
 

@@ -71,6 +71,26 @@ def test_zero_compress_ratio_on_attention_layer_is_kept() -> None:
     assert geometry_from_metadata(kv).compress_ratios == (0,) * g.n_layer
 
 
+@pytest.mark.parametrize("ratio, budget", [(1, 2048), (3, 2046), (8, 2048), (2048, 2048)])
+def test_any_qsa_block_that_divides_the_budget_is_read(ratio: int, budget: int) -> None:
+    g = released("qwen4exp")
+    kv = _kv(g)
+    kv["qwen4exp.attention.compress_ratios"] = [0 if r else ratio for r in g.recurrent]
+    kv["qwen4exp.attention.indexer.top_k"] = budget
+    got = geometry_from_metadata(kv)
+    assert {got.qsa_ratio(layer) for layer in got.attention_layers} == {ratio}
+
+
+@pytest.mark.parametrize("arch", ["qwen4exp", "qwen3next", "qwen35moe"])
+def test_the_output_gate_key_is_written_only_where_it_departs_from_the_architecture(arch: str) -> None:
+    g = released(arch)
+    assert not any(key.endswith("output_gate_type") for key in _kv(g))
+    other = dataclasses.replace(g, gdn_sigmoid_gate=not g.gdn_sigmoid_gate)
+    kv = _kv(other)
+    assert kv[f"{arch}.ssm.output_gate_type"] == ("sigmoid" if other.gdn_sigmoid_gate else "silu")
+    assert geometry_from_metadata(kv) == other
+
+
 def test_recurrent_pattern_without_interval_writes_the_list() -> None:
     g = dataclasses.replace(released("qwen35moe"), recurrent=(True, False) * 20)
     kv = _kv(g)
@@ -100,8 +120,12 @@ IMPOSSIBLE = [
     ("qwen4exp", "qwen4exp.ple.eos_token_id", 248320, "token id < 248320"),
     ("qwen4exp", "qwen4exp.embedding_length_per_layer_input", 150, "embedding_length / 16"),
     ("qwen4exp", "qwen4exp.attention.indexer.key_length", 32, ">= rope.dimension_count"),
-    ("qwen4exp", "qwen4exp.attention.indexer.top_k", 2047, "multiple of the QSA block size"),
+    ("qwen4exp", "qwen4exp.attention.indexer.top_k", 2047, "multiple of layer 3's QSA block of 4 tokens"),
     ("qwen4exp", "qwen4exp.attention.compress_ratios", [4] * 48, "0 at layer 0"),
+    ("qwen4exp", "qwen4exp.attention.compress_ratios", [0, 0, 0, -8] * 12, "integers >= 0"),
+    ("qwen4exp", "qwen4exp.attention.compress_ratios", [0, 0, 0, 4096] * 12, "QSA block of 4096 tokens"),
+    ("qwen4exp", "qwen4exp.ssm.output_gate_type", "relu", "one of 'sigmoid', 'silu'"),
+    ("qwen3next", "qwen3next.ssm.output_gate_type", 1, "one of 'sigmoid', 'silu'"),
     ("qwen4exp", "qwen4exp.hyper_connection.count", 1, ">= 2"),
     ("qwen4exp", "qwen4exp.attention.layer_norm_rms_epsilon", float("nan"), "finite"),
     ("qwen4exp", "qwen4exp.rope.dimension_sections", [11, 11, 10], "4 integers"),

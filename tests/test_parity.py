@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from hf_models import ARCHS, CONFIGS, EOS, VOCAB, random_model, save_and_convert  # noqa: E402
+from hf_models import ARCHS, CONFIGS, EOS, QWEN4EXP_VARIANTS, VOCAB, random_model, save_and_convert  # noqa: E402
 from strata.format import inspect  # noqa: E402
 from strata.reference import Reference  # noqa: E402
 
@@ -41,8 +41,19 @@ def _check_qsa_dumps(dumps: list[dict], seed: int) -> None:
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("config", range(len(CONFIGS)))
 def test_reference_matches_transformers(arch: str, config: int, rng: np.random.Generator, tmp_path: Path) -> None:
+    _check_parity(arch, config, {}, rng, tmp_path)
+
+
+@pytest.mark.parametrize("options", QWEN4EXP_VARIANTS, ids=lambda o: "-".join(f"{k}{v}" for k, v in o.items()))
+def test_reference_matches_transformers_on_other_qwen4exp_geometries(options: dict, rng: np.random.Generator,
+                                                                    tmp_path: Path) -> None:
+    """QSA blocks and the GDN output gate as the file states them (the converter carries them from config.json)."""
+    _check_parity("qwen4exp", 0, options, rng, tmp_path)
+
+
+def _check_parity(arch: str, config: int, options: dict, rng: np.random.Generator, tmp_path: Path) -> None:
     seed = int(rng.integers(2**31))
-    model = random_model(arch, config, seed)
+    model = random_model(arch, config, seed, **options)
     path = save_and_convert(model, tmp_path, "f32")
 
     ids = rng.integers(0, VOCAB, SEQ)
@@ -52,6 +63,11 @@ def test_reference_matches_transformers(arch: str, config: int, rng: np.random.G
         expected = model(torch.tensor(ids)[None]).logits[0].numpy()
 
     with inspect(path) as model_file:
+        g = model_file.geometry
+        if options:
+            assert {g.qsa_ratio(layer) for layer in g.attention_layers} == {options["ratio"]}
+            assert g.indexer_top_k == options["budget"]
+            assert g.gdn_sigmoid_gate == (options.get("output_gate", "sigmoid") == "sigmoid")
         ref = Reference(model_file)
         prompt, dumps = ref.forward(ids[:SPLIT], dump=True)
         steps = [ref.forward(ids[i:i + 1]) for i in range(SPLIT, SEQ)]   # the stateful decode path

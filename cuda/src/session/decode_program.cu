@@ -90,9 +90,9 @@ DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& 
   for (int l = 0; l < static_cast<int>(g.compress_ratios.size()); ++l) {
     if (g.recurrent[l] || g.indexer_head_dim == 0) continue;
     const int ratio = g.compress_ratios[l];
-    STRATA_EXPECTS(ratio >= kMinQsaBlock && kKvPageTokens % ratio == 0, InvalidArgument,
-                   "layer " + std::to_string(l) + ": QSA block of " + std::to_string(ratio) + " tokens; the session "
-                       "holds blocks of " + std::to_string(kMinQsaBlock) + " or more tokens that divide a KV page");
+    STRATA_EXPECTS(ratio >= 1 && g.indexer_budget >= ratio, InvalidArgument,
+                   "layer " + std::to_string(l) + ": QSA block of " + std::to_string(ratio) + " tokens with a budget "
+                       "of " + std::to_string(g.indexer_budget) + " tokens; the budget must hold one block or more");
     max_blocks = std::max(max_blocks, context_ / ratio);
     keep_blocks = std::max(keep_blocks, g.indexer_budget / ratio);
   }

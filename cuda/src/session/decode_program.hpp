@@ -29,7 +29,6 @@ struct TokenStage {
   int position = 0;
 };
 constexpr std::size_t kStagePleOffset = 256;  // PLE rows follow the stage in the same block
-constexpr int kMinQsaBlock = 4;  // the smallest QSA block the kernels are tested with (the released model's)
 
 // Where the program meets the host: staging and the doorbell.
 struct ProgramIo {

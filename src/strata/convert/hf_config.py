@@ -13,6 +13,7 @@ from typing import Any
 from strata.convert.safetensors_reader import Checkpoint
 from strata.errors import FormatError, InvalidArgument
 from strata.models import variant
+from strata.models.common import OUTPUT_GATES
 
 # transformers model_type (outer or text) -> GGUF architecture
 MODEL_TYPES = {
@@ -130,8 +131,12 @@ def _qwen4exp_fields(cfg: dict[str, Any], ckpt: Checkpoint, fields: dict[str, An
     ple_layers = tuple(int(i) - 1 for i in cfg.get("ple_layer_ids") or ())
     n_heads = (int(cfg.get("ngram_size", 3)) - 1) * int(cfg.get("heads_per_ngram", 8))
     eos = cfg.get("eos_token_id")
+    # transformers' Qwen4ExpTextRMSNormGated(activation=output_gate_type or hidden_act)
+    gate = cfg.get("output_gate_type") or cfg.get("hidden_act", "silu")
+    if gate not in OUTPUT_GATES:
+        raise FormatError(f"config.json: output_gate_type {gate!r} is none of {', '.join(OUTPUT_GATES)}")
     fields.update(
-        hc_count=int(cfg.get("hc_count", 4)), hc_rank=int(cfg.get("hc_lowrank", 320)),
+        gdn_sigmoid_gate=OUTPUT_GATES[gate], hc_count=int(cfg.get("hc_count", 4)), hc_rank=int(cfg.get("hc_lowrank", 320)),
         indexer_n_heads=int(cfg.get("indexer_n_heads") or 0), indexer_head_dim=int(cfg.get("indexer_head_dim") or 0),
         indexer_top_k=int(cfg.get("indexer_budget") or 0),
         # The ratio goes on every attention layer: a re-saved config says "qwen_sparse_attention", and

@@ -23,6 +23,10 @@ MetadataItem = tuple[str, Any, gguf.GGUFValueType]
 MAX_LAYERS = 4096          # far above any real model; bounds the per-layer tuples built from a file
 MAX_DIM = 1 << 31          # any single size above this is a corrupt value, not a model
 DEFAULT_ATTENTION_INTERVAL = 4
+# strata's key for the GDN output gate: llama.cpp's converter writes none (it hard-codes each architecture's
+# gate), so writers add it only where a checkpoint's gate differs from its architecture's (qwen4exp.md §5).
+OUTPUT_GATE_KEY = "ssm.output_gate_type"
+OUTPUT_GATES = {"sigmoid": True, "silu": False}  # the key's values -> Geometry.gdn_sigmoid_gate
 
 # Tensors the converter writes F32 whatever the outtype (qwen4exp.md §2.3.8) and llama-quantize never touches.
 _FORCED_F32_BASES = ("ffn_gate_inp", "ffn_gate_inp_shexp", "ssm_conv1d")
@@ -74,8 +78,23 @@ def read_common(r: MetadataReader, n_vocab: int, variant: dict[str, Any]) -> dic
         expert_ff=r.int("expert_feed_forward_length"), shared_ff=r.int("expert_shared_feed_forward_length"),
         hc_count=0, hc_rank=0, indexer_n_heads=0, indexer_head_dim=0, indexer_top_k=0, compress_ratios=(),
         ple_layers=(), ple_ngram=0, ple_heads_per_ngram=0, ple_conv_kernel=0, ple_eos=0, ple_head_dim=0,
-        ple_multipliers=(), ple_head_offsets=(), ple_head_sizes=(), ple_rows=0, **variant,
+        ple_multipliers=(), ple_head_offsets=(), ple_head_sizes=(), ple_rows=0, **_read_variant(r, variant),
     )
+
+
+def _read_variant(r: MetadataReader, variant: dict[str, Any]) -> dict[str, Any]:
+    """The architecture's variant flags, with the output gate the file states where it states one."""
+    flags = dict(variant)
+    if r.has(OUTPUT_GATE_KEY):
+        flags["gdn_sigmoid_gate"] = OUTPUT_GATES[r.choice(OUTPUT_GATE_KEY, tuple(OUTPUT_GATES))]
+    return flags
+
+
+def variant_items(g: Geometry, variant: dict[str, Any]) -> list[MetadataItem]:
+    """The output-gate key where `g`'s gate is not its architecture's `variant` (llama.cpp's files have none)."""
+    if g.gdn_sigmoid_gate == variant["gdn_sigmoid_gate"]:
+        return []
+    return [(f"{g.arch}.{OUTPUT_GATE_KEY}", "sigmoid" if g.gdn_sigmoid_gate else "silu", STRING)]
 
 
 def _read_recurrent(r: MetadataReader, n_layer: int) -> tuple[bool, ...]:

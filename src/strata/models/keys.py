@@ -59,6 +59,11 @@ class MetadataReader:
         check(math.isfinite(value), key, "a finite number", value)
         return float(value)
 
+    def choice(self, suffix: str, choices: tuple[str, ...]) -> str:
+        key, value = self._get(suffix, _MISSING)
+        check(isinstance(value, str) and value in choices, key, f"one of {', '.join(map(repr, choices))}", value)
+        return value
+
     def ints(self, suffix: str, *, length: int | None = None, minimum: int = 0,
              default: Any = _MISSING) -> tuple[int, ...]:
         key, value = self._get(suffix, default)

@@ -14,10 +14,13 @@ from strata.models.geometry import Alternative, Geometry, Role, TensorSpec
 from strata.models.keys import MetadataReader, check
 
 ARCH = "qwen4exp"
-QSA_BLOCK = 4                 # tokens per indexer block: the only compress ratio strata runs
+# Tokens per indexer block where an attention layer's compress ratio is 0 (the released model's ratio): a
+# checkpoint re-saved by transformers >= 5 loses the ratio's layer mapping but still runs QSA (§5.3).
+DEFAULT_QSA_BLOCK = 4
 PLE_ROW_PADDING = 128         # HF make_ngram_vocab_size_divisible_by: the table's rows are padded to this
-# qwen35moe's GDN layout with a sigmoid output gate (§3(b)); indexed sparse attention in blocks of QSA_BLOCK.
-VARIANT = dict(gdn_tiled_heads=True, gdn_interleaved_ba=False, gdn_sigmoid_gate=True, qsa_block=QSA_BLOCK)
+# qwen35moe's GDN layout with a sigmoid output gate (§3(b)), the gate llama.cpp hard-codes; a file may say
+# otherwise (common.OUTPUT_GATE_KEY). Indexed sparse attention in blocks of each layer's compress ratio.
+VARIANT = dict(gdn_tiled_heads=True, gdn_interleaved_ba=False, gdn_sigmoid_gate=True, qsa_block=DEFAULT_QSA_BLOCK)
 
 
 def geometry(kv: Mapping[str, Any], n_vocab: int) -> Geometry:
@@ -54,14 +57,17 @@ def validate(g: Geometry) -> None:
     a = ARCH
     check(g.indexer_head_dim >= g.rope_dim, f"{a}.attention.indexer.key_length",
           f">= rope.dimension_count ({g.rope_dim}): the indexer heads are roped", g.indexer_head_dim)
-    check(g.indexer_top_k % QSA_BLOCK == 0, f"{a}.attention.indexer.top_k",
-          f"a multiple of the QSA block size {QSA_BLOCK}", g.indexer_top_k)
     check(len(g.compress_ratios) == g.n_layer, f"{a}.attention.compress_ratios", f"{g.n_layer} entries",
           len(g.compress_ratios))
     for layer, (ratio, recurrent) in enumerate(zip(g.compress_ratios, g.recurrent)):
-        allowed = (0,) if recurrent else (0, QSA_BLOCK)
-        check(ratio in allowed, f"{a}.attention.compress_ratios",
-              f"{' or '.join(map(str, allowed))} at layer {layer} ({'GDN' if recurrent else 'attention'})", ratio)
+        if recurrent:
+            check(ratio == 0, f"{a}.attention.compress_ratios", f"0 at layer {layer} (GDN)", ratio)
+            continue
+        # transformers requires budget % ratio == 0: the budget is a whole number of blocks
+        block = g.qsa_ratio(layer)
+        check(g.indexer_top_k >= block and g.indexer_top_k % block == 0, f"{a}.attention.indexer.top_k",
+              f"a positive multiple of layer {layer}'s QSA block of {block} tokens ({a}.attention.compress_ratios)",
+              g.indexer_top_k)
     if g.ple_layers:
         _validate_ple(g)
 
@@ -84,7 +90,7 @@ def _validate_ple(g: Geometry) -> None:
 
 def metadata(g: Geometry) -> list[common.MetadataItem]:
     a = ARCH
-    items = common.write_common(g)
+    items = common.write_common(g) + common.variant_items(g, VARIANT)
     items += [
         common.recurrent_layers_item(g),
         (f"{a}.hyper_connection.count", g.hc_count, U32),
@@ -183,7 +189,7 @@ def released() -> Geometry:
         ssm_n_k_heads=16, ssm_n_v_heads=48, ssm_head_k_dim=128, ssm_head_v_dim=128, ssm_conv_kernel=4,
         n_expert=512, n_expert_used=10, expert_ff=640, shared_ff=640,
         hc_count=4, hc_rank=320, indexer_n_heads=4, indexer_head_dim=128, indexer_top_k=2048,
-        compress_ratios=tuple(0 if r else QSA_BLOCK for r in recurrent),
+        compress_ratios=tuple(0 if r else DEFAULT_QSA_BLOCK for r in recurrent),
         ple_layers=(1,), ple_ngram=3, ple_heads_per_ngram=8, ple_conv_kernel=4, ple_eos=248044, ple_head_dim=160,
         ple_multipliers=_MULTIPLIERS,
         ple_head_offsets=tuple(sum(_HEAD_SIZES[:h]) for h in range(16)), ple_head_sizes=_HEAD_SIZES,
