@@ -97,8 +97,11 @@ def test_dense_attention_int8(rng):
 
 
 @pytest.mark.gpu
-def test_qsa_attention_drops_blocks(rng):
-    steps, heads, kv_heads, d, hi, di, keep = 45, 4, 2, 256, 4, 128, 3
+@pytest.mark.parametrize("ratio", [4, 1, 3, 8])
+def test_qsa_attention_drops_blocks(rng, ratio):
+    """The released block of 4 tokens, and blocks a file may state: one token, a size that divides no KV page, 8."""
+    heads, kv_heads, d, hi, di, keep = 4, 2, 256, 4, 128, 3
+    steps = 11 * ratio + 1   # past the keep blocks by several, ending inside an open block
     f = np.float32
     indexer = {
         "q": rng.standard_normal((steps, hi, di), dtype=f),
@@ -106,13 +109,14 @@ def test_qsa_attention_drops_blocks(rng):
         "q_norm": rng.uniform(0.5, 1.5, di).astype(f),
         "k_norm": rng.uniform(0.5, 1.5, di).astype(f),
         "keep_blocks": keep,
+        "ratio": ratio,
     }
     inputs, got = run(rng, steps, heads, kv_heads, d, 8, indexer=indexer)
-    shape = IndexerShape(hi, di, 4, 4 * keep, ROPE_DIM, THETA)
+    shape = IndexerShape(hi, di, ratio, ratio * keep, ROPE_DIM, THETA)
     cos, sin = inputs["cos"].astype(np.float64), inputs["sin"].astype(np.float64)
     dropped_any = False
     for t in range(steps):
-        nb = (t + 1) // 4
+        nb = (t + 1) // ratio
         n_sel = got["n_selected"][t]
         assert n_sel == min(keep, nb), f"step {t}: {n_sel} blocks selected, expected {min(keep, nb)}"
         if nb == 0:
@@ -134,8 +138,8 @@ def test_qsa_attention_drops_blocks(rng):
     def allowed(t):
         mask = np.zeros(t + 1, dtype=bool)
         for b in got["selected"][t, :got["n_selected"][t]]:
-            mask[4 * b:4 * b + 4] = True
-        mask[4 * ((t + 1) // 4):] = True
+            mask[ratio * b:ratio * (b + 1)] = True
+        mask[ratio * ((t + 1) // ratio):] = True
         return mask
 
     assert dropped_any

@@ -16,7 +16,7 @@ cdef extern from "strata/check/kernel_check_mixers.hpp" namespace "strata::kerne
         bool int8_kv
         float eps
     cdef cppclass QsaCheckInputs "strata::kernel_check::QsaCheckInputs":
-        int n_heads, head_dim, keep_blocks
+        int n_heads, head_dim, keep_blocks, ratio
         const float* q
         const float* kraw
         const float* q_norm

@@ -88,9 +88,10 @@ def attention_steps(q_gate, k, v, q_norm, k_norm, rope_cos, rope_sin, page_order
 
     q_gate [steps, H, 2d]; k, v [steps, Hkv, d]; rope_cos/sin [steps, rope_dim/2]; page_order [n_pages]
     (logical page -> physical page). `indexer` (QSA) is None or a dict with q [steps, Hi, di], kraw
-    [steps, di], q_norm, k_norm [di] and keep_blocks. Returns out, q ([steps, H, d]), k_cache, v_cache
-    ([Hkv, steps, d], as stored, dequantized) and with QSA: scores [steps, steps//4] (NaN past each step's
-    blocks), selected [steps, keep_blocks] (-1 padded), n_selected [steps].
+    [steps, di], q_norm, k_norm [di], keep_blocks and optionally ratio (tokens per block, default 4). Returns out,
+    q ([steps, H, d]), k_cache, v_cache ([Hkv, steps, d], as stored, dequantized) and with QSA: scores
+    [steps, steps // ratio] (NaN past each step's blocks), selected [steps, keep_blocks] (-1 padded), n_selected
+    [steps].
     """
     if np.ndim(q_gate) != 3 or np.ndim(k) != 3:
         raise InvalidArgument("attention_steps: q_gate must be [steps, H, 2d] and k [steps, Hkv, d]")
@@ -118,15 +119,16 @@ def attention_steps(q_gate, k, v, q_norm, k_norm, rope_cos, rope_sin, page_order
         if iq.ndim != 3 or iq.shape[0] != steps:
             raise InvalidArgument(f"attention_steps: indexer q must be [{steps}, Hi, di], found {iq.shape}")
         qsa.n_heads, qsa.head_dim, qsa.keep_blocks = iq.shape[1], iq.shape[2], int(indexer["keep_blocks"])
-        if qsa.keep_blocks <= 0 or 2 * half > qsa.head_dim:
-            raise InvalidArgument(f"attention_steps: indexer keep_blocks {qsa.keep_blocks} must be > 0 and its "
-                                  f"head_dim {qsa.head_dim} at least rope_dim {2 * half}")
+        qsa.ratio = int(indexer.get("ratio", 4))
+        if qsa.keep_blocks <= 0 or qsa.ratio <= 0 or 2 * half > qsa.head_dim:
+            raise InvalidArgument(f"attention_steps: indexer keep_blocks {qsa.keep_blocks} and ratio {qsa.ratio} "
+                                  f"must be > 0 and its head_dim {qsa.head_dim} at least rope_dim {2 * half}")
         _mixer_expect_shape("attention_steps indexer kraw", indexer["kraw"], (steps, qsa.head_dim))
         qsa.q = _mixer_floats(iq, keep)
         qsa.kraw = _mixer_floats(indexer["kraw"], keep)
         qsa.q_norm = _mixer_floats(indexer["q_norm"], keep)
         qsa.k_norm = _mixer_floats(indexer["k_norm"], keep)
-        result["scores"] = np.full((steps, max(steps // 4, 1)), np.nan, np.float32)
+        result["scores"] = np.full((steps, max(steps // qsa.ratio, 1)), np.nan, np.float32)
         result["selected"] = np.empty((steps, qsa.keep_blocks), np.int32)
         result["n_selected"] = np.empty(steps, np.int32)
         qsa_out.scores = _mixer_floats(result["scores"], keep)

@@ -175,18 +175,18 @@ void attention_steps(int device, const AttentionCheckShape& s, int steps, const 
   kernels::AttentionShape shape{s.n_head, s.n_head_kv, d, s.rope_dim, s.eps};
   kernels::AttentionPrepArgs prep{d_qg.as<float>(), d_k.as<float>(), d_v.as<float>(), d_qn.as<float>(),
                                   d_kn.as<float>(), cos.as<float>(), sin.as<float>(), d_pos.as<int>(), d_q.data<float>()};
-  kernels::AttentionDecodeArgs decode{d_q.data<float>(), d_qg.as<float>(), d_pos.as<int>(), nullptr, nullptr, 4,
+  kernels::AttentionDecodeArgs decode{d_q.data<float>(), d_qg.as<float>(), d_pos.as<int>(), nullptr, nullptr, qsa.ratio,
                                       d_out.data<float>()};
 
   // QSA buffers (empty when disabled).
   const bool use_qsa = qsa.q != nullptr;
-  const int di = qsa.head_dim, max_blocks = steps / 4 + 1;
+  const int di = qsa.head_dim, r = qsa.ratio, max_blocks = steps / r + 1;
   const std::size_t iq = static_cast<std::size_t>(qsa.n_heads) * di;
-  kernels::IndexerShape ishape{qsa.n_heads, di, 4, qsa.keep_blocks, s.rope_dim, max_blocks, s.eps};
+  kernels::IndexerShape ishape{qsa.n_heads, di, r, qsa.keep_blocks, s.rope_dim, max_blocks, s.eps};
   DeviceBuffer d_iq(use_qsa ? iq * sizeof(float) : 0), d_kraw(use_qsa ? di * sizeof(float) : 0);
   DeviceBuffer d_iqn = use_qsa ? upload(qsa.q_norm, di * sizeof(float)) : DeviceBuffer(0);
   DeviceBuffer d_ikn = use_qsa ? upload(qsa.k_norm, di * sizeof(float)) : DeviceBuffer(0);
-  GuardedOutput raw_keys(use_qsa ? max_blocks * 4 * di * sizeof(float) : 0),
+  GuardedOutput raw_keys(use_qsa ? max_blocks * r * di * sizeof(float) : 0),
       block_keys(use_qsa ? max_blocks * di * sizeof(float) : 0), scores(use_qsa ? max_blocks * sizeof(float) : 0),
       selected(use_qsa ? qsa.keep_blocks * sizeof(int) : 0), n_selected(sizeof(int));
   kernels::IndexerCache icache{raw_keys.data<float>(), block_keys.data<float>()};
@@ -211,7 +211,7 @@ void attention_steps(int device, const AttentionCheckShape& s, int steps, const 
                        ")");
   });
 
-  const int nb_max = steps / 4;
+  const int nb_max = steps / r;
   std::vector<float> step_scores(max_blocks);
   std::vector<int> step_selected(use_qsa ? qsa.keep_blocks : 0);
   for (int t = 0; t < steps; ++t) {
@@ -232,7 +232,7 @@ void attention_steps(int device, const AttentionCheckShape& s, int steps, const 
     n_selected.copy_out(&count, "qsa_select (count)");
     scores.copy_out(step_scores.data(), "qsa_select (scores)");
     selected.copy_out(step_selected.data(), "qsa_select (blocks)");
-    const int nb = (t + 1) / 4;
+    const int nb = (t + 1) / r;
     for (int b = 0; b < nb_max; ++b)
       qsa_out.scores[t * nb_max + b] = b < nb ? step_scores[b] : std::numeric_limits<float>::quiet_NaN();
     for (int b = 0; b < qsa.keep_blocks; ++b)

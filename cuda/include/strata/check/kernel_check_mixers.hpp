@@ -31,13 +31,14 @@ struct AttentionCheckShape {
 // The QSA indexer inputs of an attention check (all per step, stacked); nullptr q disables QSA.
 struct QsaCheckInputs {
   int n_heads = 0, head_dim = 0, keep_blocks = 0;
+  int ratio = 4;                  // tokens per QSA block
   const float* q = nullptr;       // [steps][n_heads * head_dim] indexer q_proj outputs
   const float* kraw = nullptr;    // [steps][head_dim] indexer k_proj outputs
   const float* q_norm = nullptr;  // [head_dim]
   const float* k_norm = nullptr;  // [head_dim]
 };
 
-// QSA outputs per step: scores [steps][steps / 4] (entries past the step's block count are NaN),
+// QSA outputs per step: scores [steps][steps / ratio] (entries past the step's block count are NaN),
 // selected [steps][keep_blocks] (-1 past n_selected), n_selected [steps].
 struct QsaCheckOutputs {
   float* scores = nullptr;
