@@ -48,6 +48,24 @@ def test_info_describes_a_valid_file(tmp_path, rng, capsys):
     assert "routed experts (host RAM)" in out and "dense layers (VRAM)" in out
 
 
+def test_info_says_where_each_part_runs_and_what_its_form_costs(tmp_path, capsys):
+    path = tmp_path / "s.gguf"
+    assert cli.main(["synth", str(path), "--arch", "qwen4exp", "--layers", "4", "--seed", "3", "--dense-type", "q6_k",
+                     "--experts-type", "q4_k", "--expert-down-type", "q4_k"]) == 0
+    capsys.readouterr()
+    assert cli.main(["info", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+
+    def row(*words: str) -> str:
+        (line,) = [line for line in lines if "->" in line and all(f" {w} " in line for w in words)]
+        return line
+
+    experts = row("CPU pool", "Q4_K", "q4_k")
+    assert "routed experts (host RAM)" in experts and "4.50 ->  4.62" in experts and "widened" not in experts
+    dense = row("GPU", "Q6_K", "q6_k")   # 6-bit codes held as bytes (docs/forms.md)
+    assert "dense layers (VRAM)" in dense and "6.56 ->  8.56" in dense and "widened x1.30" in dense
+
+
 def test_info_on_a_bad_file_is_one_line_not_a_traceback(tmp_path, capsys):
     path = tmp_path / "bad.gguf"
     path.write_bytes(b"GGUF" + b"\x00" * 7)

@@ -1,9 +1,13 @@
-"""`strata info`: what a model file holds: architecture, geometry, tensor types, bytes by part."""
+"""`strata info`: what a model file holds (architecture, geometry, tensor types, bytes by part) and, before any
+load, where each part runs and in which canonical form, what the forms cost beside the file's types, and what
+the GPU engine would refuse."""
 
 from __future__ import annotations
 
 import argparse
+import math
 from collections import Counter
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -12,6 +16,9 @@ if TYPE_CHECKING:
 
 GIB = 1024**3
 HEAD = "output.weight"
+# A form this much larger than the file's type is called out: the type widens (e.g. Q6_K's 6-bit codes held
+# as bytes, docs/forms.md), which costs memory and bandwidth where the part runs.
+WIDENED = 1.05
 
 
 def register(commands) -> None:
@@ -64,12 +71,11 @@ def describe(model: ModelFile) -> list[str]:
         )
     types = Counter(info.ggml_type.name for info in model.tensors.values())
     lines.append("tensor types  " + ", ".join(f"{name} x{count}" for name, count in types.most_common()))
-    parts: Counter[str] = Counter()
-    for name, info in model.tensors.items():
-        parts[part_of(specs.get(name))] += info.nbytes
-    total = sum(parts.values())
-    lines.append(f"bytes         {total / GIB:.2f} GiB in {len(model.tensors)} tensors")
-    lines += [f"  {part:<30} {nbytes / GIB:9.2f} GiB" for part, nbytes in parts.most_common()]
+    total = sum(info.nbytes for info in model.tensors.values())
+    ignored = [name for name in model.tensors if name not in specs]
+    lines.append(f"bytes         {total / GIB:.2f} GiB in {len(model.tensors)} tensors"
+                 + (f" ({len(ignored)} not run, e.g. {ignored[0]})" if ignored else ""))
+    lines += placement_lines(model)
     lines += tokenizer_lines(model)
     from strata.runtime.loader import gpu_refusals
 
@@ -90,3 +96,55 @@ def tokenizer_lines(model: ModelFile) -> list[str]:
     return [f"tokenizer     {model.metadata['tokenizer.ggml.model']} BPE, {len(tokenizer.tokens)} tokens, "
             f"pre-tokenizer {tokenizer.pre}; generation ends at {eos}",
             f"chat template {f'{len(template)} characters' if template else 'none (strata chat needs one)'}"]
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB // 10 else f"{nbytes / 2**20:.2f} MiB"
+
+
+@dataclass
+class _Placed:
+    """The tensors of one GGUF type in one part: how many, their bytes in the file and once held."""
+
+    count: int = 0
+    elements: int = 0
+    file_bytes: int = 0
+    held_bytes: int = 0
+
+
+def _runs_on(spec: TensorSpec) -> str:
+    from strata.models import Role
+
+    if spec.role is Role.ROUTED_EXPERT:
+        return "CPU pool"
+    return "host" if spec.role is Role.NGRAM_TABLE else "GPU"
+
+
+def placement_lines(model: ModelFile) -> list[str]:
+    """Per part and GGUF type: where it runs, the canonical form it is held in and bits per weight in the file
+    and held (docs/forms.md), with widened forms called out. The n-gram table is read as the file holds it."""
+    from strata.models import Role, tensor_specs
+    from strata.quant import form_for
+    from strata.runtime.plan import tensor_bytes
+
+    specs = tensor_specs(model.geometry)
+    placed: dict[tuple[str, str, str], _Placed] = {}
+    for name, info in model.tensors.items():
+        spec = specs.get(name)
+        if spec is None:
+            continue
+        as_file = spec.role is Role.NGRAM_TABLE  # rows gathered and dequantized per token, never repacked
+        form = "as stored" if as_file else form_for(info.ggml_type).name
+        entry = placed.setdefault((part_of(spec), _runs_on(spec), info.ggml_type.name, form), _Placed())
+        entry.count += 1
+        entry.elements += math.prod(info.ne)
+        entry.file_bytes += info.nbytes
+        entry.held_bytes += info.nbytes if as_file else tensor_bytes(info.ggml_type, tuple(info.ne))
+    lines = [f"placement     {'part':<30} {'runs on':<8} {'type':<8} {'held as':<9} {'tensors':>7}  "
+             "bits/weight: file -> held, bytes held"]
+    for (part, where, type_name, form), e in sorted(placed.items(), key=lambda item: -item[1].held_bytes):
+        file_bpw, held_bpw = 8 * e.file_bytes / e.elements, 8 * e.held_bytes / e.elements
+        note = f"  widened x{e.held_bytes / e.file_bytes:.2f}" if e.held_bytes > WIDENED * e.file_bytes else ""
+        lines.append(f"  {part:<42} {where:<8} {type_name:<8} {form:<9} {e.count:>7}  {file_bpw:5.2f} -> "
+                     f"{held_bpw:5.2f} {_size(e.held_bytes):>10}{note}")
+    return lines
