@@ -175,8 +175,16 @@ void attention_steps(int device, const AttentionCheckShape& s, int steps, const 
   kernels::AttentionShape shape{s.n_head, s.n_head_kv, d, s.rope_dim, s.eps};
   kernels::AttentionPrepArgs prep{d_qg.as<float>(), d_k.as<float>(), d_v.as<float>(), d_qn.as<float>(),
                                   d_kn.as<float>(), cos.as<float>(), sin.as<float>(), d_pos.as<int>(), d_q.data<float>()};
-  kernels::AttentionDecodeArgs decode{d_q.data<float>(), d_qg.as<float>(), d_pos.as<int>(), nullptr, nullptr, qsa.ratio,
-                                      d_out.data<float>()};
+  STRATA_EXPECTS(kernels::attention_decode_fits(shape), InvalidArgument,
+                 "attention_steps: the decode kernel does not take this many q heads per kv head of this head_dim");
+  DeviceBuffer partials(kernels::attention_decode_partial_floats(shape) * sizeof(float));
+  kernels::AttentionDecodeArgs decode;
+  decode.q = d_q.data<float>();
+  decode.q_gate = d_qg.as<float>();
+  decode.position = d_pos.as<int>();
+  decode.block_tokens = qsa.ratio;
+  decode.out = d_out.data<float>();
+  kernels::carve_attention_partials(shape, partials.as<float>(), decode);
 
   // QSA buffers (empty when disabled).
   const bool use_qsa = qsa.q != nullptr;

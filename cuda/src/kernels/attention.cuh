@@ -42,8 +42,30 @@ struct AttentionDecodeArgs {
   const int* selected_blocks = nullptr;
   const int* n_selected = nullptr;
   int block_tokens = 4;
+  // Scratch of attention_decode_partial_floats(shape) floats, carved as [n_head][kDecodeSplits] maxima, sums,
+  // then [n_head][kDecodeSplits][head_dim] accumulators (the split kernel's partials, the merge's input).
+  float* partial_max = nullptr;
+  float* partial_sum = nullptr;
+  float* partial_acc = nullptr;
   float* out = nullptr;             // [n_head][head_dim] = softmax(q k^T / sqrt(d)) v * sigmoid(gate)
 };
+
+constexpr int kDecodeSplits = 64;   // spans of the attended tokens: blocks per kv head
+constexpr int kMaxHeadDim = 512;
+
+// Whether attention_decode takes `shape` (its q heads per kv head and head_dim fit the split kernel's shared
+// memory and registers); sessions check it once, up front.
+bool attention_decode_fits(const AttentionShape& shape);
+// Floats of the partials scratch attention_decode needs for `shape`.
+size_t attention_decode_partial_floats(const AttentionShape& shape);
+
+// Carves `scratch` (attention_decode_partial_floats(shape) floats) into args' partial_* pointers.
+inline void carve_attention_partials(const AttentionShape& shape, float* scratch, AttentionDecodeArgs& args) {
+  const size_t per_head = static_cast<size_t>(shape.n_head) * kDecodeSplits;
+  args.partial_max = scratch;
+  args.partial_sum = scratch + per_head;
+  args.partial_acc = scratch + 2 * per_head;
+}
 
 cudaError_t attention_decode(const AttentionShape& shape, const AttentionDecodeArgs& args, const PagedKv& kv,
                              cudaStream_t stream);

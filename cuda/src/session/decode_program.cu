@@ -97,6 +97,12 @@ DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& 
     keep_blocks = std::max(keep_blocks, g.indexer_budget / ratio);
   }
   STRATA_CUDA_TRY(kernels::sample_scratch_bytes(g.n_vocab, &sample_scratch_bytes_));
+  attention_ = {g.n_head, g.n_head_kv, g.head_dim, g.rope_dim, g.rms_eps};
+  const bool has_attention = std::find(g.recurrent.begin(), g.recurrent.end(), false) != g.recurrent.end();
+  STRATA_EXPECTS(!has_attention || kernels::attention_decode_fits(attention_), InvalidArgument,
+                 "attention: " + std::to_string(g.n_head / std::max(g.n_head_kv, 1)) + " query heads per KV head of " +
+                     std::to_string(g.head_dim) + " dims exceed the decode kernel's shared memory and registers");
+  const std::size_t attention_partials = has_attention ? kernels::attention_decode_partial_floats(attention_) : 0;
 
   auto carve = [&](Carver& c) {
     char* stage = c.take<char>(stage_bytes(g));
@@ -132,6 +138,7 @@ DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& 
     scores_ = c.take<float>(max_blocks);
     selected_ = c.take<int>(keep_blocks);
     n_selected_ = c.take<int>(1);
+    attention_partials_ = c.take<float>(attention_partials);
     router_logits_ = c.take<float>(g.n_expert);
     route_weights_ = c.take<float>(g.n_expert_used);
     route_ids_ = c.take<int>(g.n_expert_used);
@@ -166,7 +173,6 @@ DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& 
   STRATA_CUDA_TRY(cudaMemcpy(ones_, ones.data(), sizeof(float) * hc, cudaMemcpyHostToDevice));
 
   // Views of the sequence state in the arena.
-  attention_ = {g.n_head, g.n_head_kv, g.head_dim, g.rope_dim, g.rms_eps};
   kv_.resize(g.n_layer);
   index_shape_.resize(g.n_layer);
   index_cache_.resize(g.n_layer);
@@ -317,6 +323,7 @@ void DecodeProgram::mixer_attention(int layer, cudaStream_t s) const {
   decode.q_gate = qg_;
   decode.position = position;
   decode.out = attn_;
+  kernels::carve_attention_partials(attention_, attention_partials_, decode);
   if (t.index_q) {
     const kernels::IndexerShape& shape = index_shape_[layer];
     STRATA_CUDA_TRY(kernels::qsa_append(shape, index_cache_[layer], ik_, t.index_k_norm, cos_, sin_, position, s));

@@ -94,6 +94,7 @@ class DecodeProgram final : public TokenProgram {
   float *qg_ = nullptr, *k_ = nullptr, *v_ = nullptr, *q_ = nullptr, *attn_ = nullptr, *iq_ = nullptr, *ik_ = nullptr;
   float* scores_ = nullptr;
   int *selected_ = nullptr, *n_selected_ = nullptr;
+  float* attention_partials_ = nullptr;  // attention_decode's per-span partials
   float *router_logits_ = nullptr, *route_weights_ = nullptr, *sh_g_ = nullptr, *sh_u_ = nullptr, *sh_h_ = nullptr;
   float *shared_ = nullptr, *shared_gate_ = nullptr, *routed_ = nullptr;
   int* route_ids_ = nullptr;
