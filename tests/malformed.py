@@ -3,7 +3,9 @@
 `build_tiny` writes a well-formed file with gguf.GGUFWriter (geometry from `tiny_geometry`, keys from
 strata.models.metadata_for, tensors from tensor_inventory, random F32 / Q8_0 data, a small byte-level BPE
 vocabulary); its keyword arguments make the model-level faults (missing tensors, wrong shapes, bad keys).
-`Layout` finds where each structure of a written file lies, so tests can corrupt it byte by byte.
+`Layout` finds where each structure of a written file lies, so tests can corrupt it byte by byte;
+`with_kv` rewrites its metadata (keys replaced with values of any GGUF type, added or dropped) around the
+same tensors.
 """
 
 from __future__ import annotations
@@ -127,6 +129,8 @@ class Layout:
         self.tensor_start = {t.name: int(t.field.offset) for t in reader.tensors}
         self.data_start = int(min(t.data_offset for t in reader.tensors))
         self.blob = path.read_bytes()
+        self.values = {name: (f.contents(), V(f.types[-1])) for name, f in reader.fields.items()
+                       if not name.startswith("GGUF.")}
 
     def kv_type_at(self, key: str) -> int:
         return self.kv_start[key] + 8 + len(key.encode())
@@ -155,3 +159,41 @@ def patched(blob: bytes, at: int, fmt: str, value: Any) -> bytes:
     """blob with struct `fmt` of `value` written at byte `at`."""
     raw = struct.pack(fmt, value)
     return blob[:at] + raw + blob[at + len(raw):]
+
+
+_PACK = {V.UINT8: "<B", V.INT8: "<b", V.UINT16: "<H", V.INT16: "<h", V.UINT32: "<I", V.INT32: "<i",
+         V.FLOAT32: "<f", V.BOOL: "<?", V.UINT64: "<Q", V.INT64: "<q", V.FLOAT64: "<d"}
+
+
+def _item(value: Any, vtype: V) -> bytes:
+    if vtype == V.STRING:
+        raw = value.encode("utf-8")
+        return struct.pack("<Q", len(raw)) + raw
+    return struct.pack(_PACK[vtype], value)
+
+
+def encode_kv(key: str, value: Any, vtype: V) -> bytes:
+    """One metadata entry; a list is an array whose elements are of vtype (empty arrays too)."""
+    if isinstance(value, list):
+        items = b"".join(_item(v, vtype) for v in value)
+        return _item(key, V.STRING) + struct.pack("<IIQ", V.ARRAY, vtype, len(value)) + items
+    return _item(key, V.STRING) + struct.pack("<I", vtype) + _item(value, vtype)
+
+
+def with_kv(layout: Layout, changes: Mapping[str, tuple[Any, V] | None]) -> bytes:
+    """The file with its metadata changed: a key set to (value, type) is replaced or appended, a key set to
+    None dropped; the tensor infos and data follow unchanged, the data section re-aligned."""
+    keys = list(layout.kv_start)
+    infos_start = min(layout.tensor_start.values())
+    ends = [*(layout.kv_start[k] for k in keys[1:]), infos_start]
+    entries = []
+    for key, end in zip(keys, ends):
+        if key not in changes:
+            entries.append(layout.blob[layout.kv_start[key]:end])
+        elif changes[key] is not None:
+            entries.append(encode_kv(key, *changes[key]))
+    entries += [encode_kv(key, *change) for key, change in changes.items() if key not in keys and change is not None]
+    last = max(layout.tensor_start, key=layout.tensor_start.get)
+    infos = layout.blob[infos_start:layout.tensor_offset_at(last) + 8]
+    head = layout.blob[:16] + struct.pack("<Q", len(entries)) + b"".join(entries) + infos
+    return head + bytes(-len(head) % ALIGNMENT) + layout.blob[layout.data_start:]

@@ -1,7 +1,8 @@
 """The malformed corpus: every case must raise strata.FormatError naming the problem, quickly.
 
 Byte-level cases corrupt one structure of a valid tiny file (tests/malformed.py); model-level cases are
-written whole with a fault injected (missing tensor, bad key, bad tokenizer array, ...).
+written whole with a fault injected (missing tensor, bad key, ...); tokenizer cases rewrite the valid file's
+tokenizer metadata, one fault each, and the error must name the key, what was expected and what was found.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import gguf
 import numpy as np
 import pytest
 
-from malformed import Layout, build_tiny, patched
+from malformed import Layout, build_tiny, patched, tiny_vocab, with_kv
 from strata.errors import FormatError
 from strata.format import inspect
+from strata.format.tokenizer_check import SPECIAL_ID_KEYS
 
 V = gguf.GGUFValueType
 T = gguf.GGMLQuantizationType
@@ -126,7 +128,7 @@ def base_layout(tmp_path_factory: pytest.TempPathFactory) -> Layout:
     return Layout(build_tiny(tmp_path_factory.mktemp("base") / "base.gguf", np.random.default_rng(seed)))
 
 
-def _expect_format_error(path: Path, fragment: str) -> None:
+def _expect_format_error(path: Path, *fragments: str) -> None:
     tracemalloc.start()
     start = time.perf_counter()
     try:
@@ -136,7 +138,8 @@ def _expect_format_error(path: Path, fragment: str) -> None:
         elapsed = time.perf_counter() - start
         peak = tracemalloc.get_traced_memory()[1]
         tracemalloc.stop()
-    assert fragment in str(info.value), f"expected {fragment!r} in: {info.value}"
+    for fragment in fragments:
+        assert fragment in str(info.value), f"expected {fragment!r} in: {info.value}"
     assert elapsed < 2.0, f"took {elapsed:.2f} s"
     assert peak < 64 << 20, f"peak Python allocation {peak} bytes"   # bombs must not allocate what they claim
 
@@ -166,14 +169,6 @@ MODEL_CASES: list[tuple[str, dict, str]] = [
     ("ple-layer-not-recurrent", dict(kv={"qwen4exp.ple.layers": ([3], V.INT32)}), "GDN layer"),
     ("ple-sizes-wrong-length", dict(kv={"qwen4exp.ple.head_vocab_sizes": ([37, 41], V.UINT64)}), "4 integers"),
     ("architecture-unknown", dict(kv={"general.architecture": ("llama", V.STRING)}), "one of"),
-    ("tokens-wrong-length", dict(kv={"tokenizer.ggml.tokens": (["a", "b"], V.STRING)}), "270 tokens"),
-    ("tokens-wrong-type", dict(kv={"tokenizer.ggml.tokens": (list(range(270)), V.INT32)}), "array of strings"),
-    ("token-type-wrong-type", dict(kv={"tokenizer.ggml.token_type": ([1.0] * 270, V.FLOAT32)}), "array of integers"),
-    ("token-type-wrong-length", dict(kv={"tokenizer.ggml.token_type": ([1] * 20, V.INT32)}), "270 entries"),
-    ("merges-wrong-type", dict(kv={"tokenizer.ggml.merges": ([1, 2], V.INT32)}), "array of strings"),
-    ("eos-out-of-range", dict(kv={"tokenizer.ggml.eos_token_id": (270, V.UINT32)}), "token ids in 0..269"),
-    ("bos-out-of-range", dict(kv={"tokenizer.ggml.bos_token_id": (1 << 31, V.UINT32)}), "token ids in 0..269"),
-    ("template-not-string", dict(kv={"tokenizer.chat_template": (5, V.UINT32)}), "a string"),
 ]
 
 
@@ -187,3 +182,87 @@ def test_model_level_fault(tmp_path: Path, rng: np.random.Generator, kwargs: dic
     else:
         path = build_tiny(tmp_path / "bad.gguf", rng, **kwargs)
     _expect_format_error(path, fragment)
+
+
+TOKENS, TYPES, MERGES = "tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges"
+SCORES, EOS = "tokenizer.ggml.scores", "tokenizer.ggml.eos_token_id"
+N_VOCAB = len(tiny_vocab()[0])
+Changes = dict[str, tuple[object, V] | None]
+
+
+def _typed_as_byte(index: int, text: str) -> Changes:
+    """Token `index` given `text` and the BYTE type."""
+    tokens, types, _ = tiny_vocab()
+    tokens[index], types[index] = text, int(gguf.TokenType.BYTE)
+    return {TOKENS: (tokens, V.STRING), TYPES: (types, V.INT32)}
+
+
+# (key, value, its GGUF type (an array's element type), the type expected, the type found)
+RETYPED: list[tuple[str, object, V, str, str]] = [
+    (TOKENS, list(range(N_VOCAB)), V.INT32, "an array of STRING", "an array of INT32"),
+    (TOKENS, "hello", V.STRING, "an array of STRING", "a STRING"),
+    (TYPES, [1.0] * N_VOCAB, V.FLOAT32, "an array of INT32", "an array of FLOAT32"),
+    (TYPES, [1] * N_VOCAB, V.UINT32, "an array of INT32", "an array of UINT32"),
+    (TYPES, [1] * N_VOCAB, V.INT8, "an array of INT32", "an array of INT8"),
+    (SCORES, [0.0] * N_VOCAB, V.FLOAT64, "an array of FLOAT32/INT32", "an array of FLOAT64"),
+    (SCORES, ["0"] * N_VOCAB, V.STRING, "an array of FLOAT32/INT32", "an array of STRING"),
+    (MERGES, [1, 2], V.INT32, "an array of STRING", "an array of INT32"),
+    (MERGES, "h e", V.STRING, "an array of STRING", "a STRING"),
+    ("tokenizer.ggml.model", 2, V.UINT32, "a STRING", "a UINT32"),
+    ("tokenizer.ggml.pre", ["qwen2"], V.STRING, "a STRING", "an array of STRING"),
+    (EOS, 1, V.INT32, "a UINT32 or an array of UINT32", "an INT32"),
+    (EOS, [1, 2], V.INT64, "a UINT32 or an array of UINT32", "an array of INT64"),
+    ("tokenizer.ggml.bos_token_id", 1, V.UINT64, "a UINT32", "a UINT64"),
+    ("tokenizer.ggml.bos_token_id", [1], V.UINT32, "a UINT32", "an array of UINT32"),
+    ("tokenizer.ggml.padding_token_id", 1.0, V.FLOAT32, "a UINT32", "a FLOAT32"),
+    ("tokenizer.ggml.eot_token_id", "269", V.STRING, "a UINT32", "a STRING"),
+    ("tokenizer.ggml.fim_pre_token_id", 1, V.INT16, "a UINT32", "an INT16"),
+    ("tokenizer.ggml.add_bos_token", 1, V.UINT8, "a BOOL", "a UINT8"),
+    ("tokenizer.ggml.add_eos_token", "false", V.STRING, "a BOOL", "a STRING"),
+    ("tokenizer.ggml.token_type_count", 2, V.INT32, "a UINT32", "an INT32"),
+    ("tokenizer.chat_template", 5, V.UINT32, "a STRING", "a UINT32"),
+    ("tokenizer.chat_template.tool_use", True, V.BOOL, "a STRING", "a BOOL"),
+    ("tokenizer.chat_templates", [1], V.UINT8, "an array of STRING", "an array of UINT8"),
+]
+# (case id, metadata changes, fragments the message must hold: the key, what was expected, what was found)
+TOKENIZER_CASES: list[tuple[str, Changes, tuple[str, ...]]] = [
+    (f"{key.removeprefix('tokenizer.')}-as-{found.replace(' ', '-')}", {key: (value, vtype)},
+     (key, f"expected {expected}, found {found}"))
+    for key, value, vtype, expected, found in RETYPED
+] + [
+    # byte tokens
+    ("byte-token-plain-text", _typed_as_byte(256, "he"), (TOKENS, "'<0xXX>' at token 256", "BYTE", "'he'")),
+    ("byte-token-one-digit", _typed_as_byte(266, "<0x4>"), (TOKENS, "at token 266", "'<0x4>'")),
+    ("byte-token-three-digits", _typed_as_byte(266, "<0x041>"), (TOKENS, "at token 266", "'<0x041>'")),
+    ("byte-token-not-hex", _typed_as_byte(0, "<0xZZ>"), (TOKENS, "at token 0", "'<0xZZ>'")),
+    ("byte-token-empty", _typed_as_byte(5, ""), (TOKENS, "at token 5", "found ''")),
+    # lengths and values
+    ("tokens-short", {TOKENS: (["a", "b"], V.STRING)}, (TOKENS, f"{N_VOCAB} tokens (the vocabulary size)", "2 tokens")),
+    ("token-type-short", {TYPES: ([1] * 20, V.INT32)}, (TYPES, f"{N_VOCAB} entries, one per token of", TOKENS, "20")),
+    ("token-type-long", {TYPES: ([1] * (N_VOCAB + 1), V.INT32)}, (TYPES, TOKENS, f"found {N_VOCAB + 1} entries")),
+    ("scores-short", {SCORES: ([0.0] * (N_VOCAB - 1), V.FLOAT32)}, (SCORES, TOKENS, f"found {N_VOCAB - 1} entries")),
+    ("token-type-7", {TYPES: ([1] * (N_VOCAB - 1) + [7], V.INT32)}, (TYPES, "0..6", f"7 at token {N_VOCAB - 1}")),
+    ("token-type-negative", {TYPES: ([-1] + [1] * (N_VOCAB - 1), V.INT32)}, (TYPES, "0..6", "-1 at token 0")),
+    ("merge-without-space", {MERGES: (["h e", "he"], V.STRING)}, (MERGES, "'left right' (merge 1)", "'he'")),
+    ("merge-two-spaces", {MERGES: (["h  e"], V.STRING)}, (MERGES, "(merge 0)", "'h  e'")),
+    ("merge-empty-left", {MERGES: ([" e"], V.STRING)}, (MERGES, "(merge 0)", "' e'")),
+    ("eos-empty-list", {EOS: ([], V.UINT32)}, (EOS, "non-empty list", "an empty array")),
+    ("eos-list-one-outside", {EOS: ([269, 270], V.UINT32)}, (EOS, f"vocabulary of {N_VOCAB} tokens", "found 270")),
+    ("bos-max-uint32", {"tokenizer.ggml.bos_token_id": ((1 << 32) - 1, V.UINT32)},
+     ("tokenizer.ggml.bos_token_id", f"vocabulary of {N_VOCAB} tokens", f"found {(1 << 32) - 1}")),
+    # keys that need others
+    ("merges-missing", {MERGES: None}, (MERGES, "is missing", "'gpt2'")),
+    ("tokens-missing", {TOKENS: None}, (TOKENS, "is missing", "tokenizer.ggml.model")),
+    ("token-type-without-tokens", {TOKENS: None, "tokenizer.ggml.model": None}, (TOKENS, "is missing", TYPES)),
+]
+# every special-token id the reader knows, one past the vocabulary
+TOKENIZER_CASES += [(f"{role}-id-outside", {key: (N_VOCAB, V.UINT32)},
+                     (key, f"vocabulary of {N_VOCAB} tokens", f"found {N_VOCAB}"))
+                    for role, key in SPECIAL_ID_KEYS.items()]
+
+
+@pytest.mark.parametrize("changes, fragments", [c[1:] for c in TOKENIZER_CASES], ids=[c[0] for c in TOKENIZER_CASES])
+def test_tokenizer_fault(base_layout: Layout, tmp_path: Path, changes: Changes, fragments: tuple[str, ...]) -> None:
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(with_kv(base_layout, changes))
+    _expect_format_error(path, *(repr(f) if f.startswith("tokenizer.") else f for f in fragments))

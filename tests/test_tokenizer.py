@@ -8,9 +8,10 @@ import gguf
 import numpy as np
 import pytest
 
-from malformed import CHAT_TEMPLATE, build_tiny, tiny_vocab
+from malformed import CHAT_TEMPLATE, MERGES, Layout, build_tiny, tiny_vocab, with_kv
 from strata.errors import FormatError
 from strata.format import inspect
+from strata.format.tokenizer_check import SPECIAL_ID_KEYS
 
 V = gguf.GGUFValueType
 
@@ -60,6 +61,65 @@ def test_eos_may_be_a_list(tmp_path: Path, rng: np.random.Generator) -> None:
     path = build_tiny(tmp_path / "eos.gguf", rng, kv={"tokenizer.ggml.eos_token_id": (eos, V.UINT32)})
     with inspect(path) as mf:
         assert mf.tokenizer().eos_ids == eos
+
+
+def test_special_ids_by_role(tiny_file: Path) -> None:
+    eos = tiny_vocab()[0].index("<|endoftext|>")
+    with inspect(tiny_file) as mf:
+        tok = mf.tokenizer()
+    assert tok.special_ids == {"bos": [eos], "eos": [eos], "pad": [eos]}   # pad from tokenizer.ggml.padding_token_id
+    assert tok.pad_id == eos
+
+
+def _byte_tokens(lowercase: bool) -> dict:
+    # "Ġthe" (token 266, made by the last merge) becomes the byte token of 'A'; the merge goes with it
+    tokens, types, _ = tiny_vocab()
+    tokens[266], types[266] = "<0x4a>" if lowercase else "<0x4A>", int(gguf.TokenType.BYTE)
+    return {"tokenizer.ggml.tokens": (tokens, V.STRING), "tokenizer.ggml.token_type": (types, V.INT32),
+            "tokenizer.ggml.merges": (list(MERGES[:-1]), V.STRING)}
+
+
+N_VOCAB = len(tiny_vocab()[0])
+# variants that real files hold and llama.cpp reads: each opens, and its tokenizer builds
+ACCEPTED = {
+    "scores-float32": {"tokenizer.ggml.scores": ([-float(i) for i in range(N_VOCAB)], V.FLOAT32)},
+    "scores-int32": {"tokenizer.ggml.scores": (list(range(N_VOCAB)), V.INT32)},
+    "every-special-id": {key: (N_VOCAB - 1 - i, V.UINT32) for i, key in enumerate(SPECIAL_ID_KEYS.values())},
+    "flags": {f"tokenizer.ggml.{name}": (True, V.BOOL)
+              for name in ("add_bos_token", "add_eos_token", "add_sep_token", "add_space_prefix",
+                           "remove_extra_whitespaces")},
+    "named-templates": {"tokenizer.chat_template.tool_use": ("{{ x }}", V.STRING),
+                        "tokenizer.chat_templates": (["tool_use"], V.STRING)},
+    "token-type-count": {"tokenizer.ggml.token_type_count": (1, V.UINT32)},
+    "byte-token": _byte_tokens(lowercase=False),
+    "byte-token-lowercase": _byte_tokens(lowercase=True),
+    "no-token-types": {"tokenizer.ggml.token_type": None},
+    "no-pre-tokenizer": {"tokenizer.ggml.pre": None},
+    "no-special-ids": {key: None for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.bos_token_id",
+                                             "tokenizer.ggml.padding_token_id")},
+    "no-tokenizer-model": {"tokenizer.ggml.model": None, "tokenizer.ggml.merges": None},
+    "unknown-tokenizer-key": {"tokenizer.ggml.mystery": (1.5, V.FLOAT64)},
+}
+
+
+@pytest.mark.parametrize("changes", ACCEPTED.values(), ids=ACCEPTED.keys())
+def test_accepted_variants(tiny_file: Path, tmp_path: Path, changes: dict) -> None:
+    path = tmp_path / "variant.gguf"
+    path.write_bytes(with_kv(Layout(tiny_file), changes))
+    with inspect(path) as mf:
+        assert mf.warnings == []
+        if "tokenizer.ggml.model" in mf.metadata:
+            tok = mf.tokenizer()
+            assert tok.decode(tok.encode("hello world")) == "hello world"
+
+
+def test_other_tokenizer_models_open_with_a_warning(tiny_file: Path, tmp_path: Path) -> None:
+    path = tmp_path / "llama.gguf"
+    path.write_bytes(with_kv(Layout(tiny_file), {"tokenizer.ggml.model": ("llama", V.STRING)}))
+    with inspect(path) as mf:
+        assert any("'tokenizer.ggml.model' is 'llama'" in w for w in mf.warnings)
+        with pytest.raises(FormatError, match="'llama'"):
+            mf.tokenizer()
 
 
 def test_decode_refuses_ids_outside_the_vocabulary(tiny_file: Path) -> None:

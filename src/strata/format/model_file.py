@@ -10,8 +10,9 @@ import numpy as np
 
 from strata.errors import FormatError
 from strata.format.inventory_check import check_tensors, with_file_ple_rows
-from strata.format.scanner import TensorInfo, scan
-from strata.format.tokenizer import Tokenizer, validate_tokenizer_metadata
+from strata.format.scanner import V, TensorInfo, scan
+from strata.format.tokenizer import Tokenizer
+from strata.format.tokenizer_check import check_tokenizer_metadata
 from strata.models import Geometry, geometry_from_metadata
 
 
@@ -29,6 +30,7 @@ class ModelFile:
         try:
             scanned = scan(self._map, size)
             self.metadata: dict[str, Any] = scanned.metadata
+            self.value_types: dict[str, V] = scanned.value_types   # a scalar's type, an array's element type
             self.tensors: dict[str, TensorInfo] = scanned.tensors
             self.data_start: int = scanned.data_start      # absolute file offset of the data section
             geometry = geometry_from_metadata(self.metadata)
@@ -36,7 +38,7 @@ class ModelFile:
             self.arch: str = self.geometry.arch
             n_mtp = self.metadata.get(f"{self.arch}.nextn_predict_layers", 0)
             self.warnings: list[str] = check_tensors(self.geometry, self.tensors, n_mtp)
-            self.warnings += validate_tokenizer_metadata(self.metadata, self.geometry.n_vocab)
+            self.warnings += check_tokenizer_metadata(self.metadata, self.value_types, self.geometry.n_vocab)
             self.warnings += _qsa_warnings(self.geometry)
         except BaseException:
             self.close()
@@ -57,7 +59,7 @@ class ModelFile:
         if "tokenizer.ggml.model" not in self.metadata:
             raise FormatError(f"{self.path}: the file carries no tokenizer (no tokenizer.ggml.model key)")
         if self._tokenizer is None:
-            self._tokenizer = Tokenizer(self.metadata, self.geometry.n_vocab)
+            self._tokenizer = Tokenizer(self.metadata, self.value_types, self.geometry.n_vocab)
         return self._tokenizer
 
     def close(self) -> None:
