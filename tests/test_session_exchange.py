@@ -64,18 +64,45 @@ def test_every_mode_returns_this_layers_experts_for_every_token(rng, pool):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", list(Mode))
-def test_a_layer_that_never_rings_is_named(rng, pool, mode):
+@pytest.mark.parametrize("crossing", [2**31, 2**32])
+def test_rings_stay_in_order_where_their_numbers_wrap(rng, pool, mode, crossing):
+    """A long-lived session's ring numbers pass 2^31 (the sign of an int) and 2^32 (back to 0) inside a token:
+    every answer still belongs to its layer and token."""
+    first_token = crossing // LAYERS - 1   # the second token's rings cross `crossing`
     x, ids, weights = routing(rng)
-    with pytest.raises(strata.StrataError, match="layer 2 never rang"):
-        _native_check.expert_exchange(pool.native, mode, x, ids, weights, 2, never_ring_layer=2, timeout=0.2)
+    want = np.stack([
+        np.stack([pool.run_layer(l, x[l] * (t + 1), ids[l], weights[l]).sum(axis=0) for l in range(LAYERS)])
+        for t in range(TOKENS)
+    ])
+    out, timing = _native_check.expert_exchange(pool.native, mode, x, ids, weights, TOKENS, first_token=first_token)
+    assert np.all(np.isfinite(out)), mode
+    assert np.max(np.abs(out - want)) / np.max(np.abs(want)) < 1e-6, mode
+    assert timing["rings"] == LAYERS * TOKENS
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", list(Mode))
-def test_a_layer_never_answered_is_named(rng, pool, mode):
+@pytest.mark.parametrize("first_token", [0, 2**32 // LAYERS])
+def test_a_layer_that_never_rings_is_named(rng, pool, mode, first_token):
     x, ids, weights = routing(rng)
-    with pytest.raises(strata.StrataError, match="layer 3: the host's answer to ring 4 never arrived"):
-        _native_check.expert_exchange(pool.native, mode, x, ids, weights, 1, never_answer_layer=3, timeout=0.2)
+    with pytest.raises(strata.StrataError, match="layer 2 never rang"):
+        _native_check.expert_exchange(pool.native, mode, x, ids, weights, 2, never_ring_layer=2, timeout=0.2,
+                                      first_token=first_token)
+
+
+# (first token, layer never answered, its ring): from the start, and where the ring numbers wrap to 0 (token
+# 2^32 // 5's base is 2^32 - 1, so its layer 0 rings 0: the wait's status word must not read that as "none").
+NEVER_ANSWERED = [(0, 3, 4), (2**32 // LAYERS, 3, 3), (2**32 // LAYERS, 0, 0)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", list(Mode))
+@pytest.mark.parametrize("first_token, layer, ring", NEVER_ANSWERED)
+def test_a_layer_never_answered_is_named(rng, pool, mode, first_token, layer, ring):
+    x, ids, weights = routing(rng)
+    with pytest.raises(strata.StrataError, match=f"layer {layer}: the host's answer to ring {ring} never arrived"):
+        _native_check.expert_exchange(pool.native, mode, x, ids, weights, 1, never_answer_layer=layer, timeout=0.2,
+                                      first_token=first_token)
 
 
 def test_bad_arguments_are_named(rng, pool):

@@ -1,7 +1,7 @@
 # Declarations of the test hooks over the session's pieces: the expert exchange through the token schedule,
 # GEMVs over uploaded weights, the arena's bytes (cuda/include/strata/check/exchange_check.hpp,
 # weights_check.hpp, arena_check.hpp). Bound in _native_check_session.pxi.
-from libc.stdint cimport int32_t
+from libc.stdint cimport int32_t, uint64_t
 from libcpp.string cimport string
 
 from strata._native_errors cimport raise_strata_error
@@ -14,6 +14,7 @@ cdef extern from "strata/check/exchange_check.hpp" nogil:
     cdef cppclass ExchangeFaults "strata::exchange_check::Faults":
         int never_ring_layer
         int never_answer_layer
+        uint64_t first_token
 
     cdef cppclass ExchangeTiming "strata::exchange_check::Timing":
         double seconds_per_token

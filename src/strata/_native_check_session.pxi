@@ -1,7 +1,7 @@
 # Test hooks over the session's pieces (strata::exchange_check, weights_check, arena_check): the GPU <-> CPU
 # expert exchange through the session's own token schedule, GEMVs over uploaded weights, a session arena whose
 # bytes tests can poison and read back.
-from libc.stdint cimport int32_t
+from libc.stdint cimport int32_t, uint64_t
 from libcpp.memory cimport unique_ptr
 from libcpp.string cimport string
 
@@ -17,11 +17,13 @@ from strata._native_weights cimport DeviceTensor
 
 
 def expert_exchange(CpuExpertPool pool, mode, x, ids, weights, int tokens, *, int device=0,
-                    int never_ring_layer=-1, int never_answer_layer=-1, double timeout=2.0):
+                    int never_ring_layer=-1, int never_answer_layer=-1, double timeout=2.0,
+                    uint64_t first_token=0):
     """Run `tokens` tokens of the per-layer GPU <-> CPU expert exchange in `mode` (a strata.Mode).
 
     x: float32 [n_layer, n]; ids: int32 [n_layer, k]; weights: float32 [n_layer, k]. For token t the GPU
-    publishes x[l] * (t + 1). Returns (out float32 [tokens, n_layer, n], timing dict).
+    publishes x[l] * (t + 1). `first_token` is the session-lifetime index the first token gets (its ring
+    numbers follow from it). Returns (out float32 [tokens, n_layer, n], timing dict).
     """
     cdef DecodeMode cmode = decode_mode(mode)
     cdef const float[:, ::1] xv = np.ascontiguousarray(x, dtype=np.float32)
@@ -38,6 +40,7 @@ def expert_exchange(CpuExpertPool pool, mode, x, ids, weights, int tokens, *, in
     cdef ExchangeFaults faults
     faults.never_ring_layer = never_ring_layer
     faults.never_answer_layer = never_answer_layer
+    faults.first_token = first_token
     cdef CppExpertPool* native_pool = pool.native()
     cdef ExchangeTiming timing
     with nogil:

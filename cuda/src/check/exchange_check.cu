@@ -21,9 +21,11 @@ namespace {
 
 using kernel_check::support::upload;
 
-// The token's factor t + 1, from the ring base the host staged (rings of token t are t * n_layer + 1 + l).
-__global__ void token_factor(const int* __restrict__ ring_base, int n_layer, float* __restrict__ factor) {
-  *factor = static_cast<float>(*ring_base / n_layer + 1);
+// The token's factor t + 1, from the ring base the host staged (token t's is n_layer rings past the first
+// token's `first_base`, modulo 2^32).
+__global__ void token_factor(const int* __restrict__ ring_base, int first_base, int n_layer,
+                             float* __restrict__ factor) {
+  *factor = static_cast<float>((static_cast<unsigned>(*ring_base) - static_cast<unsigned>(first_base)) / n_layer + 1);
 }
 
 __global__ void scale(const float* __restrict__ x, const float* __restrict__ factor, int n, float* __restrict__ out) {
@@ -38,6 +40,7 @@ class ExchangeProgram final : public TokenProgram {
   ExchangeProgram(const DoorbellHost& bell, int n_layer, int n, int k, const float* x, const std::int32_t* ids,
                   const float* weights, const Faults& faults, double timeout_seconds)
       : bell_(bell),
+        first_base_(ring_base_of(faults.first_token, n_layer)),
         n_layer_(n_layer),
         n_(n),
         k_(k),
@@ -54,7 +57,7 @@ class ExchangeProgram final : public TokenProgram {
   int layers() const override { return n_layer_; }
 
   void begin(cudaStream_t s) const override {
-    token_factor<<<1, 1, 0, s>>>(bell_.ring_base_device(), n_layer_, factor_.as<float>());
+    token_factor<<<1, 1, 0, s>>>(bell_.ring_base_device(), first_base_, n_layer_, factor_.as<float>());
     STRATA_CUDA_TRY(cudaGetLastError());
   }
 
@@ -86,7 +89,7 @@ class ExchangeProgram final : public TokenProgram {
 
  private:
   const DoorbellHost& bell_;
-  int n_layer_, n_, k_;
+  int first_base_, n_layer_, n_, k_;
   Faults faults_;
   long long timeout_ns_;
   DeviceBuffer x_, ids_, weights_, factor_, scaled_, answers_, result_;
@@ -116,10 +119,11 @@ Timing run(cpu::ExpertPool& pool, int device, DecodeMode mode, int n_layer, int 
   ExchangeStats stats;
   const auto start = std::chrono::steady_clock::now();
   for (int t = 0; t < tokens; ++t) {
-    const int ring_base = t * n_layer;
+    const int ring_base = ring_base_of(faults.first_token + t, n_layer);
     bell.begin_token(ring_base);
     schedule.run(false, stream.get(), [&](int layer) {
-      if (layer != faults.never_answer_layer) answerer.answer(layer, ring_base + layer + 1, ring_timeout, stats);
+      if (layer != faults.never_answer_layer)
+        answerer.answer(layer, kernels::ring_at(ring_base, layer + 1), ring_timeout, stats);
     });
     bell.check_answers(ring_base, timeout_seconds);
     program.copy_result(out + static_cast<long>(t) * n_layer * n);

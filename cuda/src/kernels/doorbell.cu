@@ -16,7 +16,7 @@ __global__ void doorbell_publish_kernel(Doorbell bell, const float* __restrict__
   }
   __threadfence_system();  // each thread's payload writes reach the host before the ring below
   __syncthreads();
-  if (threadIdx.x == 0) *static_cast<volatile int*>(bell.seq) = *ring_base + ring_offset;
+  if (threadIdx.x == 0) *static_cast<volatile int*>(bell.seq) = ring_at(*ring_base, ring_offset);
 }
 
 // Nanoseconds of the GPU's global timer: a timeout in time, whatever __nanosleep really sleeps.
@@ -30,14 +30,15 @@ __global__ void doorbell_wait_kernel(Doorbell bell, const int* __restrict__ ring
                                      long long timeout_ns, int* status, float* __restrict__ answer_out) {
   __shared__ int answered;
   if (threadIdx.x == 0) {
-    const int expected = *ring_base + ring_offset;
+    const int expected = ring_at(*ring_base, ring_offset);
     const volatile int* flag = bell.flag;
     const unsigned long long start = global_timer_ns();
-    while (*flag < expected && global_timer_ns() - start < static_cast<unsigned long long>(timeout_ns)) {
+    while (!ring_reached(*flag, expected) &&
+           global_timer_ns() - start < static_cast<unsigned long long>(timeout_ns)) {
       __nanosleep(kPollSleepNs);
     }
-    answered = *flag >= expected;
-    if (!answered) *status = expected;
+    answered = ring_reached(*flag, expected);
+    if (!answered) *status = ring_offset;
     __threadfence_system();  // acquire: the answer is read only after the flag was seen
   }
   __syncthreads();

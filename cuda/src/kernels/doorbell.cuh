@@ -8,6 +8,16 @@
 
 namespace strata::kernels {
 
+// Ring numbers are 32-bit serial numbers: a session that lives long enough wraps them (48 layers at 100
+// tokens/s pass 2^31 rings in 5 days: a server's sessions do), so they are added and compared modulo 2^32,
+// by the sign of their difference, which is exact while the two are within 2^31 (they are a few layers apart).
+__host__ __device__ inline int ring_at(int base, int offset) {
+  return static_cast<int>(static_cast<unsigned>(base) + static_cast<unsigned>(offset));
+}
+__host__ __device__ inline bool ring_reached(int seen, int ring) {
+  return static_cast<int>(static_cast<unsigned>(seen) - static_cast<unsigned>(ring)) >= 0;
+}
+
 // Device-mapped pointers (cudaHostGetDevicePointer) into pinned host memory.
 struct Doorbell {
   float* x = nullptr;              // [n] the routed experts' input row
@@ -20,14 +30,15 @@ struct Doorbell {
   int k = 0;
 };
 
-// Copies x, ids, weights into the doorbell, fences them system-wide, then writes seq = *ring_base + ring_offset.
+// Copies x, ids, weights into the doorbell, fences them system-wide, then writes seq = ring_at(*ring_base,
+// ring_offset).
 cudaError_t doorbell_publish(const Doorbell& bell, const float* x, const int* ids, const float* weights,
                              const int* ring_base, int ring_offset, cudaStream_t stream);
 
-// Spins until flag >= *ring_base + ring_offset, then copies the answer into `answer_out` [n] (device memory).
-// After timeout_ns nanoseconds (the GPU's global timer) without an answer it writes the ring number into
-// *status and leaves answer_out as it was; *status is left untouched on success, so one zeroed status word
-// can serve a whole token.
+// Spins until flag reaches ring_at(*ring_base, ring_offset), then copies the answer into `answer_out` [n]
+// (device memory). After timeout_ns nanoseconds (the GPU's global timer) without an answer it writes
+// ring_offset (> 0: a ring number may be 0 once wrapped) into *status and leaves answer_out as it was; *status
+// is left untouched on success, so one zeroed status word can serve a whole token.
 cudaError_t doorbell_wait(const Doorbell& bell, const int* ring_base, int ring_offset, long long timeout_ns,
                           int* status, float* answer_out, cudaStream_t stream);
 

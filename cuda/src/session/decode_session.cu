@@ -83,7 +83,7 @@ struct DecodeSession::Impl {
 
   void run_token(bool sample, int ring_base) {
     schedule.run(sample, stream.get(), [this, ring_base](int layer) {
-      answerer.answer(layer, ring_base + layer + 1, ring_timeout, exchange);
+      answerer.answer(layer, kernels::ring_at(ring_base, layer + 1), ring_timeout, exchange);
     });
     bell.check_answers(ring_base, options.timeout_seconds);
     const StageSeconds stages = schedule.stage_seconds();
@@ -112,8 +112,9 @@ struct DecodeSession::Impl {
     if (ple_rows) {
       std::memcpy(stage.host<char>(kStagePleOffset), ple_rows, sizeof(float) * g.ple_n_heads * g.ple_head_dim);
     }
-    // Ring numbers only grow over the session's life: a flag left from an earlier token can never pass a wait.
-    const int ring_base = static_cast<int>(tokens_run * g.n_layer);
+    // Ring numbers only move forward over the session's life (modulo 2^32, doorbell.cuh): a flag left from an
+    // earlier token can never pass a wait.
+    const int ring_base = ring_base_of(tokens_run, g.n_layer);
     bell.begin_token(ring_base);
     broken = true;  // until the token completes
     run_token(sample, ring_base);

@@ -54,14 +54,14 @@ void DoorbellHost::begin_token(int ring_base) noexcept {
 
 bool DoorbellHost::wait_for_ring(int ring, std::chrono::nanoseconds timeout) const noexcept {
   const int* seq = memory_.host<const int>(kSeq);
-  if (load_word(seq) >= ring) {
+  if (kernels::ring_reached(load_word(seq), ring)) {
     std::atomic_thread_fence(std::memory_order_acquire);
     return true;
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (unsigned spins = 1;; ++spins) {
     _mm_pause();
-    if (load_word(seq) >= ring) break;
+    if (kernels::ring_reached(load_word(seq), ring)) break;
     // Reading the clock costs ~20 ns: check it only every 1024 polls.
     if ((spins & 1023) == 0 && std::chrono::steady_clock::now() > deadline) return false;
   }
@@ -76,13 +76,13 @@ void DoorbellHost::answer_ready(int ring) noexcept {
   store_word(memory_.host<int>(kFlag), ring);
 }
 
-int DoorbellHost::timed_out_ring() const noexcept { return load_word(memory_.host<const int>(kStatus)); }
+int DoorbellHost::timed_out_offset() const noexcept { return load_word(memory_.host<const int>(kStatus)); }
 
 void DoorbellHost::check_answers(int ring_base, double answer_timeout_seconds) const {
-  const int ring = timed_out_ring();
-  if (ring == 0) return;
-  throw Error("layer " + std::to_string(ring - ring_base - 1) + ": the host's answer to ring " +
-              std::to_string(ring) + " never arrived; the GPU's wait gave up after " +
+  const int offset = timed_out_offset();
+  if (offset == 0) return;
+  throw Error("layer " + std::to_string(offset - 1) + ": the host's answer to ring " +
+              std::to_string(kernels::ring_at(ring_base, offset)) + " never arrived; the GPU's wait gave up after " +
               std::to_string(answer_timeout_seconds) + " s");
 }
 

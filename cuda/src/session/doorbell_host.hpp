@@ -16,6 +16,11 @@ namespace strata {
 // still arrives in time; the error then names the layer whose answer was missing, not the one after it.
 std::chrono::nanoseconds host_ring_timeout(double answer_timeout_seconds);
 
+// The ring base of the `token`-th token a session runs (its rings are ring_at(base, 1 + layer)), modulo 2^32.
+inline int ring_base_of(std::uint64_t token, int n_layer) noexcept {
+  return static_cast<int>(static_cast<std::uint32_t>(token * static_cast<std::uint64_t>(n_layer)));
+}
+
 class DoorbellHost {
  public:
   DoorbellHost(int n, int k);
@@ -25,7 +30,7 @@ class DoorbellHost {
   const int* ring_base_device() const noexcept { return memory_.device<int>(kRingBase); }
   int* status_device() const noexcept { return memory_.device<int>(kStatus); }
 
-  // Per-token staging, rewritten before each launch or replay: rings of this token are base + 1 + layer.
+  // Per-token staging, rewritten before each launch or replay: rings of this token are ring_at(base, 1 + layer).
   void begin_token(int ring_base) noexcept;
 
   // Spins (with _mm_pause) until the GPU has rung `ring`; false once `timeout` has passed without it.
@@ -40,10 +45,10 @@ class DoorbellHost {
   // Publishes answer() to the GPU: everything written before this call is visible before `flag` moves.
   void answer_ready(int ring) noexcept;
 
-  // The ring whose answer a device-side wait gave up on during this token, or 0.
-  int timed_out_ring() const noexcept;
+  // 1 + the layer whose answer a device-side wait gave up on during this token, or 0.
+  int timed_out_offset() const noexcept;
 
-  // After a token whose rings are ring_base + 1 + layer: throws Error naming the layer whose answer the
+  // After a token whose rings are ring_at(ring_base, 1 + layer): throws Error naming the layer whose answer the
   // device-side wait (of `answer_timeout_seconds`) gave up on; returns when every answer arrived.
   void check_answers(int ring_base, double answer_timeout_seconds) const;
 

@@ -15,10 +15,12 @@ class ExpertPool;
 
 namespace strata::exchange_check {
 
-// Fault injection for tests: a layer whose ring is never published / whose ring is never answered.
+// Fault injection for tests: a layer whose ring is never published / whose ring is never answered; and the
+// session-lifetime index of the first token, so that a test can run the tokens where ring numbers wrap.
 struct Faults {
   int never_ring_layer = -1;
   int never_answer_layer = -1;
+  std::uint64_t first_token = 0;
 };
 
 struct Timing {
