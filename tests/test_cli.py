@@ -205,12 +205,21 @@ def test_synth_tiny_writes_a_file_the_gpu_engine_runs_with_a_chat_template(tiny_
 
 def test_info_says_why_the_gpu_engine_would_refuse_a_file(tmp_path, capsys):
     path = tmp_path / "f.gguf"
-    assert cli.main(["synth", str(path), "--arch", "qwen3next", "--layers", "4", "--experts-type", "f16",
-                     "--expert-down-type", "f16"]) == 0
+    assert cli.main(["synth", str(path), "--arch", "qwen3next", "--layers", "4", "--embeddings-type", "q4_0"]) == 0
     capsys.readouterr()
     assert cli.main(["info", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "GPU engine    cannot run this file as it is:" in out and "routed experts are F16" in out
+    assert "GPU engine    cannot run this file as it is:" in out and "token_embd.weight is Q4_0" in out
+
+
+def test_info_runs_float_routed_experts(tmp_path, capsys):
+    path = tmp_path / "f.gguf"
+    assert cli.main(["synth", str(path), "--arch", "qwen3next", "--layers", "4", "--experts-type", "f16",
+                     "--expert-down-type", "bf16"]) == 0
+    capsys.readouterr()
+    assert cli.main(["info", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "GPU engine    runs this file as it is" in out and "BF16 x4" in out
 
 
 def test_help_shows_the_defaults(capsys):

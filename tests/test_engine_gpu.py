@@ -12,7 +12,7 @@ from strata.options import Mode
 from strata.synth import synthesize
 
 pytestmark = pytest.mark.gpu
-# The CPU pool takes quantized forms only: experts in q8_0 (whole 32-blocks in every tiny expert matrix).
+# Experts in q8_0 (whole 32-blocks in every tiny expert matrix): the quantized path of the CPU pool.
 EXPERT_TYPES = {"experts": "q8_0", "expert_down": "q8_0"}
 
 

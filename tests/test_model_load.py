@@ -4,6 +4,7 @@ import importlib
 
 import numpy as np
 import pytest
+from pool_reference import check_expert
 
 import strata
 from strata import _native_check
@@ -11,7 +12,7 @@ from strata.runtime import model as model_module
 from strata.devices import Device
 from strata.format import inspect
 from strata.runtime.host import meminfo_bytes
-from strata.runtime.loader import load_experts, split_gate_up
+from strata.runtime.loader import gpu_refusals, load_experts, split_gate_up
 from strata import api
 from strata.runtime.model import Model, describe, load
 from strata.runtime.pool import ExpertPool
@@ -35,20 +36,40 @@ def test_host_available_reads_memavailable():
     assert meminfo_bytes("MemTotal: 10 kB\n", "MemAvailable") == 0
 
 
-def test_merged_gate_up_splits_per_expert(rng):
+@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.BF16])
+def test_merged_gate_up_splits_per_expert(rng, ggml_type):
     n_expert, ff, cols = 3, 32, 256
-    merged = repack(random_blocks(T.Q4_K, cols * 2 * ff * n_expert, rng), T.Q4_K, (cols, 2 * ff, n_expert))
+    merged = repack(random_blocks(ggml_type, cols * 2 * ff * n_expert, rng), ggml_type, (cols, 2 * ff, n_expert))
     gate, up = split_gate_up(merged, n_expert)
     full = dequantize(merged).reshape(n_expert, 2 * ff, cols)
     assert np.array_equal(dequantize(gate).reshape(n_expert, ff, cols), full[:, :ff])
     assert np.array_equal(dequantize(up).reshape(n_expert, ff, cols), full[:, ff:])
 
 
-def test_experts_go_from_the_file_into_the_pool_unchanged(rng, tiny):
-    with inspect(tiny) as file:
+# Routed experts of every kind the loader hands the pool: quantized, float, and float gate/up with a quantized down.
+EXPERT_MIXES = {"q4_k": TYPES, "f16+bf16": {"experts": "f16", "expert_down": "bf16"},
+                "bf16+q8_0": {"experts": "bf16", "expert_down": "q8_0"},
+                "f32": {"experts": "f32", "expert_down": "f32"}}
+
+
+@pytest.fixture(scope="module", params=list(EXPERT_MIXES))
+def expert_file(request, tmp_path_factory, tiny):
+    if request.param == "q4_k":
+        return tiny
+    path = tmp_path_factory.mktemp("load") / f"{request.param}.gguf"
+    synthesize(path, "qwen4exp", "tiny", types=EXPERT_MIXES[request.param], seed=5)
+    return path
+
+
+def test_experts_go_from_the_file_into_the_pool_unchanged(rng, expert_file):
+    with inspect(expert_file) as file:
         g = file.geometry
+        assert gpu_refusals(file) == []  # float routed experts run too
         with ExpertPool(g.n_embd, g.expert_ff, g.n_expert_used, threads=1, pin_caller=False) as pool:
             load_experts(file, pool, None)
+            # The memory plan counts exactly what the pool holds.
+            held = sum(pool.layer_bytes(layer) for layer in range(g.n_layer)) * g.n_expert
+            assert describe(file).plan.host["routed experts"] == held
             layer = g.n_layer - 1
             ids = rng.choice(g.n_expert, g.n_expert_used, replace=False).astype(np.int32)
             weights = rng.dirichlet(np.ones(g.n_expert_used)).astype(np.float32)
@@ -58,19 +79,15 @@ def test_experts_go_from_the_file_into_the_pool_unchanged(rng, tiny):
             def expert(name, e):
                 info = file.tensors[f"blk.{layer}.{name}.weight"]
                 q = repack(file.raw(f"blk.{layer}.{name}.weight"), info.ggml_type, info.ne)
+                if isinstance(q, np.ndarray):
+                    return q.reshape(g.n_expert, -1, q.shape[1])[e]
                 rows = q.rows // g.n_expert
                 planes = {k: v[e * rows:(e + 1) * rows] for k, v in q.planes().items()}
                 return type(q)(q.form, rows, q.cols, **planes)
 
             for j, e in enumerate(ids):
-                gate = matvec(expert("ffn_gate_exps", e), x)
-                h = gate / (1 + np.exp(-gate)) * matvec(expert("ffn_up_exps", e), x)
-                # The pool's h, by the code its layer job runs; same q8_32 integer math on both sides.
-                pool_h = _native_check.expert_hidden(pool.isa, expert("ffn_gate_exps", e), expert("ffn_up_exps", e), x)
-                assert np.max(np.abs(pool_h - h)) <= 1e-5 * np.max(np.abs(h)), j
-                # down takes the pool's own h, so a q8 rounding step of h cannot differ between the sides.
-                want = weights[j] * matvec(expert("ffn_down_exps", e), pool_h)
-                assert np.max(np.abs(got[j] - want)) <= 1e-5 * np.max(np.abs(want)), j
+                check_expert(pool.isa, expert("ffn_gate_exps", e), expert("ffn_up_exps", e),
+                             expert("ffn_down_exps", e), x, float(weights[j]), got[j], f"slot {j}, expert {e}")
 
 
 def test_a_model_too_big_for_the_gpu_is_refused_with_what_would_fit(tiny, monkeypatch):

@@ -116,3 +116,23 @@ def test_plane_size_mismatch_names_the_plane(rng):
 def test_read_bandwidth_is_positive():
     with strata.runtime.pool.ExpertPool(N_EMBD, FF, 1) as pool:
         assert pool.read_bandwidth(64 << 20, reps=2) > 1e8  # any machine reads more than 100 MB/s
+
+
+def test_float_matrices_are_checked(rng):
+    gate, up, down = small_layer(rng, T.BF16)
+    with strata.runtime.pool.ExpertPool(N_EMBD, FF, 1) as pool:
+        refused = r"layer 0 up: the CPU pool takes a QuantTensor or a 2-D float32, float16 or uint16 \(bf16 bits\)"
+        with pytest.raises(strata.InvalidArgument, match=refused + " array; found float64"):
+            pool.set_layer(0, gate, up.astype(np.float64), down, n_expert=N_EXPERT)
+        specs = [strata.runtime.pool.matrix_spec(m, N_EXPERT, "spec")[0] for m in (gate, up, down)]
+        address, nbytes = specs[0]["planes"]["codes"]
+        specs[0]["planes"]["codes"] = (address, nbytes - 2)
+        short = rf"layer 2 gate: plane codes \(the float elements\) has {nbytes - 2} bytes, expected {nbytes}"
+        with pytest.raises(strata.InvalidArgument, match=short):
+            pool._native.set_layer(2, *specs)
+        specs[0]["planes"] = {"codes": (address, nbytes), "d": (address, 64)}
+        with pytest.raises(strata.InvalidArgument, match="layer 2 gate: the form has no d plane, but one of 64 bytes"):
+            pool._native.set_layer(2, *specs)
+    _native_check = pytest.importorskip("strata._native_check")
+    with pytest.raises(strata.InvalidArgument, match="expert_matvec: cols 48 is not a multiple of 32"):
+        _native_check.expert_matvec("avx2", np.ones((4, 48), np.float16), np.ones(48, np.float32))

@@ -15,7 +15,7 @@ from strata.server.background import serving
 from strata.synth import synthesize
 
 pytestmark = pytest.mark.gpu
-EXPERT_TYPES = {"experts": "q8_0", "expert_down": "q8_0"}  # the CPU pool takes quantized experts only
+EXPERT_TYPES = {"experts": "q8_0", "expert_down": "q8_0"}  # the CPU pool's quantized path
 CONTEXT = 256
 USER = [{"role": "user", "content": "hello strata"}]
 

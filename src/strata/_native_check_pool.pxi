@@ -14,15 +14,16 @@ cdef ExpertMatrix _one_expert(q, str what, list keep) except *:
 
 
 def expert_matvec(str isa, q, x):
-    """y = W x for one expert's matrix `q` (a strata.quant.QuantTensor) with the pool's row kernels for `isa`
-    ("avx2", "avx512" or "auto"); x is quantized to q8_32 as a layer job does."""
+    """y = W x for one expert's matrix `q` (a strata.quant.QuantTensor, or a float [rows, cols] array as repack
+    makes it) with the pool's row kernels for `isa` ("avx2", "avx512" or "auto"); x goes in as a layer job
+    gives it (float32 to a float form, q8_32 to a quantized one). y is poisoned (NaN) before the run."""
     keep = []
     cdef ExpertMatrix m = _one_expert(q, "expert_matvec", keep)
     cdef Isa chosen = pool_isa(isa)
     cdef const float[::1] xv = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     if xv.shape[0] != m.cols:
         raise InvalidArgument(f"expert_matvec: x has {xv.shape[0]} entries, the matrix has {m.cols} columns")
-    y = np.empty(m.rows, np.float32)
+    y = np.full(m.rows, np.nan, np.float32)
     cdef float[::1] yv = y
     with nogil:
         cpp_expert_matvec(chosen, m, 0, &xv[0], &yv[0])
@@ -30,8 +31,8 @@ def expert_matvec(str isa, q, x):
 
 
 def expert_hidden(str isa, gate, up, x):
-    """h = silu(gate x) * up x of one expert (gate, up: strata.quant.QuantTensor), computed exactly as a layer
-    job of the pool computes it."""
+    """h = silu(gate x) * up x of one expert (gate, up: as expert_matvec takes them), computed exactly as a layer
+    job of the pool computes it. h is poisoned (NaN) before the run."""
     keep = []
     cdef ExpertMatrix g = _one_expert(gate, "expert_hidden gate", keep)
     cdef ExpertMatrix u = _one_expert(up, "expert_hidden up", keep)
@@ -39,7 +40,7 @@ def expert_hidden(str isa, gate, up, x):
     cdef const float[::1] xv = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     if xv.shape[0] != g.cols:
         raise InvalidArgument(f"expert_hidden: x has {xv.shape[0]} entries, gate has {g.cols} columns")
-    h = np.empty(g.rows, np.float32)
+    h = np.full(g.rows, np.nan, np.float32)
     cdef float[::1] hv = h
     with nogil:
         cpp_expert_hidden(chosen, g, u, 0, &xv[0], &hv[0])

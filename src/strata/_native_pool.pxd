@@ -5,7 +5,7 @@ from libcpp cimport bool
 from libcpp.vector cimport vector
 
 from strata._native_errors cimport raise_strata_error
-from strata._native_forms cimport QuantForm
+from strata._native_forms cimport FloatKind, QuantForm
 
 
 cdef extern from "strata/cpu_topology.hpp" namespace "strata::cpu" nogil:
@@ -28,6 +28,8 @@ cdef extern from "strata/expert_pool.hpp" namespace "strata::cpu" nogil:
         int64_t nbytes
 
     cdef cppclass ExpertMatrix "strata::cpu::ExpertMatrix":
+        bint is_float
+        FloatKind float_kind
         QuantForm form
         int64_t n_expert
         int64_t rows

@@ -2,6 +2,7 @@
 # this binding only passes addresses and sizes, which the native side validates.
 from libc.stdint cimport int32_t, uint8_t, uintptr_t
 
+from strata._native_forms cimport FloatKind
 from strata._native_pool cimport (
     ExpertMatrix, Isa, PoolOptions, cpp_cpu_has_avx2, cpp_cpu_has_avx512_vnni, cpp_physical_cores,
 )
@@ -28,9 +29,16 @@ cdef Isa pool_isa(str isa) except *:
 
 cdef ExpertMatrix expert_matrix(dict spec) except *:
     """A matrix spec of strata.runtime.pool.matrix_spec: form, n_expert, rows, cols, planes {name: (address,
-    nbytes)}."""
+    nbytes)} (a float form's elements in "codes")."""
+    from strata.quant.forms import FLOAT_DTYPES
+
     cdef ExpertMatrix m
-    m.form = quant_form(spec["form"])
+    form = spec["form"]
+    m.is_float = form.is_float
+    if form.is_float:
+        m.float_kind = <FloatKind>_FLOAT_KINDS[FLOAT_DTYPES[form.float_kind]]
+    else:
+        m.form = quant_form(form)
     m.n_expert = spec["n_expert"]
     m.rows = spec["rows"]
     m.cols = spec["cols"]

@@ -1,5 +1,6 @@
 // The CPU expert pool: pinned workers that compute the routed experts of one MoE layer, streaming the
-// expert weights (canonical forms, docs/forms.md) at the machine's memory bandwidth. Host-only, no CUDA.
+// expert weights (canonical forms, docs/forms.md: float or quantized, any mix within a layer) at the machine's
+// memory bandwidth. Host-only, no CUDA.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +28,11 @@ struct Plane {
 };
 
 // n_expert matrices of rows x cols each, one form, planes [expert][row][...] (each expert's rows contiguous).
+// A float matrix (is_float) keeps its float_kind elements row-major in `codes`, takes x and h as float32 and
+// has no other plane (`form` unused); a quantized one has the planes of `form` and takes them as q8_32.
 struct ExpertMatrix {
+  bool is_float = false;
+  FloatKind float_kind = FloatKind::F32;
   QuantForm form;
   int64_t n_expert = 0;
   int64_t rows = 0;

@@ -11,6 +11,9 @@ namespace strata {
 // Float forms hold the GGUF data unchanged, row-major [rows][cols]; x is float32.
 enum class FloatKind : std::int32_t { F32 = 0, F16 = 1, BF16 = 2 };
 
+// Bytes of one element of a float form.
+constexpr std::size_t float_kind_bytes(FloatKind kind) noexcept { return kind == FloatKind::F32 ? 4 : 2; }
+
 // Which value table a form's codes index; None means v = code - code_bias.
 enum class Codebook : std::int32_t { None = 0, Iq4Nl = 1, Mxfp4 = 2 };
 

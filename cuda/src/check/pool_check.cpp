@@ -22,9 +22,10 @@ void check_matrix(const cpu::ExpertMatrix& m, int64_t expert, const char* what) 
 void expert_matvec(cpu::Isa isa, const cpu::ExpertMatrix& m, int64_t expert, const float* x, float* y) {
   check_matrix(m, expert, "expert_matvec");
   const cpu::Isa resolved = cpu::resolve_isa(isa);
+  // As a layer job: x quantized only for a quantized matrix, so a float kernel that read q would fail the checks.
   cpu::QuantizedBuffer xq(m.cols);
-  cpu::quantize_blocks(x, 0, m.cols / 32, xq.view);
-  cpu::rows_kernel(resolved, m.form)(cpu::expert_rows(m, expert), 0, m.rows, xq.view, 1.0f, y);
+  if (!m.is_float) cpu::quantize_blocks(x, 0, m.cols / 32, xq.view);
+  cpu::matrix_kernel(resolved, m)(cpu::expert_rows(m, expert), 0, m.rows, cpu::Activation{x, xq.view}, 1.0f, y);
 }
 
 void expert_hidden(cpu::Isa isa, const cpu::ExpertMatrix& gate, const cpu::ExpertMatrix& up, int64_t expert,
@@ -36,9 +37,10 @@ void expert_hidden(cpu::Isa isa, const cpu::ExpertMatrix& gate, const cpu::Exper
                      ", up " + std::to_string(up.rows) + " x " + std::to_string(up.cols) + "; they must agree");
   const cpu::Isa resolved = cpu::resolve_isa(isa);
   cpu::QuantizedBuffer xq(gate.cols);
-  cpu::quantize_blocks(x, 0, gate.cols / 32, xq.view);
-  cpu::expert_hidden(cpu::rows_kernel(resolved, gate.form), cpu::expert_rows(gate, expert),
-                     cpu::rows_kernel(resolved, up.form), cpu::expert_rows(up, expert), 0, gate.rows, xq.view, h);
+  if (!gate.is_float || !up.is_float) cpu::quantize_blocks(x, 0, gate.cols / 32, xq.view);
+  cpu::expert_hidden(cpu::matrix_kernel(resolved, gate), cpu::expert_rows(gate, expert),
+                     cpu::matrix_kernel(resolved, up), cpu::expert_rows(up, expert), 0, gate.rows,
+                     cpu::Activation{x, xq.view}, h);
 }
 
 }  // namespace strata::pool_check

@@ -1,4 +1,5 @@
-// q8_32 activation quantization (docs/forms.md "Activation contract") into pool-owned buffers.
+// The activations the row kernels read, and q8_32 activation quantization (docs/forms.md "Activation
+// contract") into pool-owned buffers.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,13 @@ struct QuantizedBuffer {
   explicit QuantizedBuffer(int64_t cols)
       : xq(cols), dx(cols / 32), dx16(cols / 16), xs16(cols / 16), xs32(cols / 32),
         view{xq.data(), dx.data(), dx16.data(), xs16.data(), xs32.data()} {}
+};
+
+// One activation as the row kernels take it: float forms dot the float32 vector itself, quantized forms its
+// q8_32. A layer fills `q` only when one of the matrices that read this activation is quantized.
+struct Activation {
+  const float* f32 = nullptr;  // [cols]
+  QuantizedVector q;
 };
 
 // Quantizes blocks [block0, block1) of x into q. Bit-identical to strata.quant.quantize_activation: the

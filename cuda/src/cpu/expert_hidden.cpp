@@ -6,7 +6,7 @@
 namespace strata::cpu {
 
 void expert_hidden(RowsKernel gate_kernel, const MatrixRows& gate, RowsKernel up_kernel, const MatrixRows& up,
-                   int64_t r0, int64_t r1, const QuantizedVector& x, float* h) {
+                   int64_t r0, int64_t r1, const Activation& x, float* h) {
   constexpr int64_t kChunk = 32;  // rows per pass: the products live on the stack
   for (int64_t c0 = r0; c0 < r1; c0 += kChunk) {
     const int64_t c1 = std::min(r1, c0 + kChunk);

@@ -10,6 +10,6 @@ namespace strata::cpu {
 
 // h[r - r0] = silu(gate_r . x) * (up_r . x) for rows [r0, r1) of one expert's gate and up matrices.
 void expert_hidden(RowsKernel gate_kernel, const MatrixRows& gate, RowsKernel up_kernel, const MatrixRows& up,
-                   int64_t r0, int64_t r1, const QuantizedVector& x, float* h);
+                   int64_t r0, int64_t r1, const Activation& x, float* h);
 
 }  // namespace strata::cpu

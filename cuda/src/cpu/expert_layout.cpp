@@ -39,20 +39,37 @@ void check_plane(const Plane& p, int64_t expected, const std::string& what, cons
                  what + ": plane " + name + " has " + str(p.nbytes) + " bytes, expected " + str(expected));
 }
 
+// The bytes of each plane of `rows` rows of `m` (a float matrix has only `codes`: its elements).
+PlaneBytes matrix_plane_bytes(const ExpertMatrix& m, int64_t rows) {
+  const auto r = static_cast<std::size_t>(rows), c = static_cast<std::size_t>(m.cols);
+  if (!m.is_float) return plane_bytes(m.form, r, c);
+  PlaneBytes b;
+  b.codes = r * c * float_kind_bytes(m.float_kind);
+  return b;
+}
+
 }  // namespace
 
 void validate_matrix(const ExpertMatrix& m, int64_t rows, int64_t cols, const std::string& what) {
-  validate_form(m.form, what);
+  if (m.is_float) {
+    STRATA_EXPECTS(m.float_kind == FloatKind::F32 || m.float_kind == FloatKind::F16 || m.float_kind == FloatKind::BF16,
+                   InvalidArgument, what + ": unknown float kind " + str(static_cast<int64_t>(m.float_kind)));
+  } else {
+    validate_form(m.form, what);
+  }
   STRATA_EXPECTS(m.n_expert >= 1, InvalidArgument, what + ": n_expert must be >= 1, found " + str(m.n_expert));
   STRATA_EXPECTS(m.rows == rows && m.cols == cols, InvalidArgument,
                  what + ": expected " + str(rows) + " x " + str(cols) + " per expert, found " + str(m.rows) + " x " +
                      str(m.cols));
-  STRATA_EXPECTS(cols % m.form.super_size == 0, InvalidArgument,
-                 what + ": cols " + str(cols) + " is not a multiple of super_size " + str(m.form.super_size));
+  const int64_t multiple = m.is_float ? 32 : m.form.super_size;
+  const std::string rule =
+      m.is_float ? "32 (the float kernels read whole 32-element blocks)" : "super_size " + str(multiple);
+  STRATA_EXPECTS(cols % multiple == 0, InvalidArgument,
+                 what + ": cols " + str(cols) + " is not a multiple of " + rule);
   STRATA_EXPECTS(cols <= kMaxCols, InvalidArgument,
                  what + ": cols " + str(cols) + " exceeds the limit " + str(kMaxCols));
-  const PlaneBytes b = plane_bytes(m.form, static_cast<std::size_t>(m.n_expert * rows), static_cast<std::size_t>(cols));
-  check_plane(m.codes, static_cast<int64_t>(b.codes), what, "codes");
+  const PlaneBytes b = matrix_plane_bytes(m, m.n_expert * rows);
+  check_plane(m.codes, static_cast<int64_t>(b.codes), what, m.is_float ? "codes (the float elements)" : "codes");
   check_plane(m.d, static_cast<int64_t>(b.d), what, "d");
   check_plane(m.sub_scales, static_cast<int64_t>(b.sub_scales), what, "sub_scales");
   check_plane(m.mins, static_cast<int64_t>(b.mins), what, "mins");
@@ -60,7 +77,7 @@ void validate_matrix(const ExpertMatrix& m, int64_t rows, int64_t cols, const st
 }
 
 MatrixRows expert_rows(const ExpertMatrix& m, int64_t e) {
-  const PlaneBytes rb = plane_bytes(m.form, 1, static_cast<std::size_t>(m.cols));  // bytes per row
+  const PlaneBytes rb = matrix_plane_bytes(m, 1);  // bytes per row
   const int64_t first = e * m.rows;
   auto at = [first](const Plane& p, std::size_t per_row) {
     return p.data == nullptr ? nullptr : static_cast<const uint8_t*>(p.data) + first * static_cast<int64_t>(per_row);
@@ -74,6 +91,10 @@ MatrixRows expert_rows(const ExpertMatrix& m, int64_t e) {
   rows.mins = reinterpret_cast<const uint16_t*>(at(m.mins, rb.mins));
   rows.sub_mins = at(m.sub_mins, rb.sub_mins);
   return rows;
+}
+
+RowsKernel matrix_kernel(Isa isa, const ExpertMatrix& m) {
+  return m.is_float ? float_rows_kernel(isa, m.float_kind) : rows_kernel(isa, m.form);
 }
 
 }  // namespace strata::cpu

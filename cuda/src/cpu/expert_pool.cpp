@@ -1,5 +1,7 @@
 // The layer job: gate+up row ranges of all k experts spread over every worker, one barrier, then down row
-// ranges. x is quantized once by the caller; each gate/up work item quantizes the h blocks it produced.
+// ranges. Float matrices read x and h as float32; for quantized ones x is quantized once by the caller and
+// each gate/up work item quantizes the h blocks it produced. A layer quantizes only what one of its matrices
+// reads, decided once at set_layer.
 #include "strata/expert_pool.hpp"
 
 #include <algorithm>
@@ -27,6 +29,8 @@ struct Layer {
   bool set = false;
   ExpertMatrix gate, up, down;
   RowsKernel gate_kernel = nullptr, up_kernel = nullptr, down_kernel = nullptr;
+  bool quantize_x = false;  // gate or up is quantized
+  bool quantize_h = false;  // down is quantized
 };
 
 }  // namespace
@@ -44,6 +48,8 @@ struct ExpertPool::Impl {
   QuantizedBuffer x_q;
   std::vector<QuantizedBuffer> h_q;  // one per slot
   std::vector<float> h;               // [max_k][ff]
+  Activation x_in;                    // the job's x (float32 from the caller) and x_q
+  std::vector<Activation> h_in;       // one per slot: its row of h and h_q
 
   // The job in flight (written by the caller before WorkerTeam::run, read by the workers).
   const Layer* layer = nullptr;
@@ -60,6 +66,8 @@ struct ExpertPool::Impl {
                                                   h(static_cast<size_t>(max_k_) * ff_), active(max_k_) {
     h_q.reserve(max_k);
     for (int j = 0; j < max_k; ++j) h_q.emplace_back(ff);
+    x_in.q = x_q.view;
+    for (int j = 0; j < max_k; ++j) h_in.push_back({h.data() + j * ff, h_q[j].view});
     gate_up_per_slot = (ff + kGateUpRows - 1) / kGateUpRows;
     down_per_slot = (n_embd + kDownRows - 1) / kDownRows;
   }
@@ -70,14 +78,14 @@ struct ExpertPool::Impl {
     const int64_t e = ids[slot];
     float* hs = h.data() + slot * ff;
     expert_hidden(layer->gate_kernel, expert_rows(layer->gate, e), layer->up_kernel, expert_rows(layer->up, e), r0,
-                  r1, x_q.view, hs + r0);
-    quantize_blocks(hs, r0 / 32, r1 / 32, h_q[slot].view);
+                  r1, x_in, hs + r0);
+    if (layer->quantize_h) quantize_blocks(hs, r0 / 32, r1 / 32, h_q[slot].view);
   }
 
   void down_item(int64_t item) {
     const int slot = active[item / down_per_slot];
     const int64_t r0 = (item % down_per_slot) * kDownRows, r1 = std::min(n_embd, r0 + kDownRows);
-    layer->down_kernel(expert_rows(layer->down, ids[slot]), r0, r1, h_q[slot].view, weights[slot],
+    layer->down_kernel(expert_rows(layer->down, ids[slot]), r0, r1, h_in[slot], weights[slot],
                        out + slot * n_embd + r0);
   }
 
@@ -159,9 +167,11 @@ void ExpertPool::set_layer(int layer, const ExpertMatrix& gate, const ExpertMatr
   l.gate = gate;
   l.up = up;
   l.down = down;
-  l.gate_kernel = rows_kernel(p.isa, l.gate.form);
-  l.up_kernel = rows_kernel(p.isa, l.up.form);
-  l.down_kernel = rows_kernel(p.isa, l.down.form);
+  l.gate_kernel = matrix_kernel(p.isa, l.gate);
+  l.up_kernel = matrix_kernel(p.isa, l.up);
+  l.down_kernel = matrix_kernel(p.isa, l.down);
+  l.quantize_x = !gate.is_float || !up.is_float;
+  l.quantize_h = !down.is_float;
   l.set = true;
 }
 
@@ -180,7 +190,8 @@ void ExpertPool::run_layer(int layer, const float* x, const int32_t* ids, const 
     p.active[n_active++] = j;
   }
   if (n_active == 0) return;
-  quantize_blocks(x, 0, p.n_embd / 32, p.x_q.view);
+  if (l.quantize_x) quantize_blocks(x, 0, p.n_embd / 32, p.x_q.view);
+  p.x_in.f32 = x;
   p.layer = &l;
   p.ids = ids;
   p.weights = weights;

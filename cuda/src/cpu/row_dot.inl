@@ -89,10 +89,9 @@ float row_scales(const MatrixRows& m, int64_t row, const QuantizedVector& x, flo
 }
 
 // Phase B and the row loop: y[r - row0] = scale * (Σ_g sc[g] * Σ_{i in g} v_i xq_i + offset).
-constexpr int64_t kPrefetchAhead = 4096;
-
 template <CodeKind K, bool Biased, int G>
-void rows_dot(const MatrixRows& m, int64_t row0, int64_t row1, const QuantizedVector& x, float scale, float* y) {
+void rows_dot(const MatrixRows& m, int64_t row0, int64_t row1, const Activation& activation, float scale, float* y) {
+  const QuantizedVector& x = activation.q;
   alignas(32) float sc[kMaxCols / 16 + 8];
   const QuantForm& f = *m.form;
   const int64_t n_blocks = m.cols / 32;

@@ -1,8 +1,9 @@
 """CPU expert pool benchmark: effective GB/s of routed-expert bytes per layer job vs the machine's read bandwidth.
 
 Expert sets are large enough to defeat the caches (``n_expert`` experts per layer, several layers, ids
-drawn at random per job), so every job streams its k experts from DRAM. The read bandwidth comes from the
-pool's own workers reading a first-touched buffer (cuda/src/cpu/read_bandwidth.cpp).
+drawn at random per job), so every job streams its k experts from DRAM; float experts (F16, BF16, F32, as
+converters write them) beside the quantized forms. The read bandwidth comes from the pool's own workers
+reading a first-touched buffer (cuda/src/cpu/read_bandwidth.cpp).
 """
 
 from __future__ import annotations
@@ -17,11 +18,16 @@ from gguf import GGMLQuantizationType as T
 
 from strata.cli.help import ShowDefaults
 from strata.quant import QuantTensor, form_for
-from strata.runtime.pool import ExpertPool, default_threads, physical_cores
+from strata.quant.forms import FLOAT_DTYPES, float_form_of
+from strata.runtime.plan import tensor_bytes
+from strata.runtime.pool import ExpertPool, ExpertWeight, default_threads, physical_cores
+from strata.synth.blocks import fill_float
 
 SHAPES = {"qwen4exp": (2560, 640), "qwen3next": (2048, 512)}  # (n_embd, expert_ff)
 # gate/up type, down type; a down whose rows are not whole 256-blocks takes llama-quantize's fallback type.
-MIXES = {"Q4_K": (T.Q4_K, T.Q4_K), "Q2_K": (T.Q2_K, T.Q2_K), "Q8_0": (T.Q8_0, T.Q8_0), "Q4_K+Q4_0": (T.Q4_K, T.Q4_0)}
+# F16 and BF16 are what llama.cpp's converter writes by default; F32 streams the most bytes a weight.
+MIXES = {"Q4_K": (T.Q4_K, T.Q4_K), "Q2_K": (T.Q2_K, T.Q2_K), "Q8_0": (T.Q8_0, T.Q8_0), "Q4_K+Q4_0": (T.Q4_K, T.Q4_0),
+         "F16": (T.F16, T.F16), "BF16": (T.BF16, T.BF16), "F32": (T.F32, T.F32), "BF16+Q8_0": (T.BF16, T.Q8_0)}
 FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.IQ4_XS: T.IQ4_NL}
 HEADLINE = ("qwen4exp", "Q4_K")
 
@@ -32,17 +38,27 @@ class Scale:
     n_layers: int
     jobs: int
     read_bytes: int
+    set_bytes: int  # the most expert bytes per configuration: float experts get fewer experts, never fewer than k
 
 
-BOX = Scale(n_expert=128, n_layers=4, jobs=60, read_bytes=2 << 30)
-QUICK = Scale(n_expert=16, n_layers=2, jobs=10, read_bytes=128 << 20)
+BOX = Scale(n_expert=128, n_layers=4, jobs=60, read_bytes=2 << 30, set_bytes=6 << 30)
+QUICK = Scale(n_expert=16, n_layers=2, jobs=10, read_bytes=128 << 20, set_bytes=256 << 20)
 
 
-def synthetic_experts(ggml_type: T, rows: int, cols: int, n_expert: int, rng: np.random.Generator) -> QuantTensor:
+def fitting_type(ggml_type: T, cols: int) -> T:
+    """``ggml_type``, or its fallback where rows of ``cols`` are not whole 256-blocks."""
+    return FALLBACK[ggml_type] if cols % 256 and ggml_type in FALLBACK else ggml_type
+
+
+def synthetic_experts(ggml_type: T, rows: int, cols: int, n_expert: int, rng: np.random.Generator) -> ExpertWeight:
     """Random planes of ``n_expert`` experts in ``ggml_type``'s form; finite, moderate scales (no denormals)."""
-    if cols % 256 and ggml_type in FALLBACK:
-        ggml_type = FALLBACK[ggml_type]
-    q = QuantTensor.empty(form_for(ggml_type), rows * n_expert, cols)
+    ggml_type = fitting_type(ggml_type, cols)
+    form = form_for(ggml_type)
+    if form.is_float:  # random sign and mantissa under one exponent: weights in ±[2^-6, 2^-5)
+        raw = np.frombuffer(rng.bytes(rows * n_expert * cols * FLOAT_DTYPES[form.float_kind].itemsize), np.uint8).copy()
+        fill_float(raw, ggml_type, 2.0**-6)
+        return raw.view(FLOAT_DTYPES[form.float_kind]).reshape(rows * n_expert, cols)
+    q = QuantTensor.empty(form, rows * n_expert, cols)
     q.codes[...] = np.frombuffer(rng.bytes(q.codes.size), np.uint8).reshape(q.codes.shape)
     q.d[...] = rng.uniform(1e-3, 1e-2, q.d.shape).astype(q.d.dtype)
     if q.sub_scales is not None:
@@ -70,6 +86,18 @@ def time_jobs(pool: ExpertPool, n_layers: int, n_expert: int, k: int, jobs: int,
     return np.array(times[2:])
 
 
+def form_name(w: ExpertWeight) -> str:
+    return float_form_of(w).name if isinstance(w, np.ndarray) else w.form.name
+
+
+def experts_per_layer(scale: Scale, types: tuple[T, T], n_embd: int, ff: int, k: int) -> int:
+    """scale.n_expert, fewer where the set would pass scale.set_bytes (float experts are 2-4 bytes a weight)."""
+    gate_type, down_type = types
+    per_expert = (tensor_bytes(fitting_type(gate_type, n_embd), (n_embd, 2 * ff))
+                  + tensor_bytes(fitting_type(down_type, ff), (ff, n_embd)))
+    return max(k, min(scale.n_expert, scale.set_bytes // (per_expert * scale.n_layers)))
+
+
 def thread_sweep(max_threads: int) -> list[int]:
     return sorted({n for n in (1, 2, 4, 8, 12, max_threads) if n <= max_threads})
 
@@ -82,7 +110,7 @@ def run(quick: bool = False, k: int = 10, isa: str | None = None, json_path: str
     cores = physical_cores()
     smt_possible = any(len(cpus) > 1 for cpus, _ in cores[1:])
     result: dict = {"physical_cores": len(cores), "workers_all": n_all, "k": k, "n_expert": scale.n_expert,
-                    "n_layers": scale.n_layers, "read_bw": {}, "layers": []}
+                    "n_layers": scale.n_layers, "set_bytes": scale.set_bytes, "read_bw": {}, "layers": []}
 
     print(f"{len(cores)} physical cores, workers 1..{n_all}; read bandwidth ({scale.read_bytes >> 20} MiB):")
     for n in thread_sweep(n_all):
@@ -100,8 +128,9 @@ def run(quick: bool = False, k: int = 10, isa: str | None = None, json_path: str
           f"{'GB/s':>6s} {'%bw':>5s} {'lat/bound':>9s}")
     for shape, (n_embd, ff) in SHAPES.items():
         for mix, (gate_type, down_type) in MIXES.items():
-            gate = [synthetic_experts(gate_type, ff, n_embd, scale.n_expert, rng) for _ in range(2 * scale.n_layers)]
-            down = [synthetic_experts(down_type, n_embd, ff, scale.n_expert, rng) for _ in range(scale.n_layers)]
+            n_expert = experts_per_layer(scale, (gate_type, down_type), n_embd, ff, k)
+            gate = [synthetic_experts(gate_type, ff, n_embd, n_expert, rng) for _ in range(2 * scale.n_layers)]
+            down = [synthetic_experts(down_type, n_embd, ff, n_expert, rng) for _ in range(scale.n_layers)]
             sweep = thread_sweep(n_all) if (shape, mix) == HEADLINE else [n_all]
             variants = [(n, False) for n in sweep]
             if (shape, mix) == HEADLINE and smt_possible:
@@ -109,10 +138,11 @@ def run(quick: bool = False, k: int = 10, isa: str | None = None, json_path: str
             for n, smt in variants:
                 with ExpertPool(n_embd, ff, k, threads=n or None, smt=smt, isa=isa) as pool:
                     for layer in range(scale.n_layers):
-                        pool.set_layer(layer, gate[2 * layer], gate[2 * layer + 1], down[layer], scale.n_expert)
+                        pool.set_layer(layer, gate[2 * layer], gate[2 * layer + 1], down[layer], n_expert)
                     job_bytes = pool.layer_bytes(0) * k
-                    times = time_jobs(pool, scale.n_layers, scale.n_expert, k, scale.jobs, rng)
-                    row = {"shape": shape, "mix": mix, "down_form": down[0].form.name, "threads": pool.threads,
+                    times = time_jobs(pool, scale.n_layers, n_expert, k, scale.jobs, rng)
+                    row = {"shape": shape, "mix": mix, "down_form": form_name(down[0]), "n_expert": n_expert,
+                           "threads": pool.threads,
                            "smt": smt, "isa": pool.isa, "job_bytes": job_bytes,
                            "median_s": float(np.median(times)), "p90_s": float(np.percentile(times, 90))}
                 row["gb_per_s"] = job_bytes / row["median_s"] / 1e9

@@ -28,11 +28,6 @@ def gpu_refusals(model: ModelFile) -> list[str]:
 
     specs = tensor_specs(model.geometry)
     refusals = []
-    floats = sorted({info.ggml_type.name for name, info in model.tensors.items()
-                     if name in specs and specs[name].role is Role.ROUTED_EXPERT and form_for(info.ggml_type).is_float})
-    if floats:
-        refusals.append(f"the routed experts are {'/'.join(floats)}: the CPU expert pool takes quantized forms "
-                        "(convert with --outtype q8_0)")
     for name, info in model.tensors.items():
         if name in specs and specs[name].role is Role.ROW_GATHERED and form_for(info.ggml_type).name not in EMBED_FORMS:
             refusals.append(f"{name} is {info.ggml_type.name}: the GPU's embedding gather reads "
@@ -85,17 +80,24 @@ def upload_dense(model: ModelFile, device: int = 0, cache_path: str | os.PathLik
     return _native.DeviceWeights(dense_weights(model, cache_path, progress), device)
 
 
-def split_gate_up(merged: QuantTensor, n_expert: int) -> tuple[QuantTensor, QuantTensor]:
+def split_gate_up(merged: Held, n_expert: int) -> tuple[Held, Held]:
     """The merged ffn_gate_up_exps tensor as separate gate and up tensors (each expert's first half of rows
-    is its gate, the second its up, as llama.cpp's loader reads it)."""
-    rows = merged.rows // n_expert
-    if merged.rows % n_expert or rows % 2:
-        raise InvalidArgument(f"ffn_gate_up_exps: {merged.rows} rows do not split into {n_expert} gate|up pairs")
+    is its gate, the second its up, as llama.cpp's loader reads it), quantized or float."""
+    total = merged.rows if isinstance(merged, QuantTensor) else merged.shape[0]
+    rows = total // n_expert
+    if total % n_expert or rows % 2:
+        raise InvalidArgument(f"ffn_gate_up_exps: {total} rows do not split into {n_expert} gate|up pairs")
+
+    def half_of(plane: np.ndarray, half: slice) -> np.ndarray:
+        return np.ascontiguousarray(plane.reshape(n_expert, rows, -1)[:, half].reshape(-1, plane.shape[1]))
+
     halves = []
     for half in (slice(0, rows // 2), slice(rows // 2, rows)):
-        planes = {name: np.ascontiguousarray(plane.reshape(n_expert, rows, -1)[:, half].reshape(-1, plane.shape[1]))
-                  for name, plane in merged.planes().items()}
-        halves.append(QuantTensor(merged.form, n_expert * rows // 2, merged.cols, **planes))
+        if isinstance(merged, QuantTensor):
+            planes = {name: half_of(plane, half) for name, plane in merged.planes().items()}
+            halves.append(QuantTensor(merged.form, n_expert * rows // 2, merged.cols, **planes))
+        else:
+            halves.append(half_of(merged, half))
     return halves[0], halves[1]
 
 
@@ -110,7 +112,10 @@ def load_experts(file: ModelFile, pool: ExpertPool, progress: Progress | None = 
             per_layer[spec.layer].append(name)
     tensors = repacked(file, [name for names in per_layer for name in names], progress)
     for layer, names in enumerate(per_layer):
-        held = dict(next(tensors) for _ in names)  # this layer's gate/up (or merged gate_up) and down
+        # This layer's gate/up (or merged gate_up) and down. A float form comes from repack as a view of the
+        # mapped file: the pool gets its own copy, resident like a repacked quantized form (and as the memory
+        # plan counts it), never paged in from the file in the middle of a token.
+        held = {name: np.array(t) if isinstance(t, np.ndarray) else t for name, t in (next(tensors) for _ in names)}
         prefix = f"blk.{layer}."
         if prefix + "ffn_gate_up_exps.weight" in held:
             gate, up = split_gate_up(held[prefix + "ffn_gate_up_exps.weight"], g.n_expert)

@@ -1,11 +1,12 @@
 """The CPU expert pool from Python: lays routed-expert weights out for the native pool and owns them.
 
 The native pool (cuda/src/cpu) streams each layer's gate/up/down expert matrices from host memory with
-pinned workers, one per physical core but the first (left to the host loop). Weights come in as
-strata.quant.QuantTensor objects as ``repack`` makes them from the 3-D GGUF expert tensors
-(``ne = {cols, rows, n_expert}``): planes of ``n_expert * rows`` rows, expert-major, so each expert's rows
-are already contiguous in every plane, which is the layout the pool streams. This class keeps those
-arrays alive for as long as the native pool points into them.
+pinned workers, one per physical core but the first (left to the host loop). Weights come in as ``repack``
+makes them from the 3-D GGUF expert tensors (``ne = {cols, rows, n_expert}``): a strata.quant.QuantTensor
+(quantized forms) or a float ``[n_expert * rows, cols]`` array (float32, float16, or uint16 holding bf16
+bits), expert-major, so each expert's rows are already contiguous in every plane, which is the layout the
+pool streams. Float and quantized matrices mix freely within a layer. This class keeps those arrays alive
+for as long as the native pool points into them.
 """
 
 from __future__ import annotations
@@ -17,23 +18,35 @@ import numpy as np
 
 from strata.errors import InvalidArgument
 from strata.quant import QuantTensor
+from strata.quant.forms import FLOAT_DTYPES, Form, float_form_of
 
 MATRICES = ("gate", "up", "down")
+ExpertWeight = QuantTensor | np.ndarray  # a quantized form, or a float form's [rows, cols] array
 
 
-def matrix_spec(q: QuantTensor, n_expert: int, what: str) -> tuple[dict[str, Any], list[np.ndarray]]:
+def _form_and_planes(q: ExpertWeight, what: str) -> tuple[Form, int, int, dict[str, np.ndarray]]:
+    """(form, rows, cols, planes by name) of ``q``; a float form's elements are its one plane, ``codes``."""
+    if isinstance(q, QuantTensor):
+        return q.form, q.rows, q.cols, q.planes()
+    if isinstance(q, np.ndarray) and q.ndim == 2 and q.dtype in FLOAT_DTYPES.values():
+        return float_form_of(q), q.shape[0], q.shape[1], {"codes": q}
+    found = f"{q.dtype}{list(q.shape)}" if isinstance(q, np.ndarray) else type(q).__name__
+    raise InvalidArgument(f"{what}: the CPU pool takes a QuantTensor or a 2-D float32, float16 or uint16 (bf16 bits) "
+                          f"array; found {found}")
+
+
+def matrix_spec(q: ExpertWeight, n_expert: int, what: str) -> tuple[dict[str, Any], list[np.ndarray]]:
     """The native description of ``q`` as ``n_expert`` stacked matrices, and the contiguous planes it points into."""
-    if not isinstance(q, QuantTensor):
-        raise InvalidArgument(f"{what}: the CPU pool takes quantized forms (a QuantTensor); found {type(q).__name__}")
-    if n_expert < 1 or q.rows % n_expert:
-        raise InvalidArgument(f"{what}: {q.rows} rows do not split into {n_expert} experts")
+    form, rows, cols, named = _form_and_planes(q, what)
+    if n_expert < 1 or rows % n_expert:
+        raise InvalidArgument(f"{what}: {rows} rows do not split into {n_expert} experts")
     planes: dict[str, tuple[int, int]] = {}
     keep: list[np.ndarray] = []
-    for name, plane in q.planes().items():
+    for name, plane in named.items():
         array = np.ascontiguousarray(plane)
         keep.append(array)
         planes[name] = (array.ctypes.data, array.nbytes)
-    spec = {"form": q.form, "n_expert": n_expert, "rows": q.rows // n_expert, "cols": q.cols, "planes": planes}
+    spec = {"form": form, "n_expert": n_expert, "rows": rows // n_expert, "cols": cols, "planes": planes}
     return spec, keep
 
 
@@ -69,8 +82,8 @@ class ExpertPool:
         self._weights: dict[int, list[np.ndarray]] = {}
         self._n_expert: dict[int, int] = {}
 
-    def set_layer(self, layer: int, gate: QuantTensor, up: QuantTensor, down: QuantTensor, n_expert: int) -> None:
-        """Registers layer ``layer``'s experts (each QuantTensor holds all ``n_expert`` experts, expert-major)."""
+    def set_layer(self, layer: int, gate: ExpertWeight, up: ExpertWeight, down: ExpertWeight, n_expert: int) -> None:
+        """Registers layer ``layer``'s experts (each weight holds all ``n_expert`` experts, expert-major)."""
         specs, keep = {}, []
         for name, q in zip(MATRICES, (gate, up, down)):
             specs[name], arrays = matrix_spec(q, n_expert, f"layer {layer} {name}")

@@ -25,8 +25,8 @@ class TypeMix:
 
 
 BENCH_TYPES = TypeMix(experts="q4_k", expert_down="q4_0", dense="q8_0", embeddings="q8_0", ple="q8_0")
-# tiny: float everywhere (exact for the reference) but the routed experts, which the CPU pool takes quantized
-# only: so `strata synth` with no options writes a model the GPU engine runs.
+# tiny: float everywhere (exact for the reference) but the routed experts, q8_0 so that the default model
+# runs the CPU pool's quantized path (`--experts-type f16` etc. write float experts, which it runs too).
 TINY_TYPES = TypeMix(experts="q8_0", expert_down="q8_0")
 
 

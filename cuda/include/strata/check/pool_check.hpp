@@ -8,8 +8,8 @@
 
 namespace strata::pool_check {
 
-// y [m.rows] = W x for expert `expert` of `m`, with the row kernels of `isa` and x quantized to q8_32 as a
-// layer job quantizes it.
+// y [m.rows] = W x for expert `expert` of `m`, with the row kernels of `isa` and x as a layer job gives it:
+// float32 to a float matrix, quantized to q8_32 for a quantized one.
 void expert_matvec(cpu::Isa isa, const cpu::ExpertMatrix& m, int64_t expert, const float* x, float* y);
 
 // h [gate.rows] = silu(gate x) * up x of expert `expert`, computed by the code a layer job runs (bit for bit).
