@@ -108,7 +108,7 @@ BYTE_CASES: list[tuple[str, Corrupt, str]] = [
     ("rows-not-multiple-of-block", lambda L: patched(L.blob, L.tensor_dims_at(EXPERTS), "<Q", 48),
      "not a multiple of the Q8_0 block size 32"),
     ("unknown-tensor-type", lambda L: patched(L.blob, L.tensor_type_at(EXPERTS), "<I", 200), "unknown ggml type 200"),
-    ("type-without-form", lambda L: patched(L.blob, L.tensor_type_at(EXPERTS), "<I", int(T.IQ2_XXS)),
+    ("type-without-form", lambda L: patched(L.blob, L.tensor_type_at(EXPERTS), "<I", int(T.Q8_K)),
      "no canonical form holds it"),
     ("offset-misaligned", lambda L: patched(L.blob, L.tensor_offset_at(EXPERTS), "<Q", L.tensor_offset(EXPERTS) + 1),
      "not a multiple of the alignment"),

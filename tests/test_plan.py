@@ -29,7 +29,8 @@ def bench_tensors(g):
 
 
 @pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
-                                       T.IQ4_NL, T.IQ4_XS, T.MXFP4, T.F16, T.BF16, T.F32])
+                                       T.IQ4_NL, T.IQ4_XS, T.MXFP4, T.IQ2_XXS, T.IQ2_XS, T.IQ3_S, T.IQ1_M, T.TQ1_0,
+                                       T.F16, T.BF16, T.F32])
 def test_canonical_bytes_equal_what_repack_produces(rng, ggml_type):
     ne = (512, 3)
     raw = random_blocks(ggml_type, math.prod(ne), rng)

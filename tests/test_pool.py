@@ -29,7 +29,7 @@ MODELS = {"qwen4exp": (2560, 640), "qwen3next": (2048, 512)}  # (n_embd, expert_
 SHAPES = MODELS | {"odd": (2080, 544)}
 FLOATS = (T.F32, T.F16, T.BF16)
 TYPES = (T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS,
-         T.MXFP4, *FLOATS)
+         T.MXFP4, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M, T.TQ1_0, T.TQ2_0, *FLOATS)
 # A layer's (gate, up, down) types: one type throughout, or float and quantized matrices mixed.
 LAYERS = {t.name: (t, t, t) for t in TYPES} | {
     "BF16+Q8_0": (T.BF16, T.BF16, T.Q8_0),    # float gate/up, quantized down: h quantized, x not
@@ -37,7 +37,9 @@ LAYERS = {t.name: (t, t, t) for t in TYPES} | {
     "F16|Q8_0|BF16": (T.F16, T.Q8_0, T.BF16),  # x both ways in one layer
 }
 # What llama-quantize writes instead when a row is not whole 256-blocks (qwen4exp's down has 640 columns).
-FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.IQ4_XS: T.IQ4_NL}
+FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.IQ4_XS: T.IQ4_NL,
+            **dict.fromkeys((T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M), T.IQ4_NL),
+            T.TQ1_0: T.Q4_0, T.TQ2_0: T.Q4_0}
 SUPPORT = _native.cpu_isa_support()
 ISAS = [pytest.param("avx2", marks=pytest.mark.skipif(not SUPPORT["avx2"], reason="CPU lacks AVX2+FMA+F16C")),
         pytest.param("avx512", marks=pytest.mark.skipif(not SUPPORT["avx512"], reason="CPU lacks AVX-512 VNNI"))]

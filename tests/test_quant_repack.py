@@ -11,12 +11,17 @@ import strata.quant.repacking as repacking
 from strata.errors import FormatError
 from strata.quant import dequantize, dequantize_raw, form_for, repack
 from strata.quant.dequant import unpack_codes
+from strata.format.types import ACCEPTED_TYPES
 from strata.quant.forms import FORMS
-from strata.quant.synthetic import random_blocks
+from strata.quant.synthetic import random_blocks, set_d
 from strata.quant.tensor import QuantTensor
 
 TYPES = list(FORMS)
 QUANTIZED = [t for t in TYPES if not form_for(t).is_float]
+# Types whose form folds a power of two out of d (float32 d) or keeps d (IQ3_S, ternary) around new grids.
+LATTICE = [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M, T.TQ1_0, T.TQ2_0]
+FINITE_FP16 = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+FINITE_FP16 = FINITE_FP16[np.isfinite(FINITE_FP16)]  # +-0, subnormals, normals up to +-65504
 
 
 def assert_bits_equal(got: np.ndarray, want: np.ndarray, what: str) -> None:
@@ -38,7 +43,19 @@ def test_dequantize_of_repack_is_bit_exact(ggml_type: T, rng: np.random.Generato
         assert_bits_equal(got, want, f"{ggml_type.name} rows={rows} cols={cols}")
 
 
-@pytest.mark.parametrize("ggml_type", [T.Q4_0, T.Q8_0, T.Q4_K, T.Q2_K, T.Q6_K, T.MXFP4], ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", LATTICE, ids=lambda t: t.name)
+def test_lattice_types_are_bit_exact_for_every_finite_d(ggml_type: T, rng: np.random.Generator) -> None:
+    """The fold of d * 2^-k into a float32 d (repack_lattice.py's proof), checked on each of the 63488 finite
+    fp16 values of d, one 256-weight block each, every other byte random."""
+    n = FINITE_FP16.size
+    raw = random_blocks(ggml_type, 256 * n, rng)
+    set_d(raw.reshape(n, -1), ggml_type, rng.permutation(FINITE_FP16))
+    want = gguf.quants.dequantize(raw.reshape(n, -1), ggml_type).reshape(n, 256)
+    assert_bits_equal(dequantize(repack(raw, ggml_type, (256, n))), want, f"{ggml_type.name}, every finite d")
+
+
+@pytest.mark.parametrize("ggml_type", [T.Q4_0, T.Q8_0, T.Q4_K, T.Q2_K, T.Q6_K, T.MXFP4, T.IQ2_S, T.IQ1_M, T.TQ1_0],
+                         ids=lambda t: t.name)
 def test_threaded_chunks_match_one_pass(ggml_type: T, rng: np.random.Generator, monkeypatch: pytest.MonkeyPatch) -> None:
     rows, cols = 48, 1024
     raw = random_blocks(ggml_type, rows * cols, rng)
@@ -89,12 +106,16 @@ def test_code_packing_follows_the_doc(bits: int, rng: np.random.Generator) -> No
                     assert got[row, block * 32 + j + i * (32 // per_byte)] == code, (bits, row, block, j, i)
 
 
-@pytest.mark.parametrize("ggml_type", [T.Q8_K, T.IQ2_XXS, T.Q1_0, T.I32, T.F64], ids=lambda t: t.name)
+@pytest.mark.parametrize("ggml_type", [T.Q8_K, T.Q8_1, T.Q1_0, T.I32, T.F64], ids=lambda t: t.name)
 def test_types_without_a_form_are_refused_by_name(ggml_type: T) -> None:
     with pytest.raises(FormatError, match=ggml_type.name):
         form_for(ggml_type)
     with pytest.raises(FormatError, match=ggml_type.name):
         repack(np.zeros(4096, np.uint8), ggml_type, (256, 1))
+
+
+def test_the_scanner_accepts_exactly_the_held_types() -> None:
+    assert ACCEPTED_TYPES == set(FORMS)
 
 
 def test_wrong_sizes_are_format_errors(rng: np.random.Generator) -> None:

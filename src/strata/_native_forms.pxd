@@ -11,6 +11,10 @@ cdef extern from "strata/forms.hpp" namespace "strata" nogil:
     cdef enum class Codebook "strata::Codebook":
         Iq4Nl
         Mxfp4
+        Iq2
+        Iq3Xxs
+        Iq3S
+        Iq1
     cdef cppclass QuantForm "strata::QuantForm":
         int32_t code_bits
         int32_t code_bias

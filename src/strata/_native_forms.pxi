@@ -9,20 +9,32 @@ _FLOAT_KINDS = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, np.dtype(np.ui
 _PLANES = ("codes", "d", "sub_scales", "mins", "sub_mins")
 
 
-cdef QuantForm quant_form(object form) except *:
-    from strata.quant.forms import IQ4_NL_CODEBOOK, MXFP4_CODEBOOK
+cdef Codebook codebook_of(object form) except *:
+    from strata.quant import forms
 
+    if form.codebook is None:
+        return <Codebook>0  # Codebook::None (a Python keyword, so not declared by name)
+    book = tuple(form.codebook)
+    if book == forms.IQ4_NL_CODEBOOK:
+        return Codebook.Iq4Nl
+    if book == forms.MXFP4_CODEBOOK:
+        return Codebook.Mxfp4
+    if book == forms.IQ2_CODEBOOK:
+        return Codebook.Iq2
+    if book == forms.IQ3_XXS_CODEBOOK:
+        return Codebook.Iq3Xxs
+    if book == forms.IQ3_S_CODEBOOK:
+        return Codebook.Iq3S
+    if book == forms.IQ1_CODEBOOK:
+        return Codebook.Iq1
+    raise InvalidArgument(f"form {form.name}: codebook {book} is none of strata.quant.forms' tables")
+
+
+cdef QuantForm quant_form(object form) except *:
     cdef QuantForm f
     f.code_bits = form.code_bits
     f.code_bias = form.code_bias
-    if form.codebook is None:
-        f.codebook = <Codebook>0  # Codebook::None (a Python keyword, so not declared by name)
-    elif tuple(form.codebook) == IQ4_NL_CODEBOOK:
-        f.codebook = Codebook.Iq4Nl
-    elif tuple(form.codebook) == MXFP4_CODEBOOK:
-        f.codebook = Codebook.Mxfp4
-    else:
-        raise InvalidArgument(f"form {form.name}: codebook {form.codebook} is neither IQ4_NL's nor MXFP4's")
+    f.codebook = codebook_of(form)
     f.group_size = form.group_size
     f.super_size = form.super_size
     f.scale_f32 = form.scale_dtype == "float32"

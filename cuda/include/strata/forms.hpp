@@ -14,17 +14,32 @@ enum class FloatKind : std::int32_t { F32 = 0, F16 = 1, BF16 = 2 };
 // Bytes of one element of a float form.
 constexpr std::size_t float_kind_bytes(FloatKind kind) noexcept { return kind == FloatKind::F32 ? 4 : 2; }
 
-// Which value table a form's codes index; None means v = code - code_bias.
-enum class Codebook : std::int32_t { None = 0, Iq4Nl = 1, Mxfp4 = 2 };
+// Which value table a form's codes index; None means v = code - code_bias. One table per distinct value set
+// (strata.quant.forms): the lattice i-quants' codes are a magnitude index | sign << 3 (IQ1: | delta < 0 << 2).
+enum class Codebook : std::int32_t { None = 0, Iq4Nl = 1, Mxfp4 = 2, Iq2 = 3, Iq3Xxs = 4, Iq3S = 5, Iq1 = 6 };
 
-// The values a 4-bit code indexes in a codebook form: IQ4_NL's non-linear grid, MXFP4's e2m1 doubled.
+// The values a 4-bit code indexes in a codebook form: IQ4_NL's non-linear grid, MXFP4's e2m1 doubled, the
+// signed grid magnitudes of IQ2_XXS / IQ2_XS / IQ2_S, IQ3_XXS and IQ3_S, and IQ1_S / IQ1_M's 8 * (g +- 1/8).
 inline constexpr std::int8_t kIq4NlValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                                  1,    13,   25,  38,  53,  69,  89,  113};
 inline constexpr std::int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+inline constexpr std::int8_t kIq2Values[16] = {8, 25, 43, 0, 0, 0, 0, 0, -8, -25, -43, 0, 0, 0, 0, 0};
+inline constexpr std::int8_t kIq3XxsValues[16] = {4,  12,  20,  28,  36,  44,  52,  62,
+                                                  -4, -12, -20, -28, -36, -44, -52, -62};
+inline constexpr std::int8_t kIq3SValues[16] = {1, 3, 5, 7, 9, 11, 13, 15, -1, -3, -5, -7, -9, -11, -13, -15};
+inline constexpr std::int8_t kIq1Values[16] = {-7, 1, 9, 0, -9, -1, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 
-// The 16 values of `codebook`, or nullptr for Codebook::None.
+// The 16 values of `codebook`, or nullptr for Codebook::None (or an id no table has).
 constexpr const std::int8_t* codebook_values(Codebook codebook) noexcept {
-  return codebook == Codebook::Iq4Nl ? kIq4NlValues : codebook == Codebook::Mxfp4 ? kMxfp4Values : nullptr;
+  switch (codebook) {
+    case Codebook::Iq4Nl: return kIq4NlValues;
+    case Codebook::Mxfp4: return kMxfp4Values;
+    case Codebook::Iq2: return kIq2Values;
+    case Codebook::Iq3Xxs: return kIq3XxsValues;
+    case Codebook::Iq3S: return kIq3SValues;
+    case Codebook::Iq1: return kIq1Values;
+    default: return nullptr;
+  }
 }
 
 // One quantized form: how codes, scales and offsets combine (docs/forms.md, "The quantized form").
@@ -34,7 +49,7 @@ struct QuantForm {
   Codebook codebook = Codebook::None;
   std::int32_t group_size = 0;    // 16 or 32
   std::int32_t super_size = 0;    // 32 or 256
-  bool scale_f32 = false;         // d is float32 (MXFP4) instead of float16
+  bool scale_f32 = false;         // d is float32 (MXFP4, the folded i-quants) instead of float16
   bool has_sub_scales = false;    // int8 sub_scales per group (only when group_size != super_size)
   bool has_mins = false;          // float16 mins per super-block (+ uint8 sub_mins per group with sub-scales)
 };

@@ -10,13 +10,14 @@ namespace {
 
 constexpr int kBlock = 32;      // elements per code block and per q8_32 activation block
 
-// The compile-time shape of a form; code_bias stays a runtime value (it only scales the group's Σ xq).
-template <int Bits, int Group, int Super, Codebook Book, bool ScaleF32, bool SubScales, bool Mins>
+// The compile-time shape of a form; code_bias and the codebook's values stay runtime values (the bias only
+// scales the group's Σ xq, the values are a lookup table), so forms differing only in those share a kernel.
+template <int Bits, int Group, int Super, bool Book, bool ScaleF32, bool SubScales, bool Mins>
 struct Shape {
   static constexpr int kBits = Bits, kGroup = Group, kSuper = Super;
   static constexpr int kGroupsPerBlock = kBlock / Group;
   static constexpr int kCodeWords = kBlock * Bits / 8 / 4;  // 32-bit words of codes per block
-  static constexpr Codebook kBook = Book;
+  static constexpr bool kBook = Book;  // codes index a 16-entry value table
   static constexpr bool kScaleF32 = ScaleF32, kSubScales = SubScales, kMins = Mins;
 };
 
@@ -37,9 +38,8 @@ __device__ __forceinline__ void load_codes(const std::uint8_t* block_codes, unsi
 // 4 codes of one word, as the signed bytes __dp4a multiplies: table values, or the codes themselves when
 // they fit int8 (2 and 4 bits); 8-bit codes are shifted by -128 (flip of the top bit) and corrected later.
 template <class S>
-__device__ __forceinline__ int operand(unsigned codes4) {
-  if constexpr (S::kBook == Codebook::Iq4Nl) return lookup16(codes4, kIq4NlTable);
-  else if constexpr (S::kBook == Codebook::Mxfp4) return lookup16(codes4, kMxfp4Table);
+__device__ __forceinline__ int operand(unsigned codes4, const ValueTable& book) {
+  if constexpr (S::kBook) return lookup16(codes4, book);
   else if constexpr (S::kBits == 8) return static_cast<int>(codes4 ^ 0x80808080u);
   else return static_cast<int>(codes4);
 }
@@ -47,18 +47,18 @@ __device__ __forceinline__ int operand(unsigned codes4) {
 // Σ operand * xq per group of one block. x word k holds elements 4k..4k+3 of the block.
 template <class S>
 __device__ __forceinline__ void block_dots(const unsigned (&c)[S::kCodeWords], const int (&x)[8],
-                                           int (&dot)[S::kGroupsPerBlock]) {
+                                           const ValueTable& book, int (&dot)[S::kGroupsPerBlock]) {
 #pragma unroll
   for (int g = 0; g < S::kGroupsPerBlock; ++g) dot[g] = 0;
   constexpr int kLastGroup = S::kGroupsPerBlock - 1;
   if constexpr (S::kBits == 8) {  // word k: codes 4k..4k+3
 #pragma unroll
-    for (int k = 0; k < 8; ++k) dot[k * 4 / S::kGroup] = __dp4a(operand<S>(c[k]), x[k], dot[k * 4 / S::kGroup]);
+    for (int k = 0; k < 8; ++k) dot[k * 4 / S::kGroup] = __dp4a(operand<S>(c[k], book), x[k], dot[k * 4 / S::kGroup]);
   } else if constexpr (S::kBits == 4) {  // word k: codes 4k.. (low nibbles), 16 + 4k.. (high nibbles)
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      dot[0] = __dp4a(operand<S>(c[k] & 0x0F0F0F0Fu), x[k], dot[0]);
-      dot[kLastGroup] = __dp4a(operand<S>((c[k] >> 4) & 0x0F0F0F0Fu), x[4 + k], dot[kLastGroup]);
+      dot[0] = __dp4a(operand<S>(c[k] & 0x0F0F0F0Fu, book), x[k], dot[0]);
+      dot[kLastGroup] = __dp4a(operand<S>((c[k] >> 4) & 0x0F0F0F0Fu, book), x[4 + k], dot[kLastGroup]);
     }
   } else {  // 2 bits, word h: bits 2i of its bytes hold codes 8i + 4h ..
 #pragma unroll
@@ -66,7 +66,8 @@ __device__ __forceinline__ void block_dots(const unsigned (&c)[S::kCodeWords], c
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int k = 2 * i + h;
-        dot[k * 4 / S::kGroup] = __dp4a(operand<S>((c[h] >> (2 * i)) & 0x03030303u), x[k], dot[k * 4 / S::kGroup]);
+        const int g = k * 4 / S::kGroup;
+        dot[g] = __dp4a(operand<S>((c[h] >> (2 * i)) & 0x03030303u, book), x[k], dot[g]);
       }
     }
   }
@@ -74,7 +75,7 @@ __device__ __forceinline__ void block_dots(const unsigned (&c)[S::kCodeWords], c
 
 template <class S>
 __global__ void __launch_bounds__(kRowsPerCta * 32)
-gemv_quant_kernel(QuantPlanes p, int rows, int cols, int code_bias, const std::int8_t* __restrict__ xq,
+gemv_quant_kernel(QuantPlanes p, int rows, int cols, int code_bias, ValueTable book, const std::int8_t* __restrict__ xq,
                   const float* __restrict__ dx, const std::int32_t* __restrict__ xsums, float* __restrict__ y,
                   int split) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -85,7 +86,7 @@ gemv_quant_kernel(QuantPlanes p, int rows, int cols, int code_bias, const std::i
   const int n_blocks = cols / kBlock, n_super = cols / S::kSuper, n_group = cols / S::kGroup;
   const std::uint8_t* codes = p.codes + static_cast<long>(row) * n_blocks * S::kCodeWords * 4;
   // Σ v xq = Σ operand xq + bias_shift Σ xq: the 8-bit operand is code - 128, the others code (or table).
-  const int bias_shift = S::kBook != Codebook::None ? 0 : (S::kBits == 8 ? 128 : 0) - code_bias;
+  const int bias_shift = S::kBook ? 0 : (S::kBits == 8 ? 128 : 0) - code_bias;
   float acc = 0.0f;
   for (int b = live ? part * 32 + lane : n_blocks; b < n_blocks; b += 32 * split) {
     unsigned c[S::kCodeWords];
@@ -95,7 +96,7 @@ gemv_quant_kernel(QuantPlanes p, int rows, int cols, int code_bias, const std::i
     const int4 x_hi = __ldg(reinterpret_cast<const int4*>(xq + b * kBlock) + 1);
     x[0] = x_lo.x, x[1] = x_lo.y, x[2] = x_lo.z, x[3] = x_lo.w, x[4] = x_hi.x, x[5] = x_hi.y, x[6] = x_hi.z, x[7] = x_hi.w;
     int dot[S::kGroupsPerBlock];
-    block_dots<S>(c, x, dot);
+    block_dots<S>(c, x, book, dot);
 
     const long super_index = static_cast<long>(row) * n_super + b * kBlock / S::kSuper;
     const float d = S::kScaleF32 ? __ldg(static_cast<const float*>(p.d) + super_index)
@@ -128,9 +129,10 @@ gemv_quant_kernel(QuantPlanes p, int rows, int cols, int code_bias, const std::i
 
 template <class S>
 bool matches(const QuantForm& f) {
-  return f.code_bits == S::kBits && f.group_size == S::kGroup && f.super_size == S::kSuper &&
-         f.codebook == S::kBook && f.scale_f32 == S::kScaleF32 && f.has_sub_scales == S::kSubScales &&
-         f.has_mins == S::kMins;
+  const bool book = f.codebook != Codebook::None;
+  return f.code_bits == S::kBits && f.group_size == S::kGroup && f.super_size == S::kSuper && book == S::kBook &&
+         (!book || codebook_values(f.codebook) != nullptr) && f.scale_f32 == S::kScaleF32 &&
+         f.has_sub_scales == S::kSubScales && f.has_mins == S::kMins;
 }
 
 template <class... Shapes>
@@ -143,27 +145,31 @@ struct ShapeList {
     const int split = row_split(rows);
     const int rows_per_cta = kRowsPerCta / split;
     const unsigned grid = static_cast<unsigned>((rows + rows_per_cta - 1) / rows_per_cta);
+    const ValueTable book = value_table(codebook_values(form.codebook));
     return ((matches<Shapes>(form) &&
              (gemv_quant_kernel<Shapes><<<grid, kRowsPerCta * 32, 0, stream>>>(planes, rows, cols, form.code_bias,
-                                                                                xq, dx, xsums, y, split),
+                                                                                book, xq, dx, xsums, y, split),
               true)) ||
             ...);
   }
 };
 
-// The distinct shapes of docs/forms.md's table (types differing only in code_bias share one).
+// The distinct shapes of docs/forms.md's table (types differing only in code_bias or codebook share one).
 using KnownShapes = ShapeList<
-    Shape<8, 32, 32, Codebook::None, false, false, false>,    // Q8_0, Q5_0
-    Shape<4, 32, 32, Codebook::None, false, false, false>,    // Q4_0
-    Shape<4, 32, 32, Codebook::None, false, false, true>,     // Q4_1
-    Shape<8, 32, 32, Codebook::None, false, false, true>,     // Q5_1
-    Shape<2, 16, 256, Codebook::None, false, true, true>,     // Q2_K
-    Shape<8, 16, 256, Codebook::None, false, true, false>,    // Q3_K, Q6_K
-    Shape<4, 32, 256, Codebook::None, false, true, true>,     // Q4_K
-    Shape<8, 32, 256, Codebook::None, false, true, true>,     // Q5_K
-    Shape<4, 32, 32, Codebook::Iq4Nl, false, false, false>,   // IQ4_NL
-    Shape<4, 32, 256, Codebook::Iq4Nl, false, true, false>,   // IQ4_XS
-    Shape<4, 32, 32, Codebook::Mxfp4, true, false, false>>;   // MXFP4
+    Shape<8, 32, 32, false, false, false, false>,   // Q8_0, Q5_0
+    Shape<4, 32, 32, false, false, false, false>,   // Q4_0
+    Shape<4, 32, 32, false, false, false, true>,    // Q4_1
+    Shape<8, 32, 32, false, false, false, true>,    // Q5_1
+    Shape<2, 16, 256, false, false, true, true>,    // Q2_K
+    Shape<8, 16, 256, false, false, true, false>,   // Q3_K, Q6_K
+    Shape<4, 32, 256, false, false, true, true>,    // Q4_K
+    Shape<8, 32, 256, false, false, true, true>,    // Q5_K
+    Shape<2, 32, 256, false, false, true, false>,   // TQ1_0, TQ2_0
+    Shape<4, 32, 32, true, false, false, false>,    // IQ4_NL
+    Shape<4, 32, 32, true, true, false, false>,     // MXFP4
+    Shape<4, 32, 256, true, false, true, false>,    // IQ4_XS, IQ3_S
+    Shape<4, 32, 256, true, true, true, false>,     // IQ2_XXS, IQ3_XXS, IQ1_S
+    Shape<4, 16, 256, true, true, true, false>>;    // IQ2_XS, IQ2_S, IQ1_M
 
 }  // namespace
 

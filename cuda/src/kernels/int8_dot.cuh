@@ -8,20 +8,21 @@ namespace strata::kernels {
 
 constexpr unsigned kByteOnes = 0x01010101u;
 
-// IQ4_NL's grid and MXFP4's doubled e2m1 values (docs/forms.md), 16 int8 entries packed 4 per word.
+// A codebook's 16 int8 values (strata/forms.hpp), packed 4 per word: a kernel argument, so every codebook
+// form of one shape shares a kernel.
 struct ValueTable {
   unsigned w[4];
 };
-__host__ __device__ constexpr unsigned pack4(int a, int b, int c, int d) {
+constexpr unsigned pack4(int a, int b, int c, int d) {
   return (static_cast<unsigned>(a) & 0xFFu) | ((static_cast<unsigned>(b) & 0xFFu) << 8) |
          ((static_cast<unsigned>(c) & 0xFFu) << 16) | ((static_cast<unsigned>(d) & 0xFFu) << 24);
 }
-__host__ __device__ constexpr ValueTable value_table(const std::int8_t (&v)[16]) {
+// The packed table of `v` (16 values), all zeros for nullptr (a form without a codebook).
+inline ValueTable value_table(const std::int8_t* v) {
+  if (v == nullptr) return {};
   return {{pack4(v[0], v[1], v[2], v[3]), pack4(v[4], v[5], v[6], v[7]), pack4(v[8], v[9], v[10], v[11]),
            pack4(v[12], v[13], v[14], v[15])}};
 }
-__device__ constexpr ValueTable kIq4NlTable = value_table(kIq4NlValues);
-__device__ constexpr ValueTable kMxfp4Table = value_table(kMxfp4Values);
 
 // Four codes (0..15, one per byte of `codes`) -> their four int8 table values, one per byte.
 // __byte_perm picks bytes from an 8-byte pair by 3-bit selectors, so look up in both halves of the table

@@ -28,7 +28,12 @@ SHAPES = {"qwen4exp": (2560, 640), "qwen3next": (2048, 512)}  # (n_embd, expert_
 # F16 and BF16 are what llama.cpp's converter writes by default; F32 streams the most bytes a weight.
 MIXES = {"Q4_K": (T.Q4_K, T.Q4_K), "Q2_K": (T.Q2_K, T.Q2_K), "Q8_0": (T.Q8_0, T.Q8_0), "Q4_K+Q4_0": (T.Q4_K, T.Q4_0),
          "F16": (T.F16, T.F16), "BF16": (T.BF16, T.BF16), "F32": (T.F32, T.F32), "BF16+Q8_0": (T.BF16, T.Q8_0)}
-FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.IQ4_XS: T.IQ4_NL}
+# The lattice i-quants and the ternary types, one mix per distinct CPU kernel and scale plane: IQ3_XXS and IQ1_S
+# run IQ2_XXS's, IQ2_S and IQ1_M IQ2_XS's (the codebook is a runtime table), TQ1_0 TQ2_0's.
+IQ_MIXES = {t.name: (t, t) for t in (T.IQ2_XXS, T.IQ2_XS, T.IQ3_S, T.TQ2_0)}
+FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.IQ4_XS: T.IQ4_NL,
+            **dict.fromkeys((T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M), T.IQ4_NL),
+            T.TQ1_0: T.Q4_0, T.TQ2_0: T.Q4_0}
 HEADLINE = ("qwen4exp", "Q4_K")
 
 
@@ -124,10 +129,10 @@ def run(quick: bool = False, k: int = 10, isa: str | None = None, json_path: str
         print(f"  {result['smt_workers']:3d} workers (SMT siblings too): {result['read_bw_smt']:7.1f} GB/s")
     bw_all = result["read_bw"][n_all]
 
-    print(f"\n{'shape':10s} {'mix':10s} {'down':5s} {'thr':>4s} {'MB/job':>7s} {'med us':>8s} {'p90 us':>8s} "
+    print(f"\n{'shape':10s} {'mix':10s} {'down':7s} {'thr':>4s} {'MB/job':>7s} {'med us':>8s} {'p90 us':>8s} "
           f"{'GB/s':>6s} {'%bw':>5s} {'lat/bound':>9s}")
     for shape, (n_embd, ff) in SHAPES.items():
-        for mix, (gate_type, down_type) in MIXES.items():
+        for mix, (gate_type, down_type) in {**MIXES, **IQ_MIXES}.items():
             n_expert = experts_per_layer(scale, (gate_type, down_type), n_embd, ff, k)
             gate = [synthetic_experts(gate_type, ff, n_embd, n_expert, rng) for _ in range(2 * scale.n_layers)]
             down = [synthetic_experts(down_type, n_embd, ff, n_expert, rng) for _ in range(scale.n_layers)]
@@ -149,7 +154,7 @@ def run(quick: bool = False, k: int = 10, isa: str | None = None, json_path: str
                 row["fraction_of_read_bw"] = row["gb_per_s"] / bw_all
                 row["latency_over_bound"] = row["median_s"] / (job_bytes / (bw_all * 1e9))
                 result["layers"].append(row)
-                print(f"{shape:10s} {mix:10s} {row['down_form']:5s} {row['threads']:4d}{'s' if smt else ' '}"
+                print(f"{shape:10s} {mix:10s} {row['down_form']:7s} {row['threads']:4d}{'s' if smt else ' '}"
                       f"{job_bytes / 1e6:7.1f} {row['median_s'] * 1e6:8.0f} {row['p90_s'] * 1e6:8.0f} "
                       f"{row['gb_per_s']:6.1f} {100 * row['fraction_of_read_bw']:5.1f} {row['latency_over_bound']:9.2f}")
             del gate, down

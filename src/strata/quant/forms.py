@@ -12,6 +12,13 @@ from strata.errors import FormatError
 # IQ4_NL's non-linear 4-bit grid (also IQ4_XS's), and MXFP4's e2m1 values doubled so they are integers.
 IQ4_NL_CODEBOOK = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 MXFP4_CODEBOOK = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
+# The lattice i-quants hold each weight as a signed grid magnitude: code = magnitude index | sign << 3
+# (repack_kernels.py builds the codes; unused entries are 0). The grids' magnitudes, from gguf.quants:
+IQ2_CODEBOOK = (8, 25, 43, 0, 0, 0, 0, 0, -8, -25, -43, 0, 0, 0, 0, 0)  # IQ2_XXS, IQ2_XS, IQ2_S
+IQ3_XXS_CODEBOOK = (4, 12, 20, 28, 36, 44, 52, 62, -4, -12, -20, -28, -36, -44, -52, -62)
+IQ3_S_CODEBOOK = (1, 3, 5, 7, 9, 11, 13, 15, -1, -3, -5, -7, -9, -11, -13, -15)
+# IQ1_S / IQ1_M: 8 * (g + delta) for g in {-1, 0, 1} and delta = +-1/8: code = (g + 1) | (delta < 0) << 2.
+IQ1_CODEBOOK = (-7, 1, 9, 0, -9, -1, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 
 BLOCK = 32  # codes are packed, and activations quantized, per 32 consecutive elements of a row
 
@@ -78,6 +85,18 @@ FORMS: dict[T, Form] = {
     T.IQ4_NL: _quant("iq4_nl", 4, 0, 32, 32, codebook=IQ4_NL_CODEBOOK),
     T.IQ4_XS: _quant("iq4_xs", 4, 0, 32, 256, sub_scales=True, codebook=IQ4_NL_CODEBOOK),
     T.MXFP4: _quant("mxfp4", 4, 0, 32, 32, codebook=MXFP4_CODEBOOK, scale_dtype="float32"),
+    # d folds a power of two out of the type's group scale (d * 2^-k, exact in float32 only), so these hold d
+    # as float32; sub_scales = 2 * ls + 1 (repack_kernels.py proves the float32 order is unchanged).
+    T.IQ2_XXS: _quant("iq2_xxs", 4, 0, 32, 256, sub_scales=True, codebook=IQ2_CODEBOOK, scale_dtype="float32"),
+    T.IQ2_XS: _quant("iq2_xs", 4, 0, 16, 256, sub_scales=True, codebook=IQ2_CODEBOOK, scale_dtype="float32"),
+    T.IQ2_S: _quant("iq2_s", 4, 0, 16, 256, sub_scales=True, codebook=IQ2_CODEBOOK, scale_dtype="float32"),
+    T.IQ3_XXS: _quant("iq3_xxs", 4, 0, 32, 256, sub_scales=True, codebook=IQ3_XXS_CODEBOOK, scale_dtype="float32"),
+    T.IQ3_S: _quant("iq3_s", 4, 0, 32, 256, sub_scales=True, codebook=IQ3_S_CODEBOOK),
+    T.IQ1_S: _quant("iq1_s", 4, 0, 32, 256, sub_scales=True, codebook=IQ1_CODEBOOK, scale_dtype="float32"),
+    T.IQ1_M: _quant("iq1_m", 4, 0, 16, 256, sub_scales=True, codebook=IQ1_CODEBOOK, scale_dtype="float32"),
+    # Ternary: code = q + 1. The kernels know 256-element super-blocks only with sub-scales: theirs are all 1.
+    T.TQ1_0: _quant("tq1_0", 2, 1, 32, 256, sub_scales=True),
+    T.TQ2_0: _quant("tq2_0", 2, 1, 32, 256, sub_scales=True),
 }
 _BY_NAME = {form.name: form for form in FORMS.values()}
 # numpy dtype of a float form's array; bf16 has no numpy dtype and is held as its raw uint16 bits.

@@ -24,7 +24,7 @@ _BIT_SHIFTS = np.arange(8, dtype=np.uint64)
 _NIBBLE_SHIFTS = np.array([0, 4], dtype=np.uint64)
 
 
-def _bytes(plane: np.ndarray) -> np.ndarray:
+def byte_view(plane: np.ndarray) -> np.ndarray:
     """A plane view as raw bytes, one row per block."""
     return plane.view(np.uint8)
 
@@ -43,13 +43,21 @@ def _copy_field(blocks: np.ndarray, start: int, stop: int, dst: np.ndarray) -> N
     np.copyto(dst.view(np.uint8).view(item), blocks[:, start:stop].view(item))
 
 
-def _copy_fp16(blocks: np.ndarray, offset: int, plane: np.ndarray) -> None:
+def compact_field(blocks: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """Bytes ``start:stop`` of every block as a new compact ``[n, stop - start]`` array: numpy passes over it
+    then run one long loop instead of one short loop per block."""
+    field = np.empty((blocks.shape[0], stop - start), np.uint8)
+    _copy_field(blocks, start, stop, field)
+    return field
+
+
+def copy_fp16(blocks: np.ndarray, offset: int, plane: np.ndarray) -> None:
     np.copyto(plane.view(np.uint16).reshape(-1), blocks[:, offset:offset + 2].view(np.uint16).reshape(-1))
 
 
 def _copy_negated_fp16(blocks: np.ndarray, offset: int, plane: np.ndarray) -> None:
     """K-quants store ``dmin`` and subtract it; the form stores ``-dmin`` and adds (exact: a sign flip)."""
-    _copy_fp16(blocks, offset, plane)
+    copy_fp16(blocks, offset, plane)
     np.bitwise_xor(plane.view(np.uint16), np.uint16(0x8000), out=plane.view(np.uint16))
 
 
@@ -90,32 +98,32 @@ def _add_fifth_bits(qh: np.ndarray, codes: np.ndarray) -> None:
 
 
 def _q8_0(blocks: np.ndarray, out: dict[str, np.ndarray]) -> None:
-    _copy_fp16(blocks, 0, out["d"])
+    copy_fp16(blocks, 0, out["d"])
     _copy_field(blocks, 2, 34, out["codes"])
     words = out["codes"].view(np.uint64)
     np.bitwise_xor(words, np.uint64(0x8080808080808080), out=words)  # int8 q -> q + 128
 
 
 def _q4_0(blocks: np.ndarray, out: dict[str, np.ndarray]) -> None:  # also IQ4_NL: same block, same packing
-    _copy_fp16(blocks, 0, out["d"])
+    copy_fp16(blocks, 0, out["d"])
     _copy_field(blocks, 2, 18, out["codes"])
 
 
 def _q4_1(blocks: np.ndarray, out: dict[str, np.ndarray]) -> None:
-    _copy_fp16(blocks, 0, out["d"])
-    _copy_fp16(blocks, 2, out["mins"])
+    copy_fp16(blocks, 0, out["d"])
+    copy_fp16(blocks, 2, out["mins"])
     _copy_field(blocks, 4, 20, out["codes"])
 
 
 def _q5_0(blocks: np.ndarray, out: dict[str, np.ndarray]) -> None:
-    _copy_fp16(blocks, 0, out["d"])
+    copy_fp16(blocks, 0, out["d"])
     _nibbles_to_bytes(blocks[:, 6:22], out["codes"])
     _add_fifth_bits(blocks[:, 2:6], out["codes"])
 
 
 def _q5_1(blocks: np.ndarray, out: dict[str, np.ndarray]) -> None:
-    _copy_fp16(blocks, 0, out["d"])
-    _copy_fp16(blocks, 2, out["mins"])
+    copy_fp16(blocks, 0, out["d"])
+    copy_fp16(blocks, 2, out["mins"])
     _nibbles_to_bytes(blocks[:, 8:24], out["codes"])
     _add_fifth_bits(blocks[:, 4:8], out["codes"])
 
@@ -138,26 +146,63 @@ def _q2_k(blocks: np.ndarray, out: dict[str, np.ndarray]) -> None:
     np.bitwise_and(scales, _LOW_NIBBLES, out=scales)
     np.right_shift(mins, np.uint64(4), out=mins)
     np.bitwise_and(mins, _LOW_NIBBLES, out=mins)
-    _copy_fp16(blocks, 80, out["d"])
+    copy_fp16(blocks, 80, out["d"])
     _copy_negated_fp16(blocks, 82, out["mins"])
+    _copy_crumb_columns(blocks, 16, out["codes"])
+
+
+def _copy_crumb_columns(blocks: np.ndarray, start: int, codes: np.ndarray) -> None:
+    """Q2_K / TQ2_0 qs (64 bytes from ``start``): per 128 elements, element 32k + l sits in bits 2k of qs[l]."""
     # Each 32 bytes of qs are four words W0..W3 with crumb k of W_i = code 8i + j of block k; block k's
     # 8 bytes want crumb i = that code. A 4x4 crumb transpose: two rounds of delta swaps.
-    codes = out["codes"]
-    _copy_field(blocks, 16, 80, codes)
+    _copy_field(blocks, start, start + 64, codes)
     words = codes.view(np.uint64).reshape(-1)
     _swap_bits(words, 2, 4, _every_fourth_word(0x0F0F0F0F0F0F0F0F, 0, 1, words.size))
     _swap_bits(words, 1, 2, _every_fourth_word(0x3333333333333333, 0, 2, words.size))
+
+
+# Ternary types: code = q + 1 (value q - 1); their form has sub-scales of 1 (forms.py says why).
+
+
+def _tq2_0(blocks: np.ndarray, out: dict[str, np.ndarray]) -> None:
+    # qs[64] laid out as Q2_K's | d. A crumb of 3 (never written by llama.cpp) reads as value 2 on both sides.
+    _copy_crumb_columns(blocks, 0, out["codes"])
+    copy_fp16(blocks, 64, out["d"])
+    out["sub_scales"].fill(1)
+
+
+def _tq1_0(blocks: np.ndarray, out: dict[str, np.ndarray]) -> None:
+    # qs[48] | qh[4] | d. A byte holds 5 base-3 digits (qh: 4) as a fixed-point fraction of 256: digit p is
+    # ((byte * 3^p mod 256) * 3) >> 8, i.e. (x >= 86) + (x >= 171) for x = byte * 3^p mod 256. Digit p of qs[l]
+    # is element 32p + l (l < 32) or 160 + 16p + (l - 32); digit p of qh[l] is element 240 + 4p + l.
+    n = blocks.shape[0]
+    packed = compact_field(blocks, 0, 52)
+    codes = np.empty((n, 256), np.uint8)
+    for p in range(5):
+        shifted = packed * np.uint8(3**p)  # wraps mod 256, as the format wants
+        digits = np.add(shifted >= 86, shifted >= 171, dtype=np.uint8)
+        _copy_field(digits, 0, 32, codes[:, 32 * p:32 * p + 32])
+        _copy_field(digits, 32, 48, codes[:, 160 + 16 * p:176 + 16 * p])
+        if p < 4:
+            _copy_field(digits, 48, 52, codes[:, 240 + 4 * p:244 + 4 * p])
+    words = codes.view(np.uint64).reshape(-1, 4)  # per 32-element block, word i: its codes 8i .. 8i + 7
+    crumbs = out["codes"].view(np.uint64).reshape(-1)
+    np.left_shift(words[:, 3], np.uint64(6), out=crumbs)
+    for i in range(3):
+        crumbs |= words[:, i] << np.uint64(2 * i)
+    copy_fp16(blocks, 52, out["d"])
+    out["sub_scales"].fill(1)
 
 
 def _q3_k(blocks: np.ndarray, out: dict[str, np.ndarray]) -> None:
     # hmask[32] | qs[64] | scales[12] | d. Element 128h + 32s + l: low 2 bits in bits 2s of qs[32h + l],
     # high bit in bit (4h + s) of hmask[l]; value = low - 4 * (1 - high) = code - 4 with code = low + 4 * high.
     n = blocks.shape[0]
-    _copy_fp16(blocks, 108, out["d"])
+    copy_fp16(blocks, 108, out["d"])
     low = blocks[:, 96:104].reshape(n, 1, 8) >> np.array([0, 4], dtype=np.uint8).reshape(1, 2, 1)
     high = blocks[:, 104:108].reshape(n, 1, 4) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 4, 1)
     scale = (low.reshape(n, 16) & 0x0F) | ((high.reshape(n, 16) & 0x03) << 4)
-    np.subtract(scale, 32, out=_bytes(out["sub_scales"]))  # wraps to the int8 value scale - 32
+    np.subtract(scale, 32, out=byte_view(out["sub_scales"]))  # wraps to the int8 value scale - 32
     qs = _words(blocks, 32, 96).reshape(n, 2, 1, 4)
     hmask = _words(blocks, 0, 32).reshape(n, 1, 4)
     codes = out["codes"].view(np.uint64).reshape(n, 8, 4)
@@ -169,7 +214,7 @@ def _q3_k(blocks: np.ndarray, out: dict[str, np.ndarray]) -> None:
 
 def _k_scales_and_mins(blocks: np.ndarray, out: dict[str, np.ndarray]) -> None:
     """Q4_K/Q5_K: d | dmin | 12 bytes holding 8 six-bit scales and 8 six-bit mins."""
-    _copy_fp16(blocks, 0, out["d"])
+    copy_fp16(blocks, 0, out["d"])
     _copy_negated_fp16(blocks, 2, out["mins"])
     words = blocks[:, 4:16].view(np.uint32)  # one column per 4 bytes: whole-tensor ops, not per-block ones
     a, b, c = words[:, 0], words[:, 1], words[:, 2]
@@ -208,8 +253,8 @@ def _q6_k(blocks: np.ndarray, out: dict[str, np.ndarray]) -> None:
     # ql[128] | qh[64] | scales[16] int8 | d. Element 128h + 64t + j: nibble t of ql[64h + j];
     # element 128h + 32s + l: bits 4..5 in bits 2s of qh[32h + l]. Code = value + 32.
     n = blocks.shape[0]
-    np.copyto(_bytes(out["sub_scales"]), blocks[:, 192:208])
-    _copy_fp16(blocks, 208, out["d"])
+    np.copyto(byte_view(out["sub_scales"]), blocks[:, 192:208])
+    copy_fp16(blocks, 208, out["d"])
     ql = _words(blocks, 0, 128).reshape(n, 2, 1, 8)
     qh = _words(blocks, 128, 192).reshape(n, 2, 1, 4)
     codes = out["codes"].view(np.uint64).reshape(n, 8, 4)
@@ -222,17 +267,17 @@ def _q6_k(blocks: np.ndarray, out: dict[str, np.ndarray]) -> None:
 def _iq4_xs(blocks: np.ndarray, out: dict[str, np.ndarray]) -> None:
     # d | scales_h (u16, 2 bits per group) | scales_l[4] (a nibble per group) | qs[128], packed as the form.
     n = blocks.shape[0]
-    _copy_fp16(blocks, 0, out["d"])
+    copy_fp16(blocks, 0, out["d"])
     low = (blocks[:, 4:8].reshape(n, 4, 1) >> np.array([0, 4], dtype=np.uint8)) & 0x0F
     scales_h = blocks[:, 2].astype(np.uint16) | (blocks[:, 3].astype(np.uint16) << 8)
     high = (scales_h.reshape(n, 1) >> np.arange(0, 16, 2, dtype=np.uint16)) & 0x03
     scale = low.reshape(n, 8) | (high.astype(np.uint8) << 4)
-    np.subtract(scale, 32, out=_bytes(out["sub_scales"]))  # wraps to the int8 value scale - 32
+    np.subtract(scale, 32, out=byte_view(out["sub_scales"]))  # wraps to the int8 value scale - 32
     _copy_field(blocks, 8, 136, out["codes"])
 
 
 KERNELS: dict[T, Kernel] = {
     T.Q8_0: _q8_0, T.Q4_0: _q4_0, T.Q4_1: _q4_1, T.Q5_0: _q5_0, T.Q5_1: _q5_1,
     T.Q2_K: _q2_k, T.Q3_K: _q3_k, T.Q4_K: _q4_k, T.Q5_K: _q5_k, T.Q6_K: _q6_k,
-    T.IQ4_NL: _q4_0, T.IQ4_XS: _iq4_xs, T.MXFP4: _mxfp4,
+    T.IQ4_NL: _q4_0, T.IQ4_XS: _iq4_xs, T.MXFP4: _mxfp4, T.TQ1_0: _tq1_0, T.TQ2_0: _tq2_0,
 }

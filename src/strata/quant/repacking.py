@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType as T
 from strata.errors import FormatError, InvalidArgument
 from strata.quant.forms import FLOAT_DTYPES, form_for
 from strata.quant.repack_kernels import KERNELS
+from strata.quant.repack_lattice import LATTICE_KERNELS
 from strata.quant.tensor import QuantTensor
 
 # Input bytes per task: large enough that numpy's per-call overhead is noise, small enough that a
@@ -25,6 +26,7 @@ CHUNK_BYTES = 1 << 20
 # Measured on the 16-core GPU box (benchmarks/bench_repack.py): Q4_K 3.28 GB/s with 8 threads, 1.90 with 16;
 # past 8 the numpy temporaries fight over memory bandwidth and the K types slow down.
 MAX_DEFAULT_THREADS = 8
+_KERNELS = {**KERNELS, **LATTICE_KERNELS}
 
 
 def default_threads() -> int:
@@ -70,7 +72,7 @@ def repack(raw: np.ndarray, ggml_type: T | int, ne: Sequence[int], *, threads: i
     per_block = {plane: array.reshape(n_blocks, -1) for plane, array in out.planes().items()}
     step = max(1, CHUNK_BYTES // type_size)
     spans = [(start, min(start + step, n_blocks)) for start in range(0, n_blocks, step)]
-    kernel = KERNELS[ggml_type]
+    kernel = _KERNELS[ggml_type]
 
     def run(span: tuple[int, int]) -> None:
         lo, hi = span

@@ -17,8 +17,10 @@ from strata.quant.forms import form_for
 FP16_SCALE_OFFSETS: dict[T, tuple[int, ...]] = {
     T.Q8_0: (0,), T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2),
     T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,),
-    T.IQ4_NL: (0,), T.IQ4_XS: (0,),
+    T.IQ4_NL: (0,), T.IQ4_XS: (0,), T.IQ2_XXS: (0,), T.IQ2_XS: (0,), T.IQ2_S: (0,), T.IQ3_XXS: (0,), T.IQ3_S: (0,),
+    T.IQ1_S: (0,), T.TQ1_0: (52,), T.TQ2_0: (64,),
 }
+IQ1_M_SCALE_WORDS = 48  # IQ1_M has no d field: its fp16 bits are the top nibbles of the 4 uint16 at this offset
 # MXFP4's e8m0 exponent byte: 2^(e-128) over about 2^-28 .. 2^-8, like real weights' scales.
 MXFP4_EXPONENTS = (100, 120)
 
@@ -49,4 +51,19 @@ def random_blocks(ggml_type: T | int, n_elements: int, rng: np.random.Generator)
         blocks[:, 0] = rng.integers(*MXFP4_EXPONENTS, size=n_blocks, endpoint=True, dtype=np.uint8)
     for offset in FP16_SCALE_OFFSETS.get(ggml_type, ()):
         blocks[:, offset:offset + 2] = random_scales(rng, n_blocks).view(np.uint8).reshape(n_blocks, 2)
+    if ggml_type == T.IQ1_M:
+        set_d(blocks, ggml_type, random_scales(rng, n_blocks))
     return blocks.reshape(-1)
+
+
+def set_d(blocks: np.ndarray, ggml_type: T, d: np.ndarray) -> None:
+    """Writes fp16 ``d`` as the super-block scale of each block (uint8 ``[n, type_size]``): its first fp16
+    field, or for IQ1_M, which has none, the top nibbles of its 4 scale words (lowest nibble first)."""
+    bits = d.astype(np.float16).view(np.uint16)
+    if ggml_type != T.IQ1_M:
+        offset = FP16_SCALE_OFFSETS[ggml_type][0]
+        blocks[:, offset:offset + 2] = bits.view(np.uint8).reshape(-1, 2)
+        return
+    words = blocks[:, IQ1_M_SCALE_WORDS:IQ1_M_SCALE_WORDS + 8].view(np.uint16)
+    words &= np.uint16(0x0FFF)
+    words |= (bits[:, None] >> np.array([0, 4, 8, 12], dtype=np.uint16)) << np.uint16(12)
