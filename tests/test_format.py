@@ -63,7 +63,11 @@ def test_zero_compress_ratio_is_a_warning(tmp_path: Path, rng: np.random.Generat
 
 
 def test_file_without_tokenizer(tmp_path: Path, rng: np.random.Generator) -> None:
-    with inspect(build_tiny(tmp_path / "n.gguf", rng, tokenizer=False)) as mf:
+    # without a token list the vocabulary size must be stated ({arch}.vocab_size, which llama.cpp also reads)
+    with pytest.raises(FormatError, match="vocabulary size is unknown"):
+        inspect(build_tiny(tmp_path / "u.gguf", rng, tokenizer=False))
+    vocab = {"qwen4exp.vocab_size": (tiny_geometry().n_vocab, gguf.GGUFValueType.UINT32)}
+    with inspect(build_tiny(tmp_path / "n.gguf", rng, tokenizer=False, kv=vocab)) as mf:
         with pytest.raises(FormatError, match="no tokenizer"):
             mf.tokenizer()
 
@@ -99,7 +103,8 @@ def test_full_size_released_file_inspects_fast(tmp_path: Path) -> None:
     g = released("qwen4exp")
     path = tmp_path / "full.gguf"
     try:
-        _write_header_only(path, metadata_for(g), tensor_inventory(g), T.Q8_0)
+        kv = [*metadata_for(g), ("qwen4exp.vocab_size", g.n_vocab, gguf.GGUFValueType.UINT32)]  # no token list
+        _write_header_only(path, kv, tensor_inventory(g), T.Q8_0)
     except OSError as exc:  # a filesystem without sparse files or large-file support
         pytest.skip(f"cannot create a sparse full-size file here: {exc}")
     start = time.perf_counter()
