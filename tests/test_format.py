@@ -49,10 +49,26 @@ def test_merged_expert_gate_up_is_accepted(tmp_path: Path, rng: np.random.Genera
         inspect(build_tiny(tmp_path / "both.gguf", rng, extra=merged))
 
 
-def test_shared_gate_written_two_dimensional_is_accepted(tmp_path: Path, rng: np.random.Generator) -> None:
-    path = build_tiny(tmp_path / "s.gguf", rng, shapes={"blk.0.ffn_gate_inp_shexp.weight": (64, 1)})
-    with inspect(path) as mf:
-        assert mf.tensors["blk.0.ffn_gate_inp_shexp.weight"].ne == (64, 1)
+def test_shared_gate_in_either_shape_loads_the_same(tmp_path: Path, rng: np.random.Generator) -> None:
+    """llama.cpp's converter writes the shared-expert gate {n_embd, 1}, older strata files {n_embd}: both open,
+    and the GPU upload and the reference see the same values."""
+    from strata.reference.weights import FileWeights
+    from strata.runtime.loader import dense_weights
+    name = "blk.0.ffn_gate_inp_shexp.weight"
+    seed = int(rng.integers(2**32))
+    llama = build_tiny(tmp_path / "llama.gguf", np.random.default_rng(seed))
+    older = build_tiny(tmp_path / "older.gguf", np.random.default_rng(seed), shapes={name: (64,)})
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    uploads, products = [], []
+    for path, ne in ((llama, (64, 1)), (older, (64,))):
+        with inspect(path) as mf:
+            assert mf.tensors[name].ne == ne and not mf.warnings
+            held = dense_weights(mf)[name]
+            assert held.dtype == np.float32 and held.shape == (1, 64), (path.name, held.shape)
+            uploads.append(np.array(held))
+            products.append(FileWeights(mf).matmul(name, x))
+    assert np.array_equal(uploads[0].view(np.uint32), uploads[1].view(np.uint32)), f"seed {seed}"
+    assert np.array_equal(products[0], products[1]) and products[0].shape == (3, 1), f"seed {seed}"
 
 
 def test_zero_compress_ratio_is_a_warning(tmp_path: Path, rng: np.random.Generator) -> None:
