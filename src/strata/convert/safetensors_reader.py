@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
 
 from strata.errors import FormatError
 
@@ -56,6 +55,9 @@ def _cut_short(path: Path, size: int) -> str:
 
 def read_header(path: Path) -> dict[str, StoredTensor]:
     """Where each tensor of one .safetensors file lies; FormatError naming the file (and tensor) if malformed."""
+    # imported here: synth and bench import strata.convert too, and only reading a checkpoint needs the package
+    from safetensors import SafetensorError, safe_open
+
     size = path.stat().st_size
     try:
         with safe_open(path, framework="numpy") as f:
