@@ -66,7 +66,7 @@ def tokenizer_metadata() -> list[tuple[str, Any, V]]:
         ("tokenizer.ggml.tokens", tokens, V.STRING), ("tokenizer.ggml.token_type", types, V.INT32),
         ("tokenizer.ggml.merges", merges, V.STRING),
         ("tokenizer.ggml.eos_token_id", eos, V.UINT32), ("tokenizer.ggml.bos_token_id", eos, V.UINT32),
-        ("tokenizer.ggml.padding_token_id", eos, V.UINT32),
+        ("tokenizer.ggml.padding_token_id", eos, V.UINT32), ("tokenizer.ggml.add_bos_token", False, V.BOOL),
         ("tokenizer.chat_template", CHAT_TEMPLATE, V.STRING),
     ]
 

@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 gguf = pytest.importorskip("gguf")
 
+from llamacpp_layout import expected_layout, type_of_class, value_type  # noqa: E402
 from strata.convert import convert  # noqa: E402
 
 T = gguf.GGMLQuantizationType
@@ -181,6 +182,43 @@ def test_f32_matches_transformed_state_dict(checkpoint, tmp_path):
         assert got.size == want.size
 
 
+def _table_sizes(hf_dir) -> dict[str, int]:
+    """The n-gram table's width and rows (its shards summed), read from the checkpoint with the safetensors package."""
+    from safetensors import safe_open
+    shapes = []
+    for path in sorted(hf_dir.glob("*.safetensors")):
+        with safe_open(path, framework="numpy") as f:
+            shapes += [f.get_slice(n).get_shape() for n in f.keys() if ".ple_embedding.ngram_embedding." in n]
+    return {"ple_table_width": shapes[0][1], "ple_table_rows": sum(s[0] for s in shapes)} if shapes else {}
+
+
+# llama.cpp's general.file_type for each --outtype (gguf.LlamaFileType)
+FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0"}
+
+
+@pytest.mark.parametrize("outtype", sorted(FILE_TYPES))
+def test_layout_is_llama_cpps_converter(checkpoint, tmp_path, outtype):
+    """Tensor for tensor (name, ne, type) and key for key (name, value type) the listing of a llama.cpp-converted
+    file in tests/data. No allow-list: every key strata writes is one llama.cpp's converter writes."""
+    arch, hf_dir, _, seed, _ = checkpoint
+    layout = expected_layout(arch, hf_dir, _table_sizes(hf_dir))
+    reader = gguf.GGUFReader(convert(hf_dir, tmp_path / "m.gguf", outtype=outtype))
+    otype = T[outtype.upper()]
+    got = {t.name: (tuple(int(d) for d in t.shape), t.tensor_type) for t in reader.tensors}
+    assert set(got) == set(layout.tensors), f"names differ: {sorted(set(got) ^ set(layout.tensors))}"
+    for name, (ne, type_class) in layout.tensors.items():
+        assert got[name] == (ne, type_of_class(type_class, ne, otype)), f"{name}: {got[name]}, listed {ne} {type_class}"
+    fields = {name: value_type(f) for name, f in reader.fields.items() if not name.startswith("GGUF.")}
+    for key, vtype in fields.items():
+        entry = layout.key_for(key)
+        assert entry is not None, f"{key}: llama.cpp's converter does not write it"
+        assert entry.value_type in ("*", vtype), f"{key}: {vtype}, llama.cpp writes {entry.value_type}"
+    missing = [k.pattern for k in layout.keys if k.required and k.pattern not in fields]
+    assert not missing, f"keys llama.cpp's converter writes are missing: {missing}"
+    file_type = gguf.LlamaFileType(int(reader.fields["general.file_type"].parts[-1][0]))
+    assert file_type.name == FILE_TYPES[outtype]
+
+
 def test_q8_0_types_follow_llama_cpp_rules(checkpoint, tmp_path):
     arch, hf_dir, expected, seed, _ = checkpoint
     out = convert(hf_dir, tmp_path / "m.gguf", outtype="q8_0")
@@ -250,5 +288,34 @@ def test_errors_name_the_problem(tmp_path, checkpoint):
         convert(bad, tmp_path / "m.gguf")
     (bad / "config.json").write_text(json.dumps({**cfg, "moe_intermediate_size": 2 * FF}))
     with pytest.raises(FormatError, match="ffn_gate_exps.weight.*does not fit"):
+        convert(bad, tmp_path / "m.gguf")
+    assert not (tmp_path / "m.gguf").exists()
+
+
+def test_malformed_checkpoint_errors_name_the_file_and_tensor(tmp_path, checkpoint):
+    import json
+    import shutil
+    import struct
+    from strata.errors import FormatError
+    _, hf_dir, _, _, _ = checkpoint
+    bad = tmp_path / "bad"
+    shutil.copytree(hf_dir, bad)
+    weights = bad / "model.safetensors"
+    blob = weights.read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    last = max((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][1])
+    weights.write_bytes(blob[:-100])                       # a download cut short
+    with pytest.raises(FormatError, match=rf"model\.safetensors: .*{last}.* ends past the end"):
+        convert(bad, tmp_path / "m.gguf")
+    weights.write_bytes(blob[:8] + b"x" + blob[9:])          # not JSON
+    with pytest.raises(FormatError, match=r"model\.safetensors: not a valid safetensors file"):
+        convert(bad, tmp_path / "m.gguf")
+    first = min((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"][0])
+    header[first]["data_offsets"][0] += 4                    # a hole before the first tensor's data
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    weights.write_bytes(struct.pack("<Q", len(text)) + text + blob[8 + n:])
+    with pytest.raises(FormatError, match=rf"model\.safetensors: .*{first}"):
         convert(bad, tmp_path / "m.gguf")
     assert not (tmp_path / "m.gguf").exists()

@@ -49,10 +49,26 @@ def test_merged_expert_gate_up_is_accepted(tmp_path: Path, rng: np.random.Genera
         inspect(build_tiny(tmp_path / "both.gguf", rng, extra=merged))
 
 
-def test_shared_gate_written_two_dimensional_is_accepted(tmp_path: Path, rng: np.random.Generator) -> None:
-    path = build_tiny(tmp_path / "s.gguf", rng, shapes={"blk.0.ffn_gate_inp_shexp.weight": (64, 1)})
-    with inspect(path) as mf:
-        assert mf.tensors["blk.0.ffn_gate_inp_shexp.weight"].ne == (64, 1)
+def test_shared_gate_in_either_shape_loads_the_same(tmp_path: Path, rng: np.random.Generator) -> None:
+    """llama.cpp's converter writes the shared-expert gate {n_embd, 1}, older strata files {n_embd}: both open,
+    and the GPU upload and the reference see the same values."""
+    from strata.reference.weights import FileWeights
+    from strata.runtime.loader import dense_weights
+    name = "blk.0.ffn_gate_inp_shexp.weight"
+    seed = int(rng.integers(2**32))
+    llama = build_tiny(tmp_path / "llama.gguf", np.random.default_rng(seed))
+    older = build_tiny(tmp_path / "older.gguf", np.random.default_rng(seed), shapes={name: (64,)})
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    uploads, products = [], []
+    for path, ne in ((llama, (64, 1)), (older, (64,))):
+        with inspect(path) as mf:
+            assert mf.tensors[name].ne == ne and not mf.warnings
+            held = dense_weights(mf)[name]
+            assert held.dtype == np.float32 and held.shape == (1, 64), (path.name, held.shape)
+            uploads.append(np.array(held))
+            products.append(FileWeights(mf).matmul(name, x))
+    assert np.array_equal(uploads[0].view(np.uint32), uploads[1].view(np.uint32)), f"seed {seed}"
+    assert np.array_equal(products[0], products[1]) and products[0].shape == (3, 1), f"seed {seed}"
 
 
 def test_zero_compress_ratio_is_a_warning(tmp_path: Path, rng: np.random.Generator) -> None:
@@ -63,7 +79,11 @@ def test_zero_compress_ratio_is_a_warning(tmp_path: Path, rng: np.random.Generat
 
 
 def test_file_without_tokenizer(tmp_path: Path, rng: np.random.Generator) -> None:
-    with inspect(build_tiny(tmp_path / "n.gguf", rng, tokenizer=False)) as mf:
+    # without a token list the vocabulary size must be stated ({arch}.vocab_size, which llama.cpp also reads)
+    with pytest.raises(FormatError, match="vocabulary size is unknown"):
+        inspect(build_tiny(tmp_path / "u.gguf", rng, tokenizer=False))
+    vocab = {"qwen4exp.vocab_size": (tiny_geometry().n_vocab, gguf.GGUFValueType.UINT32)}
+    with inspect(build_tiny(tmp_path / "n.gguf", rng, tokenizer=False, kv=vocab)) as mf:
         with pytest.raises(FormatError, match="no tokenizer"):
             mf.tokenizer()
 
@@ -99,7 +119,8 @@ def test_full_size_released_file_inspects_fast(tmp_path: Path) -> None:
     g = released("qwen4exp")
     path = tmp_path / "full.gguf"
     try:
-        _write_header_only(path, metadata_for(g), tensor_inventory(g), T.Q8_0)
+        kv = [*metadata_for(g), ("qwen4exp.vocab_size", g.n_vocab, gguf.GGUFValueType.UINT32)]  # no token list
+        _write_header_only(path, kv, tensor_inventory(g), T.Q8_0)
     except OSError as exc:  # a filesystem without sparse files or large-file support
         pytest.skip(f"cannot create a sparse full-size file here: {exc}")
     start = time.perf_counter()

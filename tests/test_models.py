@@ -12,7 +12,8 @@ from strata.models import (ARCHITECTURES, geometry_from_metadata, metadata_for, 
 
 
 def _kv(g) -> dict:
-    return {key: value for key, value, _ in metadata_for(g)}
+    """The metadata of a file of g: its architecture keys and, as in every converted file, a token list."""
+    return {**{key: value for key, value, _ in metadata_for(g)}, "tokenizer.ggml.tokens": ["t"] * g.n_vocab}
 
 
 @pytest.mark.parametrize("arch, count", [("qwen4exp", 1224), ("qwen3next", 843), ("qwen35moe", 733)])
@@ -53,13 +54,14 @@ def test_qwen3next_alternatives_cover_merged_experts_and_legacy_ssm_in() -> None
     assert "blk.3.ssm_in.weight" not in names        # attention layer
 
 
-def test_eos_and_vocab_from_tokens_when_vocab_size_absent() -> None:
+def test_vocab_from_tokens_unless_vocab_size_is_given() -> None:
     g = released("qwen3next")
     kv = _kv(g)
-    del kv["qwen3next.vocab_size"]
-    kv["tokenizer.ggml.tokens"] = ["t"] * g.n_vocab
+    assert "qwen3next.vocab_size" not in kv        # llama.cpp's converter leaves it to the token list
     assert geometry_from_metadata(kv).n_vocab == g.n_vocab
-    del kv["tokenizer.ggml.tokens"]
+    kv["qwen3next.vocab_size"] = g.n_vocab + 64    # llama.cpp's loader reads the key first
+    assert geometry_from_metadata(kv).n_vocab == g.n_vocab + 64
+    del kv["qwen3next.vocab_size"], kv["tokenizer.ggml.tokens"]
     with pytest.raises(FormatError, match="vocabulary size is unknown"):
         geometry_from_metadata(kv)
 
@@ -95,6 +97,8 @@ def test_recurrent_pattern_without_interval_writes_the_list() -> None:
     g = dataclasses.replace(released("qwen35moe"), recurrent=(True, False) * 20)
     kv = _kv(g)
     assert kv["qwen35moe.full_attention_interval"] == 2
+    assert "qwen35moe.attention.recurrent_layers" not in kv      # as llama.cpp's converter: the interval only
+    assert all(f"{a}.attention.recurrent_layers" not in _kv(released(a)) for a in ARCHITECTURES)
     g = dataclasses.replace(g, recurrent=(False,) + (True,) * 39)
     kv = _kv(g)
     assert "qwen35moe.full_attention_interval" not in kv

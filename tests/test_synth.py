@@ -8,10 +8,11 @@ import gguf
 import numpy as np
 import pytest
 
+from strata.convert.file_type import file_type
 from strata.errors import InvalidArgument
 from strata.format import inspect
-from strata.models import ARCHITECTURES
-from strata.synth import TypeMix, synthesize
+from strata.models import ARCHITECTURES, tensor_inventory
+from strata.synth import TypeMix, synthesize, tensor_type
 from strata.synth.presets import BENCH_TYPES, geometry, ple_multipliers
 
 T = gguf.GGMLQuantizationType
@@ -47,6 +48,40 @@ def test_tiny_validates_and_values_have_the_intended_scale(arch, mix, seed, tmp_
             want = 1.0 if t.name in ("token_embd.weight", "per_layer_token_embd.weight") else 1 / np.sqrt(int(t.shape[0]))
             # floats land within sqrt(2) (scale rounded to a power of two); quantized types within a few %
             assert want / 1.6 < rms < want * 1.6, f"{t.name} {t.tensor_type.name}: rms {rms}, want ~{want} (seed {seed})"
+
+
+def _llama_cpp_name(dominant: T) -> str:
+    """llama.cpp's file type name for a file of mostly `dominant` weights (its loader's guess, its quantizer's
+    presets): ALL_F32, MOSTLY_<type>, a K-quant's _M mix."""
+    if dominant == T.F32:
+        return "ALL_F32"
+    return f"MOSTLY_{dominant.name}" + ("_M" if dominant in (T.Q3_K, T.Q4_K, T.Q5_K) else "")
+
+
+@pytest.mark.parametrize("mix", sorted(MIXES))
+def test_file_type_is_the_type_most_weights_have(mix, tmp_path):
+    reader = gguf.GGUFReader(synthesize(tmp_path / "m.gguf", "qwen35moe", types=MIXES[mix], seed=2, threads=2))
+    elements: dict[T, int] = {}
+    for t in reader.tensors:
+        elements[t.tensor_type] = elements.get(t.tensor_type, 0) + int(t.n_elements)
+    field = reader.fields["general.file_type"]
+    assert field.types == [gguf.GGUFValueType.UINT32]
+    assert gguf.LlamaFileType(int(field.parts[-1][0])).name == _llama_cpp_name(max(elements, key=elements.get))
+    assert int(reader.fields["general.quantization_version"].parts[-1][0]) == gguf.GGML_QUANT_VERSION
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_bench_files_are_mostly_q4_k(arch):
+    """The benchmark preset (Q4_K experts) once carried no general.file_type, and llama.cpp named it ALL_F32."""
+    specs = tensor_inventory(geometry(arch, "bench"))
+    assert file_type((s.ne, tensor_type(s, BENCH_TYPES)) for s in specs) == gguf.LlamaFileType.MOSTLY_Q4_K_M
+
+
+def test_file_type_of_no_tensors_or_an_unnamed_type_is_refused():
+    with pytest.raises(InvalidArgument, match="no tensors"):
+        file_type([])
+    with pytest.raises(InvalidArgument, match="IQ2_XXS"):
+        file_type([((256, 4), T.IQ2_XXS), ((32,), T.F32)])
 
 
 def test_type_mix_is_honoured(tmp_path):

@@ -1,31 +1,29 @@
 """`strata convert`: a transformers checkpoint directory -> a GGUF file in llama.cpp's layout.
 
 Supports qwen4_exp, qwen3_next and qwen3_5_moe checkpoints as `save_pretrained` writes them (config.json
-plus *.safetensors, sharded or not). Tensor names, shapes and metadata keys come from strata.models;
-the HF -> GGUF transforms are in `tensor_map`. Tensors stream one piece at a time, so memory stays
-bounded by the largest single expert / table piece, not the model.
+plus *.safetensors, sharded or not). The output is tensor for tensor and key for key what llama.cpp's
+convert_hf_to_gguf.py writes (tests/data/llamacpp_*.txt list it; MTP blocks are dropped, as its --no-mtp does).
+Tensor names, shapes and metadata keys come from strata.models; the HF -> GGUF transforms are in `tensor_map`.
+Tensors stream one piece at a time, so memory stays bounded by the largest single expert / table piece.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
-import gguf
 import numpy as np
 
 from strata import models
 from strata.convert import tokenizer_meta
-from strata.convert.encode import T, encode, out_type, tensor_type
+from strata.convert.encode import encode, out_type, tensor_type
+from strata.convert.file_type import file_type_metadata
 from strata.convert.gguf_stream import GGUFStream
-from strata.convert.hf_config import geometry_fields, load_text_config
+from strata.convert.hf_config import geometry_fields, load_text_config, unread_metadata
+from strata.convert.naming import general_metadata
 from strata.convert.safetensors_reader import Checkpoint
 from strata.convert.tensor_map import HFSource, tensor_source
 from strata.errors import FormatError
-
-# llama.cpp's general.file_type for a whole-file output type (LlamaFileType)
-_FILE_TYPE = {T.F32: 0, T.F16: 1, T.Q8_0: 7, T.BF16: 32}
 
 
 def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -58,15 +56,6 @@ def _write_tensor(out: GGUFStream, name: str, pieces: Iterator[np.ndarray]) -> N
         raise FormatError(f"tensor {name!r}: source has {elements} elements, GGUF ne {list(t.ne)} needs {expected}")
 
 
-def _general_kv(hf_dir: Path, otype: T) -> list[tuple[str, Any, gguf.GGUFValueType]]:
-    V = gguf.GGUFValueType
-    return [
-        (gguf.Keys.General.NAME, hf_dir.resolve().name, V.STRING),
-        (gguf.Keys.General.FILE_TYPE, _FILE_TYPE[otype], V.UINT32),
-        (gguf.Keys.General.QUANTIZATION_VERSION, gguf.GGML_QUANT_VERSION, V.UINT32),
-    ]
-
-
 def convert(hf_dir: str | Path, out_path: str | Path, outtype: str = "f32",
             progress: Callable[[int, int], None] | None = None) -> Path:
     """Convert a transformers checkpoint directory to a GGUF at `out_path`; returns the path.
@@ -84,7 +73,9 @@ def convert(hf_dir: str | Path, out_path: str | Path, outtype: str = "f32",
         eos = cfg.get("eos_token_id")
         vocab = tokenizer_meta.from_hf_dir(arch, hf_dir, g.n_vocab, cfg) or tokenizer_meta.byte_level(
             g.n_vocab, eos[-1] if isinstance(eos, list) else eos)
-        kv = [*models.metadata_for(g), *_general_kv(hf_dir, otype), *vocab]
+        # the keys of llama.cpp's converter, in its order: general, architecture, encoding, tokenizer
+        kv = [*general_metadata(hf_dir, arch, plan), *models.metadata_for(g), *unread_metadata(arch, cfg),
+              *file_type_metadata((ne, t) for _, ne, t in plan), *vocab]
         src = HFSource(ckpt, g)
         with GGUFStream(out_path, arch, kv, plan, progress) as out:
             for s in specs:

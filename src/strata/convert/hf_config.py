@@ -1,7 +1,8 @@
 """From a transformers config.json (plus the PLE int64 buffers) to a strata Geometry.
 
 This is the converter's half of llama.cpp's `set_gguf_parameters`: which HF field feeds which
-hyperparameter. The GGUF keys themselves come from `strata.models.metadata_for`.
+hyperparameter. The GGUF keys themselves come from `strata.models.metadata_for`, but for the few that strata
+never reads (`unread_metadata`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+
+import gguf
 
 from strata.convert.safetensors_reader import Checkpoint
 from strata.errors import FormatError, InvalidArgument
@@ -162,6 +165,18 @@ def _qwen4exp_fields(cfg: dict[str, Any], ckpt: Checkpoint, fields: dict[str, An
         ple_multipliers=tuple(int(v) for v in ints[0]), ple_head_offsets=tuple(int(v) for v in ints[1]),
         ple_head_sizes=tuple(int(v) for v in ints[2]), ple_rows=sum(ckpt.shape(n)[0] for n in table),
     )
+
+
+def unread_metadata(arch: str, cfg: dict[str, Any]) -> list[tuple[str, Any, gguf.GGUFValueType]]:
+    """Keys llama.cpp's converter writes from config.json that strata's engines never read: the dense FFN size a
+    MoE config still carries (qwen3next), and qwen4exp's PLE stand-in for image placeholder tokens."""
+    U32 = gguf.GGUFValueType.UINT32
+    items = []
+    if cfg.get("intermediate_size") is not None:
+        items.append((f"{arch}.feed_forward_length", int(cfg["intermediate_size"]), U32))
+    if arch == "qwen4exp" and cfg.get("ple_layer_ids") and cfg.get("image_token_id") is not None:
+        items.append((f"{arch}.ple.image_token_id", int(cfg["image_token_id"]), U32))
+    return items
 
 
 def geometry_fields(arch: str, cfg: dict[str, Any], ckpt: Checkpoint) -> dict[str, Any]:

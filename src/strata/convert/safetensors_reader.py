@@ -1,8 +1,15 @@
-"""Read a transformers checkpoint's *.safetensors files without torch.
+"""Read a transformers checkpoint's *.safetensors files: the safetensors package parses and validates each header,
+the tensor bytes are memory-mapped here.
 
-A safetensors file is an 8-byte little-endian header length, a JSON header mapping each tensor name to
-its dtype, shape and byte range, then the data. Files are memory-mapped: reading one tensor touches only
-its own pages, so a converter can stream a checkpoint far larger than RAM.
+The package's numpy API (safe_open(..., framework="numpy").get_tensor) copies every tensor it returns and has no
+bfloat16 (numpy lacks it), the dtype of most checkpoints. So the package checks the header (offsets contiguous, the
+data section covered exactly, shapes matching sizes: stricter than a reader of our own) and names the tensors in
+file order; their byte ranges follow from that order and their sizes, and the data is a zero-copy view of a
+np.memmap, raw bits (bf16 as uint16) widened to float32 only piece by piece. Measured converting a synthetic 1.03 GB
+qwen35moe checkpoint (8 layers, 64 experts, 1661 tensors; tmpfs, 2 shared cores, alternating runs): BF16 ->
+--outtype bf16 210-230 MB/s with the former reader of our own, 205-235 MB/s with this one; F16 -> f16 135-150 vs
+130-180 MB/s; F16 through get_tensor instead 85-95 MB/s (its copies cost a third). Indexing the file: 63-80 ms (ours)
+vs 32-63 ms (the package). The two readers share the data path, so they are equal within the noise.
 """
 
 from __future__ import annotations
@@ -15,9 +22,6 @@ from pathlib import Path
 import numpy as np
 
 from strata.errors import FormatError
-
-# The JSON header is small in practice (a few MB for thousands of tensors); this bound only rejects garbage.
-_MAX_HEADER_BYTES = 256 * 1024 * 1024
 
 _NUMPY_DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
@@ -35,36 +39,47 @@ class StoredTensor:
     end: int
 
 
-def read_header(path: Path) -> dict[str, StoredTensor]:
-    """Parse one .safetensors header; FormatError naming the file on anything malformed."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) != 8:
-            raise FormatError(f"{path.name}: truncated safetensors file ({size} bytes, expected an 8-byte header length)")
-        (n,) = struct.unpack("<Q", head)
-        if n > _MAX_HEADER_BYTES or 8 + n > size:
-            raise FormatError(f"{path.name}: safetensors header length {n} exceeds the file size {size}")
-        try:
+def _cut_short(path: Path, size: int) -> str:
+    """For the message about a file the package refuses: the first tensor whose bytes lie past the end of the file,
+    where the header can still be read (a truncated download), else nothing."""
+    try:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
             header = json.loads(f.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise FormatError(f"{path.name}: safetensors header is not valid JSON ({e})") from e
-    data_start = 8 + n
+        cut = sorted((int(info["data_offsets"][1]), name) for name, info in header.items()
+                     if name != "__metadata__" and 8 + n + int(info["data_offsets"][1]) > size)
+    except (OSError, struct.error, ValueError, TypeError, KeyError, IndexError, AttributeError):
+        return ""
+    return f"; tensor {cut[0][1]!r} ends past the end of the {size}-byte file" if cut else ""
+
+
+def read_header(path: Path) -> dict[str, StoredTensor]:
+    """Where each tensor of one .safetensors file lies; FormatError naming the file (and tensor) if malformed."""
+    # imported here: synth and bench import strata.convert too, and only reading a checkpoint needs the package
+    from safetensors import SafetensorError, safe_open
+
+    size = path.stat().st_size
+    try:
+        with safe_open(path, framework="numpy") as f:
+            order = f.offset_keys()
+            stored = [(name, f.get_slice(name).get_dtype(), tuple(f.get_slice(name).get_shape())) for name in order]
+    except SafetensorError as e:
+        raise FormatError(f"{path.name}: not a valid safetensors file ({e}){_cut_short(path, size)}") from None
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+    at = 8 + n
     tensors: dict[str, StoredTensor] = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = info.get("dtype")
+    for name, dtype, shape in stored:
         if dtype not in _NUMPY_DTYPES:
             raise FormatError(f"{path.name}: tensor {name!r} has unsupported dtype {dtype!r}")
-        shape = tuple(int(d) for d in info["shape"])
-        begin, end = (int(o) for o in info["data_offsets"])
-        expected = int(np.prod(shape, dtype=np.int64)) * np.dtype(_NUMPY_DTYPES[dtype]).itemsize
-        if end - begin != expected or data_start + end > size:
-            raise FormatError(
-                f"{path.name}: tensor {name!r} {dtype}{list(shape)} spans bytes [{begin}, {end}) "
-                f"(expected {expected} bytes inside a {size}-byte file)")
-        tensors[name] = StoredTensor(path, dtype, shape, data_start + begin, data_start + end)
+        end = at + int(np.prod(shape, dtype=np.int64)) * np.dtype(_NUMPY_DTYPES[dtype]).itemsize
+        tensors[name] = StoredTensor(path, dtype, shape, at, end)
+        at = end
+    # The package accepts only contiguous tensors covering the data exactly, so the ranges above are the header's;
+    # should it ever allow padding between tensors, they would not add up, and the file is refused, not misread.
+    if at != size:
+        raise FormatError(f"{path.name}: its tensors cover {at - 8 - n} of its {size - 8 - n} data bytes "
+                          "(padding between tensors is not supported)")
     return tensors
 
 

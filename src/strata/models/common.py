@@ -131,11 +131,11 @@ def validate_common(g: Geometry) -> None:
 
 
 def write_common(g: Geometry) -> list[MetadataItem]:
-    """The keys llama.cpp's converter writes for every one of the three architectures."""
+    """The keys llama.cpp's converter writes for every one of the three architectures. Not {arch}.vocab_size:
+    the converter leaves the vocabulary size to the token list (tokenizer.ggml.tokens), and so do the loaders."""
     a = g.arch
     items: list[MetadataItem] = [
         ("general.architecture", a, STRING),
-        (f"{a}.vocab_size", g.n_vocab, U32),
         (f"{a}.block_count", g.n_layer, U32),
         (f"{a}.context_length", g.context_length, U32),
         (f"{a}.embedding_length", g.n_embd, U32),
@@ -160,8 +160,12 @@ def write_common(g: Geometry) -> list[MetadataItem]:
         (f"{a}.ssm.time_step_rank", g.ssm_n_v_heads, U32),
         (f"{a}.ssm.inner_size", g.ssm_value_dim, U32),
     ]
+    # llama.cpp's converter writes the interval (from config.json, default 4) and never the per-layer list;
+    # the list is written only where no interval reproduces the layer types, and its loader reads it first.
     interval = attention_interval(g)
-    if interval is not None:
+    if interval is None:
+        items.append((f"{a}.attention.recurrent_layers", list(g.recurrent), BOOL))
+    else:
         items.append((f"{a}.full_attention_interval", interval, U32))
     return items
 
@@ -174,10 +178,6 @@ def attention_interval(g: Geometry) -> int | None:
     return None
 
 
-def recurrent_layers_item(g: Geometry) -> MetadataItem:
-    return (f"{g.arch}.attention.recurrent_layers", list(g.recurrent), BOOL)
-
-
 def moe_tensors(g: Geometry, layer: int) -> list[TensorSpec]:
     p, e, ff, sff, n = f"blk.{layer}.", g.n_embd, g.expert_ff, g.shared_ff, g.n_expert
     return [
@@ -185,7 +185,8 @@ def moe_tensors(g: Geometry, layer: int) -> list[TensorSpec]:
         spec(p + "ffn_gate_exps.weight", (e, ff, n), layer, Role.ROUTED_EXPERT),
         spec(p + "ffn_up_exps.weight", (e, ff, n), layer, Role.ROUTED_EXPERT),
         spec(p + "ffn_down_exps.weight", (ff, e, n), layer, Role.ROUTED_EXPERT),
-        spec(p + "ffn_gate_inp_shexp.weight", (e,), layer),
+        # HF's [1, n_embd] gate, kept 2-D by llama.cpp's converter; a file may drop the 1 (same tensor)
+        spec(p + "ffn_gate_inp_shexp.weight", (e, 1), layer, Role.ELEMENTWISE),
         spec(p + "ffn_gate_shexp.weight", (e, sff), layer),
         spec(p + "ffn_up_shexp.weight", (e, sff), layer),
         spec(p + "ffn_down_shexp.weight", (sff, e), layer),

@@ -150,7 +150,8 @@ class TensorSpec:
     """One tensor an architecture requires."""
 
     name: str                 # GGUF name, e.g. "blk.3.attn_q.weight"
-    ne: tuple[int, ...]       # ggml order (ne0 fastest): a weight is {in, out}
+    ne: tuple[int, ...]       # ggml order (ne0 fastest): a weight is {in, out}; as llama.cpp's converter writes
+                              # it (a file may drop trailing 1s: to ggml {n} and {n, 1} are one shape)
     layer: int | None
     forced_f32: bool          # the converter always writes it F32 (norms, ssm_a, ffn_gate_inp, conv1d, ...)
     quantizable: bool         # llama-quantize may give it a quantized type

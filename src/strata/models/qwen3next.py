@@ -33,10 +33,7 @@ def validate(g: Geometry) -> None:
 
 
 def metadata(g: Geometry) -> list[common.MetadataItem]:
-    items = common.write_common(g) + common.variant_items(g, VARIANTS[g.arch])
-    if common.attention_interval(g) is None:
-        items.append(common.recurrent_layers_item(g))
-    return items
+    return common.write_common(g) + common.variant_items(g, VARIANTS[g.arch])
 
 
 def _beta_alpha(g: Geometry, layer: int) -> list[TensorSpec]:

@@ -92,7 +92,6 @@ def metadata(g: Geometry) -> list[common.MetadataItem]:
     a = ARCH
     items = common.write_common(g) + common.variant_items(g, VARIANT)
     items += [
-        common.recurrent_layers_item(g),
         (f"{a}.hyper_connection.count", g.hc_count, U32),
         (f"{a}.hyper_connection.low_rank", g.hc_rank, U32),
         (f"{a}.attention.indexer.head_count", g.indexer_n_heads, U32),

@@ -19,6 +19,7 @@ import numpy as np
 from strata import models
 from strata.convert import tokenizer_meta
 from strata.convert.encode import encode
+from strata.convert.file_type import file_type_metadata
 from strata.convert.gguf_stream import GGUFStream
 from strata.errors import InvalidArgument
 from strata.synth import blocks, presets, values
@@ -127,7 +128,8 @@ def synthesize(path: str | Path, arch: str, preset: str = "tiny", n_layer: int |
     specs = models.tensor_inventory(g)
     plan = [(s.name, s.ne, tensor_type(s, mix)) for s in specs]
     eos = g.ple_eos if g.ple_layers else g.n_vocab - 1
-    kv = [*models.metadata_for(g), (gguf.Keys.General.NAME, f"strata-synth-{arch}-{preset}", gguf.GGUFValueType.STRING),
+    kv = [(gguf.Keys.General.NAME, f"strata-synth-{arch}-{preset}", gguf.GGUFValueType.STRING),
+          *models.metadata_for(g), *file_type_metadata((ne, t) for _, ne, t in plan),
           *tokenizer_meta.byte_level(g.n_vocab, eos, chat=True)]
     workers = threads or os.cpu_count() or 1
     with GGUFStream(path, arch, kv, plan, progress) as out, ThreadPoolExecutor(workers) as pool:
