@@ -12,7 +12,7 @@ from strata.errors import FormatError
 from strata.format.inventory_check import check_tensors, with_file_ple_rows
 from strata.format.scanner import V, TensorInfo, scan
 from strata.format.tokenizer import Tokenizer
-from strata.format.tokenizer_check import check_tokenizer_metadata
+from strata.format.tokenizer_check import check_tokenizer_keys, check_tokenizer_metadata
 from strata.models import Geometry, geometry_from_metadata
 
 
@@ -33,12 +33,13 @@ class ModelFile:
             self.value_types: dict[str, V] = scanned.value_types   # a scalar's type, an array's element type
             self.tensors: dict[str, TensorInfo] = scanned.tensors
             self.data_start: int = scanned.data_start      # absolute file offset of the data section
+            check_tokenizer_keys(self.metadata, self.value_types)
             geometry = geometry_from_metadata(self.metadata)
             self.geometry: Geometry = with_file_ple_rows(geometry, self.tensors)
             self.arch: str = self.geometry.arch
             n_mtp = self.metadata.get(f"{self.arch}.nextn_predict_layers", 0)
             self.warnings: list[str] = check_tensors(self.geometry, self.tensors, n_mtp)
-            self.warnings += check_tokenizer_metadata(self.metadata, self.value_types, self.geometry.n_vocab)
+            self.warnings += check_tokenizer_metadata(self.metadata, self.geometry.n_vocab)
             self.warnings += _qsa_warnings(self.geometry)
         except BaseException:
             self.close()

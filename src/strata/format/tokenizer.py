@@ -11,7 +11,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from strata.errors import FormatError
-from strata.format.tokenizer_check import CONTROL, USER_DEFINED, K, V, check_tokenizer_metadata, special_ids
+from strata.format.tokenizer_check import (CONTROL, USER_DEFINED, K, V, check_tokenizer_keys,
+                                          check_tokenizer_metadata, special_ids)
 
 # The Qwen2 pre-tokenizer split (llama.cpp LLAMA_VOCAB_PRE_TYPE_QWEN2): contractions, letters with one leading
 # non-letter, single digits, punctuation runs, newlines, spaces.
@@ -32,7 +33,8 @@ class Tokenizer:
 
     def __init__(self, kv: Mapping[str, Any], value_types: Mapping[str, V], n_vocab: int):
         """kv and value_types as the scanner reads a file's metadata (strata.format.ModelFile)."""
-        check_tokenizer_metadata(kv, value_types, n_vocab)
+        check_tokenizer_keys(kv, value_types)
+        check_tokenizer_metadata(kv, n_vocab)
         if kv.get(K.MODEL) != "gpt2":
             raise FormatError(f"{K.MODEL} is {kv.get(K.MODEL)!r}; strata builds only 'gpt2' (byte-level BPE)")
         self.tokens: Sequence[str] = kv[K.LIST]

@@ -126,8 +126,10 @@ def _check_ids(kv: Mapping[str, Any], n_vocab: int) -> None:
             raise fail(key, f"a token id inside the vocabulary of {n_vocab} tokens (0..{n_vocab - 1})", bad)
 
 
-def check_tokenizer_metadata(kv: Mapping[str, Any], value_types: Mapping[str, V], n_vocab: int) -> list[str]:
-    """Check the tokenizer keys a file has (it may have none); returns warnings, raises FormatError.
+def check_tokenizer_keys(kv: Mapping[str, Any], value_types: Mapping[str, V]) -> None:
+    """The checks that need no vocabulary size: each key's type, and the token list wherever its companions are.
+    Run before the architecture is read, whose vocabulary size is the token list's length unless
+    `{arch}.vocab_size` says otherwise (llama.cpp's converter writes none), so a bad list is named as such.
 
     kv and value_types as the scanner reads them: an array's value is a list, its type its element type.
     """
@@ -135,6 +137,11 @@ def check_tokenizer_metadata(kv: Mapping[str, Any], value_types: Mapping[str, V]
     present = [key for key in NEEDS_TOKENS if key in kv]
     if present and K.LIST not in kv:
         raise FormatError(f"tokenizer metadata {K.LIST!r} is missing although {present[0]!r} is present")
+
+
+def check_tokenizer_metadata(kv: Mapping[str, Any], n_vocab: int) -> list[str]:
+    """The rest, after check_tokenizer_keys: lengths, token types, byte tokens, merges and special ids against
+    the vocabulary of `n_vocab` tokens; returns warnings, raises FormatError."""
     warnings = []
     if K.MODEL in kv:
         model = kv[K.MODEL]
