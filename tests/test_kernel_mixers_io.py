@@ -72,7 +72,7 @@ def test_doorbell_wait_times_out_with_a_status(rng):
     base, offset = int(rng.integers(1, 10_000)), 3
     got = _native_check.doorbell_round_trip(x, np.arange(k, dtype=np.int32), np.ones(k, np.float32), base, offset,
                                       None, timeout_ns=20_000)
-    assert got["status"] == base + offset  # the ring that was never answered
+    assert got["status"] == offset  # the layer offset of the ring never answered (a ring may be 0 once wrapped)
     assert got["seq_seen"] == base + offset  # the publish still reached the host
     assert np.array_equal(got["published_x"], x)
     assert np.all(np.isnan(got["answered"]))  # nothing copied: the poisoned output is untouched

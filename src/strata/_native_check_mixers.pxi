@@ -237,7 +237,7 @@ def doorbell_round_trip(x, ids, weights, int ring_base, int ring_offset, answer_
                         long long timeout_ns=2_000_000_000, int device=0) -> dict:
     """Publish x/ids/weights through mapped pinned memory, let a host thread answer (if answer_row is given),
     and wait on the device. Returns published_x, published_ids, published_weights (what the host read),
-    answered (the device's copy of the answer; NaN on a timeout), status (0 or the ring number that timed out)
+    answered (the device's copy of the answer; NaN on a timeout), status (0 or the layer offset of the ring that timed out)
     and seq_seen."""
     keep = []
     n, k = np.size(x), np.size(ids)

@@ -110,7 +110,7 @@ Timing run(cpu::ExpertPool& pool, int device, DecodeMode mode, int n_layer, int 
            double timeout_seconds) {
   check_arguments(device, n_layer, n, k, tokens, timeout_seconds);
   DeviceScope scope(device);
-  DoorbellHost bell(n, k);
+  DoorbellHost bell(n, k, ring_base_of(faults.first_token, n_layer));
   RingAnswerer answerer(pool, bell);
   const ExchangeProgram program(bell, n_layer, n, k, x, ids, weights, faults, timeout_seconds);
   const Stream stream;

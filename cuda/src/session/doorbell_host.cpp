@@ -25,13 +25,18 @@ int checked_width(int value, const char* what) {
 
 }  // namespace
 
-DoorbellHost::DoorbellHost(int n, int k)
+DoorbellHost::DoorbellHost(int n, int k, int first_ring_base)
     : n_(checked_width(n, "n")),
       k_(checked_width(k, "k")),
       weights_offset_(kIds + align64(sizeof(std::int32_t) * k_)),
       x_offset_(weights_offset_ + align64(sizeof(float) * k_)),
       answer_offset_(x_offset_ + align64(sizeof(float) * n_)),
-      memory_(answer_offset_ + align64(sizeof(float) * n_)) {}
+      memory_(answer_offset_ + align64(sizeof(float) * n_)) {
+  // The last ring rung and answered is the one before the first token's: serial numbers compare by their
+  // difference, so a seq or flag left at 0 would already "reach" the rings of the 2^31 below 0.
+  store_word(memory_.host<int>(kSeq), first_ring_base);
+  store_word(memory_.host<int>(kFlag), first_ring_base);
+}
 
 kernels::Doorbell DoorbellHost::device_view() const noexcept {
   kernels::Doorbell view;

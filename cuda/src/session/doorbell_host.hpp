@@ -23,7 +23,8 @@ inline int ring_base_of(std::uint64_t token, int n_layer) noexcept {
 
 class DoorbellHost {
  public:
-  DoorbellHost(int n, int k);
+  // `first_ring_base`: the ring base of the first token this doorbell serves (ring_base_of its index).
+  DoorbellHost(int n, int k, int first_ring_base = 0);
 
   // Pointers for the device kernels (all into the mapped block).
   kernels::Doorbell device_view() const noexcept;

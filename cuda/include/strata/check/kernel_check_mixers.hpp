@@ -75,7 +75,7 @@ void ple_steps(int device, int streams, int width, int dilation, int conv_kernel
                const float* norm_query, const float* norm_conv, const float* conv_weight, float* history, float* out);
 
 struct DoorbellCheckResult {
-  int status = 0;      // 0, or the ring number the wait gave up on
+  int status = 0;      // 0, or the offset of the ring the wait gave up on
   int seq_seen = 0;    // the ring number the host thread saw (0 if it saw none)
 };
 
