@@ -237,8 +237,8 @@ def doorbell_round_trip(x, ids, weights, int ring_base, int ring_offset, answer_
                         long long timeout_ns=2_000_000_000, int device=0) -> dict:
     """Publish x/ids/weights through mapped pinned memory, let a host thread answer (if answer_row is given),
     and wait on the device. Returns published_x, published_ids, published_weights (what the host read),
-    answered (the device's copy of the answer; NaN on a timeout), status (0 or the layer offset of the ring that timed out)
-    and seq_seen."""
+    answered (the device's copy of the answer; NaN on a timeout), status (0 or the layer offset of the ring that
+    timed out) and seq_seen."""
     keep = []
     n, k = np.size(x), np.size(ids)
     if np.size(weights) != k or (answer_row is not None and np.size(answer_row) != n):
