@@ -21,6 +21,7 @@ __global__ void attention_prep_kernel(AttentionShape shape, AttentionPrepArgs ar
   const int b = blockIdx.x;
   if (b < shape.n_head) {
     norm_rope_row(args.q_gate + static_cast<long>(b) * 2 * d, args.q_norm, d, shape.eps, cos, sin, half, row);
+    kv_query_basis(kv, row);
     for (int i = threadIdx.x; i < d; i += blockDim.x) args.q_out[b * d + i] = row[i];
   } else if (b < shape.n_head + shape.n_head_kv) {
     const int j = b - shape.n_head;
@@ -90,6 +91,7 @@ __global__ void attention_decode_kernel(AttentionShape shape, AttentionDecodeArg
 
   float top = -INFINITY;
   for (int w = 0; w < kDecodeWarps; ++w) top = fmaxf(top, part_max[w]);
+  float* a = q;  // every warp is past its loop: q is read no more
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
     float num = 0.0f, den = 0.0f;
     for (int w = 0; w < kDecodeWarps; ++w) {
@@ -98,9 +100,17 @@ __global__ void attention_decode_kernel(AttentionShape shape, AttentionDecodeArg
       num += part_acc[w * d + i] * f;
       den += part_sum[w] * f;
     }
-    const float a = den > 0.0f ? num / den : 0.0f;
-    args.out[h * d + i] = a * sigmoid(args.q_gate[static_cast<long>(h) * 2 * d + d + i]);
+    a[i] = den > 0.0f ? num / den : 0.0f;
   }
+  __syncthreads();
+  kv_output_basis(kv, a);
+  for (int i = threadIdx.x; i < d; i += blockDim.x)
+    args.out[h * d + i] = a[i] * sigmoid(args.q_gate[static_cast<long>(h) * 2 * d + d + i]);
+}
+
+bool valid_half(const KvHalf& half) {
+  return half.data != nullptr && (half.codes == KvCodes::Bf16 || half.scale != nullptr) &&
+         (half.codes == KvCodes::Bf16 || half.codes == KvCodes::Int8 || half.codes == KvCodes::Q4);
 }
 
 bool valid(const AttentionShape& shape, const PagedKv& kv) {
@@ -108,7 +118,7 @@ bool valid(const AttentionShape& shape, const PagedKv& kv) {
          shape.head_dim > 0 && shape.head_dim % 32 == 0 && shape.head_dim <= 32 * kMaxDimPerLane &&
          shape.rope_dim >= 0 && shape.rope_dim % 2 == 0 && shape.rope_dim <= shape.head_dim &&
          kv.n_head_kv == shape.n_head_kv && kv.head_dim == shape.head_dim && kv.page_size > 0 &&
-         kv.page_size % 4 == 0 && kv.page_table != nullptr;
+         kv.page_size % 4 == 0 && kv.page_table != nullptr && valid_half(kv.keys) && valid_half(kv.values);
 }
 
 }  // namespace
