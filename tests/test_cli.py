@@ -146,6 +146,8 @@ def test_run_and_chat_default_to_the_gpu_engine_with_its_options():
     args = cli.parse_args(["run", "m.gguf", "-p", "x", "--engine", "reference", "--context", "64", "--kv", "bf16",
                            "--mode", "uncaptured"])
     assert (args.engine, args.context, args.kv, args.mode) == ("reference", 64, "bf16", "uncaptured")
+    for kv in ("bf16", "int8", "k8v4", "q4"):
+        assert cli.parse_args(["chat", "m.gguf", "--kv", kv]).kv == kv
 
 
 @pytest.fixture
