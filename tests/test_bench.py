@@ -12,7 +12,7 @@ import pytest
 from strata.cli import bench
 from strata.errors import InvalidArgument
 from strata.format import inspect
-from strata.options import Mode
+from strata.options import KV, Mode
 from strata.runtime.engine import GpuEngine
 from strata.synth import synthesize
 
@@ -112,16 +112,17 @@ class TimedFakeSession:
 def test_run_decodes_each_mode_and_writes_json(tiny, tmp_path, capsys):
     opened = []
 
-    def fake_session(context, mode):
-        opened.append((context, mode))
+    def fake_session(context, kv, mode):
+        opened.append((context, kv, mode))
         return SimpleNamespace(engine=GpuEngine(TimedFakeSession(mode.value)))
 
     model = SimpleNamespace(info=SimpleNamespace(geometry=tiny.geometry), file=tiny, session=fake_session,
                             pool=SimpleNamespace(read_bandwidth=lambda nbytes: 30e9))
     out = tmp_path / "bench.json"
-    result = bench.run(model, model_path="tiny.gguf", modes=Mode.values(), prompt_tokens=4, tokens=8,
+    result = bench.run(model, model_path="tiny.gguf", modes=Mode.values(), prompt_tokens=4, tokens=8, kv="Q4",
                        json_path=str(out))
-    assert opened == [(13, mode) for mode in Mode]
+    assert opened == [(13, KV.Q4, mode) for mode in Mode]
+    assert result["kv"] == "q4"
     for mode in Mode.values():
         m = result["modes"][mode]
         assert math.isclose(m["ring_wait_seconds"], 1e-4) and math.isclose(m["pool_seconds"], 2e-4)
@@ -130,12 +131,13 @@ def test_run_decodes_each_mode_and_writes_json(tiny, tmp_path, capsys):
         assert math.isclose(m["fraction_of_limit"], result["limit"]["seconds"] / m["seconds_per_token"])
     assert json.loads(out.read_text()) == result
     text = capsys.readouterr().out
-    assert "machine limit" in text and "measured device copy" in text and "token_graph" in text
+    assert "machine limit" in text and "measured device copy" in text and "token_graph" in text and "kv q4" in text
 
 
 @pytest.mark.parametrize(("kwargs", "fragment"), [
     ({"modes": ["fast"]}, "unknown session mode"),
     ({"tokens": 0}, "--tokens must be >= 1"),
+    ({"kv": "fp8"}, "unknown KV format 'fp8'; choose one of bf16, int8, k8v4, q4"),
 ])
 def test_run_argument_errors(kwargs, fragment):
     args = {"modes": ["token_graph"], "prompt_tokens": 4, "tokens": 8, **kwargs}

@@ -146,6 +146,8 @@ def test_run_and_chat_default_to_the_gpu_engine_with_its_options():
     args = cli.parse_args(["run", "m.gguf", "-p", "x", "--engine", "reference", "--context", "64", "--kv", "bf16",
                            "--mode", "uncaptured"])
     assert (args.engine, args.context, args.kv, args.mode) == ("reference", 64, "bf16", "uncaptured")
+    for kv in ("bf16", "int8", "k8v4", "q4"):
+        assert cli.parse_args(["chat", "m.gguf", "--kv", kv]).kv == kv
 
 
 @pytest.fixture
@@ -166,10 +168,11 @@ def test_gpu_engine_without_a_gpu_is_one_line_suggesting_the_reference(no_gpu, c
 def test_bench_argument_shapes():
     args = cli.parse_args(["bench"])
     assert args.handler is cli.bench.handle and args.model is None and args.mode == "all" and args.json is None
+    assert args.kv == "int8"
     args = cli.parse_args(["bench", "m.gguf", "--tokens", "5", "--prompt-tokens", "3", "--mode", "uncaptured",
-                           "--context", "64", "--json", "b.json"])
-    assert (args.model, args.tokens, args.prompt_tokens, args.mode, args.context, args.json) == (
-        "m.gguf", 5, 3, "uncaptured", 64, "b.json")
+                           "--context", "64", "--kv", "k8v4", "--json", "b.json"])
+    assert (args.model, args.tokens, args.prompt_tokens, args.mode, args.context, args.kv, args.json) == (
+        "m.gguf", 5, 3, "uncaptured", 64, "k8v4", "b.json")
     args = cli.parse_args(["bench", "pool", "--quick", "-k", "4", "--isa", "avx2"])
     assert args.handler is cli.bench_pool.handle and (args.quick, args.k, args.isa) == (True, 4, "avx2")
     with pytest.raises(SystemExit):

@@ -1,14 +1,16 @@
-"""Gated attention over a paged KV cache (bf16 / int8) and the QSA indexer on the GPU vs the numpy reference.
+"""Gated attention over a paged KV cache in every KV format, the KV rotation and the QSA indexer on the GPU vs
+the numpy reference.
 
 The kernels run through one captured CUDA graph replayed per token with the position rewritten in device
 memory, as the session runs them. The attention reference is fed the cache as the GPU stored it (bf16- or
-int8-rounded), so the comparison isolates the kernel's arithmetic from the storage rounding, which is checked
-on its own.
+int8-rounded, Q4 halves in their rotated basis), so the comparison isolates the kernel's arithmetic from the
+storage rounding, which is checked on its own against strata.reference.kv_formats.
 """
 
 import numpy as np
 import pytest
 
+from strata.reference import kv_formats as kf
 from strata.reference.attention import attend
 from strata.reference.ops import apply_rope, rms_norm, rope_tables, sigmoid
 from strata.reference.qsa import IndexerShape, block_scores, pooled_block_keys, select_blocks
@@ -21,14 +23,7 @@ ROPE_DIM = 64
 RTOL = 1e-4
 
 
-def bf16_round(x: np.ndarray) -> np.ndarray:
-    """float32 -> nearest bf16 (ties to even), back as float32."""
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-    return rounded.astype(np.uint32).view(np.float32)
-
-
-def run(rng, steps, heads, kv_heads, d, page_size, int8_kv=False, indexer=None):
+def run(rng, steps, heads, kv_heads, d, page_size, kv="bf16", indexer=None):
     from strata import _native_check
 
     f = np.float32
@@ -45,7 +40,7 @@ def run(rng, steps, heads, kv_heads, d, page_size, int8_kv=False, indexer=None):
     inputs["pages"] = rng.permutation(n_pages).astype(np.int32)
     got = _native_check.attention_steps(inputs["q_gate"], inputs["k"], inputs["v"], inputs["q_norm"], inputs["k_norm"],
                                   inputs["cos"], inputs["sin"], inputs["pages"], page_size=page_size,
-                                  int8_kv=int8_kv, eps=EPS, indexer=indexer)
+                                  kv=kv, eps=EPS, indexer=indexer)
     return inputs, got
 
 
@@ -57,15 +52,45 @@ def reference_qk(inputs, d):
     return q, k.transpose(1, 0, 2)
 
 
-def check_outputs(got, inputs, d, allowed_rows, label):
+def check_outputs(got, inputs, d, allowed_rows, label, kv="bf16"):
+    """Every step's output against numpy attention over the cache as stored: q and the cache in their bases
+    (rotated for Q4 halves), the sum rotated back (float64) before the gate."""
     steps = inputs["q_gate"].shape[0]
+    values_rotated = kf.halves(kv)[1].rotated
     assert np.all(np.isfinite(got["out"])), f"{label}: NaN or infinity in the output"
     for t in range(steps):
         allowed = allowed_rows(t)
         a = attend(got["q"][t:t + 1], got["k_cache"][:, :t + 1], got["v_cache"][:, :t + 1], allowed[None, :])
-        want = a[0] * sigmoid(inputs["q_gate"][t, :, d:])
+        want = (kf.rotate(a[0]) if values_rotated else a[0]) * sigmoid(inputs["q_gate"][t, :, d:])
         err = np.max(np.abs(got["out"][t] - want)) / np.max(np.abs(want))
         assert err < RTOL, f"{label} step {t}: attention relative error {err:.2e}"
+
+
+def assert_within_rounding(stored, exact, codes, label):
+    """A scaled half as stored ([Hkv, steps, d]) against the float64 rows in the half's basis."""
+    groups = exact.reshape(*exact.shape[:-1], -1, 32)
+    step = np.abs(groups).max(axis=-1, keepdims=True) / codes.top
+    # round(x / d) * d is within d / 2 of the GPU's own float32 row (q4: 0.5037 d where the fp16-rounded d
+    # leaves amax past 7.5 d, kv_formats); d is fp16-rounded (relative 2^-11) and the float32 row is within
+    # ~1e-6 of the float64 one, so 0.51 d holds every element.
+    err = np.abs(stored.reshape(groups.shape) - groups)
+    assert np.all(err <= 0.51 * step + 1e-7), f"{label}: {np.max(err / step):.3f} steps off"
+
+
+def dense(t):
+    return np.ones(t + 1, dtype=bool)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [32, 96, 192, 256, 320, 512])
+def test_the_kv_rotation_kernel_is_the_numpy_rotation_bit_for_bit(rng, d):
+    from strata import _native_check
+
+    x = rng.standard_normal((300, d), dtype=np.float32) * 3.0
+    got = _native_check.kv_rotate_rows(x)
+    # the same float32 operations in the same order (kv_formats.rotate): equal bit for bit
+    assert np.array_equal(got.view(np.uint32), kf.rotate(x).view(np.uint32)), f"d={d}"
+    assert np.abs(kf.rotate(got.astype(np.float64)) - x).max() <= 1e-6 * np.abs(x).max()
 
 
 @pytest.mark.gpu
@@ -78,28 +103,38 @@ def test_dense_attention_bf16(rng, page_size):
     assert err < 1e-5, f"q norm + rope relative error {err:.2e}"
     # bf16 keeps 8 significant bits: a stored key is within 2^-8 (relative) of the float32 value.
     assert np.all(np.abs(got["k_cache"] - k_ref) <= 2.0**-8 * np.abs(k_ref) + 1e-6), "k cache beyond bf16 rounding"
-    assert np.array_equal(got["v_cache"], bf16_round(inputs["v"].transpose(1, 0, 2))), "v cache is not bf16(v)"
-    check_outputs(got, inputs, d, lambda t: np.ones(t + 1, dtype=bool), f"bf16 page_size={page_size}")
+    assert np.array_equal(got["v_cache"], kf.bf16_round(inputs["v"].transpose(1, 0, 2))), "v cache is not bf16(v)"
+    check_outputs(got, inputs, d, dense, f"bf16 page_size={page_size}")
 
 
 @pytest.mark.gpu
-def test_dense_attention_int8(rng):
-    steps, heads, kv_heads, d = 29, 6, 2, 128
-    inputs, got = run(rng, steps, heads, kv_heads, d, 8, int8_kv=True)
-    _, k_ref = reference_qk(inputs, d)
-    for name, ref in (("k", k_ref), ("v", inputs["v"].transpose(1, 0, 2).astype(np.float64))):
-        groups = ref.reshape(kv_heads, steps, d // 32, 32)
-        step = np.abs(groups).max(axis=-1, keepdims=True) / 127.0
-        stored = got[f"{name}_cache"].reshape(groups.shape)
-        # round(x / d) * d is within d / 2 of x; d itself is fp16-rounded (relative 2^-11), so allow 0.51 d.
-        assert np.all(np.abs(stored - groups) <= 0.51 * step + 1e-7), f"{name} cache beyond int8 rounding"
-    check_outputs(got, inputs, d, lambda t: np.ones(t + 1, dtype=bool), "int8")
+@pytest.mark.parametrize("kv, d", [("int8", 128), ("q4", 256), ("q4", 96), ("q4", 192), ("q4", 512),
+                                   ("k8v4", 128), ("k8v4", 320)])
+def test_dense_attention_quantized(rng, kv, d):
+    """The cache dequantizes to the numpy format of the rows (keys: within rounding of the float64 normed,
+    roped rows; values, given exactly: bit for bit), q reaches the keys' basis, and the output is numpy
+    attention over the stored rows, rotated back where the values are rotated."""
+    steps, heads, kv_heads = 29, 6, 2
+    inputs, got = run(rng, steps, heads, kv_heads, d, 8, kv=kv)
+    key_codes, value_codes = kf.halves(kv)
+    q_ref, k_ref = reference_qk(inputs, d)
+    if key_codes.rotated:
+        q_ref, k_ref = kf.rotate(q_ref), kf.rotate(k_ref)
+    err = np.max(np.abs(got["q"] - q_ref)) / np.max(np.abs(q_ref))
+    assert err < 1e-5, f"{kv}: q in the keys' basis, relative error {err:.2e}"
+    assert_within_rounding(got["k_cache"], k_ref, key_codes, f"{kv} k cache")
+    v = inputs["v"].transpose(1, 0, 2)
+    assert np.array_equal(got["v_cache"], kf.cached(v, value_codes)), f"{kv}: v cache is not the numpy format of v"
+    assert_within_rounding(got["v_cache"], kf.rotate(v.astype(np.float64)) if value_codes.rotated else v,
+                           value_codes, f"{kv} v cache")
+    check_outputs(got, inputs, d, dense, f"{kv} d={d}", kv)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ratio", [4, 1, 3, 8])
-def test_qsa_attention_drops_blocks(rng, ratio):
-    """The released block of 4 tokens, and blocks a file may state: one token, a size that divides no KV page, 8."""
+@pytest.mark.parametrize("ratio, kv", [(4, "bf16"), (1, "bf16"), (3, "bf16"), (8, "bf16"), (4, "q4"), (3, "k8v4")])
+def test_qsa_attention_drops_blocks(rng, ratio, kv):
+    """The released block of 4 tokens, and blocks a file may state: one token, a size that divides no KV page, 8;
+    the rotated formats over the selection. The indexer's keys are f32 in every KV format."""
     heads, kv_heads, d, hi, di, keep = 4, 2, 256, 4, 128, 3
     steps = 11 * ratio + 1   # past the keep blocks by several, ending inside an open block
     f = np.float32
@@ -111,7 +146,7 @@ def test_qsa_attention_drops_blocks(rng, ratio):
         "keep_blocks": keep,
         "ratio": ratio,
     }
-    inputs, got = run(rng, steps, heads, kv_heads, d, 8, indexer=indexer)
+    inputs, got = run(rng, steps, heads, kv_heads, d, 8, kv=kv, indexer=indexer)
     shape = IndexerShape(hi, di, ratio, ratio * keep, ROPE_DIM, THETA)
     cos, sin = inputs["cos"].astype(np.float64), inputs["sin"].astype(np.float64)
     dropped_any = False
@@ -143,7 +178,7 @@ def test_qsa_attention_drops_blocks(rng, ratio):
         return mask
 
     assert dropped_any
-    check_outputs(got, inputs, d, allowed, "qsa")
+    check_outputs(got, inputs, d, allowed, f"qsa {kv}", kv)
 
 
 @pytest.mark.gpu

@@ -22,7 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "format": {"errors", "models"},
     "quant": {"errors", "models"},
     "generation": {"errors", "chat", "sampling"},
-    "reference": {"errors", "models", "format", "quant", "sampling"},
+    "reference": {"errors", "options", "models", "format", "quant", "sampling"},
     "runtime": {"errors", "options", "devices", "progress", "native", "models", "format", "quant", "sampling",
                 "generation"},
     "convert": {"errors", "models", "format", "quant", "progress"},

@@ -48,10 +48,15 @@ def test_session_state_matches_the_model_doc():
     # f32 raw keys per token and f32 pooled keys per 4 tokens, as the QSA kernels keep them.
     assert plan.vram["QSA indexer keys"] == 12 * 262144 * 128 * (4 + 1)
     assert plan.mapped["n-gram table"] > 0 and "n-gram table" not in plan.vram
-    # INT8 KV: one byte plus an fp16 scale per 32 elements.
-    int8 = memory_plan(g, bench_tensors(g), 262144, KV.INT8)
+    # The quantized formats hold, per element of a K or V row: INT8 one byte, Q4 half a byte, each plus an fp16
+    # scale per 32 elements; K8V4 keys as INT8 and values as Q4.
     page_tables = 12 * 4 * 1024  # one int32 per 256-token page
-    assert int8.vram["KV cache (int8)"] == 262144 * 12 * 1024 * (1 + 2 / 32) + page_tables
+    per_element = {KV.INT8: (1 + 2 / 32, 1 + 2 / 32), KV.Q4: (0.5 + 2 / 32, 0.5 + 2 / 32),
+                   KV.K8V4: (1 + 2 / 32, 0.5 + 2 / 32)}
+    for kv, (key, value) in per_element.items():
+        plan = memory_plan(g, bench_tensors(g), 262144, kv)
+        assert plan.vram[f"KV cache ({kv.value})"] == 262144 * 12 * 512 * (key + value) + page_tables, kv
+        assert plan.vram["QSA indexer keys"] == 12 * 262144 * 128 * (4 + 1), kv  # f32 in every KV format
 
 
 def test_routed_experts_go_to_host_and_the_rest_to_vram():
@@ -77,11 +82,13 @@ def test_too_big_says_what_would_fit():
     tensors = bench_tensors(g)
     free = 9 * GIB
     options = {kv: largest_context(g, tensors, kv, free) for kv in KV}
-    assert options[KV.INT8] >= options[KV.BF16] > 0
+    assert options[KV.Q4] > options[KV.K8V4] > options[KV.INT8] > options[KV.BF16] > 0
     assert memory_plan(g, tensors, options[KV.BF16], KV.BF16).vram_total <= free
     with pytest.raises(strata.OutOfMemory, match=rf"GPU 0 has 9\.00 GiB free; the plan of context 262144 with kv=bf16 "
                                                   rf".*would fit: context <= {options[KV.BF16]} with kv=bf16, "
-                                                  rf"context <= {options[KV.INT8]} with kv=int8"):
+                                                  rf"context <= {options[KV.INT8]} with kv=int8, "
+                                                  rf"context <= {options[KV.K8V4]} with kv=k8v4, "
+                                                  rf"context <= {options[KV.Q4]} with kv=q4"):
         check_fits(g, tensors, 262144, KV.BF16, vram_free=free, device=0)
     resident = memory_plan(g, tensors, 256, KV.BF16).vram["dense weights"]  # a loaded model's share
     with pytest.raises(strata.OutOfMemory, match=rf"{resident / GIB:.2f} GiB of it in place\); would fit: context <= "
@@ -98,7 +105,7 @@ def test_host_shortfall_is_named():
 
 def test_kv_parse_names_the_choices():
     assert KV.parse("INT8") is KV.INT8
-    with pytest.raises(strata.InvalidArgument, match="choose one of bf16, int8"):
+    with pytest.raises(strata.InvalidArgument, match="choose one of bf16, int8, k8v4, q4"):
         KV.parse("fp8")
 
 
@@ -117,8 +124,8 @@ def test_the_session_arena_layout_is_aligned_disjoint_and_per_layer_kind():
     assert layout["total"] >= end and layout["kv_pages"] == 20  # 5000 tokens in 256-token pages
     with pytest.raises(strata.InvalidArgument, match="context must be > 0"):
         _native.session_layout(native_geometry(g), 0, "int8")
-    with pytest.raises(strata.InvalidArgument, match="unknown KV format 'q4'"):
-        _native.session_layout(native_geometry(g), 16, "q4")
+    with pytest.raises(strata.InvalidArgument, match="unknown KV format 'fp8'"):
+        _native.session_layout(native_geometry(g), 16, "fp8")
     with pytest.raises(strata.InvalidArgument, match="model geometry: missing hc_rank; unknown hc_ranks"):
         _native.session_layout({**{k: v for k, v in native_geometry(g).items() if k != "hc_rank"}, "hc_ranks": 1},
                                16, "int8")

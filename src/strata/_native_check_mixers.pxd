@@ -4,6 +4,7 @@ from libc.stdint cimport uint16_t
 from libcpp cimport bool
 
 from strata._native_errors cimport raise_strata_error
+from strata._native_session cimport KvStorage
 
 
 cdef extern from "strata/check/kernel_check_mixers.hpp" namespace "strata::kernel_check" nogil:
@@ -13,7 +14,7 @@ cdef extern from "strata/check/kernel_check_mixers.hpp" namespace "strata::kerne
         float eps
     cdef cppclass AttentionCheckShape "strata::kernel_check::AttentionCheckShape":
         int n_head, n_head_kv, head_dim, rope_dim, page_size
-        bool int8_kv
+        KvStorage kv
         float eps
     cdef cppclass QsaCheckInputs "strata::kernel_check::QsaCheckInputs":
         int n_heads, head_dim, keep_blocks, ratio
@@ -39,6 +40,8 @@ cdef extern from "strata/check/kernel_check_mixers.hpp" namespace "strata::kerne
         const float* v, const float* q_norm, const float* k_norm, const float* rope_cos, const float* rope_sin,
         const int* page_order, int n_pages, const QsaCheckInputs& qsa, const QsaCheckOutputs& qsa_out,
         float* out, float* q_out, float* k_cache, float* v_cache) except +raise_strata_error
+    void cpp_kv_rotate_rows "strata::kernel_check::kv_rotate_rows"(
+        int device, int rows, int head_dim, const float* x, float* out) except +raise_strata_error
     int cpp_qsa_top_blocks "strata::kernel_check::qsa_top_blocks"(
         int device, const float* scores, int n_blocks, int keep_blocks, int* selected) except +raise_strata_error
     void cpp_embed_rows "strata::kernel_check::embed_rows"(

@@ -1,10 +1,12 @@
 # Decode-step mixer and plumbing round trips (strata::kernel_check, kernel_check_mixers.hpp): GDN steps, paged
-# attention + QSA through a captured graph, QSA block selection, embedding gather, doorbell. For tests only.
+# attention + QSA through a captured graph, the KV rotation, QSA block selection, embedding gather, doorbell.
+# For tests only.
 from libc.stdint cimport uint16_t
 
+from strata._native cimport kv_storage
 from strata._native_check_mixers cimport (
     AttentionCheckShape, DoorbellCheckResult, GdnCheckShape, QsaCheckInputs, QsaCheckOutputs, cpp_attention_steps,
-    cpp_doorbell_round_trip, cpp_embed_rows, cpp_gdn_steps, cpp_ple_steps, cpp_qsa_top_blocks,
+    cpp_doorbell_round_trip, cpp_embed_rows, cpp_gdn_steps, cpp_kv_rotate_rows, cpp_ple_steps, cpp_qsa_top_blocks,
 )
 
 
@@ -83,15 +85,16 @@ def gdn_steps(qkv, z, beta_in, alpha_in, conv_weight, ssm_a, dt_bias, norm_weigh
 
 
 def attention_steps(q_gate, k, v, q_norm, k_norm, rope_cos, rope_sin, page_order, *, int page_size,
-                    bint int8_kv=False, float eps=1e-6, indexer=None, int device=0) -> dict:
-    """Tokens 0..steps-1 of gated attention over a paged KV cache, replayed through one captured CUDA graph.
+                    kv="bf16", float eps=1e-6, indexer=None, int device=0) -> dict:
+    """Tokens 0..steps-1 of gated attention over a paged KV cache in format `kv` (a strata.KV), replayed through
+    one captured CUDA graph.
 
     q_gate [steps, H, 2d]; k, v [steps, Hkv, d]; rope_cos/sin [steps, rope_dim/2]; page_order [n_pages]
     (logical page -> physical page). `indexer` (QSA) is None or a dict with q [steps, Hi, di], kraw
     [steps, di], q_norm, k_norm [di], keep_blocks and optionally ratio (tokens per block, default 4). Returns out,
-    q ([steps, H, d]), k_cache, v_cache ([Hkv, steps, d], as stored, dequantized) and with QSA: scores
-    [steps, steps // ratio] (NaN past each step's blocks), selected [steps, keep_blocks] (-1 padded), n_selected
-    [steps].
+    q ([steps, H, d], in the keys' basis: rotated for Q4 keys), k_cache, v_cache ([Hkv, steps, d], as stored,
+    dequantized; a Q4 half in its rotated basis) and with QSA: scores [steps, steps // ratio] (NaN past each
+    step's blocks), selected [steps, keep_blocks] (-1 padded), n_selected [steps].
     """
     if np.ndim(q_gate) != 3 or np.ndim(k) != 3:
         raise InvalidArgument("attention_steps: q_gate must be [steps, H, 2d] and k [steps, Hkv, d]")
@@ -107,7 +110,7 @@ def attention_steps(q_gate, k, v, q_norm, k_norm, rope_cos, rope_sin, page_order
     _mixer_expect_shape("attention_steps rope_sin", rope_sin, (steps, half))
     cdef AttentionCheckShape shape
     shape.n_head, shape.n_head_kv, shape.head_dim, shape.rope_dim = heads, kv_heads, d, 2 * half
-    shape.page_size, shape.int8_kv, shape.eps = page_size, int8_kv, eps
+    shape.page_size, shape.kv, shape.eps = page_size, kv_storage(kv), eps
     keep = []
     result = {name: np.empty((steps, heads, d), np.float32) for name in ("out", "q")}
     result.update({name: np.empty((kv_heads, steps, d), np.float32) for name in ("k_cache", "v_cache")})
@@ -151,6 +154,21 @@ def attention_steps(q_gate, k, v, q_norm, k_norm, rope_cos, rope_sin, page_order
         cpp_attention_steps(device, shape, n_steps, p_qg, p_k, p_v, p_qn, p_kn, p_cos, p_sin, p_pages, n_pages,
                             qsa, qsa_out, p_out, p_q, p_kc, p_vc)
     return result
+
+
+def kv_rotate_rows(x, int device=0):
+    """The KV rotation kernel alone (kernels/kv_rotation.cuh) on each row of x (float32 [rows, head_dim])."""
+    if np.ndim(x) != 2:
+        raise InvalidArgument(f"kv_rotate_rows: x must be [rows, head_dim], found shape {np.shape(x)}")
+    rows, head_dim = np.shape(x)
+    keep = []
+    out = np.empty((rows, head_dim), np.float32)
+    cdef const float* p_x = _mixer_floats(x, keep)
+    cdef float* p_out = _mixer_floats(out, keep)
+    cdef int c_rows = rows, c_dim = head_dim
+    with nogil:
+        cpp_kv_rotate_rows(device, c_rows, c_dim, p_x, p_out)
+    return out
 
 
 def qsa_top_blocks(scores, int keep_blocks, int device=0):

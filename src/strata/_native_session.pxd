@@ -1,5 +1,5 @@
 # Declarations of the model geometry, the session layout and arena, and the decode session
-# (cuda/include/strata/geometry.hpp, session_layout.hpp, session_arena.hpp, decode_session.hpp).
+# (cuda/include/strata/geometry.hpp, kv_format.hpp, session_layout.hpp, session_arena.hpp, decode_session.hpp).
 from libcpp cimport bool as cbool
 from libcpp.string cimport string
 from libcpp.vector cimport vector
@@ -25,10 +25,15 @@ cdef extern from "strata/geometry.hpp" nogil:
         int ple_layer, ple_ngram, ple_conv_kernel, ple_n_heads, ple_head_dim
 
 
-cdef extern from "strata/session_layout.hpp" nogil:
+cdef extern from "strata/kv_format.hpp" nogil:
     cdef enum class KvStorage "strata::KvStorage":
         Bf16
         Int8
+        Q4
+        K8V4
+
+
+cdef extern from "strata/session_layout.hpp" nogil:
 
     cdef cppclass LayoutRegion "strata::Region":
         string name

@@ -18,7 +18,7 @@ _GEOMETRY_INTS = ("n_layer", "n_embd", "n_vocab", "n_head", "n_head_kv", "head_d
 _GEOMETRY_FLAGS = ("gdn_tiled_heads", "gdn_interleaved_ba", "gdn_sigmoid_gate")
 _GEOMETRY_FIELDS = frozenset(_GEOMETRY_INTS + _GEOMETRY_FLAGS + ("recurrent", "rope_theta", "rms_eps",
                                                                  "compress_ratios"))
-_KV_STORAGE = {KV.BF16: KvStorage.Bf16, KV.INT8: KvStorage.Int8}
+_KV_STORAGE = {KV.BF16: KvStorage.Bf16, KV.INT8: KvStorage.Int8, KV.K8V4: KvStorage.K8V4, KV.Q4: KvStorage.Q4}
 _DECODE_MODES = {Mode.UNCAPTURED: DecodeMode.kUncaptured, Mode.LAYER_GRAPHS: DecodeMode.kLayerGraphs,
                  Mode.TOKEN_GRAPH: DecodeMode.kTokenGraph}
 
@@ -57,11 +57,7 @@ cdef ModelGeometry model_geometry(dict g) except *:
 
 
 cdef KvStorage kv_storage(object kv) except *:
-    choice = KV.parse(kv)
-    if choice not in _KV_STORAGE:
-        raise InvalidArgument(f"the session holds KV as {' or '.join(k.value for k in _KV_STORAGE)}, "
-                              f"not {choice.value!r}")
-    return _KV_STORAGE[choice]
+    return _KV_STORAGE[KV.parse(kv)]  # every strata.KV has its storage; KV.parse names the choices
 
 
 cdef DecodeMode decode_mode(object mode) except *:

@@ -1,5 +1,5 @@
-"""The choices a session is opened with, each defined once: how KV is stored (architecture.md, 'KV formats';
-the rotated Q4 and K8V4 formats of that page are not built yet) and how a token's GPU work is launched."""
+"""The choices a session is opened with, each defined once: how KV is stored (architecture.md, 'KV formats')
+and how a token's GPU work is launched."""
 
 from __future__ import annotations
 
@@ -33,10 +33,13 @@ class _Choice(enum.Enum):
 
 
 class KV(_Choice):
-    """How attention keys and values are stored per cell."""
+    """How attention keys and values are stored per cell (strata.reference.kv_formats defines each in numpy),
+    largest first."""
 
-    BF16 = "bf16"
-    INT8 = "int8"  # int8 with one fp16 scale per 32 elements
+    BF16 = "bf16"  # 2 bytes per element
+    INT8 = "int8"  # int8 codes with one fp16 scale per 32 elements: 1.0625 bytes
+    K8V4 = "k8v4"  # keys as INT8, values as Q4: 0.8125 bytes
+    Q4 = "q4"      # 4-bit codes of the Walsh-Hadamard-rotated rows, one fp16 scale per 32: 0.5625 bytes
 
     @classmethod
     def kind(cls) -> str:

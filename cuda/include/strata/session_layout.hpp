@@ -8,10 +8,9 @@
 #include <vector>
 
 #include "strata/geometry.hpp"
+#include "strata/kv_format.hpp"
 
 namespace strata {
-
-enum class KvStorage : int { Bf16 = 0, Int8 = 1 };
 
 struct Region {
   std::string name;

@@ -1,6 +1,6 @@
-// kernel_check round trips of the GDN and attention (+ QSA) decode kernels. The attention check runs the
-// kernels as the session will: captured once into a CUDA graph, replayed per token after the per-token
-// values (position, projections) are rewritten in fixed device buffers.
+// kernel_check round trips of the GDN and attention (+ QSA) decode kernels and of the KV rotation. The attention
+// check runs the kernels as the session will: captured once into a CUDA graph, replayed per token after the
+// per-token values (position, projections) are rewritten in fixed device buffers.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -13,6 +13,7 @@
 
 #include "../kernels/attention.cuh"
 #include "../kernels/gdn.cuh"
+#include "../kernels/kv_rotation.cuh"
 #include "../kernels/ple.cuh"
 #include "../kernels/qsa.cuh"
 #include "../runtime/stream.hpp"
@@ -113,31 +114,33 @@ void ple_steps(int device, int streams, int width, int dilation, int conv_kernel
 
 namespace {
 
-float dequant_cell(const std::vector<unsigned char>& data, const std::vector<__half>& scales, bool int8,
-                   std::size_t row, int d, int i) {
-  if (!int8) {
+// Element `at` of one half of the cache read back as bytes: kernels/kv.cuh's format written out once more.
+float dequant_cell(const std::vector<unsigned char>& bytes, KvCodes codes, std::size_t elements, std::size_t at) {
+  if (codes == KvCodes::Bf16) {
     __nv_bfloat16 b;
-    std::memcpy(&b, data.data() + (row * d + i) * 2, 2);
+    std::memcpy(&b, bytes.data() + at * 2, 2);
     return __bfloat162float(b);
   }
-  const auto code = static_cast<signed char>(data[row * d + i]);
-  return __half2float(scales[row * (d / kernels::kKvGroup) + i / kernels::kKvGroup]) * code;
+  __half scale;
+  std::memcpy(&scale, bytes.data() + kv_code_bytes(codes, elements) + at / kKvGroup * sizeof(__half), sizeof(__half));
+  const float d = __half2float(scale);
+  if (codes == KvCodes::Int8) return d * static_cast<signed char>(bytes[at]);
+  const unsigned pair = bytes[at / 2];
+  return d * (static_cast<int>(at % 2 ? pair >> 4 : pair & 15u) - 8);
 }
 
-// Reads a poisoned, guarded cache buffer back and dequantizes tokens 0..steps-1 into [Hkv][steps][d].
-void read_cache(const GuardedOutput& data, std::size_t data_bytes, const GuardedOutput* scale,
-                std::size_t scale_bytes, const AttentionCheckShape& s, int steps, const int* page_order, float* dst,
-                const char* what) {
-  std::vector<unsigned char> bytes(data_bytes);
-  data.copy_out(bytes.data(), what);
-  std::vector<__half> scales(scale_bytes / sizeof(__half));
-  if (scale) scale->copy_out(scales.data(), what);
+// Reads a poisoned, guarded half of the cache back and dequantizes tokens 0..steps-1 into [Hkv][steps][d].
+void read_cache(const GuardedOutput& half, KvCodes codes, std::size_t elements, const AttentionCheckShape& s,
+                int steps, const int* page_order, float* dst, const char* what) {
+  std::vector<unsigned char> bytes(kv_half_bytes(codes, elements));
+  half.copy_out(bytes.data(), what);
   for (int j = 0; j < s.n_head_kv; ++j)
     for (int t = 0; t < steps; ++t) {
       const std::size_t row =
           (static_cast<std::size_t>(page_order[t / s.page_size]) * s.n_head_kv + j) * s.page_size + t % s.page_size;
       for (int i = 0; i < s.head_dim; ++i)
-        dst[(static_cast<std::size_t>(j) * steps + t) * s.head_dim + i] = dequant_cell(bytes, scales, s.int8_kv, row, s.head_dim, i);
+        dst[(static_cast<std::size_t>(j) * steps + t) * s.head_dim + i] =
+            dequant_cell(bytes, codes, elements, row * s.head_dim + i);
     }
 }
 
@@ -159,19 +162,18 @@ void attention_steps(int device, const AttentionCheckShape& s, int steps, const 
   const int d = s.head_dim, half = s.rope_dim / 2;
   const std::size_t qg = static_cast<std::size_t>(s.n_head) * 2 * d, hd = static_cast<std::size_t>(s.n_head) * d;
   const std::size_t kvd = static_cast<std::size_t>(s.n_head_kv) * d;
-  const std::size_t cells = static_cast<std::size_t>(n_pages) * s.n_head_kv * s.page_size;
-  const std::size_t data_bytes = cells * d * (s.int8_kv ? 1 : 2);
-  const std::size_t scale_bytes = s.int8_kv ? cells * (d / kernels::kKvGroup) * sizeof(__half) : 0;
-  GuardedOutput k_data(data_bytes), v_data(data_bytes), k_scale(scale_bytes), v_scale(scale_bytes);
+  const std::size_t elements = static_cast<std::size_t>(n_pages) * s.n_head_kv * s.page_size * d;
+  const KvCodes key_codes = kv_key_codes(s.kv), value_codes = kv_value_codes(s.kv);
+  GuardedOutput keys(kv_half_bytes(key_codes, elements)), values(kv_half_bytes(value_codes, elements));
   DeviceBuffer table = upload(page_order, n_pages * sizeof(int));
   DeviceBuffer cos = upload(rope_cos, static_cast<std::size_t>(steps) * half * sizeof(float));
   DeviceBuffer sin = upload(rope_sin, static_cast<std::size_t>(steps) * half * sizeof(float));
   DeviceBuffer d_qn = upload(q_norm, d * sizeof(float)), d_kn = upload(k_norm, d * sizeof(float));
   DeviceBuffer d_qg(qg * sizeof(float)), d_k(kvd * sizeof(float)), d_v(kvd * sizeof(float)), d_pos(sizeof(int));
   GuardedOutput d_q(hd * sizeof(float)), d_out(hd * sizeof(float));
-  kernels::PagedKv kv{s.int8_kv ? kernels::KvFormat::INT8 : kernels::KvFormat::BF16, s.n_head_kv, d, s.page_size,
-                      n_pages, k_data.data<void>(), v_data.data<void>(), k_scale.data<__half>(),
-                      v_scale.data<__half>(), table.as<int>()};
+  kernels::PagedKv kv{kernels::kv_half(key_codes, keys.data<void>(), elements),
+                      kernels::kv_half(value_codes, values.data<void>(), elements), s.n_head_kv, d, s.page_size,
+                      n_pages, table.as<int>()};
   kernels::AttentionShape shape{s.n_head, s.n_head_kv, d, s.rope_dim, s.eps};
   kernels::AttentionPrepArgs prep{d_qg.as<float>(), d_k.as<float>(), d_v.as<float>(), d_qn.as<float>(),
                                   d_kn.as<float>(), cos.as<float>(), sin.as<float>(), d_pos.as<int>(), d_q.data<float>()};
@@ -247,8 +249,22 @@ void attention_steps(int device, const AttentionCheckShape& s, int steps, const 
       qsa_out.selected[t * qsa.keep_blocks + b] = b < count ? step_selected[b] : -1;
     qsa_out.n_selected[t] = count;
   }
-  read_cache(k_data, data_bytes, s.int8_kv ? &k_scale : nullptr, scale_bytes, s, steps, page_order, k_cache, "k cache");
-  read_cache(v_data, data_bytes, s.int8_kv ? &v_scale : nullptr, scale_bytes, s, steps, page_order, v_cache, "v cache");
+  read_cache(keys, key_codes, elements, s, steps, page_order, k_cache, "k cache");
+  read_cache(values, value_codes, elements, s, steps, page_order, v_cache, "v cache");
+}
+
+void kv_rotate_rows(int device, int rows, int head_dim, const float* in, float* out) {
+  STRATA_EXPECTS(rows > 0 && head_dim > 0 && head_dim % kKvGroup == 0, InvalidArgument,
+                 "kv_rotate_rows: need rows > 0 and head_dim a positive multiple of 32, got " + std::to_string(rows) +
+                     " x " + std::to_string(head_dim));
+  support::check_device(device);
+  DeviceScope scope(device);
+  const std::size_t bytes = static_cast<std::size_t>(rows) * head_dim * sizeof(float);
+  DeviceBuffer d_in = upload(in, bytes);
+  GuardedOutput d_out(bytes);
+  STRATA_CUDA_TRY(kernels::kv_rotate(d_in.as<float>(), d_out.data<float>(), rows, head_dim, nullptr));
+  STRATA_CUDA_TRY(cudaDeviceSynchronize());
+  d_out.copy_out(out, "kv_rotate");
 }
 
 int qsa_top_blocks(int device, const float* scores, int n_blocks, int keep_blocks, int* selected) {

@@ -24,6 +24,7 @@ __global__ void attention_prep_kernel(AttentionShape shape, AttentionPrepArgs ar
   const int b = blockIdx.x;
   if (b < shape.n_head) {
     norm_rope_row(args.q_gate + static_cast<long>(b) * 2 * d, args.q_norm, d, shape.eps, cos, sin, half, row);
+    kv_query_basis(kv, row);
     for (int i = threadIdx.x; i < d; i += blockDim.x) args.q_out[b * d + i] = row[i];
   } else if (b < shape.n_head + shape.n_head_kv) {
     const int j = b - shape.n_head;
@@ -142,8 +143,10 @@ __global__ void attention_split_kernel(AttentionShape shape, AttentionDecodeArgs
   }
 }
 
-// One block per q head: the spans' partials combined, normalised and gated.
-__global__ void attention_merge_kernel(AttentionShape shape, AttentionDecodeArgs args) {
+// One block per q head: the spans' partials combined, normalised, rotated back into the model's basis where
+// the values are stored rotated (kv_output_basis), and gated.
+__global__ void attention_merge_kernel(AttentionShape shape, AttentionDecodeArgs args, PagedKv kv) {
+  __shared__ float a[kMaxHeadDim];
   const int d = shape.head_dim, h = blockIdx.x;
   const long base = static_cast<long>(h) * kDecodeSplits;
   float top = -INFINITY;
@@ -157,9 +160,17 @@ __global__ void attention_merge_kernel(AttentionShape shape, AttentionDecodeArgs
       num += args.partial_acc[(base + s) * d + i] * f;
       den += args.partial_sum[base + s] * f;
     }
-    const float a = den > 0.0f ? num / den : 0.0f;
-    args.out[h * d + i] = a * sigmoid(args.q_gate[static_cast<long>(h) * 2 * d + d + i]);
+    a[i] = den > 0.0f ? num / den : 0.0f;
   }
+  __syncthreads();
+  kv_output_basis(kv, a);
+  for (int i = threadIdx.x; i < d; i += blockDim.x)
+    args.out[h * d + i] = a[i] * sigmoid(args.q_gate[static_cast<long>(h) * 2 * d + d + i]);
+}
+
+bool valid_half(const KvHalf& half) {
+  return half.data != nullptr && (half.codes == KvCodes::Bf16 || half.scale != nullptr) &&
+         (half.codes == KvCodes::Bf16 || half.codes == KvCodes::Int8 || half.codes == KvCodes::Q4);
 }
 
 size_t split_smem_bytes(const AttentionShape& shape) {
@@ -173,7 +184,7 @@ bool valid(const AttentionShape& shape, const PagedKv& kv) {
          shape.head_dim > 0 && shape.head_dim % 32 == 0 && shape.head_dim <= kMaxHeadDim &&
          shape.rope_dim >= 0 && shape.rope_dim % 2 == 0 && shape.rope_dim <= shape.head_dim &&
          kv.n_head_kv == shape.n_head_kv && kv.head_dim == shape.head_dim && kv.page_size > 0 &&
-         kv.page_size % 4 == 0 && kv.page_table != nullptr;
+         kv.page_size % 4 == 0 && kv.page_table != nullptr && valid_half(kv.keys) && valid_half(kv.values);
 }
 
 }  // namespace
@@ -206,7 +217,7 @@ cudaError_t attention_decode(const AttentionShape& shape, const AttentionDecodeA
       shape, args, kv);
   const cudaError_t launched = cudaGetLastError();
   if (launched != cudaSuccess) return launched;
-  attention_merge_kernel<<<shape.n_head, kMergeThreads, 0, stream>>>(shape, args);
+  attention_merge_kernel<<<shape.n_head, kMergeThreads, 0, stream>>>(shape, args, kv);
   return cudaGetLastError();
 }
 

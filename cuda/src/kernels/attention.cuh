@@ -26,10 +26,11 @@ struct AttentionPrepArgs {
   const float* rope_cos = nullptr; // [positions][rope_dim / 2]
   const float* rope_sin = nullptr;
   const int* position = nullptr;   // device: this token's position p
-  float* q_out = nullptr;          // [n_head][head_dim] normed, roped q
+  float* q_out = nullptr;          // [n_head][head_dim] normed, roped q in the keys' basis (kv_query_basis)
 };
 
-// q/k RMSNorm + RoPE at *position; writes q_out and appends k, v to the cache at row *position.
+// q/k RMSNorm + RoPE at *position; writes q_out and appends k, v to the cache at row *position in the
+// cache's format (kv_store_row).
 cudaError_t attention_prep(const AttentionShape& shape, const AttentionPrepArgs& args, const PagedKv& kv,
                            cudaStream_t stream);
 
@@ -47,7 +48,8 @@ struct AttentionDecodeArgs {
   float* partial_max = nullptr;
   float* partial_sum = nullptr;
   float* partial_acc = nullptr;
-  float* out = nullptr;             // [n_head][head_dim] = softmax(q k^T / sqrt(d)) v * sigmoid(gate)
+  float* out = nullptr;             // [n_head][head_dim] = softmax(q k^T / sqrt(d)) v * sigmoid(gate), with
+                                    // q, k, v in the cache's bases and the sum rotated back (kv_output_basis)
 };
 
 constexpr int kDecodeSplits = 64;   // spans of the attended tokens: blocks per kv head

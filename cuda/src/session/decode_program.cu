@@ -187,18 +187,13 @@ DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& 
       continue;
     }
     kernels::PagedKv& kv = kv_[l];
-    kv.format = kv_storage == KvStorage::Int8 ? kernels::KvFormat::INT8 : kernels::KvFormat::BF16;
+    kv.keys = kernels::kv_half(kv_key_codes(kv_storage), arena.region("kv keys", l), kv_elements);
+    kv.values = kernels::kv_half(kv_value_codes(kv_storage), arena.region("kv values", l), kv_elements);
     kv.n_head_kv = g.n_head_kv;
     kv.head_dim = g.head_dim;
     kv.page_size = kKvPageTokens;
     kv.max_pages = pages;
-    kv.k = arena.region("kv keys", l);
-    kv.v = arena.region("kv values", l);
     kv.page_table = static_cast<const int*>(arena.region("kv page table", l));
-    if (kv.format == kernels::KvFormat::INT8) {  // codes, then one fp16 scale per 32 (session_layout.cpp)
-      kv.k_scale = reinterpret_cast<__half*>(static_cast<char*>(kv.k) + kv_elements);
-      kv.v_scale = reinterpret_cast<__half*>(static_cast<char*>(kv.v) + kv_elements);
-    }
     if (t_.layers[l].index_q) {
       const int ratio = g.compress_ratios.at(l);
       index_shape_[l] = {g.indexer_heads, g.indexer_head_dim, ratio, g.indexer_budget / ratio, g.rope_dim,

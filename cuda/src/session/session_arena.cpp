@@ -18,7 +18,8 @@ constexpr const char* kPageTable = "kv page table";
 SessionArena::SessionArena(int device, SessionLayout layout) : device_(device), layout_(std::move(layout)) {
   require_device(device);
   DeviceScope scope(device);
-  require_free_memory(layout_.total, device, "the session's state would", "a shorter context or int8 KV needs less");
+  require_free_memory(layout_.total, device, "the session's state would",
+                      "a shorter context or a smaller KV format (int8, k8v4, q4) needs less");
   STRATA_CUDA_TRY(cudaMalloc(&base_, layout_.total));
   try {
     reset();

@@ -17,17 +17,13 @@ class Builder {
   SessionLayout layout;
 };
 
-std::size_t kv_bytes(const ModelGeometry& g, int pages, KvStorage kv) {
-  const std::size_t elements = static_cast<std::size_t>(pages) * kKvPageTokens * g.n_head_kv * g.head_dim;
-  // int8: one fp16 scale per 32 elements (kernels/kv.cuh)
-  return kv == KvStorage::Bf16 ? 2 * elements : elements + elements / 32 * 2;
-}
-
-void check(const ModelGeometry& g, int context) {
+void check(const ModelGeometry& g, int context, KvStorage kv) {
   check_geometry(g);
   STRATA_EXPECTS(context > 0, InvalidArgument, "context must be > 0, got " + std::to_string(context));
-  STRATA_EXPECTS(g.head_dim % 32 == 0, InvalidArgument,
+  STRATA_EXPECTS(g.head_dim % kKvGroup == 0, InvalidArgument,
                  "head_dim " + std::to_string(g.head_dim) + " is not a multiple of 32 (KV groups)");
+  STRATA_EXPECTS(is_kv_storage(static_cast<int>(kv)), InvalidArgument,
+                 "unknown KV storage " + std::to_string(static_cast<int>(kv)) + " (strata/kv_format.hpp)");
 }
 
 }  // namespace
@@ -44,13 +40,14 @@ std::size_t SessionLayout::bytes_of(const std::string& name) const {
 }
 
 SessionLayout plan_session(const ModelGeometry& g, int context, KvStorage kv, int snapshots) {
-  check(g, context);
+  check(g, context, kv);
   STRATA_EXPECTS(snapshots >= 0 && snapshots <= kMaxSnapshots, InvalidArgument,
                  "state snapshots must be in 0.." + std::to_string(kMaxSnapshots) + ", got " +
                      std::to_string(snapshots));
   Builder b;
   const int pages = (context + kKvPageTokens - 1) / kKvPageTokens;
   const std::size_t cells = static_cast<std::size_t>(pages) * kKvPageTokens;
+  const std::size_t kv_elements = cells * g.n_head_kv * g.head_dim;  // per half of one layer
   b.layout.kv_pages = pages;
   for (int l = 0; l < g.n_layer; ++l) {
     if (g.recurrent[l]) {
@@ -58,8 +55,8 @@ SessionLayout plan_session(const ModelGeometry& g, int context, KvStorage kv, in
       b.add("gdn conv history", l, kFloat * (g.ssm_conv_kernel - 1) * g.conv_channels());
       continue;
     }
-    b.add("kv keys", l, kv_bytes(g, pages, kv));
-    b.add("kv values", l, kv_bytes(g, pages, kv));
+    b.add("kv keys", l, kv_half_bytes(kv_key_codes(kv), kv_elements));
+    b.add("kv values", l, kv_half_bytes(kv_value_codes(kv), kv_elements));
     b.add("kv page table", l, sizeof(int) * pages);
     if (g.indexer_head_dim) {
       const std::size_t blocks = cells / g.compress_ratios[l];

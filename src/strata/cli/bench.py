@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from strata.cli.help import ShowDefaults
 from strata.errors import InvalidArgument
-from strata.options import Mode
+from strata.options import KV, Mode
 
 if TYPE_CHECKING:
     import numpy as np
@@ -126,16 +126,16 @@ def decode(engine: GpuEngine, prompt: list[int], tokens: int) -> dict[str, float
             "host_other_seconds": seconds - sum(per.values())}
 
 
-def run_modes(model: Any, modes: list[Mode], prompt_tokens: int, tokens: int, context: int | None,
+def run_modes(model: Any, modes: list[Mode], prompt_tokens: int, tokens: int, context: int | None, kv: KV,
               rng: np.random.Generator) -> dict[str, dict[str, float]]:
-    """decode() on a fresh session of each mode in turn (one session in VRAM at a time)."""
+    """decode() on a fresh session of each mode in turn, KV in format `kv` (one session in VRAM at a time)."""
     g = model.info.geometry
     prompt = prompt_ids(g, prompt_tokens, rng)
     if context is None:
         context = min(g.context_length, prompt_tokens + tokens + 1)
     results = {}
     for mode in modes:
-        session = model.session(context, mode=mode)
+        session = model.session(context, kv=kv, mode=mode)
         try:
             results[mode.value] = decode(session.engine, prompt, tokens)
         finally:
@@ -149,7 +149,7 @@ def report(result: Mapping[str, Any]) -> list[str]:
     limit_s = limit["seconds"]
     ms = 1e3
     lines = [f"model {result['model']}: {result['arch']}, {result['n_layer']} layers; prompt {result['prompt_tokens']} "
-             f"tokens, {result['tokens']} decoded greedily",
+             f"tokens, {result['tokens']} decoded greedily; kv {result['kv']}",
              f"machine limit {1 / limit_s:8.1f} tok/s = {limit_s * ms:.3f} ms/token:",
              f"  routed experts  {limit['routed_bytes'] / 1e9:7.3f} GB/token at host read "
              f"{limit['read_bandwidth'] / 1e9:.1f} GB/s (CPU pool, measured) = {limit['routed_seconds'] * ms:.3f} ms",
@@ -169,7 +169,7 @@ def report(result: Mapping[str, Any]) -> list[str]:
 
 
 def run(model: Any, *, model_path: str, modes: list[Mode | str], prompt_tokens: int, tokens: int,
-        context: int | None = None, json_path: str | None = None) -> dict[str, Any]:
+        context: int | None = None, kv: KV | str = KV.INT8, json_path: str | None = None) -> dict[str, Any]:
     """Bench a loaded model: prints the report, returns (and with `json_path` writes) the numbers."""
     import numpy as np
 
@@ -178,16 +178,18 @@ def run(model: Any, *, model_path: str, modes: list[Mode | str], prompt_tokens: 
     if not modes:
         raise InvalidArgument(f"no session mode to bench; choose from {', '.join(Mode.values())} or all")
     modes = [Mode.parse(mode) for mode in modes]
+    kv = KV.parse(kv)
     if prompt_tokens < 1 or tokens < 1:
         raise InvalidArgument(f"--prompt-tokens and --tokens must be >= 1, got {prompt_tokens} and {tokens}")
     g = model.info.geometry
     tensors = file_tensors(model.file)
     limit = machine_limit(g, tensors, model.pool.read_bandwidth(READ_BANDWIDTH_BYTES))
-    results = run_modes(model, modes, prompt_tokens, tokens, context, np.random.default_rng())
+    results = run_modes(model, modes, prompt_tokens, tokens, context, kv, np.random.default_rng())
     for m in results.values():
         m["fraction_of_limit"] = limit.seconds / m["seconds_per_token"]
     result = {"model": model_path, "arch": g.arch, "n_layer": g.n_layer, "prompt_tokens": prompt_tokens,
-              "tokens": tokens, "limit": {**asdict(limit), "seconds": limit.seconds}, "modes": results}
+              "tokens": tokens, "kv": kv.value, "limit": {**asdict(limit), "seconds": limit.seconds},
+              "modes": results}
     print("\n".join(report(result)))
     if json_path:
         with open(json_path, "w") as f:
@@ -208,6 +210,7 @@ def register(commands) -> None:
     sub.add_argument("--prompt-tokens", type=int, default=16, help="random prompt tokens first (default 16)")
     sub.add_argument("--mode", choices=[*Mode.values(), "all"], default="all", help="session mode(s) to measure")
     sub.add_argument("--context", type=int, default=None, help="session context (default: prompt + tokens)")
+    sub.add_argument("--kv", choices=KV.values(), default=KV.INT8.value, help="KV cache format")
     sub.add_argument("--json", metavar="PATH", default=None, help="also write the numbers as JSON")
     sub.set_defaults(handler=handle)
 
@@ -227,5 +230,5 @@ def handle(args) -> int:
     modes = list(Mode) if args.mode == "all" else [Mode.parse(args.mode)]
     with load(str(path), progress=True) as model:
         run(model, model_path=str(path), modes=modes, prompt_tokens=args.prompt_tokens, tokens=args.tokens,
-            context=args.context, json_path=args.json)
+            context=args.context, kv=args.kv, json_path=args.json)
     return 0

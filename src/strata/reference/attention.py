@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from strata.options import KV
+from strata.reference import kv_formats
 from strata.reference.ops import apply_rope, rms_norm, sigmoid
 from strata.reference.weights import Weights
 
@@ -18,11 +20,20 @@ class AttentionShape:
 
 
 class KvState:
-    """Per-layer K (normed, roped) and V caches, float32 [n_head_kv, tokens, head_dim]."""
+    """Per-layer K (normed, roped) and V caches, float32 [n_head_kv, tokens, head_dim]: the rows as computed, or
+    with `kv` (a strata.KV) as a session's cache of that format holds them (kv_formats.held)."""
 
-    def __init__(self, shape: AttentionShape):
+    def __init__(self, shape: AttentionShape, kv: KV | str | None = None):
         self.k = np.zeros((shape.n_head_kv, 0, shape.head_dim), dtype=np.float32)
         self.v = np.zeros((shape.n_head_kv, 0, shape.head_dim), dtype=np.float32)
+        self.halves = None if kv is None else kv_formats.halves(kv)
+
+    def append(self, k: np.ndarray, v: np.ndarray) -> None:
+        """Rows k, v [n_head_kv, tokens, head_dim] after the cached ones."""
+        if self.halves is not None:
+            k, v = kv_formats.held(k, self.halves[0]), kv_formats.held(v, self.halves[1])
+        self.k = np.concatenate([self.k, k], axis=1)
+        self.v = np.concatenate([self.v, v], axis=1)
 
 
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray) -> np.ndarray:
@@ -63,8 +74,7 @@ def gated_attention(weights: Weights, layer: int, x: np.ndarray, state: KvState,
     k = apply_rope(rms_norm(k, weights.get(b + "attn_k_norm.weight"), eps), cos, sin).astype(np.float32)
 
     past = state.k.shape[1]
-    state.k = np.concatenate([state.k, k.transpose(1, 0, 2)], axis=1)
-    state.v = np.concatenate([state.v, v.transpose(1, 0, 2)], axis=1)
+    state.append(k.transpose(1, 0, 2), v.transpose(1, 0, 2))
     total = past + t
     allowed = np.arange(total)[None, :] <= (past + np.arange(t))[:, None]
     if selected is not None:

@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 
 from strata.errors import InvalidArgument
+from strata.options import KV
+from strata.reference import kv_formats
 from strata.reference.attention import AttentionShape, KvState, gated_attention
 from strata.reference.gdn import GdnShape, GdnState, gdn_forward
 from strata.reference.hc import hc_read, hc_write
@@ -23,11 +25,14 @@ class Reference:
 
     Build it from a strata.format.ModelFile, or from `geometry=` (a strata.models.Geometry) and `weights=`
     (GGUF-named float32 arrays, numpy shape = reversed ggml ne). With `activation_quant`, every weight product
-    uses strata.quant.matvec (the q8_32 activation contract of docs/forms.md).
+    uses strata.quant.matvec (the q8_32 activation contract of docs/forms.md); with `kv` (a strata.KV), the
+    attention caches hold their rows as a session's cache of that format does (strata.reference.kv_formats),
+    else as computed (float32).
     """
 
     def __init__(self, model_file: Any = None, *, geometry: Any = None,
-                 weights: Mapping[str, np.ndarray] | None = None, activation_quant: bool = False):
+                 weights: Mapping[str, np.ndarray] | None = None, activation_quant: bool = False,
+                 kv: KV | str | None = None):
         if (model_file is None) == (geometry is None or weights is None):
             raise InvalidArgument("Reference wants either a model file or both geometry= and weights=")
         if model_file is not None:
@@ -42,6 +47,10 @@ class Reference:
                                    g.ssm_conv_kernel, tiled_heads=g.gdn_tiled_heads,
                                    interleaved_ba=g.gdn_interleaved_ba, sigmoid_gate=g.gdn_sigmoid_gate)
         self._attn_shape = AttentionShape(g.n_head, g.n_head_kv, g.head_dim)
+        self._kv = None if kv is None else KV.parse(kv)
+        if self._kv is not None and g.attention_layers and g.head_dim % kv_formats.GROUP:
+            raise InvalidArgument(f"kv={self._kv.value}: head_dim {g.head_dim} is not a multiple of "
+                                  f"{kv_formats.GROUP} (KV groups)")
         self._ple_shape = g.ple
         self.reset()
 
@@ -63,7 +72,7 @@ class Reference:
             if g.recurrent[layer]:
                 st["gdn"] = GdnState(self._gdn_shape)
             else:
-                st["kv"] = KvState(self._attn_shape)
+                st["kv"] = KvState(self._attn_shape, self._kv)
                 shape = self._indexer_shape(layer)
                 if shape is not None:
                     st["indexer"] = IndexerState(shape)

@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "strata/kv_format.hpp"
+
 namespace strata::kernel_check {
 
 struct GdnCheckShape {
@@ -24,7 +26,7 @@ void gdn_steps(int device, const GdnCheckShape& shape, int steps, const float* q
 
 struct AttentionCheckShape {
   int n_head = 0, n_head_kv = 0, head_dim = 0, rope_dim = 0, page_size = 0;
-  bool int8_kv = false;
+  KvStorage kv = KvStorage::Bf16;
   float eps = 1e-6f;
 };
 
@@ -50,13 +52,16 @@ struct QsaCheckOutputs {
 // replayed once per token after rewriting the device position, as the session does. Logical page i of the
 // cache lives in physical page page_order[i] (n_pages entries, covering `steps` tokens). Per-step inputs are
 // stacked: q_gate [steps][H*2d], k, v [steps][Hkv*d]; rope tables [steps][rope_dim/2]. Outputs:
-// out [steps][H*d], q [steps][H*d] (normed, roped), and the cache as stored, dequantized: k_cache, v_cache
-// [Hkv][steps][d].
+// out [steps][H*d], q [steps][H*d] (normed, roped, in the keys' basis: rotated for Q4 keys), and the cache as
+// stored, dequantized (a Q4 half in its rotated basis): k_cache, v_cache [Hkv][steps][d].
 void attention_steps(int device, const AttentionCheckShape& shape, int steps, const float* q_gate,
                      const float* k, const float* v, const float* q_norm, const float* k_norm,
                      const float* rope_cos, const float* rope_sin, const int* page_order, int n_pages,
                      const QsaCheckInputs& qsa, const QsaCheckOutputs& qsa_out, float* out, float* q_out,
                      float* k_cache, float* v_cache);
+
+// The KV rotation alone (kernels/kv_rotation.cuh): out [rows][head_dim] = the rotation of each row of in.
+void kv_rotate_rows(int device, int rows, int head_dim, const float* in, float* out);
 
 // The QSA top-block selection alone over given scores [n_blocks]: writes the chosen blocks (ascending) into
 // selected [keep_blocks] (-1 past the count) and returns the count.
