@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import gguf
@@ -149,3 +150,14 @@ def test_qwen35_split_keeps_combining_marks_inside_words() -> None:
     text = "cafe\u0301 don't 42"
     assert pieces("qwen35", text) == ["cafe\u0301", " don", "'t", " ", "4", "2"]
     assert pieces("qwen2", text) == ["cafe", "\u0301", " don", "'t", " ", "4", "2"]
+
+
+@pytest.mark.parametrize("missing", ["vocab", "merges"])
+def test_convert_refuses_a_bpe_tokenizer_json_without_vocab_or_merges(tmp_path: Path, missing: str) -> None:
+    from strata.convert.tokenizer_meta import from_hf_dir
+
+    model = {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]}
+    del model[missing]
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"model": model}))
+    with pytest.raises(FormatError, match=f"tokenizer.json: the BPE model has no '{missing}'"):
+        from_hf_dir("qwen3next", tmp_path, 3, {})

@@ -126,6 +126,11 @@ def from_hf_dir(arch: str, hf_dir: Path, n_vocab: int, config: dict[str, Any]) -
     model = tok.get("model") or {}
     if model.get("type") != "BPE":
         raise FormatError(f"tokenizer.json: model type {model.get('type')!r}, expected 'BPE'")
+    # A byte-level BPE needs both; llama.cpp refuses a gpt2 file without merges (as strata's reader does).
+    for field in ("vocab", "merges"):
+        if not model.get(field):
+            raise FormatError(f"tokenizer.json: the BPE model has no {field!r}; a byte-level BPE needs its vocab "
+                              "and merges")
     by_id: dict[int, tuple[str, int]] = {int(i): (t, int(gguf.TokenType.NORMAL)) for t, i in model["vocab"].items()}
     for added in tok.get("added_tokens", []):
         kind = gguf.TokenType.CONTROL if added.get("special") else gguf.TokenType.USER_DEFINED
