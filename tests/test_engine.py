@@ -221,6 +221,17 @@ def test_session_graphs_report_the_mode_capture_and_stage_timing(tiny_qwen4exp):
     assert native.closes == 1  # leaving the with block closed the engine
 
 
+def test_host_time_is_the_step_outside_every_stage_in_every_mode():
+    from strata.runtime.engine import per_token_timing
+
+    # uncaptured: the host waits on the GPU's events (gpu pre / post), not on rings: neither is host time
+    stats = {"seconds": 1.2, "ring_wait_seconds": 0.0, "pool_seconds": 0.5, "gpu_pre_seconds": 0.4,
+             "gpu_post_seconds": 0.1}
+    assert per_token_timing(stats, 4)["host"] == pytest.approx(0.2 / 4)
+    # a wall clock around the calls counts the Python around them as host time too
+    assert per_token_timing(stats, 4, seconds=1.6)["host"] == pytest.approx(0.6 / 4)
+
+
 def test_a_session_without_graphs_says_none():
     class Plain:
         context, position = 8, 0

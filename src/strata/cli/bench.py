@@ -106,6 +106,7 @@ def prompt_ids(g: Geometry, n: int, rng: np.random.Generator) -> list[int]:
 
 def decode(engine: GpuEngine, prompt: list[int], tokens: int) -> dict[str, float]:
     """Greedy decode of `tokens` after `prompt`; seconds per decoded token and its native breakdown."""
+    from strata.runtime.engine import STAGES, per_token_timing
     from strata.sampling import SamplingParams
 
     greedy = SamplingParams()
@@ -119,11 +120,10 @@ def decode(engine: GpuEngine, prompt: list[int], tokens: int) -> dict[str, float
         token = engine.feed([token], greedy, 0.0, history)
     wall = time.perf_counter() - start
     after = engine.stats()
-    per = {key: (after[key] - before[key]) / tokens for key in
-           ("ring_wait_seconds", "pool_seconds", "gpu_pre_seconds", "gpu_post_seconds")}
+    timing = per_token_timing({key: after[key] - before[key] for key in after}, tokens, seconds=wall)
     seconds = wall / tokens
-    return {"seconds_per_token": seconds, "tokens_per_second": 1.0 / seconds, **per,
-            "host_other_seconds": seconds - sum(per.values())}
+    return {"seconds_per_token": seconds, "tokens_per_second": 1.0 / seconds,
+            **{f"{stage}_seconds": timing[stage] for stage in STAGES}, "host_other_seconds": timing["host"]}
 
 
 def run_modes(model: Any, modes: list[Mode], prompt_tokens: int, tokens: int, context: int | None, kv: KV,

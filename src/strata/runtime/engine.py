@@ -7,7 +7,7 @@ side only checks that the caller's history agrees, and hands the PLE layer each 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -21,12 +21,29 @@ if TYPE_CHECKING:
     from strata.sampling import SamplingParams
 
 
+# The native session's per-token stages: the GPU's work before each router as the host loop waits for its ring,
+# the CPU pool's layer jobs, and (mode uncaptured only, from CUDA events) the GPU's work before / after them.
+STAGES = ("ring_wait", "pool", "gpu_pre", "gpu_post")
+
+
+def per_token_timing(stats: Mapping[str, float], tokens: int, seconds: float | None = None) -> dict[str, float]:
+    """Seconds per token of each stage over `tokens` tokens (stats: the native session's sums, or the difference
+    of two reads), and `host`: what of `seconds` (default: the native steps' own time) is in no stage, i.e. the
+    host loop's own work, launches, staging and the sampled token's copy back; with `seconds` a wall clock
+    around the calls, also the Python around them. The one definition `Session.graphs` and `strata bench` use."""
+    n = max(tokens, 1)
+    timing = {stage: stats[f"{stage}_seconds"] / n for stage in STAGES}
+    total = stats["seconds"] if seconds is None else seconds
+    timing["host"] = total / n - sum(timing.values())  # the stages are timed inside the steps: never < 0
+    return timing
+
+
 @dataclass(frozen=True)
 class Graphs:
     """How a GPU session runs its tokens: `mode`, whether its CUDA graphs are `captured` (on the first step),
     and `timing`: seconds per token of each stage, averaged since the session started or was reset (ring
     wait = the GPU's work before each router; gpu_pre / gpu_post only in mode "uncaptured", from CUDA
-    events; host = the rest of the step)."""
+    events; host = the rest of the step: per_token_timing)."""
 
     mode: Mode
     captured: bool
@@ -103,11 +120,7 @@ class GpuEngine:
     @property
     def graphs(self) -> Graphs:
         st = self.native.stats()
-        n = max(st["tokens"], 1)
-        stages = ("ring_wait_seconds", "pool_seconds", "gpu_pre_seconds", "gpu_post_seconds")
-        timing = {key.removesuffix("_seconds"): st[key] / n for key in stages}
-        timing["host"] = max(st["seconds"] / n - timing["ring_wait"] - timing["pool"], 0.0)
-        return Graphs(self.mode, self.native.captured, st["tokens"], timing)
+        return Graphs(self.mode, self.native.captured, st["tokens"], per_token_timing(st, st["tokens"]))
 
     def stats(self) -> dict[str, float]:
         """The native session's sums since construction or reset (tokens, seconds, ring wait, pool, gpu)."""
