@@ -18,6 +18,7 @@ from pool_reference import Weight, check_expert
 import strata
 import strata.runtime.pool
 from strata.quant import QuantTensor, repack
+from strata.quant.forms import fitting_type
 from strata.quant.synthetic import random_blocks
 
 _native = pytest.importorskip("strata._native")
@@ -36,18 +37,10 @@ LAYERS = {t.name: (t, t, t) for t in TYPES} | {
     "Q4_K+F16": (T.Q4_K, T.Q4_K, T.F16),      # quantized gate/up, float down: x quantized, h not
     "F16|Q8_0|BF16": (T.F16, T.Q8_0, T.BF16),  # x both ways in one layer
 }
-# What llama-quantize writes instead when a row is not whole 256-blocks (qwen4exp's down has 640 columns).
-FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.IQ4_XS: T.IQ4_NL,
-            **dict.fromkeys((T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M), T.IQ4_NL),
-            T.TQ1_0: T.Q4_0, T.TQ2_0: T.Q4_0}
 SUPPORT = _native.cpu_isa_support()
 ISAS = [pytest.param("avx2", marks=pytest.mark.skipif(not SUPPORT["avx2"], reason="CPU lacks AVX2+FMA+F16C")),
         pytest.param("avx512", marks=pytest.mark.skipif(not SUPPORT["avx512"], reason="CPU lacks AVX-512 VNNI"))]
 WEIGHT_SEED = int(np.random.SeedSequence().entropy % (2**32))
-
-
-def fitting_type(ggml_type: T, cols: int) -> T:
-    return ggml_type if cols % 256 == 0 or ggml_type not in FALLBACK else FALLBACK[ggml_type]
 
 
 @functools.lru_cache(maxsize=4)

@@ -155,7 +155,7 @@ void gemv_float(int device, FloatKind kind, const void* w, int rows, int cols, c
                  "gemv_float needs rows > 0 and cols > 0, got " + std::to_string(rows) + " x " + std::to_string(cols));
   check_device(device);
   DeviceScope scope(device);
-  const std::size_t element = kind == FloatKind::F32 ? 4 : 2;
+  const std::size_t element = float_kind_bytes(kind);
   DeviceBuffer d_w = upload(w, static_cast<std::size_t>(rows) * cols * element);
   DeviceBuffer d_x = upload(x, static_cast<std::size_t>(cols) * sizeof(float));
   GuardedOutput d_y(static_cast<std::size_t>(rows) * sizeof(float));
@@ -188,7 +188,7 @@ double time_gemv_float(int device, FloatKind kind, const void* w, int rows, int 
                      std::to_string(cols));
   check_device(device);
   DeviceScope scope(device);
-  const std::size_t bytes = static_cast<std::size_t>(rows) * cols * (kind == FloatKind::F32 ? 4 : 2);
+  const std::size_t bytes = static_cast<std::size_t>(rows) * cols * float_kind_bytes(kind);
   const int copies = cold_copies(bytes);
   const std::size_t stride = aligned(bytes);
   DeviceBuffer d_w(stride * copies);

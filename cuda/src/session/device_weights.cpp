@@ -14,13 +14,11 @@ constexpr const char* kPlaneNames[5] = {"codes", "d", "sub_scales", "mins", "sub
 
 std::size_t aligned(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
-std::size_t float_bytes(FloatKind kind) { return kind == FloatKind::F32 ? 4 : 2; }
-
 // What each plane of `t` must hold, from its form and shape alone.
 void expected_bytes(const HostTensor& t, std::size_t out[5]) {
   for (int i = 0; i < 5; ++i) out[i] = 0;
   if (t.is_float) {
-    out[0] = static_cast<std::size_t>(t.rows) * t.cols * float_bytes(t.float_kind);
+    out[0] = static_cast<std::size_t>(t.rows) * t.cols * float_kind_bytes(t.float_kind);
     return;
   }
   const PlaneBytes b = plane_bytes(t.form, t.rows, t.cols);

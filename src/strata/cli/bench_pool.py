@@ -18,7 +18,7 @@ from gguf import GGMLQuantizationType as T
 
 from strata.cli.help import ShowDefaults
 from strata.quant import QuantTensor, form_for
-from strata.quant.forms import FLOAT_DTYPES, float_form_of
+from strata.quant.forms import FLOAT_DTYPES, fitting_type, float_form_of
 from strata.runtime.plan import tensor_bytes
 from strata.runtime.pool import ExpertPool, ExpertWeight, default_threads, physical_cores
 from strata.synth.blocks import fill_float
@@ -31,9 +31,6 @@ MIXES = {"Q4_K": (T.Q4_K, T.Q4_K), "Q2_K": (T.Q2_K, T.Q2_K), "Q8_0": (T.Q8_0, T.
 # The lattice i-quants and the ternary types, one mix per distinct CPU kernel and scale plane: IQ3_XXS and IQ1_S
 # run IQ2_XXS's, IQ2_S and IQ1_M IQ2_XS's (the codebook is a runtime table), TQ1_0 TQ2_0's.
 IQ_MIXES = {t.name: (t, t) for t in (T.IQ2_XXS, T.IQ2_XS, T.IQ3_S, T.TQ2_0)}
-FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.IQ4_XS: T.IQ4_NL,
-            **dict.fromkeys((T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M), T.IQ4_NL),
-            T.TQ1_0: T.Q4_0, T.TQ2_0: T.Q4_0}
 HEADLINE = ("qwen4exp", "Q4_K")
 
 
@@ -48,11 +45,6 @@ class Scale:
 
 BOX = Scale(n_expert=128, n_layers=4, jobs=60, read_bytes=2 << 30, set_bytes=6 << 30)
 QUICK = Scale(n_expert=16, n_layers=2, jobs=10, read_bytes=128 << 20, set_bytes=256 << 20)
-
-
-def fitting_type(ggml_type: T, cols: int) -> T:
-    """``ggml_type``, or its fallback where rows of ``cols`` are not whole 256-blocks."""
-    return FALLBACK[ggml_type] if cols % 256 and ggml_type in FALLBACK else ggml_type
 
 
 def synthetic_experts(ggml_type: T, rows: int, cols: int, n_expert: int, rng: np.random.Generator) -> ExpertWeight:

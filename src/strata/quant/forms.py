@@ -103,6 +103,20 @@ _BY_NAME = {form.name: form for form in FORMS.values()}
 FLOAT_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": np.dtype(np.uint16)}
 
 
+# What llama-quantize writes instead of a type of 256-element super-blocks where a row is not whole super-blocks
+# (qwen4exp's expert down has 640 columns): its tensor-type fallback.
+QUANTIZE_FALLBACK = {
+    T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0, T.IQ4_XS: T.IQ4_NL,
+    **dict.fromkeys((T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M), T.IQ4_NL),
+    T.TQ1_0: T.Q4_0, T.TQ2_0: T.Q4_0,
+}
+
+
+def fitting_type(ggml_type: T, cols: int) -> T:
+    """``ggml_type``, or what llama-quantize writes instead for rows of ``cols`` elements."""
+    return QUANTIZE_FALLBACK[ggml_type] if cols % 256 and ggml_type in QUANTIZE_FALLBACK else ggml_type
+
+
 def form_for(ggml_type: T | int) -> Form:
     """The form that holds ``ggml_type`` bit-exactly; FormatError naming the type if none does."""
     try:
