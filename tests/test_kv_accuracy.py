@@ -20,7 +20,8 @@ pytest.importorskip("transformers")
 
 from hf_models import (ARCHS, QWEN4EXP_VARIANTS, VOCAB, make_q8_0_exact, peak_head, random_model,  # noqa: E402
                        save_and_convert)
-from test_decode_transformers import GPU_REFERENCE_MEDIAN, GPU_REFERENCE_WORST, relative_errors  # noqa: E402
+from test_decode_transformers import (GPU_REFERENCE_MEDIAN, GPU_REFERENCE_WORST, QUANT_STEADY,  # noqa: E402
+                                      decisions, first_flip, relative_errors)
 
 from strata.format import inspect  # noqa: E402
 from strata.options import KV  # noqa: E402
@@ -39,10 +40,14 @@ QUANTIZED = (KV.INT8, KV.K8V4, KV.Q4)
 MEDIAN = {KV.INT8: 5e-4, KV.K8V4: 6e-3, KV.Q4: 7e-3}
 P90 = {KV.INT8: 2e-3, KV.K8V4: 1.5e-2, KV.Q4: 1.5e-2}
 WORST = 0.3
-# The peaked head's top-1/top-2 gap is >= 0.2 of max|logit| at every measured position. An argmax changes only
-# where a step's error reaches half the gap on both top logits at once: the measured error / gap stayed
-# <= 0.33 everywhere (no token ever changed), so at positions whose gap is >= 0.25 the tokens are the same.
-CLEAR_GAP = 0.25
+# Before the format first flips a discrete choice against bf16 (a routed expert or a QSA block, in the
+# reference's dumps) every step is held to test_decode_transformers' steady bound: each logit then moves by
+# at most 0.1 of max|logit|, so the top two cannot trade places where they are >= 0.25 apart (the peaked head's
+# gap is >= 0.2 at every measured position) and the greedy tokens there must be the same. After a flip the
+# carried error (up to WORST) can legitimately change a token, and is not checked. On the GPU the session's
+# own choices may flip where the reference's do not, so there only the logit bounds are asserted.
+STEADY, CLEAR_GAP = QUANT_STEADY, 0.25
+MIN_STEADY = 32  # steps before the first flip from which the median and 90th percentile are judged
 # The same comparison with activation quantization (as the GPU computes): every change of the cache flips
 # some q8_32 codes downstream, so even bf16 against float32 KV moves the logits by ~2e-3. Measured, 3 seeds of
 # each model: medians int8 1.7e-3..3.9e-3, k8v4 3.1e-3..5.0e-3, q4 3.6e-3..5.5e-3; worst steps up to 0.11.
@@ -91,10 +96,12 @@ def fed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     return Fed(name, seed, path, rng.integers(0, VOCAB, TOKENS))
 
 
-def reference_logits(fed: Fed, kv: KV, activation_quant: bool) -> np.ndarray:
-    """The reference's logits at every position, the tokens fed at once (its caches as format `kv` holds them)."""
+def reference_run(fed: Fed, kv: KV, activation_quant: bool) -> tuple[np.ndarray, list[tuple]]:
+    """The reference's logits at every position, the tokens fed at once (its caches as format `kv` holds them),
+    and its discrete choices per position (test_decode_transformers.decisions)."""
     with inspect(fed.path) as model_file:
-        return Reference(model_file, kv=kv, activation_quant=activation_quant).forward(fed.ids)
+        logits, dumps = Reference(model_file, kv=kv, activation_quant=activation_quant).forward(fed.ids, dump=True)
+    return logits, decisions(dumps)
 
 
 def gaps(logits: np.ndarray) -> np.ndarray:
@@ -103,29 +110,34 @@ def gaps(logits: np.ndarray) -> np.ndarray:
     return (top[:, 1] - top[:, 0]) / np.abs(logits).max(axis=1)
 
 
-def assert_same_clear_tokens(got: np.ndarray, base: np.ndarray, label: str) -> None:
-    clear = gaps(base) >= CLEAR_GAP
-    assert clear.sum() >= len(base) // 4, f"{label}: only {clear.sum()} positions with a clear top-2 gap"
-    changed = np.flatnonzero(clear & (got.argmax(axis=1) != base.argmax(axis=1)))
-    assert changed.size == 0, f"{label}: greedy token changed at clear positions {changed[:8]}"
+def assert_same_clear_tokens(got: np.ndarray, base: np.ndarray, steady: int, label: str) -> None:
+    """The greedy token of every position before `steady` (the first flipped choice) whose top-2 gap is clear."""
+    clear = gaps(base[:steady]) >= CLEAR_GAP
+    changed = np.flatnonzero(clear & (got[:steady].argmax(axis=1) != base[:steady].argmax(axis=1)))
+    assert changed.size == 0, f"{label}: greedy token changed at clear positions {changed[:8]} before {steady}"
 
 
 @pytest.mark.parametrize("fed", CPU_MODELS, ids=_model_id, indirect=True)
 def test_each_format_stays_close_to_bf16_in_the_reference(fed: Fed) -> None:
-    base = reference_logits(fed, KV.BF16, activation_quant=False)
+    base, base_choices = reference_run(fed, KV.BF16, activation_quant=False)
     medians = {}
     for kv in QUANTIZED:
-        got = reference_logits(fed, kv, activation_quant=False)
+        got, choices = reference_run(fed, kv, activation_quant=False)
         rel = relative_errors(got, base)
         label = f"{fed.name} kv={kv.value} (seed={fed.seed})"
         medians[kv] = np.median(rel)
         print(f"{label}: vs bf16 median {medians[kv]:.2e}, 90th percentile {np.quantile(rel, 0.9):.2e}, "
-              f"worst {rel.max():.2e} at {rel.argmax()}")
+              f"worst {rel.max():.2e} at {rel.argmax()}; first flipped choice at {first_flip(choices, base_choices)}")
         assert np.isfinite(got).all(), label
-        assert medians[kv] <= MEDIAN[kv], (label, rel)
-        assert np.quantile(rel, 0.9) <= P90[kv], (label, rel)
+        steady = first_flip(choices, base_choices)
+        # The systematic part, where no flipped choice carries its error (a flip early in a run would carry up
+        # to ~0.1 to most later steps): judged on the steady prefix when it is long enough to judge.
+        if steady >= MIN_STEADY:
+            assert np.median(rel[:steady]) <= MEDIAN[kv], (label, steady, rel)
+            assert np.quantile(rel[:steady], 0.9) <= P90[kv], (label, steady, rel)
+        assert rel[:steady].max(initial=0.0) <= STEADY, (label, steady, rel)
         assert rel.max() <= WORST, (label, rel)
-        assert_same_clear_tokens(got, base, label)
+        assert_same_clear_tokens(got, base, steady, label)
     # Fewer bits cost more: int8 keys beat rotated 4-bit keys (measured: k8v4's median 0.66..0.82 of q4's).
     assert 0 < medians[KV.INT8] < medians[KV.K8V4] < medians[KV.Q4], (fed.name, fed.seed, medians)
 
@@ -160,10 +172,11 @@ def gpu_logits(fed: Fed, formats: list[KV]) -> dict[KV, np.ndarray]:
 @pytest.mark.parametrize("fed", MODELS, ids=_model_id, indirect=True)
 def test_gpu_decode_in_each_format(fed: Fed) -> None:
     gpu = gpu_logits(fed, list(KV))
+    references = {kv: reference_run(fed, kv, activation_quant=True)[0] for kv in KV}
     for kv in KV:
         label = f"{fed.name} kv={kv.value} (seed={fed.seed})"
         assert np.isfinite(gpu[kv]).all(), label
-        vs_ref = relative_errors(gpu[kv], reference_logits(fed, kv, activation_quant=True))
+        vs_ref = relative_errors(gpu[kv], references[kv])
         line = f"{label}: GPU vs reference median {np.median(vs_ref):.2e}, worst {vs_ref.max():.2e}"
         if kv is not KV.BF16:
             vs_bf16 = relative_errors(gpu[kv], gpu[KV.BF16])
@@ -174,4 +187,3 @@ def test_gpu_decode_in_each_format(fed: Fed) -> None:
         if kv is not KV.BF16:
             assert np.median(vs_bf16) <= GPU_FORMAT_MEDIAN[kv], (label, vs_bf16)
             assert vs_bf16.max() <= GPU_FORMAT_WORST, (label, vs_bf16)
-            assert_same_clear_tokens(gpu[kv], gpu[KV.BF16], label)
