@@ -60,7 +60,7 @@ class ModelFile:
         if "tokenizer.ggml.model" not in self.metadata:
             raise FormatError(f"{self.path}: the file carries no tokenizer (no tokenizer.ggml.model key)")
         if self._tokenizer is None:
-            self._tokenizer = Tokenizer(self.metadata, self.value_types, self.geometry.n_vocab)
+            self._tokenizer = Tokenizer(self.metadata)
         return self._tokenizer
 
     def close(self) -> None:

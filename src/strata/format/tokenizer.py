@@ -11,8 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from strata.errors import FormatError
-from strata.format.tokenizer_check import (CONTROL, USER_DEFINED, K, V, check_tokenizer_keys,
-                                          check_tokenizer_metadata, special_ids)
+from strata.format.tokenizer_check import CONTROL, USER_DEFINED, K, special_ids
 
 # The Qwen2 pre-tokenizer split (llama.cpp LLAMA_VOCAB_PRE_TYPE_QWEN2): contractions, letters with one leading
 # non-letter, single digits, punctuation runs, newlines, spaces.
@@ -31,10 +30,8 @@ class Tokenizer:
     template); by default a control token's text in the input is plain text, so user text cannot end a turn.
     """
 
-    def __init__(self, kv: Mapping[str, Any], value_types: Mapping[str, V], n_vocab: int):
-        """kv and value_types as the scanner reads a file's metadata (strata.format.ModelFile)."""
-        check_tokenizer_keys(kv, value_types)
-        check_tokenizer_metadata(kv, n_vocab)
+    def __init__(self, kv: Mapping[str, Any]):
+        """kv: a file's metadata as strata.format.ModelFile holds it, its tokenizer keys checked when it opened."""
         if kv.get(K.MODEL) != "gpt2":
             raise FormatError(f"{K.MODEL} is {kv.get(K.MODEL)!r}; strata builds only 'gpt2' (byte-level BPE)")
         self.tokens: Sequence[str] = kv[K.LIST]
