@@ -27,6 +27,14 @@ BUDGET, RATIO = 16, 4          # 4 blocks: QSA drops blocks from 20 visible toke
 # qwen4exp geometries beside the released one (ratio 4, sigmoid gate) that a file may state: other QSA blocks,
 # one that divides no power of two, and transformers' other GDN output gate.
 QWEN4EXP_VARIANTS = (dict(budget=24, ratio=8, output_gate="silu"), dict(budget=12, ratio=3), dict(budget=8, ratio=2))
+# Every architecture as released, and qwen4exp with the other geometries: (arch, hf_model options).
+MODELS = [(arch, {}) for arch in ARCHS] + [("qwen4exp", options) for options in QWEN4EXP_VARIANTS]
+
+
+def model_id(model: tuple[str, dict]) -> str:
+    """A test id for one of MODELS, e.g. "qwen4exp-budget12-ratio3"."""
+    arch, options = model
+    return "-".join([arch, *(f"{k}{v}" for k, v in options.items())])
 Q8_BLOCK = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0][0]
 
 

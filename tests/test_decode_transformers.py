@@ -23,7 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from hf_models import (ARCHS, QWEN4EXP_VARIANTS, VOCAB, make_q8_0_exact, peak_head, random_model,  # noqa: E402
+from hf_models import (MODELS, VOCAB, make_q8_0_exact, model_id, peak_head, random_model,  # noqa: E402
                        save_and_convert)
 from strata.format import inspect  # noqa: E402
 from strata.quant import dequantize_raw  # noqa: E402
@@ -115,20 +115,11 @@ def smallest_gap(logits: np.ndarray) -> float:
     return float(((top[:, 1] - top[:, 0]) / np.abs(logits).max(axis=1)).min())
 
 
-# Every architecture as released, and qwen4exp with other QSA blocks and the other GDN gate.
-MODELS = [(arch, {}) for arch in ARCHS] + [("qwen4exp", options) for options in QWEN4EXP_VARIANTS]
-
-
-def _model_id(model: tuple[str, dict]) -> str:
-    arch, options = model
-    return "-".join([arch, *(f"{k}{v}" for k, v in options.items())])
-
-
-@pytest.fixture(scope="module", params=MODELS, ids=_model_id)
+@pytest.fixture(scope="module", params=MODELS, ids=model_id)
 def decoded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Decoded:
     arch, options = request.param
     seed = int(np.random.SeedSequence().entropy % 2**31)
-    print(f"{_model_id(request.param)} seed={seed}")
+    print(f"{model_id(request.param)} seed={seed}")
     rng = np.random.default_rng(seed)
     model = random_model(arch, CONFIG, seed, **options)
     peak_head(model, rng)

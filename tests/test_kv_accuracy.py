@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from hf_models import (ARCHS, QWEN4EXP_VARIANTS, VOCAB, make_q8_0_exact, peak_head, random_model,  # noqa: E402
+from hf_models import (MODELS, VOCAB, make_q8_0_exact, model_id, peak_head, random_model,  # noqa: E402
                        save_and_convert)
 from test_decode_transformers import (GPU_REFERENCE_MEDIAN, GPU_REFERENCE_WORST, QUANT_STEADY,  # noqa: E402
                                       decisions, first_flip, relative_errors)
@@ -63,14 +63,8 @@ GPU_MEDIAN, GPU_WORST = GPU_REFERENCE_MEDIAN, WORST
 GPU_FORMAT_MEDIAN = {kv: QUANT_MEDIAN[kv] + 2 * GPU_REFERENCE_MEDIAN for kv in QUANTIZED}
 GPU_FORMAT_WORST = WORST + 2 * GPU_REFERENCE_WORST
 
-MODELS = [(arch, {}) for arch in ARCHS] + [("qwen4exp", options) for options in QWEN4EXP_VARIANTS]
 CPU_MODELS = [("qwen4exp", {}), ("qwen3next", {})]  # the QSA and the dense attention layer; qwen35moe's is
 # qwen3next's, and the GPU test runs every model
-
-
-def _model_id(model: tuple[str, dict]) -> str:
-    arch, options = model
-    return "-".join([arch, *(f"{k}{v}" for k, v in options.items())])
 
 
 @dataclass
@@ -86,7 +80,7 @@ class Fed:
 def fed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Fed:
     arch, options = request.param
     seed = int(np.random.SeedSequence().entropy % 2**31)
-    name = _model_id(request.param)
+    name = model_id(request.param)
     print(f"{name} seed={seed}")
     rng = np.random.default_rng(seed)
     model = random_model(arch, 0, seed, **options)
@@ -117,7 +111,7 @@ def assert_same_clear_tokens(got: np.ndarray, base: np.ndarray, steady: int, lab
     assert changed.size == 0, f"{label}: greedy token changed at clear positions {changed[:8]} before {steady}"
 
 
-@pytest.mark.parametrize("fed", CPU_MODELS, ids=_model_id, indirect=True)
+@pytest.mark.parametrize("fed", CPU_MODELS, ids=model_id, indirect=True)
 def test_each_format_stays_close_to_bf16_in_the_reference(fed: Fed) -> None:
     base, base_choices = reference_run(fed, KV.BF16, activation_quant=False)
     medians = {}
@@ -169,7 +163,7 @@ def gpu_logits(fed: Fed, formats: list[KV]) -> dict[KV, np.ndarray]:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fed", MODELS, ids=_model_id, indirect=True)
+@pytest.mark.parametrize("fed", MODELS, ids=model_id, indirect=True)
 def test_gpu_decode_in_each_format(fed: Fed) -> None:
     gpu = gpu_logits(fed, list(KV))
     references = {kv: reference_run(fed, kv, activation_quant=True)[0] for kv in KV}
