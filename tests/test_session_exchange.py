@@ -35,6 +35,14 @@ def routing(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return x, ids, weights
 
 
+def answers(pool: ExpertPool, x: np.ndarray, ids: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """What the exchange must return: token t's layer l answer is the pool's own rows for x[l] * (t + 1), summed."""
+    return np.stack([
+        np.stack([pool.run_layer(l, x[l] * (t + 1), ids[l], weights[l]).sum(axis=0) for l in range(LAYERS)])
+        for t in range(TOKENS)
+    ])
+
+
 @pytest.fixture
 def pool(rng):
     with make_pool(rng) as pool:
@@ -44,10 +52,7 @@ def pool(rng):
 @pytest.mark.gpu
 def test_every_mode_returns_this_layers_experts_for_every_token(rng, pool):
     x, ids, weights = routing(rng)
-    want = np.stack([
-        np.stack([pool.run_layer(l, x[l] * (t + 1), ids[l], weights[l]).sum(axis=0) for l in range(LAYERS)])
-        for t in range(TOKENS)
-    ])
+    want = answers(pool, x, ids, weights)
     results = {}
     for mode in Mode:
         out, timing = _native_check.expert_exchange(pool.native, mode, x, ids, weights, TOKENS)
@@ -70,10 +75,7 @@ def test_rings_stay_in_order_where_their_numbers_wrap(rng, pool, mode, crossing)
     every answer still belongs to its layer and token."""
     first_token = crossing // LAYERS - 1   # the second token's rings cross `crossing`
     x, ids, weights = routing(rng)
-    want = np.stack([
-        np.stack([pool.run_layer(l, x[l] * (t + 1), ids[l], weights[l]).sum(axis=0) for l in range(LAYERS)])
-        for t in range(TOKENS)
-    ])
+    want = answers(pool, x, ids, weights)
     out, timing = _native_check.expert_exchange(pool.native, mode, x, ids, weights, TOKENS, first_token=first_token)
     assert np.all(np.isfinite(out)), mode
     assert np.max(np.abs(out - want)) / np.max(np.abs(want)) < 1e-6, mode
