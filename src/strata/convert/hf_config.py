@@ -139,7 +139,8 @@ def _qwen4exp_fields(cfg: dict[str, Any], ckpt: Checkpoint, fields: dict[str, An
     if gate not in OUTPUT_GATES:
         raise FormatError(f"config.json: output_gate_type {gate!r} is none of {', '.join(OUTPUT_GATES)}")
     fields.update(
-        gdn_sigmoid_gate=OUTPUT_GATES[gate], hc_count=int(cfg.get("hc_count", 4)), hc_rank=int(cfg.get("hc_lowrank", 320)),
+        gdn_sigmoid_gate=OUTPUT_GATES[gate],
+        hc_count=int(cfg.get("hc_count", 4)), hc_rank=int(cfg.get("hc_lowrank", 320)),
         indexer_n_heads=int(cfg.get("indexer_n_heads") or 0), indexer_head_dim=int(cfg.get("indexer_head_dim") or 0),
         indexer_top_k=int(cfg.get("indexer_budget") or 0),
         # The ratio goes on every attention layer: a re-saved config says "qwen_sparse_attention", and

@@ -94,7 +94,8 @@ def variant_items(g: Geometry, variant: dict[str, Any]) -> list[MetadataItem]:
     """The output-gate key where `g`'s gate is not its architecture's `variant` (llama.cpp's files have none)."""
     if g.gdn_sigmoid_gate == variant["gdn_sigmoid_gate"]:
         return []
-    return [(f"{g.arch}.{OUTPUT_GATE_KEY}", "sigmoid" if g.gdn_sigmoid_gate else "silu", STRING)]
+    name = next(name for name, sigmoid in OUTPUT_GATES.items() if sigmoid == g.gdn_sigmoid_gate)
+    return [(f"{g.arch}.{OUTPUT_GATE_KEY}", name, STRING)]
 
 
 def _read_recurrent(r: MetadataReader, n_layer: int) -> tuple[bool, ...]:
