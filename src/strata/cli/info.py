@@ -35,19 +35,18 @@ def handle(args: argparse.Namespace) -> int:
     return 0
 
 
-def part_of(spec: TensorSpec | None) -> str:
-    """Where a tensor lives at run time (architecture.md, 'What lives where'), from its role."""
+def part_of(spec: TensorSpec) -> tuple[str, str]:
+    """Where a tensor lives at run time (architecture.md, 'What lives where'), from its role: (its part, what
+    runs it)."""
     from strata.models import Role
 
-    if spec is None:
-        return "not run (ignored)"
     if spec.role is Role.ROUTED_EXPERT:
-        return "routed experts (host RAM)"
+        return "routed experts (host RAM)", "CPU pool"
     if spec.role is Role.NGRAM_TABLE:
-        return "n-gram table (memory-mapped)"
+        return "n-gram table (memory-mapped)", "host"
     if spec.role is Role.ROW_GATHERED or spec.name == HEAD:
-        return "embedding + LM head (VRAM)"
-    return "dense layers (VRAM)"
+        return "embedding + LM head (VRAM)", "GPU"
+    return "dense layers (VRAM)", "GPU"
 
 
 def describe(model: ModelFile) -> list[str]:
@@ -112,14 +111,6 @@ class _Placed:
     held_bytes: int = 0
 
 
-def _runs_on(spec: TensorSpec) -> str:
-    from strata.models import Role
-
-    if spec.role is Role.ROUTED_EXPERT:
-        return "CPU pool"
-    return "host" if spec.role is Role.NGRAM_TABLE else "GPU"
-
-
 def placement_lines(model: ModelFile) -> list[str]:
     """Per part and GGUF type: where it runs, the canonical form it is held in and bits per weight in the file
     and held (docs/forms.md), with widened forms called out. The n-gram table is read as the file holds it."""
@@ -128,14 +119,14 @@ def placement_lines(model: ModelFile) -> list[str]:
     from strata.runtime.plan import tensor_bytes
 
     specs = tensor_specs(model.geometry)
-    placed: dict[tuple[str, str, str], _Placed] = {}
+    placed: dict[tuple[str, str, str, str], _Placed] = {}
     for name, info in model.tensors.items():
         spec = specs.get(name)
         if spec is None:
             continue
         as_file = spec.role is Role.NGRAM_TABLE  # rows gathered and dequantized per token, never repacked
         form = "as stored" if as_file else form_for(info.ggml_type).name
-        entry = placed.setdefault((part_of(spec), _runs_on(spec), info.ggml_type.name, form), _Placed())
+        entry = placed.setdefault((*part_of(spec), info.ggml_type.name, form), _Placed())
         entry.count += 1
         entry.elements += math.prod(info.ne)
         entry.file_bytes += info.nbytes
