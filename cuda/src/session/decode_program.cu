@@ -98,7 +98,7 @@ DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& 
   }
   STRATA_CUDA_TRY(kernels::sample_scratch_bytes(g.n_vocab, &sample_scratch_bytes_));
   attention_ = {g.n_head, g.n_head_kv, g.head_dim, g.rope_dim, g.rms_eps};
-  const bool has_attention = std::find(g.recurrent.begin(), g.recurrent.end(), false) != g.recurrent.end();
+  const bool has_attention = g.attention_layers() > 0;
   STRATA_EXPECTS(!has_attention || kernels::attention_decode_fits(attention_), InvalidArgument,
                  "attention: " + std::to_string(g.n_head / std::max(g.n_head_kv, 1)) + " query heads per KV head of " +
                      std::to_string(g.head_dim) + " dims exceed the decode kernel's shared memory and registers");
