@@ -25,4 +25,22 @@ bool gemv_quant_supports(const QuantForm& form);
 cudaError_t gemv_float(FloatKind kind, const void* w, int rows, int cols, const float* x, float* y,
                        cudaStream_t stream);
 
+// `count` products in one launch, y_j = M[slots[j]] x_j for j < count, over a stack of matrices M of rows x cols
+// each, stored matrix-major in every plane (matrix m's row r is the stack's row m * rows + r): a layer's routed
+// experts, or the slots of its VRAM cache. slots lives in device memory, so a captured graph reads each
+// token's; slots[j] < 0 skips product j and leaves y_j unwritten. y_j = y + j * rows. x_j starts x_stride
+// elements after x_{j-1} (0: every product reads the same x); for the quantized forms that is xq + j * x_stride
+// and dx, xsums + j * x_stride / 32, so x_stride is a multiple of 32.
+struct MatrixBatch {
+  const int* slots = nullptr;
+  int count = 0;
+  int x_stride = 0;
+};
+
+cudaError_t gemv_quant_batch(const QuantForm& form, const QuantPlanes& planes, int rows, int cols,
+                             const MatrixBatch& batch, const std::int8_t* xq, const float* dx,
+                             const std::int32_t* xsums, float* y, cudaStream_t stream);
+cudaError_t gemv_float_batch(FloatKind kind, const void* w, int rows, int cols, const MatrixBatch& batch,
+                             const float* x, float* y, cudaStream_t stream);
+
 }  // namespace strata::kernels

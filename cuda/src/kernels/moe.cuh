@@ -19,4 +19,13 @@ cudaError_t swiglu(const float* g, const float* u, float* h, int n, cudaStream_t
 cudaError_t moe_combine(const float* routed, const float* shared, const float* gate, float* out, int n,
                         cudaStream_t stream);
 
+// slots[j] = slot_of[ids[j]] for j < k: where each routed expert of a token sits in its layer's VRAM cache
+// (slot_of [n_expert], -1 for an expert the cache does not hold).
+cudaError_t expert_slots(const int* slot_of, const int* ids, int* slots, int k, cudaStream_t stream);
+
+// out[i] = (accumulate ? out[i] : 0) + sum over j < k with slots[j] >= 0 of weights[j] * rows[j * n + i]: the
+// cached experts' share of the routed sum (rows [k][n], the down products; rows of skipped j are never read).
+cudaError_t moe_cached_sum(const float* rows, const int* slots, const float* weights, int k, int n, bool accumulate,
+                           float* out, cudaStream_t stream);
+
 }  // namespace strata::kernels
