@@ -40,6 +40,11 @@ struct ExpertMatrix {
   Plane codes, d, sub_scales, mins, sub_mins;
 };
 
+// One layer's registered weights (the pool's pointers into the caller's planes).
+struct LayerMatrices {
+  ExpertMatrix gate, up, down;
+};
+
 struct PoolOptions {
   int threads = 0;        // 0: one worker per physical core except the first (all cores if there is one)
   bool smt = false;       // also run a worker on every SMT sibling of the worker cores
@@ -65,6 +70,12 @@ class ExpertPool {
   // nothing. skip may be null.
   void run_layer(int layer, const float* x, const int32_t* ids, const float* weights, const uint8_t* skip, int k,
                  float* out);
+
+  // Layers registered so far: set_layer's highest layer + 1 (a layer below it may be unset).
+  int layers() const;
+  bool has_layer(int layer) const;
+  // Layer `layer`'s weights as registered. InvalidArgument when the layer is unset or the pool closed.
+  LayerMatrices layer_matrices(int layer) const;
 
   // Best read bandwidth (bytes/s) of all workers streaming their slice of a `bytes` buffer, over `reps`.
   double read_bandwidth(int64_t bytes, int reps);

@@ -209,6 +209,17 @@ double ExpertPool::read_bandwidth(int64_t bytes, int reps) {
   return measure_read_bandwidth(*impl_->team, bytes, reps);
 }
 
+int ExpertPool::layers() const { return static_cast<int>(impl_->layers.size()); }
+
+bool ExpertPool::has_layer(int layer) const {
+  return layer >= 0 && layer < layers() && impl_->layers[layer].set;
+}
+
+LayerMatrices ExpertPool::layer_matrices(int layer) const {
+  const Layer& l = impl_->registered(layer, "layer_matrices");
+  return {l.gate, l.up, l.down};
+}
+
 int ExpertPool::threads() const { return static_cast<int>(impl_->worker_cpus.size()); }
 Isa ExpertPool::isa() const { return impl_->isa; }
 std::vector<std::vector<int>> ExpertPool::worker_cpus() const { return impl_->worker_cpus; }
