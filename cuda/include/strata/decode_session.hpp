@@ -1,5 +1,5 @@
 // One sequence decoding on the GPU and the CPU pool: every layer's dense part on the device, the routed
-// experts answered by the pool through the doorbell, the LM head and the sampler on the device; only the
+// experts in the VRAM cache on the device and the others answered by the pool through the doorbell, the LM head and the sampler on the device; only the
 // token id comes back. Three modes give identical tokens (docs/session.md). Host-only header.
 #pragma once
 
@@ -13,6 +13,7 @@
 namespace strata {
 
 class DeviceWeights;
+class ExpertCache;
 namespace cpu {
 class ExpertPool;
 }
@@ -53,14 +54,17 @@ struct DecodeStats {
   long rings = 0;
   double gpu_pre_seconds = 0.0;    // uncaptured mode only: device time of the layers' pre parts (+ embed)
   double gpu_post_seconds = 0.0;   // uncaptured mode only: device time of the post parts (+ head, sampler)
+  std::vector<long> expert_hits, expert_misses;  // per layer: routed experts the VRAM cache held / the pool ran
 };
 
 class DecodeSession {
  public:
   // Checks every tensor the program reads against the geometry (InvalidArgument naming the tensor), plans
-  // and allocates the arena and scratch (OutOfMemory naming the need), builds the RoPE tables.
+  // and allocates the arena and scratch (OutOfMemory naming the need), builds the RoPE tables. The experts
+  // `cache` holds (may be null) run on the GPU, the others on the pool; weights, pool and cache outlive the
+  // session.
   DecodeSession(const DeviceWeights& weights, cpu::ExpertPool& pool, const ModelGeometry& geometry,
-                const DecodeOptions& options);
+                const DecodeOptions& options, const ExpertCache* cache = nullptr);
   ~DecodeSession();
   DecodeSession(const DecodeSession&) = delete;
   DecodeSession& operator=(const DecodeSession&) = delete;

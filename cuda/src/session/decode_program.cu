@@ -71,11 +71,12 @@ std::size_t DecodeProgram::stage_bytes(const ModelGeometry& g) {
 }
 
 DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& g, const SessionArena& arena,
-                             KvStorage kv_storage, const ProgramIo& io)
+                             KvStorage kv_storage, const ProgramIo& io, const ExpertCache* cache)
     : g_(g),
       t_(resolve_tensors(weights, g)),
       embedding_(embed_table(*t_.embedding)),  // refuses a form the gather lacks, before anything is allocated
       io_(io),
+      cache_(cache),
       context_(arena.layout().kv_pages * kKvPageTokens),
       scratch_(0) {
   const int n = g.n_embd, hc = std::max(g.hc_count, 1), width = hc * n;
@@ -142,6 +143,14 @@ DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& 
     router_logits_ = c.take<float>(g.n_expert);
     route_weights_ = c.take<float>(g.n_expert_used);
     route_ids_ = c.take<int>(g.n_expert_used);
+    const int k = g.n_expert_used, hidden = k * g.expert_ff;
+    cache_slots_ = c.take<int>(k);
+    ex_gate_ = c.take<float>(hidden);
+    ex_up_ = c.take<float>(hidden);
+    ex_hidden_ = c.take<float>(hidden);
+    ex_rows_ = c.take<float>(static_cast<std::size_t>(k) * n);
+    ex_x8_ = {c.take<std::int8_t>(n), c.take<float>(n / 32 + 1), c.take<std::int32_t>(n / 32 + 1)};
+    ex_hidden8_ = {c.take<std::int8_t>(hidden), c.take<float>(hidden / 32 + 1), c.take<std::int32_t>(hidden / 32 + 1)};
     sh_g_ = c.take<float>(g.shared_ff);
     sh_u_ = c.take<float>(g.shared_ff);
     sh_h_ = c.take<float>(g.shared_ff);
@@ -171,6 +180,11 @@ DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& 
   }
   const std::vector<float> ones(hc, 1.0f);
   STRATA_CUDA_TRY(cudaMemcpy(ones_, ones.data(), sizeof(float) * hc, cudaMemcpyHostToDevice));
+  // A routed slot the cache does not hold leaves its gate/up rows as an earlier token wrote them; the hidden
+  // rows computed from them are never read, but must be finite numbers to quantize: zero before the first.
+  const std::size_t hidden_bytes = sizeof(float) * g.n_expert_used * g.expert_ff;
+  STRATA_CUDA_TRY(cudaMemset(ex_gate_, 0, hidden_bytes));
+  STRATA_CUDA_TRY(cudaMemset(ex_up_, 0, hidden_bytes));
 
   // Views of the sequence state in the arena.
   kv_.resize(g.n_layer);
@@ -356,20 +370,54 @@ void DecodeProgram::pre(int layer, cudaStream_t s) const {
     add_to_streams(ones_, y_, 1, n, s);
     STRATA_CUDA_TRY(kernels::rms_norm(streams_, t.post_attention_norm, x_, 1, n, g_.rms_eps, s));
   }
-  // Router, then the ring: the host starts on the routed experts while the shared expert runs here.
+  // Router, then the ring: the host starts on the routed experts the cache lacks while the shared expert and
+  // the cached ones run here.
   project(x_, {{t.router, router_logits_}}, q8_, s);
   STRATA_CUDA_TRY(kernels::moe_route(router_logits_, route_ids_, route_weights_, 1, g_.n_expert, g_.n_expert_used, s));
-  STRATA_CUDA_TRY(kernels::doorbell_publish(io_.bell, x_, route_ids_, route_weights_, io_.ring_base, layer + 1, s));
+  const CachedLayer* c = cached(layer);
+  if (c) STRATA_CUDA_TRY(kernels::expert_slots(c->slot_of, route_ids_, cache_slots_, g_.n_expert_used, s));
+  if (rings(layer)) {
+    STRATA_CUDA_TRY(kernels::doorbell_publish(io_.bell, x_, route_ids_, route_weights_, io_.ring_base, layer + 1, s));
+  }
   project(x_, {{t.shared_gate, sh_g_}, {t.shared_up, sh_u_}}, q8_, s, &branches_);
   STRATA_CUDA_TRY(kernels::swiglu(sh_g_, sh_u_, sh_h_, g_.shared_ff, s));
   project(sh_h_, {{t.shared_down, shared_}}, q8_, s);
   STRATA_CUDA_TRY(kernels::shared_expert_gate(t.shared_gate_inp, x_, shared_gate_, n, s));
+  if (c) cached_experts(*c, s);
+}
+
+const CachedLayer* DecodeProgram::cached(int layer) const {
+  if (!cache_ || layer >= cache_->layers() || cache_->slots(layer) == 0) return nullptr;
+  return &cache_->layer(layer);
+}
+
+bool DecodeProgram::rings(int layer) const { return !(cache_ && cache_->holds_all(layer)); }
+
+// The routed slots the cache holds, as one batch per matrix (the slots it lacks are skipped on the device):
+// ex_rows_[j] = down_j(silu(gate_j x) * up_j x), unweighted, as the pool computes its rows.
+void DecodeProgram::cached_experts(const CachedLayer& c, cudaStream_t s) const {
+  const int k = g_.n_expert_used, ff = g_.expert_ff;
+  if (!c.gate.is_float || !c.up.is_float) quantize(x_, g_.n_embd, ex_x8_, s);
+  const kernels::MatrixBatch inputs{cache_slots_, k, 0};
+  branches_.run(2, s, [&](int i, cudaStream_t side) {
+    project_batch(i == 0 ? c.gate : c.up, inputs, x_, ex_x8_, i == 0 ? ex_gate_ : ex_up_, side);
+  });
+  STRATA_CUDA_TRY(kernels::swiglu(ex_gate_, ex_up_, ex_hidden_, k * ff, s));
+  if (!c.down.is_float) quantize(ex_hidden_, static_cast<long>(k) * ff, ex_hidden8_, s);
+  project_batch(c.down, {cache_slots_, k, ff}, ex_hidden_, ex_hidden8_, ex_rows_, s);
 }
 
 void DecodeProgram::post(int layer, cudaStream_t s) const {
   const int n = g_.n_embd;
-  STRATA_CUDA_TRY(kernels::doorbell_wait(io_.bell, io_.ring_base, layer + 1, io_.answer_timeout_ns, io_.wait_status,
-                                         routed_, s));
+  const bool ring = rings(layer);
+  if (ring) {
+    STRATA_CUDA_TRY(kernels::doorbell_wait(io_.bell, io_.ring_base, layer + 1, io_.answer_timeout_ns,
+                                           io_.wait_status, routed_, s));
+  }
+  if (cached(layer)) {
+    STRATA_CUDA_TRY(kernels::moe_cached_sum(ex_rows_, cache_slots_, route_weights_, g_.n_expert_used, n, ring,
+                                            routed_, s));
+  }
   STRATA_CUDA_TRY(kernels::moe_combine(routed_, shared_, shared_gate_, y_, n, s));
   if (g_.hc_count > 0) add_to_streams(inj_ffn_, y_, g_.hc_count, n, s);
   else add_to_streams(ones_, y_, 1, n, s);

@@ -1,6 +1,7 @@
 // The GPU work of one decode token as enqueue functions over fixed buffers: begin (staging, embedding),
-// pre[l] (mixer, router, publish, shared expert), post[l] (wait, combine, write back), end (final mixer, LM
-// head, sampler). Every per-token value is read from device memory, so any part can be captured into a CUDA
+// pre[l] (mixer, router, publish, shared expert, the experts the VRAM cache holds), post[l] (wait, combine, write
+// back), end (final mixer, LM head, sampler). A layer whose experts the cache holds whole neither publishes nor
+// waits. Every per-token value is read from device memory, so any part can be captured into a CUDA
 // graph once and replayed (docs/session.md). Enqueue functions never allocate or synchronise.
 #pragma once
 
@@ -17,6 +18,7 @@
 #include "../runtime/device_buffer.hpp"
 #include "decode_tensors.hpp"
 #include "projection.hpp"
+#include "strata/expert_cache.hpp"
 #include "strata/session_arena.hpp"
 #include "token_schedule.hpp"
 
@@ -42,9 +44,13 @@ struct ProgramIo {
 
 class DecodeProgram final : public TokenProgram {
  public:
-  // Resolves the tensors and allocates the scratch; the arena holds the sequence state.
+  // Resolves the tensors and allocates the scratch; the arena holds the sequence state. `cache` (may be null:
+  // every routed expert is the pool's) must outlive the program.
   DecodeProgram(const DeviceWeights& weights, const ModelGeometry& geometry, const SessionArena& arena,
-                KvStorage kv, const ProgramIo& io);
+                KvStorage kv, const ProgramIo& io, const ExpertCache* cache = nullptr);
+
+  // Whether layer `layer` rings the doorbell (some of its experts are the pool's).
+  bool rings(int layer) const;
 
   // Bytes of the pinned staging block the host writes before each token (ProgramIo::host_stage).
   static std::size_t stage_bytes(const ModelGeometry& g);
@@ -67,11 +73,14 @@ class DecodeProgram final : public TokenProgram {
   void mixer_gdn(int layer, cudaStream_t s) const;
   void mixer_attention(int layer, cudaStream_t s) const;
   void ple(int layer, cudaStream_t s) const;
+  const CachedLayer* cached(int layer) const;  // null where the cache holds none of the layer's experts
+  void cached_experts(const CachedLayer& c, cudaStream_t s) const;
 
   const ModelGeometry& g_;
   ModelTensors t_;
   kernels::EmbedTable embedding_;  // token_embd as the row gather reads it
   ProgramIo io_;
+  const ExpertCache* cache_;
   int context_;
   kernels::AttentionShape attention_;
   std::vector<kernels::PagedKv> kv_;                 // per layer (attention layers)
@@ -98,6 +107,10 @@ class DecodeProgram final : public TokenProgram {
   float *router_logits_ = nullptr, *route_weights_ = nullptr, *sh_g_ = nullptr, *sh_u_ = nullptr, *sh_h_ = nullptr;
   float *shared_ = nullptr, *shared_gate_ = nullptr, *routed_ = nullptr;
   int* route_ids_ = nullptr;
+  // The cached experts: each routed slot's cache slot (-1: the pool's), gate, up, hidden and down rows [k][...].
+  int* cache_slots_ = nullptr;
+  float *ex_gate_ = nullptr, *ex_up_ = nullptr, *ex_hidden_ = nullptr, *ex_rows_ = nullptr;
+  Q8Scratch ex_x8_, ex_hidden8_;
   float *ple_key_ = nullptr, *ple_value_ = nullptr, *ple_out_ = nullptr;
   float* logits_ = nullptr;
   kernels::Logprobs* logprobs_ = nullptr;

@@ -17,6 +17,7 @@
 #include "strata/cpu_topology.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"
+#include "strata/expert_cache.hpp"
 #include "strata/expert_pool.hpp"
 #include "strata/session_arena.hpp"
 #include "token_schedule.hpp"
@@ -29,6 +30,20 @@ void check_options(const DecodeOptions& o) {
                  "timeout must be in (0, 600] seconds, got " + std::to_string(o.timeout_seconds));
   STRATA_EXPECTS(o.snapshots >= 0 && o.snapshots <= kMaxSnapshots, InvalidArgument,
                  "snapshots must be in 0.." + std::to_string(kMaxSnapshots) + ", got " + std::to_string(o.snapshots));
+}
+
+void check_cache(const ExpertCache& cache, const ModelGeometry& g, int device) {
+  STRATA_EXPECTS(cache.device() == device, InvalidArgument,
+                 "the expert cache is on GPU " + std::to_string(cache.device()) + ", the session on GPU " +
+                     std::to_string(device));
+  STRATA_EXPECTS(cache.layers() <= g.n_layer, InvalidArgument,
+                 "the expert cache has " + std::to_string(cache.layers()) + " layers, the model " +
+                     std::to_string(g.n_layer));
+  for (int l = 0; l < cache.layers(); ++l) {
+    STRATA_EXPECTS(cache.slots(l) == 0 || cache.n_expert(l) == g.n_expert, InvalidArgument,
+                   "the expert cache's layer " + std::to_string(l) + " has " + std::to_string(cache.n_expert(l)) +
+                       " experts, the model " + std::to_string(g.n_expert));
+  }
 }
 
 // The host loop's core: the first physical core, which the pool leaves free of workers (expert_pool.hpp).
@@ -57,16 +72,16 @@ class HostLoopPin {
 
 struct DecodeSession::Impl {
   Impl(const DeviceWeights& weights, cpu::ExpertPool& pool, const ModelGeometry& geometry,
-       const DecodeOptions& options)
+       const DecodeOptions& options, const ExpertCache* cache)
       : g(geometry),
         options(options),
         scope(options.device),
         arena(options.device, plan_session(g, options.context, options.kv, options.snapshots)),
         bell(g.n_embd, g.n_expert_used),
-        answerer(pool, bell),
+        answerer(pool, bell, cache),
         stage(DecodeProgram::stage_bytes(g)),
         sampled(sizeof(int)),
-        program(weights, g, arena, options.kv, program_io()),
+        program(weights, g, arena, options.kv, program_io(), cache),
         schedule(program, options.mode),
         ring_timeout(host_ring_timeout(options.timeout_seconds)) {}
 
@@ -126,6 +141,8 @@ struct DecodeSession::Impl {
     stats.ring_wait_seconds = exchange.ring_wait_seconds;
     stats.pool_seconds = exchange.pool_seconds;
     stats.rings = exchange.rings;
+    stats.expert_hits = exchange.hits;
+    stats.expert_misses = exchange.misses;
     return sample ? *sampled.host<volatile int>() : -1;
   }
 
@@ -194,11 +211,12 @@ struct DecodeSession::Impl {
 };
 
 DecodeSession::DecodeSession(const DeviceWeights& weights, cpu::ExpertPool& pool, const ModelGeometry& geometry,
-                             const DecodeOptions& options) {
+                             const DecodeOptions& options, const ExpertCache* cache) {
   check_geometry(geometry);
   check_options(options);
   require_device(options.device);
-  impl_ = std::make_unique<Impl>(weights, pool, geometry, options);
+  if (cache) check_cache(*cache, geometry, options.device);
+  impl_ = std::make_unique<Impl>(weights, pool, geometry, options, cache);
 }
 
 DecodeSession::~DecodeSession() = default;

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "../kernels/gemv.cuh"
 #include "../kernels/quantize.cuh"
 #include "strata/error.hpp"
 
@@ -44,12 +43,25 @@ void gemv(const Product& p, const Q8Scratch& q8, const float* x, cudaStream_t st
 
 }  // namespace
 
+void quantize(const float* x, long n, const Q8Scratch& q8, cudaStream_t stream) {
+  STRATA_CUDA_TRY(kernels::quantize_q8_32(x, q8.xq, q8.dx, q8.sums, n, stream));
+}
+
+void project_batch(const DeviceTensor& stack, const kernels::MatrixBatch& batch, const float* x, const Q8Scratch& q8,
+                   float* y, cudaStream_t stream) {
+  const int rows = static_cast<int>(stack.rows), cols = static_cast<int>(stack.cols);
+  if (stack.is_float) {
+    STRATA_CUDA_TRY(kernels::gemv_float_batch(stack.float_kind, stack.data, rows, cols, batch, x, y, stream));
+  } else {
+    STRATA_CUDA_TRY(kernels::gemv_quant_batch(stack.form, stack.planes, rows, cols, batch, q8.xq, q8.dx, q8.sums, y,
+                                              stream));
+  }
+}
+
 void project(const float* x, std::initializer_list<Product> products, const Q8Scratch& q8, cudaStream_t stream,
              const Branches* branches) {
   const auto quantized = std::find_if(products.begin(), products.end(), [](const Product& p) { return !p.w->is_float; });
-  if (quantized != products.end()) {
-    STRATA_CUDA_TRY(kernels::quantize_q8_32(x, q8.xq, q8.dx, q8.sums, quantized->w->cols, stream));
-  }
+  if (quantized != products.end()) quantize(x, quantized->w->cols, q8, stream);
   const Product* list = products.begin();
   if (branches && products.size() > 1) {
     branches->run(static_cast<int>(products.size()), stream,

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "../kernels/gemv.cuh"
 #include "strata/device_weights.hpp"
 #include "strata/error.hpp"
 
@@ -63,5 +64,13 @@ void Branches::run(int n, cudaStream_t stream, Launch&& launch) const {
 // Enqueues y = W x for every product; x has the weights' column count. Throws CudaError on a launch error.
 void project(const float* x, std::initializer_list<Product> products, const Q8Scratch& q8, cudaStream_t stream,
              const Branches* branches = nullptr);
+
+// Enqueues q8 = q8_32(x) over n floats (n a multiple of 32; rows of a batch may follow one another).
+void quantize(const float* x, long n, const Q8Scratch& q8, cudaStream_t stream);
+
+// Enqueues the batch's products of a stack of matrices (`stack`'s rows are one matrix's; kernels/gemv.cuh):
+// a float stack reads x, a quantized one q8, which the caller has quantized from x. Throws CudaError.
+void project_batch(const DeviceTensor& stack, const kernels::MatrixBatch& batch, const float* x, const Q8Scratch& q8,
+                   float* y, cudaStream_t stream);
 
 }  // namespace strata

@@ -1,16 +1,26 @@
 #include "ring_answerer.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "strata/error.hpp"
 
 namespace strata {
 
-RingAnswerer::RingAnswerer(cpu::ExpertPool& pool, DoorbellHost& bell)
-    : pool_(pool), bell_(bell), rows_(static_cast<std::size_t>(bell.k()) * bell.n()) {}
+RingAnswerer::RingAnswerer(cpu::ExpertPool& pool, DoorbellHost& bell, const ExpertCache* cache)
+    : pool_(pool), bell_(bell), cache_(cache), rows_(static_cast<std::size_t>(bell.k()) * bell.n()), held_(bell.k()) {}
 
 void RingAnswerer::answer(int layer, int ring, std::chrono::nanoseconds timeout, ExchangeStats& stats) {
   using clock = std::chrono::steady_clock;
+  const int n = bell_.n(), k = bell_.k();
+  if (static_cast<int>(stats.hits.size()) <= layer) {
+    stats.hits.resize(layer + 1, 0);
+    stats.misses.resize(layer + 1, 0);
+  }
+  if (cache_ && cache_->holds_all(layer)) {
+    stats.hits[layer] += k;
+    return;
+  }
   const auto start = clock::now();
   if (!bell_.wait_for_ring(ring, timeout)) {
     throw Error("layer " + std::to_string(layer) + " never rang: waited " +
@@ -25,11 +35,16 @@ void RingAnswerer::answer(int layer, int ring, std::chrono::nanoseconds timeout,
                 " while the host waited for ring " + std::to_string(ring));
   }
   const auto rung = clock::now();
-  const int n = bell_.n(), k = bell_.k();
-  pool_.run_layer(layer, bell_.x(), bell_.ids(), bell_.weights(), nullptr, k, rows_.data());
+  const std::int32_t* ids = bell_.ids();
+  int held = 0;
+  for (int j = 0; j < k; ++j) held += held_[j] = cache_ && cache_->holds(layer, ids[j]);
+  stats.hits[layer] += held;
+  stats.misses[layer] += k - held;
+  pool_.run_layer(layer, bell_.x(), ids, bell_.weights(), held_.data(), k, rows_.data());
   float* answer = bell_.answer();
-  for (int i = 0; i < n; ++i) answer[i] = rows_[i];
-  for (int j = 1; j < k; ++j) {
+  std::fill(answer, answer + n, 0.0f);
+  for (int j = 0; j < k; ++j) {
+    if (held_[j]) continue;
     const float* row = rows_.data() + static_cast<std::size_t>(j) * n;
     for (int i = 0; i < n; ++i) answer[i] += row[i];
   }

@@ -1,11 +1,13 @@
-// The host loop's one job per MoE layer: wait for the GPU's ring, compute the routed experts on the CPU
-// pool, hand the combined row back. Allocates once, at construction.
+// The host loop's one job per MoE layer: wait for the GPU's ring, compute the routed experts the VRAM cache
+// does not hold on the CPU pool, hand their combined row back (the GPU adds the cached ones). Allocates once, at
+// construction.
 #pragma once
 
 #include <chrono>
 #include <vector>
 
 #include "doorbell_host.hpp"
+#include "strata/expert_cache.hpp"
 #include "strata/expert_pool.hpp"
 
 namespace strata {
@@ -14,20 +16,25 @@ struct ExchangeStats {
   double ring_wait_seconds = 0.0;  // host spinning for the GPU's ring (GPU work before the router)
   double pool_seconds = 0.0;       // the pool computing the routed experts and the combine
   long rings = 0;
+  std::vector<long> hits, misses;  // per layer: routed experts the cache held, and the pool computed
 };
 
 class RingAnswerer {
  public:
-  RingAnswerer(cpu::ExpertPool& pool, DoorbellHost& bell);
+  // `cache` may be null (the pool computes every routed expert); it must outlive the answerer.
+  RingAnswerer(cpu::ExpertPool& pool, DoorbellHost& bell, const ExpertCache* cache = nullptr);
 
-  // Waits for `ring` from MoE layer `layer`, answers it with sum_j weights[j] * expert_ids[j](x).
+  // Waits for `ring` from MoE layer `layer`, answers it with sum_j weights[j] * expert_ids[j](x) over the j
+  // the cache does not hold; a layer the cache holds whole never rings and is only counted.
   // Throws strata::Error naming the layer when the GPU does not ring within `timeout`.
   void answer(int layer, int ring, std::chrono::nanoseconds timeout, ExchangeStats& stats);
 
  private:
   cpu::ExpertPool& pool_;
   DoorbellHost& bell_;
-  std::vector<float> rows_;  // [k][n]: the pool's weighted expert rows
+  const ExpertCache* cache_;
+  std::vector<float> rows_;      // [k][n]: the pool's weighted expert rows
+  std::vector<std::uint8_t> held_;  // [k]: the cache holds routed slot j (the pool skips it)
 };
 
 }  // namespace strata
