@@ -5,7 +5,9 @@ from libcpp.memory cimport unique_ptr
 
 from strata._native_forms cimport FloatKind, QuantForm, QuantPlanes
 from strata._native_pool cimport CppExpertPool, ExpertMatrix, Isa
-from strata._native_session cimport CppDecodeSession, DecodeMode, KvStorage, ModelGeometry, SessionLayout
+from strata._native_session cimport (
+    CppDecodeSession, CppExpertCache, DecodeMode, KvStorage, ModelGeometry, SessionLayout,
+)
 from strata._native_weights cimport CppDeviceWeights, HostTensor
 
 
@@ -21,9 +23,14 @@ cdef class DeviceWeights:
     cdef unique_ptr[CppDeviceWeights] weights
 
 
+cdef class ExpertCache:
+    cdef unique_ptr[CppExpertCache] cache
+    cdef readonly object pool
+
+
 cdef class DecodeSession:
     cdef unique_ptr[CppDecodeSession] session
-    cdef readonly object weights, pool
+    cdef readonly object weights, pool, cache
     cdef readonly int n_vocab, ple_width
     cdef CppDecodeSession* native(self) except NULL
 

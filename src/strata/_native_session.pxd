@@ -1,5 +1,6 @@
-# Declarations of the model geometry, the session layout and arena, and the decode session
-# (cuda/include/strata/geometry.hpp, kv_format.hpp, session_layout.hpp, session_arena.hpp, decode_session.hpp).
+# Declarations of the model geometry, the session layout and arena, the expert cache and the decode session
+# (cuda/include/strata/geometry.hpp, kv_format.hpp, session_layout.hpp, session_arena.hpp, expert_cache.hpp,
+# decode_session.hpp).
 from libcpp cimport bool as cbool
 from libcpp.string cimport string
 from libcpp.vector cimport vector
@@ -63,6 +64,21 @@ cdef extern from "strata/session_arena.hpp" nogil:
         const SessionLayout& layout()
 
 
+cdef extern from "strata/expert_cache.hpp" nogil:
+    cdef cppclass CppExpertCache "strata::ExpertCache":
+        CppExpertCache(int device, const CppExpertPool& pool, const vector[int]& slots) except +raise_strata_error
+        void hold(int layer, const vector[int]& experts) except +raise_strata_error
+        int layers()
+        int slots(int layer) except +raise_strata_error
+        cbool holds(int layer, int expert)
+        cbool holds_all(int layer)
+        vector[int] held(int layer) except +raise_strata_error
+        size_t bytes()
+        int device()
+    size_t cpp_expert_cache_bytes "strata::ExpertCache::bytes_for"(
+        const CppExpertPool& pool, const vector[int]& slots) except +raise_strata_error
+
+
 cdef extern from "strata/decode_session.hpp" nogil:
     cdef enum class DecodeMode "strata::DecodeMode":
         kUncaptured
@@ -92,10 +108,11 @@ cdef extern from "strata/decode_session.hpp" nogil:
         double seconds, ring_wait_seconds, pool_seconds
         long rings
         double gpu_pre_seconds, gpu_post_seconds
+        vector[long] expert_hits, expert_misses
 
     cdef cppclass CppDecodeSession "strata::DecodeSession":
         CppDecodeSession(const CppDeviceWeights& weights, CppExpertPool& pool, const ModelGeometry& geometry,
-                         const DecodeOptions& options) except +raise_strata_error
+                         const DecodeOptions& options, const CppExpertCache* cache) except +raise_strata_error
         int step(int token, const float* ple_rows, const SamplingValues& sampling, double u,
                  cbool sample) except +raise_strata_error
         void logits(float* out) except +raise_strata_error

@@ -2,10 +2,11 @@
 # sequence decoding on the GPU and the CPU pool (cuda/include/strata/geometry.hpp, session_layout.hpp,
 # decode_session.hpp).
 from libcpp cimport bool as cbool
+from libcpp.vector cimport vector
 
 from strata._native_session cimport (
-    DecodeOptions, DecodeStats, LayoutRegion, SamplingValues, SessionLayout, TokenLogprobs, cpp_plan_session,
-    kKvPageTokens, kMaxSnapshots,
+    DecodeOptions, DecodeStats, LayoutRegion, SamplingValues, SessionLayout, TokenLogprobs, cpp_expert_cache_bytes,
+    cpp_plan_session, kKvPageTokens, kMaxSnapshots,
 )
 
 KV_PAGE_TOKENS = kKvPageTokens  # tokens per KV page: sessions hold whole pages
@@ -82,25 +83,81 @@ def session_layout(dict geometry, int context, kv, int snapshots=0) -> dict:
     return layout_dict(layout)
 
 
+cdef class ExpertCache:
+    """Routed experts held in VRAM (strata/expert_cache.hpp): `slots[l]` of layer l's experts, copied from the
+    pool's host weights by hold(). Keeps `pool` alive while it lives."""
+
+    def __cinit__(self, CpuExpertPool pool, list slots, int device=0):
+        cdef vector[int] counts = slots
+        cdef CppExpertPool* native_pool = pool.native()
+        self.pool = pool
+        with nogil:
+            self.cache.reset(new CppExpertCache(device, native_pool[0], counts))
+
+    def __dealloc__(self):
+        with nogil:
+            self.cache.reset()
+
+    @staticmethod
+    def bytes_for(CpuExpertPool pool, list slots) -> int:
+        """Bytes a cache of `slots` per layer would allocate for `pool`'s layers."""
+        cdef vector[int] counts = slots
+        return cpp_expert_cache_bytes(pool.native()[0], counts)
+
+    def hold(self, int layer, experts) -> None:
+        """Copy `experts` (distinct ids, at most the layer's slots) into layer `layer`'s slots, in order."""
+        cdef vector[int] ids = [int(e) for e in experts]
+        with nogil:
+            self.cache.get().hold(layer, ids)
+
+    def held(self, int layer) -> list:
+        """The expert in each slot of `layer` (-1: empty)."""
+        return list(self.cache.get().held(layer))
+
+    def slots(self, int layer) -> int:
+        return self.cache.get().slots(layer)
+
+    def holds(self, int layer, int expert) -> bool:
+        return self.cache.get().holds(layer, expert)
+
+    def holds_all(self, int layer) -> bool:
+        return self.cache.get().holds_all(layer)
+
+    @property
+    def layers(self) -> int:
+        return self.cache.get().layers()
+
+    @property
+    def bytes(self) -> int:
+        return self.cache.get().bytes()
+
+    @property
+    def device(self) -> int:
+        return self.cache.get().device()
+
+
 cdef class DecodeSession:
     """One sequence decoding on the GPU and the CPU expert pool (strata/decode_session.hpp).
 
-    Keeps `weights` and `pool` alive while it lives. `step` feeds one token and returns the sampled next one.
+    Keeps `weights`, `pool` and `cache` alive while it lives. `step` feeds one token and returns the sampled next
+    one. The experts `cache` (an ExpertCache, or None) holds run on the GPU.
     """
 
     def __cinit__(self, DeviceWeights weights, CpuExpertPool pool, dict geometry, *, int context, kv,
-                  mode=Mode.TOKEN_GRAPH, int device=0, double timeout=5.0, int snapshots=0):
+                  mode=Mode.TOKEN_GRAPH, int device=0, double timeout=5.0, int snapshots=0,
+                  ExpertCache cache=None):
         cdef ModelGeometry g = model_geometry(geometry)
         cdef DecodeOptions o
         o.device, o.context, o.timeout_seconds, o.snapshots = device, context, timeout, snapshots
         o.kv = kv_storage(kv)
         o.mode = decode_mode(mode)
         cdef CppExpertPool* native_pool = pool.native()
-        self.weights, self.pool = weights, pool
+        cdef const CppExpertCache* native_cache = cache.cache.get() if cache is not None else NULL
+        self.weights, self.pool, self.cache = weights, pool, cache
         self.n_vocab = g.n_vocab
         self.ple_width = g.ple_n_heads * g.ple_head_dim if g.ple_layer >= 0 else 0
         with nogil:
-            self.session.reset(new CppDecodeSession(weights.weights.get()[0], native_pool[0], g, o))
+            self.session.reset(new CppDecodeSession(weights.weights.get()[0], native_pool[0], g, o, native_cache))
 
     def __dealloc__(self):
         with nogil:
@@ -186,7 +243,8 @@ cdef class DecodeSession:
         cdef DecodeStats st = self.native().stats()
         return {"tokens": st.tokens, "seconds": st.seconds, "ring_wait_seconds": st.ring_wait_seconds,
                 "pool_seconds": st.pool_seconds, "rings": st.rings, "gpu_pre_seconds": st.gpu_pre_seconds,
-                "gpu_post_seconds": st.gpu_post_seconds}
+                "gpu_post_seconds": st.gpu_post_seconds, "expert_hits": list(st.expert_hits),
+                "expert_misses": list(st.expert_misses)}
 
     def close(self) -> None:
         with nogil:
