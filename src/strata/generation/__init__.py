@@ -107,6 +107,14 @@ class Session:
         without CUDA graphs (the reference)."""
         return getattr(self.engine, "graphs", None)
 
+    @property
+    def engine_stats(self) -> dict[str, Any] | None:
+        """The engine's counters since it started or was reset (`stats` is the last generation's), or None for
+        an engine without them (the reference). The GPU engine's: tokens, seconds per stage, rings, and per layer the routed experts the VRAM
+        cache held (`expert_hits`) and the CPU pool computed (`expert_misses`)."""
+        stats = getattr(self.engine, "stats", None)
+        return stats() if stats is not None else None
+
     def reset(self) -> None:
         """Forget the sequence: the next call starts from an empty context."""
         with self._exclusive():

@@ -122,8 +122,9 @@ class GpuEngine:
         st = self.native.stats()
         return Graphs(self.mode, self.native.captured, st["tokens"], per_token_timing(st, st["tokens"]))
 
-    def stats(self) -> dict[str, float]:
-        """The native session's sums since construction or reset (tokens, seconds, ring wait, pool, gpu)."""
+    def stats(self) -> dict[str, Any]:
+        """The native session's sums since construction or reset (tokens, seconds, ring wait, pool, gpu), and per
+        layer the routed experts the VRAM cache held and the pool computed (expert_hits, expert_misses)."""
         return self.native.stats()
 
     def close(self) -> None:

@@ -3,28 +3,33 @@ and Model.session: a generation session on the GPU engine.
 
 Before anything is allocated the memory plan is checked against the GPU's free memory and the host's
 available RAM; what does not fit is refused with the numbers. Then the dense weights go to one VRAM
-arena and the routed experts, repacked once, to the CPU pool; the n-gram table stays memory-mapped.
+arena and the routed experts, repacked once, to the CPU pool, and as many of them as the expert cache's
+budget holds to VRAM (strata.runtime.expert_cache); the n-gram table stays memory-mapped.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from types import TracebackType
 
 from strata.devices import free_memory
-from strata.errors import InvalidArgument
+from strata.errors import InvalidArgument, OutOfMemory
 from strata.format import ModelFile, inspect
 from strata.generation import Session, session_context
 from strata.models import Geometry
 from strata.options import KV, Mode
 from strata.progress import ByteProgress
+from strata.runtime import expert_cache as cache_plan
 from strata.runtime.engine import GpuEngine
 from strata.runtime.geometry import native_geometry
 from strata.runtime.host import available_ram_bytes
 from strata.runtime.loader import load_experts, upload_dense
-from strata.runtime.plan import DEFAULT_SNAPSHOTS, MemoryPlan, check_fits, file_tensors, kv_page_tokens, memory_plan
+from strata.runtime.plan import (
+    DEFAULT_SNAPSHOTS, GIB, MemoryPlan, check_fits, file_tensors, kv_page_tokens, memory_plan,
+)
 from strata.runtime.ple_rows import PleRows
 from strata.runtime.pool import ExpertPool
 
@@ -38,10 +43,20 @@ class ModelInfo:
 
 
 class Model:
-    """A loaded model: `info`, the dense weights in VRAM, the routed experts in the CPU pool."""
+    """A loaded model: `info`, the dense weights in VRAM, the routed experts in the CPU pool and `cache` (a
+    strata._native.ExpertCache, or None) the ones in VRAM, `cache_slots` of each layer's. `vram_limit` caps the
+    VRAM the model's plan may take (None: the GPU's free memory)."""
 
-    def __init__(self, file: ModelFile, info: ModelInfo, weights, pool: ExpertPool, device: int = 0):
+    def __init__(self, file: ModelFile, info: ModelInfo, weights, pool: ExpertPool, device: int = 0, cache=None,
+                 cache_slots: list[int] | None = None, vram_limit: int | None = None):
         self.file, self.info, self.weights, self.pool, self.device = file, info, weights, pool, device
+        self.cache, self.vram_limit = cache, vram_limit
+        self.cache_slots = cache_slots or [0] * info.geometry.n_layer
+
+    @property
+    def cache_bytes(self) -> int:
+        """VRAM the expert cache holds."""
+        return self.cache.bytes if self.cache is not None else 0
 
     @property
     def tokenizer(self):
@@ -63,14 +78,17 @@ class Model:
 
         if not 0 <= snapshots <= _native.MAX_SNAPSHOTS:
             raise InvalidArgument(f"snapshots must be in 0..{_native.MAX_SNAPSHOTS}, got {snapshots}")
-        check_fits(g, file_tensors(self.file), context, kv, vram_free=free_memory(self.device), device=self.device,
-                   resident=self.info.plan.vram["dense weights"], snapshots=snapshots)
+        resident = self.info.plan.vram["dense weights"] + self.cache_bytes
+        check_fits(g, file_tensors(self.file), context, kv, vram_free=vram_free(self.device, self.vram_limit, resident),
+                   device=self.device, resident=resident, snapshots=snapshots, expert_cache=self.cache_bytes)
         ple = PleRows(self.file, g) if g.ple_layers else None
         native = _native.DecodeSession(self.weights, self.pool.native, native_geometry(g), context=context,
-                                       kv=kv, mode=mode, device=self.device, timeout=timeout, snapshots=snapshots)
+                                       kv=kv, mode=mode, device=self.device, timeout=timeout, snapshots=snapshots,
+                                       cache=self.cache)
         return Session(GpuEngine(native, ple, snapshots), self.tokenizer)
 
     def close(self) -> None:
+        self.cache = None  # the cache points into the pool's host weights: gone first
         self.pool.close()
         self.weights = None
         self.file.close()
@@ -92,29 +110,71 @@ def describe(file: ModelFile) -> ModelInfo:
     )
 
 
+def vram_free(device: int, vram_limit: int | None, placed: int) -> int:
+    """VRAM still free for the model on `device`: the GPU's free memory, within `vram_limit` beyond the `placed`
+    bytes the model already holds there."""
+    free = free_memory(device)
+    return free if vram_limit is None else min(free, vram_limit - placed)
+
+
+def cache_budget(file: ModelFile, budget: cache_plan.Budget, device: int, vram_limit: int | None,
+                 dense: int) -> int:
+    """Bytes for the expert cache once the dense weights (`dense` bytes) are in VRAM: "auto" leaves room for the
+    default session and a reserve; an explicit budget must leave room for the smallest session."""
+    g, tensors = file.geometry, file_tensors(file)
+    asked = cache_plan.parse_budget(budget)
+    free = vram_free(device, vram_limit, dense)
+    everything = cache_plan.cache_bytes(g, tensors, [g.n_expert] * g.n_layer)
+    if asked is None:
+        session = memory_plan(g, tensors, session_context(None, g.context_length), KV.INT8).vram_total - dense
+        return max(0, min(everything, free - session - cache_plan.RESERVE_BYTES))
+    smallest = memory_plan(g, tensors, kv_page_tokens(), KV.INT8).vram_total - dense
+    asked = min(asked, everything)
+    if asked > free - smallest:
+        raise OutOfMemory(f"expert_cache of {asked / GIB:.2f} GiB does not fit: GPU {device} has {free / GIB:.2f} GiB "
+                          f"free for the model after its dense weights and the smallest session needs "
+                          f"{smallest / GIB:.2f} GiB; at most {max(0, free - smallest) / GIB:.2f} GiB fits "
+                          "(or expert_cache='auto')")
+    return asked
+
+
 def load(path: str | os.PathLike[str], *, device: int = 0, threads: int | None = None,
-         cache_dir: str | os.PathLike[str] | None = None, progress: bool = True) -> Model:
+         cache_dir: str | os.PathLike[str] | None = None, progress: bool = True,
+         expert_cache: cache_plan.Budget = "auto", vram_limit: cache_plan.Budget | None = None) -> Model:
     """Validate, plan and load the GGUF at `path` onto GPU `device` and the host's CPU pool.
 
     `cache_dir` keeps the repacked dense weights for the next load; `threads` sets the pool's workers
-    (default: every physical core but the first).
+    (default: every physical core but the first). `expert_cache` is the VRAM budget for routed experts:
+    "auto" (what the GPU has free beside the default session and a reserve), bytes (an int or "24G"), or 0
+    (every routed expert on the CPU). `vram_limit` caps the VRAM the model and its sessions may take, as on a
+    smaller card (bytes or "16G"; None: the whole GPU).
     """
+    cache_plan.parse_budget(expert_cache)  # a bad budget is refused before the long work
+    limit = None if vram_limit is None else cache_plan.parse_budget(vram_limit)
+    if vram_limit is not None and limit is None:
+        raise InvalidArgument("vram_limit must be a byte count or a size such as '24G', not 'auto'")
     file = inspect(path)
     try:
         info = describe(file)
-        g = info.geometry
+        g, tensors = info.geometry, file_tensors(file)
         # The model with its smallest session must fit before anything is allocated.
-        check_fits(g, file_tensors(file), kv_page_tokens(), KV.INT8, vram_free=free_memory(device), device=device,
+        check_fits(g, tensors, kv_page_tokens(), KV.INT8, vram_free=vram_free(device, limit, 0), device=device,
                    host_available=available_ram_bytes())
         dense_cache = None if cache_dir is None else os.path.join(cache_dir, os.path.basename(file.path) + ".dense")
         weights = upload_dense(file, device, dense_cache, ByteProgress("load: dense weights") if progress else None)
         pool = ExpertPool(g.n_embd, g.expert_ff, g.n_expert_used, threads=threads, pin_caller=False)
         try:
             load_experts(file, pool, ByteProgress("load: routed experts") if progress else None)
+            budget = cache_budget(file, expert_cache, device, limit, info.plan.vram["dense weights"])
+            slots = cache_plan.slots_for(g, tensors, budget)
+            if progress:
+                print(f"load: {cache_plan.describe(g, tensors, slots)}", file=sys.stderr)
+            cache = cache_plan.build(pool, slots, device, cache_plan.expert_bytes(g, tensors),
+                                     ByteProgress("load: expert cache") if progress else None)
         except BaseException:
             pool.close()
             raise
-        return Model(file, info, weights, pool, device)
+        return Model(file, info, weights, pool, device, cache, slots, limit)
     except BaseException:
         file.close()
         raise

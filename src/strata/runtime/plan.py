@@ -116,48 +116,54 @@ def pinned_bytes(g: Geometry) -> int:
 
 
 def memory_plan(g: Geometry, tensors: Tensors, context: int, kv: KV | str = KV.INT8,
-                snapshots: int = DEFAULT_SNAPSHOTS) -> MemoryPlan:
-    """The plan for a model whose tensors are {name: (ggml_type, ne)}, one session of `context` tokens with
-    `snapshots` slots of recurrent state."""
+                snapshots: int = DEFAULT_SNAPSHOTS, expert_cache: int = 0) -> MemoryPlan:
+    """The plan for a model whose tensors are {name: (ggml_type, ne)} with `expert_cache` bytes of routed experts
+    in VRAM (strata.runtime.expert_cache), one session of `context` tokens with `snapshots` slots of recurrent
+    state."""
     kv = KV.parse(kv)
     if not 1 <= context <= g.context_length:
         raise InvalidArgument(f"context {context} is outside 1..{g.context_length} (the model's context_length)")
     parts = bytes_by_role(g, tensors)
     dense = parts[Role.DENSE] + parts[Role.ELEMENTWISE] + parts[Role.ROW_GATHERED]
-    vram = {"dense weights": dense, **session_state_bytes(g, context, kv, snapshots), "scratch": scratch_bytes(g)}
+    cache = {"expert cache": expert_cache} if expert_cache else {}
+    vram = {"dense weights": dense, **cache, **session_state_bytes(g, context, kv, snapshots),
+            "scratch": scratch_bytes(g)}
     host = {"routed experts": parts[Role.ROUTED_EXPERT], "pinned buffers": pinned_bytes(g)}
     table = parts[Role.NGRAM_TABLE]
     return MemoryPlan(vram=vram, host=host, mapped={"n-gram table": table} if table else {})
 
 
-def largest_context(g: Geometry, tensors: Tensors, kv: KV, vram_free: int, snapshots: int = DEFAULT_SNAPSHOTS) -> int:
+def largest_context(g: Geometry, tensors: Tensors, kv: KV, vram_free: int, snapshots: int = DEFAULT_SNAPSHOTS,
+                    expert_cache: int = 0) -> int:
     """The longest context (a whole number of KV pages) whose plan fits in `vram_free`, or 0."""
     page = kv_page_tokens()
     lo, hi = 0, -(-g.context_length // page)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        plan = memory_plan(g, tensors, min(mid * page, g.context_length), kv, snapshots)
+        plan = memory_plan(g, tensors, min(mid * page, g.context_length), kv, snapshots, expert_cache)
         lo, hi = (mid, hi) if plan.vram_total <= vram_free else (lo, mid - 1)
     return min(lo * page, g.context_length)
 
 
 def check_fits(g: Geometry, tensors: Tensors, context: int, kv: KV | str, *, vram_free: int, device: int,
-               resident: int = 0, host_available: int | None = None, snapshots: int = DEFAULT_SNAPSHOTS
-               ) -> MemoryPlan:
-    """The plan of one session of `context` tokens in `kv` with `snapshots` state slots, refused with
-    OutOfMemory unless it fits: on GPU `device` its VRAM beyond the `resident` bytes already there (a loaded
-    model's dense weights) within `vram_free`; with `host_available`, its host part within that. The refusal
-    names the parts and what fits."""
+               resident: int = 0, host_available: int | None = None, snapshots: int = DEFAULT_SNAPSHOTS,
+               expert_cache: int = 0) -> MemoryPlan:
+    """The plan of one session of `context` tokens in `kv` with `snapshots` state slots beside `expert_cache`
+    bytes of cached experts, refused with OutOfMemory unless it fits: on GPU `device` its VRAM beyond the
+    `resident` bytes already there (a loaded model's dense weights and cache) within `vram_free`; with
+    `host_available`, its host part within that. The refusal names the parts and what fits."""
     kv = KV.parse(kv)
-    plan = memory_plan(g, tensors, context, kv, snapshots)
+    plan = memory_plan(g, tensors, context, kv, snapshots, expert_cache)
     need = plan.vram_total - resident
     if need > vram_free:
         would = [f"context <= {fits} with kv={k.value}" for k in KV
-                 if (fits := largest_context(g, tensors, k, vram_free + resident, snapshots)) > 0]
+                 if (fits := largest_context(g, tensors, k, vram_free + resident, snapshots, expert_cache)) > 0]
         parts = ", ".join(f"{name} {nbytes / GIB:.2f}" for name, nbytes in plan.vram.items())
         placed = f", {resident / GIB:.2f} GiB of it in place" if resident else ""
         hint = ("would fit: " + ", ".join(would) if would
                 else "nothing fits, not even one KV page beside the dense weights")
+        if expert_cache:
+            hint += f"; or a smaller expert cache (it holds {expert_cache / GIB:.2f} GiB)"
         raise OutOfMemory(f"GPU {device} has {vram_free / GIB:.2f} GiB free; the plan of context {context} with "
                           f"kv={kv.value} needs {plan.vram_total / GIB:.2f} GiB ({parts} GiB{placed}); {hint}")
     if host_available is not None and plan.host_total > host_available:

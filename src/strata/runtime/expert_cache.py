@@ -1,0 +1,119 @@
+"""The VRAM expert cache from Python: its budget, how many of each layer's experts it holds, and filling it.
+
+A budget is "auto" (the free VRAM after the dense weights, the default session and a reserve), a byte count
+(an int, or a string such as "24G" or "512M"), or 0 (every routed expert on the CPU pool). Every MoE layer gets
+the same number of slots, as many as the budget holds; bytes left over give the first layers one slot more. A
+budget that holds every expert makes every layer run on the GPU alone. The experts a partial cache starts with
+are each layer's lowest ids (docs/expert_cache.md says why and what replaces it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+
+from strata.errors import InvalidArgument
+from strata.models import Geometry, Role, tensor_specs
+from strata.runtime.plan import GIB, tensor_bytes
+
+Tensors = Mapping[str, tuple[int, tuple[int, ...]]]  # name -> (ggml_type, ne)
+Budget = str | int
+
+ALIGN = 256  # the native cache starts every plane and map on a 256-byte boundary
+PLANES_PER_LAYER = 3 * 5  # gate, up and down, each at most five planes (docs/forms.md)
+RESERVE_BYTES = 1 * GIB  # VRAM "auto" leaves free beyond the plan: graphs, the driver's pools, other allocations
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_budget(budget: Budget) -> int | None:
+    """Bytes of `budget`, or None for "auto". Strings take a binary unit: "24G" = 24 GiB, "512M", "0"."""
+    if isinstance(budget, bool):
+        raise InvalidArgument(f"expert_cache must be 'auto', a byte count or a size such as '24G', got {budget!r}")
+    if isinstance(budget, int):
+        if budget < 0:
+            raise InvalidArgument(f"expert_cache must be >= 0 bytes, got {budget}")
+        return budget
+    if isinstance(budget, str):
+        text = budget.strip().upper()
+        if text == "AUTO":
+            return None
+        match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?", text)
+        if match:
+            return int(float(match.group(1)) * _UNITS[match.group(2)])
+    raise InvalidArgument(f"expert_cache must be 'auto', a byte count or a size such as '24G', got {budget!r}")
+
+
+def expert_bytes(g: Geometry, tensors: Tensors) -> list[int]:
+    """Canonical bytes of one routed expert (gate, up and down, every plane) of each layer; 0 for a layer
+    without routed experts."""
+    specs = tensor_specs(g)
+    per_layer = [0] * g.n_layer
+    for name, (ggml_type, ne) in tensors.items():
+        spec = specs.get(name)
+        if spec is not None and spec.role is Role.ROUTED_EXPERT:
+            per_layer[spec.layer] += tensor_bytes(ggml_type, ne)
+    return [b // g.n_expert for b in per_layer]
+
+
+def layer_slack(g: Geometry) -> int:
+    """Bytes a layer's cache takes beyond its experts' at most: the map, and each plane rounded up to ALIGN."""
+    return (PLANES_PER_LAYER + 1) * ALIGN + 4 * g.n_expert
+
+
+def cache_bytes(g: Geometry, tensors: Tensors, slots: list[int]) -> int:
+    """VRAM the native cache of `slots` per layer allocates, at most."""
+    return sum(s * b + layer_slack(g) for s, b in zip(slots, expert_bytes(g, tensors)) if s)
+
+
+def slots_for(g: Geometry, tensors: Tensors, budget: int) -> list[int]:
+    """Slots per layer for `budget` bytes: the same count for every MoE layer, then one slot more for each of the
+    first layers while the budget holds it; never more than a layer's n_expert and never over the budget."""
+    per_expert = expert_bytes(g, tensors)
+    moe = [layer for layer, b in enumerate(per_expert) if b]
+    slots = [0] * g.n_layer
+    if not moe:
+        return slots
+
+    def cost(count: int, layer: int) -> int:  # what a layer of `count` slots takes (cache_bytes, one layer)
+        return count * per_expert[layer] + layer_slack(g) if count else 0
+
+    usable = budget - len(moe) * layer_slack(g)
+    even = min(g.n_expert, max(0, usable // sum(per_expert[layer] for layer in moe)))
+    left = budget - sum(cost(even, layer) for layer in moe)
+    for layer in moe:
+        slots[layer] = even
+    for layer in moe:
+        grow = cost(even + 1, layer) - cost(even, layer)
+        if even < g.n_expert and grow <= left:
+            slots[layer] += 1
+            left -= grow
+    return slots
+
+
+def describe(g: Geometry, tensors: Tensors, slots: list[int]) -> str:
+    """One line: how much of the routed experts the cache holds, and its bytes."""
+    held = sum(slots)
+    total = g.n_expert * sum(1 for b in expert_bytes(g, tensors) if b)
+    share = held / total if total else 0.0
+    return (f"expert cache: {held} of {total} routed experts in VRAM ({share:.0%}), "
+            f"{cache_bytes(g, tensors, slots) / GIB:.2f} GiB")
+
+
+def build(pool, slots: list[int], device: int, sizes: list[int], progress: Callable[[int, int], None] | None = None):
+    """The native cache (strata._native.ExpertCache) of `slots` per layer over `pool` (a strata.runtime.pool
+    ExpertPool with every layer registered), each layer holding its lowest `slots[l]` ids; None when it holds
+    nothing. `sizes`: bytes of one expert per layer (expert_bytes), for `progress(bytes done, bytes)`."""
+    from strata import _native
+
+    if not any(slots):
+        return None
+    cache = _native.ExpertCache(pool.native, slots, device)
+    total = sum(s * b for s, b in zip(slots, sizes))
+    done = 0
+    for layer, count in enumerate(slots):
+        if count:
+            cache.hold(layer, range(count))
+            done += count * sizes[layer]
+            if progress:
+                progress(done, total)
+    return cache
