@@ -45,6 +45,21 @@ def test_limit_matches_a_hand_computation(tiny):
         bench.machine_limit(g, _tensors(tiny), 0.0)
 
 
+def test_the_limit_moves_cached_experts_to_hbm_and_drops_their_doorbells(tiny):
+    g = tiny.geometry
+    pool_only = bench.machine_limit(g, _tensors(tiny), read_bandwidth=20e9)
+    slots = [g.n_expert] + [g.n_expert // 2] * (g.n_layer - 1)  # the first layer whole, the others half
+    cached = bench.machine_limit(g, _tensors(tiny), read_bandwidth=20e9, slots=slots)
+    per_layer = pool_only.routed_bytes / g.n_layer
+    held = per_layer * (1 + (g.n_layer - 1) / 2)
+    assert math.isclose(cached.cached_bytes, held, abs_tol=1) and cached.routed_bytes + cached.cached_bytes == \
+        pool_only.routed_bytes
+    assert cached.dense_bytes == pool_only.dense_bytes + cached.cached_bytes
+    assert math.isclose(cached.doorbell_seconds, (g.n_layer - 1) * 3.1e-6)
+    everything = bench.machine_limit(g, _tensors(tiny), 20e9, slots=[g.n_expert] * g.n_layer)
+    assert everything.routed_bytes == 0 and everything.doorbell_seconds == 0
+
+
 def test_cache_dir_rules(tmp_path):
     assert bench.cache_dir({"STRATA_CACHE": "/c", "XDG_CACHE_HOME": "/x"}) == Path("/c")
     assert bench.cache_dir({"XDG_CACHE_HOME": "/x"}) == Path("/x/strata")
@@ -103,7 +118,9 @@ class TimedFakeSession:
         self.position = 0
 
     def stats(self):
-        return {"tokens": self.position, **self.sums}
+        hits = [self.position, 2 * self.position]  # a quarter of the routed experts cached, in two layers
+        return {"tokens": self.position, **self.sums, "expert_hits": hits,
+                "expert_misses": [3 * self.position, 2 * self.position]}
 
     def close(self):
         self.closed = True
@@ -116,8 +133,9 @@ def test_run_decodes_each_mode_and_writes_json(tiny, tmp_path, capsys):
         opened.append((context, kv, mode))
         return SimpleNamespace(engine=GpuEngine(TimedFakeSession(mode.value)))
 
-    model = SimpleNamespace(info=SimpleNamespace(geometry=tiny.geometry), file=tiny, session=fake_session,
-                            pool=SimpleNamespace(read_bandwidth=lambda nbytes: 30e9))
+    g = tiny.geometry
+    model = SimpleNamespace(info=SimpleNamespace(geometry=g), file=tiny, session=fake_session,
+                            pool=SimpleNamespace(read_bandwidth=lambda nbytes: 30e9), cache_slots=[2] * g.n_layer)
     out = tmp_path / "bench.json"
     result = bench.run(model, model_path="tiny.gguf", modes=Mode.values(), prompt_tokens=4, tokens=8, kv="Q4",
                        json_path=str(out))
@@ -129,6 +147,7 @@ def test_run_decodes_each_mode_and_writes_json(tiny, tmp_path, capsys):
         parts = m["ring_wait_seconds"] + m["pool_seconds"] + m["host_other_seconds"]
         assert math.isclose(parts, m["seconds_per_token"], rel_tol=1e-9)
         assert math.isclose(m["fraction_of_limit"], result["limit"]["seconds"] / m["seconds_per_token"])
+        assert math.isclose(m["expert_hit_rate"], 3 / 8)
     assert json.loads(out.read_text()) == result
     text = capsys.readouterr().out
     assert "machine limit" in text and "measured device copy" in text and "token_graph" in text and "kv q4" in text

@@ -7,7 +7,9 @@ import pytest
 from strata import _native
 from strata.errors import InvalidArgument
 from strata.options import Mode
+from strata.runtime.expert_cache import cache_bytes
 from strata.runtime.model import load
+from strata.runtime.plan import file_tensors
 from strata.reference import Reference
 from strata.runtime.ple_rows import PleRows
 from strata.sampling import SamplingParams, log_probabilities, sample
@@ -44,7 +46,7 @@ def loaded(request, tmp_path_factory):
     arch, types = CASES[request.param]
     path = tmp_path_factory.mktemp("decode") / f"{request.param}.gguf"
     synthesize(path, arch, "tiny", types=types, seed=11)
-    model = load(path, progress=False)
+    model = load(path, progress=False, expert_cache=0)  # the pool answers every routed expert; caches are built below
     yield request.param, model
     model.close()
 
@@ -57,9 +59,9 @@ def ple_rows(model):
     return PleRows(model.file, g).rows
 
 
-def session(model, mode, kv="bf16", context=256, snapshots=0):
+def session(model, mode, kv="bf16", context=256, snapshots=0, cache=None):
     return _native.DecodeSession(model.weights, model.pool.native, native_geometry(model.info.geometry),
-                                 context=context, kv=kv, mode=mode, snapshots=snapshots)
+                                 context=context, kv=kv, mode=mode, snapshots=snapshots, cache=cache)
 
 
 def decode(native, model, prompt, steps, reference=None):
@@ -215,3 +217,117 @@ def test_snapshot_slots_are_checked(loaded):
         native.restore(0)
     with pytest.raises(InvalidArgument, match="outside the session's 0 slots"):
         native.snapshot(0)
+
+
+# --- routed experts in the VRAM expert cache (strata/expert_cache.hpp) ---
+
+def expert_cache(model, rng, share):
+    """A cache holding `share` of every layer's experts, a random choice of them in a random slot order."""
+    g = model.info.geometry
+    count = max(1, round(share * g.n_expert))
+    cache = _native.ExpertCache(model.pool.native, [count] * g.n_layer, 0)
+    for layer in range(g.n_layer):
+        cache.hold(layer, rng.permutation(g.n_expert)[:count])
+    return cache
+
+
+def forced_logits(native, model, ids):
+    """The logits after each of `ids` fed one by one."""
+    ple = ple_rows(model)
+    out = []
+    for t in ids:
+        native.step(int(t), ple(int(t)), GREEDY, 0.0, sample=False)
+        out.append(native.logits())
+    return np.array(out)
+
+
+@pytest.mark.parametrize("share", [1.0, 0.5])
+def test_cached_experts_match_the_reference_token_by_token(loaded, share, rng):
+    name, model = loaded
+    prompt = rng.integers(0, model.info.geometry.n_vocab, 8)
+    cache = expert_cache(model, rng, share)
+    native = session(model, Mode.TOKEN_GRAPH, "bf16", cache=cache)
+    tokens, gpu, ref = decode(native, model, prompt, 56, Reference(model.file, activation_quant=True))
+    assert np.all(np.isfinite(gpu)), name
+    errors = relative_errors(gpu, ref)
+    dense = "quant" if name.endswith("quant") else "float"
+    print(f"{name} cache {share:.0%}: max|diff|/max|logit| median {np.median(errors):.2e}, worst {errors.max():.2e}")
+    assert np.median(errors) < MEDIAN[dense, "bf16"], (name, share, errors)
+    assert np.quantile(errors, 0.9) < STEADY, (name, share, errors)
+    assert errors.max() < GARBAGE, (name, share, errors)
+    stats = native.stats()
+    g = model.info.geometry
+    routed = g.n_expert_used * 64
+    assert [h + m for h, m in zip(stats["expert_hits"], stats["expert_misses"])] == [routed] * g.n_layer, name
+    if share == 1.0:  # no layer rings: the GPU alone
+        assert stats["rings"] == 0 and sum(stats["expert_misses"]) == 0, (name, stats)
+    else:  # every layer rings every token, whether or not the pool has work in it
+        assert stats["rings"] == 64 * g.n_layer, (name, stats["rings"])
+
+
+# Where an expert runs changes only float summation order (the pool sums its rows on the host, the GPU its own)
+# and, where that moves a hidden value across a q8_32 rounding edge, one code of it: after the first token the
+# logits agree to ~1e-5 of their size. Later steps carry such differences through the recurrent state and can
+# flip a near-tie in a router, which the reference bounds above cover.
+FIRST_STEP = 1e-3
+
+
+def test_where_an_expert_runs_moves_the_logits_only_by_rounding(loaded, rng):
+    name, model = loaded
+    ids = rng.integers(0, model.info.geometry.n_vocab, 12)
+    pool = forced_logits(session(model, Mode.TOKEN_GRAPH), model, ids)
+    for share in (1.0, 0.5, 0.25):
+        cached = forced_logits(session(model, Mode.TOKEN_GRAPH, cache=expert_cache(model, rng, share)), model, ids)
+        assert np.all(np.isfinite(cached)), (name, share)
+        errors = relative_errors(cached, pool)
+        assert errors[0] < FIRST_STEP, (name, share, errors)
+        assert np.median(errors) < MEDIAN["float", "bf16"], (name, share, errors)
+
+
+def test_three_modes_give_identical_logits_with_a_partial_cache(loaded, rng):
+    name, model = loaded
+    ids = rng.integers(0, model.info.geometry.n_vocab, 10)
+    cache = expert_cache(model, rng, 0.5)
+    runs = {mode: forced_logits(session(model, mode, cache=cache), model, ids) for mode in Mode}
+    for mode in (Mode.LAYER_GRAPHS, Mode.TOKEN_GRAPH):
+        assert np.array_equal(runs[mode], runs[Mode.UNCAPTURED]), (name, mode)
+
+
+def test_an_expert_cache_refuses_what_it_cannot_hold(loaded):
+    name, model = loaded
+    g = model.info.geometry
+    with pytest.raises(InvalidArgument, match=f"layer 0 slots must be in 0..{g.n_expert}"):
+        _native.ExpertCache(model.pool.native, [g.n_expert + 1] * g.n_layer, 0)
+    with pytest.raises(InvalidArgument, match=f"slots for {g.n_layer + 1} layers"):
+        _native.ExpertCache(model.pool.native, [1] * (g.n_layer + 1), 0)
+    cache = _native.ExpertCache(model.pool.native, [2] * g.n_layer, 0)
+    with pytest.raises(InvalidArgument, match="layer 1 has 2 slots, asked to hold 3"):
+        cache.hold(1, [0, 1, 2])
+    with pytest.raises(InvalidArgument, match="expert 3 asked for twice"):
+        cache.hold(0, [3, 3])
+    with pytest.raises(InvalidArgument, match=f"expert {g.n_expert} is outside"):
+        cache.hold(0, [g.n_expert])
+    cache.hold(0, [5, 2])
+    assert cache.held(0) == [5, 2] and cache.holds(0, 2) and not cache.holds(0, 0) and not cache.holds_all(0)
+    assert cache.held(1) == [-1, -1]
+    assert cache.bytes == _native.ExpertCache.bytes_for(model.pool.native, [2] * g.n_layer)
+
+
+def test_a_loaded_model_places_its_experts_by_budget(loaded):
+    name, model = loaded
+    g = model.info.geometry
+    with load(model.file.path, progress=False) as auto:  # a tiny model fits whole
+        assert auto.cache_slots == [g.n_expert] * g.n_layer
+        assert all(auto.cache.holds_all(layer) for layer in range(g.n_layer))
+        chat = auto.session(context=64, kv="bf16")
+        try:
+            chat.complete([1, 2, 3], max_tokens=4)
+            stats = chat.engine_stats
+        finally:
+            chat.close()
+        assert stats["rings"] == 0 and sum(stats["expert_hits"]) > 0, (name, stats)
+    one_expert = cache_bytes(g, file_tensors(model.file), [1] * g.n_layer)  # the plan's bound
+    with load(model.file.path, progress=False, expert_cache=one_expert) as part:
+        assert part.cache_slots == [1] * g.n_layer, part.cache_slots
+        assert part.cache.bytes <= one_expert
+        assert [part.cache.held(layer) for layer in range(g.n_layer)] == [[0]] * g.n_layer

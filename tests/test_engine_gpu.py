@@ -40,7 +40,7 @@ def _native_greedy(model, ids: list[int], n: int) -> list[int]:
     g = model.info.geometry
     ple = PleRows(model.file, g).rows if g.ple_layers else (lambda token: None)
     native = _native.DecodeSession(model.weights, model.pool.native, native_geometry(g), context=256, kv="int8",
-                                   mode="uncaptured")
+                                   mode="uncaptured", cache=model.cache)
     greedy = (0.0, 0, 1.0, 0.0, 1.0)
     try:
         for i, t in enumerate(ids):

@@ -41,32 +41,41 @@ Tensors = Mapping[str, tuple[int, tuple[int, ...]]]  # name -> (ggml_type, ne)
 class Limit:
     """The machine's limit for one decoded token, and its parts."""
 
-    routed_bytes: int  # routed expert weight bytes one token reads (n_expert_used experts per layer)
-    dense_bytes: int  # dense weight bytes one token reads from HBM
+    routed_bytes: int  # routed expert weight bytes one token reads from host RAM (the experts not in VRAM)
+    dense_bytes: int  # dense and cached expert weight bytes one token reads from HBM
     read_bandwidth: float  # host bytes/s, measured by the CPU pool's workers
     routed_seconds: float
     dense_seconds: float
     doorbell_seconds: float
+    cached_bytes: int = 0  # of dense_bytes, the routed experts the VRAM cache holds
 
     @property
     def seconds(self) -> float:
         return self.routed_seconds + self.dense_seconds + self.doorbell_seconds
 
 
-def machine_limit(g: Geometry, tensors: Tensors, read_bandwidth: float) -> Limit:
+def machine_limit(g: Geometry, tensors: Tensors, read_bandwidth: float, slots: list[int] | None = None) -> Limit:
     """The limit for `g` whose tensors are {name: (ggml_type, ne)} at host read bandwidth `read_bandwidth`: a
-    token reads n_expert_used of every layer's experts (each routed tensor holds all n_expert of one matrix) and
-    every VRAM weight it reads whole (dense and elementwise; of the row-gathered embedding only its own row)."""
+    token reads n_expert_used of every layer's experts (each routed tensor holds all n_expert of one matrix),
+    from HBM the share `slots[l]` / n_expert the VRAM cache holds (routing spread evenly over the experts, as
+    the synthetic models' is) and from host RAM the rest, and every VRAM weight it reads whole (dense and
+    elementwise; of the row-gathered embedding only its own row); a layer whose experts are all cached rings
+    no doorbell."""
     from strata.models import Role
+    from strata.runtime.expert_cache import expert_bytes
     from strata.runtime.plan import bytes_by_role
 
     if not read_bandwidth > 0:
         raise InvalidArgument(f"host read bandwidth must be > 0 bytes/s, got {read_bandwidth}")
+    slots = slots or [0] * g.n_layer
     parts = bytes_by_role(g, tensors)
-    routed = parts[Role.ROUTED_EXPERT] * g.n_expert_used // g.n_expert
-    dense = parts[Role.DENSE] + parts[Role.ELEMENTWISE]
+    per_expert = expert_bytes(g, tensors)
+    cached = round(sum(b * g.n_expert_used * s / g.n_expert for b, s in zip(per_expert, slots)))
+    routed = parts[Role.ROUTED_EXPERT] * g.n_expert_used // g.n_expert - cached
+    dense = parts[Role.DENSE] + parts[Role.ELEMENTWISE] + cached
+    ringing = sum(1 for s in slots if s < g.n_expert)
     return Limit(routed, dense, read_bandwidth, routed / read_bandwidth, dense / HBM_BYTES_PER_SECOND,
-                 g.n_layer * DOORBELL_SECONDS)
+                 ringing * DOORBELL_SECONDS, cached)
 
 
 def cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
@@ -120,10 +129,13 @@ def decode(engine: GpuEngine, prompt: list[int], tokens: int) -> dict[str, float
         token = engine.feed([token], greedy, 0.0, history)
     wall = time.perf_counter() - start
     after = engine.stats()
-    timing = per_token_timing({key: after[key] - before[key] for key in after}, tokens, seconds=wall)
+    timing = per_token_timing({key: after[key] - before[key] for key in after if key.endswith("seconds")}, tokens,
+                              seconds=wall)
     seconds = wall / tokens
+    hits, misses = (sum(after[key]) - sum(before[key]) for key in ("expert_hits", "expert_misses"))
     return {"seconds_per_token": seconds, "tokens_per_second": 1.0 / seconds,
-            **{f"{stage}_seconds": timing[stage] for stage in STAGES}, "host_other_seconds": timing["host"]}
+            **{f"{stage}_seconds": timing[stage] for stage in STAGES}, "host_other_seconds": timing["host"],
+            "expert_hit_rate": hits / max(hits + misses, 1)}
 
 
 def run_modes(model: Any, modes: list[Mode], prompt_tokens: int, tokens: int, context: int | None, kv: KV,
@@ -155,15 +167,16 @@ def report(result: Mapping[str, Any]) -> list[str]:
              f"{limit['read_bandwidth'] / 1e9:.1f} GB/s (CPU pool, measured) = {limit['routed_seconds'] * ms:.3f} ms",
              f"  dense weights   {limit['dense_bytes'] / 1e9:7.3f} GB/token at HBM {HBM_BYTES_PER_SECOND / 1e12:.1f} "
              f"TB/s (the box's measured device copy) = {limit['dense_seconds'] * ms:.3f} ms",
-             f"  doorbells       {result['n_layer']} x {DOORBELL_SECONDS * 1e6:.1f} us (round trip measured on the "
-             f"box) = {limit['doorbell_seconds'] * ms:.3f} ms",
+             f"  doorbells       {limit['doorbell_seconds'] / DOORBELL_SECONDS:.0f} ringing layers x "
+             f"{DOORBELL_SECONDS * 1e6:.1f} us (round trip measured on the box) = {limit['doorbell_seconds'] * ms:.3f} ms",
+             f"  {result['expert_cache']} (of the dense bytes, {limit['cached_bytes'] / 1e9:.3f} GB/token)",
              f"{'mode':13s} {'tok/s':>8s} {'ms/tok':>8s} {'ring wait':>10s} {'pool':>8s} {'gpu pre':>8s} "
-             f"{'gpu post':>8s} {'host/other':>10s} {'of limit':>8s}"]
+             f"{'gpu post':>8s} {'host/other':>10s} {'of limit':>8s} {'hits':>6s}"]
     for mode, m in result["modes"].items():
         lines.append(f"{mode:13s} {m['tokens_per_second']:8.2f} {m['seconds_per_token'] * ms:8.3f} "
                      f"{m['ring_wait_seconds'] * ms:10.3f} {m['pool_seconds'] * ms:8.3f} "
                      f"{m['gpu_pre_seconds'] * ms:8.3f} {m['gpu_post_seconds'] * ms:8.3f} "
-                     f"{m['host_other_seconds'] * ms:10.3f} {m['fraction_of_limit']:8.1%}")
+                     f"{m['host_other_seconds'] * ms:10.3f} {m['fraction_of_limit']:8.1%} {m['expert_hit_rate']:6.1%}")
     lines.append("(breakdown columns in ms per token; gpu pre/post only in mode uncaptured)")
     return lines
 
@@ -173,6 +186,7 @@ def run(model: Any, *, model_path: str, modes: list[Mode | str], prompt_tokens: 
     """Bench a loaded model: prints the report, returns (and with `json_path` writes) the numbers."""
     import numpy as np
 
+    from strata.runtime.expert_cache import describe
     from strata.runtime.plan import file_tensors
 
     if not modes:
@@ -183,12 +197,13 @@ def run(model: Any, *, model_path: str, modes: list[Mode | str], prompt_tokens: 
         raise InvalidArgument(f"--prompt-tokens and --tokens must be >= 1, got {prompt_tokens} and {tokens}")
     g = model.info.geometry
     tensors = file_tensors(model.file)
-    limit = machine_limit(g, tensors, model.pool.read_bandwidth(READ_BANDWIDTH_BYTES))
+    limit = machine_limit(g, tensors, model.pool.read_bandwidth(READ_BANDWIDTH_BYTES), model.cache_slots)
     results = run_modes(model, modes, prompt_tokens, tokens, context, kv, np.random.default_rng())
     for m in results.values():
         m["fraction_of_limit"] = limit.seconds / m["seconds_per_token"]
     result = {"model": model_path, "arch": g.arch, "n_layer": g.n_layer, "prompt_tokens": prompt_tokens,
-              "tokens": tokens, "kv": kv.value, "limit": {**asdict(limit), "seconds": limit.seconds},
+              "tokens": tokens, "kv": kv.value, "expert_cache": describe(g, tensors, model.cache_slots),
+              "cache_slots": model.cache_slots, "limit": {**asdict(limit), "seconds": limit.seconds},
               "modes": results}
     print("\n".join(report(result)))
     if json_path:
@@ -197,7 +212,39 @@ def run(model: Any, *, model_path: str, modes: list[Mode | str], prompt_tokens: 
     return result
 
 
+def cache_sweep(model: Any, shares: list[float], **options: Any) -> list[dict[str, Any]]:
+    """run() with the expert cache holding each share (0..1) of every layer's experts in turn (the lowest ids;
+    `model` loaded without a cache), one cache in VRAM at a time; a summary line per share."""
+    from strata.runtime import expert_cache
+
+    g = model.info.geometry
+    sizes = expert_cache.expert_bytes(g, file_tensors_of(model))
+    results = []
+    for share in shares:
+        if not 0.0 <= share <= 1.0:
+            raise InvalidArgument(f"a cache share must be in 0..100 %, got {share * 100:g}")
+        model.cache = None  # the previous share's VRAM is free before the next is filled
+        slots = [round(share * g.n_expert)] * g.n_layer
+        model.cache, model.cache_slots = expert_cache.build(model.pool, slots, model.device, sizes), slots
+        results.append({"share": share, **run(model, **options)})
+    model.cache, model.cache_slots = None, [0] * g.n_layer
+    print(f"{'cached':>7s} {'slots':>6s} {'mode':13s} {'tok/s':>8s} {'hits':>6s} {'limit tok/s':>11s} {'of limit':>8s}")
+    for r in results:
+        for mode, m in r["modes"].items():
+            print(f"{r['share']:7.0%} {r['cache_slots'][0]:6d} {mode:13s} {m['tokens_per_second']:8.2f} "
+                  f"{m['expert_hit_rate']:6.1%} {1 / r['limit']['seconds']:11.1f} {m['fraction_of_limit']:8.1%}")
+    return results
+
+
+def file_tensors_of(model: Any) -> Tensors:
+    from strata.runtime.plan import file_tensors
+
+    return file_tensors(model.file)
+
+
 def register(commands) -> None:
+    from strata.cli.session import add_placement_arguments
+
     sub = commands.add_parser(
         "bench", help="decode speed of the GPU engine vs this machine's limit (`bench pool`: the CPU pool alone)",
         description="Greedy decode speed per session mode, its per-token breakdown and the machine's limit. "
@@ -212,11 +259,15 @@ def register(commands) -> None:
     sub.add_argument("--context", type=int, default=None, help="session context (default: prompt + tokens)")
     sub.add_argument("--kv", choices=KV.values(), default=KV.INT8.value, help="KV cache format")
     sub.add_argument("--json", metavar="PATH", default=None, help="also write the numbers as JSON")
+    add_placement_arguments(sub)
+    sub.add_argument("--cache-shares", default=None, metavar="PERCENTS",
+                     help="sweep the expert cache over these shares of every layer's routed experts, e.g. "
+                          "0,25,50,75,100 (the model loads without a cache; each share is filled in turn)")
     sub.set_defaults(handler=handle)
 
 
 def handle(args) -> int:
-    from strata.cli.session import require_gpu
+    from strata.cli.session import placement, require_gpu
 
     require_gpu("strata bench measures the GPU engine; `strata bench pool` measures the CPU expert pool alone")
     path = args.model
@@ -228,7 +279,19 @@ def handle(args) -> int:
     from strata.runtime.model import load
 
     modes = list(Mode) if args.mode == "all" else [Mode.parse(args.mode)]
-    with load(str(path), progress=True) as model:
-        run(model, model_path=str(path), modes=modes, prompt_tokens=args.prompt_tokens, tokens=args.tokens,
-            context=args.context, kv=args.kv, json_path=args.json)
+    options = {"model_path": str(path), "modes": modes, "prompt_tokens": args.prompt_tokens, "tokens": args.tokens,
+               "context": args.context, "kv": args.kv}
+    if args.cache_shares is None:
+        with load(str(path), **placement(args)) as model:
+            run(model, **options, json_path=args.json)
+        return 0
+    try:
+        shares = [float(p) / 100 for p in args.cache_shares.split(",")]
+    except ValueError:
+        raise InvalidArgument(f"--cache-shares takes percentages such as 0,50,100, got {args.cache_shares!r}") from None
+    with load(str(path), **{**placement(args), "expert_cache": 0}) as model:
+        results = cache_sweep(model, shares, **options)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
     return 0

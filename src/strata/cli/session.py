@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from strata.errors import StrataError
 from strata.options import KV, Mode
 
-GPU_ONLY = ("kv", "mode")  # options the reference engine has no use for
+GPU_ONLY = ("kv", "mode", "expert_cache", "vram_limit")  # options the reference engine has no use for
 
 
 class _Given(argparse.Action):
@@ -34,6 +34,16 @@ def add_engine_arguments(sub: argparse.ArgumentParser) -> None:
                      help="KV cache format (gpu engine)")
     sub.add_argument("--mode", choices=Mode.values(), default=Mode.TOKEN_GRAPH.value, action=_Given,
                      help="how the gpu engine launches a token: one CUDA graph, a graph per layer, or uncaptured")
+    add_placement_arguments(sub, _Given)
+
+
+def add_placement_arguments(sub: argparse.ArgumentParser, action: type[argparse.Action] | str = "store") -> None:
+    """Where the gpu engine puts the routed experts: the VRAM cache's budget and a cap on VRAM."""
+    sub.add_argument("--expert-cache", default="auto", action=action,
+                     help="VRAM for routed experts (gpu engine): auto (what the GPU has free beside the session), "
+                          "a size such as 24G, or 0 (every routed expert on the CPU)")
+    sub.add_argument("--vram-limit", default=None, action=action,
+                     help="cap the VRAM the model and its session take, as on a smaller card (e.g. 16G)")
 
 
 def add_arguments(sub: argparse.ArgumentParser) -> None:
@@ -74,6 +84,11 @@ def warn_ignored(args: argparse.Namespace) -> None:
         print(f"strata {args.command}: {names} ignored: the reference engine has no use for it", file=sys.stderr)
 
 
+def placement(args: argparse.Namespace) -> dict:
+    """strata.load's options for the gpu engine from the command line."""
+    return {"progress": True, "expert_cache": args.expert_cache, "vram_limit": args.vram_limit}
+
+
 @contextmanager
 def opened_model(args: argparse.Namespace) -> Iterator:
     """The model of `--engine` on the file, closed on exit."""
@@ -82,7 +97,7 @@ def opened_model(args: argparse.Namespace) -> Iterator:
     warn_ignored(args)
     if args.engine == "gpu":
         require_gpu("use --engine reference to run a small model on the CPU")
-    options = {"progress": True} if args.engine == "gpu" else {}
+    options = placement(args) if args.engine == "gpu" else {}
     with load(args.model, engine=args.engine, **options) as model:
         yield model
 
