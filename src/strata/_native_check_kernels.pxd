@@ -21,6 +21,12 @@ cdef extern from "strata/check/kernel_check.hpp" nogil:
     void cpp_gemv_float "strata::kernel_check::gemv_float"(
         int device, FloatKind kind, const void* w, int rows, int cols, const float* x,
         float* y) except +raise_strata_error
+    void cpp_gemv_quant_batch "strata::kernel_check::gemv_quant_batch"(
+        int device, const QuantForm& form, const QuantPlanes& stack, int n_matrix, int rows, int cols,
+        const int32_t* slots, int count, int x_stride, const float* x, float* y) except +raise_strata_error
+    void cpp_gemv_float_batch "strata::kernel_check::gemv_float_batch"(
+        int device, FloatKind kind, const void* w_stack, int n_matrix, int rows, int cols, const int32_t* slots,
+        int count, int x_stride, const float* x, float* y) except +raise_strata_error
     double cpp_time_gemv_quant "strata::kernel_check::time_gemv_quant"(
         int device, const QuantForm& form, const QuantPlanes& planes, int rows, int cols,
         int reps) except +raise_strata_error
@@ -46,6 +52,12 @@ cdef extern from "strata/check/kernel_check.hpp" nogil:
         int device, const float* g, const float* u, float* h, int n) except +raise_strata_error
     void cpp_moe_combine "strata::kernel_check::moe_combine"(
         int device, const float* routed, const float* shared, float gate, float* out, int n) except +raise_strata_error
+    void cpp_expert_slots "strata::kernel_check::expert_slots"(
+        int device, const int32_t* slot_of, int n_expert, const int32_t* ids, int k,
+        int32_t* slots) except +raise_strata_error
+    void cpp_moe_cached_sum "strata::kernel_check::moe_cached_sum"(
+        int device, const float* rows, const int32_t* slots, const float* weights, int k, int n, bint accumulate,
+        float* out) except +raise_strata_error
     cdef cppclass HcReadOutputs "strata::kernel_check::HcReadOutputs":
         float* normed
         float* low

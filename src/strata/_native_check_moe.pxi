@@ -4,7 +4,8 @@ from libc.stdint cimport int32_t
 
 from strata._native cimport host_tensor
 from strata._native_check_kernels cimport (
-    HcReadOutputs, cpp_hc_read, cpp_hc_write, cpp_moe_combine, cpp_moe_route, cpp_shared_expert_gate, cpp_swiglu,
+    HcReadOutputs, cpp_expert_slots, cpp_hc_read, cpp_hc_write, cpp_moe_cached_sum, cpp_moe_combine, cpp_moe_route,
+    cpp_shared_expert_gate, cpp_swiglu,
 )
 from strata._native_weights cimport HostTensor
 
@@ -68,6 +69,45 @@ def moe_combine(routed, shared, float gate, int device=0):
     with nogil:
         cpp_moe_combine(device, &rv[0], &sv[0], gate, &ov[0], n)
     return out
+
+
+def _vector_i32(x, name: str, n: int | None = None):
+    a = np.ascontiguousarray(x, dtype=np.int32).reshape(-1)
+    if a.size == 0 or (n is not None and a.size != n):
+        raise InvalidArgument(f"{name}: expected a non-empty int32 vector"
+                              f"{'' if n is None else f' of {n} entries'}; found {a.size} entries")
+    return a
+
+
+def expert_slots(slot_of, ids, int device=0):
+    """slot_of[ids] (int32 [k]) on the device: where each chosen expert sits in a layer's VRAM cache (slot_of
+    int32 [n_expert], -1 for an expert the cache does not hold; ids int32 [k], each checked to be an expert)."""
+    cdef const int32_t[::1] sv = _vector_i32(slot_of, "expert_slots (slot_of)")
+    cdef const int32_t[::1] iv = _vector_i32(ids, "expert_slots (ids)")
+    cdef int n_expert = sv.shape[0], k = iv.shape[0]
+    out = np.empty(k, np.int32)
+    cdef int32_t[::1] ov = out
+    with nogil:
+        cpp_expert_slots(device, &sv[0], n_expert, &iv[0], k, &ov[0])
+    return out
+
+
+def moe_cached_sum(rows, slots, weights, out=None, int device=0):
+    """The cached experts' share of the routed sum: Σ over j with slots[j] >= 0 of weights[j] * rows[j], float32 [n].
+
+    rows float32 [k, n] (a skipped product's row is never read, so it may hold anything); slots int32 [k]; weights
+    float32 [k]. With `out` (float32 [n]) the sum is added to it (the kernel's accumulate), else it starts from 0.
+    """
+    cdef const float[:, ::1] rv = _rows_f32(rows, "moe_cached_sum (rows)")
+    cdef int k = rv.shape[0], n = rv.shape[1]
+    cdef const int32_t[::1] sv = _vector_i32(slots, "moe_cached_sum (slots)", k)
+    cdef const float[::1] wv = _vector_f32(weights, "moe_cached_sum (weights)", k)
+    cdef bint accumulate = out is not None
+    result = _vector_f32(out, "moe_cached_sum (out)", n).copy() if accumulate else np.empty(n, np.float32)
+    cdef float[::1] ov = result
+    with nogil:
+        cpp_moe_cached_sum(device, &rv[0, 0], &sv[0], &wv[0], k, n, accumulate, &ov[0])
+    return result
 
 
 def hc_read(streams, norm, down, up, inject=None, *, float eps, int device=0) -> dict:

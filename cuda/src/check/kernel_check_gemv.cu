@@ -1,9 +1,10 @@
-// kernel_check entries of the GEMV family: q8_32 activation quantization, quantized and float GEMV, and
-// their cold-L2 timing for benchmarks/bench_gemv.py.
+// kernel_check entries of the GEMV family: q8_32 activation quantization, quantized and float GEMV (one matrix
+// or a batch over a stack), and their cold-L2 timing for benchmarks/bench_gemv.py.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "../kernels/gemv.cuh"
@@ -34,7 +35,7 @@ void check_quant_shape(const QuantForm& form, int rows, int cols) {
 // `copies` device copies of a quantized tensor's planes, each plane 256-byte aligned.
 class DevicePlanes {
  public:
-  DevicePlanes(const QuantForm& form, const QuantPlanes& host, int rows, int cols, int copies)
+  DevicePlanes(const QuantForm& form, const QuantPlanes& host, long rows, int cols, int copies)
       : sizes_(plane_bytes(form, rows, cols)),
         stride_(aligned(sizes_.codes) + aligned(sizes_.d) + aligned(sizes_.sub_scales) + aligned(sizes_.mins) +
                 aligned(sizes_.sub_mins)),
@@ -74,12 +75,40 @@ class DevicePlanes {
   DeviceBuffer buffer_;
 };
 
-// The q8_32 form of x, on the device.
+// The q8_32 form of x [n], on the device.
 struct DeviceActivation {
-  explicit DeviceActivation(int cols)
-      : xq(static_cast<std::size_t>(cols)), dx(cols / 32 * sizeof(float)), sums(cols / 32 * sizeof(std::int32_t)) {}
+  explicit DeviceActivation(long n)
+      : xq(static_cast<std::size_t>(n)), dx(n / 32 * sizeof(float)), sums(n / 32 * sizeof(std::int32_t)) {}
   DeviceBuffer xq, dx, sums;
+
+  // Quantizes x [n] (device memory) into this activation.
+  cudaError_t quantize(const float* x, long n) const {
+    return kernels::quantize_q8_32(x, xq.as<std::int8_t>(), dx.as<float>(), sums.as<std::int32_t>(), n, nullptr);
+  }
 };
+
+// Checks a batch's arguments (before any device work) and returns how many floats x holds.
+long checked_batch_x(const char* hook, int n_matrix, int cols, const std::int32_t* slots, int count, int x_stride,
+                     int stride_multiple) {
+  const std::string name(hook);
+  STRATA_EXPECTS(count >= 1 && count <= kernels::kMaxBatchProducts, InvalidArgument,
+                 name + " needs 1 <= count <= " + std::to_string(kernels::kMaxBatchProducts) + " products, got " +
+                     std::to_string(count));
+  STRATA_EXPECTS(n_matrix >= 1, InvalidArgument,
+                 name + " needs a stack of at least one matrix, got " + std::to_string(n_matrix));
+  const std::string multiple = stride_multiple > 1 ? " and a multiple of " + std::to_string(stride_multiple) : "";
+  STRATA_EXPECTS(x_stride == 0 || (x_stride >= cols && x_stride % stride_multiple == 0), InvalidArgument,
+                 name + " needs x_stride 0 or at least cols (" + std::to_string(cols) + ")" + multiple + ", got " +
+                     std::to_string(x_stride));
+  for (int j = 0; j < count; ++j) {
+    STRATA_EXPECTS(slots[j] < n_matrix, InvalidArgument,
+                   name + ": slots[" + std::to_string(j) + "] = " + std::to_string(slots[j]) +
+                       " lies outside the stack of " + std::to_string(n_matrix) + " matrices");
+  }
+  return x_stride == 0 ? cols : static_cast<long>(count) * x_stride;
+}
+
+std::size_t batch_y_bytes(int count, int rows) { return static_cast<std::size_t>(count) * rows * sizeof(float); }
 
 int cold_copies(std::size_t bytes) {
   return static_cast<int>(std::clamp<std::size_t>(kColdBytes / std::max<std::size_t>(bytes, 1) + 1, 1, kMaxCopies));
@@ -142,8 +171,7 @@ void gemv_quant(int device, const QuantForm& form, const QuantPlanes& host_plane
   DeviceBuffer d_x = upload(x, static_cast<std::size_t>(cols) * sizeof(float));
   DeviceActivation a(cols);
   GuardedOutput d_y(static_cast<std::size_t>(rows) * sizeof(float));
-  STRATA_CUDA_TRY(kernels::quantize_q8_32(d_x.as<float>(), a.xq.as<std::int8_t>(), a.dx.as<float>(),
-                                          a.sums.as<std::int32_t>(), cols, nullptr));
+  STRATA_CUDA_TRY(a.quantize(d_x.as<float>(), cols));
   STRATA_CUDA_TRY(kernels::gemv_quant(form, planes.at(0), rows, cols, a.xq.as<std::int8_t>(), a.dx.as<float>(),
                                       a.sums.as<std::int32_t>(), d_y.data<float>(), nullptr));
   STRATA_CUDA_TRY(cudaDeviceSynchronize());
@@ -162,6 +190,45 @@ void gemv_float(int device, FloatKind kind, const void* w, int rows, int cols, c
   STRATA_CUDA_TRY(kernels::gemv_float(kind, d_w.as<void>(), rows, cols, d_x.as<float>(), d_y.data<float>(), nullptr));
   STRATA_CUDA_TRY(cudaDeviceSynchronize());
   d_y.copy_out(y, "gemv_float");
+}
+
+void gemv_quant_batch(int device, const QuantForm& form, const QuantPlanes& host_stack, int n_matrix, int rows,
+                      int cols, const std::int32_t* slots, int count, int x_stride, const float* x, float* y) {
+  check_quant_shape(form, rows, cols);
+  const long x_floats = checked_batch_x("gemv_quant_batch", n_matrix, cols, slots, count, x_stride, 32);
+  check_device(device);
+  DeviceScope scope(device);
+  const DevicePlanes stack(form, host_stack, static_cast<long>(n_matrix) * rows, cols, 1);
+  DeviceBuffer d_slots = upload(slots, static_cast<std::size_t>(count) * sizeof(std::int32_t));
+  DeviceBuffer d_x = upload(x, static_cast<std::size_t>(x_floats) * sizeof(float));
+  DeviceActivation a(x_floats);
+  GuardedOutput d_y(batch_y_bytes(count, rows));
+  STRATA_CUDA_TRY(a.quantize(d_x.as<float>(), x_floats));
+  const kernels::MatrixBatch batch{d_slots.as<int>(), count, x_stride};
+  STRATA_CUDA_TRY(kernels::gemv_quant_batch(form, stack.at(0), rows, cols, batch, a.xq.as<std::int8_t>(),
+                                            a.dx.as<float>(), a.sums.as<std::int32_t>(), d_y.data<float>(), nullptr));
+  STRATA_CUDA_TRY(cudaDeviceSynchronize());
+  d_y.copy_out(y, "gemv_quant_batch");
+}
+
+void gemv_float_batch(int device, FloatKind kind, const void* w_stack, int n_matrix, int rows, int cols,
+                      const std::int32_t* slots, int count, int x_stride, const float* x, float* y) {
+  STRATA_EXPECTS(rows > 0 && cols > 0, InvalidArgument,
+                 "gemv_float_batch needs rows > 0 and cols > 0, got " + std::to_string(rows) + " x " +
+                     std::to_string(cols));
+  const long x_floats = checked_batch_x("gemv_float_batch", n_matrix, cols, slots, count, x_stride, 1);
+  check_device(device);
+  DeviceScope scope(device);
+  const std::size_t stack_bytes = static_cast<std::size_t>(n_matrix) * rows * cols * float_kind_bytes(kind);
+  DeviceBuffer d_w = upload(w_stack, stack_bytes);
+  DeviceBuffer d_slots = upload(slots, static_cast<std::size_t>(count) * sizeof(std::int32_t));
+  DeviceBuffer d_x = upload(x, static_cast<std::size_t>(x_floats) * sizeof(float));
+  GuardedOutput d_y(batch_y_bytes(count, rows));
+  const kernels::MatrixBatch batch{d_slots.as<int>(), count, x_stride};
+  STRATA_CUDA_TRY(kernels::gemv_float_batch(kind, d_w.as<void>(), rows, cols, batch, d_x.as<float>(),
+                                            d_y.data<float>(), nullptr));
+  STRATA_CUDA_TRY(cudaDeviceSynchronize());
+  d_y.copy_out(y, "gemv_float_batch");
 }
 
 double time_gemv_quant(int device, const QuantForm& form, const QuantPlanes& host_planes, int rows, int cols,

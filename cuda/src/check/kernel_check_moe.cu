@@ -1,5 +1,5 @@
-// kernel_check entries of the MoE block's GPU kernels: the router, the shared expert's gate and SwiGLU, and
-// the combine with the routed experts' answer.
+// kernel_check entries of the MoE block's GPU kernels: the router, the shared expert's gate and SwiGLU, the
+// combine with the routed experts' answer, and the VRAM-cached experts' slots and weighted sum.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -81,6 +81,43 @@ void moe_combine(int device, const float* routed, const float* shared, float gat
                                        d_out.data<float>(), n, nullptr));
   STRATA_CUDA_TRY(cudaDeviceSynchronize());
   d_out.copy_out(out, "moe_combine");
+}
+
+void expert_slots(int device, const std::int32_t* slot_of, int n_expert, const std::int32_t* ids, int k,
+                  std::int32_t* slots) {
+  STRATA_EXPECTS(n_expert > 0 && k > 0, InvalidArgument,
+                 "expert_slots needs n_expert > 0 and k > 0, got " + std::to_string(n_expert) + " and " +
+                     std::to_string(k));
+  for (int j = 0; j < k; ++j) {
+    STRATA_EXPECTS(ids[j] >= 0 && ids[j] < n_expert, InvalidArgument,
+                   "expert_slots: ids[" + std::to_string(j) + "] = " + std::to_string(ids[j]) +
+                       " is not an expert of " + std::to_string(n_expert));
+  }
+  check_device(device);
+  DeviceScope scope(device);
+  DeviceBuffer d_slot_of = upload(slot_of, static_cast<std::size_t>(n_expert) * sizeof(std::int32_t));
+  DeviceBuffer d_ids = upload(ids, static_cast<std::size_t>(k) * sizeof(std::int32_t));
+  GuardedOutput d_slots(static_cast<std::size_t>(k) * sizeof(std::int32_t));
+  STRATA_CUDA_TRY(kernels::expert_slots(d_slot_of.as<int>(), d_ids.as<int>(), d_slots.data<int>(), k, nullptr));
+  STRATA_CUDA_TRY(cudaDeviceSynchronize());
+  d_slots.copy_out(slots, "expert_slots");
+}
+
+void moe_cached_sum(int device, const float* rows, const std::int32_t* slots, const float* weights, int k, int n,
+                    bool accumulate, float* out) {
+  STRATA_EXPECTS(k > 0 && n > 0, InvalidArgument,
+                 "moe_cached_sum needs k > 0 and n > 0, got " + std::to_string(k) + " and " + std::to_string(n));
+  check_device(device);
+  DeviceScope scope(device);
+  DeviceBuffer d_rows = upload(rows, floats(static_cast<long>(k) * n));
+  DeviceBuffer d_slots = upload(slots, static_cast<std::size_t>(k) * sizeof(std::int32_t));
+  DeviceBuffer d_weights = upload(weights, floats(k));
+  GuardedOutput d_out(floats(n));
+  if (accumulate) STRATA_CUDA_TRY(cudaMemcpy(d_out.data<float>(), out, floats(n), cudaMemcpyHostToDevice));
+  STRATA_CUDA_TRY(kernels::moe_cached_sum(d_rows.as<float>(), d_slots.as<int>(), d_weights.as<float>(), k, n,
+                                          accumulate, d_out.data<float>(), nullptr));
+  STRATA_CUDA_TRY(cudaDeviceSynchronize());
+  d_out.copy_out(out, "moe_cached_sum");
 }
 
 }  // namespace strata::kernel_check

@@ -31,6 +31,16 @@ cudaError_t gemv_float(FloatKind kind, const void* w, int rows, int cols, const 
 // token's; slots[j] < 0 skips product j and leaves y_j unwritten. y_j = y + j * rows. x_j starts x_stride
 // elements after x_{j-1} (0: every product reads the same x); for the quantized forms that is xq + j * x_stride
 // and dx, xsums + j * x_stride / 32, so x_stride is a multiple of 32.
+// slots == nullptr means one product of matrix 0 (count 1): gemv_quant and gemv_float are that case, which
+// compiles to the kernel without the batch's offsets (the same loop, so the same results bit for bit). The
+// caller keeps slots within its stack (the kernels cannot know its size). Every matrix keeps the stack's
+// alignment: a quantized row's codes are cols * code_bits / 8 bytes, a multiple of 8 (2-bit codes) or 16 since
+// cols is a multiple of 32; a float row takes the 16-byte vector path when cols * element bytes and, for x,
+// x_stride * 4 are multiples of 16. Plane offsets are 64-bit: 512 experts of 640 x 2560 are 3.4 GB in f32.
+// Refused with cudaErrorInvalidValue: count outside 1..kMaxBatchProducts, a null slots with count > 1,
+// x_stride < 0 (or, for the quantized forms, not a multiple of 32).
+constexpr int kMaxBatchProducts = 65535;  // the products go along the grid's y dimension
+
 struct MatrixBatch {
   const int* slots = nullptr;
   int count = 0;

@@ -41,10 +41,19 @@ __device__ __forceinline__ float chunk_dot(const Chunk<T, Vec>& c, const float* 
   return acc;
 }
 
-template <class T, int Vec>
+// One matrix (Batched false: gemv_float) or product blockIdx.y of a batch (gemv.cuh), whose matrix, x and y are
+// offset here: the loop is the same for both.
+template <class T, int Vec, bool Batched>
 __global__ void __launch_bounds__(kRowsPerCta * 32)
-gemv_float_kernel(const T* __restrict__ w, int rows, int cols, const float* __restrict__ x, float* __restrict__ y,
-                  int split) {
+gemv_float_kernel(const T* __restrict__ w, int rows, int cols, const int* __restrict__ slots, int x_stride,
+                  const float* __restrict__ x, float* __restrict__ y, int split) {
+  if constexpr (Batched) {
+    const int slot = batch_slot(slots);
+    if (slot < 0) return;
+    w += static_cast<long>(slot) * rows * cols;  // not advanced(): the weights keep their read-only loads
+    x = advanced(x, static_cast<long>(blockIdx.y) * x_stride);
+    y += static_cast<long>(blockIdx.y) * rows;
+  }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row = blockIdx.x * (kRowsPerCta / split) + warp / split;
   const int part = warp % split;
@@ -71,32 +80,49 @@ gemv_float_kernel(const T* __restrict__ w, int rows, int cols, const float* __re
   store_row(acc, row, rows, warp, lane, split, y);
 }
 
+// The kernel for one Vec: the single matrix's when the batch is one product of matrix 0, so gemv_float pays
+// nothing for batches.
+template <class T, int Vec>
+void launch_vec(dim3 grid, const T* w, int rows, int cols, const MatrixBatch& batch, const float* x, float* y,
+                int split, cudaStream_t stream) {
+  auto* kernel = batch.slots != nullptr ? gemv_float_kernel<T, Vec, true> : gemv_float_kernel<T, Vec, false>;
+  kernel<<<grid, kRowsPerCta * 32, 0, stream>>>(w, rows, cols, batch.slots, batch.x_stride, x, y, split);
+}
+
+// The 16-byte path needs every row of every matrix and every x_j aligned: cols * sizeof(T) and x_stride * 4
+// multiples of 16 keep the bases' alignment.
 template <class T>
-cudaError_t launch(const void* w, int rows, int cols, const float* x, float* y, cudaStream_t stream) {
+cudaError_t launch(const void* w, int rows, int cols, const MatrixBatch& batch, const float* x, float* y,
+                   cudaStream_t stream) {
   constexpr int kVec = 16 / sizeof(T);
   const int split = row_split(rows);
-  const int rows_per_cta = kRowsPerCta / split;
-  const unsigned grid = static_cast<unsigned>((rows + rows_per_cta - 1) / rows_per_cta);
+  const dim3 grid = gemv_grid(rows, split, batch.count);
   const T* wt = static_cast<const T*>(w);
-  if (cols % kVec == 0 && reinterpret_cast<std::uintptr_t>(w) % 16 == 0 && reinterpret_cast<std::uintptr_t>(x) % 16 == 0) {
-    gemv_float_kernel<T, kVec><<<grid, kRowsPerCta * 32, 0, stream>>>(wt, rows, cols, x, y, split);
+  if (cols % kVec == 0 && batch.x_stride % 4 == 0 && reinterpret_cast<std::uintptr_t>(w) % 16 == 0 &&
+      reinterpret_cast<std::uintptr_t>(x) % 16 == 0) {
+    launch_vec<T, kVec>(grid, wt, rows, cols, batch, x, y, split, stream);
   } else {
-    gemv_float_kernel<T, 1><<<grid, kRowsPerCta * 32, 0, stream>>>(wt, rows, cols, x, y, split);
+    launch_vec<T, 1>(grid, wt, rows, cols, batch, x, y, split, stream);
   }
   return cudaGetLastError();
 }
 
 }  // namespace
 
-cudaError_t gemv_float(FloatKind kind, const void* w, int rows, int cols, const float* x, float* y,
-                       cudaStream_t stream) {
-  if (rows <= 0 || cols <= 0) return cudaErrorInvalidValue;
+cudaError_t gemv_float_batch(FloatKind kind, const void* w, int rows, int cols, const MatrixBatch& batch,
+                             const float* x, float* y, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0 || !valid_batch(batch)) return cudaErrorInvalidValue;
   switch (kind) {
-    case FloatKind::F32: return launch<float>(w, rows, cols, x, y, stream);
-    case FloatKind::F16: return launch<__half>(w, rows, cols, x, y, stream);
-    case FloatKind::BF16: return launch<__nv_bfloat16>(w, rows, cols, x, y, stream);
+    case FloatKind::F32: return launch<float>(w, rows, cols, batch, x, y, stream);
+    case FloatKind::F16: return launch<__half>(w, rows, cols, batch, x, y, stream);
+    case FloatKind::BF16: return launch<__nv_bfloat16>(w, rows, cols, batch, x, y, stream);
   }
   return cudaErrorInvalidValue;
+}
+
+cudaError_t gemv_float(FloatKind kind, const void* w, int rows, int cols, const float* x, float* y,
+                       cudaStream_t stream) {
+  return gemv_float_batch(kind, w, rows, cols, MatrixBatch{nullptr, 1, 0}, x, y, stream);
 }
 
 }  // namespace strata::kernels

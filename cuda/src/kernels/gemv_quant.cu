@@ -73,16 +73,30 @@ __device__ __forceinline__ void block_dots(const unsigned (&c)[S::kCodeWords], c
   }
 }
 
-template <class S>
+// One matrix (Batched false: gemv_quant) or product blockIdx.y of a batch (gemv.cuh), whose matrix starts at the
+// stack's row slot * rows in every plane and whose x and y are offset here: the loop is the same for both.
+template <class S, bool Batched>
 __global__ void __launch_bounds__(kRowsPerCta * 32)
-gemv_quant_kernel(QuantPlanes p, int rows, int cols, int code_bias, ValueTable book, const std::int8_t* __restrict__ xq,
-                  const float* __restrict__ dx, const std::int32_t* __restrict__ xsums, float* __restrict__ y,
-                  int split) {
+gemv_quant_kernel(QuantPlanes p, int rows, int cols, int code_bias, ValueTable book, const int* __restrict__ slots,
+                  int x_stride, const std::int8_t* __restrict__ xq, const float* __restrict__ dx,
+                  const std::int32_t* __restrict__ xsums, float* __restrict__ y, int split) {
+  long first_row = 0;
+  if constexpr (Batched) {
+    const int slot = batch_slot(slots);
+    if (slot < 0) return;
+    first_row = static_cast<long>(slot) * rows;
+    const long x_offset = static_cast<long>(blockIdx.y) * x_stride;
+    xq = advanced(xq, x_offset);
+    dx = advanced(dx, x_offset / kBlock);
+    xsums = advanced(xsums, x_offset / kBlock);
+    y += static_cast<long>(blockIdx.y) * rows;
+  }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row_in_range = blockIdx.x * (kRowsPerCta / split) + warp / split;
   const int part = warp % split;
   const bool live = row_in_range < rows;
-  const int row = live ? row_in_range : rows - 1;  // a spare warp walks no blocks but joins the CTA's reduction
+  // The row in the stack; a spare warp walks no blocks but joins the CTA's reduction.
+  const long row = first_row + (live ? row_in_range : rows - 1);
   const int n_blocks = cols / kBlock, n_super = cols / S::kSuper, n_group = cols / S::kGroup;
   const std::uint8_t* codes = p.codes + static_cast<long>(row) * n_blocks * S::kCodeWords * 4;
   // Σ v xq = Σ operand xq + bias_shift Σ xq: the 8-bit operand is code - 128, the others code (or table).
@@ -127,6 +141,16 @@ gemv_quant_kernel(QuantPlanes p, int rows, int cols, int code_bias, ValueTable b
   store_row(acc, row_in_range, rows, warp, lane, split, y);
 }
 
+// The single matrix's kernel when the batch is one product of matrix 0, so gemv_quant pays nothing for batches.
+template <class S>
+void launch_shape(dim3 grid, cudaStream_t stream, const QuantPlanes& planes, int rows, int cols, int code_bias,
+                  const ValueTable& book, const MatrixBatch& batch, const std::int8_t* xq, const float* dx,
+                  const std::int32_t* xsums, float* y, int split) {
+  auto* kernel = batch.slots != nullptr ? gemv_quant_kernel<S, true> : gemv_quant_kernel<S, false>;
+  kernel<<<grid, kRowsPerCta * 32, 0, stream>>>(planes, rows, cols, code_bias, book, batch.slots, batch.x_stride, xq,
+                                                dx, xsums, y, split);
+}
+
 template <class S>
 bool matches(const QuantForm& f) {
   const bool book = f.codebook != Codebook::None;
@@ -140,16 +164,15 @@ struct ShapeList {
   static bool contains(const QuantForm& form) { return (matches<Shapes>(form) || ...); }
 
   // Launches the kernel of the shape `form` matches; false if it matches none.
-  static bool launch(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, const std::int8_t* xq,
-                     const float* dx, const std::int32_t* xsums, float* y, cudaStream_t stream) {
+  static bool launch(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, const MatrixBatch& batch,
+                     const std::int8_t* xq, const float* dx, const std::int32_t* xsums, float* y,
+                     cudaStream_t stream) {
     const int split = row_split(rows);
-    const int rows_per_cta = kRowsPerCta / split;
-    const unsigned grid = static_cast<unsigned>((rows + rows_per_cta - 1) / rows_per_cta);
+    const dim3 grid = gemv_grid(rows, split, batch.count);
     const ValueTable book = value_table(codebook_values(form.codebook));
-    return ((matches<Shapes>(form) &&
-             (gemv_quant_kernel<Shapes><<<grid, kRowsPerCta * 32, 0, stream>>>(planes, rows, cols, form.code_bias,
-                                                                                book, xq, dx, xsums, y, split),
-              true)) ||
+    return ((matches<Shapes>(form) && (launch_shape<Shapes>(grid, stream, planes, rows, cols, form.code_bias, book,
+                                                            batch, xq, dx, xsums, y, split),
+                                       true)) ||
             ...);
   }
 };
@@ -175,17 +198,24 @@ using KnownShapes = ShapeList<
 
 bool gemv_quant_supports(const QuantForm& form) { return KnownShapes::contains(form); }
 
-cudaError_t gemv_quant(const QuantForm& form, const QuantPlanes& planes, int rows, int cols,
-                       const std::int8_t* xq, const float* dx, const std::int32_t* xsums, float* y,
-                       cudaStream_t stream) {
+cudaError_t gemv_quant_batch(const QuantForm& form, const QuantPlanes& planes, int rows, int cols,
+                             const MatrixBatch& batch, const std::int8_t* xq, const float* dx,
+                             const std::int32_t* xsums, float* y, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0 || form.super_size <= 0 || cols % form.super_size != 0) return cudaErrorInvalidValue;
+  if (!valid_batch(batch) || batch.x_stride % kBlock != 0) return cudaErrorInvalidValue;
   const unsigned alignment = form.code_bits == 2 ? 8u : 16u;
   if (reinterpret_cast<std::uintptr_t>(planes.codes) % alignment != 0 ||
       reinterpret_cast<std::uintptr_t>(xq) % 16 != 0) {
     return cudaErrorMisalignedAddress;
   }
-  if (!KnownShapes::launch(form, planes, rows, cols, xq, dx, xsums, y, stream)) return cudaErrorInvalidValue;
+  if (!KnownShapes::launch(form, planes, rows, cols, batch, xq, dx, xsums, y, stream)) return cudaErrorInvalidValue;
   return cudaGetLastError();
+}
+
+cudaError_t gemv_quant(const QuantForm& form, const QuantPlanes& planes, int rows, int cols,
+                       const std::int8_t* xq, const float* dx, const std::int32_t* xsums, float* y,
+                       cudaStream_t stream) {
+  return gemv_quant_batch(form, planes, rows, cols, MatrixBatch{nullptr, 1, 0}, xq, dx, xsums, y, stream);
 }
 
 }  // namespace strata::kernels

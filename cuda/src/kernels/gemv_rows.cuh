@@ -3,6 +3,9 @@
 // SMs idle and each warp a long serial walk along its row; splitting the columns puts more loads in flight.
 #pragma once
 
+#include <cstdint>
+
+#include "gemv.cuh"
 #include "reduce.cuh"
 
 namespace strata::kernels {
@@ -11,6 +14,31 @@ constexpr int kRowsPerCta = 4;
 
 // Warps per row (1, 2 or 4) for a matrix of `rows` rows.
 inline int row_split(int rows) { return rows >= 2048 ? 1 : rows >= 1024 ? 2 : 4; }
+
+// CTAs over one matrix's rows (x) and a batch's products (y).
+inline dim3 gemv_grid(int rows, int split, int count) {
+  const int rows_per_cta = kRowsPerCta / split;
+  return dim3(static_cast<unsigned>((rows + rows_per_cta - 1) / rows_per_cta), static_cast<unsigned>(count));
+}
+
+// The batch conditions both GEMV families share (gemv.cuh); the quantized forms add x_stride % 32 == 0.
+inline bool valid_batch(const MatrixBatch& batch) {
+  return batch.count >= 1 && batch.count <= kMaxBatchProducts && (batch.slots != nullptr || batch.count == 1) &&
+         batch.x_stride >= 0;
+}
+
+// The matrix of this CTA's product (blockIdx.y), < 0 when the batch skips it. Every thread of the CTA reads the
+// same slot, so a skipped product's CTA returns as a whole and none waits at store_row's barrier.
+__device__ __forceinline__ int batch_slot(const int* __restrict__ slots) { return slots[blockIdx.y]; }
+
+// p + n elements, through an integer: nvcc would fold a product's offset into the index of every load of the
+// GEMV loops (64-bit adds per load); this way the loops index the offset pointer as they index a parameter.
+// Only for pointers read through __ldg: the integer loses the pointer's provenance, so a plain load of it would
+// become a generic one.
+template <class T>
+__device__ __forceinline__ const T* advanced(const T* p, long n) {
+  return reinterpret_cast<const T*>(reinterpret_cast<std::uintptr_t>(p) + n * static_cast<long>(sizeof(T)));
+}
 
 // Sums the warps' partial dots of each row (`acc` already warp-reduced) and stores them; every thread calls it.
 __device__ __forceinline__ void store_row(float acc, int row, int rows, int warp, int lane, int split, float* y) {

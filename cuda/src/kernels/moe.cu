@@ -31,6 +31,25 @@ __global__ void combine_kernel(const float* routed, const float* __restrict__ sh
   if (i < n) out[i] = fmaf(*gate, shared[i], routed[i]);
 }
 
+__global__ void slots_kernel(const int* __restrict__ slot_of, const int* __restrict__ ids, int* __restrict__ slots,
+                             int k) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j < k) slots[j] = slot_of[ids[j]];
+}
+
+// A branch, not a multiplication by zero: a skipped product's row was never written (NaN poison stays out), and
+// j runs in one fixed order so the sum is the same bits on every run.
+__global__ void cached_sum_kernel(const float* rows, const int* __restrict__ slots,
+                                  const float* __restrict__ weights, int k, int n, bool accumulate, float* out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float sum = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    if (slots[j] >= 0) sum = fmaf(weights[j], rows[static_cast<long>(j) * n + i], sum);
+  }
+  out[i] = accumulate ? out[i] + sum : sum;
+}
+
 unsigned blocks_for(int n) { return static_cast<unsigned>((n + kElementThreads - 1) / kElementThreads); }
 
 }  // namespace
@@ -51,6 +70,19 @@ cudaError_t moe_combine(const float* routed, const float* shared, const float* g
                         cudaStream_t stream) {
   if (n <= 0) return cudaErrorInvalidValue;
   combine_kernel<<<blocks_for(n), kElementThreads, 0, stream>>>(routed, shared, gate, out, n);
+  return cudaGetLastError();
+}
+
+cudaError_t expert_slots(const int* slot_of, const int* ids, int* slots, int k, cudaStream_t stream) {
+  if (k <= 0) return cudaErrorInvalidValue;
+  slots_kernel<<<blocks_for(k), kElementThreads, 0, stream>>>(slot_of, ids, slots, k);
+  return cudaGetLastError();
+}
+
+cudaError_t moe_cached_sum(const float* rows, const int* slots, const float* weights, int k, int n, bool accumulate,
+                           float* out, cudaStream_t stream) {
+  if (k <= 0 || n <= 0) return cudaErrorInvalidValue;
+  cached_sum_kernel<<<blocks_for(n), kElementThreads, 0, stream>>>(rows, slots, weights, k, n, accumulate, out);
   return cudaGetLastError();
 }
 

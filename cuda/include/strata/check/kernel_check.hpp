@@ -41,6 +41,17 @@ void gemv_quant(int device, const QuantForm& form, const QuantPlanes& host_plane
 // y [rows] = W x for a float W [rows][cols] of `kind` (host bytes) and float32 x.
 void gemv_float(int device, FloatKind kind, const void* w, int rows, int cols, const float* x, float* y);
 
+// The batched GEMV (kernels/gemv.cuh) over a host stack of n_matrix matrices of rows x cols, matrix-major in
+// every plane (host_stack holds n_matrix * rows rows; w_stack [n_matrix * rows][cols]): y [count][rows] with
+// y_j = M[slots[j]] x_j. x holds cols floats when x_stride is 0 (every product reads it), else count rows of
+// x_stride >= cols floats (product j reads row j; a multiple of 32 for the quantized forms, whose x is
+// quantized on the device in one q8_32 call). The rows of a skipped product (slots[j] < 0) come back as the
+// poison, NaN. Arguments are checked before any device work: count, x_stride, and every slot against the stack.
+void gemv_quant_batch(int device, const QuantForm& form, const QuantPlanes& host_stack, int n_matrix, int rows,
+                      int cols, const std::int32_t* slots, int count, int x_stride, const float* x, float* y);
+void gemv_float_batch(int device, FloatKind kind, const void* w_stack, int n_matrix, int rows, int cols,
+                      const std::int32_t* slots, int count, int x_stride, const float* x, float* y);
+
 // Median time in seconds of one GEMV launch (CUDA events), with L2 cold: launches cycle through enough
 // device copies of the weight to overflow the L2 cache. Inputs as gemv_quant / gemv_float.
 double time_gemv_quant(int device, const QuantForm& form, const QuantPlanes& host_planes, int rows, int cols,
@@ -64,6 +75,17 @@ void swiglu(int device, const float* g, const float* u, float* h, int n);
 
 // out = routed + gate * shared over n floats (the gate travels through device memory, as in a decode step).
 void moe_combine(int device, const float* routed, const float* shared, float gate, float* out, int n);
+
+// slots [k] = slot_of[ids[j]] (kernels/moe.cuh) for slot_of [n_expert]; every id is checked to lie in
+// [0, n_expert) before any device work.
+void expert_slots(int device, const std::int32_t* slot_of, int n_expert, const std::int32_t* ids, int k,
+                  std::int32_t* slots);
+
+// out [n] = (accumulate ? out : 0) + the sum over j with slots[j] >= 0 of weights[j] * rows[j][:] (rows [k][n]):
+// with accumulate, out is uploaded and added to; without, the device's out starts as the poison, NaN, so a
+// result that read it shows.
+void moe_cached_sum(int device, const float* rows, const std::int32_t* slots, const float* weights, int k, int n,
+                    bool accumulate, float* out);
 
 }  // namespace strata::kernel_check
 
