@@ -31,9 +31,9 @@ class FakeDecodeSession:
     """Records every call the engine makes; samples `position * 7 % n_vocab` so answers are checkable."""
 
     def __init__(self, weights=None, pool=None, geometry=None, *, context=64, kv=KV.INT8, mode=Mode.TOKEN_GRAPH,
-                 device=0, timeout=5.0, snapshots=0, n_vocab=512):
+                 device=0, timeout=5.0, snapshots=0, cache=None, n_vocab=512):
         self.args = dict(weights=weights, pool=pool, geometry=geometry, context=context, kv=kv, mode=mode,
-                         device=device, timeout=timeout, snapshots=snapshots)
+                         device=device, timeout=timeout, snapshots=snapshots, cache=cache)
         self.saved: dict[int, int] = {}
         self.context, self.mode, self.position, self.n_vocab = context, mode, 0, n_vocab
         self.steps: list[tuple] = []
@@ -271,6 +271,7 @@ def test_model_session_builds_a_native_session_with_the_geometry(tiny_qwen4exp, 
     assert native.args["geometry"]["ple_layer"] == g.ple_layers[0]
     assert session.engine.ple is not None
     assert native.args["snapshots"] == 2 and session.engine.snapshots == 2
+    assert native.args["cache"] is None  # the model was loaded without an expert cache
     session = model.session(context=100, kv="bf16", mode="uncaptured", timeout=1.5, snapshots=0)
     assert (session.engine.native.args["context"], session.engine.native.args["kv"]) == (100, KV.BF16)
     assert session.engine.native.args["timeout"] == 1.5 and session.engine.native.args["snapshots"] == 0
