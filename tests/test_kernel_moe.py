@@ -1,5 +1,5 @@
-"""The MoE block's GPU kernels (router, shared-expert gate, SwiGLU, combine) vs strata.reference.moe.route and
-float64 numpy formulas (docs/models/qwen3next.md §3.3)."""
+"""The MoE block's GPU kernels (router, shared-expert gate, SwiGLU, combine, the VRAM-cached experts' slots and
+sum) vs strata.reference.moe.route and float64 numpy formulas (docs/models/qwen3next.md §3.3)."""
 
 import numpy as np
 import pytest
@@ -102,3 +102,96 @@ def test_moe_vectors_must_match_without_a_device(rng):
         _native_check.moe_combine(a, np.append(a, 1.0), 0.5)
     with pytest.raises(strata.InvalidArgument, match="of 64 entries; found 32"):
         _native_check.shared_expert_gate(a, a[:32])
+
+
+# The routed experts held in VRAM: where each chosen expert sits in the layer's cache, and the cached experts'
+# weighted sum of down rows (kernels/moe.cuh).
+def random_cache(n_expert: int, n_cached: int, rng: np.random.Generator) -> np.ndarray:
+    """slot_of [n_expert]: n_cached experts at distinct slots in random order, -1 for the others."""
+    slot_of = np.full(n_expert, -1, np.int32)
+    slot_of[rng.choice(n_expert, n_cached, replace=False)] = rng.permutation(n_cached)
+    return slot_of
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n_expert", "n_cached", "k"), [(512, 64, 10), (512, 500, 10), (64, 1, 8), (256, 128, 1)])
+def test_expert_slots(rng, n_expert, n_cached, k):
+    slot_of = random_cache(n_expert, n_cached, rng)
+    ids = rng.choice(n_expert, k, replace=False).astype(np.int32)
+    cached, missing = np.flatnonzero(slot_of >= 0), np.flatnonzero(slot_of < 0)
+    if k > 1:  # a hit and a miss among the chosen, whatever the draw
+        ids[:2] = rng.choice(cached), rng.choice(missing)
+    got = _native_check.expert_slots(slot_of, ids)
+    assert got.dtype == np.int32 and np.array_equal(got, slot_of[ids]), f"slots {got} vs {slot_of[ids]}"
+
+
+def cached_sum_case(k: int, n: int, rng: np.random.Generator):
+    """rows [k, n] with NaN in the rows of skipped products, slots with at least one skip and one hit, weights."""
+    slots = rng.integers(-1, 64, size=k).astype(np.int32)
+    slots[rng.permutation(k)[:2]] = [-1, rng.integers(64)]
+    rows = (rng.standard_normal((k, n)) * rng.uniform(0.1, 10, size=(k, 1))).astype(np.float32)
+    rows[slots < 0] = np.nan  # never written on the token path: nothing of them may leak into the sum
+    weights = rng.dirichlet(np.ones(k)).astype(np.float32)
+    return rows, slots, weights
+
+
+def cached_sum_bound(rows: np.ndarray, slots: np.ndarray, weights: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """Per element: k fmas from 0 and the final add each round once (2^-24 relative) on partial sums bounded by
+    |out| + sum |w r|, so the error is at most (k + 1) 2^-24 of that, first order; (k + 2) covers the rest."""
+    hit = slots >= 0
+    size = np.abs(weights[hit, None].astype(np.float64) * rows[hit]).sum(axis=0)
+    if out is not None:
+        size += np.abs(out.astype(np.float64))
+    return (len(slots) + 2) * 2.0**-24 * size
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("k", "n"), [(10, 2560), (8, 2048), (16, 37), (3, 1)])
+def test_moe_cached_sum(rng, k, n):
+    rows, slots, weights = cached_sum_case(k, n, rng)
+    hit = slots >= 0
+    want = (weights[hit, None].astype(np.float64) * rows[hit]).sum(axis=0)
+    got = _native_check.moe_cached_sum(rows, slots, weights)
+    assert np.all(np.isfinite(got)), "non-finite sum: a skipped row or the poisoned out leaked in"
+    err = np.abs(got - want)
+    bound = cached_sum_bound(rows, slots, weights, None)
+    assert np.all(err <= bound), f"max error {err.max():.2e} (bound there {bound[err.argmax()]:.2e})"
+    again = _native_check.moe_cached_sum(rows, slots, weights)
+    assert np.array_equal(got.view(np.uint32), again.view(np.uint32)), "two runs gave different bits"
+
+    out = rng.standard_normal(n).astype(np.float32)
+    added = _native_check.moe_cached_sum(rows, slots, weights, out)
+    assert np.all(np.isfinite(added)), "non-finite accumulated sum"
+    err = np.abs(added - (out.astype(np.float64) + want))
+    bound = cached_sum_bound(rows, slots, weights, out)
+    assert np.all(err <= bound), f"accumulate: max error {err.max():.2e} (bound there {bound[err.argmax()]:.2e})"
+    # out[i] + (the sum without accumulate): one float32 add of the same bits.
+    assert np.array_equal(added.view(np.uint32), (out + got).view(np.uint32)), "accumulate is not out + the sum"
+
+
+@pytest.mark.gpu
+def test_moe_cached_sum_of_no_hits(rng):
+    rows = np.full((10, 64), np.nan, np.float32)
+    slots = np.full(10, -1, np.int32)
+    weights = rng.dirichlet(np.ones(10)).astype(np.float32)
+    assert np.array_equal(_native_check.moe_cached_sum(rows, slots, weights), np.zeros(64, np.float32))
+    out = rng.standard_normal(64).astype(np.float32)
+    assert np.array_equal(_native_check.moe_cached_sum(rows, slots, weights, out), out)
+
+
+def test_expert_slots_refuses_an_id_outside_the_experts_without_a_device(rng):
+    slot_of = random_cache(64, 8, rng)
+    with pytest.raises(strata.InvalidArgument, match=r"expert_slots: ids\[1\] = 64 is not an expert of 64"):
+        _native_check.expert_slots(slot_of, [3, 64])
+    with pytest.raises(strata.InvalidArgument, match=r"expert_slots: ids\[0\] = -1 is not an expert of 64"):
+        _native_check.expert_slots(slot_of, [-1])
+
+
+def test_moe_cached_sum_shapes_must_match_without_a_device(rng):
+    rows, slots, weights = cached_sum_case(4, 32, rng)
+    with pytest.raises(strata.InvalidArgument, match=r"slots\): expected a non-empty int32 vector of 4 entries"):
+        _native_check.moe_cached_sum(rows, slots[:3], weights)
+    with pytest.raises(strata.InvalidArgument, match=r"weights\): expected a non-empty float32 vector of 4 entries"):
+        _native_check.moe_cached_sum(rows, slots, weights[:2])
+    with pytest.raises(strata.InvalidArgument, match=r"out\): expected a non-empty float32 vector of 32 entries"):
+        _native_check.moe_cached_sum(rows, slots, weights, np.zeros(31, np.float32))
