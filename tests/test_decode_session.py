@@ -266,22 +266,25 @@ def test_cached_experts_match_the_reference_token_by_token(loaded, share, rng):
 
 
 # Where an expert runs changes only float summation order (the pool sums its rows on the host, the GPU its own)
-# and, where that moves a hidden value across a q8_32 rounding edge, one code of it: after the first token the
-# logits agree to ~1e-5 of their size. Later steps carry such differences through the recurrent state and can
-# flip a near-tie in a router, which the reference bounds above cover.
-FIRST_STEP = 1e-3
+# and, where that moves a hidden value across a q8_32 rounding edge, one code of it. With float dense weights the
+# logits after the first token then agree to ~1e-5 of their size. Quantized dense weights requantize x before
+# every GEMV, and any difference flips a few codes by 1/127 of their block's range each time: the box measured
+# 5.6e-3 after the first token (qwen4exp q8_0, 2026-12-01), as large as the GPU's distance from the reference.
+# Later steps carry such differences through the recurrent state; the reference's medians bound them.
+FIRST_STEP = {"float": 1e-3, "quant": MEDIAN["quant", "bf16"]}
 
 
 def test_where_an_expert_runs_moves_the_logits_only_by_rounding(loaded, rng):
     name, model = loaded
+    dense = "quant" if name.endswith("quant") else "float"
     ids = rng.integers(0, model.info.geometry.n_vocab, 12)
     pool = forced_logits(session(model, Mode.TOKEN_GRAPH), model, ids)
     for share in (1.0, 0.5, 0.25):
         cached = forced_logits(session(model, Mode.TOKEN_GRAPH, cache=expert_cache(model, rng, share)), model, ids)
         assert np.all(np.isfinite(cached)), (name, share)
         errors = relative_errors(cached, pool)
-        assert errors[0] < FIRST_STEP, (name, share, errors)
-        assert np.median(errors) < MEDIAN["float", "bf16"], (name, share, errors)
+        assert errors[0] < FIRST_STEP[dense], (name, share, errors)
+        assert np.median(errors) < MEDIAN[dense, "bf16"], (name, share, errors)
 
 
 def test_three_modes_give_identical_logits_with_a_partial_cache(loaded, rng):
