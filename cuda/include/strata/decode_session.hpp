@@ -55,6 +55,8 @@ struct DecodeStats {
   double gpu_pre_seconds = 0.0;    // uncaptured mode only: device time of the layers' pre parts (+ embed)
   double gpu_post_seconds = 0.0;   // uncaptured mode only: device time of the post parts (+ head, sampler)
   std::vector<long> expert_hits, expert_misses;  // per layer: routed experts the VRAM cache held / the pool ran
+  std::vector<long> expert_copies;               // per layer: experts the cache's replacement copied in
+  long expert_copy_bytes = 0;
 };
 
 class DecodeSession {
@@ -64,7 +66,7 @@ class DecodeSession {
   // `cache` holds (may be null) run on the GPU, the others on the pool; weights, pool and cache outlive the
   // session.
   DecodeSession(const DeviceWeights& weights, cpu::ExpertPool& pool, const ModelGeometry& geometry,
-                const DecodeOptions& options, const ExpertCache* cache = nullptr);
+                const DecodeOptions& options, ExpertCache* cache = nullptr);
   ~DecodeSession();
   DecodeSession(const DecodeSession&) = delete;
   DecodeSession& operator=(const DecodeSession&) = delete;

@@ -1,7 +1,10 @@
 // Routed experts held in VRAM (docs/expert_cache.md): per MoE layer a number of slots, each holding one
 // expert's gate, up and down in the same canonical form, the same bytes, the CPU pool streams, and the map
 // expert -> slot the decode program reads on the device and the host loop reads here. A layer whose every
-// expert is held runs on the GPU alone and never rings the doorbell. Host-only header.
+// expert is held runs on the GPU alone and never rings the doorbell. With replacement (expert_policy.hpp) the
+// host loop reports each token's routing, and between tokens the cache copies admitted experts from pinned
+// host memory on a stream of its own, beside the next token, into slots no token reads while they fill.
+// Host-only header.
 #pragma once
 
 #include <cstddef>
@@ -9,6 +12,9 @@
 #include <vector>
 
 #include "strata/device_weights.hpp"
+#include "strata/expert_policy.hpp"
+
+struct CUstream_st;
 
 namespace strata {
 
@@ -28,7 +34,10 @@ class ExpertCache {
  public:
   // Room on `device` for slots[l] experts of every layer l the pool has registered (0 .. its n_expert), all
   // empty until hold() fills them. OutOfMemory names the bytes; InvalidArgument the layer whose count is off.
-  ExpertCache(int device, const cpu::ExpertPool& pool, const std::vector<int>& slots);
+  // With policy.replace, the pool's planes of every partly cached layer are pinned (page-locked) until the
+  // cache is destroyed, so that copies run beside the tokens.
+  ExpertCache(int device, const cpu::ExpertPool& pool, const std::vector<int>& slots,
+              const PolicyOptions& policy = {});
   ~ExpertCache();
   ExpertCache(const ExpertCache&) = delete;
   ExpertCache& operator=(const ExpertCache&) = delete;
@@ -36,6 +45,18 @@ class ExpertCache {
   // Copies `experts` (distinct ids of layer `layer`, at most its slots) from the pool's host weights into the
   // layer's slots in order; slots after them hold nothing. Blocking; no session of the model may be stepping.
   void hold(int layer, const std::vector<int>& experts);
+
+  // The host loop's report of one token's routed ids in `layer` (a layer that rings); returns how many the
+  // cache holds. Replacement learns from it.
+  int note_routed(int layer, const std::int32_t* ids, int k);
+
+  // Between two tokens of any session of the model (none running): the copies begun before the previous
+  // token enter the map, the policy's new ones begin (their slots leave the map), and the changed maps are
+  // enqueued on `token_stream` ahead of the next token. Returns the copies begun.
+  std::vector<ExpertMove> between_tokens(CUstream_st* token_stream);
+
+  // Bytes of one expert of `layer` (gate, up and down, every plane).
+  std::size_t expert_bytes(int layer) const;
 
   int layers() const noexcept;
   int n_expert(int layer) const;

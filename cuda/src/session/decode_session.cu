@@ -72,8 +72,9 @@ class HostLoopPin {
 
 struct DecodeSession::Impl {
   Impl(const DeviceWeights& weights, cpu::ExpertPool& pool, const ModelGeometry& geometry,
-       const DecodeOptions& options, const ExpertCache* cache)
+       const DecodeOptions& options, ExpertCache* cache)
       : g(geometry),
+        cache(cache),
         options(options),
         scope(options.device),
         arena(options.device, plan_session(g, options.context, options.kv, options.snapshots)),
@@ -94,6 +95,16 @@ struct DecodeSession::Impl {
     io.answer_timeout_ns = static_cast<long long>(options.timeout_seconds * 1e9);
     io.sampled = sampled.device<int>();
     return io;
+  }
+
+  // The cache's replacement between tokens: its map changes here only, ahead of the token on this stream.
+  void refresh_cache() {
+    if (!cache) return;
+    for (const ExpertMove& move : cache->between_tokens(stream.get())) {
+      if (static_cast<int>(stats.expert_copies.size()) <= move.layer) stats.expert_copies.resize(g.n_layer, 0);
+      ++stats.expert_copies[move.layer];
+      stats.expert_copy_bytes += static_cast<long>(cache->expert_bytes(move.layer));
+    }
   }
 
   void run_token(bool sample, int ring_base) {
@@ -132,6 +143,7 @@ struct DecodeSession::Impl {
     const int ring_base = ring_base_of(tokens_run, g.n_layer);
     bell.begin_token(ring_base);
     broken = true;  // until the token completes
+    refresh_cache();
     run_token(sample, ring_base);
     broken = false;
     ++tokens_run;
@@ -191,6 +203,7 @@ struct DecodeSession::Impl {
   int context() const noexcept { return options.context; }
 
   ModelGeometry g;
+  ExpertCache* cache;
   DecodeOptions options;
   std::vector<int> host_cpus = host_loop_cpus();
   DeviceScope scope;
@@ -211,7 +224,7 @@ struct DecodeSession::Impl {
 };
 
 DecodeSession::DecodeSession(const DeviceWeights& weights, cpu::ExpertPool& pool, const ModelGeometry& geometry,
-                             const DecodeOptions& options, const ExpertCache* cache) {
+                             const DecodeOptions& options, ExpertCache* cache) {
   check_geometry(geometry);
   check_options(options);
   require_device(options.device);

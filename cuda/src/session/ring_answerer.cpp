@@ -7,7 +7,7 @@
 
 namespace strata {
 
-RingAnswerer::RingAnswerer(cpu::ExpertPool& pool, DoorbellHost& bell, const ExpertCache* cache)
+RingAnswerer::RingAnswerer(cpu::ExpertPool& pool, DoorbellHost& bell, ExpertCache* cache)
     : pool_(pool), bell_(bell), cache_(cache), rows_(static_cast<std::size_t>(bell.k()) * bell.n()), held_(bell.k()) {}
 
 void RingAnswerer::answer(int layer, int ring, std::chrono::nanoseconds timeout, ExchangeStats& stats) {
@@ -38,6 +38,7 @@ void RingAnswerer::answer(int layer, int ring, std::chrono::nanoseconds timeout,
   const std::int32_t* ids = bell_.ids();
   int held = 0;
   for (int j = 0; j < k; ++j) held += held_[j] = cache_ && cache_->holds(layer, ids[j]);
+  if (cache_) cache_->note_routed(layer, ids, k);  // after the skips: the map changes only between tokens
   stats.hits[layer] += held;
   stats.misses[layer] += k - held;
   pool_.run_layer(layer, bell_.x(), ids, bell_.weights(), held_.data(), k, rows_.data());

@@ -22,17 +22,18 @@ struct ExchangeStats {
 class RingAnswerer {
  public:
   // `cache` may be null (the pool computes every routed expert); it must outlive the answerer.
-  RingAnswerer(cpu::ExpertPool& pool, DoorbellHost& bell, const ExpertCache* cache = nullptr);
+  RingAnswerer(cpu::ExpertPool& pool, DoorbellHost& bell, ExpertCache* cache = nullptr);
 
   // Waits for `ring` from MoE layer `layer`, answers it with sum_j weights[j] * expert_ids[j](x) over the j
-  // the cache does not hold; a layer the cache holds whole never rings and is only counted.
+  // the cache does not hold, and tells the cache the routing; a layer the cache holds whole never rings and is
+  // only counted.
   // Throws strata::Error naming the layer when the GPU does not ring within `timeout`.
   void answer(int layer, int ring, std::chrono::nanoseconds timeout, ExchangeStats& stats);
 
  private:
   cpu::ExpertPool& pool_;
   DoorbellHost& bell_;
-  const ExpertCache* cache_;
+  ExpertCache* cache_;  // told each token's routing (its replacement learns from it)
   std::vector<float> rows_;      // [k][n]: the pool's weighted expert rows
   std::vector<std::uint8_t> held_;  // [k]: the cache holds routed slot j (the pool skips it)
 };
