@@ -120,7 +120,7 @@ class TimedFakeSession:
     def stats(self):
         hits = [self.position, 2 * self.position]  # a quarter of the routed experts cached, in two layers
         return {"tokens": self.position, **self.sums, "expert_hits": hits,
-                "expert_misses": [3 * self.position, 2 * self.position]}
+                "expert_misses": [3 * self.position, 2 * self.position], "expert_copies": [self.position, 0]}
 
     def close(self):
         self.closed = True
@@ -147,7 +147,7 @@ def test_run_decodes_each_mode_and_writes_json(tiny, tmp_path, capsys):
         parts = m["ring_wait_seconds"] + m["pool_seconds"] + m["host_other_seconds"]
         assert math.isclose(parts, m["seconds_per_token"], rel_tol=1e-9)
         assert math.isclose(m["fraction_of_limit"], result["limit"]["seconds"] / m["seconds_per_token"])
-        assert math.isclose(m["expert_hit_rate"], 3 / 8)
+        assert math.isclose(m["expert_hit_rate"], 3 / 8) and m["expert_copies_per_token"] == 1
     assert json.loads(out.read_text()) == result
     text = capsys.readouterr().out
     assert "machine limit" in text and "measured device copy" in text and "token_graph" in text and "kv q4" in text

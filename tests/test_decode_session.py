@@ -221,11 +221,16 @@ def test_snapshot_slots_are_checked(loaded):
 
 # --- routed experts in the VRAM expert cache (strata/expert_cache.hpp) ---
 
-def expert_cache(model, rng, share):
+# Replacement at its busiest: every miss admitted, copies unbounded (the tiny models' 8 experts churn each token).
+CHURN = {"replace": True, "admit_after": 1, "window": 4, "max_copies": 1000}
+
+
+def expert_cache(model, rng, share, policy=None):
     """A cache holding `share` of every layer's experts, a random choice of them in a random slot order."""
     g = model.info.geometry
     count = max(1, round(share * g.n_expert))
-    cache = _native.ExpertCache(model.pool.native, [count] * g.n_layer, 0)
+    cache = _native.ExpertCache(model.pool.native, [count] * g.n_layer, 0, policy,
+                                host_weights=model.pool.host_weights())
     for layer in range(g.n_layer):
         cache.hold(layer, rng.permutation(g.n_expert)[:count])
     return cache
@@ -300,10 +305,10 @@ def test_an_expert_cache_refuses_what_it_cannot_hold(loaded):
     name, model = loaded
     g = model.info.geometry
     with pytest.raises(InvalidArgument, match=f"layer 0 slots must be in 0..{g.n_expert}"):
-        _native.ExpertCache(model.pool.native, [g.n_expert + 1] * g.n_layer, 0)
+        _native.ExpertCache(model.pool.native, [g.n_expert + 1] * g.n_layer, 0, host_weights=None)
     with pytest.raises(InvalidArgument, match=f"slots for {g.n_layer + 1} layers"):
-        _native.ExpertCache(model.pool.native, [1] * (g.n_layer + 1), 0)
-    cache = _native.ExpertCache(model.pool.native, [2] * g.n_layer, 0)
+        _native.ExpertCache(model.pool.native, [1] * (g.n_layer + 1), 0, host_weights=None)
+    cache = _native.ExpertCache(model.pool.native, [2] * g.n_layer, 0, host_weights=model.pool.host_weights())
     with pytest.raises(InvalidArgument, match="layer 1 has 2 slots, asked to hold 3"):
         cache.hold(1, [0, 1, 2])
     with pytest.raises(InvalidArgument, match="expert 3 asked for twice"):
@@ -334,3 +339,41 @@ def test_a_loaded_model_places_its_experts_by_budget(loaded):
         assert part.cache_slots == [1] * g.n_layer, part.cache_slots
         assert part.cache.bytes <= one_expert
         assert [part.cache.held(layer) for layer in range(g.n_layer)] == [[0]] * g.n_layer
+
+
+def test_replacement_moves_experts_without_moving_the_logits(loaded, rng):
+    name, model = loaded
+    g = model.info.geometry
+    dense = "quant" if name.endswith("quant") else "float"
+    ids = rng.integers(0, g.n_vocab, 24)
+    pool = forced_logits(session(model, Mode.TOKEN_GRAPH), model, ids)
+    start = int(rng.integers(1 << 30))
+    runs = {}
+    for mode in Mode:  # each with a fresh cache of the same start: the copies land one token later, always
+        cache = expert_cache(model, np.random.default_rng(start), 0.5, CHURN)
+        first = [cache.held(layer) for layer in range(g.n_layer)]
+        native = session(model, mode, cache=cache)
+        runs[mode] = forced_logits(native, model, ids)
+        stats = native.stats()
+        assert sum(stats["expert_copies"]) > 0 and stats["expert_copy_bytes"] > 0, (name, mode, stats)
+        moved = [cache.held(layer) for layer in range(g.n_layer)]
+        assert moved != first, name
+        for held in moved:  # every slot full again or filling, never one expert twice
+            assert len({e for e in held if e >= 0}) == len([e for e in held if e >= 0]), (name, held)
+    for mode in (Mode.LAYER_GRAPHS, Mode.TOKEN_GRAPH):
+        assert np.array_equal(runs[mode], runs[Mode.UNCAPTURED]), (name, mode)
+    errors = relative_errors(runs[Mode.TOKEN_GRAPH], pool)
+    assert np.all(np.isfinite(runs[Mode.TOKEN_GRAPH])), name
+    assert errors[0] < FIRST_STEP[dense] and np.median(errors) < MEDIAN[dense, "bf16"], (name, errors)
+
+
+def test_replacement_decodes_as_the_reference_does(loaded, rng):
+    name, model = loaded
+    prompt = rng.integers(0, model.info.geometry.n_vocab, 8)
+    native = session(model, Mode.TOKEN_GRAPH, "bf16", cache=expert_cache(model, rng, 0.25, CHURN))
+    _, gpu, ref = decode(native, model, prompt, 40, Reference(model.file, activation_quant=True))
+    errors = relative_errors(gpu, ref)
+    dense = "quant" if name.endswith("quant") else "float"
+    assert np.all(np.isfinite(gpu)), name
+    assert np.median(errors) < MEDIAN[dense, "bf16"] and np.quantile(errors, 0.9) < STEADY, (name, errors)
+    assert errors.max() < GARBAGE, (name, errors)

@@ -25,7 +25,7 @@ cdef class DeviceWeights:
 
 cdef class ExpertCache:
     cdef unique_ptr[CppExpertCache] cache
-    cdef readonly object pool
+    cdef readonly object pool, host_weights
 
 
 cdef class DecodeSession:

@@ -1,6 +1,7 @@
 # Declarations of the model geometry, the session layout and arena, the expert cache and the decode session
 # (cuda/include/strata/geometry.hpp, kv_format.hpp, session_layout.hpp, session_arena.hpp, expert_cache.hpp,
 # decode_session.hpp).
+from libc.stdint cimport int32_t
 from libcpp cimport bool as cbool
 from libcpp.string cimport string
 from libcpp.vector cimport vector
@@ -64,9 +65,28 @@ cdef extern from "strata/session_arena.hpp" nogil:
         const SessionLayout& layout()
 
 
+cdef extern from "strata/expert_policy.hpp" nogil:
+    cdef cppclass PolicyOptions "strata::PolicyOptions":
+        cbool replace
+        int admit_after, window, max_copies
+
+    cdef cppclass ExpertMove "strata::ExpertMove":
+        int layer, slot, expert, evicted
+
+    cdef cppclass CppReplacementPolicy "strata::ReplacementPolicy":
+        CppReplacementPolicy(const vector[int]& slots, int n_expert,
+                             const PolicyOptions& options) except +raise_strata_error
+        void hold(int layer, const vector[int]& experts) except +raise_strata_error
+        int note(int layer, const int32_t* ids, int k) except +raise_strata_error
+        vector[ExpertMove] plan() except +raise_strata_error
+        void complete(const ExpertMove& move) except +raise_strata_error
+        int slot_of(int layer, int expert) except +raise_strata_error
+
+
 cdef extern from "strata/expert_cache.hpp" nogil:
     cdef cppclass CppExpertCache "strata::ExpertCache":
-        CppExpertCache(int device, const CppExpertPool& pool, const vector[int]& slots) except +raise_strata_error
+        CppExpertCache(int device, const CppExpertPool& pool, const vector[int]& slots,
+                       const PolicyOptions& policy) except +raise_strata_error
         void hold(int layer, const vector[int]& experts) except +raise_strata_error
         int layers()
         int slots(int layer) except +raise_strata_error
@@ -108,11 +128,12 @@ cdef extern from "strata/decode_session.hpp" nogil:
         double seconds, ring_wait_seconds, pool_seconds
         long rings
         double gpu_pre_seconds, gpu_post_seconds
-        vector[long] expert_hits, expert_misses
+        vector[long] expert_hits, expert_misses, expert_copies
+        long expert_copy_bytes
 
     cdef cppclass CppDecodeSession "strata::DecodeSession":
         CppDecodeSession(const CppDeviceWeights& weights, CppExpertPool& pool, const ModelGeometry& geometry,
-                         const DecodeOptions& options, const CppExpertCache* cache) except +raise_strata_error
+                         const DecodeOptions& options, CppExpertCache* cache) except +raise_strata_error
         int step(int token, const float* ple_rows, const SamplingValues& sampling, double u,
                  cbool sample) except +raise_strata_error
         void logits(float* out) except +raise_strata_error

@@ -4,8 +4,10 @@
 from libcpp cimport bool as cbool
 from libcpp.vector cimport vector
 
+from libcpp.memory cimport unique_ptr
+
 from strata._native_session cimport (
-    DecodeOptions, DecodeStats, LayoutRegion, SamplingValues, SessionLayout, TokenLogprobs, cpp_expert_cache_bytes,
+    CppReplacementPolicy, DecodeOptions, DecodeStats, ExpertMove, LayoutRegion, PolicyOptions, SamplingValues, SessionLayout, TokenLogprobs, cpp_expert_cache_bytes,
     cpp_plan_session, kKvPageTokens, kMaxSnapshots,
 )
 
@@ -83,16 +85,64 @@ def session_layout(dict geometry, int context, kv, int snapshots=0) -> dict:
     return layout_dict(layout)
 
 
+cdef PolicyOptions policy_options(dict policy) except *:
+    """The native replacement options from {"replace", "admit_after", "window", "max_copies"} (missing keys keep
+    the native defaults: no replacement)."""
+    unknown = sorted(policy.keys() - {"replace", "admit_after", "window", "max_copies"})
+    if unknown:
+        raise InvalidArgument(f"expert cache policy: unknown {', '.join(unknown)} (replace, admit_after, window, "
+                              "max_copies)")
+    cdef PolicyOptions o
+    o.replace = policy.get("replace", o.replace)
+    o.admit_after = policy.get("admit_after", o.admit_after)
+    o.window = policy.get("window", o.window)
+    o.max_copies = policy.get("max_copies", o.max_copies)
+    return o
+
+
+cdef class ReplacementPolicy:
+    """The expert cache's replacement alone (strata/expert_policy.hpp), on the host: what a routing trace makes
+    the cache hold. plan() returns the moves [(layer, slot, expert, evicted)] a token's end begins."""
+    cdef unique_ptr[CppReplacementPolicy] policy
+
+    def __cinit__(self, list slots, int n_expert, dict policy):
+        cdef vector[int] counts = slots
+        self.policy.reset(new CppReplacementPolicy(counts, n_expert, policy_options(policy)))
+
+    def hold(self, int layer, experts) -> None:
+        cdef vector[int] ids = [int(e) for e in experts]
+        self.policy.get().hold(layer, ids)
+
+    def note(self, int layer, ids) -> int:
+        cdef const int32_t[::1] view = np.ascontiguousarray(ids, dtype=np.int32)
+        return self.policy.get().note(layer, &view[0], view.shape[0]) if view.shape[0] else 0
+
+    def plan(self) -> list:
+        return [(m.layer, m.slot, m.expert, m.evicted) for m in self.policy.get().plan()]
+
+    def complete(self, tuple move) -> None:
+        cdef ExpertMove m
+        m.layer, m.slot, m.expert, m.evicted = move
+        self.policy.get().complete(m)
+
+    def slot_of(self, int layer, int expert) -> int:
+        return self.policy.get().slot_of(layer, expert)
+
+
 cdef class ExpertCache:
     """Routed experts held in VRAM (strata/expert_cache.hpp): `slots[l]` of layer l's experts, copied from the
-    pool's host weights by hold(). Keeps `pool` alive while it lives."""
+    pool's host weights by hold(), and with policy {"replace": True, ...} replaced as routing moves. Keeps
+    `pool` and `host_weights` (the arrays the pool's planes point into: strata.runtime.pool.ExpertPool
+    .host_weights()) alive while it lives: replacement copies from them, and pins their pages until the cache
+    is gone."""
 
-    def __cinit__(self, CpuExpertPool pool, list slots, int device=0):
+    def __cinit__(self, CpuExpertPool pool, list slots, int device=0, dict policy=None, *, host_weights):
         cdef vector[int] counts = slots
         cdef CppExpertPool* native_pool = pool.native()
-        self.pool = pool
+        cdef PolicyOptions options = policy_options(policy or {})
+        self.pool, self.host_weights = pool, host_weights
         with nogil:
-            self.cache.reset(new CppExpertCache(device, native_pool[0], counts))
+            self.cache.reset(new CppExpertCache(device, native_pool[0], counts, options))
 
     def __dealloc__(self):
         with nogil:
@@ -152,7 +202,7 @@ cdef class DecodeSession:
         o.kv = kv_storage(kv)
         o.mode = decode_mode(mode)
         cdef CppExpertPool* native_pool = pool.native()
-        cdef const CppExpertCache* native_cache = cache.cache.get() if cache is not None else NULL
+        cdef CppExpertCache* native_cache = cache.cache.get() if cache is not None else NULL
         self.weights, self.pool, self.cache = weights, pool, cache
         self.n_vocab = g.n_vocab
         self.ple_width = g.ple_n_heads * g.ple_head_dim if g.ple_layer >= 0 else 0
@@ -244,7 +294,8 @@ cdef class DecodeSession:
         return {"tokens": st.tokens, "seconds": st.seconds, "ring_wait_seconds": st.ring_wait_seconds,
                 "pool_seconds": st.pool_seconds, "rings": st.rings, "gpu_pre_seconds": st.gpu_pre_seconds,
                 "gpu_post_seconds": st.gpu_post_seconds, "expert_hits": list(st.expert_hits),
-                "expert_misses": list(st.expert_misses)}
+                "expert_misses": list(st.expert_misses), "expert_copies": list(st.expert_copies),
+                "expert_copy_bytes": st.expert_copy_bytes}
 
     def close(self) -> None:
         with nogil:

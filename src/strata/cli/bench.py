@@ -132,10 +132,11 @@ def decode(engine: GpuEngine, prompt: list[int], tokens: int) -> dict[str, float
     timing = per_token_timing({key: after[key] - before[key] for key in after if key.endswith("seconds")}, tokens,
                               seconds=wall)
     seconds = wall / tokens
-    hits, misses = (sum(after[key]) - sum(before[key]) for key in ("expert_hits", "expert_misses"))
+    hits, misses, copies = (sum(after[key]) - sum(before[key])
+                            for key in ("expert_hits", "expert_misses", "expert_copies"))
     return {"seconds_per_token": seconds, "tokens_per_second": 1.0 / seconds,
             **{f"{stage}_seconds": timing[stage] for stage in STAGES}, "host_other_seconds": timing["host"],
-            "expert_hit_rate": hits / max(hits + misses, 1)}
+            "expert_hit_rate": hits / max(hits + misses, 1), "expert_copies_per_token": copies / tokens}
 
 
 def run_modes(model: Any, modes: list[Mode], prompt_tokens: int, tokens: int, context: int | None, kv: KV,
@@ -212,9 +213,10 @@ def run(model: Any, *, model_path: str, modes: list[Mode | str], prompt_tokens: 
     return result
 
 
-def cache_sweep(model: Any, shares: list[float], **options: Any) -> list[dict[str, Any]]:
-    """run() with the expert cache holding each share (0..1) of every layer's experts in turn (the lowest ids;
-    `model` loaded without a cache), one cache in VRAM at a time; a summary line per share."""
+def cache_sweep(model: Any, shares: list[float], policy: str = "lfru", **options: Any) -> list[dict[str, Any]]:
+    """run() with the expert cache holding each share (0..1) of every layer's experts in turn (the lowest ids
+    at first, replaced by `policy`; `model` loaded without a cache), one cache in VRAM at a time; a summary line
+    per share."""
     from strata.runtime import expert_cache
 
     g = model.info.geometry
@@ -225,14 +227,17 @@ def cache_sweep(model: Any, shares: list[float], **options: Any) -> list[dict[st
             raise InvalidArgument(f"a cache share must be in 0..100 %, got {share * 100:g}")
         model.cache = None  # the previous share's VRAM is free before the next is filled
         slots = [round(share * g.n_expert)] * g.n_layer
-        model.cache, model.cache_slots = expert_cache.build(model.pool, slots, model.device, sizes), slots
+        model.cache = expert_cache.build(model.pool, slots, model.device, sizes, policy=policy)
+        model.cache_slots = slots
         results.append({"share": share, **run(model, **options)})
     model.cache, model.cache_slots = None, [0] * g.n_layer
-    print(f"{'cached':>7s} {'slots':>6s} {'mode':13s} {'tok/s':>8s} {'hits':>6s} {'limit tok/s':>11s} {'of limit':>8s}")
+    print(f"{'cached':>7s} {'slots':>6s} {'mode':13s} {'tok/s':>8s} {'hits':>6s} {'copies':>7s} {'limit tok/s':>11s} "
+          f"{'of limit':>8s}   (policy {policy})")
     for r in results:
         for mode, m in r["modes"].items():
             print(f"{r['share']:7.0%} {r['cache_slots'][0]:6d} {mode:13s} {m['tokens_per_second']:8.2f} "
-                  f"{m['expert_hit_rate']:6.1%} {1 / r['limit']['seconds']:11.1f} {m['fraction_of_limit']:8.1%}")
+                  f"{m['expert_hit_rate']:6.1%} {m['expert_copies_per_token']:7.2f} {1 / r['limit']['seconds']:11.1f} "
+                  f"{m['fraction_of_limit']:8.1%}")
     return results
 
 
@@ -290,7 +295,7 @@ def handle(args) -> int:
     except ValueError:
         raise InvalidArgument(f"--cache-shares takes percentages such as 0,50,100, got {args.cache_shares!r}") from None
     with load(str(path), **{**placement(args), "expert_cache": 0}) as model:
-        results = cache_sweep(model, shares, **options)
+        results = cache_sweep(model, shares, args.cache_policy, **options)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

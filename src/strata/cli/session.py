@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from strata.errors import StrataError
 from strata.options import KV, Mode
 
-GPU_ONLY = ("kv", "mode", "expert_cache", "vram_limit")  # options the reference engine has no use for
+GPU_ONLY = ("kv", "mode", "expert_cache", "cache_policy", "vram_limit")  # options the reference engine has no use for
 
 
 class _Given(argparse.Action):
@@ -42,6 +42,8 @@ def add_placement_arguments(sub: argparse.ArgumentParser, action: type[argparse.
     sub.add_argument("--expert-cache", default="auto", action=action,
                      help="VRAM for routed experts (gpu engine): auto (what the GPU has free beside the session), "
                           "a size such as 24G, or 0 (every routed expert on the CPU)")
+    sub.add_argument("--cache-policy", choices=["lfru", "static"], default="lfru", action=action,
+                     help="whether routing replaces the experts a partial cache holds (lfru) or not (static)")
     sub.add_argument("--vram-limit", default=None, action=action,
                      help="cap the VRAM the model and its session take, as on a smaller card (e.g. 16G)")
 
@@ -86,7 +88,8 @@ def warn_ignored(args: argparse.Namespace) -> None:
 
 def placement(args: argparse.Namespace) -> dict:
     """strata.load's options for the gpu engine from the command line."""
-    return {"progress": True, "expert_cache": args.expert_cache, "vram_limit": args.vram_limit}
+    return {"progress": True, "expert_cache": args.expert_cache, "cache_policy": args.cache_policy,
+            "vram_limit": args.vram_limit}
 
 
 @contextmanager

@@ -140,16 +140,19 @@ def cache_budget(file: ModelFile, budget: cache_plan.Budget, device: int, vram_l
 
 def load(path: str | os.PathLike[str], *, device: int = 0, threads: int | None = None,
          cache_dir: str | os.PathLike[str] | None = None, progress: bool = True,
-         expert_cache: cache_plan.Budget = "auto", vram_limit: cache_plan.Budget | None = None) -> Model:
+         expert_cache: cache_plan.Budget = "auto", vram_limit: cache_plan.Budget | None = None,
+         cache_policy: str = "lfru") -> Model:
     """Validate, plan and load the GGUF at `path` onto GPU `device` and the host's CPU pool.
 
     `cache_dir` keeps the repacked dense weights for the next load; `threads` sets the pool's workers
     (default: every physical core but the first). `expert_cache` is the VRAM budget for routed experts:
     "auto" (what the GPU has free beside the default session and a reserve), bytes (an int or "24G"), or 0
-    (every routed expert on the CPU). `vram_limit` caps the VRAM the model and its sessions may take, as on a
+    (every routed expert on the CPU); `cache_policy` whether routing replaces the experts a partial cache holds
+    ("lfru") or not ("static"). `vram_limit` caps the VRAM the model and its sessions may take, as on a
     smaller card (bytes or "16G"; None: the whole GPU).
     """
-    cache_plan.parse_budget(expert_cache)  # a bad budget is refused before the long work
+    cache_plan.parse_budget(expert_cache)  # a bad budget or policy is refused before the long work
+    cache_plan.policy_options(cache_policy)
     limit = None if vram_limit is None else cache_plan.parse_budget(vram_limit)
     if vram_limit is not None and limit is None:
         raise InvalidArgument("vram_limit must be a byte count or a size such as '24G', not 'auto'")
@@ -168,9 +171,9 @@ def load(path: str | os.PathLike[str], *, device: int = 0, threads: int | None =
             budget = cache_budget(file, expert_cache, device, limit, info.plan.vram["dense weights"])
             slots = cache_plan.slots_for(g, tensors, budget)
             if progress:
-                print(f"load: {cache_plan.describe(g, tensors, slots)}", file=sys.stderr)
+                print(f"load: {cache_plan.describe(g, tensors, slots)}, policy {cache_policy}", file=sys.stderr)
             cache = cache_plan.build(pool, slots, device, cache_plan.expert_bytes(g, tensors),
-                                     ByteProgress("load: expert cache") if progress else None)
+                                     ByteProgress("load: expert cache") if progress else None, cache_policy)
         except BaseException:
             pool.close()
             raise

@@ -109,6 +109,15 @@ class ExpertPool:
         """Best bytes/s of all workers reading an ``nbytes`` buffer."""
         return self._native.read_bandwidth(nbytes, reps)
 
+    def host_weights(self) -> list[list[np.ndarray]]:
+        """The arrays the native pool's planes point into, per layer: whoever else reads them through the
+        native pool (the expert cache) keeps this list, so that close() cannot free them under it."""
+        return list(self._weights.values())
+
+    def n_expert(self, layer: int) -> int:
+        """Experts registered for `layer`."""
+        return self._n_expert[layer]
+
     def layer_bytes(self, layer: int) -> int:
         """Weight bytes of one expert of ``layer`` (gate + up + down, every plane)."""
         return sum(a.nbytes for a in self._weights[layer]) // self._n_expert[layer]
