@@ -172,3 +172,53 @@ def test_state_snapshots_are_planned_as_copies_of_the_recurrent_state():
     assert two.vram_total - none.vram_total == two.vram["state snapshots"]
     with pytest.raises(strata.InvalidArgument, match="state snapshots must be in 0..64"):
         memory_plan(g, tensors, 4096, KV.INT8, snapshots=65)
+
+
+def test_the_scratch_grows_with_the_context_as_its_parts_say():
+    from strata.runtime.plan import scratch_bytes
+
+    g = released("qwen4exp")
+    n = native_geometry(g)
+    smallest_block = min(r for r, recurrent in zip(n["compress_ratios"], n["recurrent"]) if not recurrent)
+    short, long = 4096, 262144
+    grown = scratch_bytes(g, long) - scratch_bytes(g, short)
+    # per token: the penalty's history (int32), the RoPE cos and sin tables (rope_dim / 2 floats each); per block
+    # of the smallest QSA block size, one float of scores
+    want = (long - short) * (4 + 4 * n["rope_dim"]) + (long - short) // smallest_block * 4
+    assert 0 <= grown - want <= 4 * 256, (grown, want)  # each of the four buffers rounds up to 256 bytes
+    assert memory_plan(g, bench_tensors(g), long).vram["scratch"] == scratch_bytes(g, long)
+    assert scratch_bytes(g, 4000) == scratch_bytes(g, 4096)  # whole KV pages, as the session's arena
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_vocab", [512, 151936, 248320])
+def test_the_sampler_bound_covers_the_device_figure(n_vocab):
+    from strata import _native
+    from strata.runtime.plan import sampler_bound
+
+    assert 0 < _native.sampler_workspace_bytes(n_vocab) <= sampler_bound(n_vocab)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("context", [256, 4096])
+def test_a_session_takes_the_vram_its_plan_says(tmp_path, context):
+    from strata import _native
+    from strata.devices import free_memory
+    from strata.runtime.model import load
+    from strata.runtime.plan import file_tensors
+    from strata.synth import synthesize
+
+    path = tmp_path / "tiny.gguf"
+    synthesize(path, "qwen4exp", seed=3)
+    with load(path, progress=False, expert_cache=0) as model:
+        g = model.info.geometry
+        plan = memory_plan(g, file_tensors(model.file), context, KV.BF16, snapshots=2)
+        need = plan.vram_total - plan.vram["dense weights"]
+        before = free_memory(0)
+        native = _native.DecodeSession(model.weights, model.pool.native, native_geometry(g), context=context,
+                                       kv="bf16", snapshots=2)
+        used = before - free_memory(0)
+        native.close()
+    # Allocations round up to the driver's 2 MiB pages, and the session's streams take a little: 8 MiB of slack.
+    slack = 8 << 20
+    assert used <= need + slack and need <= used + slack, (context, used, need)

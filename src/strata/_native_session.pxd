@@ -131,6 +131,10 @@ cdef extern from "strata/decode_session.hpp" nogil:
         vector[long] expert_hits, expert_misses, expert_copies
         long expert_copy_bytes
 
+    size_t cpp_decode_scratch_bytes "strata::decode_scratch_bytes"(
+        const ModelGeometry& geometry, int context, size_t sampler_bytes) except +raise_strata_error
+    size_t cpp_sampler_workspace_bytes "strata::sampler_workspace_bytes"(int n_vocab) except +raise_strata_error
+
     cdef cppclass CppDecodeSession "strata::DecodeSession":
         CppDecodeSession(const CppDeviceWeights& weights, CppExpertPool& pool, const ModelGeometry& geometry,
                          const DecodeOptions& options, CppExpertCache* cache) except +raise_strata_error

@@ -7,8 +7,8 @@ from libcpp.vector cimport vector
 from libcpp.memory cimport unique_ptr
 
 from strata._native_session cimport (
-    CppReplacementPolicy, DecodeOptions, DecodeStats, ExpertMove, LayoutRegion, PolicyOptions, SamplingValues, SessionLayout, TokenLogprobs, cpp_expert_cache_bytes,
-    cpp_plan_session, kKvPageTokens, kMaxSnapshots,
+    CppReplacementPolicy, DecodeOptions, DecodeStats, ExpertMove, LayoutRegion, PolicyOptions, SamplingValues, SessionLayout, TokenLogprobs, cpp_decode_scratch_bytes,
+    cpp_expert_cache_bytes, cpp_sampler_workspace_bytes, cpp_plan_session, kKvPageTokens, kMaxSnapshots,
 )
 
 KV_PAGE_TOKENS = kKvPageTokens  # tokens per KV page: sessions hold whole pages
@@ -83,6 +83,21 @@ def session_layout(dict geometry, int context, kv, int snapshots=0) -> dict:
     with nogil:
         layout = cpp_plan_session(g, context, storage, snapshots)
     return layout_dict(layout)
+
+
+def decode_scratch_bytes(dict geometry, int context, size_t sampler_bytes) -> int:
+    """Device bytes of a decode session's scratch for `context` tokens beside the sampler's `sampler_bytes`
+    (strata/decode_session.hpp)."""
+    cdef ModelGeometry g = model_geometry(geometry)
+    cdef size_t nbytes
+    with nogil:
+        nbytes = cpp_decode_scratch_bytes(g, context, sampler_bytes)
+    return nbytes
+
+
+def sampler_workspace_bytes(int n_vocab) -> int:
+    """The GPU sampler's workspace for `n_vocab` ids on the current device (CudaError without one)."""
+    return cpp_sampler_workspace_bytes(n_vocab)
 
 
 cdef PolicyOptions policy_options(dict policy) except *:

@@ -3,6 +3,7 @@
 // token id comes back. Three modes give identical tokens (docs/session.md). Host-only header.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,6 +59,15 @@ struct DecodeStats {
   std::vector<long> expert_copies;               // per layer: experts the cache's replacement copied in
   long expert_copy_bytes = 0;
 };
+
+// Device bytes of a decode session's scratch for `context` tokens of KV (rounded up to whole pages, as the
+// session's arena rounds them): its per-token buffers, the RoPE tables and the sampler's `sampler_bytes`
+// (sampler_workspace_bytes). The memory plan counts this; the session allocates exactly this.
+std::size_t decode_scratch_bytes(const ModelGeometry& geometry, int context, std::size_t sampler_bytes);
+
+// The GPU sampler's workspace for a vocabulary of `n_vocab`: its sort's size depends on the device's
+// architecture, so this needs a CUDA device (CudaError without one).
+std::size_t sampler_workspace_bytes(int n_vocab);
 
 class DecodeSession {
  public:

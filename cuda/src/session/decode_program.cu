@@ -64,21 +64,9 @@ kernels::EmbedTable embed_table(const DeviceTensor& t) {
   return table;
 }
 
-}  // namespace
-
-std::size_t DecodeProgram::stage_bytes(const ModelGeometry& g) {
-  return kStagePleOffset + sizeof(float) * std::max(g.ple_n_heads * g.ple_head_dim, 1);
-}
-
-DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& g, const SessionArena& arena,
-                             KvStorage kv_storage, const ProgramIo& io, const ExpertCache* cache)
-    : g_(g),
-      t_(resolve_tensors(weights, g)),
-      embedding_(embed_table(*t_.embedding)),  // refuses a form the gather lacks, before anything is allocated
-      io_(io),
-      cache_(cache),
-      context_(arena.layout().kv_pages * kKvPageTokens),
-      scratch_(0) {
+// The decode scratch of `g` for a context of `context` tokens, carved out of `c` into `s`: the one definition the
+// allocation and the memory plan (DecodeProgram::scratch_bytes) both read. `sample_bytes`: the sampler's.
+void carve_scratch(Carver& c, const ModelGeometry& g, int context, std::size_t sample_bytes, DecodeScratch& s) {
   const int n = g.n_embd, hc = std::max(g.hc_count, 1), width = hc * n;
   const int hv = g.ssm_v_heads, value_dim = hv * g.ssm_head_v_dim;
   const int conv = 2 * g.ssm_k_heads * g.ssm_head_k_dim + value_dim;
@@ -94,82 +82,107 @@ DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& 
     STRATA_EXPECTS(ratio >= 1 && g.indexer_budget >= ratio, InvalidArgument,
                    "layer " + std::to_string(l) + ": QSA block of " + std::to_string(ratio) + " tokens with a budget "
                        "of " + std::to_string(g.indexer_budget) + " tokens; the budget must hold one block or more");
-    max_blocks = std::max(max_blocks, context_ / ratio);
+    max_blocks = std::max(max_blocks, context / ratio);
     keep_blocks = std::max(keep_blocks, g.indexer_budget / ratio);
   }
-  STRATA_CUDA_TRY(kernels::sample_scratch_bytes(g.n_vocab, &sample_scratch_bytes_));
+  const kernels::AttentionShape attention{g.n_head, g.n_head_kv, g.head_dim, g.rope_dim, g.rms_eps};
+  const std::size_t attention_partials =
+      g.attention_layers() > 0 ? kernels::attention_decode_partial_floats(attention) : 0;
+  char* stage = c.take<char>(DecodeProgram::stage_bytes(g));
+  s.stage_ = reinterpret_cast<TokenStage*>(stage);
+  s.ple_rows_ = stage ? reinterpret_cast<float*>(stage + kStagePleOffset) : nullptr;
+  s.q8_.xq = c.take<std::int8_t>(max_cols);
+  s.q8_.dx = c.take<float>(max_cols / 32 + 1);
+  s.q8_.sums = c.take<std::int32_t>(max_cols / 32 + 1);
+  s.seen_ = c.take<int>(context);
+  s.cos_ = c.take<float>(static_cast<std::size_t>(context) * std::max(rope_half, 1));
+  s.sin_ = c.take<float>(static_cast<std::size_t>(context) * std::max(rope_half, 1));
+  s.ones_ = c.take<float>(hc);
+  s.x_ = c.take<float>(n);
+  s.y_ = c.take<float>(n);
+  s.normed_ = c.take<float>(width);
+  s.down_ = c.take<float>(g.hc_rank);
+  s.up_ = c.take<float>(width);
+  s.inject_ = c.take<float>(hc);
+  s.inj_attn_ = c.take<float>(hc);
+  s.inj_ffn_ = c.take<float>(hc);
+  s.qkvz_ = c.take<float>(conv + value_dim);
+  s.beta_ = c.take<float>(2 * hv);
+  s.alpha_ = c.take<float>(hv);
+  s.conv_out_ = c.take<float>(conv);
+  s.core_ = c.take<float>(value_dim);
+  s.qg_ = c.take<float>(2 * heads_dim);
+  s.k_ = c.take<float>(kv_dim);
+  s.v_ = c.take<float>(kv_dim);
+  s.q_ = c.take<float>(heads_dim);
+  s.attn_ = c.take<float>(heads_dim);
+  s.iq_ = c.take<float>(g.indexer_heads * g.indexer_head_dim);
+  s.ik_ = c.take<float>(g.indexer_head_dim);
+  s.scores_ = c.take<float>(max_blocks);
+  s.selected_ = c.take<int>(keep_blocks);
+  s.n_selected_ = c.take<int>(1);
+  s.attention_partials_ = c.take<float>(attention_partials);
+  s.router_logits_ = c.take<float>(g.n_expert);
+  s.route_weights_ = c.take<float>(g.n_expert_used);
+  s.route_ids_ = c.take<int>(g.n_expert_used);
+  const int k = g.n_expert_used, hidden = k * g.expert_ff;
+  s.cache_slots_ = c.take<int>(k);
+  s.ex_gate_ = c.take<float>(hidden);
+  s.ex_up_ = c.take<float>(hidden);
+  s.ex_hidden_ = c.take<float>(hidden);
+  s.ex_rows_ = c.take<float>(static_cast<std::size_t>(k) * n);
+  s.ex_x8_ = {c.take<std::int8_t>(n), c.take<float>(n / 32 + 1), c.take<std::int32_t>(n / 32 + 1)};
+  s.ex_hidden8_ = {c.take<std::int8_t>(hidden), c.take<float>(hidden / 32 + 1), c.take<std::int32_t>(hidden / 32 + 1)};
+  s.sh_g_ = c.take<float>(g.shared_ff);
+  s.sh_u_ = c.take<float>(g.shared_ff);
+  s.sh_h_ = c.take<float>(g.shared_ff);
+  s.shared_ = c.take<float>(n);
+  s.shared_gate_ = c.take<float>(1);
+  s.routed_ = c.take<float>(n);
+  s.ple_key_ = c.take<float>(width);
+  s.ple_value_ = c.take<float>(n);
+  s.ple_out_ = c.take<float>(width);
+  s.logits_ = c.take<float>(g.n_vocab);
+  s.logprobs_ = c.take<kernels::Logprobs>(1);
+  s.sample_scratch_bytes_ = sample_bytes;
+  s.sample_scratch_ = c.take<char>(sample_bytes);
+}
+
+}  // namespace
+
+std::size_t DecodeProgram::stage_bytes(const ModelGeometry& g) {
+  return kStagePleOffset + sizeof(float) * std::max(g.ple_n_heads * g.ple_head_dim, 1);
+}
+
+std::size_t DecodeProgram::scratch_bytes(const ModelGeometry& g, int context, std::size_t sampler_bytes) {
+  DecodeScratch s;
+  Carver sizing(nullptr);
+  carve_scratch(sizing, g, context, sampler_bytes, s);
+  return sizing.used();
+}
+
+DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& g, const SessionArena& arena,
+                             KvStorage kv_storage, const ProgramIo& io, const ExpertCache* cache)
+    : g_(g),
+      t_(resolve_tensors(weights, g)),
+      embedding_(embed_table(*t_.embedding)),  // refuses a form the gather lacks, before anything is allocated
+      io_(io),
+      cache_(cache),
+      context_(arena.layout().kv_pages * kKvPageTokens),
+      scratch_(0) {
+  std::size_t sample_bytes = 0;
+  STRATA_CUDA_TRY(kernels::sample_scratch_bytes(g.n_vocab, &sample_bytes));
   attention_ = {g.n_head, g.n_head_kv, g.head_dim, g.rope_dim, g.rms_eps};
-  const bool has_attention = g.attention_layers() > 0;
-  STRATA_EXPECTS(!has_attention || kernels::attention_decode_fits(attention_), InvalidArgument,
+  STRATA_EXPECTS(g.attention_layers() == 0 || kernels::attention_decode_fits(attention_), InvalidArgument,
                  "attention: " + std::to_string(g.n_head / std::max(g.n_head_kv, 1)) + " query heads per KV head of " +
                      std::to_string(g.head_dim) + " dims exceed the decode kernel's shared memory and registers");
-  const std::size_t attention_partials = has_attention ? kernels::attention_decode_partial_floats(attention_) : 0;
-
-  auto carve = [&](Carver& c) {
-    char* stage = c.take<char>(stage_bytes(g));
-    stage_ = reinterpret_cast<TokenStage*>(stage);
-    ple_rows_ = stage ? reinterpret_cast<float*>(stage + kStagePleOffset) : nullptr;
-    q8_.xq = c.take<std::int8_t>(max_cols);
-    q8_.dx = c.take<float>(max_cols / 32 + 1);
-    q8_.sums = c.take<std::int32_t>(max_cols / 32 + 1);
-    seen_ = c.take<int>(context_);
-    cos_ = c.take<float>(static_cast<std::size_t>(context_) * std::max(rope_half, 1));
-    sin_ = c.take<float>(static_cast<std::size_t>(context_) * std::max(rope_half, 1));
-    ones_ = c.take<float>(hc);
-    x_ = c.take<float>(n);
-    y_ = c.take<float>(n);
-    normed_ = c.take<float>(width);
-    down_ = c.take<float>(g.hc_rank);
-    up_ = c.take<float>(width);
-    inject_ = c.take<float>(hc);
-    inj_attn_ = c.take<float>(hc);
-    inj_ffn_ = c.take<float>(hc);
-    qkvz_ = c.take<float>(conv + value_dim);
-    beta_ = c.take<float>(2 * hv);
-    alpha_ = c.take<float>(hv);
-    conv_out_ = c.take<float>(conv);
-    core_ = c.take<float>(value_dim);
-    qg_ = c.take<float>(2 * heads_dim);
-    k_ = c.take<float>(kv_dim);
-    v_ = c.take<float>(kv_dim);
-    q_ = c.take<float>(heads_dim);
-    attn_ = c.take<float>(heads_dim);
-    iq_ = c.take<float>(g.indexer_heads * g.indexer_head_dim);
-    ik_ = c.take<float>(g.indexer_head_dim);
-    scores_ = c.take<float>(max_blocks);
-    selected_ = c.take<int>(keep_blocks);
-    n_selected_ = c.take<int>(1);
-    attention_partials_ = c.take<float>(attention_partials);
-    router_logits_ = c.take<float>(g.n_expert);
-    route_weights_ = c.take<float>(g.n_expert_used);
-    route_ids_ = c.take<int>(g.n_expert_used);
-    const int k = g.n_expert_used, hidden = k * g.expert_ff;
-    cache_slots_ = c.take<int>(k);
-    ex_gate_ = c.take<float>(hidden);
-    ex_up_ = c.take<float>(hidden);
-    ex_hidden_ = c.take<float>(hidden);
-    ex_rows_ = c.take<float>(static_cast<std::size_t>(k) * n);
-    ex_x8_ = {c.take<std::int8_t>(n), c.take<float>(n / 32 + 1), c.take<std::int32_t>(n / 32 + 1)};
-    ex_hidden8_ = {c.take<std::int8_t>(hidden), c.take<float>(hidden / 32 + 1), c.take<std::int32_t>(hidden / 32 + 1)};
-    sh_g_ = c.take<float>(g.shared_ff);
-    sh_u_ = c.take<float>(g.shared_ff);
-    sh_h_ = c.take<float>(g.shared_ff);
-    shared_ = c.take<float>(n);
-    shared_gate_ = c.take<float>(1);
-    routed_ = c.take<float>(n);
-    ple_key_ = c.take<float>(width);
-    ple_value_ = c.take<float>(n);
-    ple_out_ = c.take<float>(width);
-    logits_ = c.take<float>(g.n_vocab);
-    logprobs_ = c.take<kernels::Logprobs>(1);
-    sample_scratch_ = c.take<char>(sample_scratch_bytes_);
-  };
   Carver sizing(nullptr);
-  carve(sizing);
+  carve_scratch(sizing, g, context_, sample_bytes, *this);
   require_free_memory(sizing.used(), weights.device(), "the decode scratch would", "a shorter context needs less");
   scratch_ = DeviceBuffer(sizing.used());
   Carver real(scratch_.as<char>());
-  carve(real);
+  carve_scratch(real, g, context_, sample_bytes, *this);
+  const int hc = std::max(g.hc_count, 1), rope_half = g.rope_dim / 2, kv_dim = g.n_head_kv * g.head_dim;
 
   // Constants: the RoPE tables (float64 on the host) and the unit injection weights of one-stream writes.
   if (rope_half > 0) {

@@ -42,7 +42,36 @@ struct ProgramIo {
   int* sampled = nullptr;            // mapped: the sampled token id
 };
 
-class DecodeProgram final : public TokenProgram {
+// The per-token buffers of the decode program, carved out of one allocation (decode_program.cu,
+// carve_scratch): a struct of its own so that the memory plan can size them without a program.
+struct DecodeScratch {
+  Q8Scratch q8_;
+  TokenStage* stage_ = nullptr;  // device copy
+  float* ple_rows_ = nullptr;
+  int* seen_ = nullptr;          // [context] every token fed, for the repetition penalty
+  float *cos_ = nullptr, *sin_ = nullptr, *ones_ = nullptr;
+  float *x_ = nullptr, *y_ = nullptr, *normed_ = nullptr, *down_ = nullptr, *up_ = nullptr, *inject_ = nullptr;
+  float *inj_attn_ = nullptr, *inj_ffn_ = nullptr;
+  float *qkvz_ = nullptr, *beta_ = nullptr, *alpha_ = nullptr, *conv_out_ = nullptr, *core_ = nullptr;
+  float *qg_ = nullptr, *k_ = nullptr, *v_ = nullptr, *q_ = nullptr, *attn_ = nullptr, *iq_ = nullptr, *ik_ = nullptr;
+  float* scores_ = nullptr;
+  int *selected_ = nullptr, *n_selected_ = nullptr;
+  float* attention_partials_ = nullptr;  // attention_decode's per-span partials
+  float *router_logits_ = nullptr, *route_weights_ = nullptr, *sh_g_ = nullptr, *sh_u_ = nullptr, *sh_h_ = nullptr;
+  float *shared_ = nullptr, *shared_gate_ = nullptr, *routed_ = nullptr;
+  int* route_ids_ = nullptr;
+  // The cached experts: each routed slot's cache slot (-1: the pool's), gate, up, hidden and down rows [k][...].
+  int* cache_slots_ = nullptr;
+  float *ex_gate_ = nullptr, *ex_up_ = nullptr, *ex_hidden_ = nullptr, *ex_rows_ = nullptr;
+  Q8Scratch ex_x8_, ex_hidden8_;
+  float *ple_key_ = nullptr, *ple_value_ = nullptr, *ple_out_ = nullptr;
+  float* logits_ = nullptr;
+  kernels::Logprobs* logprobs_ = nullptr;
+  void* sample_scratch_ = nullptr;
+  std::size_t sample_scratch_bytes_ = 0;
+};
+
+class DecodeProgram final : public TokenProgram, private DecodeScratch {
  public:
   // Resolves the tensors and allocates the scratch; the arena holds the sequence state. `cache` (may be null:
   // every routed expert is the pool's) must outlive the program.
@@ -54,6 +83,11 @@ class DecodeProgram final : public TokenProgram {
 
   // Bytes of the pinned staging block the host writes before each token (ProgramIo::host_stage).
   static std::size_t stage_bytes(const ModelGeometry& g);
+
+  // Bytes of the device scratch a program of `context` tokens (whole KV pages) allocates beside the sampler's
+  // `sampler_bytes`: what the memory plan counts. Depends on the context (RoPE tables, the penalty's history,
+  // QSA block scores).
+  static std::size_t scratch_bytes(const ModelGeometry& g, int context, std::size_t sampler_bytes);
 
   int layers() const override { return g_.n_layer; }
   void begin(cudaStream_t s) const override;
@@ -92,30 +126,6 @@ class DecodeProgram final : public TokenProgram {
 
   DeviceBuffer scratch_;
   Branches branches_;
-  Q8Scratch q8_;
-  TokenStage* stage_ = nullptr;  // device copy
-  float* ple_rows_ = nullptr;
-  int* seen_ = nullptr;          // [context] every token fed, for the repetition penalty
-  float *cos_ = nullptr, *sin_ = nullptr, *ones_ = nullptr;
-  float *x_ = nullptr, *y_ = nullptr, *normed_ = nullptr, *down_ = nullptr, *up_ = nullptr, *inject_ = nullptr;
-  float *inj_attn_ = nullptr, *inj_ffn_ = nullptr;
-  float *qkvz_ = nullptr, *beta_ = nullptr, *alpha_ = nullptr, *conv_out_ = nullptr, *core_ = nullptr;
-  float *qg_ = nullptr, *k_ = nullptr, *v_ = nullptr, *q_ = nullptr, *attn_ = nullptr, *iq_ = nullptr, *ik_ = nullptr;
-  float* scores_ = nullptr;
-  int *selected_ = nullptr, *n_selected_ = nullptr;
-  float* attention_partials_ = nullptr;  // attention_decode's per-span partials
-  float *router_logits_ = nullptr, *route_weights_ = nullptr, *sh_g_ = nullptr, *sh_u_ = nullptr, *sh_h_ = nullptr;
-  float *shared_ = nullptr, *shared_gate_ = nullptr, *routed_ = nullptr;
-  int* route_ids_ = nullptr;
-  // The cached experts: each routed slot's cache slot (-1: the pool's), gate, up, hidden and down rows [k][...].
-  int* cache_slots_ = nullptr;
-  float *ex_gate_ = nullptr, *ex_up_ = nullptr, *ex_hidden_ = nullptr, *ex_rows_ = nullptr;
-  Q8Scratch ex_x8_, ex_hidden8_;
-  float *ple_key_ = nullptr, *ple_value_ = nullptr, *ple_out_ = nullptr;
-  float* logits_ = nullptr;
-  kernels::Logprobs* logprobs_ = nullptr;
-  void* sample_scratch_ = nullptr;
-  std::size_t sample_scratch_bytes_ = 0;
 };
 
 }  // namespace strata

@@ -11,6 +11,7 @@
 #include "../runtime/device_buffer.hpp"
 #include "../runtime/pinned_memory.hpp"
 #include "../runtime/stream.hpp"
+#include "../kernels/sample.cuh"
 #include "decode_program.hpp"
 #include "doorbell_host.hpp"
 #include "ring_answerer.hpp"
@@ -222,6 +223,19 @@ struct DecodeSession::Impl {
   ExchangeStats exchange;
   std::vector<int> snapshot_position = std::vector<int>(options.snapshots, -1);  // per slot; -1: empty
 };
+
+std::size_t decode_scratch_bytes(const ModelGeometry& geometry, int context, std::size_t sampler_bytes) {
+  check_geometry(geometry);
+  STRATA_EXPECTS(context >= 1, InvalidArgument, "context must be >= 1 token, got " + std::to_string(context));
+  const int pages = (context + kKvPageTokens - 1) / kKvPageTokens;
+  return DecodeProgram::scratch_bytes(geometry, pages * kKvPageTokens, sampler_bytes);
+}
+
+std::size_t sampler_workspace_bytes(int n_vocab) {
+  std::size_t bytes = 0;
+  STRATA_CUDA_TRY(kernels::sample_scratch_bytes(n_vocab, &bytes));
+  return bytes;
+}
 
 DecodeSession::DecodeSession(const DeviceWeights& weights, cpu::ExpertPool& pool, const ModelGeometry& geometry,
                              const DecodeOptions& options, ExpertCache* cache) {

@@ -104,10 +104,30 @@ def session_state_bytes(g: Geometry, context: int, kv: KV, snapshots: int = DEFA
     return state
 
 
-def scratch_bytes(g: Geometry) -> int:
-    """Activations of one token: the widest projection outputs, streams, logits, twice over for safety."""
-    widest = max(g.n_head * g.head_dim * 2, g.ssm_conv_dim, g.hc_width or g.n_embd, g.n_expert)
-    return 2 * FLOAT32 * (16 * widest + g.n_vocab)
+SORT_KEY = 8  # bytes of the GPU sampler's sort keys (cuda/src/kernels/sample.cu)
+
+
+def sampler_bound(n_vocab: int) -> int:
+    """The GPU sampler's workspace where no device can be asked (its radix sort's size is the device's): its
+    two key arrays, the sort's alternate keys and 256 KiB for its histograms and tile states (tests/test_plan.py
+    checks it against the device's figure)."""
+    return 3 * SORT_KEY * n_vocab + (256 << 10)
+
+
+def sampler_bytes(n_vocab: int) -> int:
+    """The GPU sampler's workspace: the current device's figure, else sampler_bound."""
+    from strata import _native
+    from strata.devices import device_count
+
+    return _native.sampler_workspace_bytes(n_vocab) if device_count() > 0 else sampler_bound(n_vocab)
+
+
+def scratch_bytes(g: Geometry, context: int) -> int:
+    """The decode session's device scratch for `context` tokens, as the native session sizes it: per-token
+    buffers, RoPE tables, the penalty's history, QSA block scores and the sampler's workspace."""
+    from strata import _native
+
+    return _native.decode_scratch_bytes(native_geometry(g), context, sampler_bytes(g.n_vocab))
 
 
 def pinned_bytes(g: Geometry) -> int:
@@ -127,7 +147,7 @@ def memory_plan(g: Geometry, tensors: Tensors, context: int, kv: KV | str = KV.I
     dense = parts[Role.DENSE] + parts[Role.ELEMENTWISE] + parts[Role.ROW_GATHERED]
     cache = {"expert cache": expert_cache} if expert_cache else {}
     vram = {"dense weights": dense, **cache, **session_state_bytes(g, context, kv, snapshots),
-            "scratch": scratch_bytes(g)}
+            "scratch": scratch_bytes(g, context)}
     host = {"routed experts": parts[Role.ROUTED_EXPERT], "pinned buffers": pinned_bytes(g)}
     table = parts[Role.NGRAM_TABLE]
     return MemoryPlan(vram=vram, host=host, mapped={"n-gram table": table} if table else {})
