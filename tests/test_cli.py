@@ -64,6 +64,7 @@ def test_info_says_where_each_part_runs_and_what_its_form_costs(tmp_path, capsys
     assert "routed experts (host RAM)" in experts and "4.50 ->  4.62" in experts and "widened" not in experts
     dense = row("GPU", "Q6_K", "q6_k")   # 6-bit codes held as bytes (docs/forms.md)
     assert "dense layers (VRAM)" in dense and "6.56 ->  8.56" in dense and "widened x1.30" in dense
+    assert any("VRAM expert cache run on the GPU" in line for line in lines)
 
 
 def test_info_on_a_bad_file_is_one_line_not_a_traceback(tmp_path, capsys):

@@ -138,4 +138,6 @@ def placement_lines(model: ModelFile) -> list[str]:
         note = f"  widened x{e.held_bytes / e.file_bytes:.2f}" if e.held_bytes > WIDENED * e.file_bytes else ""
         lines.append(f"  {part:<42} {where:<8} {type_name:<8} {form:<9} {e.count:>7}  {file_bpw:5.2f} -> "
                      f"{held_bpw:5.2f} {_size(e.held_bytes):>10}{note}")
+    lines.append("  routed experts in the VRAM expert cache run on the GPU, in the same forms: as many as "
+                 "--expert-cache holds (auto: the GPU's spare memory; docs/expert_cache.md)")
     return lines
