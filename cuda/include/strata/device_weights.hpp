@@ -36,6 +36,18 @@ struct DeviceTensor {
   std::int64_t cols = 0;
 };
 
+// Every plane in VRAM starts on a 256-byte boundary (vector loads, TMA): the bytes a plane of `bytes` takes.
+constexpr std::size_t kPlaneAlign = 256;
+constexpr std::size_t plane_aligned(std::size_t bytes) noexcept {
+  return (bytes + kPlaneAlign - 1) / kPlaneAlign * kPlaneAlign;
+}
+
+// A tensor in VRAM whose planes were placed at `planes`, in HostTensor's order (codes or the float data, d,
+// sub_scales, mins, sub_mins; nullptr for a plane the form lacks), and plane i of it in that order.
+DeviceTensor placed_tensor(bool is_float, FloatKind float_kind, const QuantForm& form, std::int64_t rows,
+                           std::int64_t cols, const void* const planes[5]);
+const void* plane_of(const DeviceTensor& t, int i);
+
 class DeviceWeights {
  public:
   // Validates every tensor's plane sizes against its form and shape (InvalidArgument naming the tensor),

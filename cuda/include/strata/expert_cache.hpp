@@ -46,9 +46,8 @@ class ExpertCache {
   // layer's slots in order; slots after them hold nothing. Blocking; no session of the model may be stepping.
   void hold(int layer, const std::vector<int>& experts);
 
-  // The host loop's report of one token's routed ids in `layer` (a layer that rings); returns how many the
-  // cache holds. Replacement learns from it.
-  int note_routed(int layer, const std::int32_t* ids, int k);
+  // The host loop's report of one token's routed ids in `layer` (a layer that rings): replacement learns from it.
+  void note_routed(int layer, const std::int32_t* ids, int k);
 
   // Between two tokens of any session of the model (none running): the copies begun before the previous
   // token enter the map, the policy's new ones begin (their slots leave the map), and the changed maps are

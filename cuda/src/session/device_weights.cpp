@@ -9,10 +9,8 @@
 namespace strata {
 namespace {
 
-constexpr std::size_t kAlign = 256;  // every plane starts on a 256-byte boundary (vector loads, TMA)
 constexpr const char* kPlaneNames[5] = {"codes", "d", "sub_scales", "mins", "sub_mins"};
 
-std::size_t aligned(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 // What each plane of `t` must hold, from its form and shape alone.
 void expected_bytes(const HostTensor& t, std::size_t out[5]) {
@@ -51,12 +49,32 @@ void validate(const HostTensor& t) {
 
 }  // namespace
 
+DeviceTensor placed_tensor(bool is_float, FloatKind float_kind, const QuantForm& form, std::int64_t rows,
+                           std::int64_t cols, const void* const planes[5]) {
+  DeviceTensor d;
+  d.is_float = is_float;
+  d.float_kind = float_kind;
+  d.form = form;
+  d.rows = rows;
+  d.cols = cols;
+  d.data = planes[0];
+  d.planes = QuantPlanes{static_cast<const std::uint8_t*>(planes[0]), planes[1],
+                         static_cast<const std::int8_t*>(planes[2]), static_cast<const std::uint16_t*>(planes[3]),
+                         static_cast<const std::uint8_t*>(planes[4])};
+  return d;
+}
+
+const void* plane_of(const DeviceTensor& t, int i) {
+  const void* all[5] = {t.planes.codes, t.planes.d, t.planes.sub_scales, t.planes.mins, t.planes.sub_mins};
+  return all[i];
+}
+
 DeviceWeights::DeviceWeights(int device, const std::vector<HostTensor>& tensors) : device_(device) {
   for (const HostTensor& t : tensors) {
     validate(t);
     STRATA_EXPECTS(!tensors_.count(t.name), InvalidArgument, "tensor " + t.name + " given twice");
     tensors_.emplace(t.name, DeviceTensor{});
-    for (std::size_t b : t.plane_bytes) bytes_ += aligned(b);
+    for (std::size_t b : t.plane_bytes) bytes_ += plane_aligned(b);
   }
   require_device(device);
   DeviceScope scope(device);
@@ -70,18 +88,9 @@ DeviceWeights::DeviceWeights(int device, const std::vector<HostTensor>& tensors)
         if (t.plane_bytes[i] == 0) continue;
         STRATA_CUDA_TRY(cudaMemcpy(cursor, t.planes[i], t.plane_bytes[i], cudaMemcpyHostToDevice));
         placed[i] = cursor;
-        cursor += aligned(t.plane_bytes[i]);
+        cursor += plane_aligned(t.plane_bytes[i]);
       }
-      DeviceTensor& d = tensors_.at(t.name);
-      d.is_float = t.is_float;
-      d.float_kind = t.float_kind;
-      d.form = t.form;
-      d.rows = t.rows;
-      d.cols = t.cols;
-      d.data = placed[0];
-      d.planes = QuantPlanes{static_cast<const std::uint8_t*>(placed[0]), placed[1],
-                             static_cast<const std::int8_t*>(placed[2]), static_cast<const std::uint16_t*>(placed[3]),
-                             static_cast<const std::uint8_t*>(placed[4])};
+      tensors_.at(t.name) = placed_tensor(t.is_float, t.float_kind, t.form, t.rows, t.cols, placed);
     }
   } catch (...) {
     (void)cudaFree(arena_);

@@ -17,9 +17,6 @@
 namespace strata {
 namespace {
 
-constexpr std::size_t kAlign = 256;  // as the dense weights: every plane starts on a 256-byte boundary
-
-std::size_t aligned(std::size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 std::string str(long long v) { return std::to_string(v); }
 
 const cpu::Plane* planes_of(const cpu::ExpertMatrix& m, int i) {
@@ -41,10 +38,10 @@ std::pair<std::uintptr_t, std::uintptr_t> locked_pages(const cpu::Plane& p) {
 
 // Bytes a layer of `slots` slots takes: the map, then every plane of gate, up and down for all slots.
 std::size_t layer_bytes(const cpu::LayerMatrices& l, int slots) {
-  std::size_t bytes = aligned(sizeof(int) * l.gate.n_expert);
+  std::size_t bytes = plane_aligned(sizeof(int) * l.gate.n_expert);
   for (const cpu::ExpertMatrix* m : {&l.gate, &l.up, &l.down}) {
     for (int i = 0; i < 5; ++i) {
-      if (const std::size_t b = expert_plane_bytes(*m, i)) bytes += aligned(b * slots);
+      if (const std::size_t b = expert_plane_bytes(*m, i)) bytes += plane_aligned(b * slots);
     }
   }
   return bytes;
@@ -119,12 +116,10 @@ struct ExpertCache::Impl {
     const cpu::ExpertMatrix* host[3] = {&l.host.gate, &l.host.up, &l.host.down};
     const DeviceTensor* dev[3] = {&l.device.gate, &l.device.up, &l.device.down};
     for (int m = 0; m < 3; ++m) {
-      const void* dst[5] = {dev[m]->planes.codes, dev[m]->planes.d, dev[m]->planes.sub_scales, dev[m]->planes.mins,
-                            dev[m]->planes.sub_mins};
       for (int i = 0; i < 5; ++i) {
         const std::size_t b = expert_plane_bytes(*host[m], i);
         if (b == 0) continue;
-        char* to = static_cast<char*>(const_cast<void*>(dst[i])) + b * slot;
+        char* to = static_cast<char*>(const_cast<void*>(plane_of(*dev[m], i))) + b * slot;
         const cpu::Plane& plane = *planes_of(*host[m], i);
         const auto from = reinterpret_cast<std::uintptr_t>(plane.data) + b * first, end = from + b * count;
         // A copy may not straddle locked and unlocked pages (the runtime refuses it): cut at the locked
@@ -198,7 +193,7 @@ ExpertCache::ExpertCache(int device, const cpu::ExpertPool& pool, const std::vec
   char* cursor = static_cast<char*>(c.arena);
   auto take = [&cursor](std::size_t b) {
     char* at = cursor;
-    cursor += aligned(b);
+    cursor += plane_aligned(b);
     return at;
   };
   for (int l = 0; l < static_cast<int>(slots.size()); ++l) {
@@ -220,16 +215,8 @@ ExpertCache::ExpertCache(int device, const cpu::ExpertPool& pool, const std::vec
       for (int i = 0; i < 5; ++i) {
         if (const std::size_t b = expert_plane_bytes(*host[m], i)) placed[i] = take(b * slots[l]);
       }
-      DeviceTensor& d = *dev[m];
-      d.is_float = host[m]->is_float;
-      d.float_kind = host[m]->float_kind;
-      d.form = host[m]->form;
-      d.rows = host[m]->rows;
-      d.cols = host[m]->cols;
-      d.data = placed[0];
-      d.planes = QuantPlanes{static_cast<const std::uint8_t*>(placed[0]), placed[1],
-                             static_cast<const std::int8_t*>(placed[2]), static_cast<const std::uint16_t*>(placed[3]),
-                             static_cast<const std::uint8_t*>(placed[4])};
+      *dev[m] = placed_tensor(host[m]->is_float, host[m]->float_kind, host[m]->form, host[m]->rows, host[m]->cols,
+                              placed);
     }
     if (policy.replace && slots[l] < n_expert) replaced.push_back(&layer.host);
   }
@@ -272,9 +259,8 @@ void ExpertCache::hold(int layer, const std::vector<int>& experts) {
   l.whole = static_cast<int>(experts.size()) == n_expert;
 }
 
-int ExpertCache::note_routed(int layer, const std::int32_t* ids, int k) {
-  if (layer < 0 || layer >= layers() || impl_->layers[layer].device.slots == 0) return 0;
-  return impl_->policy.note(layer, ids, k);
+void ExpertCache::note_routed(int layer, const std::int32_t* ids, int k) {
+  if (layer >= 0 && layer < layers() && impl_->layers[layer].device.slots > 0) impl_->policy.note(layer, ids, k);
 }
 
 std::vector<ExpertMove> ExpertCache::between_tokens(CUstream_st* token_stream) {
