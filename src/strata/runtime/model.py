@@ -117,18 +117,19 @@ def vram_free(device: int, vram_limit: int | None, placed: int) -> int:
     return free if vram_limit is None else min(free, vram_limit - placed)
 
 
-def cache_budget(file: ModelFile, budget: cache_plan.Budget, device: int, vram_limit: int | None,
-                 dense: int) -> int:
-    """Bytes for the expert cache once the dense weights (`dense` bytes) are in VRAM: "auto" leaves room for the
-    default session and a reserve; an explicit budget must leave room for the smallest session."""
+def cache_budget(file: ModelFile, info: ModelInfo, budget: cache_plan.Budget, device: int,
+                 vram_limit: int | None) -> int:
+    """Bytes for the expert cache once the dense weights are in VRAM: "auto" leaves room for the default session
+    and a reserve; an explicit budget must leave room for the smallest session (info.plan's)."""
     g, tensors = file.geometry, file_tensors(file)
+    dense = info.plan.vram["dense weights"]
     asked = cache_plan.parse_budget(budget)
     free = vram_free(device, vram_limit, dense)
     everything = cache_plan.cache_bytes(g, tensors, [g.n_expert] * g.n_layer)
     if asked is None:
         session = memory_plan(g, tensors, session_context(None, g.context_length), KV.INT8).vram_total - dense
         return max(0, min(everything, free - session - cache_plan.RESERVE_BYTES))
-    smallest = memory_plan(g, tensors, kv_page_tokens(), KV.INT8).vram_total - dense
+    smallest = info.plan.vram_total - dense
     asked = min(asked, everything)
     if asked > free - smallest:
         raise OutOfMemory(f"expert_cache of {asked / GIB:.2f} GiB does not fit: GPU {device} has {free / GIB:.2f} GiB "
@@ -168,7 +169,7 @@ def load(path: str | os.PathLike[str], *, device: int = 0, threads: int | None =
         pool = ExpertPool(g.n_embd, g.expert_ff, g.n_expert_used, threads=threads, pin_caller=False)
         try:
             load_experts(file, pool, ByteProgress("load: routed experts") if progress else None)
-            budget = cache_budget(file, expert_cache, device, limit, info.plan.vram["dense weights"])
+            budget = cache_budget(file, info, expert_cache, device, limit)
             slots = cache_plan.slots_for(g, tensors, budget)
             if progress:
                 print(f"load: {cache_plan.describe(g, tensors, slots)}, policy {cache_policy}", file=sys.stderr)
