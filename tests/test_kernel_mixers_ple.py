@@ -1,4 +1,5 @@
-"""The PLE block's device half (norms, signed-sqrt gate, dilated conv + history) vs strata.reference.ple."""
+"""The PLE block's device half (norms, signed-sqrt gate, dilated conv + history) vs strata.reference.ple, and the
+chunk kernel (all of a prompt chunk's tokens in one call) against the decode kernel run once per token."""
 
 import numpy as np
 import pytest
@@ -42,6 +43,62 @@ def test_ple_steps_match_reference(rng):
     history = rng.standard_normal((dilation * (kernel - 1), hc * n), dtype=f)
     got, got_history = _native_check.ple_steps(streams, key, value, *norms, conv_weight, history, dilation=dilation,
                                                eps=EPS)
+    want, want_history = reference_steps(streams, key, value, *norms, conv_weight, history, dilation)
+    assert np.all(np.isfinite(got))
+    for t in range(steps):
+        err = np.max(np.abs(got[t] - want[t])) / np.max(np.abs(want[t]))
+        assert err < RTOL, f"step {t}: relative error {err:.2e}"
+    err = np.max(np.abs(got_history - want_history)) / np.max(np.abs(want_history))
+    assert err < RTOL, f"history relative error {err:.2e}"
+
+
+def ple_case(steps: int, hc: int, n: int, dilation: int, kernel: int, rng: np.random.Generator, fresh: bool):
+    """Random inputs of `steps` tokens; the history is that of a sequence's first token (zeros) when `fresh`."""
+    f = np.float32
+    streams = (rng.standard_normal((steps, hc, n)) * rng.uniform(0.5, 4, (steps, hc, 1))).astype(f)
+    key = rng.standard_normal((steps, hc * n), dtype=f)
+    value = (rng.standard_normal((steps, n)) * rng.uniform(0.5, 4, (steps, 1))).astype(f)
+    norms = [rng.uniform(0.5, 1.5, hc * n).astype(f) for _ in range(3)]
+    conv_weight = rng.standard_normal((hc * n, kernel), dtype=f) * 0.5
+    rows = dilation * (kernel - 1)
+    history = np.zeros((rows, hc * n), f) if fresh else rng.standard_normal((rows, hc * n), dtype=f)
+    return streams, key, value, norms, conv_weight, history
+
+
+# (steps, hc, n, dilation, K): qwen4exp's shape (history 9) for one token, fewer tokens than the history, as
+# many, no multiple of anything and a few hundred; a width no multiple of the 256 threads; K = 8 (the most)
+# with dilation 1; one stream.
+CHUNKS = [(1, 4, 2560, 3, 4), (2, 4, 2560, 3, 4), (9, 4, 2560, 3, 4), (37, 4, 2560, 3, 4), (300, 4, 2560, 3, 4),
+          (21, 4, 100, 3, 4), (40, 2, 300, 1, 8), (13, 1, 33, 2, 2)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("steps", "hc", "n", "dilation", "kernel"), CHUNKS)
+@pytest.mark.parametrize("fresh", [True, False], ids=["first-token", "mid-sequence"])
+def test_ple_chunk_is_ple_step_per_token(rng, steps, hc, n, dilation, kernel, fresh):
+    from strata import _native_check
+
+    streams, key, value, norms, conv_weight, history = ple_case(steps, hc, n, dilation, kernel, rng, fresh)
+    args = (streams, key, value, *norms, conv_weight, history)
+    got, got_history = _native_check.ple_steps(*args, dilation=dilation, eps=EPS, chunk=True)
+    want, want_history = _native_check.ple_steps(*args, dilation=dilation, eps=EPS)
+    assert np.all(np.isfinite(got)) and np.all(np.isfinite(got_history)), "non-finite chunk output or history"
+    # The chunk recomputes each earlier token's gate with ple_step's own code and sums the taps in its order.
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (
+        f"addends: {np.count_nonzero(got.view(np.uint32) != want.view(np.uint32))} elements differ")
+    assert np.array_equal(got_history.view(np.uint32), want_history.view(np.uint32)), (
+        f"history: {np.count_nonzero(got_history.view(np.uint32) != want_history.view(np.uint32))} elements differ")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fresh", [True, False], ids=["first-token", "mid-sequence"])
+def test_ple_chunk_matches_reference(rng, fresh):
+    from strata import _native_check
+
+    steps, hc, n, dilation, kernel = 37, 4, 2560, 3, 4
+    streams, key, value, norms, conv_weight, history = ple_case(steps, hc, n, dilation, kernel, rng, fresh)
+    got, got_history = _native_check.ple_steps(streams, key, value, *norms, conv_weight, history,
+                                               dilation=dilation, eps=EPS, chunk=True)
     want, want_history = reference_steps(streams, key, value, *norms, conv_weight, history, dilation)
     assert np.all(np.isfinite(got))
     for t in range(steps):
