@@ -1,6 +1,7 @@
 """The hyper-connection mixer on the GPU (docs/models/qwen4exp.md §3(a)): the read chained from the
 grouped RMSNorm, q8_32, GEMV and hc kernels, stage by stage and whole against strata.reference.hc.hc_read with
-activation_quant weights, and the write-back against hc_write."""
+activation_quant weights; the mix alone and the write-back against hc_write, over rows of tokens in one launch
+(each row the same bits as a launch for that token alone, the decode step's rows = 1)."""
 
 import numpy as np
 import pytest
@@ -120,17 +121,72 @@ def test_hc_read_without_inject_is_the_final_mixer(rng):
     assert np.array_equal(final["x"], with_inject["x"]), "the inject GEMV must not change x"
 
 
+ROWS = [1, 3, 67, 300]  # one token, a few, no multiple of a block or warp, a few hundred
+
+
+def assert_same_bits(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    assert got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32)), (
+        f"{what}: {np.count_nonzero(got.view(np.uint32) != want.view(np.uint32))} elements differ")
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize(("streams", "n"), [(4, 2560), (2, 100), (1, 33)])
-def test_hc_write(rng, streams, n):
-    h = (rng.standard_normal((streams, n)) * 3).astype(np.float32)
-    inj = rng.uniform(0.0, 2.0, streams).astype(np.float32)
-    y = rng.standard_normal(n).astype(np.float32)
-    got = _native_check.hc_write(h, inj, y)
-    want = hc_write(h[None], inj[None], y[None])[0]
+@pytest.mark.parametrize("rows", ROWS)
+def test_hc_mix_rows(rng, rows):
+    up = (rng.standard_normal((rows, HC, N)) * 2).astype(np.float32)
+    normed = (rng.standard_normal((rows, HC, N)) * rng.uniform(0.1, 10, (rows, HC, 1))).astype(np.float32)
+    got = _native_check.hc_mix(up, normed)
+    terms = sigmoid(up) * normed
+    assert np.all(np.isfinite(got)), "non-finite block input"
+    # In units of 2^-24 (a rounding): the sigmoid is within 6 of itself (expf's 2 ulp = 4, 1 + e and the
+    # division 1 each), each of the HC fmas rounds a partial sum bounded by sum |terms|, and the division by HC
+    # rounds once more: (HC + 7) of sum |terms| / HC, first order; HC + 8 covers the rest.
+    bound = (HC + 8) * 2.0**-24 * np.abs(terms).sum(axis=1) / HC
+    err = np.abs(got - terms.mean(axis=1))
+    assert np.all(err <= bound), f"max error {err.max():.2e} (bound there {bound.flat[err.argmax()]:.2e})"
+    each = np.concatenate([_native_check.hc_mix(up[r:r + 1], normed[r:r + 1]) for r in range(rows)])
+    assert_same_bits(got, each, "the rows' mix vs one row at a time")
+
+
+def assert_written(got: np.ndarray, h: np.ndarray, inj: np.ndarray, y: np.ndarray) -> None:
+    want = hc_write(h, inj, y)
     assert np.all(np.isfinite(got)), "non-finite streams"
     # One fused multiply-add vs float64 then float32: equal up to a double rounding (one ulp).
     assert np.all(np.abs(got - want) <= np.spacing(np.abs(want))), f"max error {np.max(np.abs(got - want)):.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("streams", "n"), [(4, 2560), (2, 100), (1, 33)])
+def test_hc_write(rng, streams, n):
+    h = (rng.standard_normal((1, streams, n)) * 3).astype(np.float32)
+    inj = rng.uniform(0.0, 2.0, streams).astype(np.float32)
+    y = rng.standard_normal((1, n)).astype(np.float32)
+    assert_written(_native_check.hc_write(h, inj, y), h, inj[None], y)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("per_row", [True, False], ids=["inj-per-row", "inj-shared"])
+def test_hc_write_rows(rng, rows, per_row):
+    h = (rng.standard_normal((rows, HC, N)) * 3).astype(np.float32)
+    inj = rng.uniform(0.0, 2.0, (rows, HC) if per_row else HC).astype(np.float32)
+    y = rng.standard_normal((rows, N)).astype(np.float32)
+    got = _native_check.hc_write(h, inj, y)
+    assert_written(got, h, inj if per_row else np.broadcast_to(inj, (rows, HC)), y)
+    each = np.concatenate([_native_check.hc_write(h[r:r + 1], inj[r:r + 1] if per_row else inj, y[r:r + 1])
+                           for r in range(rows)])
+    assert_same_bits(got, each, "the rows' write-back vs one row at a time")
+
+
+def test_hc_rows_shapes_must_match_without_a_device(rng):
+    h = rng.standard_normal((3, HC, 64)).astype(np.float32)
+    with pytest.raises(strata.InvalidArgument, match=r"\(inj\): expected .* of shape \(3, 4\); found \(2, 4\)"):
+        _native_check.hc_write(h, np.ones((2, HC), np.float32), h[:, 0])
+    with pytest.raises(strata.InvalidArgument, match=r"\(inj\): expected .* of shape \(4,\); found \(3,\)"):
+        _native_check.hc_write(h, np.ones(3, np.float32), h[:, 0])
+    with pytest.raises(strata.InvalidArgument, match=r"\(y\): expected .* of shape \(3, 64\); found \(3, 63\)"):
+        _native_check.hc_write(h, np.ones(HC, np.float32), h[:, 0, :63])
+    with pytest.raises(strata.InvalidArgument, match=r"\(normed\): expected .* of shape \(3, 4, 64\)"):
+        _native_check.hc_mix(h, h[:2])
 
 
 def test_hc_read_rejects_mismatched_weights_without_a_device(rng):

@@ -46,18 +46,25 @@ cdef extern from "strata/check/kernel_check.hpp" nogil:
     void cpp_moe_route "strata::kernel_check::moe_route"(
         int device, const float* logits, int tokens, int n_expert, int k, int32_t* ids,
         float* weights) except +raise_strata_error
-    float cpp_shared_expert_gate "strata::kernel_check::shared_expert_gate"(
-        int device, const float* w, const float* x, int n) except +raise_strata_error
+    void cpp_shared_expert_gate "strata::kernel_check::shared_expert_gate"(
+        int device, const float* w, const float* x, int rows, int n, float* gate) except +raise_strata_error
     void cpp_swiglu "strata::kernel_check::swiglu"(
         int device, const float* g, const float* u, float* h, int n) except +raise_strata_error
     void cpp_moe_combine "strata::kernel_check::moe_combine"(
-        int device, const float* routed, const float* shared, float gate, float* out, int n) except +raise_strata_error
+        int device, const float* routed, const float* shared, const float* gate, float* out, int rows,
+        int n) except +raise_strata_error
     void cpp_expert_slots "strata::kernel_check::expert_slots"(
         int device, const int32_t* slot_of, int n_expert, const int32_t* ids, int k,
         int32_t* slots) except +raise_strata_error
     void cpp_moe_cached_sum "strata::kernel_check::moe_cached_sum"(
-        int device, const float* rows, const int32_t* slots, const float* weights, int k, int n, bint accumulate,
-        float* out) except +raise_strata_error
+        int device, const float* rows, const int32_t* slots, const float* weights, int tokens, int k, int n,
+        bint accumulate, float* out) except +raise_strata_error
+    void cpp_moe_weighted_rows "strata::kernel_check::moe_weighted_rows"(
+        int device, const float* rows, int n_rows, const int32_t* row_of, const float* weights, int tokens, int k,
+        int n, float* out) except +raise_strata_error
+    void cpp_gather_rows "strata::kernel_check::gather_rows"(
+        int device, const float* src, int src_rows, const int32_t* index, int m, int n,
+        float* dst) except +raise_strata_error
     cdef cppclass HcReadOutputs "strata::kernel_check::HcReadOutputs":
         float* normed
         float* low
@@ -66,9 +73,12 @@ cdef extern from "strata/check/kernel_check.hpp" nogil:
     void cpp_hc_read "strata::kernel_check::hc_read"(
         int device, const float* h, const float* norm, int streams, int n, float eps, const HostTensor& down,
         const HostTensor& up, const HostTensor* inject, const HcReadOutputs& out) except +raise_strata_error
-    void cpp_hc_write "strata::kernel_check::hc_write"(
-        int device, const float* h, const float* inj, const float* y, float* h_out, int streams,
+    void cpp_hc_mix "strata::kernel_check::hc_mix"(
+        int device, const float* up, const float* normed, float* x, int rows, int streams,
         int n) except +raise_strata_error
+    void cpp_hc_write "strata::kernel_check::hc_write"(
+        int device, const float* h, const float* inj, int inj_stride, const float* y, float* h_out, int rows,
+        int streams, int n) except +raise_strata_error
     void cpp_sample_tokens "strata::kernel_check::sample_tokens"(
         int device, const float* logits, int vocab, const int32_t* seen, int n_seen, double temperature,
         int top_k, double top_p, double min_p, double repeat_penalty, const double* draws, int n_draws,

@@ -48,7 +48,7 @@ cdef extern from "strata/check/kernel_check_mixers.hpp" namespace "strata::kerne
         int device, int kind, int rows, int cols, const void* data, const uint16_t* d, const int* ids,
         int n_ids, float* out) except +raise_strata_error
     void cpp_ple_steps "strata::kernel_check::ple_steps"(
-        int device, int streams, int width, int dilation, int conv_kernel, float eps, int steps,
+        int device, int streams, int width, int dilation, int conv_kernel, float eps, int steps, bool chunk,
         const float* stream_rows, const float* key, const float* value, const float* norm_key,
         const float* norm_query, const float* norm_conv, const float* conv_weight, float* history,
         float* out) except +raise_strata_error

@@ -184,11 +184,12 @@ def qsa_top_blocks(scores, int keep_blocks, int device=0):
 
 
 def ple_steps(streams, key, value, norm_key, norm_query, norm_conv, conv_weight, history, *, int dilation,
-              float eps, int device=0):
+              float eps, bint chunk=False, int device=0):
     """PLE device half for len(streams) tokens; returns (addend [steps, hc, n], history).
 
     streams [steps, hc, n]; key [steps, hc*n]; value [steps, n]; norm_* [hc*n]; conv_weight [hc*n, K];
-    history [dilation*(K-1), hc*n] is the starting conv history (not modified).
+    history [dilation*(K-1), hc*n] is the starting conv history (not modified). ple_step runs once per token, or
+    with `chunk` ple_chunk once over all of them.
     """
     if np.ndim(streams) != 3 or np.ndim(conv_weight) != 2:
         raise InvalidArgument("ple_steps: streams must be [steps, hc, n] and conv_weight [hc*n, K]")
@@ -212,8 +213,8 @@ def ple_steps(streams, key, value, norm_key, norm_query, norm_conv, conv_weight,
     cdef float* p_out = _mixer_floats(out, keep)
     cdef int c_steps = steps, c_hc = hc, c_n = n, c_kernel = kernel
     with nogil:
-        cpp_ple_steps(device, c_hc, c_n, dilation, c_kernel, eps, c_steps, p_s, p_k, p_v, p_nk, p_nq, p_nc, p_w,
-                      p_h, p_out)
+        cpp_ple_steps(device, c_hc, c_n, dilation, c_kernel, eps, c_steps, chunk, p_s, p_k, p_v, p_nk, p_nq, p_nc,
+                      p_w, p_h, p_out)
     return out, hist
 
 

@@ -1,11 +1,12 @@
-# Router, shared-expert and hyper-connection kernels: host round trips (strata::kernel_check). Each uploads
-# its inputs, runs one kernel into a poisoned, guarded output and copies it back: for tests and benchmarks.
+# Router, shared-expert, routed-row and hyper-connection kernels: host round trips (strata::kernel_check). Each
+# uploads its inputs, runs one kernel into a poisoned, guarded output and copies it back: for tests and
+# benchmarks. The per-token kernels take a leading rows (tokens) axis, one launch for all of them.
 from libc.stdint cimport int32_t
 
 from strata._native cimport host_tensor
 from strata._native_check_kernels cimport (
-    HcReadOutputs, cpp_expert_slots, cpp_hc_read, cpp_hc_write, cpp_moe_cached_sum, cpp_moe_combine, cpp_moe_route,
-    cpp_shared_expert_gate, cpp_swiglu,
+    HcReadOutputs, cpp_expert_slots, cpp_gather_rows, cpp_hc_mix, cpp_hc_read, cpp_hc_write, cpp_moe_cached_sum,
+    cpp_moe_combine, cpp_moe_route, cpp_moe_weighted_rows, cpp_shared_expert_gate, cpp_swiglu,
 )
 from strata._native_weights cimport HostTensor
 
@@ -14,6 +15,15 @@ def _vector_f32(x, name: str, n: int | None = None):
     if a.size == 0 or (n is not None and a.size != n):
         raise InvalidArgument(f"{name}: expected a non-empty float32 vector"
                               f"{'' if n is None else f' of {n} entries'}; found {a.size} entries")
+    return a
+
+
+def _shaped(x, dtype, name: str, shape: tuple):
+    """x as a C-contiguous array of dtype whose shape is `shape` (None: any extent), none of it empty."""
+    a = np.ascontiguousarray(x, dtype=dtype)
+    if a.ndim != len(shape) or a.size == 0 or any(w is not None and g != w for g, w in zip(a.shape, shape)):
+        want = ", ".join("any" if w is None else str(w) for w in shape) + ("," if len(shape) == 1 else "")
+        raise InvalidArgument(f"{name}: expected a non-empty {a.dtype} array of shape ({want}); found {a.shape}")
     return a
 
 
@@ -36,15 +46,17 @@ def moe_route(logits, int k, int device=0):
     return ids, weights
 
 
-def shared_expert_gate(w, x, int device=0) -> float:
-    """The shared expert's scalar gate sigmoid(w . x) for float32 vectors w, x [n]."""
+def shared_expert_gate(w, x, int device=0):
+    """The shared expert's gates sigmoid(w . x[r]) (float32 [rows]) for float32 w [n] and x [rows, n]."""
     cdef const float[::1] wv = _vector_f32(w, "shared_expert_gate (w)")
-    cdef const float[::1] xv = _vector_f32(x, "shared_expert_gate (x)", wv.shape[0])
     cdef int n = wv.shape[0]
-    cdef float gate
+    cdef const float[:, ::1] xv = _shaped(x, np.float32, "shared_expert_gate (x)", (None, n))
+    cdef int rows = xv.shape[0]
+    gates = np.empty(rows, np.float32)
+    cdef float[::1] gv = gates
     with nogil:
-        gate = cpp_shared_expert_gate(device, &wv[0], &xv[0], n)
-    return gate
+        cpp_shared_expert_gate(device, &wv[0], &xv[0, 0], rows, n, &gv[0])
+    return gates
 
 
 def swiglu(g, u, int device=0):
@@ -59,15 +71,17 @@ def swiglu(g, u, int device=0):
     return out
 
 
-def moe_combine(routed, shared, float gate, int device=0):
-    """routed + gate * shared for float32 vectors [n] (the routed answer row and the shared expert's output)."""
-    cdef const float[::1] rv = _vector_f32(routed, "moe_combine (routed)")
-    cdef const float[::1] sv = _vector_f32(shared, "moe_combine (shared)", rv.shape[0])
-    cdef int n = rv.shape[0]
-    out = np.empty(n, np.float32)
-    cdef float[::1] ov = out
+def moe_combine(routed, shared, gate, int device=0):
+    """routed + gate[r] * shared row by row for float32 routed, shared [rows, n] (the routed answer rows and the
+    shared expert's outputs) and gate [rows]."""
+    cdef const float[:, ::1] rv = _shaped(routed, np.float32, "moe_combine (routed)", (None, None))
+    cdef int rows = rv.shape[0], n = rv.shape[1]
+    cdef const float[:, ::1] sv = _shaped(shared, np.float32, "moe_combine (shared)", (rows, n))
+    cdef const float[::1] gv = _shaped(gate, np.float32, "moe_combine (gate)", (rows,))
+    out = np.empty((rows, n), np.float32)
+    cdef float[:, ::1] ov = out
     with nogil:
-        cpp_moe_combine(device, &rv[0], &sv[0], gate, &ov[0], n)
+        cpp_moe_combine(device, &rv[0, 0], &sv[0, 0], &gv[0], &ov[0, 0], rows, n)
     return out
 
 
@@ -93,21 +107,60 @@ def expert_slots(slot_of, ids, int device=0):
 
 
 def moe_cached_sum(rows, slots, weights, out=None, int device=0):
-    """The cached experts' share of the routed sum: Σ over j with slots[j] >= 0 of weights[j] * rows[j], float32 [n].
+    """The cached experts' share of each token's routed sum: row t is the sum over j with slots[t, j] >= 0 of
+    weights[t, j] * rows[t, j], float32 [tokens, n].
 
-    rows float32 [k, n] (a skipped product's row is never read, so it may hold anything); slots int32 [k]; weights
-    float32 [k]. With `out` (float32 [n]) the sum is added to it (the kernel's accumulate), else it starts from 0.
+    rows float32 [tokens, k, n] (a skipped product's row is never read, so it may hold anything); slots int32
+    [tokens, k]; weights float32 [tokens, k]. With `out` (float32 [tokens, n]) the sums are added to it (the
+    kernel's accumulate), else they start from 0.
     """
-    cdef const float[:, ::1] rv = _rows_f32(rows, "moe_cached_sum (rows)")
-    cdef int k = rv.shape[0], n = rv.shape[1]
-    cdef const int32_t[::1] sv = _vector_i32(slots, "moe_cached_sum (slots)", k)
-    cdef const float[::1] wv = _vector_f32(weights, "moe_cached_sum (weights)", k)
+    rows_a = _shaped(rows, np.float32, "moe_cached_sum (rows)", (None, None, None))
+    cdef int tokens = rows_a.shape[0], k = rows_a.shape[1], n = rows_a.shape[2]
+    cdef const float[::1] rv = rows_a.reshape(-1)
+    cdef const int32_t[:, ::1] sv = _shaped(slots, np.int32, "moe_cached_sum (slots)", (tokens, k))
+    cdef const float[:, ::1] wv = _shaped(weights, np.float32, "moe_cached_sum (weights)", (tokens, k))
     cdef bint accumulate = out is not None
-    result = _vector_f32(out, "moe_cached_sum (out)", n).copy() if accumulate else np.empty(n, np.float32)
-    cdef float[::1] ov = result
+    if accumulate:
+        result = _shaped(out, np.float32, "moe_cached_sum (out)", (tokens, n)).copy()
+    else:
+        result = np.empty((tokens, n), np.float32)
+    cdef float[:, ::1] ov = result
     with nogil:
-        cpp_moe_cached_sum(device, &rv[0, 0], &sv[0], &wv[0], k, n, accumulate, &ov[0])
+        cpp_moe_cached_sum(device, &rv[0], &sv[0, 0], &wv[0, 0], tokens, k, n, accumulate, &ov[0, 0])
     return result
+
+
+def moe_weighted_rows(rows, row_of, weights, int device=0):
+    """Each token's routed sum from expert-grouped rows: row t is the sum over j with row_of[t, j] >= 0 of
+    weights[t, j] * rows[row_of[t, j]], float32 [tokens, n].
+
+    rows float32 [m, n]; row_of int32 [tokens, k] (each checked to be a row of `rows` or negative: skipped);
+    weights float32 [tokens, k].
+    """
+    cdef const float[:, ::1] rv = _shaped(rows, np.float32, "moe_weighted_rows (rows)", (None, None))
+    cdef int m = rv.shape[0], n = rv.shape[1]
+    cdef const int32_t[:, ::1] iv = _shaped(row_of, np.int32, "moe_weighted_rows (row_of)", (None, None))
+    cdef int tokens = iv.shape[0], k = iv.shape[1]
+    cdef const float[:, ::1] wv = _shaped(weights, np.float32, "moe_weighted_rows (weights)", (tokens, k))
+    out = np.empty((tokens, n), np.float32)
+    cdef float[:, ::1] ov = out
+    with nogil:
+        cpp_moe_weighted_rows(device, &rv[0, 0], m, &iv[0, 0], &wv[0, 0], tokens, k, n, &ov[0, 0])
+    return out
+
+
+def gather_rows(src, index, int device=0):
+    """src[index] (float32 [m, n]) on the device for float32 src [rows, n] and int32 index [m] (each checked to
+    be a row of src)."""
+    cdef const float[:, ::1] sv = _shaped(src, np.float32, "gather_rows (src)", (None, None))
+    cdef int src_rows = sv.shape[0], n = sv.shape[1]
+    cdef const int32_t[::1] iv = _shaped(index, np.int32, "gather_rows (index)", (None,))
+    cdef int m = iv.shape[0]
+    out = np.empty((m, n), np.float32)
+    cdef float[:, ::1] ov = out
+    with nogil:
+        cpp_gather_rows(device, &sv[0, 0], src_rows, &iv[0], m, n, &ov[0, 0])
+    return out
 
 
 def hc_read(streams, norm, down, up, inject=None, *, float eps, int device=0) -> dict:
@@ -146,14 +199,35 @@ def hc_read(streams, norm, down, up, inject=None, *, float eps, int device=0) ->
     return result
 
 
-def hc_write(streams, inj, y, int device=0):
-    """The write-back H[k] + inj[k] * y for streams H [hc, n], inj [hc], y [n]; returns the new streams."""
-    cdef const float[:, ::1] hv = _rows_f32(streams, "hc_write (streams)")
-    cdef int hc = hv.shape[0], n = hv.shape[1]
-    cdef const float[::1] iv = _vector_f32(inj, "hc_write (inj)", hc)
-    cdef const float[::1] yv = _vector_f32(y, "hc_write (y)", n)
-    out = np.empty((hc, n), np.float32)
+def hc_mix(up, normed, int device=0):
+    """The block input x [rows, n] = the mean over the streams of sigmoid(up) * normed, for float32 up and
+    normed [rows, hc, n] (the up projection and the grouped-normalised streams of each token)."""
+    up_a = _shaped(up, np.float32, "hc_mix (up)", (None, None, None))
+    cdef int rows = up_a.shape[0], hc = up_a.shape[1], n = up_a.shape[2]
+    cdef const float[::1] uv = up_a.reshape(-1)
+    cdef const float[::1] nv = _shaped(normed, np.float32, "hc_mix (normed)", (rows, hc, n)).reshape(-1)
+    out = np.empty((rows, n), np.float32)
     cdef float[:, ::1] ov = out
     with nogil:
-        cpp_hc_write(device, &hv[0, 0], &iv[0], &yv[0], &ov[0, 0], hc, n)
+        cpp_hc_mix(device, &uv[0], &nv[0], &ov[0, 0], rows, hc, n)
+    return out
+
+
+def hc_write(streams, inj, y, int device=0):
+    """The write-back H[r, k] + inj[k] * y[r] for streams H [rows, hc, n] and y [rows, n]; returns the new streams.
+
+    inj [hc] gives every row the same weights (the kernel's inj_stride 0), inj [rows, hc] each row its own.
+    """
+    h_a = _shaped(streams, np.float32, "hc_write (streams)", (None, None, None))
+    cdef int rows = h_a.shape[0], hc = h_a.shape[1], n = h_a.shape[2]
+    cdef const float[::1] hv = h_a.reshape(-1)
+    per_row = np.ndim(inj) == 2
+    cdef int inj_stride = hc if per_row else 0
+    inj_a = _shaped(inj, np.float32, "hc_write (inj)", h_a.shape[:2] if per_row else h_a.shape[1:2])
+    cdef const float[::1] iv = inj_a.reshape(-1)
+    cdef const float[:, ::1] yv = _shaped(y, np.float32, "hc_write (y)", (rows, n))
+    out = np.empty((rows, hc, n), np.float32)
+    cdef float[::1] ov = out.reshape(-1)
+    with nogil:
+        cpp_hc_write(device, &hv[0], &iv[0], inj_stride, &yv[0, 0], &ov[0], rows, hc, n)
     return out

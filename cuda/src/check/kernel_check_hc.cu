@@ -1,6 +1,6 @@
 // kernel_check entries of the hyper-connection mixer: the whole read of one token chained on the device from
 // the grouped RMSNorm, q8_32, GEMV and hc.cuh kernels (the order a decode step will launch them in), and the
-// write-back.
+// mix and the write-back alone over rows of tokens.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -20,6 +20,12 @@ using namespace support;
 namespace {
 
 std::size_t floats(long n) { return static_cast<std::size_t>(n) * sizeof(float); }
+
+void check_sizes(const char* kernel, int rows, int streams, int n) {
+  STRATA_EXPECTS(rows > 0 && streams > 0 && n > 0, InvalidArgument,
+                 std::string(kernel) + " needs rows, streams and n > 0, got " + std::to_string(rows) + " x " +
+                     std::to_string(streams) + " x " + std::to_string(n));
+}
 
 void check_shape(const HostTensor& t, const char* role, long rows, long cols) {
   STRATA_EXPECTS(t.rows == rows && t.cols == cols, InvalidArgument,
@@ -92,7 +98,7 @@ void hc_read(int device, const float* h, const float* norm, int streams, int n, 
   STRATA_CUDA_TRY(kernels::scaled_activation(d_down_out.as<float>(), d_low.data<float>(), static_cast<int>(rank),
                                              kernels::Activation::Silu, per_stream, 1.0f, nullptr));
   gemv(weights.get(up.name), d_low.data<float>(), d_up_out.as<float>());
-  STRATA_CUDA_TRY(kernels::hc_mix(d_up_out.as<float>(), d_normed.data<float>(), d_x.data<float>(), streams, n,
+  STRATA_CUDA_TRY(kernels::hc_mix(d_up_out.as<float>(), d_normed.data<float>(), d_x.data<float>(), 1, streams, n,
                                   nullptr));
   if (inject != nullptr) {
     gemv(weights.get(inject->name), d_normed.data<float>(), d_inject_out.as<float>());
@@ -106,17 +112,33 @@ void hc_read(int device, const float* h, const float* norm, int streams, int n, 
   if (inject != nullptr) d_inj.copy_out(out.inj, "hc_read (inject sigmoid)");
 }
 
-void hc_write(int device, const float* h, const float* inj, const float* y, float* h_out, int streams, int n) {
-  STRATA_EXPECTS(streams > 0 && n > 0, InvalidArgument,
-                 "hc_write needs streams > 0 and n > 0, got " + std::to_string(streams) + " x " + std::to_string(n));
+void hc_mix(int device, const float* up, const float* normed, float* x, int rows, int streams, int n) {
+  check_sizes("hc_mix", rows, streams, n);
   check_device(device);
   DeviceScope scope(device);
-  const long width = static_cast<long>(streams) * n;
-  DeviceBuffer d_inj = upload(inj, floats(streams));
-  DeviceBuffer d_y = upload(y, floats(n));
+  const long width = static_cast<long>(rows) * streams * n;
+  DeviceBuffer d_up = upload(up, floats(width));
+  DeviceBuffer d_normed = upload(normed, floats(width));
+  GuardedOutput d_x(floats(static_cast<long>(rows) * n));
+  STRATA_CUDA_TRY(kernels::hc_mix(d_up.as<float>(), d_normed.as<float>(), d_x.data<float>(), rows, streams, n,
+                                  nullptr));
+  STRATA_CUDA_TRY(cudaDeviceSynchronize());
+  d_x.copy_out(x, "hc_mix");
+}
+
+void hc_write(int device, const float* h, const float* inj, int inj_stride, const float* y, float* h_out, int rows,
+              int streams, int n) {
+  check_sizes("hc_write", rows, streams, n);
+  STRATA_EXPECTS(inj_stride >= 0, InvalidArgument, "hc_write needs inj_stride >= 0, got " + std::to_string(inj_stride));
+  check_device(device);
+  DeviceScope scope(device);
+  const long width = static_cast<long>(rows) * streams * n;
+  DeviceBuffer d_inj = upload(inj, floats(static_cast<long>(rows - 1) * inj_stride + streams));
+  DeviceBuffer d_y = upload(y, floats(static_cast<long>(rows) * n));
   GuardedOutput d_h(floats(width));
   STRATA_CUDA_TRY(cudaMemcpy(d_h.data<float>(), h, floats(width), cudaMemcpyHostToDevice));  // it works in place
-  STRATA_CUDA_TRY(kernels::hc_write(d_h.data<float>(), d_inj.as<float>(), d_y.as<float>(), streams, n, nullptr));
+  STRATA_CUDA_TRY(kernels::hc_write(d_h.data<float>(), d_inj.as<float>(), inj_stride, d_y.as<float>(), rows, streams,
+                                    n, nullptr));
   STRATA_CUDA_TRY(cudaDeviceSynchronize());
   d_h.copy_out(h_out, "hc_write");
 }

@@ -80,7 +80,7 @@ void gdn_steps(int device, const GdnCheckShape& s, int steps, const float* qkv, 
   d_state.copy_out(state, "gdn_step (recurrent state)");
 }
 
-void ple_steps(int device, int streams, int width, int dilation, int conv_kernel, float eps, int steps,
+void ple_steps(int device, int streams, int width, int dilation, int conv_kernel, float eps, int steps, bool chunk,
                const float* stream_rows, const float* key, const float* value, const float* norm_key,
                const float* norm_query, const float* norm_conv, const float* conv_weight, float* history, float* out) {
   const kernels::PleShape shape{streams, width, dilation, conv_kernel, eps};
@@ -95,21 +95,27 @@ void ple_steps(int device, int streams, int width, int dilation, int conv_kernel
   const std::size_t history_bytes = static_cast<std::size_t>(shape.history_rows()) * c * f;
   DeviceBuffer d_nk = upload(norm_key, c * f), d_nq = upload(norm_query, c * f), d_nc = upload(norm_conv, c * f);
   DeviceBuffer d_w = upload(conv_weight, c * conv_kernel * f);
-  DeviceBuffer d_streams(c * f), d_key(c * f), d_value(width * f);
-  GuardedOutput d_history(history_bytes), d_out(c * f);
+  DeviceBuffer d_streams = upload(stream_rows, steps * c * f), d_key = upload(key, steps * c * f);
+  DeviceBuffer d_value = upload(value, static_cast<std::size_t>(steps) * width * f);
+  GuardedOutput d_history(history_bytes), d_out(steps * c * f);
   STRATA_CUDA_TRY(cudaMemcpy(d_history.data<void>(), history, history_bytes, cudaMemcpyHostToDevice));
-  const kernels::PleStepArgs args{d_streams.as<float>(), d_key.as<float>(), d_value.as<float>(), d_nk.as<float>(),
-                                  d_nq.as<float>(), d_nc.as<float>(), d_w.as<float>(), d_history.data<float>(),
-                                  d_out.data<float>()};
-  for (int t = 0; t < steps; ++t) {
-    copy_in(d_streams, stream_rows + t * c, c * f);
-    copy_in(d_key, key + t * c, c * f);
-    copy_in(d_value, value + static_cast<std::size_t>(t) * width, width * f);
-    STRATA_CUDA_TRY(kernels::ple_step(shape, args, nullptr));
-    STRATA_CUDA_TRY(cudaDeviceSynchronize());
-    d_out.copy_out(out + t * c, "ple_step");
+  kernels::PleStepArgs args{d_streams.as<float>(), d_key.as<float>(), d_value.as<float>(), d_nk.as<float>(),
+                            d_nq.as<float>(), d_nc.as<float>(), d_w.as<float>(), d_history.data<float>(),
+                            d_out.data<float>()};
+  if (chunk) {
+    STRATA_CUDA_TRY(kernels::ple_chunk(shape, args, steps, nullptr));
+  } else {
+    for (int t = 0; t < steps; ++t) {  // args move on to each token's rows, as a decode step's buffers hold them
+      STRATA_CUDA_TRY(kernels::ple_step(shape, args, nullptr));
+      args.streams += c;
+      args.key += c;
+      args.value += width;
+      args.out += c;
+    }
   }
-  d_history.copy_out(history, "ple_step (history)");
+  STRATA_CUDA_TRY(cudaDeviceSynchronize());
+  d_out.copy_out(out, chunk ? "ple_chunk" : "ple_step");
+  d_history.copy_out(history, chunk ? "ple_chunk (history)" : "ple_step (history)");
 }
 
 namespace {

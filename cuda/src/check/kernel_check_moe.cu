@@ -1,5 +1,6 @@
 // kernel_check entries of the MoE block's GPU kernels: the router, the shared expert's gate and SwiGLU, the
-// combine with the routed experts' answer, and the VRAM-cached experts' slots and weighted sum.
+// combine with the routed experts' answer, the VRAM-cached experts' slots and weighted sum, and a prompt chunk's
+// row gather and per-token weighted sum of expert-grouped rows.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -16,8 +17,27 @@ namespace {
 
 std::size_t floats(long n) { return static_cast<std::size_t>(n) * sizeof(float); }
 
+std::size_t ints(long n) { return static_cast<std::size_t>(n) * sizeof(std::int32_t); }
+
 void check_length(const char* kernel, int n) {
   STRATA_EXPECTS(n > 0, InvalidArgument, std::string(kernel) + " needs n > 0, got " + std::to_string(n));
+}
+
+void check_rows(const char* kernel, int rows, int n) {
+  STRATA_EXPECTS(rows > 0 && n > 0, InvalidArgument,
+                 std::string(kernel) + " needs rows > 0 and n > 0, got " + std::to_string(rows) + " x " +
+                     std::to_string(n));
+}
+
+// Every index[i] lies in [0, limit), or with skip_negative is negative (an entry the kernel skips): the kernels
+// cannot check what they read, so the checks do before any device work.
+void check_indices(const char* kernel, const char* what, const std::int32_t* index, long count, int limit,
+                   const char* noun, bool skip_negative) {
+  for (long i = 0; i < count; ++i) {
+    STRATA_EXPECTS(index[i] < limit && (index[i] >= 0 || skip_negative), InvalidArgument,
+                   std::string(kernel) + ": " + what + "[" + std::to_string(i) + "] = " + std::to_string(index[i]) +
+                       " is not " + noun + " of " + std::to_string(limit));
+  }
 }
 
 }  // namespace
@@ -43,18 +63,17 @@ void moe_route(int device, const float* logits, int tokens, int n_expert, int k,
   d_weights.copy_out(weights, "moe_route (weights)");
 }
 
-float shared_expert_gate(int device, const float* w, const float* x, int n) {
-  check_length("shared_expert_gate", n);
+void shared_expert_gate(int device, const float* w, const float* x, int rows, int n, float* gate) {
+  check_rows("shared_expert_gate", rows, n);
   check_device(device);
   DeviceScope scope(device);
   DeviceBuffer d_w = upload(w, floats(n));
-  DeviceBuffer d_x = upload(x, floats(n));
-  GuardedOutput d_gate(sizeof(float));
-  STRATA_CUDA_TRY(kernels::shared_expert_gate(d_w.as<float>(), d_x.as<float>(), d_gate.data<float>(), n, nullptr));
+  DeviceBuffer d_x = upload(x, floats(static_cast<long>(rows) * n));
+  GuardedOutput d_gate(floats(rows));
+  STRATA_CUDA_TRY(kernels::shared_expert_gate(d_w.as<float>(), d_x.as<float>(), d_gate.data<float>(), rows, n,
+                                              nullptr));
   STRATA_CUDA_TRY(cudaDeviceSynchronize());
-  float gate = 0.0f;
-  d_gate.copy_out(&gate, "shared_expert_gate");
-  return gate;
+  d_gate.copy_out(gate, "shared_expert_gate");
 }
 
 void swiglu(int device, const float* g, const float* u, float* h, int n) {
@@ -69,16 +88,18 @@ void swiglu(int device, const float* g, const float* u, float* h, int n) {
   d_h.copy_out(h, "swiglu");
 }
 
-void moe_combine(int device, const float* routed, const float* shared, float gate, float* out, int n) {
-  check_length("moe_combine", n);
+void moe_combine(int device, const float* routed, const float* shared, const float* gate, float* out, int rows,
+                 int n) {
+  check_rows("moe_combine", rows, n);
   check_device(device);
   DeviceScope scope(device);
-  DeviceBuffer d_routed = upload(routed, floats(n));
-  DeviceBuffer d_shared = upload(shared, floats(n));
-  DeviceBuffer d_gate = upload(&gate, sizeof(float));
-  GuardedOutput d_out(floats(n));
+  const long elements = static_cast<long>(rows) * n;
+  DeviceBuffer d_routed = upload(routed, floats(elements));
+  DeviceBuffer d_shared = upload(shared, floats(elements));
+  DeviceBuffer d_gate = upload(gate, floats(rows));
+  GuardedOutput d_out(floats(elements));
   STRATA_CUDA_TRY(kernels::moe_combine(d_routed.as<float>(), d_shared.as<float>(), d_gate.as<float>(),
-                                       d_out.data<float>(), n, nullptr));
+                                       d_out.data<float>(), rows, n, nullptr));
   STRATA_CUDA_TRY(cudaDeviceSynchronize());
   d_out.copy_out(out, "moe_combine");
 }
@@ -88,36 +109,68 @@ void expert_slots(int device, const std::int32_t* slot_of, int n_expert, const s
   STRATA_EXPECTS(n_expert > 0 && k > 0, InvalidArgument,
                  "expert_slots needs n_expert > 0 and k > 0, got " + std::to_string(n_expert) + " and " +
                      std::to_string(k));
-  for (int j = 0; j < k; ++j) {
-    STRATA_EXPECTS(ids[j] >= 0 && ids[j] < n_expert, InvalidArgument,
-                   "expert_slots: ids[" + std::to_string(j) + "] = " + std::to_string(ids[j]) +
-                       " is not an expert of " + std::to_string(n_expert));
-  }
+  check_indices("expert_slots", "ids", ids, k, n_expert, "an expert", false);
   check_device(device);
   DeviceScope scope(device);
-  DeviceBuffer d_slot_of = upload(slot_of, static_cast<std::size_t>(n_expert) * sizeof(std::int32_t));
-  DeviceBuffer d_ids = upload(ids, static_cast<std::size_t>(k) * sizeof(std::int32_t));
-  GuardedOutput d_slots(static_cast<std::size_t>(k) * sizeof(std::int32_t));
+  DeviceBuffer d_slot_of = upload(slot_of, ints(n_expert));
+  DeviceBuffer d_ids = upload(ids, ints(k));
+  GuardedOutput d_slots(ints(k));
   STRATA_CUDA_TRY(kernels::expert_slots(d_slot_of.as<int>(), d_ids.as<int>(), d_slots.data<int>(), k, nullptr));
   STRATA_CUDA_TRY(cudaDeviceSynchronize());
   d_slots.copy_out(slots, "expert_slots");
 }
 
-void moe_cached_sum(int device, const float* rows, const std::int32_t* slots, const float* weights, int k, int n,
-                    bool accumulate, float* out) {
-  STRATA_EXPECTS(k > 0 && n > 0, InvalidArgument,
-                 "moe_cached_sum needs k > 0 and n > 0, got " + std::to_string(k) + " and " + std::to_string(n));
+void moe_cached_sum(int device, const float* rows, const std::int32_t* slots, const float* weights, int tokens,
+                    int k, int n, bool accumulate, float* out) {
+  STRATA_EXPECTS(tokens > 0 && k > 0 && n > 0, InvalidArgument,
+                 "moe_cached_sum needs tokens, k and n > 0, got " + std::to_string(tokens) + ", " + std::to_string(k) +
+                     " and " + std::to_string(n));
   check_device(device);
   DeviceScope scope(device);
-  DeviceBuffer d_rows = upload(rows, floats(static_cast<long>(k) * n));
-  DeviceBuffer d_slots = upload(slots, static_cast<std::size_t>(k) * sizeof(std::int32_t));
-  DeviceBuffer d_weights = upload(weights, floats(k));
-  GuardedOutput d_out(floats(n));
-  if (accumulate) STRATA_CUDA_TRY(cudaMemcpy(d_out.data<float>(), out, floats(n), cudaMemcpyHostToDevice));
-  STRATA_CUDA_TRY(kernels::moe_cached_sum(d_rows.as<float>(), d_slots.as<int>(), d_weights.as<float>(), k, n,
-                                          accumulate, d_out.data<float>(), nullptr));
+  const long chosen = static_cast<long>(tokens) * k, elements = static_cast<long>(tokens) * n;
+  DeviceBuffer d_rows = upload(rows, floats(chosen * n));
+  DeviceBuffer d_slots = upload(slots, ints(chosen));
+  DeviceBuffer d_weights = upload(weights, floats(chosen));
+  GuardedOutput d_out(floats(elements));
+  if (accumulate) STRATA_CUDA_TRY(cudaMemcpy(d_out.data<float>(), out, floats(elements), cudaMemcpyHostToDevice));
+  STRATA_CUDA_TRY(kernels::moe_cached_sum(d_rows.as<float>(), d_slots.as<int>(), d_weights.as<float>(), tokens, k,
+                                          n, accumulate, d_out.data<float>(), nullptr));
   STRATA_CUDA_TRY(cudaDeviceSynchronize());
   d_out.copy_out(out, "moe_cached_sum");
+}
+
+void moe_weighted_rows(int device, const float* rows, int n_rows, const std::int32_t* row_of, const float* weights,
+                       int tokens, int k, int n, float* out) {
+  STRATA_EXPECTS(n_rows > 0 && tokens > 0 && k > 0 && n > 0, InvalidArgument,
+                 "moe_weighted_rows needs n_rows, tokens, k and n > 0, got " + std::to_string(n_rows) + ", " +
+                     std::to_string(tokens) + ", " + std::to_string(k) + " and " + std::to_string(n));
+  const long chosen = static_cast<long>(tokens) * k;
+  check_indices("moe_weighted_rows", "row_of", row_of, chosen, n_rows, "a row", true);
+  check_device(device);
+  DeviceScope scope(device);
+  DeviceBuffer d_rows = upload(rows, floats(static_cast<long>(n_rows) * n));
+  DeviceBuffer d_row_of = upload(row_of, ints(chosen));
+  DeviceBuffer d_weights = upload(weights, floats(chosen));
+  GuardedOutput d_out(floats(static_cast<long>(tokens) * n));
+  STRATA_CUDA_TRY(kernels::moe_weighted_rows(d_rows.as<float>(), d_row_of.as<int>(), d_weights.as<float>(), tokens,
+                                             k, n, d_out.data<float>(), nullptr));
+  STRATA_CUDA_TRY(cudaDeviceSynchronize());
+  d_out.copy_out(out, "moe_weighted_rows");
+}
+
+void gather_rows(int device, const float* src, int src_rows, const std::int32_t* index, int m, int n, float* dst) {
+  STRATA_EXPECTS(src_rows > 0 && m > 0 && n > 0, InvalidArgument,
+                 "gather_rows needs src_rows, m and n > 0, got " + std::to_string(src_rows) + ", " +
+                     std::to_string(m) + " and " + std::to_string(n));
+  check_indices("gather_rows", "index", index, m, src_rows, "a row", false);
+  check_device(device);
+  DeviceScope scope(device);
+  DeviceBuffer d_src = upload(src, floats(static_cast<long>(src_rows) * n));
+  DeviceBuffer d_index = upload(index, ints(m));
+  GuardedOutput d_dst(floats(static_cast<long>(m) * n));
+  STRATA_CUDA_TRY(kernels::gather_rows(d_src.as<float>(), d_index.as<int>(), m, n, d_dst.data<float>(), nullptr));
+  STRATA_CUDA_TRY(cudaDeviceSynchronize());
+  d_dst.copy_out(dst, "gather_rows");
 }
 
 }  // namespace strata::kernel_check

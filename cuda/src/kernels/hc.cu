@@ -8,7 +8,10 @@ constexpr int kThreads = 256;
 // expf, not __expf: the mixer's gates scale the whole residual, and these kernels are far from the bottleneck.
 __device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
 
+// Element counts are products of a buffer's dimensions: the buffer lives in VRAM, so they fit a long with room.
 unsigned blocks_for(long n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
+
+__device__ __forceinline__ long element_index() { return static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x; }
 
 // No __restrict__: out may alias in.
 __global__ void activation_kernel(const float* in, float* out, int n, Activation act, float pre, float post) {
@@ -18,26 +21,29 @@ __global__ void activation_kernel(const float* in, float* out, int n, Activation
   out[i] = post * (act == Activation::Silu ? v * sigmoid(v) : sigmoid(v));
 }
 
+// One thread per element of x [rows][n]; it reads its column of every stream of its row.
 __global__ void mix_kernel(const float* __restrict__ up, const float* __restrict__ normed, float* __restrict__ x,
-                           int streams, int n) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n) return;
+                           int streams, int n, long elements) {
+  const long at = element_index();
+  if (at >= elements) return;
+  const long first = at / n * streams * n + at % n;  // row r's stream 0, column i
   float sum = 0.0f;
   for (int k = 0; k < streams; ++k) {
-    const long at = static_cast<long>(k) * n + i;
-    sum = fmaf(sigmoid(up[at]), normed[at], sum);
+    const long from = first + static_cast<long>(k) * n;
+    sum = fmaf(sigmoid(up[from]), normed[from], sum);
   }
-  x[i] = sum / static_cast<float>(streams);
+  x[at] = sum / static_cast<float>(streams);
 }
 
-// One thread per element of the streams; y and inj are read by every stream.
-__global__ void write_kernel(float* __restrict__ h, const float* __restrict__ inj, const float* __restrict__ y,
-                             int streams, int n) {
-  const long at = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (at >= static_cast<long>(streams) * n) return;
-  const int k = static_cast<int>(at / n);
+// One thread per element of the streams h [rows][streams][n]; a row's y and inj are read by all its streams.
+__global__ void write_kernel(float* __restrict__ h, const float* __restrict__ inj, int inj_stride,
+                             const float* __restrict__ y, int streams, int n, long elements) {
+  const long at = element_index();
+  if (at >= elements) return;
+  const long row = at / (static_cast<long>(streams) * n);
+  const int k = static_cast<int>(at / n % streams);
   const int i = static_cast<int>(at % n);
-  h[at] = fmaf(inj[k], y[i], h[at]);
+  h[at] = fmaf(inj[row * inj_stride + k], y[row * n + i], h[at]);
 }
 
 }  // namespace
@@ -49,15 +55,19 @@ cudaError_t scaled_activation(const float* in, float* out, int n, Activation act
   return cudaGetLastError();
 }
 
-cudaError_t hc_mix(const float* up, const float* normed, float* x, int streams, int n, cudaStream_t stream) {
-  if (streams <= 0 || n <= 0) return cudaErrorInvalidValue;
-  mix_kernel<<<blocks_for(n), kThreads, 0, stream>>>(up, normed, x, streams, n);
+cudaError_t hc_mix(const float* up, const float* normed, float* x, int rows, int streams, int n,
+                   cudaStream_t stream) {
+  if (rows <= 0 || streams <= 0 || n <= 0) return cudaErrorInvalidValue;
+  const long elements = static_cast<long>(rows) * n;
+  mix_kernel<<<blocks_for(elements), kThreads, 0, stream>>>(up, normed, x, streams, n, elements);
   return cudaGetLastError();
 }
 
-cudaError_t hc_write(float* h, const float* inj, const float* y, int streams, int n, cudaStream_t stream) {
-  if (streams <= 0 || n <= 0) return cudaErrorInvalidValue;
-  write_kernel<<<blocks_for(static_cast<long>(streams) * n), kThreads, 0, stream>>>(h, inj, y, streams, n);
+cudaError_t hc_write(float* h, const float* inj, int inj_stride, const float* y, int rows, int streams, int n,
+                     cudaStream_t stream) {
+  if (rows <= 0 || streams <= 0 || n <= 0 || inj_stride < 0) return cudaErrorInvalidValue;
+  const long elements = static_cast<long>(rows) * streams * n;
+  write_kernel<<<blocks_for(elements), kThreads, 0, stream>>>(h, inj, inj_stride, y, streams, n, elements);
   return cudaGetLastError();
 }
 

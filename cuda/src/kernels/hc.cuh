@@ -1,6 +1,7 @@
 // The elementwise pieces of qwen4exp's hyper-connection mixer (docs/models/qwen4exp.md §3(a)); the
-// grouped RMSNorm is norm.cuh's rms_norm_grouped and the projections are gemv.cuh's. Launchers never
-// allocate, synchronise or throw: they are capturable into CUDA graphs.
+// grouped RMSNorm is norm.cuh's rms_norm_grouped and the projections are gemv.cuh's. Each runs over `rows`
+// tokens in one launch (decode passes rows = 1, a prompt chunk its T tokens), one contiguous row per token.
+// Launchers never allocate, synchronise or throw: they are capturable into CUDA graphs.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,11 +15,16 @@ enum class Activation : int { Sigmoid = 0, Silu = 1 };
 cudaError_t scaled_activation(const float* in, float* out, int n, Activation act, float pre, float post,
                               cudaStream_t stream);
 
-// The block input x[i] = (1/streams) Σ_k sigmoid(up[k*n + i]) * normed[k*n + i] for i < n: the sigmoid of the
-// up projection gates each normalised stream, then the streams are averaged.
-cudaError_t hc_mix(const float* up, const float* normed, float* x, int streams, int n, cudaStream_t stream);
+// The block input x[r][i] = (1/streams) Σ_k sigmoid(up[r][k][i]) * normed[r][k][i] for r < rows, i < n: the
+// sigmoid of the up projection gates each normalised stream, then the streams are averaged. up, normed
+// [rows][streams][n], x [rows][n].
+cudaError_t hc_mix(const float* up, const float* normed, float* x, int rows, int streams, int n,
+                   cudaStream_t stream);
 
-// The write-back H[k*n + i] += inj[k] * y[i] for every stream k < streams (onto the raw streams).
-cudaError_t hc_write(float* h, const float* inj, const float* y, int streams, int n, cudaStream_t stream);
+// The write-back h[r][k][i] += inj[r * inj_stride + k] * y[r][i] for every stream k < streams (onto the raw
+// streams): h [rows][streams][n], y [rows][n]. inj_stride 0 gives every row the same inj [streams] (the
+// embedding's and the PLE addend's unit weights); a block's injection weights are [rows][streams], stride streams.
+cudaError_t hc_write(float* h, const float* inj, int inj_stride, const float* y, int rows, int streams, int n,
+                     cudaStream_t stream);
 
 }  // namespace strata::kernels

@@ -1,7 +1,7 @@
-// The device half of qwen4exp's PLE block (docs/models/qwen4exp.md §3(d)) for one decode token, given
-// the ple_key / ple_value projections of the gathered n-gram rows (the GEMVs are elsewhere): grouped RMSNorms,
-// the signed-sqrt sigmoid gate per stream, the dilated depthwise causal conv and its history advance.
-// Launchers never allocate, synchronise or throw.
+// The device half of qwen4exp's PLE block (docs/models/qwen4exp.md §3(d)) for one decode token or a chunk of
+// prompt tokens, given the ple_key / ple_value projections of the gathered n-gram rows (the GEMVs are
+// elsewhere): grouped RMSNorms, the signed-sqrt sigmoid gate per stream, the dilated depthwise causal conv and
+// its history advance. Launchers never allocate, synchronise or throw.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,5 +30,12 @@ struct PleStepArgs {
 };
 
 cudaError_t ple_step(const PleShape& shape, const PleStepArgs& args, cudaStream_t stream);
+
+// `tokens` consecutive tokens at once, the same bits as `tokens` calls of ple_step in order: the per-token
+// buffers of args are [tokens] rows (streams, out [tokens][hc][n], key [tokens][hc * n], value [tokens][n]),
+// the weights and history as for ple_step; history is left as those calls would leave it. Two launches: the
+// addends of every token (each token's conv reads its predecessors' normed rows, recomputed from their inputs,
+// or the history), then the history advance. out must not overlap history.
+cudaError_t ple_chunk(const PleShape& shape, const PleStepArgs& args, int tokens, cudaStream_t stream);
 
 }  // namespace strata::kernels

@@ -240,11 +240,11 @@ void DecodeProgram::begin(cudaStream_t s) const {
   STRATA_CUDA_TRY(kernels::embed_rows(embedding_, &stage_->token, 1, x_, s));
   const int hc = std::max(g_.hc_count, 1);
   STRATA_CUDA_TRY(cudaMemsetAsync(streams_, 0, sizeof(float) * hc * g_.n_embd, s));
-  STRATA_CUDA_TRY(kernels::hc_write(streams_, ones_, x_, hc, g_.n_embd, s));  // every stream = the embedding
+  STRATA_CUDA_TRY(kernels::hc_write(streams_, ones_, 0, x_, 1, hc, g_.n_embd, s));  // every stream = the embedding
 }
 
 void DecodeProgram::add_to_streams(const float* inj, const float* y, int streams, int width, cudaStream_t s) const {
-  STRATA_CUDA_TRY(kernels::hc_write(streams_, inj, y, streams, width, s));
+  STRATA_CUDA_TRY(kernels::hc_write(streams_, inj, 0, y, 1, streams, width, s));
 }
 
 void DecodeProgram::hc_read(const HcTensors& t, float* x, float* inj, cudaStream_t s) const {
@@ -258,7 +258,7 @@ void DecodeProgram::hc_read(const HcTensors& t, float* x, float* inj, cudaStream
   }
   STRATA_CUDA_TRY(kernels::scaled_activation(down_, down_, g_.hc_rank, kernels::Activation::Silu, inv_hc, 1.0f, s));
   project(down_, {{t.up, up_}}, q8_, s);
-  STRATA_CUDA_TRY(kernels::hc_mix(up_, normed_, x, hc, n, s));
+  STRATA_CUDA_TRY(kernels::hc_mix(up_, normed_, x, 1, hc, n, s));
   if (inj) STRATA_CUDA_TRY(kernels::scaled_activation(inject_, inj, hc, kernels::Activation::Sigmoid, inv_hc, 2.0f, s));
 }
 
@@ -395,7 +395,7 @@ void DecodeProgram::pre(int layer, cudaStream_t s) const {
   project(x_, {{t.shared_gate, sh_g_}, {t.shared_up, sh_u_}}, q8_, s, &branches_);
   STRATA_CUDA_TRY(kernels::swiglu(sh_g_, sh_u_, sh_h_, g_.shared_ff, s));
   project(sh_h_, {{t.shared_down, shared_}}, q8_, s);
-  STRATA_CUDA_TRY(kernels::shared_expert_gate(t.shared_gate_inp, x_, shared_gate_, n, s));
+  STRATA_CUDA_TRY(kernels::shared_expert_gate(t.shared_gate_inp, x_, shared_gate_, 1, n, s));
   if (c) cached_experts(*c, s);
 }
 
@@ -428,10 +428,10 @@ void DecodeProgram::post(int layer, cudaStream_t s) const {
                                            io_.wait_status, routed_, s));
   }
   if (cached(layer)) {
-    STRATA_CUDA_TRY(kernels::moe_cached_sum(ex_rows_, cache_slots_, route_weights_, g_.n_expert_used, n, ring,
+    STRATA_CUDA_TRY(kernels::moe_cached_sum(ex_rows_, cache_slots_, route_weights_, 1, g_.n_expert_used, n, ring,
                                             routed_, s));
   }
-  STRATA_CUDA_TRY(kernels::moe_combine(routed_, shared_, shared_gate_, y_, n, s));
+  STRATA_CUDA_TRY(kernels::moe_combine(routed_, shared_, shared_gate_, y_, 1, n, s));
   if (g_.hc_count > 0) add_to_streams(inj_ffn_, y_, g_.hc_count, n, s);
   else add_to_streams(ones_, y_, 1, n, s);
 }

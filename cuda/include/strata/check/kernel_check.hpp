@@ -67,25 +67,36 @@ void raise_error(const std::string& kind);
 void moe_route(int device, const float* logits, int tokens, int n_expert, int k, std::int32_t* ids,
                float* weights);
 
-// The shared expert's scalar gate sigmoid(w . x) over n floats.
-float shared_expert_gate(int device, const float* w, const float* x, int n);
+// The shared expert's gates gate [rows] = sigmoid(w . x[r]) for w [n] and x [rows][n].
+void shared_expert_gate(int device, const float* w, const float* x, int rows, int n, float* gate);
 
 // h = silu(g) * u over n floats.
 void swiglu(int device, const float* g, const float* u, float* h, int n);
 
-// out = routed + gate * shared over n floats (the gate travels through device memory, as in a decode step).
-void moe_combine(int device, const float* routed, const float* shared, float gate, float* out, int n);
+// out [rows][n] = routed + gate[r] * shared, row by row (routed, shared [rows][n]; the gates [rows] travel
+// through device memory, as on the token path).
+void moe_combine(int device, const float* routed, const float* shared, const float* gate, float* out, int rows,
+                 int n);
 
 // slots [k] = slot_of[ids[j]] (kernels/moe.cuh) for slot_of [n_expert]; every id is checked to lie in
 // [0, n_expert) before any device work.
 void expert_slots(int device, const std::int32_t* slot_of, int n_expert, const std::int32_t* ids, int k,
                   std::int32_t* slots);
 
-// out [n] = (accumulate ? out : 0) + the sum over j with slots[j] >= 0 of weights[j] * rows[j][:] (rows [k][n]):
-// with accumulate, out is uploaded and added to; without, the device's out starts as the poison, NaN, so a
-// result that read it shows.
-void moe_cached_sum(int device, const float* rows, const std::int32_t* slots, const float* weights, int k, int n,
-                    bool accumulate, float* out);
+// out [tokens][n] = (accumulate ? out : 0) + for each token t the sum over j with slots[t][j] >= 0 of
+// weights[t][j] * rows[t*k + j][:] (rows [tokens*k][n], slots and weights [tokens][k]): with accumulate, out is
+// uploaded and added to; without, the device's out starts as the poison, NaN, so a result that read it shows.
+void moe_cached_sum(int device, const float* rows, const std::int32_t* slots, const float* weights, int tokens,
+                    int k, int n, bool accumulate, float* out);
+
+// out [tokens][n] = for each token t the sum over j with row_of[t][j] >= 0 of weights[t][j] * rows[row_of[t][j]]
+// (rows [n_rows][n], row_of and weights [tokens][k]); every row_of is checked to be < n_rows before any device
+// work.
+void moe_weighted_rows(int device, const float* rows, int n_rows, const std::int32_t* row_of, const float* weights,
+                       int tokens, int k, int n, float* out);
+
+// dst [m][n] = src[index[i]] (src [src_rows][n]); every index is checked to be a row of src before any device work.
+void gather_rows(int device, const float* src, int src_rows, const std::int32_t* index, int m, int n, float* dst);
 
 }  // namespace strata::kernel_check
 
@@ -111,8 +122,14 @@ struct HcReadOutputs {
 void hc_read(int device, const float* h, const float* norm, int streams, int n, float eps, const HostTensor& down,
              const HostTensor& up, const HostTensor* inject, const HcReadOutputs& out);
 
-// The write-back: h_out [streams][n] = h [streams][n] + inj[k] * y [n] for every stream k.
-void hc_write(int device, const float* h, const float* inj, const float* y, float* h_out, int streams, int n);
+// hc_mix alone: x [rows][n] = the sigmoid-gated mean over the streams of up and normed [rows][streams][n].
+void hc_mix(int device, const float* up, const float* normed, float* x, int rows, int streams, int n);
+
+// The write-back: h_out [rows][streams][n] = h + inj[r * inj_stride + k] * y[r] for every row r and stream k
+// (y [rows][n]; inj holds (rows - 1) * inj_stride + streams floats: [streams] for stride 0, [rows][streams]
+// for stride streams).
+void hc_write(int device, const float* h, const float* inj, int inj_stride, const float* y, float* h_out, int rows,
+              int streams, int n);
 
 // The token strata.sampling.sample picks, for each uniform draw u in draws [n_draws], into tokens [n_draws]:
 // logits [vocab], the seen ids [n_seen] for the repetition penalty, and the SamplingParams fields. Arguments

@@ -72,10 +72,11 @@ int qsa_top_blocks(int device, const float* scores, int n_blocks, int keep_block
 void embed_rows(int device, int kind, int rows, int cols, const void* data, const std::uint16_t* d,
                 const int* ids, int n_ids, float* out);
 
-// `steps` PLE device-half tokens (ple.cuh) in sequence for hc streams of width n: per-step streams, key
-// [steps][hc*n] and value [steps][n]; weights norm_key, norm_query, norm_conv [hc*n], conv_weight [hc*n][K].
-// history [dilation*(K-1)][hc*n] is read and written back; out is [steps][hc*n].
-void ple_steps(int device, int streams, int width, int dilation, int conv_kernel, float eps, int steps,
+// `steps` PLE device-half tokens (ple.cuh) in sequence for hc streams of width n: ple_step once per token, or
+// with `chunk` one ple_chunk over all of them. Per-step streams, key [steps][hc*n] and value [steps][n];
+// weights norm_key, norm_query, norm_conv [hc*n], conv_weight [hc*n][K]. history [dilation*(K-1)][hc*n] is
+// read and written back; out is [steps][hc*n].
+void ple_steps(int device, int streams, int width, int dilation, int conv_kernel, float eps, int steps, bool chunk,
                const float* stream_rows, const float* key, const float* value, const float* norm_key,
                const float* norm_query, const float* norm_conv, const float* conv_weight, float* history, float* out);
 
