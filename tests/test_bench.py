@@ -106,6 +106,7 @@ class TimedFakeSession:
 
     def __init__(self, mode: str):
         self.mode, self.context, self.position, self.closed = mode, 4096, 0, False
+        self.prompt_chunk = 0  # no prompt path: every id steps
         self.sums = dict.fromkeys(("ring_wait_seconds", "pool_seconds", "gpu_pre_seconds", "gpu_post_seconds"), 0.0)
 
     def step(self, token, ple_rows, params, u, sample=True):

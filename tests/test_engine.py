@@ -15,6 +15,7 @@ from strata import _native
 from strata.devices import Device
 from strata.errors import FormatError, InvalidArgument, OutOfMemory, StrataError
 from strata.options import KV, Mode
+from strata.runtime.prompt import PROMPT_MIN_TOKENS
 from strata.runtime.engine import GpuEngine
 from strata.format import inspect
 from strata.generation import Session
@@ -31,13 +32,21 @@ class FakeDecodeSession:
     """Records every call the engine makes; samples `position * 7 % n_vocab` so answers are checkable."""
 
     def __init__(self, weights=None, pool=None, geometry=None, *, context=64, kv=KV.INT8, mode=Mode.TOKEN_GRAPH,
-                 device=0, timeout=5.0, snapshots=0, cache=None, n_vocab=512):
+                 device=0, timeout=5.0, snapshots=0, cache=None, prompt_chunk=0, staging=None, n_vocab=512):
         self.args = dict(weights=weights, pool=pool, geometry=geometry, context=context, kv=kv, mode=mode,
-                         device=device, timeout=timeout, snapshots=snapshots, cache=cache)
+                         device=device, timeout=timeout, snapshots=snapshots, cache=cache, prompt_chunk=prompt_chunk,
+                         staging=staging)
         self.saved: dict[int, int] = {}
         self.context, self.mode, self.position, self.n_vocab = context, mode, 0, n_vocab
+        self.prompt_chunk = prompt_chunk
+        self.feeds: list[tuple] = []
         self.steps: list[tuple] = []
         self.resets = self.closes = 0
+
+    def feed(self, tokens, ple_rows, params, u, sample=True):
+        self.feeds.append((list(tokens), None if ple_rows is None else ple_rows.copy(), params, u, sample))
+        self.position += len(tokens)
+        return self.position * 7 % self.n_vocab if sample else -1
 
     def step(self, token, ple_rows, params, u, sample=True):
         self.steps.append((token, None if ple_rows is None else ple_rows.copy(), params, u, sample))
@@ -152,6 +161,36 @@ def test_feed_samples_only_on_the_last_id_and_passes_ple_rows(tiny_qwen4exp, rng
         assert np.array_equal(step[1], expected.rows(t)), f"PLE rows of token {t} in {prompt}"
     assert engine.feed([token], params, u, prompt + [token]) == 7 * 7
     assert native.steps[-1][4] is True
+
+
+def test_long_feeds_take_the_prompt_path_with_every_tokens_ple_rows(tiny_qwen4exp, rng):
+    g = tiny_qwen4exp.geometry
+    native = FakeDecodeSession(context=256, prompt_chunk=16)
+    engine = GpuEngine(native, PleRows(tiny_qwen4exp, g))
+    prompt = (_ids_with_eos(g, rng) * 8)[:PROMPT_MIN_TOKENS + 5]
+    token = engine.feed(prompt, SamplingParams(), 0.25, prompt)
+    assert token == len(prompt) * 7 % 512 and native.steps == []
+    (ids, rows, _, u, sample), = native.feeds
+    assert ids == prompt and u == 0.25 and sample
+    expected = PleRows(tiny_qwen4exp, g)
+    assert np.array_equal(rows, np.stack([expected.rows(t) for t in prompt]))
+    short = prompt[:PROMPT_MIN_TOKENS - 1]  # a short feed steps token by token
+    engine.feed(short, SamplingParams(), 0.25, prompt + short)
+    assert len(native.feeds) == 1 and [s[0] for s in native.steps] == short
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_ple_rows_of_a_whole_prompt_are_the_rows_token_by_token(tiny_qwen4exp, seed):
+    g = tiny_qwen4exp.geometry
+    rng = np.random.default_rng(seed)
+    ids = [int(t) for t in rng.integers(0, g.n_vocab, 40)]
+    ids[3] = ids[4] = ids[20] = g.ple_eos  # the n-gram resets after each EOS, also across two calls
+    one_by_one = PleRows(tiny_qwen4exp, g)
+    whole = PleRows(tiny_qwen4exp, g)
+    expected = np.stack([one_by_one.rows(t) for t in ids])
+    got = np.concatenate([whole.rows_for(ids[:21]), whole.rows_for(ids[21:])])
+    assert np.array_equal(got, expected)
+    assert np.array_equal(whole.previous, one_by_one.previous)
 
 
 def test_feed_refuses_a_history_the_native_session_does_not_hold():
@@ -272,6 +311,7 @@ def test_model_session_builds_a_native_session_with_the_geometry(tiny_qwen4exp, 
     assert session.engine.ple is not None
     assert native.args["snapshots"] == 2 and session.engine.snapshots == 2
     assert native.args["cache"] is None  # the model was loaded without an expert cache
+    assert native.args["prompt_chunk"] == 0 and native.args["staging"] is None  # nor a prompt path
     session = model.session(context=100, kv="bf16", mode="uncaptured", timeout=1.5, snapshots=0)
     assert (session.engine.native.args["context"], session.engine.native.args["kv"]) == (100, KV.BF16)
     assert session.engine.native.args["timeout"] == 1.5 and session.engine.native.args["snapshots"] == 0

@@ -6,7 +6,7 @@ from libcpp.memory cimport unique_ptr
 from strata._native_forms cimport FloatKind, QuantForm, QuantPlanes
 from strata._native_pool cimport CppExpertPool, ExpertMatrix, Isa
 from strata._native_session cimport (
-    CppDecodeSession, CppExpertCache, DecodeMode, KvStorage, ModelGeometry, SessionLayout,
+    CppDecodeSession, CppExpertCache, CppExpertStaging, DecodeMode, KvStorage, ModelGeometry, SessionLayout,
 )
 from strata._native_weights cimport CppDeviceWeights, HostTensor
 
@@ -28,9 +28,14 @@ cdef class ExpertCache:
     cdef readonly object pool, host_weights
 
 
+cdef class ExpertStaging:
+    cdef unique_ptr[CppExpertStaging] staging
+    cdef readonly object pool, host_weights
+
+
 cdef class DecodeSession:
     cdef unique_ptr[CppDecodeSession] session
-    cdef readonly object weights, pool, cache
+    cdef readonly object weights, pool, cache, staging
     cdef readonly int n_vocab, ple_width
     cdef CppDecodeSession* native(self) except NULL
 

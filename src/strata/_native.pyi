@@ -56,6 +56,7 @@ class DeviceWeights:
 # Geometry, session layout, decode session (_native_session.pxi)
 def session_layout(geometry: dict[str, Any], context: int, kv: KV | str, snapshots: int = 0) -> dict[str, Any]: ...
 def decode_scratch_bytes(geometry: dict[str, Any], context: int, sampler_bytes: int) -> int: ...
+def prompt_scratch_bytes(geometry: dict[str, Any], chunk: int, context: int) -> int: ...
 def sampler_workspace_bytes(n_vocab: int) -> int: ...
 
 class ReplacementPolicy:
@@ -87,17 +88,37 @@ class ExpertCache:
     @property
     def device(self) -> int: ...
 
+class ExpertStaging:
+    pool: CpuExpertPool
+    host_weights: Any
+    def __init__(self, pool: CpuExpertPool, slots: int, device: int = 0, *, host_weights: Any) -> None: ...
+    @staticmethod
+    def bytes_for(pool: CpuExpertPool, slots: int) -> int: ...
+    @property
+    def slots(self) -> int: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def device(self) -> int: ...
+
 class DecodeSession:
     weights: DeviceWeights
     pool: CpuExpertPool
     cache: ExpertCache | None
+    staging: ExpertStaging | None
     n_vocab: int
     ple_width: int
     def __init__(
         self, weights: DeviceWeights, pool: CpuExpertPool, geometry: dict[str, Any], *, context: int,
         kv: KV | str, mode: Mode | str = ..., device: int = 0, timeout: float = 5.0, snapshots: int = 0,
-        cache: ExpertCache | None = None,
+        cache: ExpertCache | None = None, prompt_chunk: int = 0, staging: ExpertStaging | None = None,
     ) -> None: ...
+    def feed(
+        self, tokens: Sequence[int] | npt.ArrayLike, ple_rows: npt.ArrayLike | None,
+        params: tuple[float, int, float, float, float], u: float, sample: bool = True,
+    ) -> int: ...
+    @property
+    def prompt_chunk(self) -> int: ...
     def step(
         self, token: int, ple_rows: npt.ArrayLike | None, params: tuple[float, int, float, float, float], u: float,
         sample: bool = True,

@@ -3,6 +3,7 @@
 # weights_check.hpp, arena_check.hpp). Bound in _native_check_session.pxi.
 from libc.stdint cimport int32_t, uint64_t
 from libcpp.string cimport string
+from libcpp.vector cimport vector
 
 from strata._native_errors cimport raise_strata_error
 from strata._native_pool cimport CppExpertPool
@@ -38,3 +39,15 @@ cdef extern from "strata/check/arena_check.hpp" nogil:
         const CppSessionArena& arena, void* host) except +raise_strata_error
     void cpp_arena_fill "strata::arena_check::fill"(
         CppSessionArena& arena, unsigned char byte) except +raise_strata_error
+
+
+cdef extern from "strata/check/routes_check.hpp" nogil:
+    cdef cppclass ChunkRoutes "strata::routes_check::Routes":
+        vector[int] row_token, row_slot, row_of
+        int cached_rows, cached_experts
+        vector[vector[int]] fill_experts
+        vector[int] fill_first, fill_rows
+
+    ChunkRoutes cpp_group_routes "strata::routes_check::group"(
+        const int32_t* ids, int tokens, int k, int n_expert, const vector[int]& cache_slot_of, int staging_slots,
+        const vector[int]& prefetched) except +raise_strata_error

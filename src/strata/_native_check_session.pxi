@@ -1,13 +1,15 @@
-# Test hooks over the session's pieces (strata::exchange_check, weights_check, arena_check): the GPU <-> CPU
-# expert exchange through the session's own token schedule, GEMVs over uploaded weights, a session arena whose
-# bytes tests can poison and read back.
+# Test hooks over the session's pieces (strata::exchange_check, weights_check, arena_check, routes_check): the
+# GPU <-> CPU expert exchange through the session's own token schedule, GEMVs over uploaded weights, a session
+# arena whose bytes tests can poison and read back, the prompt path's grouping of a chunk's routing.
 from libc.stdint cimport int32_t, uint64_t
 from libcpp.memory cimport unique_ptr
 from libcpp.string cimport string
+from libcpp.vector cimport vector
 
 from strata._native cimport CpuExpertPool, DeviceWeights, decode_mode, kv_storage, layout_dict, model_geometry
 from strata._native_check_session cimport (
-    ExchangeFaults, ExchangeTiming, cpp_arena_download, cpp_arena_fill, cpp_exchange_run, cpp_weights_gemv,
+    ChunkRoutes, ExchangeFaults, ExchangeTiming, cpp_arena_download, cpp_arena_fill, cpp_exchange_run,
+    cpp_group_routes, cpp_weights_gemv,
 )
 from strata._native_session cimport (
     CppSessionArena, DecodeMode, KvStorage, ModelGeometry, SessionLayout, cpp_plan_session,
@@ -110,3 +112,19 @@ cdef class SessionArena:
     def __dealloc__(self):
         with nogil:
             self.arena.reset()
+
+
+def group_routes(ids, int n_expert, list cache_slot_of, int staging_slots, list prefetched) -> dict:
+    """The prompt path's grouping of one layer's routing `ids` [tokens, k] (cuda/src/session/chunk_routes.hpp):
+    {"row_token", "row_slot", "row_of", "cached_rows", "cached_experts", "fills": [(experts, first_row, rows)]}."""
+    cdef const int32_t[:, ::1] view = np.ascontiguousarray(ids, dtype=np.int32)
+    cdef vector[int] cache = cache_slot_of
+    cdef vector[int] ahead = prefetched
+    cdef int tokens = view.shape[0], k = view.shape[1]
+    cdef const int32_t* first = &view[0, 0] if tokens > 0 and k > 0 else NULL
+    cdef ChunkRoutes r
+    with nogil:
+        r = cpp_group_routes(first, tokens, k, n_expert, cache, staging_slots, ahead)
+    return {"row_token": list(r.row_token), "row_slot": list(r.row_slot), "row_of": list(r.row_of),
+            "cached_rows": r.cached_rows, "cached_experts": r.cached_experts,
+            "fills": [(list(r.fill_experts[i]), r.fill_first[i], r.fill_rows[i]) for i in range(r.fill_first.size())]}

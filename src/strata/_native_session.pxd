@@ -99,6 +99,17 @@ cdef extern from "strata/expert_cache.hpp" nogil:
         const CppExpertPool& pool, const vector[int]& slots) except +raise_strata_error
 
 
+cdef extern from "strata/expert_staging.hpp" nogil:
+    cdef cppclass CppExpertStaging "strata::ExpertStaging":
+        CppExpertStaging(int device, const CppExpertPool& pool, int slots) except +raise_strata_error
+        int slots()
+        int n_expert()
+        size_t bytes()
+        int device()
+    size_t cpp_expert_staging_bytes "strata::ExpertStaging::bytes_for"(
+        const CppExpertPool& pool, int slots) except +raise_strata_error
+
+
 cdef extern from "strata/decode_session.hpp" nogil:
     cdef enum class DecodeMode "strata::DecodeMode":
         kUncaptured
@@ -112,6 +123,7 @@ cdef extern from "strata/decode_session.hpp" nogil:
         DecodeMode mode
         double timeout_seconds
         int snapshots
+        int prompt_chunk
 
     cdef cppclass TokenLogprobs "strata::TokenLogprobs":
         double token
@@ -130,15 +142,23 @@ cdef extern from "strata/decode_session.hpp" nogil:
         double gpu_pre_seconds, gpu_post_seconds
         vector[long] expert_hits, expert_misses, expert_copies
         long expert_copy_bytes
+        long prompt_tokens, prompt_chunks
+        double prompt_seconds
+        long prompt_staged_experts, prompt_cached_experts, prompt_staged_bytes
 
     size_t cpp_decode_scratch_bytes "strata::decode_scratch_bytes"(
         const ModelGeometry& geometry, int context, size_t sampler_bytes) except +raise_strata_error
+    size_t cpp_prompt_scratch_bytes "strata::prompt_scratch_bytes"(
+        const ModelGeometry& geometry, int chunk, int context) except +raise_strata_error
     size_t cpp_sampler_workspace_bytes "strata::sampler_workspace_bytes"(int n_vocab) except +raise_strata_error
 
     cdef cppclass CppDecodeSession "strata::DecodeSession":
         CppDecodeSession(const CppDeviceWeights& weights, CppExpertPool& pool, const ModelGeometry& geometry,
-                         const DecodeOptions& options, CppExpertCache* cache) except +raise_strata_error
+                         const DecodeOptions& options, CppExpertCache* cache,
+                         CppExpertStaging* staging) except +raise_strata_error
         int step(int token, const float* ple_rows, const SamplingValues& sampling, double u,
+                 cbool sample) except +raise_strata_error
+        int feed(const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling, double u,
                  cbool sample) except +raise_strata_error
         void logits(float* out) except +raise_strata_error
         void reset() except +raise_strata_error
@@ -147,6 +167,7 @@ cdef extern from "strata/decode_session.hpp" nogil:
         void restore(int slot) except +raise_strata_error
         int position()
         int context()
+        int prompt_chunk()
         DecodeMode mode()
         cbool captured()
         const DecodeStats& stats()

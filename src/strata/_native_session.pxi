@@ -8,7 +8,7 @@ from libcpp.memory cimport unique_ptr
 
 from strata._native_session cimport (
     CppReplacementPolicy, DecodeOptions, DecodeStats, ExpertMove, LayoutRegion, PolicyOptions, SamplingValues, SessionLayout, TokenLogprobs, cpp_decode_scratch_bytes,
-    cpp_expert_cache_bytes, cpp_sampler_workspace_bytes, cpp_plan_session, kKvPageTokens, kMaxSnapshots,
+    cpp_expert_cache_bytes, cpp_expert_staging_bytes, cpp_prompt_scratch_bytes, cpp_sampler_workspace_bytes, cpp_plan_session, kKvPageTokens, kMaxSnapshots,
 )
 
 KV_PAGE_TOKENS = kKvPageTokens  # tokens per KV page: sessions hold whole pages
@@ -92,6 +92,16 @@ def decode_scratch_bytes(dict geometry, int context, size_t sampler_bytes) -> in
     cdef size_t nbytes
     with nogil:
         nbytes = cpp_decode_scratch_bytes(g, context, sampler_bytes)
+    return nbytes
+
+
+def prompt_scratch_bytes(dict geometry, int chunk, int context) -> int:
+    """Device bytes of a session's prompt path scratch for chunks of `chunk` tokens and `context` tokens of KV
+    (strata/decode_session.hpp)."""
+    cdef ModelGeometry g = model_geometry(geometry)
+    cdef size_t nbytes
+    with nogil:
+        nbytes = cpp_prompt_scratch_bytes(g, chunk, context)
     return nbytes
 
 
@@ -201,28 +211,73 @@ cdef class ExpertCache:
         return self.cache.get().device()
 
 
+cdef class ExpertStaging:
+    """The prompt path's VRAM staging for routed experts (strata/expert_staging.hpp): two buffers of `slots`
+    experts each, refilled per chunk from the pool's host weights, whose pages it locks while it lives. Keeps
+    `pool` and `host_weights` (strata.runtime.pool.ExpertPool.host_weights()) alive."""
+
+    def __cinit__(self, CpuExpertPool pool, int slots, int device=0, *, host_weights):
+        cdef CppExpertPool* native_pool = pool.native()
+        self.pool, self.host_weights = pool, host_weights
+        with nogil:
+            self.staging.reset(new CppExpertStaging(device, native_pool[0], slots))
+
+    def __dealloc__(self):
+        with nogil:
+            self.staging.reset()
+
+    @staticmethod
+    def bytes_for(CpuExpertPool pool, int slots) -> int:
+        """Bytes a staging of `slots` experts per buffer would allocate for `pool`'s layers."""
+        return cpp_expert_staging_bytes(pool.native()[0], slots)
+
+    @property
+    def slots(self) -> int:
+        return self.staging.get().slots()
+
+    @property
+    def bytes(self) -> int:
+        return self.staging.get().bytes()
+
+    @property
+    def device(self) -> int:
+        return self.staging.get().device()
+
+
+cdef SamplingValues sampling_values(tuple params) except *:
+    """params = (temperature, top_k, top_p, min_p, repeat_penalty)."""
+    cdef SamplingValues v
+    v.temperature, v.top_k, v.top_p, v.min_p, v.repeat_penalty = params
+    return v
+
+
 cdef class DecodeSession:
     """One sequence decoding on the GPU and the CPU expert pool (strata/decode_session.hpp).
 
-    Keeps `weights`, `pool` and `cache` alive while it lives. `step` feeds one token and returns the sampled next
-    one. The experts `cache` (an ExpertCache, or None) holds run on the GPU.
+    Keeps `weights`, `pool`, `cache` and `staging` alive while it lives. `step` feeds one token and returns the
+    sampled next one; `feed` runs a prompt through the prompt path (chunks of `prompt_chunk` tokens, 0: none).
+    The experts `cache` (an ExpertCache, or None) holds run on the GPU; the prompt path computes the others from
+    `staging` (an ExpertStaging).
     """
 
     def __cinit__(self, DeviceWeights weights, CpuExpertPool pool, dict geometry, *, int context, kv,
                   mode=Mode.TOKEN_GRAPH, int device=0, double timeout=5.0, int snapshots=0,
-                  ExpertCache cache=None):
+                  ExpertCache cache=None, int prompt_chunk=0, ExpertStaging staging=None):
         cdef ModelGeometry g = model_geometry(geometry)
         cdef DecodeOptions o
         o.device, o.context, o.timeout_seconds, o.snapshots = device, context, timeout, snapshots
+        o.prompt_chunk = prompt_chunk
         o.kv = kv_storage(kv)
         o.mode = decode_mode(mode)
         cdef CppExpertPool* native_pool = pool.native()
         cdef CppExpertCache* native_cache = cache.cache.get() if cache is not None else NULL
-        self.weights, self.pool, self.cache = weights, pool, cache
+        cdef CppExpertStaging* native_staging = staging.staging.get() if staging is not None else NULL
+        self.weights, self.pool, self.cache, self.staging = weights, pool, cache, staging
         self.n_vocab = g.n_vocab
         self.ple_width = g.ple_n_heads * g.ple_head_dim if g.ple_layer >= 0 else 0
         with nogil:
-            self.session.reset(new CppDecodeSession(weights.weights.get()[0], native_pool[0], g, o, native_cache))
+            self.session.reset(new CppDecodeSession(weights.weights.get()[0], native_pool[0], g, o, native_cache,
+                                                    native_staging))
 
     def __dealloc__(self):
         with nogil:
@@ -237,8 +292,7 @@ cdef class DecodeSession:
         """Feed `token`; with `sample`, the next token for the draw u under params = (temperature, top_k,
         top_p, min_p, repeat_penalty), else -1. ple_rows: float32 [ple heads, ple head dim] or None."""
         cdef CppDecodeSession* s = self.native()
-        cdef SamplingValues v
-        v.temperature, v.top_k, v.top_p, v.min_p, v.repeat_penalty = params
+        cdef SamplingValues v = sampling_values(params)
         cdef const float[::1] rows
         cdef const float* rows_ptr = NULL
         if ple_rows is not None:
@@ -251,6 +305,31 @@ cdef class DecodeSession:
         with nogil:
             out = s.step(token, rows_ptr, v, u, sample)
         return out
+
+    def feed(self, tokens, ple_rows, tuple params, double u, bint sample=True) -> int:
+        """Feed the ids `tokens` through the prompt path; with `sample`, the next token as step() samples it,
+        else -1. ple_rows: float32 [len(tokens), ple heads, ple head dim] or None."""
+        cdef CppDecodeSession* s = self.native()
+        cdef SamplingValues v = sampling_values(params)
+        cdef const int[::1] ids = np.ascontiguousarray(tokens, dtype=np.intc).reshape(-1)
+        if ids.shape[0] == 0:
+            raise InvalidArgument("feed() needs at least one token id")
+        cdef const float[::1] rows
+        cdef const float* rows_ptr = NULL
+        if ple_rows is not None:
+            rows = np.ascontiguousarray(ple_rows, dtype=np.float32).reshape(-1)
+            if rows.shape[0] != self.ple_width * ids.shape[0]:
+                raise InvalidArgument(f"ple_rows has {rows.shape[0]} values; {ids.shape[0]} tokens of this model's "
+                                      f"PLE rows hold {self.ple_width * ids.shape[0]}")
+            rows_ptr = &rows[0]
+        cdef int out
+        with nogil:
+            out = s.feed(&ids[0], ids.shape[0], rows_ptr, v, u, sample)
+        return out
+
+    @property
+    def prompt_chunk(self) -> int:
+        return self.native().prompt_chunk()
 
     def logits(self):
         """float32 [n_vocab] of the last step."""
@@ -310,7 +389,10 @@ cdef class DecodeSession:
                 "pool_seconds": st.pool_seconds, "rings": st.rings, "gpu_pre_seconds": st.gpu_pre_seconds,
                 "gpu_post_seconds": st.gpu_post_seconds, "expert_hits": list(st.expert_hits),
                 "expert_misses": list(st.expert_misses), "expert_copies": list(st.expert_copies),
-                "expert_copy_bytes": st.expert_copy_bytes}
+                "expert_copy_bytes": st.expert_copy_bytes, "prompt_tokens": st.prompt_tokens,
+                "prompt_chunks": st.prompt_chunks, "prompt_seconds": st.prompt_seconds,
+                "prompt_staged_experts": st.prompt_staged_experts,
+                "prompt_cached_experts": st.prompt_cached_experts, "prompt_staged_bytes": st.prompt_staged_bytes}
 
     def close(self) -> None:
         with nogil:

@@ -17,7 +17,7 @@ ENGINES = ("gpu", "reference")
 
 def load(path: str | os.PathLike[str], *, engine: str = "gpu", **options: Any):
     """Open the GGUF at `path` for `engine`: a strata.Model ("gpu"; options: device, threads, cache_dir,
-    progress, expert_cache, cache_policy, vram_limit) or a ReferenceModel ("reference"). Both have `session(...)`, `tokenizer` and `close()`."""
+    progress, expert_cache, cache_policy, vram_limit, prompt) or a ReferenceModel ("reference"). Both have `session(...)`, `tokenizer` and `close()`."""
     if engine == "gpu":
         from strata.runtime.model import load as load_on_gpu
 

@@ -15,6 +15,7 @@ namespace strata {
 
 class DeviceWeights;
 class ExpertCache;
+class ExpertStaging;
 namespace cpu {
 class ExpertPool;
 }
@@ -29,6 +30,7 @@ struct DecodeOptions {
   DecodeMode mode = DecodeMode::kTokenGraph;
   double timeout_seconds = 5.0;  // the GPU's wait for an answer; the host waits 3x this for a ring
   int snapshots = 0;             // slots of recurrent state for snapshot() / restore() (in the arena)
+  int prompt_chunk = 0;          // tokens per chunk of feed()'s prompt path; 0: no prompt path
 };
 
 // The log-probabilities of one position (strata.sampling.log_probabilities): the sampled token's, and the
@@ -58,12 +60,22 @@ struct DecodeStats {
   std::vector<long> expert_hits, expert_misses;  // per layer: routed experts the VRAM cache held / the pool ran
   std::vector<long> expert_copies;               // per layer: experts the cache's replacement copied in
   long expert_copy_bytes = 0;
+  // The prompt path (feed): tokens, chunks and wall time, routed (layer, expert) computations from the staging
+  // and from the VRAM cache, and the bytes the staging copied.
+  long prompt_tokens = 0, prompt_chunks = 0;
+  double prompt_seconds = 0.0;
+  long prompt_staged_experts = 0, prompt_cached_experts = 0;
+  long prompt_staged_bytes = 0;
 };
 
 // Device bytes of a decode session's scratch for `context` tokens of KV (rounded up to whole pages, as the
 // session's arena rounds them): its per-token buffers, the RoPE tables and the sampler's `sampler_bytes`
 // (sampler_workspace_bytes). The memory plan counts this; the session allocates exactly this.
 std::size_t decode_scratch_bytes(const ModelGeometry& geometry, int context, std::size_t sampler_bytes);
+
+// Device bytes of a session's prompt path scratch for chunks of `chunk` tokens and `context` tokens of KV (whole
+// pages): the chunk's rows of every layer's buffers and its routed rows. The memory plan counts this.
+std::size_t prompt_scratch_bytes(const ModelGeometry& geometry, int chunk, int context);
 
 // The GPU sampler's workspace for a vocabulary of `n_vocab`: its sort's size depends on the device's
 // architecture, so this needs a CUDA device (CudaError without one).
@@ -73,10 +85,11 @@ class DecodeSession {
  public:
   // Checks every tensor the program reads against the geometry (InvalidArgument naming the tensor), plans
   // and allocates the arena and scratch (OutOfMemory naming the need), builds the RoPE tables. The experts
-  // `cache` holds (may be null) run on the GPU, the others on the pool; weights, pool and cache outlive the
-  // session.
+  // `cache` holds (may be null) run on the GPU, the others on the pool; the prompt path (options.prompt_chunk)
+  // computes the experts the cache lacks from `staging` (required then, unless the cache holds every expert).
+  // weights, pool, cache and staging outlive the session.
   DecodeSession(const DeviceWeights& weights, cpu::ExpertPool& pool, const ModelGeometry& geometry,
-                const DecodeOptions& options, ExpertCache* cache = nullptr);
+                const DecodeOptions& options, ExpertCache* cache = nullptr, ExpertStaging* staging = nullptr);
   ~DecodeSession();
   DecodeSession(const DecodeSession&) = delete;
   DecodeSession& operator=(const DecodeSession&) = delete;
@@ -86,7 +99,13 @@ class DecodeSession {
   // ple_rows: [ple_n_heads][ple_head_dim] float32 n-gram table rows of this token (required with PLE).
   int step(int token, const float* ple_rows, const SamplingValues& sampling, double u, bool sample);
 
-  void logits(float* out) const;  // [n_vocab] of the last step
+  // Appends the n tokens at the next positions through the prompt path, in chunks of options.prompt_chunk
+  // tokens, each layer once per chunk (docs/prompt.md), then runs the LM head at the last one: the same state
+  // as n steps. With `sample`, returns the next token sampled as step() samples it, else -1. ple_rows:
+  // [n][ple_n_heads][ple_head_dim] (required with PLE).
+  int feed(const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling, double u, bool sample);
+
+  void logits(float* out) const;  // [n_vocab] of the last step or feed
   void reset();                   // an empty sequence; stats start over
 
   // Log-probabilities at the last step's position for `token` and the n (<= 20) most likely ids, computed on
@@ -100,6 +119,7 @@ class DecodeSession {
 
   int position() const noexcept;
   int context() const noexcept;
+  int prompt_chunk() const noexcept;  // 0: no prompt path
   DecodeMode mode() const noexcept;
   bool captured() const noexcept;  // graph modes: the graphs exist (captured on the first step)
   const DecodeStats& stats() const noexcept;

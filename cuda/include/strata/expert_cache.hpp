@@ -62,6 +62,7 @@ class ExpertCache {
   int slots(int layer) const;
   bool holds(int layer, int expert) const noexcept;  // the host's copy of slot_of, as the device has it
   bool holds_all(int layer) const noexcept;          // every expert of the layer is held
+  int slot_of(int layer, int expert) const noexcept; // the slot holding `expert` as the device map has it, or -1
   std::vector<int> held(int layer) const;            // the expert in each slot, -1 for an empty one
   const CachedLayer& layer(int index) const;
   std::size_t bytes() const noexcept;                // the one allocation, every plane and map included

@@ -14,29 +14,11 @@
 #include "../kernels/rope.cuh"
 #include "../kernels/router.cuh"
 #include "strata/device.hpp"
+#include "scratch_carver.hpp"
 #include "strata/error.hpp"
 
 namespace strata {
 namespace {
-
-constexpr std::size_t kAlign = 256;
-
-// Hands out 256-byte aligned pieces of one allocation: a first pass over a null base sizes it.
-class Carver {
- public:
-  explicit Carver(char* base) : base_(base) {}
-  template <class T>
-  T* take(std::size_t count) {
-    const std::size_t at = used_;
-    used_ += (std::max<std::size_t>(count * sizeof(T), 1) + kAlign - 1) / kAlign * kAlign;
-    return base_ ? reinterpret_cast<T*>(base_ + at) : nullptr;
-  }
-  std::size_t used() const noexcept { return used_; }
-
- private:
-  char* base_;
-  std::size_t used_ = 0;
-};
 
 // The stage's token lands in the penalty's history at its position.
 __global__ void record_token(const TokenStage* stage, int* seen) { seen[stage->position] = stage->token; }
@@ -168,7 +150,8 @@ DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& 
       embedding_(embed_table(*t_.embedding)),  // refuses a form the gather lacks, before anything is allocated
       io_(io),
       cache_(cache),
-      context_(arena.layout().kv_pages * kKvPageTokens),
+      seq_(sequence_views(g, t_, arena, kv_storage)),
+      context_(seq_.context),
       scratch_(0) {
   std::size_t sample_bytes = 0;
   STRATA_CUDA_TRY(kernels::sample_scratch_bytes(g.n_vocab, &sample_bytes));
@@ -182,7 +165,7 @@ DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& 
   scratch_ = DeviceBuffer(sizing.used());
   Carver real(scratch_.as<char>());
   carve_scratch(real, g, context_, sample_bytes, *this);
-  const int hc = std::max(g.hc_count, 1), rope_half = g.rope_dim / 2, kv_dim = g.n_head_kv * g.head_dim;
+  const int hc = std::max(g.hc_count, 1), rope_half = g.rope_dim / 2;
 
   // Constants: the RoPE tables (float64 on the host) and the unit injection weights of one-stream writes.
   if (rope_half > 0) {
@@ -199,38 +182,6 @@ DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& 
   STRATA_CUDA_TRY(cudaMemset(ex_gate_, 0, hidden_bytes));
   STRATA_CUDA_TRY(cudaMemset(ex_up_, 0, hidden_bytes));
 
-  // Views of the sequence state in the arena.
-  kv_.resize(g.n_layer);
-  index_shape_.resize(g.n_layer);
-  index_cache_.resize(g.n_layer);
-  gdn_state_.assign(g.n_layer, nullptr);
-  gdn_conv_.assign(g.n_layer, nullptr);
-  const int pages = arena.layout().kv_pages;
-  const std::size_t kv_elements = static_cast<std::size_t>(pages) * kKvPageTokens * kv_dim;
-  for (int l = 0; l < g.n_layer; ++l) {
-    if (g.recurrent[l]) {
-      gdn_state_[l] = static_cast<float*>(arena.region("gdn state", l));
-      gdn_conv_[l] = static_cast<float*>(arena.region("gdn conv history", l));
-      continue;
-    }
-    kernels::PagedKv& kv = kv_[l];
-    kv.keys = kernels::kv_half(kv_key_codes(kv_storage), arena.region("kv keys", l), kv_elements);
-    kv.values = kernels::kv_half(kv_value_codes(kv_storage), arena.region("kv values", l), kv_elements);
-    kv.n_head_kv = g.n_head_kv;
-    kv.head_dim = g.head_dim;
-    kv.page_size = kKvPageTokens;
-    kv.max_pages = pages;
-    kv.page_table = static_cast<const int*>(arena.region("kv page table", l));
-    if (t_.layers[l].index_q) {
-      const int ratio = g.compress_ratios.at(l);
-      index_shape_[l] = {g.indexer_heads, g.indexer_head_dim, ratio, g.indexer_budget / ratio, g.rope_dim,
-                         context_ / ratio, g.rms_eps};
-      index_cache_[l] = {static_cast<float*>(arena.region("indexer raw keys", l)),
-                         static_cast<float*>(arena.region("indexer block keys", l))};
-    }
-  }
-  if (g.ple_layer >= 0) ple_history_ = static_cast<float*>(arena.region("ple history"));
-  streams_ = static_cast<float*>(arena.region("residual streams"));
 }
 
 void DecodeProgram::begin(cudaStream_t s) const {
@@ -239,18 +190,18 @@ void DecodeProgram::begin(cudaStream_t s) const {
   STRATA_CUDA_TRY(cudaGetLastError());
   STRATA_CUDA_TRY(kernels::embed_rows(embedding_, &stage_->token, 1, x_, s));
   const int hc = std::max(g_.hc_count, 1);
-  STRATA_CUDA_TRY(cudaMemsetAsync(streams_, 0, sizeof(float) * hc * g_.n_embd, s));
-  STRATA_CUDA_TRY(kernels::hc_write(streams_, ones_, 0, x_, 1, hc, g_.n_embd, s));  // every stream = the embedding
+  STRATA_CUDA_TRY(cudaMemsetAsync(seq_.streams, 0, sizeof(float) * hc * g_.n_embd, s));
+  STRATA_CUDA_TRY(kernels::hc_write(seq_.streams, ones_, 0, x_, 1, hc, g_.n_embd, s));  // every stream = the embedding
 }
 
 void DecodeProgram::add_to_streams(const float* inj, const float* y, int streams, int width, cudaStream_t s) const {
-  STRATA_CUDA_TRY(kernels::hc_write(streams_, inj, 0, y, 1, streams, width, s));
+  STRATA_CUDA_TRY(kernels::hc_write(seq_.streams, inj, 0, y, 1, streams, width, s));
 }
 
 void DecodeProgram::hc_read(const HcTensors& t, float* x, float* inj, cudaStream_t s) const {
   const int hc = g_.hc_count, n = g_.n_embd;
   const float inv_hc = 1.0f / static_cast<float>(hc);
-  STRATA_CUDA_TRY(kernels::rms_norm_grouped(streams_, t.norm, normed_, 1, hc, n, g_.rms_eps, s));
+  STRATA_CUDA_TRY(kernels::rms_norm_grouped(seq_.streams, t.norm, normed_, 1, hc, n, g_.rms_eps, s));
   if (inj) {
     project(normed_, {{t.down, down_}, {t.inject, inject_}}, q8_, s, &branches_);
   } else {
@@ -267,14 +218,14 @@ void DecodeProgram::ple(int layer, cudaStream_t s) const {
   project(ple_rows_, {{t.ple_key, ple_key_}, {t.ple_value, ple_value_}}, q8_, s, &branches_);
   const kernels::PleShape shape{g_.hc_count, g_.n_embd, g_.ple_ngram, g_.ple_conv_kernel, g_.rms_eps};
   kernels::PleStepArgs args;
-  args.streams = streams_;
+  args.streams = seq_.streams;
   args.key = ple_key_;
   args.value = ple_value_;
   args.norm_key = t.ple_norm_key;
   args.norm_query = t.ple_norm_query;
   args.norm_conv = t.ple_norm_conv;
   args.conv_weight = t.ple_conv;
-  args.history = ple_history_;
+  args.history = seq_.ple_history;
   args.out = ple_out_;
   STRATA_CUDA_TRY(kernels::ple_step(shape, args, s));
   add_to_streams(ones_, ple_out_, 1, g_.hc_count * g_.n_embd, s);
@@ -313,8 +264,8 @@ void DecodeProgram::mixer_gdn(int layer, cudaStream_t s) const {
   args.ssm_a = t.ssm_a;
   args.dt_bias = t.dt_bias;
   args.norm_weight = t.ssm_norm;
-  args.conv_state = gdn_conv_[layer];
-  args.state = gdn_state_[layer];
+  args.conv_state = seq_.gdn_conv[layer];
+  args.state = seq_.gdn_state[layer];
   args.conv_out = conv_out_;
   args.out = core_;
   STRATA_CUDA_TRY(kernels::gdn_step(shape, args, s));
@@ -339,7 +290,7 @@ void DecodeProgram::mixer_attention(int layer, cudaStream_t s) const {
   prep.rope_sin = sin_;
   prep.position = position;
   prep.q_out = q_;
-  STRATA_CUDA_TRY(kernels::attention_prep(attention_, prep, kv_[layer], s));
+  STRATA_CUDA_TRY(kernels::attention_prep(attention_, prep, seq_.kv[layer], s));
   kernels::AttentionDecodeArgs decode;
   decode.q = q_;
   decode.q_gate = qg_;
@@ -347,8 +298,8 @@ void DecodeProgram::mixer_attention(int layer, cudaStream_t s) const {
   decode.out = attn_;
   kernels::carve_attention_partials(attention_, attention_partials_, decode);
   if (t.index_q) {
-    const kernels::IndexerShape& shape = index_shape_[layer];
-    STRATA_CUDA_TRY(kernels::qsa_append(shape, index_cache_[layer], ik_, t.index_k_norm, cos_, sin_, position, s));
+    const kernels::IndexerShape& shape = seq_.index_shape[layer];
+    STRATA_CUDA_TRY(kernels::qsa_append(shape, seq_.index_cache[layer], ik_, t.index_k_norm, cos_, sin_, position, s));
     kernels::IndexerSelectArgs select;
     select.q = iq_;
     select.q_norm = t.index_q_norm;
@@ -358,12 +309,12 @@ void DecodeProgram::mixer_attention(int layer, cudaStream_t s) const {
     select.scores = scores_;
     select.selected_blocks = selected_;
     select.n_selected = n_selected_;
-    STRATA_CUDA_TRY(kernels::qsa_select(shape, index_cache_[layer], select, s));
+    STRATA_CUDA_TRY(kernels::qsa_select(shape, seq_.index_cache[layer], select, s));
     decode.selected_blocks = selected_;
     decode.n_selected = n_selected_;
     decode.block_tokens = shape.ratio;
   }
-  STRATA_CUDA_TRY(kernels::attention_decode(attention_, decode, kv_[layer], s));
+  STRATA_CUDA_TRY(kernels::attention_decode(attention_, decode, seq_.kv[layer], s));
   project(attn_, {{t.o, y_}}, q8_, s);
 }
 
@@ -373,7 +324,7 @@ void DecodeProgram::pre(int layer, cudaStream_t s) const {
   const int n = g_.n_embd;
   if (layer == g_.ple_layer) ple(layer, s);
   if (hc) hc_read(t.hc_attn, x_, inj_attn_, s);
-  else STRATA_CUDA_TRY(kernels::rms_norm(streams_, t.attn_norm, x_, 1, n, g_.rms_eps, s));
+  else STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t.attn_norm, x_, 1, n, g_.rms_eps, s));
   if (g_.recurrent[layer]) mixer_gdn(layer, s);
   else mixer_attention(layer, s);
   if (hc) {
@@ -381,7 +332,7 @@ void DecodeProgram::pre(int layer, cudaStream_t s) const {
     hc_read(t.hc_ffn, x_, inj_ffn_, s);
   } else {
     add_to_streams(ones_, y_, 1, n, s);
-    STRATA_CUDA_TRY(kernels::rms_norm(streams_, t.post_attention_norm, x_, 1, n, g_.rms_eps, s));
+    STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t.post_attention_norm, x_, 1, n, g_.rms_eps, s));
   }
   // Router, then the ring: the host starts on the routed experts the cache lacks while the shared expert and
   // the cached ones run here.
@@ -440,9 +391,14 @@ void DecodeProgram::enqueue_logprobs(int token, int n, cudaStream_t s) const {
   STRATA_CUDA_TRY(kernels::logprobs(logits_, g_.n_vocab, token, n, logprobs_, s));
 }
 
+void DecodeProgram::end_prompt(bool sample, cudaStream_t s) const {
+  STRATA_CUDA_TRY(cudaMemcpyAsync(stage_, io_.host_stage, sizeof(TokenStage), cudaMemcpyHostToDevice, s));
+  end(sample, s);
+}
+
 void DecodeProgram::end(bool sample, cudaStream_t s) const {
   if (g_.hc_count > 0) hc_read(t_.output_hc, x_, nullptr, s);
-  else STRATA_CUDA_TRY(kernels::rms_norm(streams_, t_.output_norm, x_, 1, g_.n_embd, g_.rms_eps, s));
+  else STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t_.output_norm, x_, 1, g_.n_embd, g_.rms_eps, s));
   project(x_, {{t_.head, logits_}}, q8_, s);
   if (!sample) return;
   STRATA_CUDA_TRY(kernels::sample_token(logits_, g_.n_vocab, seen_, context_, &stage_->sampling, sample_scratch_,

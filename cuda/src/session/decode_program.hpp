@@ -18,6 +18,7 @@
 #include "../runtime/device_buffer.hpp"
 #include "decode_tensors.hpp"
 #include "projection.hpp"
+#include "sequence_views.hpp"
 #include "strata/expert_cache.hpp"
 #include "strata/session_arena.hpp"
 #include "token_schedule.hpp"
@@ -97,6 +98,20 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
 
   const float* logits() const noexcept { return logits_; }
 
+  // What the prompt program (prompt_program.hpp) shares with this one: the tensors, the sequence's state, the
+  // embedding gather, the RoPE tables and the penalty's history of every token fed.
+  const ModelTensors& tensors() const noexcept { return t_; }
+  const SequenceViews& sequence() const noexcept { return seq_; }
+  const kernels::EmbedTable& embedding() const noexcept { return embedding_; }
+  const kernels::AttentionShape& attention_shape() const noexcept { return attention_; }
+  const float* rope_cos() const noexcept { return cos_; }
+  const float* rope_sin() const noexcept { return sin_; }
+  int* history() const noexcept { return seen_; }
+
+  // The LM head (and with `sample` the sampler) after a prompt left its last token's streams in the arena: the
+  // stage's sampling values are copied up first, as begin() copies them for a token.
+  void end_prompt(bool sample, cudaStream_t s) const;
+
   // The log-probabilities of `token` and the n most likely ids at the last position, into logprobs().
   void enqueue_logprobs(int token, int n, cudaStream_t s) const;
   const kernels::Logprobs* logprobs() const noexcept { return logprobs_; }
@@ -115,14 +130,9 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
   kernels::EmbedTable embedding_;  // token_embd as the row gather reads it
   ProgramIo io_;
   const ExpertCache* cache_;
+  SequenceViews seq_;
   int context_;
   kernels::AttentionShape attention_;
-  std::vector<kernels::PagedKv> kv_;                 // per layer (attention layers)
-  std::vector<kernels::IndexerShape> index_shape_;   // per layer (indexed layers)
-  std::vector<kernels::IndexerCache> index_cache_;
-  std::vector<float*> gdn_state_, gdn_conv_;         // per layer (GDN layers)
-  float* ple_history_ = nullptr;
-  float* streams_ = nullptr;                          // the arena's residual streams [hc][n]
 
   DeviceBuffer scratch_;
   Branches branches_;

@@ -14,12 +14,14 @@
 #include "../kernels/sample.cuh"
 #include "decode_program.hpp"
 #include "doorbell_host.hpp"
+#include "prompt_program.hpp"
 #include "ring_answerer.hpp"
 #include "strata/cpu_topology.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"
 #include "strata/expert_cache.hpp"
 #include "strata/expert_pool.hpp"
+#include "strata/expert_staging.hpp"
 #include "strata/session_arena.hpp"
 #include "token_schedule.hpp"
 
@@ -31,6 +33,8 @@ void check_options(const DecodeOptions& o) {
                  "timeout must be in (0, 600] seconds, got " + std::to_string(o.timeout_seconds));
   STRATA_EXPECTS(o.snapshots >= 0 && o.snapshots <= kMaxSnapshots, InvalidArgument,
                  "snapshots must be in 0.." + std::to_string(kMaxSnapshots) + ", got " + std::to_string(o.snapshots));
+  STRATA_EXPECTS(o.prompt_chunk >= 0, InvalidArgument,
+                 "prompt chunk must be >= 0 tokens (0: no prompt path), got " + std::to_string(o.prompt_chunk));
 }
 
 void check_cache(const ExpertCache& cache, const ModelGeometry& g, int device) {
@@ -73,7 +77,7 @@ class HostLoopPin {
 
 struct DecodeSession::Impl {
   Impl(const DeviceWeights& weights, cpu::ExpertPool& pool, const ModelGeometry& geometry,
-       const DecodeOptions& options, ExpertCache* cache)
+       const DecodeOptions& options, ExpertCache* cache, ExpertStaging* staging)
       : g(geometry),
         cache(cache),
         options(options),
@@ -85,7 +89,11 @@ struct DecodeSession::Impl {
         sampled(sizeof(int)),
         program(weights, g, arena, options.kv, program_io(), cache),
         schedule(program, options.mode),
-        ring_timeout(host_ring_timeout(options.timeout_seconds)) {}
+        ring_timeout(host_ring_timeout(options.timeout_seconds)) {
+    if (options.prompt_chunk > 0) {
+      prompt = std::make_unique<PromptProgram>(program, g, options.device, options.prompt_chunk, staging, cache);
+    }
+  }
 
   ProgramIo program_io() const {
     ProgramIo io;
@@ -119,23 +127,10 @@ struct DecodeSession::Impl {
   }
 
   int step(int token, const float* ple_rows, const SamplingValues& sampling, double u, bool sample) {
-    STRATA_EXPECTS(!broken, Error, "an earlier step failed midway; reset() the session before the next step");
-    STRATA_EXPECTS(position < context(), InvalidArgument,
-                   "the sequence is full: " + std::to_string(context()) + " tokens of context are used; reset()");
-    STRATA_EXPECTS(token >= 0 && token < g.n_vocab, InvalidArgument,
-                   "token id " + std::to_string(token) + " is outside the vocabulary [0, " +
-                       std::to_string(g.n_vocab) + ")");
-    STRATA_EXPECTS((ple_rows != nullptr) == (g.ple_layer >= 0), InvalidArgument,
-                   g.ple_layer >= 0 ? "this model's PLE layer needs the n-gram table rows of every token"
-                                    : "this model has no PLE layer, yet PLE rows were given");
-    STRATA_EXPECTS(u >= 0.0 && u < 1.0, InvalidArgument, "the draw u must lie in [0, 1), got " + std::to_string(u));
+    check_feed(&token, 1, ple_rows, u);
     const auto start = std::chrono::steady_clock::now();
     const HostLoopPin pin(host_cpus);
-    auto* st = stage.host<TokenStage>();
-    st->sampling = {sampling.temperature, sampling.top_p, sampling.min_p, u, sampling.repeat_penalty,
-                    sampling.top_k, position + 1};
-    st->token = token;
-    st->position = position;
+    stage_sampling(sampling, u, token, position);
     if (ple_rows) {
       std::memcpy(stage.host<char>(kStagePleOffset), ple_rows, sizeof(float) * g.ple_n_heads * g.ple_head_dim);
     }
@@ -159,6 +154,59 @@ struct DecodeSession::Impl {
     return sample ? *sampled.host<volatile int>() : -1;
   }
 
+  // The checks step() and feed() share, for n tokens from `tokens`.
+  void check_feed(const int* tokens, int n, const float* ple_rows, double u) const {
+    STRATA_EXPECTS(!broken, Error, "an earlier step failed midway; reset() the session before the next step");
+    STRATA_EXPECTS(n >= 1 && position + n <= context(), InvalidArgument,
+                   "the sequence is full: " + std::to_string(position) + " of " + std::to_string(context()) +
+                       " tokens of context are used and " + std::to_string(n) + " more were fed; reset()");
+    for (int i = 0; i < n; ++i) {
+      STRATA_EXPECTS(tokens[i] >= 0 && tokens[i] < g.n_vocab, InvalidArgument,
+                     "token id " + std::to_string(tokens[i]) + " is outside the vocabulary [0, " +
+                         std::to_string(g.n_vocab) + ")");
+    }
+    STRATA_EXPECTS((ple_rows != nullptr) == (g.ple_layer >= 0), InvalidArgument,
+                   g.ple_layer >= 0 ? "this model's PLE layer needs the n-gram table rows of every token"
+                                    : "this model has no PLE layer, yet PLE rows were given");
+    STRATA_EXPECTS(u >= 0.0 && u < 1.0, InvalidArgument, "the draw u must lie in [0, 1), got " + std::to_string(u));
+  }
+
+  void stage_sampling(const SamplingValues& sampling, double u, int token, int at) {
+    auto* st = stage.host<TokenStage>();
+    st->sampling = {sampling.temperature, sampling.top_p, sampling.min_p, u, sampling.repeat_penalty,
+                    sampling.top_k, at + 1};
+    st->token = token;
+    st->position = at;
+  }
+
+  int feed(const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling, double u, bool sample) {
+    STRATA_EXPECTS(prompt != nullptr, InvalidArgument,
+                   "this session has no prompt path (it was opened with a prompt chunk of 0 tokens)");
+    check_feed(tokens, n, ple_rows, u);
+    const auto start = std::chrono::steady_clock::now();
+    broken = true;  // until the prompt completes
+    refresh_cache();
+    const int chunk = prompt->chunk(), ple_width = g.ple_n_heads * g.ple_head_dim;
+    for (int at = 0; at < n; at += chunk) {
+      const int m = std::min(chunk, n - at);
+      prompt->run(tokens + at, m, position + at, ple_rows ? ple_rows + static_cast<long>(at) * ple_width : nullptr,
+                  stream.get());
+    }
+    stage_sampling(sampling, u, tokens[n - 1], position + n - 1);
+    program.end_prompt(sample, stream.get());
+    STRATA_CUDA_TRY(cudaStreamSynchronize(stream.get()));
+    broken = false;
+    position += n;
+    const PromptStats& p = prompt->stats();
+    stats.prompt_tokens = p.tokens;
+    stats.prompt_chunks = p.chunks;
+    stats.prompt_staged_experts = p.staged_experts;
+    stats.prompt_cached_experts = p.cached_experts;
+    stats.prompt_staged_bytes = static_cast<long>(p.staged_bytes);
+    stats.prompt_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return sample ? *sampled.host<volatile int>() : -1;
+  }
+
   void reset() {
     (void)cudaStreamSynchronize(stream.get());
     arena.reset();
@@ -166,6 +214,7 @@ struct DecodeSession::Impl {
     broken = false;
     stats = {};
     exchange = {};
+    if (prompt) prompt->reset_stats();
     snapshot_position.assign(options.snapshots, -1);
   }
 
@@ -215,6 +264,7 @@ struct DecodeSession::Impl {
   DecodeProgram program;
   TokenSchedule schedule;
   std::chrono::nanoseconds ring_timeout;
+  std::unique_ptr<PromptProgram> prompt;  // options.prompt_chunk > 0
   Stream stream;  // after every buffer: destroyed (and drained) before any of them is freed
   int position = 0;
   long tokens_run = 0;
@@ -231,6 +281,13 @@ std::size_t decode_scratch_bytes(const ModelGeometry& geometry, int context, std
   return DecodeProgram::scratch_bytes(geometry, pages * kKvPageTokens, sampler_bytes);
 }
 
+std::size_t prompt_scratch_bytes(const ModelGeometry& geometry, int chunk, int context) {
+  check_geometry(geometry);
+  STRATA_EXPECTS(context >= 1, InvalidArgument, "context must be >= 1 token, got " + std::to_string(context));
+  const int pages = (context + kKvPageTokens - 1) / kKvPageTokens;
+  return PromptProgram::scratch_bytes(geometry, chunk, pages * kKvPageTokens);
+}
+
 std::size_t sampler_workspace_bytes(int n_vocab) {
   std::size_t bytes = 0;
   STRATA_CUDA_TRY(kernels::sample_scratch_bytes(n_vocab, &bytes));
@@ -238,12 +295,12 @@ std::size_t sampler_workspace_bytes(int n_vocab) {
 }
 
 DecodeSession::DecodeSession(const DeviceWeights& weights, cpu::ExpertPool& pool, const ModelGeometry& geometry,
-                             const DecodeOptions& options, ExpertCache* cache) {
+                             const DecodeOptions& options, ExpertCache* cache, ExpertStaging* staging) {
   check_geometry(geometry);
   check_options(options);
   require_device(options.device);
   if (cache) check_cache(*cache, geometry, options.device);
-  impl_ = std::make_unique<Impl>(weights, pool, geometry, options, cache);
+  impl_ = std::make_unique<Impl>(weights, pool, geometry, options, cache, staging);
 }
 
 DecodeSession::~DecodeSession() = default;
@@ -251,6 +308,12 @@ DecodeSession::~DecodeSession() = default;
 int DecodeSession::step(int token, const float* ple_rows, const SamplingValues& sampling, double u, bool sample) {
   DeviceScope scope(impl_->options.device);
   return impl_->step(token, ple_rows, sampling, u, sample);
+}
+
+int DecodeSession::feed(const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling, double u,
+                        bool sample) {
+  DeviceScope scope(impl_->options.device);
+  return impl_->feed(tokens, n, ple_rows, sampling, u, sample);
 }
 
 void DecodeSession::logits(float* out) const {
@@ -280,6 +343,7 @@ void DecodeSession::restore(int slot) {
 
 int DecodeSession::position() const noexcept { return impl_->position; }
 int DecodeSession::context() const noexcept { return impl_->context(); }
+int DecodeSession::prompt_chunk() const noexcept { return impl_->prompt ? impl_->prompt->chunk() : 0; }
 DecodeMode DecodeSession::mode() const noexcept { return impl_->options.mode; }
 bool DecodeSession::captured() const noexcept { return impl_->schedule.captured(); }
 const DecodeStats& DecodeSession::stats() const noexcept { return impl_->stats; }

@@ -2,14 +2,13 @@
 
 #include <cuda_runtime_api.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
 
 #include "../runtime/device_buffer.hpp"
+#include "expert_planes.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"
 #include "strata/expert_pool.hpp"
@@ -19,32 +18,9 @@ namespace {
 
 std::string str(long long v) { return std::to_string(v); }
 
-const cpu::Plane* planes_of(const cpu::ExpertMatrix& m, int i) {
-  const cpu::Plane* all[5] = {&m.codes, &m.d, &m.sub_scales, &m.mins, &m.sub_mins};
-  return all[i];
-}
-
-// One expert's bytes of plane i of `m` (the pool's planes are expert-major, so expert e's are the e-th slice).
-std::size_t expert_plane_bytes(const cpu::ExpertMatrix& m, int i) {
-  return static_cast<std::size_t>(planes_of(m, i)->nbytes / m.n_expert);
-}
-
-// The pages wholly inside plane `p`: what the cache page-locks of it for replacement copies ([begin, end)).
-std::pair<std::uintptr_t, std::uintptr_t> locked_pages(const cpu::Plane& p) {
-  static const std::uintptr_t page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
-  const auto data = reinterpret_cast<std::uintptr_t>(p.data);
-  return {(data + page - 1) / page * page, (data + p.nbytes) / page * page};
-}
-
-// Bytes a layer of `slots` slots takes: the map, then every plane of gate, up and down for all slots.
+// Bytes a layer of `slots` slots takes: the map, then the stacks.
 std::size_t layer_bytes(const cpu::LayerMatrices& l, int slots) {
-  std::size_t bytes = plane_aligned(sizeof(int) * l.gate.n_expert);
-  for (const cpu::ExpertMatrix* m : {&l.gate, &l.up, &l.down}) {
-    for (int i = 0; i < 5; ++i) {
-      if (const std::size_t b = expert_plane_bytes(*m, i)) bytes += plane_aligned(b * slots);
-    }
-  }
-  return bytes;
+  return plane_aligned(sizeof(int) * l.gate.n_expert) + stacks_bytes(l, slots);
 }
 
 void check_slots(const cpu::ExpertPool& pool, const std::vector<int>& slots) {
@@ -111,55 +87,9 @@ struct ExpertCache::Impl {
   }
 
   // Enqueues the planes of `count` consecutive experts from `first` into `layer`'s slots from `slot` on.
-  void copy_experts(int layer, int slot, int first, int count, cudaStream_t stream) {
+  void copy(int layer, int slot, int first, int count, cudaStream_t stream) {
     const Layer& l = layers[layer];
-    const cpu::ExpertMatrix* host[3] = {&l.host.gate, &l.host.up, &l.host.down};
-    const DeviceTensor* dev[3] = {&l.device.gate, &l.device.up, &l.device.down};
-    for (int m = 0; m < 3; ++m) {
-      for (int i = 0; i < 5; ++i) {
-        const std::size_t b = expert_plane_bytes(*host[m], i);
-        if (b == 0) continue;
-        char* to = static_cast<char*>(const_cast<void*>(plane_of(*dev[m], i))) + b * slot;
-        const cpu::Plane& plane = *planes_of(*host[m], i);
-        const auto from = reinterpret_cast<std::uintptr_t>(plane.data) + b * first, end = from + b * count;
-        // A copy may not straddle locked and unlocked pages (the runtime refuses it): cut at the locked
-        // interior's edges, so that each piece is all one or the other.
-        const auto [lo, hi] = locked_pages(plane);
-        const std::uintptr_t cuts[4] = {from, std::clamp(lo, from, end), std::clamp(std::max(lo, hi), from, end), end};
-        for (int piece = 0; piece < 3; ++piece) {
-          if (cuts[piece + 1] == cuts[piece]) continue;
-          STRATA_CUDA_TRY(cudaMemcpyAsync(to + (cuts[piece] - from), reinterpret_cast<const void*>(cuts[piece]),
-                                          cuts[piece + 1] - cuts[piece], cudaMemcpyHostToDevice, stream));
-        }
-      }
-    }
-  }
-
-  // Page-locks the host planes of `layers` for the copies: only the pages wholly inside a plane, never a page
-  // it shares with memory the cache does not own (the heap may unmap such a page and reuse the addresses under a
-  // registration). The part of a copy outside the locked pages (an edge expert of a plane) is staged by the
-  // driver: slower, as correct. So is one from pages another cache of the pool locked first and then let go.
-  void pin(const std::vector<const cpu::LayerMatrices*>& layers) {
-    for (const cpu::LayerMatrices* m : layers) {
-      for (const cpu::ExpertMatrix* matrix : {&m->gate, &m->up, &m->down}) {
-        for (int i = 0; i < 5; ++i) {
-          const cpu::Plane* p = planes_of(*matrix, i);
-          const auto [begin, end] = locked_pages(*p);
-          if (p->nbytes == 0 || end <= begin) continue;
-          void* at = reinterpret_cast<void*>(begin);
-          const cudaError_t e = cudaHostRegister(at, end - begin, cudaHostRegisterDefault);
-          if (e == cudaErrorHostMemoryAlreadyRegistered) {  // another cache of the same pool locked it
-            (void)cudaGetLastError();
-            continue;
-          }
-          STRATA_EXPECTS(e == cudaSuccess, Error,
-                         "expert cache: page-locking " + str(end - begin) + " bytes of routed expert weights for "
-                             "the replacement copies failed (" + cudaGetErrorString(e) + "); raise the locked-memory "
-                             "limit (ulimit -l) or use the static cache policy");
-          pinned.push_back(at);
-        }
-      }
-    }
+    copy_experts(l.host, {l.device.gate, l.device.up, l.device.down}, slot, first, count, stream);
   }
 };
 
@@ -189,13 +119,8 @@ ExpertCache::ExpertCache(int device, const cpu::ExpertPool& pool, const std::vec
   require_free_memory(c.bytes, device, "the expert cache", "a smaller expert cache needs less");
   STRATA_CUDA_TRY(cudaMalloc(&c.arena, std::max<std::size_t>(c.bytes, 1)));
   STRATA_CUDA_TRY(cudaStreamCreateWithFlags(&c.copies, cudaStreamNonBlocking));
-  std::vector<const cpu::LayerMatrices*> replaced;  // partly cached layers with replacement: pinned below
+  std::vector<cpu::LayerMatrices> replaced;  // partly cached layers with replacement: pinned below
   char* cursor = static_cast<char*>(c.arena);
-  auto take = [&cursor](std::size_t b) {
-    char* at = cursor;
-    cursor += plane_aligned(b);
-    return at;
-  };
   for (int l = 0; l < static_cast<int>(slots.size()); ++l) {
     Impl::Layer& layer = c.layers[l];
     if (slots[l] == 0) continue;
@@ -204,23 +129,19 @@ ExpertCache::ExpertCache(int device, const cpu::ExpertPool& pool, const std::vec
                    "expert cache: layer " + str(l) + " has " + str(layer.host.gate.n_expert) + " experts, another " +
                        str(n_expert));
     layer.map.assign(n_expert, -1);
-    layer.slot_of = reinterpret_cast<int*>(take(sizeof(int) * n_expert));
+    layer.slot_of = reinterpret_cast<int*>(cursor);
+    cursor += plane_aligned(sizeof(int) * n_expert);
     STRATA_CUDA_TRY(cudaMemcpy(layer.slot_of, layer.map.data(), sizeof(int) * n_expert, cudaMemcpyHostToDevice));
     layer.device.slots = slots[l];
     layer.device.slot_of = layer.slot_of;
-    const cpu::ExpertMatrix* host[3] = {&layer.host.gate, &layer.host.up, &layer.host.down};
-    DeviceTensor* dev[3] = {&layer.device.gate, &layer.device.up, &layer.device.down};
-    for (int m = 0; m < 3; ++m) {
-      const void* placed[5] = {};
-      for (int i = 0; i < 5; ++i) {
-        if (const std::size_t b = expert_plane_bytes(*host[m], i)) placed[i] = take(b * slots[l]);
-      }
-      *dev[m] = placed_tensor(host[m]->is_float, host[m]->float_kind, host[m]->form, host[m]->rows, host[m]->cols,
-                              placed);
-    }
-    if (policy.replace && slots[l] < n_expert) replaced.push_back(&layer.host);
+    const ExpertStacks stacks = carve_stacks(layer.host, slots[l], cursor);
+    cursor += stacks_bytes(layer.host, slots[l]);
+    layer.device.gate = stacks.gate;
+    layer.device.up = stacks.up;
+    layer.device.down = stacks.down;
+    if (policy.replace && slots[l] < n_expert) replaced.push_back(layer.host);
   }
-  c.pin(replaced);
+  c.pinned = pin_planes(replaced, "expert cache (or use the static cache policy)");
 }
 
 ExpertCache::~ExpertCache() = default;
@@ -250,7 +171,7 @@ void ExpertCache::hold(int layer, const std::vector<int>& experts) {
   // Runs of consecutive ids are one copy each: a layer held whole is one copy per plane.
   for (int s = 0, n = static_cast<int>(experts.size()), run; s < n; s += run) {
     for (run = 1; s + run < n && experts[s + run] == experts[s] + run;) ++run;
-    c.copy_experts(layer, s, experts[s], run, nullptr);
+    c.copy(layer, s, experts[s], run, nullptr);
   }
   STRATA_CUDA_TRY(cudaDeviceSynchronize());
   c.policy.hold(layer, experts);
@@ -278,7 +199,7 @@ std::vector<ExpertMove> ExpertCache::between_tokens(CUstream_st* token_stream) {
   std::vector<ExpertMove> moves = c.policy.plan();
   for (const ExpertMove& move : moves) {
     dirty[move.layer] = true;  // the evicted expert leaves the map before the next token reads it
-    c.copy_experts(move.layer, move.slot, move.expert, 1, c.copies);
+    c.copy(move.layer, move.slot, move.expert, 1, c.copies);
     Impl::Copy copy{move, nullptr};
     if (c.spare_events.empty()) {
       STRATA_CUDA_TRY(cudaEventCreateWithFlags(&copy.done, cudaEventDisableTiming));
@@ -295,22 +216,19 @@ std::vector<ExpertMove> ExpertCache::between_tokens(CUstream_st* token_stream) {
   return moves;
 }
 
-std::size_t ExpertCache::expert_bytes(int layer) const {
-  const Impl::Layer& l = impl_->at(layer);
-  std::size_t bytes = 0;
-  for (const cpu::ExpertMatrix* m : {&l.host.gate, &l.host.up, &l.host.down}) {
-    for (int i = 0; i < 5; ++i) bytes += m->n_expert ? expert_plane_bytes(*m, i) : 0;
-  }
-  return bytes;
-}
+std::size_t ExpertCache::expert_bytes(int layer) const { return strata::expert_bytes(impl_->at(layer).host); }
 
 int ExpertCache::layers() const noexcept { return static_cast<int>(impl_->layers.size()); }
 int ExpertCache::n_expert(int layer) const { return static_cast<int>(impl_->at(layer).map.size()); }
 int ExpertCache::slots(int layer) const { return impl_->at(layer).device.slots; }
 
 bool ExpertCache::holds(int layer, int expert) const noexcept {
-  if (layer < 0 || layer >= layers() || impl_->layers[layer].device.slots == 0) return false;
-  return impl_->policy.slot_of(layer, expert) >= 0;
+  return slot_of(layer, expert) >= 0;
+}
+
+int ExpertCache::slot_of(int layer, int expert) const noexcept {
+  if (layer < 0 || layer >= layers() || impl_->layers[layer].device.slots == 0) return -1;
+  return impl_->policy.slot_of(layer, expert);
 }
 
 bool ExpertCache::holds_all(int layer) const noexcept {

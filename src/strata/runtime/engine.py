@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from strata.errors import InvalidArgument, StrataError
 from strata.options import Mode
+from strata.runtime.prompt import PROMPT_MIN_TOKENS
 
 if TYPE_CHECKING:
     import numpy as np
@@ -87,6 +88,9 @@ class GpuEngine:
             raise StrataError(f"the history passed as `seen` has {len(seen)} ids, but the session holds "
                               f"{self.position} and is fed {len(ids)}: the native session keeps the same "
                               "history, so the two would disagree")
+        if self.native.prompt_chunk and len(ids) >= PROMPT_MIN_TOKENS:  # the prompt path, chunk by chunk
+            rows = self.ple.rows_for(ids) if self.ple is not None else None
+            return self.native.feed(ids, rows, sampling, u, sample=sample)
         token = -1
         for i, token_id in enumerate(ids):
             rows = self.ple.rows(int(token_id)) if self.ple is not None else None

@@ -23,6 +23,7 @@ from strata.models import Geometry
 from strata.options import KV, Mode
 from strata.progress import ByteProgress
 from strata.runtime import expert_cache as cache_plan
+from strata.runtime import prompt as prompt_plan
 from strata.runtime.engine import GpuEngine
 from strata.runtime.geometry import native_geometry
 from strata.runtime.host import available_ram_bytes
@@ -44,13 +45,14 @@ class ModelInfo:
 
 class Model:
     """A loaded model: `info`, the dense weights in VRAM, the routed experts in the CPU pool and `cache` (a
-    strata._native.ExpertCache, or None) the ones in VRAM, `cache_slots` of each layer's. `vram_limit` caps the
-    VRAM the model's plan may take (None: the GPU's free memory)."""
+    strata._native.ExpertCache, or None) the ones in VRAM, `cache_slots` of each layer's, and `staging` (a
+    strata._native.ExpertStaging, or None) the prompt path's. `vram_limit` caps the VRAM the model's plan may take
+    (None: the GPU's free memory)."""
 
     def __init__(self, file: ModelFile, info: ModelInfo, weights, pool: ExpertPool, device: int = 0, cache=None,
-                 cache_slots: list[int] | None = None, vram_limit: int | None = None):
+                 cache_slots: list[int] | None = None, vram_limit: int | None = None, staging=None):
         self.file, self.info, self.weights, self.pool, self.device = file, info, weights, pool, device
-        self.cache, self.vram_limit = cache, vram_limit
+        self.cache, self.vram_limit, self.staging = cache, vram_limit, staging
         self.cache_slots = cache_slots or [0] * info.geometry.n_layer
 
     @property
@@ -59,16 +61,29 @@ class Model:
         return self.cache.bytes if self.cache is not None else 0
 
     @property
+    def staging_bytes(self) -> int:
+        """VRAM the prompt path's staging holds."""
+        return self.staging.bytes if self.staging is not None else 0
+
+    @property
+    def prompt_path(self) -> bool:
+        """Whether sessions run prompts in chunks: the staging exists, or the cache holds every routed expert."""
+        moe = [layer for layer, b in enumerate(cache_plan.expert_bytes(self.info.geometry, file_tensors(self.file))) if b]
+        return self.staging is not None or (self.cache is not None and all(self.cache.holds_all(l) for l in moe))
+
+    @property
     def tokenizer(self):
         """The file's tokenizer (strata.format.Tokenizer): encode, decode, count, the chat template."""
         return self.file.tokenizer()
 
     def session(self, context: int | None = None, kv: KV | str = KV.INT8, mode: Mode | str = Mode.TOKEN_GRAPH,
-                timeout: float = 5.0, snapshots: int = DEFAULT_SNAPSHOTS) -> Session:
+                timeout: float = 5.0, snapshots: int = DEFAULT_SNAPSHOTS, prompt_chunk: int | None = None) -> Session:
         """A generation session on the GPU: `context` tokens (default min(context_length, 4096)) of KV in
         format `kv`; `mode` says how a token is launched (strata.Mode); `timeout` bounds every wait on the CPU
         pool; `snapshots` states are kept for prefix reuse (the turn boundaries a conversation rolls back to).
-        The native session is `session.engine.native`."""
+        Prompts run in chunks of `prompt_chunk` tokens (default strata.runtime.prompt.DEFAULT_CHUNK, halved
+        while it does not fit; 0: token by token) where the model has a prompt path. The native session is
+        `session.engine.native`."""
         g = self.info.geometry
         kv, mode = KV.parse(kv), Mode.parse(mode)
         if not timeout > 0:
@@ -78,17 +93,23 @@ class Model:
 
         if not 0 <= snapshots <= _native.MAX_SNAPSHOTS:
             raise InvalidArgument(f"snapshots must be in 0..{_native.MAX_SNAPSHOTS}, got {snapshots}")
-        resident = self.info.plan.vram["dense weights"] + self.cache_bytes
-        check_fits(g, file_tensors(self.file), context, kv, vram_free=vram_free(self.device, self.vram_limit, resident),
-                   device=self.device, resident=resident, snapshots=snapshots, expert_cache=self.cache_bytes)
+        tensors = file_tensors(self.file)
+        resident = self.info.plan.vram["dense weights"] + self.cache_bytes + self.staging_bytes
+        free = vram_free(self.device, self.vram_limit, resident)
+        placed = {"expert_cache": self.cache_bytes, "prompt_staging": self.staging_bytes}
+        plan = check_fits(g, tensors, context, kv, vram_free=free, device=self.device, resident=resident,
+                          snapshots=snapshots, **placed)
+        chunk = 0
+        if self.prompt_path and prompt_chunk != 0:
+            chunk = prompt_plan.fitting_chunk(g, context, free - (plan.vram_total - resident), prompt_chunk)
         ple = PleRows(self.file, g) if g.ple_layers else None
         native = _native.DecodeSession(self.weights, self.pool.native, native_geometry(g), context=context,
                                        kv=kv, mode=mode, device=self.device, timeout=timeout, snapshots=snapshots,
-                                       cache=self.cache)
+                                       cache=self.cache, prompt_chunk=chunk, staging=self.staging)
         return Session(GpuEngine(native, ple, snapshots), self.tokenizer)
 
     def close(self) -> None:
-        self.cache = None  # the cache points into the pool's host weights: gone first
+        self.cache = self.staging = None  # both point into the pool's host weights: gone first
         self.pool.close()
         self.weights = None
         self.file.close()
@@ -120,15 +141,21 @@ def vram_free(device: int, vram_limit: int | None, placed: int) -> int:
 def cache_budget(file: ModelFile, info: ModelInfo, budget: cache_plan.Budget, device: int,
                  vram_limit: int | None) -> int:
     """Bytes for the expert cache once the dense weights are in VRAM: "auto" leaves room for the default session
-    and a reserve; an explicit budget must leave room for the smallest session (info.plan's)."""
+    (with its prompt chunk), the prompt path's staging unless the cache can hold every expert, and a reserve; an
+    explicit budget must leave room for the smallest session (info.plan's)."""
     g, tensors = file.geometry, file_tensors(file)
     dense = info.plan.vram["dense weights"]
     asked = cache_plan.parse_budget(budget)
     free = vram_free(device, vram_limit, dense)
     everything = cache_plan.cache_bytes(g, tensors, [g.n_expert] * g.n_layer)
     if asked is None:
-        session = memory_plan(g, tensors, session_context(None, g.context_length), KV.INT8).vram_total - dense
-        return max(0, min(everything, free - session - cache_plan.RESERVE_BYTES))
+        context = session_context(None, g.context_length)
+        chunk = min(prompt_plan.DEFAULT_CHUNK, context)
+        session = memory_plan(g, tensors, context, KV.INT8, prompt_chunk=chunk).vram_total - dense
+        room = free - session - cache_plan.RESERVE_BYTES
+        if room >= everything:
+            return everything
+        return max(0, room - prompt_plan.staging_bytes(g, tensors))
     smallest = info.plan.vram_total - dense
     asked = min(asked, everything)
     if asked > free - smallest:
@@ -139,10 +166,29 @@ def cache_budget(file: ModelFile, info: ModelInfo, budget: cache_plan.Budget, de
     return asked
 
 
+def prompt_staging(info: ModelInfo, tensors, pool: ExpertPool, device: int, vram_limit: int | None, cache,
+                   progress: bool):
+    """The prompt path's staging of a whole layer per buffer where it fits beside the dense weights, `cache` and
+    the smallest session with the smallest chunk, else None (said on stderr with `progress`)."""
+    g = info.geometry
+    dense = info.plan.vram["dense weights"]
+    need = prompt_plan.staging_bytes(g, tensors)
+    smallest = memory_plan(g, tensors, kv_page_tokens(), KV.INT8, prompt_chunk=prompt_plan.MIN_CHUNK).vram_total
+    free = vram_free(device, vram_limit, dense + (cache.bytes if cache is not None else 0))
+    if need > free - (smallest - dense):
+        if progress:
+            print(f"load: no prompt path: its staging needs {need / GIB:.2f} GiB, {free / GIB:.2f} GiB are free "
+                  "beside the smallest session; prompts step token by token", file=sys.stderr)
+        return None
+    if progress:
+        print(f"load: prompt staging {need / GIB:.2f} GiB (2 x {g.n_expert} experts)", file=sys.stderr)
+    return prompt_plan.build_staging(pool, device, g.n_expert)
+
+
 def load(path: str | os.PathLike[str], *, device: int = 0, threads: int | None = None,
          cache_dir: str | os.PathLike[str] | None = None, progress: bool = True,
          expert_cache: cache_plan.Budget = "auto", vram_limit: cache_plan.Budget | None = None,
-         cache_policy: str = "lfru") -> Model:
+         cache_policy: str = "lfru", prompt: bool = True) -> Model:
     """Validate, plan and load the GGUF at `path` onto GPU `device` and the host's CPU pool.
 
     `cache_dir` keeps the repacked dense weights for the next load; `threads` sets the pool's workers
@@ -150,7 +196,10 @@ def load(path: str | os.PathLike[str], *, device: int = 0, threads: int | None =
     "auto" (what the GPU has free beside the default session and a reserve), bytes (an int or "24G"), or 0
     (every routed expert on the CPU); `cache_policy` whether routing replaces the experts a partial cache holds
     ("lfru") or not ("static"). `vram_limit` caps the VRAM the model and its sessions may take, as on a
-    smaller card (bytes or "16G"; None: the whole GPU).
+    smaller card (bytes or "16G"; None: the whole GPU). With `prompt`, prompts run in chunks on the GPU
+    (docs/prompt.md): unless the cache holds every routed expert, the prompt path's staging takes two layers'
+    worth of experts of VRAM, and is left out (prompts step token by token) where the smallest session would
+    not fit beside it.
     """
     cache_plan.parse_budget(expert_cache)  # a bad budget or policy is refused before the long work
     cache_plan.policy_options(cache_policy)
@@ -175,10 +224,12 @@ def load(path: str | os.PathLike[str], *, device: int = 0, threads: int | None =
                 print(f"load: {cache_plan.describe(g, tensors, slots)}, policy {cache_policy}", file=sys.stderr)
             cache = cache_plan.build(pool, slots, device, cache_plan.expert_bytes(g, tensors),
                                      ByteProgress("load: expert cache") if progress else None, cache_policy)
+            whole = slots == [g.n_expert if b else 0 for b in cache_plan.expert_bytes(g, tensors)]
+            staging = prompt_staging(info, tensors, pool, device, limit, cache, progress) if prompt and not whole else None
         except BaseException:
             pool.close()
             raise
-        return Model(file, info, weights, pool, device, cache, slots, limit)
+        return Model(file, info, weights, pool, device, cache, slots, limit, staging)
     except BaseException:
         file.close()
         raise

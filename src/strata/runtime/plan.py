@@ -135,49 +135,64 @@ def pinned_bytes(g: Geometry) -> int:
     return FLOAT32 * (g.n_embd * (1 + g.n_expert_used) + 2 * g.n_expert_used) + 64 * 1024
 
 
+def prompt_scratch_bytes(g: Geometry, chunk: int, context: int) -> int:
+    """A session's prompt path scratch for chunks of `chunk` tokens (0: no prompt path), as the native session
+    sizes it."""
+    from strata import _native
+
+    return _native.prompt_scratch_bytes(native_geometry(g), chunk, context) if chunk else 0
+
+
 def memory_plan(g: Geometry, tensors: Tensors, context: int, kv: KV | str = KV.INT8,
-                snapshots: int = DEFAULT_SNAPSHOTS, expert_cache: int = 0) -> MemoryPlan:
+                snapshots: int = DEFAULT_SNAPSHOTS, expert_cache: int = 0, prompt_staging: int = 0,
+                prompt_chunk: int = 0) -> MemoryPlan:
     """The plan for a model whose tensors are {name: (ggml_type, ne)} with `expert_cache` bytes of routed experts
-    in VRAM (strata.runtime.expert_cache), one session of `context` tokens with `snapshots` slots of recurrent
-    state."""
+    in VRAM (strata.runtime.expert_cache) and `prompt_staging` bytes of the prompt path's staging
+    (strata.runtime.prompt), one session of `context` tokens with `snapshots` slots of recurrent state and a
+    prompt path of `prompt_chunk` tokens per chunk (0: none)."""
     kv = KV.parse(kv)
     if not 1 <= context <= g.context_length:
         raise InvalidArgument(f"context {context} is outside 1..{g.context_length} (the model's context_length)")
     parts = bytes_by_role(g, tensors)
     dense = parts[Role.DENSE] + parts[Role.ELEMENTWISE] + parts[Role.ROW_GATHERED]
-    cache = {"expert cache": expert_cache} if expert_cache else {}
-    vram = {"dense weights": dense, **cache, **session_state_bytes(g, context, kv, snapshots),
-            "scratch": scratch_bytes(g, context)}
+    model = {"expert cache": expert_cache} if expert_cache else {}
+    if prompt_staging:
+        model["prompt staging"] = prompt_staging
+    prompt = {"prompt scratch": prompt_scratch_bytes(g, prompt_chunk, context)} if prompt_chunk else {}
+    vram = {"dense weights": dense, **model, **session_state_bytes(g, context, kv, snapshots),
+            "scratch": scratch_bytes(g, context), **prompt}
     host = {"routed experts": parts[Role.ROUTED_EXPERT], "pinned buffers": pinned_bytes(g)}
     table = parts[Role.NGRAM_TABLE]
     return MemoryPlan(vram=vram, host=host, mapped={"n-gram table": table} if table else {})
 
 
 def largest_context(g: Geometry, tensors: Tensors, kv: KV, vram_free: int, snapshots: int = DEFAULT_SNAPSHOTS,
-                    expert_cache: int = 0) -> int:
+                    expert_cache: int = 0, prompt_staging: int = 0, prompt_chunk: int = 0) -> int:
     """The longest context (a whole number of KV pages) whose plan fits in `vram_free`, or 0."""
     page = kv_page_tokens()
     lo, hi = 0, -(-g.context_length // page)
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        plan = memory_plan(g, tensors, min(mid * page, g.context_length), kv, snapshots, expert_cache)
+        ctx = min(mid * page, g.context_length)
+        plan = memory_plan(g, tensors, ctx, kv, snapshots, expert_cache, prompt_staging, min(prompt_chunk, ctx))
         lo, hi = (mid, hi) if plan.vram_total <= vram_free else (lo, mid - 1)
     return min(lo * page, g.context_length)
 
 
 def check_fits(g: Geometry, tensors: Tensors, context: int, kv: KV | str, *, vram_free: int, device: int,
                resident: int = 0, host_available: int | None = None, snapshots: int = DEFAULT_SNAPSHOTS,
-               expert_cache: int = 0) -> MemoryPlan:
+               expert_cache: int = 0, prompt_staging: int = 0, prompt_chunk: int = 0) -> MemoryPlan:
     """The plan of one session of `context` tokens in `kv` with `snapshots` state slots beside `expert_cache`
     bytes of cached experts, refused with OutOfMemory unless it fits: on GPU `device` its VRAM beyond the
     `resident` bytes already there (a loaded model's dense weights and cache) within `vram_free`; with
     `host_available`, its host part within that. The refusal names the parts and what fits."""
     kv = KV.parse(kv)
-    plan = memory_plan(g, tensors, context, kv, snapshots, expert_cache)
+    plan = memory_plan(g, tensors, context, kv, snapshots, expert_cache, prompt_staging, prompt_chunk)
     need = plan.vram_total - resident
     if need > vram_free:
         would = [f"context <= {fits} with kv={k.value}" for k in KV
-                 if (fits := largest_context(g, tensors, k, vram_free + resident, snapshots, expert_cache)) > 0]
+                 if (fits := largest_context(g, tensors, k, vram_free + resident, snapshots, expert_cache,
+                                             prompt_staging, prompt_chunk)) > 0]
         parts = ", ".join(f"{name} {nbytes / GIB:.2f}" for name, nbytes in plan.vram.items())
         placed = f", {resident / GIB:.2f} GiB of it in place" if resident else ""
         hint = ("would fit: " + ", ".join(would) if would

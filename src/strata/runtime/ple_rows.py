@@ -45,6 +45,36 @@ class PleRows:
         index = self.row_indices(token)
         return dequantize_raw(self.table[index], self.ggml_type, (self.shape.head_dim, self.n_heads))
 
+    def rows_for(self, tokens) -> np.ndarray:
+        """float32 [len(tokens), ple_n_heads, ple_head_dim]: the rows of each token appended in turn, as rows()
+        token by token gives them, in one gather (a prompt's thousands of tokens would wait on a Python loop)."""
+        index = self.indices_for(tokens)
+        rows = dequantize_raw(self.table[index.reshape(-1)], self.ggml_type, (self.shape.head_dim, index.size))
+        return rows.reshape(index.shape[0], self.n_heads, self.shape.head_dim)
+
+    def indices_for(self, tokens) -> np.ndarray:
+        """int64 [len(tokens), ple_n_heads]: row_indices of each token appended in turn, on uint64 arrays (whose
+        products wrap modulo 2^64 as the hash's masked Python ints do)."""
+        shape = self.shape
+        ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        back = shape.ngram - 1
+        seq = np.concatenate([self.previous, ids])
+        context = [ids.astype(np.uint64)]
+        cut = np.zeros(ids.size, dtype=bool)
+        for s in range(1, shape.ngram):
+            previous = seq[back - s: back - s + ids.size]
+            cut |= previous == shape.eos
+            context.append(np.where(cut, shape.eos, previous).astype(np.uint64))
+        if back:
+            self.previous = seq[-back:].copy()
+        mixed = context[0] * np.uint64(shape.multipliers[0])
+        index = np.empty((ids.size, self.n_heads), dtype=np.int64)
+        for order in range(2, shape.ngram + 1):
+            mixed ^= context[order - 1] * np.uint64(shape.multipliers[order - 1])
+            for head in range((order - 2) * shape.heads_per_ngram, (order - 1) * shape.heads_per_ngram):
+                index[:, head] = (mixed % np.uint64(shape.head_sizes[head])).astype(np.int64) + shape.head_offsets[head]
+        return index
+
     def row_indices(self, token: int) -> list[int]:
         """The table rows of `token` after the ids seen so far (which it joins): the reference's n-gram hash
         (strata.reference.ple.ngram_rows) for one token, on Python ints, since this runs before every token."""

@@ -1,0 +1,20 @@
+#include "strata/check/routes_check.hpp"
+
+#include "../session/chunk_routes.hpp"
+
+namespace strata::routes_check {
+
+Routes group(const std::int32_t* ids, int tokens, int k, int n_expert, const std::vector<int>& cache_slot_of,
+             int staging_slots, const std::vector<int>& prefetched) {
+  ChunkRoutes routes;
+  group_routes(ids, tokens, k, n_expert, cache_slot_of, staging_slots, prefetched, routes);
+  Routes out{routes.row_token, routes.row_slot, routes.row_of, routes.cached_rows, routes.cached_experts, {}, {}, {}};
+  for (const ChunkRoutes::Fill& fill : routes.fills) {
+    out.fill_experts.push_back(fill.experts);
+    out.fill_first.push_back(fill.first_row);
+    out.fill_rows.push_back(fill.rows);
+  }
+  return out;
+}
+
+}  // namespace strata::routes_check

@@ -1,0 +1,81 @@
+#include "chunk_routes.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "strata/error.hpp"
+
+namespace strata {
+
+void group_routes(const std::int32_t* ids, int tokens, int k, int n_expert, const std::vector<int>& cache_slot_of,
+                  int staging_slots, const std::vector<int>& prefetched, ChunkRoutes& out) {
+  STRATA_EXPECTS(tokens >= 0 && k >= 1 && n_expert >= 1 && staging_slots >= 1, InvalidArgument,
+                 "chunk routes: tokens " + std::to_string(tokens) + ", k " + std::to_string(k) + ", experts " +
+                     std::to_string(n_expert) + ", staging slots " + std::to_string(staging_slots));
+  STRATA_EXPECTS(cache_slot_of.empty() || static_cast<int>(cache_slot_of.size()) == n_expert, InvalidArgument,
+                 "chunk routes: the cache map has " + std::to_string(cache_slot_of.size()) + " experts, the layer " +
+                     std::to_string(n_expert));
+  const int pairs = tokens * k;
+  // Counting sort by expert: count[e] pairs chose e; rows of expert e start at start[e].
+  std::vector<int> count(n_expert, 0);
+  for (int p = 0; p < pairs; ++p) {
+    const int e = ids[p];
+    STRATA_EXPECTS(e >= 0 && e < n_expert, InvalidArgument,
+                   "chunk routes: token " + std::to_string(p / k) + " chose expert " + std::to_string(e) +
+                       " of a layer of " + std::to_string(n_expert));
+    ++count[e];
+  }
+  auto cached = [&](int e) { return !cache_slot_of.empty() && cache_slot_of[e] >= 0; };
+  std::vector<int> start(n_expert, 0), slot(n_expert, -1);
+  int row = 0;
+  out.cached_experts = 0;
+  for (int e = 0; e < n_expert; ++e) {  // the cache's part first
+    if (count[e] == 0 || !cached(e)) continue;
+    ++out.cached_experts;
+    start[e] = row;
+    slot[e] = cache_slot_of[e];
+    row += count[e];
+  }
+  out.cached_rows = row;
+  out.fills.clear();
+  if (!prefetched.empty()) {
+    ChunkRoutes::Fill fill;
+    fill.experts = prefetched;
+    fill.first_row = row;
+    for (int i = 0; i < static_cast<int>(prefetched.size()); ++i) slot[prefetched[i]] = i;
+    for (int e = 0; e < n_expert; ++e) {
+      if (count[e] == 0 || cached(e)) continue;
+      STRATA_EXPECTS(slot[e] >= 0, InvalidArgument,
+                     "chunk routes: expert " + std::to_string(e) + " is routed but neither cached nor prefetched");
+      start[e] = row;
+      row += count[e];
+    }
+    fill.rows = row - fill.first_row;
+    out.fills.push_back(std::move(fill));
+  } else {
+    for (int e = 0; e < n_expert; ++e) {
+      if (count[e] == 0 || cached(e)) continue;
+      if (out.fills.empty() || static_cast<int>(out.fills.back().experts.size()) == staging_slots) {
+        out.fills.emplace_back();
+        out.fills.back().first_row = row;
+      }
+      ChunkRoutes::Fill& fill = out.fills.back();
+      slot[e] = static_cast<int>(fill.experts.size());
+      fill.experts.push_back(e);
+      start[e] = row;
+      row += count[e];
+      fill.rows += count[e];
+    }
+  }
+  out.row_token.resize(pairs);
+  out.row_slot.resize(pairs);
+  out.row_of.resize(pairs);
+  for (int p = 0; p < pairs; ++p) {  // pair order is token order, so each expert's rows keep it
+    const int e = ids[p], r = start[e]++;
+    out.row_token[r] = p / k;
+    out.row_slot[r] = slot[e];
+    out.row_of[p] = r;
+  }
+}
+
+}  // namespace strata

@@ -1,0 +1,33 @@
+// One layer's routing of a prompt chunk, grouped for the products (docs/prompt.md): each routed expert is
+// computed once for all the tokens that chose it, so the (token, choice) pairs become product rows grouped by
+// expert, first those of experts the VRAM cache holds, then those of the experts the staging holds, fill by fill.
+// Host-only, deterministic: the rows of one expert keep token order, experts ascend within each part.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace strata {
+
+struct ChunkRoutes {
+  // One staging fill: the experts it copies (ascending) and the product rows that read them.
+  struct Fill {
+    std::vector<int> experts;
+    int first_row = 0, rows = 0;
+  };
+  std::vector<int> row_token;  // [P] the token of each product row
+  std::vector<int> row_slot;   // [P] the slot the row's expert has in the cache or in its fill
+  std::vector<int> row_of;     // [tokens * k] the product row of choice j of token t (t * k + j)
+  int cached_rows = 0;         // rows [0, cached_rows) read the VRAM cache
+  int cached_experts = 0;      // distinct routed experts the cache holds
+  std::vector<Fill> fills;     // the rest, in order
+};
+
+// Groups `ids` ([tokens][k], ids in 0..n_expert-1). cache_slot_of: per expert its VRAM cache slot or -1 (empty:
+// no cache). The experts the cache lacks go to fills of at most `staging_slots` experts each; with `prefetched`
+// (the experts a fill already holds or is copying, ascending), they must all be in it and form the one fill.
+// InvalidArgument on an id out of range or a routed expert the prefetched fill lacks.
+void group_routes(const std::int32_t* ids, int tokens, int k, int n_expert, const std::vector<int>& cache_slot_of,
+                  int staging_slots, const std::vector<int>& prefetched, ChunkRoutes& out);
+
+}  // namespace strata

@@ -1,0 +1,478 @@
+#include "prompt_program.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <string>
+
+#include "../kernels/embed.cuh"
+#include "../kernels/gdn.cuh"
+#include "../kernels/hc.cuh"
+#include "../kernels/moe.cuh"
+#include "../kernels/norm.cuh"
+#include "../kernels/ple.cuh"
+#include "../kernels/router.cuh"
+#include "scratch_carver.hpp"
+#include "strata/device.hpp"
+#include "strata/error.hpp"
+
+namespace strata {
+namespace {
+
+// The largest chunk: the dense products go along the batch GEMV's grid (kMaxBatchProducts) and a chunk's
+// routed rows are counted in int.
+constexpr int kMaxChunk = 8192;
+
+// A chunk touches most of a layer's experts once its routed rows are twice the experts (1 - e^-2 = 86 % of them
+// for uniform routing): then copying the whole next layer ahead, beside this one's work, beats waiting for its
+// routing to copy only what it touches.
+bool prefetches_layers(const ModelGeometry& g, int rows) { return rows * g.n_expert_used >= 2 * g.n_expert; }
+
+Q8Scratch offset(const Q8Scratch& q8, long elements) {
+  return {q8.xq + elements, q8.dx + elements / 32, q8.sums + elements / 32};
+}
+
+// The pinned block the host stages a chunk in, as byte offsets: tokens then positions (one copy up), the
+// routed ids (down), the three route arrays (up), the PLE rows (up).
+struct HostLayout {
+  std::size_t tokens = 0, ids = 0, routes = 0, ple = 0, total = 0;
+};
+
+HostLayout host_layout(const ModelGeometry& g, int chunk) {
+  const std::size_t pairs = static_cast<std::size_t>(chunk) * g.n_expert_used;
+  HostLayout h;
+  h.ids = sizeof(int) * 2 * static_cast<std::size_t>(chunk);
+  h.routes = h.ids + sizeof(int) * pairs;
+  h.ple = h.routes + sizeof(int) * 3 * pairs;
+  h.total = h.ple + sizeof(float) * chunk * std::max(g.ple_n_heads * g.ple_head_dim, 1);
+  return h;
+}
+
+void carve(Carver& c, const ModelGeometry& g, int chunk, int context, PromptScratch& s) {
+  const std::size_t T = chunk;
+  const int n = g.n_embd, hc = std::max(g.hc_count, 1), width = hc * n;
+  const int hv = g.ssm_v_heads, value_dim = hv * g.ssm_head_v_dim;
+  const int conv = 2 * g.ssm_k_heads * g.ssm_head_k_dim + value_dim;
+  const int heads_dim = g.n_head * g.head_dim, kv_dim = g.n_head_kv * g.head_dim;
+  const int ple_width = g.ple_n_heads * g.ple_head_dim;
+  const int max_cols = std::max({width, n, value_dim, heads_dim, g.shared_ff, ple_width, g.hc_rank, 32});
+  const std::size_t pairs = T * g.n_expert_used, ff = g.expert_ff;
+  int max_blocks = 0, keep_blocks = 0;
+  for (int l = 0; l < static_cast<int>(g.compress_ratios.size()); ++l) {
+    if (g.recurrent[l] || g.indexer_head_dim == 0) continue;
+    max_blocks = std::max(max_blocks, context / g.compress_ratios[l]);
+    keep_blocks = std::max(keep_blocks, g.indexer_budget / g.compress_ratios[l]);
+  }
+  const kernels::AttentionShape attention{g.n_head, g.n_head_kv, g.head_dim, g.rope_dim, g.rms_eps};
+  s.tokens_ = c.take<int>(2 * T);  // tokens, then positions: one copy up from the host's block
+  s.positions_ = s.tokens_ ? s.tokens_ + T : nullptr;
+  s.zeros_ = c.take<int>(T);
+  s.q8_ = {c.take<std::int8_t>(T * max_cols), c.take<float>(T * max_cols / 32), c.take<std::int32_t>(T * max_cols / 32)};
+  s.streams_ = c.take<float>(T * width);
+  s.x_ = c.take<float>(T * n);
+  s.y_ = c.take<float>(T * n);
+  s.normed_ = c.take<float>(T * width);
+  s.down_ = c.take<float>(T * g.hc_rank);
+  s.up_ = c.take<float>(T * width);
+  s.inject_ = c.take<float>(T * hc);
+  s.inj_attn_ = c.take<float>(T * hc);
+  s.inj_ffn_ = c.take<float>(T * hc);
+  s.qkvz_ = c.take<float>(T * (conv + value_dim));
+  s.beta_ = c.take<float>(T * 2 * hv);
+  s.alpha_ = c.take<float>(T * hv);
+  s.conv_out_ = c.take<float>(T * conv);
+  s.core_ = c.take<float>(T * value_dim);
+  s.qg_ = c.take<float>(T * 2 * heads_dim);
+  s.k_ = c.take<float>(T * kv_dim);
+  s.v_ = c.take<float>(T * kv_dim);
+  s.q_ = c.take<float>(T * heads_dim);
+  s.attn_ = c.take<float>(T * heads_dim);
+  s.iq_ = c.take<float>(T * g.indexer_heads * g.indexer_head_dim);
+  s.ik_ = c.take<float>(T * g.indexer_head_dim);
+  s.scores_ = c.take<float>(max_blocks);
+  s.selected_ = c.take<int>(keep_blocks);
+  s.n_selected_ = c.take<int>(1);
+  s.attention_partials_ =
+      c.take<float>(g.attention_layers() > 0 ? kernels::attention_decode_partial_floats(attention) : 0);
+  s.router_logits_ = c.take<float>(T * g.n_expert);
+  s.route_weights_ = c.take<float>(pairs);
+  s.route_ids_ = c.take<int>(pairs);
+  s.sh_g_ = c.take<float>(T * g.shared_ff);
+  s.sh_u_ = c.take<float>(T * g.shared_ff);
+  s.sh_h_ = c.take<float>(T * g.shared_ff);
+  s.shared_ = c.take<float>(T * n);
+  s.shared_gate_ = c.take<float>(T);
+  s.routed_ = c.take<float>(T * n);
+  s.row_token_ = c.take<int>(pairs);
+  s.row_slot_ = c.take<int>(pairs);
+  s.row_of_ = c.take<int>(pairs);
+  s.ex_x_ = c.take<float>(pairs * n);
+  s.ex_x8_ = {c.take<std::int8_t>(pairs * n), c.take<float>(pairs * n / 32), c.take<std::int32_t>(pairs * n / 32)};
+  s.ex_gate_ = c.take<float>(pairs * ff);
+  s.ex_up_ = c.take<float>(pairs * ff);
+  s.ex_hidden_ = c.take<float>(pairs * ff);
+  s.ex_h8_ = {c.take<std::int8_t>(pairs * ff), c.take<float>(pairs * ff / 32), c.take<std::int32_t>(pairs * ff / 32)};
+  s.ex_rows_ = c.take<float>(pairs * n);
+  s.ple_rows_ = c.take<float>(T * ple_width);
+  s.ple_key_ = c.take<float>(T * width);
+  s.ple_value_ = c.take<float>(T * n);
+  s.ple_out_ = c.take<float>(T * width);
+}
+
+void check_chunk(int chunk) {
+  STRATA_EXPECTS(chunk >= 1 && chunk <= kMaxChunk, InvalidArgument,
+                 "prompt chunk must be 1.." + std::to_string(kMaxChunk) + " tokens, got " + std::to_string(chunk));
+}
+
+}  // namespace
+
+std::size_t PromptProgram::scratch_bytes(const ModelGeometry& g, int chunk, int context) {
+  check_chunk(chunk);
+  PromptScratch s;
+  Carver sizing(nullptr);
+  carve(sizing, g, chunk, context, s);
+  return sizing.used() + sizeof(float) * std::max(g.hc_count, 1);
+}
+
+PromptProgram::PromptProgram(const DecodeProgram& decode, const ModelGeometry& g, int device, int chunk,
+                             ExpertStaging* staging, const ExpertCache* cache)
+    : decode_(decode),
+      g_(g),
+      t_(decode.tensors()),
+      seq_(decode.sequence()),
+      chunk_(chunk),
+      staging_(staging),
+      cache_(cache),
+      scratch_(0),
+      host_((check_chunk(chunk), host_layout(g, chunk).total)),
+      prefetched_buffer_(g.n_layer, -1),
+      prefetched_(g.n_layer) {
+  const std::size_t bytes = scratch_bytes(g, chunk, seq_.context);
+  require_free_memory(bytes, device, "the prompt chunk's scratch would", "a smaller prompt chunk needs less");
+  scratch_ = DeviceBuffer(bytes);
+  Carver real(scratch_.as<char>());
+  carve(real, g, chunk, seq_.context, *this);
+  ones_ = real.take<float>(std::max(g.hc_count, 1));
+  const std::vector<float> ones(std::max(g.hc_count, 1), 1.0f);
+  STRATA_CUDA_TRY(cudaMemcpy(ones_, ones.data(), sizeof(float) * ones.size(), cudaMemcpyHostToDevice));
+  STRATA_CUDA_TRY(cudaMemset(zeros_, 0, sizeof(int) * chunk));
+  if (staging_) {
+    STRATA_EXPECTS(staging_->device() == device, InvalidArgument,
+                   "the expert staging is on GPU " + std::to_string(staging_->device()) + ", the session on GPU " +
+                       std::to_string(device));
+  }
+}
+
+// y_i = W x_i for every product and row: one q8_32 quantization of the rows shared by the quantized weights,
+// then a batch of `rows` products of matrix 0 (the weight read once per row: the matmul kernels replace this).
+void PromptProgram::project_rows(const float* x, int rows, const DeviceTensor& w, float* y, cudaStream_t s) const {
+  const int cols = static_cast<int>(w.cols);
+  const kernels::MatrixBatch batch{zeros_, rows, cols};
+  if (!w.is_float) quantize(x, static_cast<long>(rows) * cols, q8_, s);
+  project_batch(w, batch, x, q8_, y, s);
+}
+
+void PromptProgram::add_to_streams(const float* inj, int inj_stride, const float* y, int rows, int streams,
+                                   int width, cudaStream_t s) const {
+  STRATA_CUDA_TRY(kernels::hc_write(streams_, inj, inj_stride, y, rows, streams, width, s));
+}
+
+void PromptProgram::hc_read(const HcTensors& t, int rows, float* x, float* inj, cudaStream_t s) const {
+  const int hc = g_.hc_count, n = g_.n_embd;
+  const float inv_hc = 1.0f / static_cast<float>(hc);
+  STRATA_CUDA_TRY(kernels::rms_norm_grouped(streams_, t.norm, normed_, rows, hc, n, g_.rms_eps, s));
+  project_rows(normed_, rows, *t.down, down_, s);
+  if (inj) project_rows(normed_, rows, *t.inject, inject_, s);
+  STRATA_CUDA_TRY(kernels::scaled_activation(down_, down_, rows * g_.hc_rank, kernels::Activation::Silu, inv_hc,
+                                             1.0f, s));
+  project_rows(down_, rows, *t.up, up_, s);
+  STRATA_CUDA_TRY(kernels::hc_mix(up_, normed_, x, rows, hc, n, s));
+  if (inj) {
+    STRATA_CUDA_TRY(kernels::scaled_activation(inject_, inj, rows * hc, kernels::Activation::Sigmoid, inv_hc, 2.0f,
+                                               s));
+  }
+}
+
+void PromptProgram::ple(int layer, int rows, cudaStream_t s) const {
+  const LayerTensors& t = t_.layers[layer];
+  project_rows(ple_rows_, rows, *t.ple_key, ple_key_, s);
+  project_rows(ple_rows_, rows, *t.ple_value, ple_value_, s);
+  const kernels::PleShape shape{g_.hc_count, g_.n_embd, g_.ple_ngram, g_.ple_conv_kernel, g_.rms_eps};
+  kernels::PleStepArgs args;
+  args.streams = streams_;
+  args.key = ple_key_;
+  args.value = ple_value_;
+  args.norm_key = t.ple_norm_key;
+  args.norm_query = t.ple_norm_query;
+  args.norm_conv = t.ple_norm_conv;
+  args.conv_weight = t.ple_conv;
+  args.history = seq_.ple_history;
+  args.out = ple_out_;
+  STRATA_CUDA_TRY(kernels::ple_chunk(shape, args, rows, s));
+  const int width = g_.hc_count * g_.n_embd;
+  add_to_streams(ones_, 0, ple_out_, rows, 1, width, s);
+}
+
+void PromptProgram::mixer_gdn(int layer, int rows, cudaStream_t s) const {
+  const LayerTensors& t = t_.layers[layer];
+  const int value_dim = g_.ssm_v_heads * g_.ssm_head_v_dim;
+  const int conv = 2 * g_.ssm_k_heads * g_.ssm_head_k_dim + value_dim;
+  // qwen3next's merged projection writes rows of [qkv | z]; the split ones write qkv rows, then z rows after
+  // every qkv row.
+  const bool merged = t.ssm_in != nullptr;
+  const long qkv_stride = merged ? conv + value_dim : conv, z_stride = merged ? conv + value_dim : value_dim;
+  float* z = merged ? qkvz_ + conv : qkvz_ + static_cast<long>(rows) * conv;
+  if (merged) {
+    project_rows(x_, rows, *t.ssm_in, qkvz_, s);
+  } else {
+    project_rows(x_, rows, *t.qkv, qkvz_, s);
+    project_rows(x_, rows, *t.gate, z, s);
+  }
+  const bool interleaved = g_.gdn_interleaved_ba;
+  const long beta_stride = interleaved ? t.ba->rows : t.beta->rows;
+  if (interleaved) {
+    project_rows(x_, rows, *t.ba, beta_, s);
+  } else {
+    project_rows(x_, rows, *t.beta, beta_, s);
+    project_rows(x_, rows, *t.alpha, alpha_, s);
+  }
+  kernels::GdnShape shape;
+  shape.n_k_heads = g_.ssm_k_heads;
+  shape.n_v_heads = g_.ssm_v_heads;
+  shape.head_k_dim = g_.ssm_head_k_dim;
+  shape.head_v_dim = g_.ssm_head_v_dim;
+  shape.conv_kernel = g_.ssm_conv_kernel;
+  shape.tiled_heads = g_.gdn_tiled_heads;
+  shape.interleaved_ba = interleaved;
+  shape.sigmoid_gate = g_.gdn_sigmoid_gate;
+  shape.eps = g_.rms_eps;
+  for (int r = 0; r < rows; ++r) {
+    kernels::GdnStepArgs args;
+    args.qkv = qkvz_ + r * qkv_stride;
+    args.z = z + r * z_stride;
+    args.beta_in = beta_ + r * beta_stride;
+    args.alpha_in = alpha_ + static_cast<long>(r) * g_.ssm_v_heads;  // unread with interleaved_ba
+    args.conv_weight = t.conv1d;
+    args.ssm_a = t.ssm_a;
+    args.dt_bias = t.dt_bias;
+    args.norm_weight = t.ssm_norm;
+    args.conv_state = seq_.gdn_conv[layer];
+    args.state = seq_.gdn_state[layer];
+    args.conv_out = conv_out_ + static_cast<long>(r) * conv;
+    args.out = core_ + static_cast<long>(r) * value_dim;
+    STRATA_CUDA_TRY(kernels::gdn_step(shape, args, s));
+  }
+  project_rows(core_, rows, *t.ssm_out, y_, s);
+}
+
+void PromptProgram::mixer_attention(int layer, int rows, cudaStream_t s) const {
+  const LayerTensors& t = t_.layers[layer];
+  const int heads_dim = g_.n_head * g_.head_dim, kv_dim = g_.n_head_kv * g_.head_dim;
+  const int iq_dim = g_.indexer_heads * g_.indexer_head_dim;
+  project_rows(x_, rows, *t.q, qg_, s);
+  project_rows(x_, rows, *t.k, k_, s);
+  project_rows(x_, rows, *t.v, v_, s);
+  if (t.index_q) {
+    project_rows(x_, rows, *t.index_q, iq_, s);
+    project_rows(x_, rows, *t.index_k, ik_, s);
+  }
+  const kernels::AttentionShape& attention = decode_.attention_shape();
+  for (int r = 0; r < rows; ++r) {
+    const int* position = positions_ + r;
+    kernels::AttentionPrepArgs prep;
+    prep.q_gate = qg_ + static_cast<long>(r) * 2 * heads_dim;
+    prep.k = k_ + static_cast<long>(r) * kv_dim;
+    prep.v = v_ + static_cast<long>(r) * kv_dim;
+    prep.q_norm = t.q_norm;
+    prep.k_norm = t.k_norm;
+    prep.rope_cos = decode_.rope_cos();
+    prep.rope_sin = decode_.rope_sin();
+    prep.position = position;
+    prep.q_out = q_ + static_cast<long>(r) * heads_dim;
+    STRATA_CUDA_TRY(kernels::attention_prep(attention, prep, seq_.kv[layer], s));
+    kernels::AttentionDecodeArgs args;
+    args.q = prep.q_out;
+    args.q_gate = prep.q_gate;
+    args.position = position;
+    args.out = attn_ + static_cast<long>(r) * heads_dim;
+    kernels::carve_attention_partials(attention, attention_partials_, args);
+    if (t.index_q) {
+      const kernels::IndexerShape& shape = seq_.index_shape[layer];
+      STRATA_CUDA_TRY(kernels::qsa_append(shape, seq_.index_cache[layer], ik_ + static_cast<long>(r) * g_.indexer_head_dim,
+                                          t.index_k_norm, decode_.rope_cos(), decode_.rope_sin(), position, s));
+      kernels::IndexerSelectArgs select;
+      select.q = iq_ + static_cast<long>(r) * iq_dim;
+      select.q_norm = t.index_q_norm;
+      select.rope_cos = decode_.rope_cos();
+      select.rope_sin = decode_.rope_sin();
+      select.position = position;
+      select.scores = scores_;
+      select.selected_blocks = selected_;
+      select.n_selected = n_selected_;
+      STRATA_CUDA_TRY(kernels::qsa_select(shape, seq_.index_cache[layer], select, s));
+      args.selected_blocks = selected_;
+      args.n_selected = n_selected_;
+      args.block_tokens = shape.ratio;
+    }
+    STRATA_CUDA_TRY(kernels::attention_decode(attention, args, seq_.kv[layer], s));
+  }
+  project_rows(attn_, rows, *t.o, y_, s);
+}
+
+// Rows [first, first + count) of the chunk's routes through the expert stacks they name: gate and up, SwiGLU,
+// down, each row unweighted (moe_weighted_rows weighs them per token), in batches the grid can hold.
+void PromptProgram::expert_rows(const CachedLayer& stacks, int first, int count, cudaStream_t s) const {
+  const long n = g_.n_embd, ff = g_.expert_ff;
+  for (int at = first; at < first + count;) {
+    const int m = std::min(kernels::kMaxBatchProducts, first + count - at);
+    const kernels::MatrixBatch in{row_slot_ + at, m, static_cast<int>(n)};
+    const Q8Scratch x8 = offset(ex_x8_, at * n), h8 = offset(ex_h8_, at * ff);
+    project_batch(stacks.gate, in, ex_x_ + at * n, x8, ex_gate_ + at * ff, s);
+    project_batch(stacks.up, in, ex_x_ + at * n, x8, ex_up_ + at * ff, s);
+    STRATA_CUDA_TRY(kernels::swiglu(ex_gate_ + at * ff, ex_up_ + at * ff, ex_hidden_ + at * ff, m * ff, s));
+    if (!stacks.down.is_float) quantize(ex_hidden_ + at * ff, m * ff, h8, s);
+    project_batch(stacks.down, {row_slot_ + at, m, static_cast<int>(ff)}, ex_hidden_ + at * ff, h8,
+                  ex_rows_ + at * n, s);
+    at += m;
+  }
+}
+
+// The experts of `layer` the cache lacks, copied whole into the next staging buffer ahead of its routing.
+void PromptProgram::prefetch(int layer, cudaStream_t s) {
+  (void)s;
+  std::vector<int> experts;
+  for (int e = 0; e < g_.n_expert; ++e) {
+    if (!cache_ || cache_->slot_of(layer, e) < 0) experts.push_back(e);
+  }
+  if (experts.empty() || static_cast<int>(experts.size()) > staging_->slots()) return;
+  const int buffer = next_buffer_;
+  next_buffer_ = (next_buffer_ + 1) % ExpertStaging::kBuffers;
+  staging_->fill(buffer, layer, experts);
+  stats_.staged_experts += static_cast<long>(experts.size());
+  stats_.staged_bytes += experts.size() * staging_->expert_bytes(layer);
+  prefetched_buffer_[layer] = buffer;
+  prefetched_[layer] = std::move(experts);
+}
+
+void PromptProgram::routed_experts(int layer, int rows, cudaStream_t s) {
+  const int k = g_.n_expert_used, pairs = rows * k, n = g_.n_embd;
+  const bool all_cached = cache_ && cache_->holds_all(layer);
+  STRATA_EXPECTS(all_cached || staging_, InvalidArgument,
+                 "the prompt path needs the expert staging for layer " + std::to_string(layer) +
+                     "'s routed experts, which the VRAM cache does not hold");
+  if (staging_ && prefetches_layers(g_, rows)) {  // the next MoE layer's copy overlaps this layer's work
+    for (int next = layer + 1; next < g_.n_layer; ++next) {
+      if (!(cache_ && cache_->holds_all(next))) {
+        prefetch(next, s);
+        break;
+      }
+    }
+  }
+  const HostLayout h = host_layout(g_, chunk_);
+  int* host_ids = host_.host<int>(h.ids);
+  int* host_routes = host_.host<int>(h.routes);
+  STRATA_CUDA_TRY(cudaMemcpyAsync(host_ids, route_ids_, sizeof(int) * pairs, cudaMemcpyDeviceToHost, s));
+  STRATA_CUDA_TRY(cudaStreamSynchronize(s));
+  cache_map_.clear();
+  if (cache_ && layer < cache_->layers() && cache_->slots(layer) > 0) {
+    cache_map_.resize(g_.n_expert);
+    for (int e = 0; e < g_.n_expert; ++e) cache_map_[e] = cache_->slot_of(layer, e);
+  }
+  const int slots = staging_ ? staging_->slots() : 1;
+  group_routes(host_ids, rows, k, g_.n_expert, cache_map_, slots, prefetched_[layer], routes_);
+  std::memcpy(host_routes, routes_.row_token.data(), sizeof(int) * pairs);
+  std::memcpy(host_routes + pairs, routes_.row_slot.data(), sizeof(int) * pairs);
+  std::memcpy(host_routes + 2 * pairs, routes_.row_of.data(), sizeof(int) * pairs);
+  STRATA_CUDA_TRY(cudaMemcpyAsync(row_token_, host_routes, sizeof(int) * pairs, cudaMemcpyHostToDevice, s));
+  STRATA_CUDA_TRY(cudaMemcpyAsync(row_slot_, host_routes + pairs, sizeof(int) * pairs, cudaMemcpyHostToDevice, s));
+  STRATA_CUDA_TRY(cudaMemcpyAsync(row_of_, host_routes + 2 * pairs, sizeof(int) * pairs, cudaMemcpyHostToDevice, s));
+  STRATA_CUDA_TRY(kernels::gather_rows(x_, row_token_, pairs, n, ex_x_, s));
+  quantize(ex_x_, static_cast<long>(pairs) * n, ex_x8_, s);  // unread where the experts' gate and up are float
+  if (routes_.cached_rows > 0) expert_rows(cache_->layer(layer), 0, routes_.cached_rows, s);
+  for (const ChunkRoutes::Fill& fill : routes_.fills) {
+    int buffer = prefetched_buffer_[layer];
+    const CachedLayer* stacks = nullptr;
+    if (buffer < 0) {
+      buffer = next_buffer_;
+      next_buffer_ = (next_buffer_ + 1) % ExpertStaging::kBuffers;
+      stacks = &staging_->fill(buffer, layer, fill.experts);
+      stats_.staged_experts += static_cast<long>(fill.experts.size());
+      stats_.staged_bytes += fill.experts.size() * staging_->expert_bytes(layer);
+    } else {
+      stacks = &staging_->stacks(buffer);
+    }
+    staging_->await(buffer, s);
+    expert_rows(*stacks, fill.first_row, fill.rows, s);
+    staging_->release(buffer, s);
+  }
+  stats_.cached_experts += routes_.cached_experts;
+  prefetched_buffer_[layer] = -1;
+  prefetched_[layer].clear();
+  STRATA_CUDA_TRY(kernels::moe_weighted_rows(ex_rows_, row_of_, route_weights_, rows, k, n, routed_, s));
+}
+
+void PromptProgram::run(const int* tokens, int n, int position, const float* ple_rows, cudaStream_t s) {
+  STRATA_EXPECTS(n >= 1 && n <= chunk_, InvalidArgument,
+                 "a prompt chunk holds 1.." + std::to_string(chunk_) + " tokens, got " + std::to_string(n));
+  const int hc = std::max(g_.hc_count, 1), width = hc * g_.n_embd, emb = g_.n_embd;
+  std::fill(prefetched_buffer_.begin(), prefetched_buffer_.end(), -1);  // a chunk that failed midway left some
+  for (std::vector<int>& experts : prefetched_) experts.clear();
+  int* host_tokens = host_.host<int>();
+  int* host_positions = host_tokens + chunk_;
+  std::memcpy(host_tokens, tokens, sizeof(int) * n);
+  for (int i = 0; i < n; ++i) host_positions[i] = position + i;
+  STRATA_CUDA_TRY(cudaMemcpyAsync(tokens_, host_tokens, sizeof(int) * 2 * chunk_, cudaMemcpyHostToDevice, s));
+  // The penalty's history of every token fed, as decode's begin() records each.
+  STRATA_CUDA_TRY(cudaMemcpyAsync(decode_.history() + position, tokens_, sizeof(int) * n, cudaMemcpyDeviceToDevice, s));
+  if (ple_rows) {
+    const std::size_t ple_bytes = sizeof(float) * n * g_.ple_n_heads * g_.ple_head_dim;
+    float* host_ple = host_.host<float>(host_layout(g_, chunk_).ple);
+    std::memcpy(host_ple, ple_rows, ple_bytes);
+    STRATA_CUDA_TRY(cudaMemcpyAsync(ple_rows_, host_ple, ple_bytes, cudaMemcpyHostToDevice, s));
+  }
+  STRATA_CUDA_TRY(kernels::embed_rows(decode_.embedding(), tokens_, n, x_, s));
+  STRATA_CUDA_TRY(cudaMemsetAsync(streams_, 0, sizeof(float) * width * n, s));
+  add_to_streams(ones_, 0, x_, n, hc, emb, s);  // every stream = the embedding
+  if (staging_ && prefetches_layers(g_, n)) {
+    for (int l = 0; l < g_.n_layer; ++l) {
+      if (!(cache_ && cache_->holds_all(l))) {
+        prefetch(l, s);
+        break;
+      }
+    }
+  }
+  for (int layer = 0; layer < g_.n_layer; ++layer) {
+    const LayerTensors& t = t_.layers[layer];
+    const bool streams_hc = g_.hc_count > 0;
+    if (layer == g_.ple_layer) ple(layer, n, s);
+    if (streams_hc) hc_read(t.hc_attn, n, x_, inj_attn_, s);
+    else STRATA_CUDA_TRY(kernels::rms_norm(streams_, t.attn_norm, x_, n, emb, g_.rms_eps, s));
+    if (g_.recurrent[layer]) mixer_gdn(layer, n, s);
+    else mixer_attention(layer, n, s);
+    if (streams_hc) {
+      add_to_streams(inj_attn_, hc, y_, n, hc, emb, s);
+      hc_read(t.hc_ffn, n, x_, inj_ffn_, s);
+    } else {
+      add_to_streams(ones_, 0, y_, n, 1, emb, s);
+      STRATA_CUDA_TRY(kernels::rms_norm(streams_, t.post_attention_norm, x_, n, emb, g_.rms_eps, s));
+    }
+    project_rows(x_, n, *t.router, router_logits_, s);
+    STRATA_CUDA_TRY(kernels::moe_route(router_logits_, route_ids_, route_weights_, n, g_.n_expert, g_.n_expert_used, s));
+    project_rows(x_, n, *t.shared_gate, sh_g_, s);
+    project_rows(x_, n, *t.shared_up, sh_u_, s);
+    STRATA_CUDA_TRY(kernels::swiglu(sh_g_, sh_u_, sh_h_, n * g_.shared_ff, s));
+    project_rows(sh_h_, n, *t.shared_down, shared_, s);
+    STRATA_CUDA_TRY(kernels::shared_expert_gate(t.shared_gate_inp, x_, shared_gate_, n, emb, s));
+    routed_experts(layer, n, s);
+    STRATA_CUDA_TRY(kernels::moe_combine(routed_, shared_, shared_gate_, y_, n, emb, s));
+    if (streams_hc) add_to_streams(inj_ffn_, hc, y_, n, hc, emb, s);
+    else add_to_streams(ones_, 0, y_, n, 1, emb, s);
+  }
+  // The last token's streams are where decode's end() and the next token's layers read the sequence's.
+  STRATA_CUDA_TRY(cudaMemcpyAsync(seq_.streams, streams_ + static_cast<long>(n - 1) * width, sizeof(float) * width,
+                                  cudaMemcpyDeviceToDevice, s));
+  ++stats_.chunks;
+  stats_.tokens += n;
+}
+
+}  // namespace strata

@@ -1,0 +1,105 @@
+// The prompt path (docs/prompt.md): a chunk of tokens at consecutive positions through every layer at once,
+// into the same sequence state the decode program reads and writes. Dense projections are products over the
+// chunk's rows; the mixers run over the chunk; each routed expert is computed once for every token of the chunk
+// that chose it, on the GPU, from the VRAM cache where it holds the expert and otherwise from the staging, which
+// copies the experts from the pool's pinned host planes, the whole next layer ahead when the chunk touches most
+// of it. Host-driven: each MoE layer's routing comes back to the host, which groups it and enqueues the copies.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "../runtime/device_buffer.hpp"
+#include "../runtime/pinned_memory.hpp"
+#include "chunk_routes.hpp"
+#include "decode_program.hpp"
+#include "strata/expert_cache.hpp"
+#include "strata/expert_staging.hpp"
+
+namespace strata {
+
+// The chunk's buffers, one row per token ([chunk][...]), carved out of one allocation (prompt_program.cu).
+struct PromptScratch {
+  int *tokens_ = nullptr, *positions_ = nullptr, *zeros_ = nullptr;
+  Q8Scratch q8_, ex_x8_, ex_h8_;
+  float *streams_ = nullptr, *x_ = nullptr, *y_ = nullptr, *normed_ = nullptr, *down_ = nullptr, *up_ = nullptr;
+  float *inject_ = nullptr, *inj_attn_ = nullptr, *inj_ffn_ = nullptr;
+  float *qkvz_ = nullptr, *beta_ = nullptr, *alpha_ = nullptr, *conv_out_ = nullptr, *core_ = nullptr;
+  float *qg_ = nullptr, *k_ = nullptr, *v_ = nullptr, *q_ = nullptr, *attn_ = nullptr, *iq_ = nullptr, *ik_ = nullptr;
+  float* scores_ = nullptr;  // one query's QSA block scores and selection, and attention_decode's partials
+  int *selected_ = nullptr, *n_selected_ = nullptr;
+  float* attention_partials_ = nullptr;
+  float *router_logits_ = nullptr, *route_weights_ = nullptr;
+  int* route_ids_ = nullptr;
+  float *sh_g_ = nullptr, *sh_u_ = nullptr, *sh_h_ = nullptr, *shared_ = nullptr, *shared_gate_ = nullptr;
+  float* routed_ = nullptr;
+  int *row_token_ = nullptr, *row_slot_ = nullptr, *row_of_ = nullptr;  // the chunk's routes (ChunkRoutes)
+  float *ex_x_ = nullptr, *ex_gate_ = nullptr, *ex_up_ = nullptr, *ex_hidden_ = nullptr, *ex_rows_ = nullptr;
+  float *ple_rows_ = nullptr, *ple_key_ = nullptr, *ple_value_ = nullptr, *ple_out_ = nullptr;
+};
+
+// Prompt path counters since the session began (DecodeStats reads them).
+struct PromptStats {
+  long tokens = 0, chunks = 0;
+  double seconds = 0.0;
+  long staged_experts = 0, cached_experts = 0;  // routed (layer, expert) computations, by where the weights were
+  std::size_t staged_bytes = 0;                 // bytes the staging copied over PCIe
+};
+
+class PromptProgram : private PromptScratch {
+ public:
+  // A program for chunks of up to `chunk` tokens beside `decode` (whose tensors, state and tables it shares).
+  // `staging` (required when the model has routed experts the cache lacks) and `cache` (may be null) outlive it.
+  PromptProgram(const DecodeProgram& decode, const ModelGeometry& geometry, int device, int chunk,
+                ExpertStaging* staging, const ExpertCache* cache);
+
+  // Device bytes of the scratch for chunks of `chunk` tokens in a sequence of `context` (whole pages): what the
+  // memory plan counts.
+  static std::size_t scratch_bytes(const ModelGeometry& g, int chunk, int context);
+
+  int chunk() const noexcept { return chunk_; }
+
+  // Runs `n` (1..chunk()) tokens at positions position .. position + n - 1 through every layer, in order on `s`,
+  // and leaves the last token's residual streams where the decode program's end() reads them. ple_rows: [n]
+  // rows of the PLE table rows (null without PLE). Returns when the work is enqueued past the last layer's
+  // routing (the host waits for each MoE layer's routing).
+  void run(const int* tokens, int n, int position, const float* ple_rows, cudaStream_t s);
+
+  const PromptStats& stats() const noexcept { return stats_; }
+  void reset_stats() noexcept { stats_ = {}; }
+
+ private:
+  void project_rows(const float* x, int rows, const DeviceTensor& w, float* y, cudaStream_t s) const;
+  void hc_read(const HcTensors& t, int rows, float* x, float* inj, cudaStream_t s) const;
+  void add_to_streams(const float* inj, int inj_stride, const float* y, int rows, int streams, int width,
+                      cudaStream_t s) const;
+  void ple(int layer, int rows, cudaStream_t s) const;
+  void mixer_gdn(int layer, int rows, cudaStream_t s) const;
+  void mixer_attention(int layer, int rows, cudaStream_t s) const;
+  void routed_experts(int layer, int rows, cudaStream_t s);
+  void expert_rows(const CachedLayer& stacks, int first, int count, cudaStream_t s) const;
+  void prefetch(int layer, cudaStream_t s);
+
+  const DecodeProgram& decode_;
+  const ModelGeometry& g_;
+  const ModelTensors& t_;
+  const SequenceViews& seq_;
+  int chunk_;
+  ExpertStaging* staging_;
+  const ExpertCache* cache_;
+  DeviceBuffer scratch_;
+  PinnedMapped host_;            // tokens, PLE rows, routing ids and routes, staged for the copies
+  float* ones_ = nullptr;        // [hc] unit injection weights
+  ChunkRoutes routes_;
+  std::vector<int> cache_map_;
+  // The staging buffer that holds, or is copying, each layer's prefetched experts (-1: none); the next fill.
+  std::vector<int> prefetched_buffer_;
+  std::vector<std::vector<int>> prefetched_;
+  int next_buffer_ = 0;
+  PromptStats stats_;
+};
+
+}  // namespace strata

@@ -1,0 +1,46 @@
+#include "sequence_views.hpp"
+
+#include <cstddef>
+
+namespace strata {
+
+SequenceViews sequence_views(const ModelGeometry& g, const ModelTensors& t, const SessionArena& arena,
+                             KvStorage kv_storage) {
+  SequenceViews v;
+  const int pages = arena.layout().kv_pages;
+  v.context = pages * kKvPageTokens;
+  v.kv.resize(g.n_layer);
+  v.index_shape.resize(g.n_layer);
+  v.index_cache.resize(g.n_layer);
+  v.gdn_state.assign(g.n_layer, nullptr);
+  v.gdn_conv.assign(g.n_layer, nullptr);
+  const int kv_dim = g.n_head_kv * g.head_dim;
+  const std::size_t kv_elements = static_cast<std::size_t>(pages) * kKvPageTokens * kv_dim;
+  for (int l = 0; l < g.n_layer; ++l) {
+    if (g.recurrent[l]) {
+      v.gdn_state[l] = static_cast<float*>(arena.region("gdn state", l));
+      v.gdn_conv[l] = static_cast<float*>(arena.region("gdn conv history", l));
+      continue;
+    }
+    kernels::PagedKv& kv = v.kv[l];
+    kv.keys = kernels::kv_half(kv_key_codes(kv_storage), arena.region("kv keys", l), kv_elements);
+    kv.values = kernels::kv_half(kv_value_codes(kv_storage), arena.region("kv values", l), kv_elements);
+    kv.n_head_kv = g.n_head_kv;
+    kv.head_dim = g.head_dim;
+    kv.page_size = kKvPageTokens;
+    kv.max_pages = pages;
+    kv.page_table = static_cast<const int*>(arena.region("kv page table", l));
+    if (t.layers[l].index_q) {
+      const int ratio = g.compress_ratios.at(l);
+      v.index_shape[l] = {g.indexer_heads, g.indexer_head_dim, ratio, g.indexer_budget / ratio, g.rope_dim,
+                          v.context / ratio, g.rms_eps};
+      v.index_cache[l] = {static_cast<float*>(arena.region("indexer raw keys", l)),
+                          static_cast<float*>(arena.region("indexer block keys", l))};
+    }
+  }
+  if (g.ple_layer >= 0) v.ple_history = static_cast<float*>(arena.region("ple history"));
+  v.streams = static_cast<float*>(arena.region("residual streams"));
+  return v;
+}
+
+}  // namespace strata

@@ -1,0 +1,29 @@
+// Views of one sequence's state in its session arena, per layer: paged KV and the QSA indexer's caches
+// (attention layers), the recurrent and conv state (GDN layers), the PLE history and the residual streams. The
+// decode program and the prompt program read and write the same state through these.
+#pragma once
+
+#include <vector>
+
+#include "../kernels/kv.cuh"
+#include "../kernels/qsa.cuh"
+#include "decode_tensors.hpp"
+#include "strata/geometry.hpp"
+#include "strata/session_arena.hpp"
+
+namespace strata {
+
+struct SequenceViews {
+  int context = 0;                                   // tokens of KV: whole pages
+  std::vector<kernels::PagedKv> kv;                  // per layer (attention layers)
+  std::vector<kernels::IndexerShape> index_shape;    // per layer (indexed layers)
+  std::vector<kernels::IndexerCache> index_cache;
+  std::vector<float*> gdn_state, gdn_conv;           // per layer (GDN layers)
+  float* ple_history = nullptr;
+  float* streams = nullptr;                           // the residual streams [hc][n] of the last token run
+};
+
+SequenceViews sequence_views(const ModelGeometry& g, const ModelTensors& t, const SessionArena& arena,
+                             KvStorage kv_storage);
+
+}  // namespace strata

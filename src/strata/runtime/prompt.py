@@ -1,0 +1,49 @@
+"""The prompt path from Python (docs/prompt.md): its staging for routed experts, its chunk size and when a feed
+takes it.
+
+A prompt of `PROMPT_MIN_TOKENS` or more runs in chunks, each layer once per chunk on the GPU; the routed experts
+the VRAM cache lacks are copied per chunk into the staging, two buffers of a whole layer's experts each (one
+fills over PCIe while the other is read). A chunk is `DEFAULT_CHUNK` tokens unless the session's context is
+shorter or the free VRAM holds less: a chunk that does not fit is halved, not refused.
+"""
+
+from __future__ import annotations
+
+from strata.errors import InvalidArgument
+from strata.models import Geometry
+from strata.runtime.expert_cache import Tensors, expert_bytes, layer_slack
+from strata.runtime.plan import prompt_scratch_bytes
+
+BUFFERS = 2
+# Every chunk of a few hundred tokens or more touches nearly every expert of every layer, so its PCIe copies cost
+# about the same whatever its size: the longest chunk that fits amortizes them best.
+DEFAULT_CHUNK = 4096
+MIN_CHUNK = 64
+# Shorter feeds step token by token: the pool answers a token's experts in about as long as the staging copies
+# the ones a few tokens touch (docs/prompt.md, the cost).
+PROMPT_MIN_TOKENS = 32
+
+
+def staging_bytes(g: Geometry, tensors: Tensors, slots: int | None = None) -> int:
+    """VRAM the staging of `slots` experts per buffer (default: a whole layer's) allocates, at most."""
+    slots = g.n_expert if slots is None else slots
+    per_expert = max(expert_bytes(g, tensors), default=0)
+    return BUFFERS * (slots * per_expert + layer_slack(g)) if per_expert else 0
+
+
+def fitting_chunk(g: Geometry, context: int, vram_free: int, asked: int | None = None) -> int:
+    """The prompt chunk for a session of `context` tokens: `asked` (default DEFAULT_CHUNK) and at most the
+    context, halved while its scratch exceeds `vram_free`; 0 when not even MIN_CHUNK fits."""
+    if asked is not None and asked < 1:
+        raise InvalidArgument(f"prompt_chunk must be >= 1 token (or None for the default), got {asked}")
+    chunk = min(asked or DEFAULT_CHUNK, context)
+    while chunk > MIN_CHUNK and prompt_scratch_bytes(g, chunk, context) > vram_free:
+        chunk //= 2
+    return chunk if prompt_scratch_bytes(g, chunk, context) <= vram_free else 0
+
+
+def build_staging(pool, device: int, slots: int):
+    """The native staging of `slots` experts per buffer over `pool` (strata.runtime.pool.ExpertPool)."""
+    from strata import _native
+
+    return _native.ExpertStaging(pool.native, slots, device, host_weights=pool.host_weights())

@@ -1,0 +1,169 @@
+"""The prompt path on the GPU (docs/prompt.md): a prompt fed in chunks leaves the state that feeding it token by
+token leaves, so the logits at its last token and every token decoded after it match the decode path's, for
+all three architectures, chunks that end inside a QSA block and inside an n-gram, EOS inside a prompt, routed
+experts from the staging (copied per chunk, or the whole layer ahead), from the VRAM cache, or both."""
+
+import numpy as np
+import pytest
+
+from strata import _native
+from strata.errors import InvalidArgument
+from strata.options import Mode
+from strata.reference import Reference
+from strata.runtime.geometry import native_geometry
+from strata.runtime.model import load
+from strata.runtime.ple_rows import PleRows
+from strata.synth import synthesize
+
+from test_decode_session import CASES, GARBAGE, GREEDY, MEDIAN, STEADY, relative_errors
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def loaded(request, tmp_path_factory):
+    arch, types = CASES[request.param]
+    path = tmp_path_factory.mktemp("prompt") / f"{request.param}.gguf"
+    synthesize(path, arch, "tiny", types=types, seed=11)
+    model = load(path, progress=False, expert_cache=0, prompt=False)  # staging and caches are built per test
+    yield request.param, model
+    model.close()
+
+
+def staging(model, slots=None):
+    g = model.info.geometry
+    return _native.ExpertStaging(model.pool.native, slots or g.n_expert, 0, host_weights=model.pool.host_weights())
+
+
+def session(model, chunk, staged=None, cache=None, kv="bf16", mode=Mode.TOKEN_GRAPH):
+    return _native.DecodeSession(model.weights, model.pool.native, native_geometry(model.info.geometry), context=256,
+                                 kv=kv, mode=mode, prompt_chunk=chunk, staging=staged, cache=cache)
+
+
+def prompt_ids(model, rng, n):
+    """Random ids with the PLE EOS at a few places inside (its n-gram resets there)."""
+    g = model.info.geometry
+    ids = rng.integers(0, g.n_vocab, n)
+    if g.ple_layers:
+        ids[[5, 6, n // 2]] = g.ple_eos
+    return [int(t) for t in ids]
+
+
+def rows_of(model):
+    g = model.info.geometry
+    return PleRows(model.file, g) if g.ple_layers else None
+
+
+def feed_prompt(native, model, prompt):
+    ple = rows_of(model)
+    token = native.feed(prompt, ple.rows_for(prompt) if ple else None, GREEDY, 0.0)
+    return token, native.logits(), ple
+
+
+def step_prompt(native, model, prompt):
+    ple = rows_of(model)
+    token = None
+    for t in prompt:
+        token = native.step(t, ple.rows(t) if ple else None, GREEDY, 0.0)
+    return token, native.logits(), ple
+
+
+def continue_greedy(native, ple, token, steps):
+    logits = []
+    for _ in range(steps):
+        t = token
+        token = native.step(t, ple.rows(t) if ple else None, GREEDY, 0.0)
+        logits.append(native.logits())
+    return logits
+
+
+def bounds(name, kv):
+    return MEDIAN["quant" if name.endswith("quant") else "float", kv]
+
+
+@pytest.mark.parametrize("chunk", [7, 32])  # on-demand fills (7 * k < 2 * experts); the whole layer ahead
+@pytest.mark.parametrize("kv", ["bf16", "int8"])
+def test_prompt_in_chunks_matches_token_by_token(loaded, chunk, kv, rng):
+    name, model = loaded
+    prompt = prompt_ids(model, rng, 45)
+    staged = staging(model)
+    chunked = session(model, chunk, staged, kv=kv)
+    stepped = session(model, 0, kv=kv)
+    t_chunk, l_chunk, ple_c = feed_prompt(chunked, model, prompt)
+    t_step, l_step, ple_s = step_prompt(stepped, model, prompt)
+    assert chunked.position == stepped.position == len(prompt)
+    assert np.all(np.isfinite(l_chunk)), name
+    stats = chunked.stats()
+    assert stats["prompt_tokens"] == 45 and stats["prompt_chunks"] == -(-45 // chunk)
+    assert stats["prompt_staged_experts"] > 0 and stats["prompt_staged_bytes"] > 0
+    # The next tokens decode from the prompt's state: fed the same ids, both sessions must agree throughout.
+    after_c = continue_greedy(chunked, ple_c, t_step, 12)
+    after_s = continue_greedy(stepped, ple_s, t_step, 12)
+    errors = relative_errors([l_chunk, *after_c], [l_step, *after_s])
+    print(f"{name} kv={kv} chunk={chunk}: prompt logits vs token by token {errors[0]:.2e}, after: median "
+          f"{np.median(errors[1:]):.2e}, worst {errors.max():.2e}")
+    assert np.median(errors) < bounds(name, kv), (name, errors)
+    assert np.quantile(errors, 0.9) < STEADY, (name, errors)
+    assert errors.max() < GARBAGE, (name, errors)
+
+
+def test_prompt_matches_the_reference(loaded, rng):
+    name, model = loaded
+    prompt = prompt_ids(model, rng, 40)
+    chunked = session(model, 16, staging(model))
+    _, logits, _ = feed_prompt(chunked, model, prompt)
+    reference = Reference(model.file, activation_quant=True)
+    ref = reference.forward(prompt)[-1]
+    error = relative_errors([logits], [ref])[0]
+    print(f"{name}: prompt path vs reference at the last prompt token {error:.2e}")
+    assert error < max(4 * bounds(name, "bf16"), 0.05), (name, error)
+
+
+def test_cached_experts_are_used_in_place(loaded, rng):
+    name, model = loaded
+    g = model.info.geometry
+    prompt = prompt_ids(model, rng, 30)
+    moe = [g.n_expert] * g.n_layer
+    whole = _native.ExpertCache(model.pool.native, moe, 0, {}, host_weights=model.pool.host_weights())
+    for layer in range(g.n_layer):
+        whole.hold(layer, list(range(g.n_expert)))
+    half = _native.ExpertCache(model.pool.native, [g.n_expert // 2] * g.n_layer, 0, {},
+                               host_weights=model.pool.host_weights())
+    for layer in range(g.n_layer):
+        half.hold(layer, list(range(0, g.n_expert, 2)))
+    reference_logits = feed_prompt(session(model, 8, staging(model)), model, prompt)[1]
+    all_cached = session(model, 8, cache=whole)  # no staging needed: every expert is in VRAM
+    _, l_all, _ = feed_prompt(all_cached, model, prompt)
+    assert all_cached.stats()["prompt_staged_experts"] == 0
+    mixed = session(model, 8, staging(model), cache=half)
+    _, l_mixed, _ = feed_prompt(mixed, model, prompt)
+    st = mixed.stats()
+    assert st["prompt_cached_experts"] > 0 and st["prompt_staged_experts"] > 0
+    for got in (l_all, l_mixed):  # the same bytes on the GPU either way: the same products
+        assert relative_errors([got], [reference_logits])[0] < 1e-5, name
+
+
+def test_small_staging_fills_several_times_per_layer(loaded, rng):
+    name, model = loaded
+    prompt = prompt_ids(model, rng, 24)
+    full = feed_prompt(session(model, 24, staging(model)), model, prompt)[1]
+    small = session(model, 24, staging(model, slots=3))
+    got = feed_prompt(small, model, prompt)[1]
+    assert relative_errors([got], [full])[0] < 1e-5, name
+
+
+def test_refusals(loaded):
+    name, model = loaded
+    ple = rows_of(model)
+
+    def rows(ids):
+        return PleRows(model.file, model.info.geometry).rows_for(ids) if ple else None
+
+    with pytest.raises(InvalidArgument, match="no prompt path"):
+        session(model, 0).feed([1, 2, 3], rows([1, 2, 3]), GREEDY, 0.0)
+    with pytest.raises(InvalidArgument, match="needs the expert staging"):  # neither staging nor a whole cache
+        session(model, 8).feed([1, 2, 3], rows([1, 2, 3]), GREEDY, 0.0)
+    with pytest.raises(InvalidArgument, match="prompt chunk must be"):
+        session(model, 9000, staging(model))
+    with pytest.raises(InvalidArgument, match="sequence is full"):
+        session(model, 8, staging(model)).feed([1] * 257, rows([1] * 257), GREEDY, 0.0)
