@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from strata.reference.gdn import GdnShape, causal_conv_silu
-from test_kernel_mixers_gdn import EPS, LAYOUTS, RTOL, random_inputs, reference_steps, relative_error
+from test_kernel_mixers_gdn import EPS, LAYOUTS, assert_matches_reference, random_inputs, relative_error
 
 # Shapes beyond the models' that take the chunk's other paths: dk 64 and 256 (walkers of 8 and 32 rows a
 # thread), dk 40 (not a multiple of the 8 warps: guarded rows), dv 48 and 96 (a part-filled 32-column tile),
@@ -71,13 +71,8 @@ def test_gdn_chunk_matches_steps_and_reference(rng, layout, tokens, start):
     want_conv_out = causal_conv_silu(conv_state, inputs["qkv"], inputs["conv_weight"])
     err = relative_error(conv_out, want_conv_out)
     assert err < CONV_RTOL, f"{layout} T={tokens} {start}: conv_out relative error {err:.2e}"
-    want, want_conv, want_state = reference_steps(shape, inputs, conv_state, state)
-    for t in range(tokens):
-        err = relative_error(out[t], want[t])
-        assert err < RTOL, f"{layout} T={tokens} {start} token {t}: output relative error {err:.2e}"
-    assert np.array_equal(got_conv, want_conv), f"{layout}: conv history differs from the reference's"
-    err = relative_error(got_state, want_state)
-    assert err < RTOL, f"{layout} T={tokens} {start}: recurrent state relative error {err:.2e}"
+    assert_matches_reference(shape, inputs, conv_state, state, (out, got_conv, got_state),
+                             f"{layout} T={tokens} {start}")
 
 
 @pytest.mark.gpu
