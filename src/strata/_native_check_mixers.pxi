@@ -1,4 +1,4 @@
-# Decode-step mixer and plumbing round trips (strata::kernel_check, kernel_check_mixers.hpp): GDN steps, paged
+# Decode-step mixer and plumbing round trips (strata::kernel_check, kernel_check_mixers.hpp): GDN steps and chunk, paged
 # attention + QSA through a captured graph, the KV rotation, QSA block selection, embedding gather, doorbell.
 # For tests only.
 from libc.stdint cimport uint16_t
@@ -8,6 +8,7 @@ from strata._native_check_mixers cimport (
     AttentionCheckShape, DoorbellCheckResult, GdnCheckShape, QsaCheckInputs, QsaCheckOutputs, cpp_attention_steps,
     cpp_doorbell_round_trip, cpp_embed_rows, cpp_gdn_steps, cpp_kv_rotate_rows, cpp_ple_steps, cpp_qsa_top_blocks,
 )
+from strata._native_check_mixers cimport cpp_gdn_chunk
 
 
 cdef float* _mixer_floats(arr, keep: list) except? NULL:
@@ -36,6 +37,58 @@ def _mixer_expect_shape(name: str, arr, shape: tuple) -> None:
         raise InvalidArgument(f"{name}: expected shape {tuple(shape)}, found {tuple(np.shape(arr))}")
 
 
+cdef struct _GdnInputs:
+    GdnCheckShape shape
+    int steps
+    const float* qkv
+    const float* z
+    const float* beta_in
+    const float* alpha_in
+    const float* conv_weight
+    const float* ssm_a
+    const float* dt_bias
+    const float* norm_weight
+    float* conv_state
+    float* state
+
+
+cdef _GdnInputs _gdn_inputs(str name, qkv, z, beta_in, alpha_in, conv_weight, ssm_a, dt_bias, norm_weight,
+                            conv_arr, state_arr, int n_k_heads, bint tiled_heads, bint interleaved_ba,
+                            bint sigmoid_gate, float eps, list keep) except *:
+    """The shape and the input addresses of a GDN round trip (steps or chunk), every shape checked."""
+    if state_arr.ndim != 3 or np.ndim(conv_weight) != 2 or np.ndim(qkv) != 2:
+        raise InvalidArgument(f"{name}: state must be [Hv, dk, dv], conv_weight [C, K] and qkv [steps, C]")
+    hv, dk, dv = state_arr.shape
+    channels, kernel = np.shape(conv_weight)
+    steps = np.shape(qkv)[0]
+    if n_k_heads <= 0 or hv % n_k_heads or channels != 2 * n_k_heads * dk + hv * dv:
+        raise InvalidArgument(f"{name}: conv_weight has {channels} channels; expected 2*{n_k_heads}*{dk} + "
+                              f"{hv}*{dv} with {hv} v-heads a multiple of {n_k_heads} k-heads")
+    _mixer_expect_shape(f"{name} qkv", qkv, (steps, channels))
+    _mixer_expect_shape(f"{name} z", z, (steps, hv * dv))
+    _mixer_expect_shape(f"{name} beta_in", beta_in, (steps, 2 * hv if interleaved_ba else hv))
+    if not interleaved_ba:
+        _mixer_expect_shape(f"{name} alpha_in", alpha_in, (steps, hv))
+    _mixer_expect_shape(f"{name} conv_state", conv_arr, (kernel - 1, channels))
+    cdef _GdnInputs inputs
+    inputs.shape.n_k_heads, inputs.shape.n_v_heads, inputs.shape.head_k_dim = n_k_heads, hv, dk
+    inputs.shape.head_v_dim, inputs.shape.conv_kernel, inputs.shape.eps = dv, kernel, eps
+    inputs.shape.tiled_heads, inputs.shape.interleaved_ba = tiled_heads, interleaved_ba
+    inputs.shape.sigmoid_gate = sigmoid_gate
+    inputs.steps = steps
+    inputs.qkv = _mixer_floats(qkv, keep)
+    inputs.z = _mixer_floats(z, keep)
+    inputs.beta_in = _mixer_floats(beta_in, keep)
+    inputs.alpha_in = _mixer_floats(None if interleaved_ba else alpha_in, keep)
+    inputs.conv_weight = _mixer_floats(conv_weight, keep)
+    inputs.ssm_a = _mixer_floats(ssm_a, keep)
+    inputs.dt_bias = _mixer_floats(dt_bias, keep)
+    inputs.norm_weight = _mixer_floats(norm_weight, keep)
+    inputs.conv_state = _mixer_floats(conv_arr, keep)
+    inputs.state = _mixer_floats(state_arr, keep)
+    return inputs
+
+
 def gdn_steps(qkv, z, beta_in, alpha_in, conv_weight, ssm_a, dt_bias, norm_weight, conv_state, state, *,
               int n_k_heads, bint tiled_heads, bint interleaved_ba, bint sigmoid_gate, float eps, int device=0):
     """Runs len(qkv) Gated DeltaNet decode tokens on the GPU; returns (out [steps, Hv*dv], conv_state, state).
@@ -46,42 +99,41 @@ def gdn_steps(qkv, z, beta_in, alpha_in, conv_weight, ssm_a, dt_bias, norm_weigh
     """
     state_arr = np.array(state, dtype=np.float32, order="C")
     conv_arr = np.array(conv_state, dtype=np.float32, order="C")
-    if state_arr.ndim != 3 or np.ndim(conv_weight) != 2 or np.ndim(qkv) != 2:
-        raise InvalidArgument("gdn_steps: state must be [Hv, dk, dv], conv_weight [C, K] and qkv [steps, C]")
-    hv, dk, dv = state_arr.shape
-    channels, kernel = np.shape(conv_weight)
-    steps = np.shape(qkv)[0]
-    if n_k_heads <= 0 or hv % n_k_heads or channels != 2 * n_k_heads * dk + hv * dv:
-        raise InvalidArgument(f"gdn_steps: conv_weight has {channels} channels; expected 2*{n_k_heads}*{dk} + "
-                              f"{hv}*{dv} with {hv} v-heads a multiple of {n_k_heads} k-heads")
-    _mixer_expect_shape("gdn_steps qkv", qkv, (steps, channels))
-    _mixer_expect_shape("gdn_steps z", z, (steps, hv * dv))
-    _mixer_expect_shape("gdn_steps beta_in", beta_in, (steps, 2 * hv if interleaved_ba else hv))
-    if not interleaved_ba:
-        _mixer_expect_shape("gdn_steps alpha_in", alpha_in, (steps, hv))
-    _mixer_expect_shape("gdn_steps conv_state", conv_arr, (kernel - 1, channels))
-    cdef GdnCheckShape shape
-    shape.n_k_heads, shape.n_v_heads, shape.head_k_dim, shape.head_v_dim = n_k_heads, hv, dk, dv
-    shape.conv_kernel, shape.eps = kernel, eps
-    shape.tiled_heads, shape.interleaved_ba, shape.sigmoid_gate = tiled_heads, interleaved_ba, sigmoid_gate
     keep = []
-    out = np.empty((steps, hv * dv), np.float32)
-    cdef const float* p_qkv = _mixer_floats(qkv, keep)
-    cdef const float* p_z = _mixer_floats(z, keep)
-    cdef const float* p_b = _mixer_floats(beta_in, keep)
-    cdef const float* p_a = _mixer_floats(None if interleaved_ba else alpha_in, keep)
-    cdef const float* p_w = _mixer_floats(conv_weight, keep)
-    cdef const float* p_ssm_a = _mixer_floats(ssm_a, keep)
-    cdef const float* p_dt = _mixer_floats(dt_bias, keep)
-    cdef const float* p_norm = _mixer_floats(norm_weight, keep)
-    cdef float* p_conv = _mixer_floats(conv_arr, keep)
-    cdef float* p_state = _mixer_floats(state_arr, keep)
+    cdef _GdnInputs i = _gdn_inputs("gdn_steps", qkv, z, beta_in, alpha_in, conv_weight, ssm_a, dt_bias, norm_weight,
+                                    conv_arr, state_arr, n_k_heads, tiled_heads, interleaved_ba, sigmoid_gate, eps,
+                                    keep)
+    out = np.empty((i.steps, np.shape(z)[1]), np.float32)
     cdef float* p_out = _mixer_floats(out, keep)
-    cdef int n_steps = steps
     with nogil:
-        cpp_gdn_steps(device, shape, n_steps, p_qkv, p_z, p_b, p_a, p_w, p_ssm_a, p_dt, p_norm, p_conv, p_state,
-                      p_out)
+        cpp_gdn_steps(device, i.shape, i.steps, i.qkv, i.z, i.beta_in, i.alpha_in, i.conv_weight, i.ssm_a,
+                      i.dt_bias, i.norm_weight, i.conv_state, i.state, p_out)
     return out, conv_arr, state_arr
+
+
+def gdn_chunk(qkv, z, beta_in, alpha_in, conv_weight, ssm_a, dt_bias, norm_weight, conv_state, state, *,
+              int n_k_heads, bint tiled_heads, bint interleaved_ba, bint sigmoid_gate, float eps, int row_pad=0,
+              int device=0):
+    """The same tokens as gdn_steps through one GDN chunk launch (captured into a CUDA graph); returns (out
+    [tokens, Hv*dv], conv_out [tokens, C], conv_state, state).
+
+    Arguments as gdn_steps'. On the device qkv and z share one fused row per token and every input and output
+    row is followed by `row_pad` poisoned floats (the round trip fails if the kernels write any of them).
+    """
+    state_arr = np.array(state, dtype=np.float32, order="C")
+    conv_arr = np.array(conv_state, dtype=np.float32, order="C")
+    keep = []
+    cdef _GdnInputs i = _gdn_inputs("gdn_chunk", qkv, z, beta_in, alpha_in, conv_weight, ssm_a, dt_bias, norm_weight,
+                                    conv_arr, state_arr, n_k_heads, tiled_heads, interleaved_ba, sigmoid_gate, eps,
+                                    keep)
+    out = np.empty((i.steps, np.shape(z)[1]), np.float32)
+    conv_out = np.empty(np.shape(qkv), np.float32)
+    cdef float* p_out = _mixer_floats(out, keep)
+    cdef float* p_conv_out = _mixer_floats(conv_out, keep)
+    with nogil:
+        cpp_gdn_chunk(device, i.shape, i.steps, row_pad, i.qkv, i.z, i.beta_in, i.alpha_in, i.conv_weight, i.ssm_a,
+                      i.dt_bias, i.norm_weight, i.conv_state, i.state, p_conv_out, p_out)
+    return out, conv_out, conv_arr, state_arr
 
 
 def attention_steps(q_gate, k, v, q_norm, k_norm, rope_cos, rope_sin, page_order, *, int page_size,

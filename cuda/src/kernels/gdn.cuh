@@ -17,7 +17,7 @@ struct GdnShape {
   bool interleaved_ba = false; // qwen3next: `beta_in` is the ssm_ba output [Hk][b x r | a x r], alpha_in unused
   bool sigmoid_gate = false;   // qwen4exp output gate sigmoid(z); otherwise silu(z)
   float eps = 1e-6f;           // of the gated RMSNorm
-  int conv_channels() const { return 2 * n_k_heads * head_k_dim + n_v_heads * head_v_dim; }
+  __host__ __device__ int conv_channels() const { return 2 * n_k_heads * head_k_dim + n_v_heads * head_v_dim; }
 };
 
 struct GdnStepArgs {

@@ -13,14 +13,23 @@ enum class Kind { Rms, GatedSigmoid, GatedSilu, L2 };
 
 __device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + __expf(-v)); }
 
+// Where a launch's slices lie: slice s is part s % per_row of row s / per_row; x and y rows are x_stride
+// floats apart, z rows z_stride (the gated norm of T tokens reads z out of the wider fused projection rows).
+struct Slices {
+  int per_row;
+  long x_stride, z_stride;
+};
+Slices packed(int cols) { return {1, cols, cols}; }
+
 // One CTA per normalised slice of `cols` floats (a row, a stream, a head). w advances with the slice index
 // modulo `w_slices` (1: one shared gamma; groups: one gamma slice per stream); L2 has no weight.
 template <Kind K>
 __global__ void norm_kernel(const float* x, const float* __restrict__ z, const float* __restrict__ w, float* y,
-                            int cols, int w_slices, float eps) {  // y may alias x: no __restrict__ on them
+                            int cols, int w_slices, Slices at, float eps) {  // y may alias x: no __restrict__
   const long slice = blockIdx.x;
-  const float* xs = x + slice * cols;
-  float* ys = y + slice * cols;
+  const long row = slice / at.per_row, part = slice % at.per_row;
+  const float* xs = x + row * at.x_stride + part * cols;
+  float* ys = y + row * at.x_stride + part * cols;
   float sum_sq = 0.0f;
   for (int i = threadIdx.x; i < cols; i += blockDim.x) sum_sq += xs[i] * xs[i];
   sum_sq = block_sum(sum_sq);
@@ -30,10 +39,11 @@ __global__ void norm_kernel(const float* x, const float* __restrict__ z, const f
   } else {
     const float scale = rsqrtf(sum_sq / static_cast<float>(cols) + eps);
     const float* ws = w + (slice % w_slices) * cols;
+    const float* zs = K == Kind::Rms ? nullptr : z + row * at.z_stride + part * cols;
     for (int i = threadIdx.x; i < cols; i += blockDim.x) {
       float v = xs[i] * scale * ws[i];
-      if constexpr (K == Kind::GatedSigmoid) v *= sigmoid(z[slice * cols + i]);
-      if constexpr (K == Kind::GatedSilu) v *= z[slice * cols + i] * sigmoid(z[slice * cols + i]);
+      if constexpr (K == Kind::GatedSigmoid) v *= sigmoid(zs[i]);
+      if constexpr (K == Kind::GatedSilu) v *= zs[i] * sigmoid(zs[i]);
       ys[i] = v;
     }
   }
@@ -41,35 +51,44 @@ __global__ void norm_kernel(const float* x, const float* __restrict__ z, const f
 
 template <Kind K>
 cudaError_t launch(const float* x, const float* z, const float* w, float* y, long slices, int cols, int w_slices,
-                   float eps, int threads, cudaStream_t stream) {
+                   Slices at, float eps, int threads, cudaStream_t stream) {
   if (slices <= 0 || cols <= 0 || w_slices <= 0) return cudaErrorInvalidValue;
   if (cols >= 2048) threads = kWideThreads;
-  norm_kernel<K><<<static_cast<unsigned>(slices), threads, 0, stream>>>(x, z, w, y, cols, w_slices, eps);
+  norm_kernel<K><<<static_cast<unsigned>(slices), threads, 0, stream>>>(x, z, w, y, cols, w_slices, at, eps);
   return cudaGetLastError();
 }
 
 }  // namespace
 
 cudaError_t rms_norm(const float* x, const float* w, float* y, int rows, int cols, float eps, cudaStream_t stream) {
-  return launch<Kind::Rms>(x, nullptr, w, y, rows, cols, 1, eps, kNormThreads, stream);
+  return launch<Kind::Rms>(x, nullptr, w, y, rows, cols, 1, packed(cols), eps, kNormThreads, stream);
 }
 
 cudaError_t rms_norm_grouped(const float* x, const float* w, float* y, int rows, int groups, int cols, float eps,
                              cudaStream_t stream) {
   if (rows <= 0 || groups <= 0) return cudaErrorInvalidValue;
-  return launch<Kind::Rms>(x, nullptr, w, y, static_cast<long>(rows) * groups, cols, groups, eps, kNormThreads,
-                           stream);
+  return launch<Kind::Rms>(x, nullptr, w, y, static_cast<long>(rows) * groups, cols, groups, packed(cols), eps,
+                           kNormThreads, stream);
 }
 
 cudaError_t rms_norm_gated(const float* x, const float* z, const float* w, float* y, int heads, int head_dim,
                            float eps, Gate gate, cudaStream_t stream) {
+  return rms_norm_gated_rows(x, heads * head_dim, z, heads * head_dim, w, y, 1, heads, head_dim, eps, gate, stream);
+}
+
+cudaError_t rms_norm_gated_rows(const float* x, int x_stride, const float* z, int z_stride, const float* w, float* y,
+                                int rows, int heads, int head_dim, float eps, Gate gate, cudaStream_t stream) {
+  if (rows <= 0 || heads <= 0 || head_dim <= 0 || x_stride < heads * head_dim || z_stride < heads * head_dim)
+    return cudaErrorInvalidValue;
+  const long slices = static_cast<long>(rows) * heads;
+  const Slices at{heads, x_stride, z_stride};
   if (gate == Gate::Sigmoid)
-    return launch<Kind::GatedSigmoid>(x, z, w, y, heads, head_dim, 1, eps, kHeadThreads, stream);
-  return launch<Kind::GatedSilu>(x, z, w, y, heads, head_dim, 1, eps, kHeadThreads, stream);
+    return launch<Kind::GatedSigmoid>(x, z, w, y, slices, head_dim, 1, at, eps, kHeadThreads, stream);
+  return launch<Kind::GatedSilu>(x, z, w, y, slices, head_dim, 1, at, eps, kHeadThreads, stream);
 }
 
 cudaError_t l2_norm(const float* x, float* y, int heads, int head_dim, float eps, cudaStream_t stream) {
-  return launch<Kind::L2>(x, nullptr, nullptr, y, heads, head_dim, 1, eps, kHeadThreads, stream);
+  return launch<Kind::L2>(x, nullptr, nullptr, y, heads, head_dim, 1, packed(head_dim), eps, kHeadThreads, stream);
 }
 
 }  // namespace strata::kernels

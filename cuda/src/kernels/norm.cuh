@@ -22,6 +22,11 @@ enum class Gate : int { Sigmoid = 0, Silu = 1 };
 cudaError_t rms_norm_gated(const float* x, const float* z, const float* w, float* y, int heads, int head_dim,
                            float eps, Gate gate, cudaStream_t stream);
 
+// The same over `rows` rows (tokens) of `heads` heads: row r of x and y starts at r * x_stride floats, of z at
+// r * z_stride (z may be a part of a wider fused projection row); strides of at least heads * head_dim.
+cudaError_t rms_norm_gated_rows(const float* x, int x_stride, const float* z, int z_stride, const float* w, float* y,
+                                int rows, int heads, int head_dim, float eps, Gate gate, cudaStream_t stream);
+
 // L2 norm per head: y[h, :] = x[h, :] / sqrt(Σ x[h, :]^2 + eps) (eps inside the root, as the GDN uses it).
 cudaError_t l2_norm(const float* x, float* y, int heads, int head_dim, float eps, cudaStream_t stream);
 

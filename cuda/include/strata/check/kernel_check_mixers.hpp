@@ -24,6 +24,16 @@ void gdn_steps(int device, const GdnCheckShape& shape, int steps, const float* q
                const float* beta_in, const float* alpha_in, const float* conv_weight, const float* ssm_a,
                const float* dt_bias, const float* norm_weight, float* conv_state, float* state, float* out);
 
+// The GDN chunk (one gdn_chunk launch, captured into a CUDA graph) over `tokens` tokens of the same stacked
+// inputs as gdn_steps, laid out on the device as the prompt program writes them: qkv and z parts of one fused
+// row, beta_in and alpha_in rows of their own, and every row of inputs, conv_out and out followed by `row_pad`
+// poisoned floats that must stay so. conv_state and state are read and written back; conv_out is
+// [tokens][C] (each token's silu(conv)), out [tokens][Hv*dv].
+void gdn_chunk(int device, const GdnCheckShape& shape, int tokens, int row_pad, const float* qkv, const float* z,
+               const float* beta_in, const float* alpha_in, const float* conv_weight, const float* ssm_a,
+               const float* dt_bias, const float* norm_weight, float* conv_state, float* state, float* conv_out,
+               float* out);
+
 struct AttentionCheckShape {
   int n_head = 0, n_head_kv = 0, head_dim = 0, rope_dim = 0, page_size = 0;
   KvStorage kv = KvStorage::Bf16;
