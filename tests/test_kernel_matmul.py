@@ -247,3 +247,14 @@ def test_matmul_refuses_more_rows_than_its_grid_without_a_device(rng):
     begin = np.zeros(groups + 1, np.int32)
     with pytest.raises(strata.InvalidArgument, match=rf"1 <= x rows <= {most} \({groups} groups\), got {most + 1}"):
         _native_check.matmul_grouped(q, 1, np.zeros(groups, np.int32), begin, x)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.F16], ids=lambda t: t.name)
+def test_time_matmul_dense_and_grouped(rng, ggml_type):
+    """benchmarks/bench_matmul.py's timing hook: a positive time, dense and over groups of a stack."""
+    stack = random_weight(ggml_type, 4 * 128, 256, rng)
+    assert 0 < _native_check.time_matmul(stack, 4, 100, reps=2) < 1
+    assert 0 < _native_check.time_matmul(stack, 4, 160, groups=8, reps=2) < 1
+    with pytest.raises(strata.InvalidArgument, match="timing needs groups >= 0 dividing the rows, got 3 groups"):
+        _native_check.time_matmul(stack, 4, 100, groups=3, reps=2)
