@@ -256,5 +256,9 @@ def test_time_matmul_dense_and_grouped(rng, ggml_type):
     stack = random_weight(ggml_type, 4 * 128, 256, rng)
     assert 0 < _native_check.time_matmul(stack, 4, 100, reps=2) < 1
     assert 0 < _native_check.time_matmul(stack, 4, 160, groups=8, reps=2) < 1
+
+
+def test_time_matmul_refuses_unequal_groups_without_a_device(rng):
+    stack = random_weight(T.Q8_0, 4 * 8, 256, rng)
     with pytest.raises(strata.InvalidArgument, match="timing needs groups >= 0 dividing the rows, got 3 groups"):
         _native_check.time_matmul(stack, 4, 100, groups=3, reps=2)
