@@ -10,10 +10,11 @@ The tolerances are derived, per output, from the magnitudes summed (no fitted co
   blocks at most nb - 1 more in any order; gamma(n) = n u / (1 - n u), u = 2^-24), so two of them differ by at
   most twice that.
 - Float forms: the matmul multiplies bf16 tensor-core operands split as v = hi + lo (matmul_float.cu): the split
-  drops at most 3.02 * 2^-16 |w| |x| per product (f32 weights; less for f16, bf16), the tensor cores' sum of one
-  16-column stage (products exact, float32 adds truncated) at most 2^-17 of its magnitudes, and the float32
-  sum over the ceil(cols / 16) stages gamma(stages + 2): against the exact (float64) product, within
-  (4 * 2^-16 + 2^-17 + gamma(stages + 2)) S with S = Σ |w x|. The GEMV's float32 FMA chains of at most
+  drops at most 3.02 * 2^-16 |w| |x| per product (f32 weights; less for f16, bf16); a stage's three mma over
+  16 columns add exact bf16 products in float32 with truncating adders of a few guard bits (as published
+  measurements of NVIDIA's tensor cores found), here allowed 2^-17 of the stage's magnitudes, generously; the
+  float32 sum over the ceil(cols / 16) stages adds gamma(stages + 2). Against the exact (float64) product the
+  matmul is within (4 * 2^-16 + 2^-17 + gamma(stages + 2)) S, S = Σ |w x|. The GEMV's float32 FMA chains of at most
   cols / 32 + 8 steps are within gamma(cols / 32 + 8) S of it.
 """
 

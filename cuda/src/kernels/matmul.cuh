@@ -8,7 +8,7 @@
 // docs/forms.md's activation contract says; only the order of the float32 sums over blocks differs from the
 // GEMV's. Float forms (f32, f16, bf16 weights) take X as float32 and multiply on bf16 tensor cores with each
 // operand split into a high and a low bf16 (x = hi + lo to 16 bits; f16 and bf16 weights split exactly), so
-// a product loses at most about 2^-16 of |w| |x|, not bf16's 2^-8.
+// a product loses at most about 3 * 2^-16 of |w| |x| (f32 weights; 2^-16 for bf16), not bf16's 2^-8.
 #pragma once
 
 #include <cuda_runtime.h>
