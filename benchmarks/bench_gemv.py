@@ -72,12 +72,17 @@ def print_table(rows: list[dict]) -> None:
               f"{r['gb_per_s']:8.0f} {r['pct_peak']:9.1f}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="few reps, no LM head (a smoke run)")
-    parser.add_argument("--reps", type=int, default=30)
+def bench_arguments(doc: str, quick: str, reps: int) -> argparse.Namespace:
+    """The options of a GPU kernel benchmark: --quick (a smoke run of `quick`), --reps, --json PATH."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help=f"{quick} (a smoke run)")
+    parser.add_argument("--reps", type=int, default=reps)
     parser.add_argument("--json", type=Path)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = bench_arguments(__doc__, "few reps, no LM head", 30)
     reps = 3 if args.quick else args.reps
     rng = np.random.default_rng(0)
     results = []

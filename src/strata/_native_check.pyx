@@ -40,6 +40,7 @@ def raise_error(str kind) -> None:
 
 # Each room of the test hooks binds itself in its own include file; its declarations are in the room's .pxd.
 include "_native_check_kernels.pxi"
+include "_native_check_matmul.pxi"
 include "_native_check_norms.pxi"
 include "_native_check_moe.pxi"
 include "_native_check_sample.pxi"

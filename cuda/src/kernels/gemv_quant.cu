@@ -3,23 +3,13 @@
 #include "gemv.cuh"
 #include "gemv_rows.cuh"
 #include "int8_dot.cuh"
+#include "quant_shapes.cuh"
 #include "reduce.cuh"
 
 namespace strata::kernels {
 namespace {
 
-constexpr int kBlock = 32;      // elements per code block and per q8_32 activation block
-
-// The compile-time shape of a form; code_bias and the codebook's values stay runtime values (the bias only
-// scales the group's Σ xq, the values are a lookup table), so forms differing only in those share a kernel.
-template <int Bits, int Group, int Super, bool Book, bool ScaleF32, bool SubScales, bool Mins>
-struct Shape {
-  static constexpr int kBits = Bits, kGroup = Group, kSuper = Super;
-  static constexpr int kGroupsPerBlock = kBlock / Group;
-  static constexpr int kCodeWords = kBlock * Bits / 8 / 4;  // 32-bit words of codes per block
-  static constexpr bool kBook = Book;  // codes index a 16-entry value table
-  static constexpr bool kScaleF32 = ScaleF32, kSubScales = SubScales, kMins = Mins;
-};
+constexpr int kBlock = kCodeBlock;
 
 template <class S>
 __device__ __forceinline__ void load_codes(const std::uint8_t* block_codes, unsigned (&w)[S::kCodeWords]) {
@@ -151,48 +141,17 @@ void launch_shape(dim3 grid, cudaStream_t stream, const QuantPlanes& planes, int
                                                 dx, xsums, y, split);
 }
 
-template <class S>
-bool matches(const QuantForm& f) {
-  const bool book = f.codebook != Codebook::None;
-  return f.code_bits == S::kBits && f.group_size == S::kGroup && f.super_size == S::kSuper && book == S::kBook &&
-         (!book || codebook_values(f.codebook) != nullptr) && f.scale_f32 == S::kScaleF32 &&
-         f.has_sub_scales == S::kSubScales && f.has_mins == S::kMins;
+// Launches the kernel of the shape `form` matches; false if it matches none.
+bool launch(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, const MatrixBatch& batch,
+            const std::int8_t* xq, const float* dx, const std::int32_t* xsums, float* y, cudaStream_t stream) {
+  const int split = row_split(rows);
+  const dim3 grid = gemv_grid(rows, split, batch.count);
+  const ValueTable book = value_table(codebook_values(form.codebook));
+  return KnownShapes::visit(form, [&](auto shape) {
+    launch_shape<decltype(shape)>(grid, stream, planes, rows, cols, form.code_bias, book, batch, xq, dx, xsums, y,
+                                  split);
+  });
 }
-
-template <class... Shapes>
-struct ShapeList {
-  static bool contains(const QuantForm& form) { return (matches<Shapes>(form) || ...); }
-
-  // Launches the kernel of the shape `form` matches; false if it matches none.
-  static bool launch(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, const MatrixBatch& batch,
-                     const std::int8_t* xq, const float* dx, const std::int32_t* xsums, float* y,
-                     cudaStream_t stream) {
-    const int split = row_split(rows);
-    const dim3 grid = gemv_grid(rows, split, batch.count);
-    const ValueTable book = value_table(codebook_values(form.codebook));
-    return ((matches<Shapes>(form) && (launch_shape<Shapes>(grid, stream, planes, rows, cols, form.code_bias, book,
-                                                            batch, xq, dx, xsums, y, split),
-                                       true)) ||
-            ...);
-  }
-};
-
-// The distinct shapes of docs/forms.md's table (types differing only in code_bias or codebook share one).
-using KnownShapes = ShapeList<
-    Shape<8, 32, 32, false, false, false, false>,   // Q8_0, Q5_0
-    Shape<4, 32, 32, false, false, false, false>,   // Q4_0
-    Shape<4, 32, 32, false, false, false, true>,    // Q4_1
-    Shape<8, 32, 32, false, false, false, true>,    // Q5_1
-    Shape<2, 16, 256, false, false, true, true>,    // Q2_K
-    Shape<8, 16, 256, false, false, true, false>,   // Q3_K, Q6_K
-    Shape<4, 32, 256, false, false, true, true>,    // Q4_K
-    Shape<8, 32, 256, false, false, true, true>,    // Q5_K
-    Shape<2, 32, 256, false, false, true, false>,   // TQ1_0, TQ2_0
-    Shape<4, 32, 32, true, false, false, false>,    // IQ4_NL
-    Shape<4, 32, 32, true, true, false, false>,     // MXFP4
-    Shape<4, 32, 256, true, false, true, false>,    // IQ4_XS, IQ3_S
-    Shape<4, 32, 256, true, true, true, false>,     // IQ2_XXS, IQ3_XXS, IQ1_S
-    Shape<4, 16, 256, true, true, true, false>>;    // IQ2_XS, IQ2_S, IQ1_M
 
 }  // namespace
 
@@ -208,7 +167,7 @@ cudaError_t gemv_quant_batch(const QuantForm& form, const QuantPlanes& planes, i
       reinterpret_cast<std::uintptr_t>(xq) % 16 != 0) {
     return cudaErrorMisalignedAddress;
   }
-  if (!KnownShapes::launch(form, planes, rows, cols, batch, xq, dx, xsums, y, stream)) return cudaErrorInvalidValue;
+  if (!launch(form, planes, rows, cols, batch, xq, dx, xsums, y, stream)) return cudaErrorInvalidValue;
   return cudaGetLastError();
 }
 
