@@ -108,10 +108,9 @@ void attention_chunk_vs_decode(int device, const AttentionCheckShape& s, int sta
   const std::size_t elements = static_cast<std::size_t>(n_pages) * s.n_head_kv * s.page_size * d;
   const std::size_t raw_bytes = use_qsa ? static_cast<std::size_t>(max_blocks) * r * di * sizeof(float) : 0;
   const std::size_t block_bytes = use_qsa ? static_cast<std::size_t>(max_blocks) * di * sizeof(float) : 0;
-  PathState stepwise_state(chunk_cache_bytes(s, n_pages, false), chunk_cache_bytes(s, n_pages, true), raw_bytes,
-                    block_bytes);
-  PathState chunk_state(chunk_cache_bytes(s, n_pages, false), chunk_cache_bytes(s, n_pages, true), raw_bytes,
-                    block_bytes);
+  const std::size_t key_bytes = chunk_cache_bytes(s, n_pages, false), value_bytes = chunk_cache_bytes(s, n_pages, true);
+  PathState stepwise_state(key_bytes, value_bytes, raw_bytes, block_bytes);
+  PathState chunk_state(key_bytes, value_bytes, raw_bytes, block_bytes);
   const auto paged = [&](const PathState& state, const DeviceBuffer& table) {
     return kernels::PagedKv{kernels::kv_half(kv_key_codes(s.kv), state.keys.data<void>(), elements),
                             kernels::kv_half(kv_value_codes(s.kv), state.values.data<void>(), elements),
