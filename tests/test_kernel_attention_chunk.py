@@ -5,7 +5,8 @@ state on the same inputs (strata._native_check.attention_chunk_vs_decode), and a
 What the chunk leaves behind must be the decode's bit for bit, as it runs the same code with the same block
 sizes: every byte of both KV cache halves in every KV format (cells never written keep the poison in both), the
 q rows, the indexer's raw and pooled keys, and so every QSA selection. The attention output sums in another
-order (tiles of 32 tokens in one online softmax instead of 64 spans merged), so it is held to tolerances.
+order (tiles of 32 tokens in an online softmax, over the whole of a query's tokens or, in a short chunk, over
+spans merged afterwards, where the decode merges 64 spans), so it is held to tolerances.
 """
 
 import numpy as np
@@ -130,6 +131,20 @@ def test_dense_chunk_is_the_decode_steps(rng, kv, start, chunk):
     inputs = random_inputs(rng, start + chunk, 6, 2, 256)
     got = run(inputs, start, kv)
     label = f"{kv} start={start} chunk={chunk}"
+    assert got["spans_scratch"] > 0, f"{label}: a chunk this short should cut its queries' tokens into spans"
+    assert_same_state(got, label, qsa=False)
+    assert_outputs(got, inputs, start, kv, rng)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["bf16", "q4"])
+def test_long_dense_chunk_in_one_span(rng, kv):
+    """A chunk whose query tiles fill the GPU runs each query's tokens as one span (no scratch, no merge)."""
+    start, chunk = 100, 1400
+    inputs = random_inputs(rng, start + chunk, 24, 2, 256)
+    got = run(inputs, start, kv)
+    label = f"{kv} start={start} chunk={chunk}"
+    assert got["spans_scratch"] == 0, f"{label}: a chunk this long should need no spans"
     assert_same_state(got, label, qsa=False)
     assert_outputs(got, inputs, start, kv, rng)
 

@@ -19,6 +19,8 @@ cdef extern from "strata/check/kernel_check_attention_chunk.hpp" namespace "stra
         int* selected
         int* n_selected
 
+    size_t cpp_attention_chunk_scratch "strata::kernel_check::attention_chunk_scratch"(
+        const AttentionCheckShape& shape, int chunk)
     size_t cpp_chunk_cache_bytes "strata::kernel_check::chunk_cache_bytes"(
         const AttentionCheckShape& shape, int n_pages, bool values)
     void cpp_attention_chunk_vs_decode "strata::kernel_check::attention_chunk_vs_decode"(

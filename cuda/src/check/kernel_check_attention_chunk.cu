@@ -73,6 +73,10 @@ void pad_selection(const int* blocks, int count, int keep, int* dst) {
 
 }  // namespace
 
+std::size_t attention_chunk_scratch(const AttentionCheckShape& s, int chunk) {
+  return kernels::attention_chunk_scratch_floats({s.n_head, s.n_head_kv, s.head_dim, s.rope_dim, s.eps}, chunk);
+}
+
 std::size_t chunk_cache_bytes(const AttentionCheckShape& s, int n_pages, bool values) {
   const std::size_t elements = static_cast<std::size_t>(n_pages) * s.n_head_kv * s.page_size * s.head_dim;
   return kv_half_bytes(values ? kv_value_codes(s.kv) : kv_key_codes(s.kv), elements);
@@ -203,6 +207,7 @@ void attention_chunk_vs_decode(int device, const AttentionCheckShape& s, int sta
   GuardedOutput c_q(chunk * hd * sizeof(float)), c_out(chunk * hd * sizeof(float));
   GuardedOutput c_selected(static_cast<std::size_t>(chunk) * keep * sizeof(int)), c_count(chunk * sizeof(int));
   DeviceBuffer scratch(kernels::qsa_select_chunk_scratch_floats(ishape, chunk) * sizeof(float));
+  DeviceBuffer spans(kernels::attention_chunk_scratch_floats(shape, chunk) * sizeof(float));
   const float* rows = d_fused.as<float>();
   const long stride = static_cast<long>(width);
   const kernels::PagedKv kv_b = paged(chunk_state, table);
@@ -224,6 +229,7 @@ void attention_chunk_vs_decode(int device, const AttentionCheckShape& s, int sta
   attend.q_gate_stride = stride;
   attend.positions = d_positions.as<int>();
   attend.block_tokens = r;
+  attend.scratch = spans.as<float>();
   attend.out = c_out.data<float>();
   if (use_qsa) {
     launched(kernels::qsa_append_chunk(ishape, indexer(chunk_state), rows + qg + 2 * kvd + iq, stride, chunk,

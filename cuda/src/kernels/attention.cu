@@ -123,29 +123,13 @@ __global__ void attention_split_kernel(AttentionShape shape, AttentionDecodeArgs
   }
 }
 
-// One block per q head: the spans' partials combined, normalised, rotated back into the model's basis where
-// the values are stored rotated (kv_output_basis), and gated.
+// One block per q head: the spans' partials combined, normalised, rotated back and gated.
 __global__ void attention_merge_kernel(AttentionShape shape, AttentionDecodeArgs args, PagedKv kv) {
   __shared__ float a[kMaxHeadDim];
   const int d = shape.head_dim, h = blockIdx.x;
-  const long base = static_cast<long>(h) * kDecodeSplits;
-  float top = -INFINITY;
-  for (int s = 0; s < kDecodeSplits; ++s) top = fmaxf(top, args.partial_max[base + s]);
-  for (int i = threadIdx.x; i < d; i += blockDim.x) {
-    float num = 0.0f, den = 0.0f;
-    for (int s = 0; s < kDecodeSplits; ++s) {
-      const float ms = args.partial_max[base + s];
-      if (ms == -INFINITY) continue;  // an idle span
-      const float f = __expf(ms - top);
-      num += args.partial_acc[(base + s) * d + i] * f;
-      den += args.partial_sum[base + s] * f;
-    }
-    a[i] = den > 0.0f ? num / den : 0.0f;
-  }
-  __syncthreads();
-  kv_output_basis(kv, a);
-  for (int i = threadIdx.x; i < d; i += blockDim.x)
-    args.out[h * d + i] = a[i] * attention_sigmoid(args.q_gate[static_cast<long>(h) * 2 * d + d + i]);
+  const AttentionPartials partials{args.partial_max, args.partial_sum, args.partial_acc};
+  attention_merge_head(partials, static_cast<long>(h) * kDecodeSplits, kDecodeSplits, d, kv,
+                       args.q_gate + static_cast<long>(h) * 2 * d + d, args.out + h * d, a);
 }
 
 size_t split_smem_bytes(const AttentionShape& shape) {

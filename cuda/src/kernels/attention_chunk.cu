@@ -16,6 +16,12 @@ constexpr int kKeyTile = 32;          // tokens per K/V tile: one per lane, so a
 constexpr int kAccumulators = 64;     // at most, per thread: rows per warp x dims per lane (registers)
 constexpr int kMaxTileQueries = 32;   // queries per block: one thread of warp 0 each walks its selection
 constexpr int kNoToken = INT_MAX;
+constexpr int kMergeThreads = 128;
+// A chunk whose query tiles make fewer blocks than about two per SM of an H200 (132 SMs) cuts each query's
+// tokens into spans, up to attention_decode's count: a few queries deep in a long context would otherwise scan
+// it with a few blocks while the rest of the GPU idles.
+constexpr int kTargetBlocks = 264;
+constexpr int kMaxSplits = kDecodeSplits;
 
 // Block (b, t) is block b of token t's prep (attention_prep_head): the same code and block size as
 // attention_prep, so the same cells and q rows.
@@ -38,6 +44,17 @@ struct QueryTokens {
   int tail = 0;    // first token of the open tail
   int last = -1;   // the query's position; -1 for a query past the chunk (attends nothing)
 };
+
+// The first of a query's blocks that ends at or after token `from` (its cursor for a scan starting there).
+__device__ __forceinline__ int first_block_from(const QueryTokens& q, int ratio, int from) {
+  int lo = 0, hi = q.count;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (q.blocks[mid] * ratio + ratio - 1 < from) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
 
 // The smallest attended token >= from (kNoToken if none); the cursor's block ends at or after `from`.
 __device__ __forceinline__ int next_token(const QueryTokens& q, int ratio, int from) {
@@ -81,10 +98,12 @@ __device__ __forceinline__ void load_tile(const PagedKv& kv, bool value, int kvh
   }
 }
 
-// Block (x, kv head) attends a tile of consecutive queries for the q heads of one kv head: rows = queries x
-// group, row (query i, head g) = i * group + g, owned by warp row % 8. The block walks the union of its
-// queries' attended tokens left to right, kKeyTile tokens at a time, jumping over tokens none attends, so
-// several queries share each K/V tile load; per-query masks keep each query to its own tokens. In a tile,
+// Block (x, kv head, span) attends a tile of consecutive queries for the q heads of one kv head: rows =
+// queries x group, row (query i, head g) = i * group + g, owned by warp row % 8. The block walks the union of
+// its queries' attended tokens in its span left to right, kKeyTile tokens at a time, jumping over tokens none
+// attends, so several queries share each K/V tile load; per-query masks keep each query to its own tokens.
+// With one span it writes the gated outputs, else each row's online-softmax partial for
+// attention_chunk_merge_kernel (attention_decode's layout, per query: [T][n_head][spans]). In a tile,
 // lane k scores token k for the warp's rows (the scores stay in the warp: an online softmax with warp
 // reductions), then each lane accumulates head dims lane + 32 c of the weighted values. kDims: dims per lane
 // (head_dim <= 32 kDims); kRows: rows per warp, kDims * kRows <= kAccumulators registers.
@@ -104,6 +123,11 @@ __global__ void __launch_bounds__(kChunkThreads)
   const int first_query = (gridDim.x - 1 - blockIdx.x) * tile_queries;  // the longest scans start first
   const int ratio = args.block_tokens, dims = d / 32;
   const int my_rows = warp < rows ? (rows - 1 - warp) / kChunkWarps + 1 : 0;
+  // This span of the tokens the block's queries see (0 .. the last query's position): whole tiles, so the spans
+  // of the block start where a one-span scan's tiles would.
+  const int seen = args.positions[min(first_query + tile_queries, tokens) - 1] + 1, spans = gridDim.z;
+  const int span = (seen + spans * kKeyTile - 1) / (spans * kKeyTile) * kKeyTile;
+  const int from = blockIdx.z * span, until = min(seen, from + span);
 
   for (int e = threadIdx.x; e < rows * d; e += blockDim.x) {
     const int row = e / d, t = first_query + row / group, h = kvh * group + row % group;
@@ -118,9 +142,10 @@ __global__ void __launch_bounds__(kChunkThreads)
         mine.blocks = args.selected_blocks + static_cast<long>(t) * args.selection_stride;
         mine.count = args.n_selected[t];
         mine.tail = (mine.last + 1) / ratio * ratio;
+        mine.cursor = first_block_from(mine, ratio, from);
       }
     }
-    next_of[threadIdx.x] = next_token(mine, ratio, 0);
+    next_of[threadIdx.x] = next_token(mine, ratio, from);
   }
   float m[kRows], l[kRows], acc[kRows][kDims];
 #pragma unroll
@@ -136,10 +161,11 @@ __global__ void __launch_bounds__(kChunkThreads)
   for (;;) {
     int t0 = kNoToken;
     for (int i = 0; i < tile_queries; ++i) t0 = min(t0, next_of[i]);
-    if (t0 == kNoToken) break;  // uniform: every thread reads the same next_of
+    if (t0 >= until) break;  // uniform: every thread reads the same next_of (kNoToken: none left)
     __syncthreads();  // next_of read by all; the previous tile's V consumed
     if (threadIdx.x < tile_queries) {
-      mask_of[threadIdx.x] = tile_mask(mine, ratio, t0);
+      const unsigned in_span = until - t0 >= kKeyTile ? ~0u : (1u << (until - t0)) - 1u;
+      mask_of[threadIdx.x] = tile_mask(mine, ratio, t0) & in_span;
       next_of[threadIdx.x] = next_token(mine, ratio, t0 + kKeyTile);
     }
     __syncthreads();
@@ -193,6 +219,24 @@ __global__ void __launch_bounds__(kChunkThreads)
     }
   }
 
+  if (spans > 1) {
+    const long parts = static_cast<long>(tokens) * shape.n_head * spans;
+#pragma unroll
+    for (int rr = 0; rr < kRows; ++rr) {
+      if (rr >= my_rows) break;
+      const int row = warp + kChunkWarps * rr, t = first_query + row / group, h = kvh * group + row % group;
+      if (t >= tokens) continue;
+      const long part = (static_cast<long>(t) * shape.n_head + h) * spans + blockIdx.z;
+      if (lane == 0) {
+        args.scratch[part] = m[rr];
+        args.scratch[parts + part] = l[rr];
+      }
+#pragma unroll
+      for (int c = 0; c < kDims; ++c)
+        if (c < dims) args.scratch[2 * parts + part * d + lane + 32 * c] = acc[rr][c];
+    }
+    return;
+  }
   // Each warp writes its own rows over their q rows (only it reads them), normalised as attention_merge does.
 #pragma unroll
   for (int rr = 0; rr < kRows; ++rr) {
@@ -210,6 +254,18 @@ __global__ void __launch_bounds__(kChunkThreads)
     const float gate = args.q_gate[t * args.q_gate_stride + static_cast<long>(h) * 2 * d + d + i];
     args.out[(static_cast<long>(t) * shape.n_head + h) * d + i] = q_rows[e] * attention_sigmoid(gate);
   }
+}
+
+// Block (head, query): the query's spans merged, rotated back and gated, as attention_decode's merge does.
+__global__ void attention_chunk_merge_kernel(AttentionShape shape, AttentionChunkArgs args, int tokens, int spans,
+                                             PagedKv kv) {
+  __shared__ float a[kMaxHeadDim];
+  const int d = shape.head_dim, h = blockIdx.x, t = blockIdx.y;
+  const long parts = static_cast<long>(tokens) * shape.n_head * spans;
+  const AttentionPartials partials{args.scratch, args.scratch + parts, args.scratch + 2 * parts};
+  const long head = static_cast<long>(t) * shape.n_head + h;
+  attention_merge_head(partials, head * spans, spans, d, kv,
+                       args.q_gate + t * args.q_gate_stride + static_cast<long>(h) * 2 * d + d, args.out + head * d, a);
 }
 
 // The kernel instance for head_dim and the rows one block holds (kChunkWarps x its rows per warp).
@@ -242,14 +298,26 @@ size_t device_smem_limit() {
   return static_cast<size_t>(bytes) > kStaticSmem ? static_cast<size_t>(bytes) - kStaticSmem : 0;
 }
 
-// Queries per block: as many as the rows, kMaxTileQueries and the device's shared memory allow (each shares
-// every K/V tile load), but no more than the chunk has. 0 if one query's rows do not fit.
+// Queries per block where shared memory is no limit: as many as the rows and kMaxTileQueries allow (each
+// shares every K/V tile load). 0 if one query's rows do not fit.
+int full_tile_queries(const AttentionShape& shape) {
+  return std::min(kMaxTileQueries, chunk_kernel(shape.head_dim).capacity / (shape.n_head / shape.n_head_kv));
+}
+
+// Queries per block on the current device, no more than the chunk has; 0 if one query's rows do not fit.
 int tile_queries(const AttentionShape& shape, int tokens) {
-  const int group = shape.n_head / shape.n_head_kv;
-  int queries = std::min({kMaxTileQueries, chunk_kernel(shape.head_dim).capacity / group, tokens});
+  int queries = std::min(full_tile_queries(shape), tokens);
   const size_t limit = device_smem_limit();
   while (queries > 0 && chunk_smem_bytes(shape, queries) > limit) --queries;
   return queries;
+}
+
+// Spans per query: 1 once the chunk's full tiles make kTargetBlocks blocks, else enough to (up to kMaxSplits).
+// It counts full tiles, so the scratch a chunk needs does not depend on the device.
+int chunk_spans(const AttentionShape& shape, int tokens) {
+  const int full = std::max(full_tile_queries(shape), 1);
+  const long blocks = static_cast<long>((tokens + full - 1) / full) * shape.n_head_kv;
+  return static_cast<int>(std::clamp(kTargetBlocks / blocks, 1L, static_cast<long>(kMaxSplits)));
 }
 
 }  // namespace
@@ -269,6 +337,15 @@ cudaError_t attention_prep_chunk(const AttentionShape& shape, const AttentionChu
   return cudaGetLastError();
 }
 
+std::size_t attention_chunk_scratch_floats(const AttentionShape& shape, int tokens) {
+  if (tokens <= 0 || shape.n_head <= 0 || shape.n_head_kv <= 0 || shape.n_head % shape.n_head_kv != 0 ||
+      shape.head_dim <= 0)
+    return 0;
+  const int spans = chunk_spans(shape, tokens);
+  if (spans == 1) return 0;
+  return static_cast<std::size_t>(tokens) * shape.n_head * spans * (shape.head_dim + 2);
+}
+
 bool attention_chunk_fits(const AttentionShape& shape) {
   return attention_decode_fits(shape) && shape.head_dim > 0 && shape.head_dim <= kMaxHeadDim &&
          tile_queries(shape, 1) > 0;
@@ -282,14 +359,19 @@ cudaError_t attention_chunk(const AttentionShape& shape, const AttentionChunkArg
       args.q_gate == nullptr || args.positions == nullptr || args.out == nullptr ||
       args.q_gate_stride < 2L * shape.n_head * shape.head_dim)
     return cudaErrorInvalidValue;
-  const int queries = tile_queries(shape, tokens);
+  const int queries = tile_queries(shape, tokens), spans = chunk_spans(shape, tokens);
+  if (spans > 1 && (args.scratch == nullptr || tokens > 65535)) return cudaErrorInvalidValue;
   const ChunkKernel k = chunk_kernel(shape.head_dim);
   const size_t smem = chunk_smem_bytes(shape, queries);
   const cudaError_t set = cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(smem));
   if (set != cudaSuccess) return set;
-  const dim3 grid((tokens + queries - 1) / queries, shape.n_head_kv);
+  const dim3 grid((tokens + queries - 1) / queries, shape.n_head_kv, spans);
   k.kernel<<<grid, kChunkThreads, smem, stream>>>(shape, args, tokens, queries, kv);
+  const cudaError_t launched = cudaGetLastError();
+  if (launched != cudaSuccess || spans == 1) return launched;
+  const dim3 heads(shape.n_head, tokens);
+  attention_chunk_merge_kernel<<<heads, kMergeThreads, 0, stream>>>(shape, args, tokens, spans, kv);
   return cudaGetLastError();
 }
 

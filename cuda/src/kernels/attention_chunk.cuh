@@ -6,6 +6,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstddef>
+
 #include "attention.cuh"
 #include "kv.cuh"
 
@@ -41,6 +43,7 @@ struct AttentionChunkArgs {
   const int* n_selected = nullptr;
   int selection_stride = 0;         // ints between queries' selections (the indexer's keep_blocks)
   int block_tokens = 4;
+  float* scratch = nullptr;         // attention_chunk_scratch_floats(shape, T) floats (may be null when that is 0)
   float* out = nullptr;             // [T][n_head * head_dim] as attention_decode writes each token's out
 };
 
@@ -48,8 +51,13 @@ struct AttentionChunkArgs {
 // one block's rows.
 bool attention_chunk_fits(const AttentionShape& shape);
 
+// Floats of scratch attention_chunk needs for `tokens` queries: none for a chunk that fills the GPU; a short
+// one cuts each query's tokens into spans computed apart and merged (as attention_decode does), and the spans'
+// partials live there.
+std::size_t attention_chunk_scratch_floats(const AttentionShape& shape, int tokens);
+
 // attention_decode for each of the T queries over the cache as the whole chunk leaves it (a query reads no
-// token past its own position). Needs no scratch.
+// token past its own position).
 cudaError_t attention_chunk(const AttentionShape& shape, const AttentionChunkArgs& args, int tokens,
                             const PagedKv& kv, cudaStream_t stream);
 

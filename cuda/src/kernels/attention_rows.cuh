@@ -1,7 +1,9 @@
 // What the decode and chunk attention kernels share, so a chunk leaves the cache exactly as the same tokens
-// decoded one by one would: the per-head prep of one token (same code, same block size, same arithmetic) and
-// the argument checks. Internal to the attention kernels.
+// decoded one by one would: the per-head prep of one token (same code, same block size, same arithmetic); the
+// merge of split partials; the argument checks. Internal to the attention kernels.
 #pragma once
+
+#include <math.h>
 
 #include "attention.cuh"
 #include "mixer_rows.cuh"
@@ -45,6 +47,38 @@ __device__ __forceinline__ void attention_prep_head(const AttentionShape& shape,
 }
 
 __device__ __forceinline__ float attention_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
+
+// Online-softmax partials of spans of the attended tokens: per (head, span) the max and sum of the exponentials
+// and the unnormalised accumulator [head_dim]; an idle span has max -inf.
+struct AttentionPartials {
+  const float* max;
+  const float* sum;
+  const float* acc;
+};
+
+// One head's output from the partials of its `splits` spans base .. base + splits - 1: combined and
+// normalised into a [head_dim] (shared memory), rotated back into the model's basis where the values are stored
+// rotated (kv_output_basis), and gated by gate [head_dim] into out [head_dim]. Every thread of the block calls it.
+__device__ __forceinline__ void attention_merge_head(const AttentionPartials& partials, long base, int splits,
+                                                     int d, const PagedKv& kv, const float* gate, float* out,
+                                                     float* a) {
+  float top = -INFINITY;
+  for (int s = 0; s < splits; ++s) top = fmaxf(top, partials.max[base + s]);
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    float num = 0.0f, den = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      const float ms = partials.max[base + s];
+      if (ms == -INFINITY) continue;  // an idle span
+      const float f = __expf(ms - top);
+      num += partials.acc[(base + s) * d + i] * f;
+      den += partials.sum[base + s] * f;
+    }
+    a[i] = den > 0.0f ? num / den : 0.0f;
+  }
+  __syncthreads();
+  kv_output_basis(kv, a);
+  for (int i = threadIdx.x; i < d; i += blockDim.x) out[i] = a[i] * attention_sigmoid(gate[i]);
+}
 
 inline bool valid_kv_half(const KvHalf& half) {
   return half.data != nullptr && (half.codes == KvCodes::Bf16 || half.scale != nullptr) &&

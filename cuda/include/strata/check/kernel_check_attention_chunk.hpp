@@ -28,6 +28,9 @@ struct ChunkCheckOutputs {
   int* n_selected = nullptr;
 };
 
+// Floats of scratch attention_chunk takes for `chunk` queries of `shape`: 0 when it runs each query in one span.
+std::size_t attention_chunk_scratch(const AttentionCheckShape& shape, int chunk);
+
 // Bytes of one half (keys or values) of the check's cache of n_pages pages.
 std::size_t chunk_cache_bytes(const AttentionCheckShape& shape, int n_pages, bool values);
 
