@@ -1,5 +1,6 @@
 // kernel_check round trip of the chunk attention kernels against the decode kernels run token by token: both
-// paths start from one cache state and get the same inputs, and the test compares what each leaves.
+// paths start from one cache state and get the same inputs, and the test compares what each leaves. The chunk
+// runs through a captured CUDA graph, as the prompt program runs it.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -11,6 +12,8 @@
 #include "../kernels/attention_chunk.cuh"
 #include "../kernels/qsa.cuh"
 #include "../kernels/qsa_chunk.cuh"
+#include "../runtime/stream.hpp"
+#include "../session/graph.hpp"
 #include "kernel_check_support.hpp"
 #include "kv_readback.hpp"
 #include "strata/check/kernel_check_attention_chunk.hpp"
@@ -222,7 +225,6 @@ void attention_chunk_vs_decode(int device, const AttentionCheckShape& s, int sta
   chunk_prep.rope_sin = sin.as<float>();
   chunk_prep.positions = d_positions.as<int>();
   chunk_prep.q_out = c_q.data<float>();
-  launched(kernels::attention_prep_chunk(shape, chunk_prep, chunk, kv_b, nullptr), "attention_prep_chunk");
   kernels::AttentionChunkArgs attend;
   attend.q = c_q.data<float>();
   attend.q_gate = rows;
@@ -231,28 +233,36 @@ void attention_chunk_vs_decode(int device, const AttentionCheckShape& s, int sta
   attend.block_tokens = r;
   attend.scratch = spans.as<float>();
   attend.out = c_out.data<float>();
+  kernels::IndexerSelectChunkArgs chunk_select;
+  chunk_select.q = rows + qg + 2 * kvd;
+  chunk_select.q_stride = stride;
+  chunk_select.q_norm = d_iqn.as<float>();
+  chunk_select.rope_cos = cos.as<float>();
+  chunk_select.rope_sin = sin.as<float>();
+  chunk_select.positions = d_positions.as<int>();
+  chunk_select.scratch = scratch.as<float>();
+  chunk_select.selected_blocks = c_selected.data<int>();
+  chunk_select.n_selected = c_count.data<int>();
   if (use_qsa) {
-    launched(kernels::qsa_append_chunk(ishape, indexer(chunk_state), rows + qg + 2 * kvd + iq, stride, chunk,
-                                       d_ikn.as<float>(), cos.as<float>(), sin.as<float>(), d_positions.as<int>(),
-                                       nullptr),
-             "qsa_append_chunk");
-    kernels::IndexerSelectChunkArgs chunk_select;
-    chunk_select.q = rows + qg + 2 * kvd;
-    chunk_select.q_stride = stride;
-    chunk_select.q_norm = d_iqn.as<float>();
-    chunk_select.rope_cos = cos.as<float>();
-    chunk_select.rope_sin = sin.as<float>();
-    chunk_select.positions = d_positions.as<int>();
-    chunk_select.scratch = scratch.as<float>();
-    chunk_select.selected_blocks = c_selected.data<int>();
-    chunk_select.n_selected = c_count.data<int>();
-    launched(kernels::qsa_select_chunk(ishape, indexer(chunk_state), chunk_select, chunk, nullptr), "qsa_select_chunk");
     attend.selected_blocks = c_selected.data<int>();
     attend.n_selected = c_count.data<int>();
     attend.selection_stride = keep;
   }
-  launched(kernels::attention_chunk(shape, attend, chunk, kv_b, nullptr), "attention_chunk");
-  STRATA_CUDA_TRY(cudaDeviceSynchronize());
+  // Captured into a graph, as the prompt program will run them: the positions are read from device memory.
+  Stream stream;
+  const CapturedGraph graph(stream.get(), [&](cudaStream_t on) {
+    launched(kernels::attention_prep_chunk(shape, chunk_prep, chunk, kv_b, on), "attention_prep_chunk");
+    if (use_qsa) {
+      launched(kernels::qsa_append_chunk(ishape, indexer(chunk_state), rows + qg + 2 * kvd + iq, stride, chunk,
+                                         d_ikn.as<float>(), cos.as<float>(), sin.as<float>(), d_positions.as<int>(),
+                                         on),
+               "qsa_append_chunk");
+      launched(kernels::qsa_select_chunk(ishape, indexer(chunk_state), chunk_select, chunk, on), "qsa_select_chunk");
+    }
+    launched(kernels::attention_chunk(shape, attend, chunk, kv_b, on), "attention_chunk");
+  });
+  graph.launch(stream.get());
+  STRATA_CUDA_TRY(cudaStreamSynchronize(stream.get()));
   c_out.copy_out(at_once.out, "attention_chunk");
   c_q.copy_out(at_once.q, "attention_prep_chunk");
   read_state(chunk_state, s, elements, tokens, page_order, use_qsa, at_once);

@@ -123,8 +123,7 @@ __global__ void __launch_bounds__(kChunkThreads)
   const int first_query = (gridDim.x - 1 - blockIdx.x) * tile_queries;  // the longest scans start first
   const int ratio = args.block_tokens, dims = d / 32;
   const int my_rows = warp < rows ? (rows - 1 - warp) / kChunkWarps + 1 : 0;
-  // This span of the tokens the block's queries see (0 .. the last query's position): whole tiles, so the spans
-  // of the block start where a one-span scan's tiles would.
+  // This block's span of the tokens its queries see (0 .. the last query's position), whole tiles wide.
   const int seen = args.positions[min(first_query + tile_queries, tokens) - 1] + 1, spans = gridDim.z;
   const int span = (seen + spans * kKeyTile - 1) / (spans * kKeyTile) * kKeyTile;
   const int from = blockIdx.z * span, until = min(seen, from + span);

@@ -48,12 +48,12 @@ struct AttentionChunkArgs {
 };
 
 // Whether attention_chunk takes `shape`: what attention_decode takes, with the q heads of one kv head fitting
-// one block's rows.
+// one block's rows and the current device's shared memory.
 bool attention_chunk_fits(const AttentionShape& shape);
 
-// Floats of scratch attention_chunk needs for `tokens` queries: none for a chunk that fills the GPU; a short
-// one cuts each query's tokens into spans computed apart and merged (as attention_decode does), and the spans'
-// partials live there.
+// Floats of scratch attention_chunk needs for `tokens` queries: none for a chunk whose query tiles fill the GPU
+// (qwen4exp: from ~660 tokens); a shorter one cuts each query's tokens into spans computed apart and merged (as
+// attention_decode does), and the spans' partials live there (qwen4exp: at most ~16 MB).
 std::size_t attention_chunk_scratch_floats(const AttentionShape& shape, int tokens);
 
 // attention_decode for each of the T queries over the cache as the whole chunk leaves it (a query reads no
