@@ -84,6 +84,52 @@ def gdn_steps(qkv, z, beta_in, alpha_in, conv_weight, ssm_a, dt_bias, norm_weigh
     return out, conv_arr, state_arr
 
 
+def attention_steps(q_gate, k, v, q_norm, k_norm, rope_cos, rope_sin, page_order, *, int page_size,
+                    kv="bf16", float eps=1e-6, indexer=None, int device=0) -> dict:
+    """Tokens 0..steps-1 of gated attention over a paged KV cache in format `kv` (a strata.KV), replayed through
+    one captured CUDA graph.
+
+    q_gate [steps, H, 2d]; k, v [steps, Hkv, d]; rope_cos/sin [steps, rope_dim/2]; page_order [n_pages]
+    (logical page -> physical page). `indexer` (QSA) is None or a dict with q [steps, Hi, di], kraw
+    [steps, di], q_norm, k_norm [di], keep_blocks and optionally ratio (tokens per block, default 4). Returns out,
+    q ([steps, H, d], in the keys' basis: rotated for Q4 keys), k_cache, v_cache ([Hkv, steps, d], as stored,
+    dequantized; a Q4 half in its rotated basis) and with QSA: scores [steps, steps // ratio] (NaN past each
+    step's blocks), selected [steps, keep_blocks] (-1 padded), n_selected [steps].
+    """
+    cdef AttentionCheckShape shape = _attention_check_shape("attention_steps", q_gate, k, v, q_norm, k_norm,
+                                                            rope_cos, rope_sin, page_size, kv, eps)
+    steps, heads, kv_heads, d = np.shape(q_gate)[0], shape.n_head, shape.n_head_kv, shape.head_dim
+    keep = []
+    result = {name: np.empty((steps, heads, d), np.float32) for name in ("out", "q")}
+    result.update({name: np.empty((kv_heads, steps, d), np.float32) for name in ("k_cache", "v_cache")})
+    cdef QsaCheckInputs qsa = _qsa_check_inputs("attention_steps", indexer, steps, shape.rope_dim, keep)
+    cdef QsaCheckOutputs qsa_out
+    if qsa.q != NULL:
+        result["scores"] = np.full((steps, max(steps // qsa.ratio, 1)), np.nan, np.float32)
+        result["selected"] = np.empty((steps, qsa.keep_blocks), np.int32)
+        result["n_selected"] = np.empty(steps, np.int32)
+        qsa_out.scores = _mixer_floats(result["scores"], keep)
+        qsa_out.selected = _mixer_ints(result["selected"], keep)
+        qsa_out.n_selected = _mixer_ints(result["n_selected"], keep)
+    cdef const float* p_qg = _mixer_floats(q_gate, keep)
+    cdef const float* p_k = _mixer_floats(k, keep)
+    cdef const float* p_v = _mixer_floats(v, keep)
+    cdef const float* p_qn = _mixer_floats(q_norm, keep)
+    cdef const float* p_kn = _mixer_floats(k_norm, keep)
+    cdef const float* p_cos = _mixer_floats(rope_cos, keep)
+    cdef const float* p_sin = _mixer_floats(rope_sin, keep)
+    cdef const int* p_pages = _mixer_ints(page_order, keep)
+    cdef int n_pages = np.size(page_order), n_steps = steps
+    cdef float* p_out = _mixer_floats(result["out"], keep)
+    cdef float* p_q = _mixer_floats(result["q"], keep)
+    cdef float* p_kc = _mixer_floats(result["k_cache"], keep)
+    cdef float* p_vc = _mixer_floats(result["v_cache"], keep)
+    with nogil:
+        cpp_attention_steps(device, shape, n_steps, p_qg, p_k, p_v, p_qn, p_kn, p_cos, p_sin, p_pages, n_pages,
+                            qsa, qsa_out, p_out, p_q, p_kc, p_vc)
+    return result
+
+
 cdef AttentionCheckShape _attention_check_shape(str name, q_gate, k, v, q_norm, k_norm, rope_cos, rope_sin,
                                                 int page_size, kv, float eps) except *:
     """The shape of an attention check's stacked inputs, checked: q_gate [steps, H, 2d], k, v [steps, Hkv, d],
@@ -132,52 +178,6 @@ cdef QsaCheckInputs _qsa_check_inputs(str name, indexer, int steps, int rope_dim
     qsa.q_norm = _mixer_floats(indexer["q_norm"], keep)
     qsa.k_norm = _mixer_floats(indexer["k_norm"], keep)
     return qsa
-
-
-def attention_steps(q_gate, k, v, q_norm, k_norm, rope_cos, rope_sin, page_order, *, int page_size,
-                    kv="bf16", float eps=1e-6, indexer=None, int device=0) -> dict:
-    """Tokens 0..steps-1 of gated attention over a paged KV cache in format `kv` (a strata.KV), replayed through
-    one captured CUDA graph.
-
-    q_gate [steps, H, 2d]; k, v [steps, Hkv, d]; rope_cos/sin [steps, rope_dim/2]; page_order [n_pages]
-    (logical page -> physical page). `indexer` (QSA) is None or a dict with q [steps, Hi, di], kraw
-    [steps, di], q_norm, k_norm [di], keep_blocks and optionally ratio (tokens per block, default 4). Returns out,
-    q ([steps, H, d], in the keys' basis: rotated for Q4 keys), k_cache, v_cache ([Hkv, steps, d], as stored,
-    dequantized; a Q4 half in its rotated basis) and with QSA: scores [steps, steps // ratio] (NaN past each
-    step's blocks), selected [steps, keep_blocks] (-1 padded), n_selected [steps].
-    """
-    cdef AttentionCheckShape shape = _attention_check_shape("attention_steps", q_gate, k, v, q_norm, k_norm,
-                                                            rope_cos, rope_sin, page_size, kv, eps)
-    steps, heads, kv_heads, d = np.shape(q_gate)[0], shape.n_head, shape.n_head_kv, shape.head_dim
-    keep = []
-    result = {name: np.empty((steps, heads, d), np.float32) for name in ("out", "q")}
-    result.update({name: np.empty((kv_heads, steps, d), np.float32) for name in ("k_cache", "v_cache")})
-    cdef QsaCheckInputs qsa = _qsa_check_inputs("attention_steps", indexer, steps, shape.rope_dim, keep)
-    cdef QsaCheckOutputs qsa_out
-    if qsa.q != NULL:
-        result["scores"] = np.full((steps, max(steps // qsa.ratio, 1)), np.nan, np.float32)
-        result["selected"] = np.empty((steps, qsa.keep_blocks), np.int32)
-        result["n_selected"] = np.empty(steps, np.int32)
-        qsa_out.scores = _mixer_floats(result["scores"], keep)
-        qsa_out.selected = _mixer_ints(result["selected"], keep)
-        qsa_out.n_selected = _mixer_ints(result["n_selected"], keep)
-    cdef const float* p_qg = _mixer_floats(q_gate, keep)
-    cdef const float* p_k = _mixer_floats(k, keep)
-    cdef const float* p_v = _mixer_floats(v, keep)
-    cdef const float* p_qn = _mixer_floats(q_norm, keep)
-    cdef const float* p_kn = _mixer_floats(k_norm, keep)
-    cdef const float* p_cos = _mixer_floats(rope_cos, keep)
-    cdef const float* p_sin = _mixer_floats(rope_sin, keep)
-    cdef const int* p_pages = _mixer_ints(page_order, keep)
-    cdef int n_pages = np.size(page_order), n_steps = steps
-    cdef float* p_out = _mixer_floats(result["out"], keep)
-    cdef float* p_q = _mixer_floats(result["q"], keep)
-    cdef float* p_kc = _mixer_floats(result["k_cache"], keep)
-    cdef float* p_vc = _mixer_floats(result["v_cache"], keep)
-    with nogil:
-        cpp_attention_steps(device, shape, n_steps, p_qg, p_k, p_v, p_qn, p_kn, p_cos, p_sin, p_pages, n_pages,
-                            qsa, qsa_out, p_out, p_q, p_kc, p_vc)
-    return result
 
 
 def kv_rotate_rows(x, int device=0):
