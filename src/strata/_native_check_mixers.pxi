@@ -148,41 +148,15 @@ def attention_steps(q_gate, k, v, q_norm, k_norm, rope_cos, rope_sin, page_order
     dequantized; a Q4 half in its rotated basis) and with QSA: scores [steps, steps // ratio] (NaN past each
     step's blocks), selected [steps, keep_blocks] (-1 padded), n_selected [steps].
     """
-    if np.ndim(q_gate) != 3 or np.ndim(k) != 3:
-        raise InvalidArgument("attention_steps: q_gate must be [steps, H, 2d] and k [steps, Hkv, d]")
-    steps, heads, two_d = np.shape(q_gate)
-    kv_heads, d = np.shape(k)[1], np.shape(k)[2]
-    half = np.shape(rope_cos)[1] if np.ndim(rope_cos) == 2 else -1
-    if two_d != 2 * d or kv_heads <= 0 or heads % kv_heads or d % 32 or d > 512 or half <= 0 or 2 * half > d:
-        raise InvalidArgument(f"attention_steps: need q_gate [steps, H, 2d] with H a multiple of {kv_heads} kv "
-                              f"heads, d ({d}) a multiple of 32 up to 512 and 0 < rope_dim <= d; "
-                              f"found q_gate {np.shape(q_gate)}, rope table {np.shape(rope_cos)}")
-    _mixer_expect_shape("attention_steps k", k, (steps, kv_heads, d))
-    _mixer_expect_shape("attention_steps v", v, (steps, kv_heads, d))
-    _mixer_expect_shape("attention_steps rope_sin", rope_sin, (steps, half))
-    cdef AttentionCheckShape shape
-    shape.n_head, shape.n_head_kv, shape.head_dim, shape.rope_dim = heads, kv_heads, d, 2 * half
-    shape.page_size, shape.kv, shape.eps = page_size, kv_storage(kv), eps
+    cdef AttentionCheckShape shape = _attention_check_shape("attention_steps", q_gate, k, v, q_norm, k_norm,
+                                                            rope_cos, rope_sin, page_size, kv, eps)
+    steps, heads, kv_heads, d = np.shape(q_gate)[0], shape.n_head, shape.n_head_kv, shape.head_dim
     keep = []
     result = {name: np.empty((steps, heads, d), np.float32) for name in ("out", "q")}
     result.update({name: np.empty((kv_heads, steps, d), np.float32) for name in ("k_cache", "v_cache")})
-    cdef QsaCheckInputs qsa
+    cdef QsaCheckInputs qsa = _qsa_check_inputs("attention_steps", indexer, steps, shape.rope_dim, keep)
     cdef QsaCheckOutputs qsa_out
-    qsa.q = NULL
-    if indexer is not None:
-        iq = np.asarray(indexer["q"])
-        if iq.ndim != 3 or iq.shape[0] != steps:
-            raise InvalidArgument(f"attention_steps: indexer q must be [{steps}, Hi, di], found {iq.shape}")
-        qsa.n_heads, qsa.head_dim, qsa.keep_blocks = iq.shape[1], iq.shape[2], int(indexer["keep_blocks"])
-        qsa.ratio = int(indexer.get("ratio", 4))
-        if qsa.keep_blocks <= 0 or qsa.ratio <= 0 or 2 * half > qsa.head_dim:
-            raise InvalidArgument(f"attention_steps: indexer keep_blocks {qsa.keep_blocks} and ratio {qsa.ratio} "
-                                  f"must be > 0 and its head_dim {qsa.head_dim} at least rope_dim {2 * half}")
-        _mixer_expect_shape("attention_steps indexer kraw", indexer["kraw"], (steps, qsa.head_dim))
-        qsa.q = _mixer_floats(iq, keep)
-        qsa.kraw = _mixer_floats(indexer["kraw"], keep)
-        qsa.q_norm = _mixer_floats(indexer["q_norm"], keep)
-        qsa.k_norm = _mixer_floats(indexer["k_norm"], keep)
+    if qsa.q != NULL:
         result["scores"] = np.full((steps, max(steps // qsa.ratio, 1)), np.nan, np.float32)
         result["selected"] = np.empty((steps, qsa.keep_blocks), np.int32)
         result["n_selected"] = np.empty(steps, np.int32)
@@ -206,6 +180,56 @@ def attention_steps(q_gate, k, v, q_norm, k_norm, rope_cos, rope_sin, page_order
         cpp_attention_steps(device, shape, n_steps, p_qg, p_k, p_v, p_qn, p_kn, p_cos, p_sin, p_pages, n_pages,
                             qsa, qsa_out, p_out, p_q, p_kc, p_vc)
     return result
+
+
+cdef AttentionCheckShape _attention_check_shape(str name, q_gate, k, v, q_norm, k_norm, rope_cos, rope_sin,
+                                                int page_size, kv, float eps) except *:
+    """The shape of an attention check's stacked inputs, checked: q_gate [steps, H, 2d], k, v [steps, Hkv, d],
+    q_norm, k_norm [d] and rope_cos/sin [steps, rope_dim/2]."""
+    if np.ndim(q_gate) != 3 or np.ndim(k) != 3:
+        raise InvalidArgument(f"{name}: q_gate must be [steps, H, 2d] and k [steps, Hkv, d]")
+    steps, heads, two_d = np.shape(q_gate)
+    kv_heads, d = np.shape(k)[1], np.shape(k)[2]
+    half = np.shape(rope_cos)[1] if np.ndim(rope_cos) == 2 else -1
+    if two_d != 2 * d or kv_heads <= 0 or heads % kv_heads or d % 32 or d > 512 or half <= 0 or 2 * half > d:
+        raise InvalidArgument(f"{name}: need q_gate [steps, H, 2d] with H a multiple of {kv_heads} kv "
+                              f"heads, d ({d}) a multiple of 32 up to 512 and 0 < rope_dim <= d; "
+                              f"found q_gate {np.shape(q_gate)}, rope table {np.shape(rope_cos)}")
+    _mixer_expect_shape(f"{name} k", k, (steps, kv_heads, d))
+    _mixer_expect_shape(f"{name} v", v, (steps, kv_heads, d))
+    _mixer_expect_shape(f"{name} q_norm", q_norm, (d,))
+    _mixer_expect_shape(f"{name} k_norm", k_norm, (d,))
+    _mixer_expect_shape(f"{name} rope_sin", rope_sin, (steps, half))
+    cdef AttentionCheckShape shape
+    shape.n_head, shape.n_head_kv, shape.head_dim, shape.rope_dim = heads, kv_heads, d, 2 * half
+    shape.page_size, shape.kv, shape.eps = page_size, kv_storage(kv), eps
+    return shape
+
+
+cdef QsaCheckInputs _qsa_check_inputs(str name, indexer, int steps, int rope_dim, list keep) except *:
+    """The QSA inputs of an attention check from `indexer` (None: QSA off, q NULL), checked: a dict with q
+    [steps, Hi, di], kraw [steps, di], q_norm, k_norm [di], keep_blocks and optionally ratio (default 4). The
+    arrays are kept alive in `keep`."""
+    cdef QsaCheckInputs qsa
+    qsa.q = NULL
+    if indexer is None:
+        return qsa
+    iq = np.asarray(indexer["q"])
+    if iq.ndim != 3 or iq.shape[0] != steps:
+        raise InvalidArgument(f"{name}: indexer q must be [{steps}, Hi, di], found {iq.shape}")
+    qsa.n_heads, qsa.head_dim, qsa.keep_blocks = iq.shape[1], iq.shape[2], int(indexer["keep_blocks"])
+    qsa.ratio = int(indexer.get("ratio", 4))
+    if qsa.keep_blocks <= 0 or qsa.ratio <= 0 or rope_dim > qsa.head_dim:
+        raise InvalidArgument(f"{name}: indexer keep_blocks {qsa.keep_blocks} and ratio {qsa.ratio} "
+                              f"must be > 0 and its head_dim {qsa.head_dim} at least rope_dim {rope_dim}")
+    _mixer_expect_shape(f"{name} indexer kraw", indexer["kraw"], (steps, qsa.head_dim))
+    _mixer_expect_shape(f"{name} indexer q_norm", indexer["q_norm"], (qsa.head_dim,))
+    _mixer_expect_shape(f"{name} indexer k_norm", indexer["k_norm"], (qsa.head_dim,))
+    qsa.q = _mixer_floats(iq, keep)
+    qsa.kraw = _mixer_floats(indexer["kraw"], keep)
+    qsa.q_norm = _mixer_floats(indexer["q_norm"], keep)
+    qsa.k_norm = _mixer_floats(indexer["k_norm"], keep)
+    return qsa
 
 
 def kv_rotate_rows(x, int device=0):

@@ -19,12 +19,14 @@
 #include "../runtime/stream.hpp"
 #include "../session/graph.hpp"
 #include "kernel_check_support.hpp"
+#include "kv_readback.hpp"
 #include "strata/check/kernel_check_mixers.hpp"
 
 namespace strata::kernel_check {
 namespace {
 
 using support::GuardedOutput;
+using support::read_cache;
 using support::upload;
 
 void copy_in(DeviceBuffer& dst, const void* host, std::size_t bytes) {
@@ -117,40 +119,6 @@ void ple_steps(int device, int streams, int width, int dilation, int conv_kernel
   d_out.copy_out(out, chunk ? "ple_chunk" : "ple_step");
   d_history.copy_out(history, chunk ? "ple_chunk (history)" : "ple_step (history)");
 }
-
-namespace {
-
-// Element `at` of one half of the cache read back as bytes: kernels/kv.cuh's format written out once more.
-float dequant_cell(const std::vector<unsigned char>& bytes, KvCodes codes, std::size_t elements, std::size_t at) {
-  if (codes == KvCodes::Bf16) {
-    __nv_bfloat16 b;
-    std::memcpy(&b, bytes.data() + at * 2, 2);
-    return __bfloat162float(b);
-  }
-  __half scale;
-  std::memcpy(&scale, bytes.data() + kv_code_bytes(codes, elements) + at / kKvGroup * sizeof(__half), sizeof(__half));
-  const float d = __half2float(scale);
-  if (codes == KvCodes::Int8) return d * static_cast<signed char>(bytes[at]);
-  const unsigned pair = bytes[at / 2];
-  return d * (static_cast<int>(at % 2 ? pair >> 4 : pair & 15u) - 8);
-}
-
-// Reads a poisoned, guarded half of the cache back and dequantizes tokens 0..steps-1 into [Hkv][steps][d].
-void read_cache(const GuardedOutput& half, KvCodes codes, std::size_t elements, const AttentionCheckShape& s,
-                int steps, const int* page_order, float* dst, const char* what) {
-  std::vector<unsigned char> bytes(kv_half_bytes(codes, elements));
-  half.copy_out(bytes.data(), what);
-  for (int j = 0; j < s.n_head_kv; ++j)
-    for (int t = 0; t < steps; ++t) {
-      const std::size_t row =
-          (static_cast<std::size_t>(page_order[t / s.page_size]) * s.n_head_kv + j) * s.page_size + t % s.page_size;
-      for (int i = 0; i < s.head_dim; ++i)
-        dst[(static_cast<std::size_t>(j) * steps + t) * s.head_dim + i] =
-            dequant_cell(bytes, codes, elements, row * s.head_dim + i);
-    }
-}
-
-}  // namespace
 
 void attention_steps(int device, const AttentionCheckShape& s, int steps, const float* q_gate, const float* k,
                      const float* v, const float* q_norm, const float* k_norm, const float* rope_cos,

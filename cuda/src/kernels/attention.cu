@@ -1,44 +1,24 @@
 #include <math.h>
 
 #include "attention.cuh"
-#include "mixer_rows.cuh"
+#include "attention_rows.cuh"
 #include "reduce.cuh"
 
 namespace strata::kernels {
 namespace {
 
-constexpr int kPrepThreads = 128;
 constexpr int kDecodeThreads = 256;
 constexpr int kDecodeTile = 16;       // tokens per K/V tile in shared memory (at most 32: a warp's lanes)
 constexpr int kMaxOutPerThread = 32;  // q heads per kv head x head_dim <= kDecodeThreads * this
 constexpr int kMergeThreads = 128;
 constexpr size_t kMaxSplitSmem = 48 * 1024;  // the default dynamic shared memory limit: no opt-in needed
 
-// Blocks [0, H): q heads; [H, H + Hkv): k heads; [H + Hkv, H + 2 Hkv): v heads.
 __global__ void attention_prep_kernel(AttentionShape shape, AttentionPrepArgs args, PagedKv kv) {
   extern __shared__ float row[];
-  const int d = shape.head_dim, half = shape.rope_dim / 2;
-  const int p = *args.position;
-  const float* cos = args.rope_cos + static_cast<long>(p) * half;
-  const float* sin = args.rope_sin + static_cast<long>(p) * half;
-  const int b = blockIdx.x;
-  if (b < shape.n_head) {
-    norm_rope_row(args.q_gate + static_cast<long>(b) * 2 * d, args.q_norm, d, shape.eps, cos, sin, half, row);
-    kv_query_basis(kv, row);
-    for (int i = threadIdx.x; i < d; i += blockDim.x) args.q_out[b * d + i] = row[i];
-  } else if (b < shape.n_head + shape.n_head_kv) {
-    const int j = b - shape.n_head;
-    norm_rope_row(args.k + j * d, args.k_norm, d, shape.eps, cos, sin, half, row);
-    kv_store_row(kv, false, p, j, row);
-  } else {
-    const int j = b - shape.n_head - shape.n_head_kv;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) row[i] = args.v[j * d + i];
-    __syncthreads();
-    kv_store_row(kv, true, p, j, row);
-  }
+  const PrepTokenRows rows{args.q_gate, args.k, args.v, args.q_out};
+  attention_prep_head(shape, blockIdx.x, *args.position, rows, args.q_norm, args.k_norm, args.rope_cos,
+                      args.rope_sin, kv, row);
 }
-
-__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
 // Flash decoding: the attended tokens are cut into kDecodeSplits spans; block (kv head, span) reads its span's
 // K and V once, in tiles of kDecodeTile tokens, for all the q heads that share the kv head (GQA), and leaves
@@ -143,34 +123,13 @@ __global__ void attention_split_kernel(AttentionShape shape, AttentionDecodeArgs
   }
 }
 
-// One block per q head: the spans' partials combined, normalised, rotated back into the model's basis where
-// the values are stored rotated (kv_output_basis), and gated.
+// One block per q head: the spans' partials combined, normalised, rotated back and gated.
 __global__ void attention_merge_kernel(AttentionShape shape, AttentionDecodeArgs args, PagedKv kv) {
   __shared__ float a[kMaxHeadDim];
   const int d = shape.head_dim, h = blockIdx.x;
-  const long base = static_cast<long>(h) * kDecodeSplits;
-  float top = -INFINITY;
-  for (int s = 0; s < kDecodeSplits; ++s) top = fmaxf(top, args.partial_max[base + s]);
-  for (int i = threadIdx.x; i < d; i += blockDim.x) {
-    float num = 0.0f, den = 0.0f;
-    for (int s = 0; s < kDecodeSplits; ++s) {
-      const float ms = args.partial_max[base + s];
-      if (ms == -INFINITY) continue;  // an idle span
-      const float f = __expf(ms - top);
-      num += args.partial_acc[(base + s) * d + i] * f;
-      den += args.partial_sum[base + s] * f;
-    }
-    a[i] = den > 0.0f ? num / den : 0.0f;
-  }
-  __syncthreads();
-  kv_output_basis(kv, a);
-  for (int i = threadIdx.x; i < d; i += blockDim.x)
-    args.out[h * d + i] = a[i] * sigmoid(args.q_gate[static_cast<long>(h) * 2 * d + d + i]);
-}
-
-bool valid_half(const KvHalf& half) {
-  return half.data != nullptr && (half.codes == KvCodes::Bf16 || half.scale != nullptr) &&
-         (half.codes == KvCodes::Bf16 || half.codes == KvCodes::Int8 || half.codes == KvCodes::Q4);
+  const AttentionPartials partials{args.partial_max, args.partial_sum, args.partial_acc};
+  attention_merge_head(partials, static_cast<long>(h) * kDecodeSplits, kDecodeSplits, d, kv,
+                       args.q_gate + static_cast<long>(h) * 2 * d + d, args.out + h * d, a);
 }
 
 size_t split_smem_bytes(const AttentionShape& shape) {
@@ -179,19 +138,11 @@ size_t split_smem_bytes(const AttentionShape& shape) {
                           group * kDecodeTile + 3 * group);
 }
 
-bool valid(const AttentionShape& shape, const PagedKv& kv) {
-  return shape.n_head > 0 && shape.n_head_kv > 0 && shape.n_head % shape.n_head_kv == 0 &&
-         shape.head_dim > 0 && shape.head_dim % 32 == 0 && shape.head_dim <= kMaxHeadDim &&
-         shape.rope_dim >= 0 && shape.rope_dim % 2 == 0 && shape.rope_dim <= shape.head_dim &&
-         kv.n_head_kv == shape.n_head_kv && kv.head_dim == shape.head_dim && kv.page_size > 0 &&
-         kv.page_size % 4 == 0 && kv.page_table != nullptr && valid_half(kv.keys) && valid_half(kv.values);
-}
-
 }  // namespace
 
 cudaError_t attention_prep(const AttentionShape& shape, const AttentionPrepArgs& args, const PagedKv& kv,
                            cudaStream_t stream) {
-  if (!valid(shape, kv)) return cudaErrorInvalidValue;
+  if (!valid_attention(shape, kv)) return cudaErrorInvalidValue;
   const size_t smem = static_cast<size_t>(shape.head_dim) * sizeof(float);
   attention_prep_kernel<<<shape.n_head + 2 * shape.n_head_kv, kPrepThreads, smem, stream>>>(shape, args, kv);
   return cudaGetLastError();
@@ -209,7 +160,7 @@ size_t attention_decode_partial_floats(const AttentionShape& shape) {
 
 cudaError_t attention_decode(const AttentionShape& shape, const AttentionDecodeArgs& args, const PagedKv& kv,
                              cudaStream_t stream) {
-  if (!valid(shape, kv) || !attention_decode_fits(shape) || args.block_tokens <= 0 ||
+  if (!valid_attention(shape, kv) || !attention_decode_fits(shape) || args.block_tokens <= 0 ||
       (args.selected_blocks == nullptr) != (args.n_selected == nullptr) || args.partial_max == nullptr ||
       args.partial_sum == nullptr || args.partial_acc == nullptr)
     return cudaErrorInvalidValue;

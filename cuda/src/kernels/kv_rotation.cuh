@@ -21,13 +21,16 @@ __host__ __device__ constexpr int kv_rotation_width(int head_dim) {
   return (head_dim & -head_dim) < kKvRotationMax ? (head_dim & -head_dim) : kKvRotationMax;
 }
 
-// Rotates row[0:d] in place. row is shared memory, complete before the call and complete on return; every
-// thread of the block calls it. The butterflies add and subtract in float32 and the scale 1 / sqrtf(n) is
-// applied last (strata.reference.kv_formats.rotate repeats this order exactly).
-__device__ __forceinline__ void kv_rotate_row(float* row, int d) {
-  const int n = kv_rotation_width(d);
+// Rotates rows[r][0:d] for r < n_rows in place. rows is shared memory, complete before the call and complete
+// on return; every thread of the block calls it. The butterflies add and subtract in float32 and the scale
+// 1 / sqrtf(n) is applied last (strata.reference.kv_formats.rotate repeats this order exactly); each element
+// sees the same operations however the rows are spread over the threads.
+__device__ __forceinline__ void kv_rotate_rows_in_place(float* rows, int n_rows, int d) {
+  const int n = kv_rotation_width(d), pairs = d / 2;
   for (int h = 1; h < n; h <<= 1) {
-    for (int p = threadIdx.x; p < d / 2; p += blockDim.x) {
+    for (int e = threadIdx.x; e < n_rows * pairs; e += blockDim.x) {
+      float* row = rows + (e / pairs) * d;
+      const int p = e % pairs;
       const int a = ((p & ~(h - 1)) << 1) | (p & (h - 1));  // the p-th index whose bit h is clear
       const float x = row[a], y = row[a + h];
       row[a] = x + y;
@@ -36,9 +39,12 @@ __device__ __forceinline__ void kv_rotate_row(float* row, int d) {
     __syncthreads();
   }
   const float scale = 1.0f / sqrtf(static_cast<float>(n));
-  for (int i = threadIdx.x; i < d; i += blockDim.x) row[i] *= scale;
+  for (int i = threadIdx.x; i < n_rows * d; i += blockDim.x) rows[i] *= scale;
   __syncthreads();
 }
+
+// One row: row[0:d], as kv_rotate_rows_in_place.
+__device__ __forceinline__ void kv_rotate_row(float* row, int d) { kv_rotate_rows_in_place(row, 1, d); }
 
 // out[r] = the rotation of in[r] for rows [rows][head_dim] (head_dim a multiple of 32): the rotation alone,
 // for the checks. Never allocates, synchronises or throws.

@@ -1,0 +1,97 @@
+// What the decode and chunk attention kernels share, so a chunk leaves the cache exactly as the same tokens
+// decoded one by one would: the per-head prep of one token (same code, same block size, same arithmetic); the
+// merge of split partials; the argument checks. Internal to the attention kernels.
+#pragma once
+
+#include <math.h>
+
+#include "attention.cuh"
+#include "mixer_rows.cuh"
+
+namespace strata::kernels {
+
+// Threads per prep block: block_sum's reduction order, and so every normed row, depends on it.
+constexpr int kPrepThreads = 128;
+
+// The rows of one token that attention prep reads and writes.
+struct PrepTokenRows {
+  const float* q_gate;  // [n_head][2 * head_dim]
+  const float* k;       // [n_head_kv][head_dim]
+  const float* v;       // [n_head_kv][head_dim]
+  float* q_out;         // [n_head][head_dim]
+};
+
+// Block b of a token's prep at position p (row: head_dim floats of shared memory). Blocks [0, H) norm and rope
+// a q head into q_out; [H, H + Hkv) a k head and [H + Hkv, H + 2 Hkv) a v head go into the cache at row p.
+__device__ __forceinline__ void attention_prep_head(const AttentionShape& shape, int b, int p,
+                                                    const PrepTokenRows& rows, const float* q_norm,
+                                                    const float* k_norm, const float* rope_cos,
+                                                    const float* rope_sin, const PagedKv& kv, float* row) {
+  const int d = shape.head_dim, half = shape.rope_dim / 2;
+  const float* cos = rope_cos + static_cast<long>(p) * half;
+  const float* sin = rope_sin + static_cast<long>(p) * half;
+  if (b < shape.n_head) {
+    norm_rope_row(rows.q_gate + static_cast<long>(b) * 2 * d, q_norm, d, shape.eps, cos, sin, half, row);
+    kv_query_basis(kv, row);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) rows.q_out[b * d + i] = row[i];
+  } else if (b < shape.n_head + shape.n_head_kv) {
+    const int j = b - shape.n_head;
+    norm_rope_row(rows.k + j * d, k_norm, d, shape.eps, cos, sin, half, row);
+    kv_store_row(kv, false, p, j, row);
+  } else {
+    const int j = b - shape.n_head - shape.n_head_kv;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) row[i] = rows.v[j * d + i];
+    __syncthreads();
+    kv_store_row(kv, true, p, j, row);
+  }
+}
+
+__device__ __forceinline__ float attention_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
+
+// Online-softmax partials of spans of the attended tokens: per (head, span) the max and sum of the exponentials
+// and the unnormalised accumulator [head_dim]; an idle span has max -inf.
+struct AttentionPartials {
+  const float* max;
+  const float* sum;
+  const float* acc;
+};
+
+// One head's output from the partials of its `splits` spans base .. base + splits - 1: combined and
+// normalised into a [head_dim] (shared memory), rotated back into the model's basis where the values are stored
+// rotated (kv_output_basis), and gated by gate [head_dim] into out [head_dim]. Every thread of the block calls it.
+__device__ __forceinline__ void attention_merge_head(const AttentionPartials& partials, long base, int splits,
+                                                     int d, const PagedKv& kv, const float* gate, float* out,
+                                                     float* a) {
+  float top = -INFINITY;
+  for (int s = 0; s < splits; ++s) top = fmaxf(top, partials.max[base + s]);
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    float num = 0.0f, den = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      const float ms = partials.max[base + s];
+      if (ms == -INFINITY) continue;  // an idle span
+      const float f = __expf(ms - top);
+      num += partials.acc[(base + s) * d + i] * f;
+      den += partials.sum[base + s] * f;
+    }
+    a[i] = den > 0.0f ? num / den : 0.0f;
+  }
+  __syncthreads();
+  kv_output_basis(kv, a);
+  for (int i = threadIdx.x; i < d; i += blockDim.x) out[i] = a[i] * attention_sigmoid(gate[i]);
+}
+
+inline bool valid_kv_half(const KvHalf& half) {
+  return half.data != nullptr && (half.codes == KvCodes::Bf16 || half.scale != nullptr) &&
+         (half.codes == KvCodes::Bf16 || half.codes == KvCodes::Int8 || half.codes == KvCodes::Q4);
+}
+
+// The shape and cache every attention launcher requires.
+inline bool valid_attention(const AttentionShape& shape, const PagedKv& kv) {
+  return shape.n_head > 0 && shape.n_head_kv > 0 && shape.n_head % shape.n_head_kv == 0 &&
+         shape.head_dim > 0 && shape.head_dim % 32 == 0 && shape.head_dim <= kMaxHeadDim &&
+         shape.rope_dim >= 0 && shape.rope_dim % 2 == 0 && shape.rope_dim <= shape.head_dim &&
+         kv.n_head_kv == shape.n_head_kv && kv.head_dim == shape.head_dim && kv.page_size > 0 &&
+         kv.page_size % 4 == 0 && kv.page_table != nullptr && valid_kv_half(kv.keys) && valid_kv_half(kv.values);
+}
+
+}  // namespace strata::kernels

@@ -1,0 +1,142 @@
+// What the decode and chunk QSA kernels share, so a chunk leaves the indexer cache and makes the selections
+// exactly as the same tokens decoded one by one would: the block pooling, one block's score and the top-block
+// selection (same code, same block sizes, same arithmetic), and the argument checks. Internal to the QSA kernels.
+#pragma once
+
+#include <cub/block/block_scan.cuh>
+
+#include "mixer_rows.cuh"
+#include "qsa.cuh"
+
+namespace strata::kernels {
+
+// Threads per block of the append, score and selection kernels: the pooled keys' and the scoring queries'
+// RMSNorm reduce over the block, so their bits depend on these.
+constexpr int kAppendThreads = 128;
+constexpr int kScoreThreads = 256;
+constexpr int kSelectThreads = 1024;
+
+// Pools block `block` of the raw keys (all of its rows stored) into its block key: mean, k_norm, RoPE at the
+// block's first position. shared: 2 * head_dim floats. Each thread reads back only the raw-key columns it
+// stores in qsa_store_raw_key, so no barrier is needed between the two.
+__device__ __forceinline__ void qsa_pool_block(const IndexerShape& shape, const IndexerCache& cache, int block,
+                                               const float* k_norm, const float* rope_cos, const float* rope_sin,
+                                               float* shared) {
+  float* pooled = shared;
+  float* keyed = shared + shape.head_dim;
+  const int d = shape.head_dim, r = shape.ratio;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    float sum = 0.0f;
+    for (int j = 0; j < r; ++j) sum += cache.raw_keys[(static_cast<long>(block) * r + j) * d + i];
+    pooled[i] = sum / static_cast<float>(r);
+  }
+  __syncthreads();
+  const int half = shape.rope_dim / 2;
+  const long start = static_cast<long>(block) * r;  // RoPE at the block's first position
+  norm_rope_row(pooled, k_norm, d, shape.eps, rope_cos + start * half, rope_sin + start * half, half, keyed);
+  for (int i = threadIdx.x; i < d; i += blockDim.x) cache.block_keys[static_cast<long>(block) * d + i] = keyed[i];
+}
+
+// Row p of the raw keys from kraw [head_dim].
+__device__ __forceinline__ void qsa_store_raw_key(const IndexerShape& shape, const IndexerCache& cache, int p,
+                                                  const float* kraw) {
+  const int d = shape.head_dim;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) cache.raw_keys[static_cast<long>(p) * d + i] = kraw[i];
+}
+
+// The normed, roped scoring query of position p: q [n_heads][head_dim] into dst (shared memory). Every thread
+// of a kScoreThreads block calls it.
+__device__ __forceinline__ void qsa_score_query(const IndexerShape& shape, const float* q, const float* q_norm,
+                                                const float* rope_cos, const float* rope_sin, int p, float* dst) {
+  const int d = shape.head_dim, half = shape.rope_dim / 2;
+  for (int h = 0; h < shape.n_heads; ++h)
+    norm_rope_row(q + h * d, q_norm, d, shape.eps, rope_cos + static_cast<long>(p) * half,
+                  rope_sin + static_cast<long>(p) * half, half, dst + h * d);
+}
+
+// sum_h relu(q_h . key) / sqrt(head_dim) for the scoring query q [n_heads][head_dim]; one warp, every lane
+// gets it.
+__device__ __forceinline__ float qsa_block_score(const IndexerShape& shape, const float* q, const float* key) {
+  const int d = shape.head_dim, lane = threadIdx.x & 31;
+  float total = 0.0f;
+  for (int h = 0; h < shape.n_heads; ++h) {
+    float dot = 0.0f;
+    for (int i = lane; i < d; i += 32) dot += q[h * d + i] * key[i];
+    total += fmaxf(warp_sum(dot), 0.0f);
+  }
+  return total * rsqrtf(static_cast<float>(d));
+}
+
+// Order-preserving map of a float to uint32 (larger float, larger key); -0 and +0 map together.
+__device__ __forceinline__ unsigned order_key(float x) {
+  const unsigned u = __float_as_uint(x == 0.0f ? 0.0f : x);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// The selection of a query that sees n_blocks complete blocks with scores[0:n_blocks]: *n_selected =
+// keep = min(keep_blocks, n_blocks) and selected[0:keep] ascending; all blocks when they fit, else radix-select
+// the keep-th largest score (8 bits per pass), then every block above it and the lowest-indexed blocks equal to
+// it. Every thread of a kSelectThreads block calls it; the selection depends on the scores alone.
+__device__ __forceinline__ void qsa_select_top(int n_blocks, int keep_blocks, const float* scores, int* selected,
+                                               int* n_selected) {
+  using Scan = cub::BlockScan<int, kSelectThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
+  __shared__ int histogram[256];
+  __shared__ unsigned chosen_prefix;
+  __shared__ int still_needed;
+  const int keep = min(keep_blocks, n_blocks);
+  if (threadIdx.x == 0) *n_selected = keep;
+  if (keep == n_blocks) {
+    for (int b = threadIdx.x; b < n_blocks; b += blockDim.x) selected[b] = b;
+    return;
+  }
+  unsigned prefix = 0, mask = 0;
+  int needed = keep;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) histogram[i] = 0;
+    __syncthreads();
+    for (int b = threadIdx.x; b < n_blocks; b += blockDim.x) {
+      const unsigned key = order_key(scores[b]);
+      if ((key & mask) == prefix) atomicAdd(&histogram[(key >> shift) & 255u], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int above = 0, bin = 255;
+      while (above + histogram[bin] < needed) above += histogram[bin--];
+      chosen_prefix = prefix | (static_cast<unsigned>(bin) << shift);
+      still_needed = needed - above;
+    }
+    __syncthreads();
+    prefix = chosen_prefix;
+    needed = still_needed;
+    mask |= 255u << shift;
+    __syncthreads();  // chosen_prefix / still_needed are rewritten next pass
+  }
+  // prefix is the threshold key; `needed` blocks equal to it are taken, lowest index first.
+  int equal_before = 0, written = 0;
+  for (int base = 0; base < n_blocks; base += blockDim.x) {
+    const int b = base + threadIdx.x;
+    const unsigned key = b < n_blocks ? order_key(scores[b]) : 0u;
+    const int equal = b < n_blocks && key == prefix;
+    int equal_rank, equal_total;
+    Scan(scan_storage).ExclusiveSum(equal, equal_rank, equal_total);
+    __syncthreads();
+    const int take = b < n_blocks && (key > prefix || (equal && equal_before + equal_rank < needed));
+    int slot, taken;
+    Scan(scan_storage).ExclusiveSum(take, slot, taken);
+    __syncthreads();
+    if (take) selected[written + slot] = b;
+    equal_before += equal_total;
+    written += taken;
+  }
+}
+
+inline bool valid_indexer_append(const IndexerShape& shape) {
+  return shape.head_dim > 0 && shape.ratio > 0 && shape.rope_dim % 2 == 0 && shape.rope_dim <= shape.head_dim;
+}
+
+inline bool valid_indexer_select(const IndexerShape& shape) {
+  return shape.n_heads > 0 && shape.keep_blocks > 0 && shape.max_blocks > 0 && valid_indexer_append(shape);
+}
+
+}  // namespace strata::kernels

@@ -1,0 +1,30 @@
+# Declarations of the chunk attention round trip (cuda/include/strata/check/kernel_check_attention_chunk.hpp).
+# Bound in _native_check_attention_chunk.pxi.
+from libcpp cimport bool
+
+from strata._native_check_mixers cimport AttentionCheckShape, QsaCheckInputs
+from strata._native_errors cimport raise_strata_error
+
+
+cdef extern from "strata/check/kernel_check_attention_chunk.hpp" namespace "strata::kernel_check" nogil:
+    cdef cppclass ChunkCheckOutputs "strata::kernel_check::ChunkCheckOutputs":
+        float* out
+        float* q
+        unsigned char* k_bytes
+        unsigned char* v_bytes
+        float* k_cache
+        float* v_cache
+        float* raw_keys
+        float* block_keys
+        int* selected
+        int* n_selected
+
+    size_t cpp_attention_chunk_scratch "strata::kernel_check::attention_chunk_scratch"(
+        const AttentionCheckShape& shape, int chunk)
+    size_t cpp_chunk_cache_bytes "strata::kernel_check::chunk_cache_bytes"(
+        const AttentionCheckShape& shape, int n_pages, bool values)
+    void cpp_attention_chunk_vs_decode "strata::kernel_check::attention_chunk_vs_decode"(
+        int device, const AttentionCheckShape& shape, int start, int chunk, const float* q_gate, const float* k,
+        const float* v, const float* q_norm, const float* k_norm, const float* rope_cos, const float* rope_sin,
+        const int* page_order, int n_pages, const QsaCheckInputs& qsa, const ChunkCheckOutputs& stepwise,
+        const ChunkCheckOutputs& at_once) except +raise_strata_error
