@@ -26,20 +26,27 @@ def expected(ids: np.ndarray, n_expert: int, cache: list[int], slots: int, prefe
         slot = {e: fill.index(e) for fill in fills for e in fill}
     slot.update({e: cache[e] for e in held})
     order = held + staged
-    row_token, row_slot, row_of = [], [], [0] * flat.size
+    row_token, row_of = [], [0] * flat.size
     for e in order:
         for p in np.flatnonzero(flat == e):
             row_of[p] = len(row_token)
             row_token.append(int(p) // k)
-            row_slot.append(slot[e])
     cached_rows = int(np.isin(flat, held).sum())
-    first, out_fills = cached_rows, []
+
+    def part(experts: list[int], first: int) -> tuple[list[int], list[int]]:
+        """One group per routed expert of the part: its slot, and its rows' begin from the part's first row."""
+        routed = [e for e in experts if e in touched]
+        begins = [row_of[int(np.flatnonzero(flat == e)[0])] - first for e in routed]
+        return [slot[e] for e in routed], begins + [int(np.isin(flat, routed).sum())]
+
+    first, out_fills, parts = cached_rows, [], [part(held, 0)]
     for fill in fills:
         rows = int(np.isin(flat, [e for e in fill if e in staged]).sum())
         out_fills.append((list(fill), first, rows))
+        parts.append(part([e for e in fill if e in staged], first))
         first += rows
-    return {"row_token": row_token, "row_slot": row_slot, "row_of": row_of, "cached_rows": cached_rows,
-            "cached_experts": len(held), "fills": out_fills}
+    return {"row_token": row_token, "row_of": row_of, "cached_rows": cached_rows,
+            "cached_experts": len(held), "fills": out_fills, "parts": parts}
 
 
 def routing(rng, tokens: int, k: int, n_expert: int) -> np.ndarray:

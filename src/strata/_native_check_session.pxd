@@ -43,10 +43,11 @@ cdef extern from "strata/check/arena_check.hpp" nogil:
 
 cdef extern from "strata/check/routes_check.hpp" nogil:
     cdef cppclass ChunkRoutes "strata::routes_check::Routes":
-        vector[int] row_token, row_slot, row_of
+        vector[int] row_token, row_of
         int cached_rows, cached_experts
         vector[vector[int]] fill_experts
         vector[int] fill_first, fill_rows
+        vector[vector[int]] part_slots, part_begins
 
     ChunkRoutes cpp_group_routes "strata::routes_check::group"(
         const int32_t* ids, int tokens, int k, int n_expert, const vector[int]& cache_slot_of, int staging_slots,

@@ -116,7 +116,8 @@ cdef class SessionArena:
 
 def group_routes(ids, int n_expert, list cache_slot_of, int staging_slots, list prefetched) -> dict:
     """The prompt path's grouping of one layer's routing `ids` [tokens, k] (cuda/src/session/chunk_routes.hpp):
-    {"row_token", "row_slot", "row_of", "cached_rows", "cached_experts", "fills": [(experts, first_row, rows)]}."""
+    {"row_token", "row_of", "cached_rows", "cached_experts", "fills": [(experts, first_row, rows)],
+    "parts": [(group slots, group begins)] of the cache's rows, then of each fill's}."""
     cdef const int32_t[:, ::1] view = np.ascontiguousarray(ids, dtype=np.int32)
     cdef vector[int] cache = cache_slot_of
     cdef vector[int] ahead = prefetched
@@ -125,6 +126,7 @@ def group_routes(ids, int n_expert, list cache_slot_of, int staging_slots, list 
     cdef ChunkRoutes r
     with nogil:
         r = cpp_group_routes(first, tokens, k, n_expert, cache, staging_slots, ahead)
-    return {"row_token": list(r.row_token), "row_slot": list(r.row_slot), "row_of": list(r.row_of),
+    return {"row_token": list(r.row_token), "row_of": list(r.row_of),
             "cached_rows": r.cached_rows, "cached_experts": r.cached_experts,
-            "fills": [(list(r.fill_experts[i]), r.fill_first[i], r.fill_rows[i]) for i in range(r.fill_first.size())]}
+            "fills": [(list(r.fill_experts[i]), r.fill_first[i], r.fill_rows[i]) for i in range(r.fill_first.size())],
+            "parts": [(list(r.part_slots[i]), list(r.part_begins[i])) for i in range(r.part_slots.size())]}

@@ -8,11 +8,19 @@ Routes group(const std::int32_t* ids, int tokens, int k, int n_expert, const std
              int staging_slots, const std::vector<int>& prefetched) {
   ChunkRoutes routes;
   group_routes(ids, tokens, k, n_expert, cache_slot_of, staging_slots, prefetched, routes);
-  Routes out{routes.row_token, routes.row_slot, routes.row_of, routes.cached_rows, routes.cached_experts, {}, {}, {}};
+  Routes out{routes.row_token, routes.row_of, routes.cached_rows, routes.cached_experts, {}, {}, {}};
+  auto part = [&](const ChunkRoutes::Part& p) {
+    const auto slots = routes.group_slot.begin() + p.first_group;
+    const auto begins = routes.group_begin.begin() + p.begin_at;
+    out.part_slots.emplace_back(slots, slots + p.groups);
+    out.part_begins.emplace_back(begins, begins + p.groups + 1);
+  };
+  part(routes.cached);
   for (const ChunkRoutes::Fill& fill : routes.fills) {
     out.fill_experts.push_back(fill.experts);
     out.fill_first.push_back(fill.first_row);
     out.fill_rows.push_back(fill.rows);
+    part(fill.part);
   }
   return out;
 }

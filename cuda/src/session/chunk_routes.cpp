@@ -67,13 +67,32 @@ void group_routes(const std::int32_t* ids, int tokens, int k, int n_expert, cons
       fill.rows += count[e];
     }
   }
+  // The groups of each part, in row order: one per routed expert, its begin relative to the part's first row.
+  out.group_slot.clear();
+  out.group_begin.clear();
+  auto part_of = [&](int first_row, int rows, const std::vector<int>& experts) {
+    ChunkRoutes::Part part{first_row, rows, static_cast<int>(out.group_slot.size()), 0,
+                           static_cast<int>(out.group_begin.size())};
+    for (const int e : experts) {
+      if (count[e] == 0) continue;
+      out.group_slot.push_back(slot[e]);
+      out.group_begin.push_back(start[e] - first_row);
+      ++part.groups;
+    }
+    out.group_begin.push_back(rows);
+    return part;
+  };
+  std::vector<int> held;
+  for (int e = 0; e < n_expert; ++e) {
+    if (count[e] > 0 && cached(e)) held.push_back(e);
+  }
+  out.cached = part_of(0, out.cached_rows, held);
+  for (ChunkRoutes::Fill& fill : out.fills) fill.part = part_of(fill.first_row, fill.rows, fill.experts);
   out.row_token.resize(pairs);
-  out.row_slot.resize(pairs);
   out.row_of.resize(pairs);
   for (int p = 0; p < pairs; ++p) {  // pair order is token order, so each expert's rows keep it
     const int e = ids[p], r = start[e]++;
     out.row_token[r] = p / k;
-    out.row_slot[r] = slot[e];
     out.row_of[p] = r;
   }
 }

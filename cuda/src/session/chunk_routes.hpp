@@ -10,16 +10,25 @@
 namespace strata {
 
 struct ChunkRoutes {
-  // One staging fill: the experts it copies (ascending) and the product rows that read them.
+  // Consecutive product rows read from one stack of experts (the cache's, or one staging fill's), as groups of
+  // one expert each: group i of the part is rows group_begin[begin_at + i] .. group_begin[begin_at + i + 1] - 1,
+  // counted from first_row, of the expert in slot group_slot[first_group + i].
+  struct Part {
+    int first_row = 0, rows = 0;
+    int first_group = 0, groups = 0, begin_at = 0;
+  };
+  // One staging fill: the experts it copies (ascending) and the rows that read them.
   struct Fill {
     std::vector<int> experts;
     int first_row = 0, rows = 0;
+    Part part;
   };
   std::vector<int> row_token;  // [P] the token of each product row
-  std::vector<int> row_slot;   // [P] the slot the row's expert has in the cache or in its fill
   std::vector<int> row_of;     // [tokens * k] the product row of choice j of token t (t * k + j)
   int cached_rows = 0;         // rows [0, cached_rows) read the VRAM cache
   int cached_experts = 0;      // distinct routed experts the cache holds
+  Part cached;                 // those rows as groups
+  std::vector<int> group_slot, group_begin;  // every part's groups, in row order
   std::vector<Fill> fills;     // the rest, in order
 };
 

@@ -14,6 +14,7 @@
 #include "../kernels/rope.cuh"
 #include "../kernels/router.cuh"
 #include "strata/device.hpp"
+#include "mixer_shapes.hpp"
 #include "scratch_carver.hpp"
 #include "strata/error.hpp"
 
@@ -67,7 +68,7 @@ void carve_scratch(Carver& c, const ModelGeometry& g, int context, std::size_t s
     max_blocks = std::max(max_blocks, context / ratio);
     keep_blocks = std::max(keep_blocks, g.indexer_budget / ratio);
   }
-  const kernels::AttentionShape attention{g.n_head, g.n_head_kv, g.head_dim, g.rope_dim, g.rms_eps};
+  const kernels::AttentionShape attention = attention_shape(g);
   const std::size_t attention_partials =
       g.attention_layers() > 0 ? kernels::attention_decode_partial_floats(attention) : 0;
   char* stage = c.take<char>(DecodeProgram::stage_bytes(g));
@@ -155,7 +156,7 @@ DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& 
       scratch_(0) {
   std::size_t sample_bytes = 0;
   STRATA_CUDA_TRY(kernels::sample_scratch_bytes(g.n_vocab, &sample_bytes));
-  attention_ = {g.n_head, g.n_head_kv, g.head_dim, g.rope_dim, g.rms_eps};
+  attention_ = strata::attention_shape(g);
   STRATA_EXPECTS(g.attention_layers() == 0 || kernels::attention_decode_fits(attention_), InvalidArgument,
                  "attention: " + std::to_string(g.n_head / std::max(g.n_head_kv, 1)) + " query heads per KV head of " +
                      std::to_string(g.head_dim) + " dims exceed the decode kernel's shared memory and registers");
@@ -245,27 +246,12 @@ void DecodeProgram::mixer_gdn(int layer, cudaStream_t s) const {
   } else {
     project(x_, {{t.qkv, qkvz_}, {t.gate, z}, {t.beta, beta_}, {t.alpha, alpha_}}, q8_, s, &branches_);
   }
-  kernels::GdnShape shape;
-  shape.n_k_heads = g_.ssm_k_heads;
-  shape.n_v_heads = g_.ssm_v_heads;
-  shape.head_k_dim = g_.ssm_head_k_dim;
-  shape.head_v_dim = g_.ssm_head_v_dim;
-  shape.conv_kernel = g_.ssm_conv_kernel;
-  shape.tiled_heads = g_.gdn_tiled_heads;
-  shape.interleaved_ba = g_.gdn_interleaved_ba;
-  shape.sigmoid_gate = g_.gdn_sigmoid_gate;
-  shape.eps = g_.rms_eps;
-  kernels::GdnStepArgs args;
+  const kernels::GdnShape shape = gdn_shape(g_);
+  kernels::GdnStepArgs args = gdn_layer_args(t, seq_, layer);
   args.qkv = qkvz_;
   args.z = z;
   args.beta_in = beta_;
   args.alpha_in = alpha_;
-  args.conv_weight = t.conv1d;
-  args.ssm_a = t.ssm_a;
-  args.dt_bias = t.dt_bias;
-  args.norm_weight = t.ssm_norm;
-  args.conv_state = seq_.gdn_conv[layer];
-  args.state = seq_.gdn_state[layer];
   args.conv_out = conv_out_;
   args.out = core_;
   STRATA_CUDA_TRY(kernels::gdn_step(shape, args, s));

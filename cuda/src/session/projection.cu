@@ -72,3 +72,19 @@ void project(const float* x, std::initializer_list<Product> products, const Q8Sc
 }
 
 }  // namespace strata
+
+namespace strata {
+
+void multiply_rows(const DeviceTensor& w, const kernels::MatmulRows& rows, const kernels::MatmulGroups* groups,
+                   const float* x, const Q8Scratch& q8, float* y, cudaStream_t stream) {
+  const int r = static_cast<int>(w.rows), c = static_cast<int>(w.cols);
+  if (w.is_float) {
+    STRATA_CUDA_TRY(groups ? kernels::matmul_float_grouped(w.float_kind, w.data, r, c, rows, *groups, x, y, stream)
+                           : kernels::matmul_float(w.float_kind, w.data, r, c, rows, x, y, stream));
+  } else {
+    STRATA_CUDA_TRY(groups ? kernels::matmul_quant_grouped(w.form, w.planes, r, c, rows, *groups, q8.xq, q8.dx, y, stream)
+                           : kernels::matmul_quant(w.form, w.planes, r, c, rows, q8.xq, q8.dx, y, stream));
+  }
+}
+
+}  // namespace strata

@@ -10,6 +10,7 @@
 #include <initializer_list>
 
 #include "../kernels/gemv.cuh"
+#include "../kernels/matmul.cuh"
 #include "strata/device_weights.hpp"
 #include "strata/error.hpp"
 
@@ -72,5 +73,11 @@ void quantize(const float* x, long n, const Q8Scratch& q8, cudaStream_t stream);
 // a float stack reads x, a quantized one q8, which the caller has quantized from x. Throws CudaError.
 void project_batch(const DeviceTensor& stack, const kernels::MatrixBatch& batch, const float* x, const Q8Scratch& q8,
                    float* y, cudaStream_t stream);
+
+// Enqueues Y = X W^T over many rows (kernels/matmul.cuh): a float W reads x, a quantized one q8, which the
+// caller has quantized from x; with `groups`, over a stack of matrices (`w`'s rows are one matrix's). Throws
+// CudaError.
+void multiply_rows(const DeviceTensor& w, const kernels::MatmulRows& rows, const kernels::MatmulGroups* groups,
+                   const float* x, const Q8Scratch& q8, float* y, cudaStream_t stream);
 
 }  // namespace strata

@@ -7,11 +7,15 @@
 
 #include "../kernels/embed.cuh"
 #include "../kernels/gdn.cuh"
+#include "../kernels/attention_chunk.cuh"
+#include "../kernels/gdn_chunk.cuh"
+#include "../kernels/qsa_chunk.cuh"
 #include "../kernels/hc.cuh"
 #include "../kernels/moe.cuh"
 #include "../kernels/norm.cuh"
 #include "../kernels/ple.cuh"
 #include "../kernels/router.cuh"
+#include "mixer_shapes.hpp"
 #include "scratch_carver.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"
@@ -33,7 +37,7 @@ Q8Scratch offset(const Q8Scratch& q8, long elements) {
 }
 
 // The pinned block the host stages a chunk in, as byte offsets: tokens then positions (one copy up), the
-// routed ids (down), the three route arrays (up), the PLE rows (up).
+// routed ids (down), the route arrays (up), the PLE rows (up).
 struct HostLayout {
   std::size_t tokens = 0, ids = 0, routes = 0, ple = 0, total = 0;
 };
@@ -43,7 +47,7 @@ HostLayout host_layout(const ModelGeometry& g, int chunk) {
   HostLayout h;
   h.ids = sizeof(int) * 2 * static_cast<std::size_t>(chunk);
   h.routes = h.ids + sizeof(int) * pairs;
-  h.ple = h.routes + sizeof(int) * 3 * pairs;
+  h.ple = h.routes + sizeof(int) * (5 * pairs + 1);  // row tokens, row_of, group slots, group begins
   h.total = h.ple + sizeof(float) * chunk * std::max(g.ple_n_heads * g.ple_head_dim, 1);
   return h;
 }
@@ -57,16 +61,17 @@ void carve(Carver& c, const ModelGeometry& g, int chunk, int context, PromptScra
   const int ple_width = g.ple_n_heads * g.ple_head_dim;
   const int max_cols = std::max({width, n, value_dim, heads_dim, g.shared_ff, ple_width, g.hc_rank, 32});
   const std::size_t pairs = T * g.n_expert_used, ff = g.expert_ff;
-  int max_blocks = 0, keep_blocks = 0;
+  // The QSA selections of every query of the chunk, and the chunk kernels' scratch, for the largest indexer.
+  std::size_t keep_blocks = 0, qsa_scratch = 0;
   for (int l = 0; l < static_cast<int>(g.compress_ratios.size()); ++l) {
     if (g.recurrent[l] || g.indexer_head_dim == 0) continue;
-    max_blocks = std::max(max_blocks, context / g.compress_ratios[l]);
-    keep_blocks = std::max(keep_blocks, g.indexer_budget / g.compress_ratios[l]);
+    const kernels::IndexerShape shape = indexer_shape(g, l, context);
+    keep_blocks = std::max<std::size_t>(keep_blocks, shape.keep_blocks);
+    qsa_scratch = std::max(qsa_scratch, kernels::qsa_select_chunk_scratch_floats(shape, chunk));
   }
-  const kernels::AttentionShape attention{g.n_head, g.n_head_kv, g.head_dim, g.rope_dim, g.rms_eps};
+  const kernels::AttentionShape attention = attention_shape(g);
   s.tokens_ = c.take<int>(2 * T);  // tokens, then positions: one copy up from the host's block
   s.positions_ = s.tokens_ ? s.tokens_ + T : nullptr;
-  s.zeros_ = c.take<int>(T);
   s.q8_ = {c.take<std::int8_t>(T * max_cols), c.take<float>(T * max_cols / 32), c.take<std::int32_t>(T * max_cols / 32)};
   s.streams_ = c.take<float>(T * width);
   s.x_ = c.take<float>(T * n);
@@ -82,6 +87,7 @@ void carve(Carver& c, const ModelGeometry& g, int chunk, int context, PromptScra
   s.alpha_ = c.take<float>(T * hv);
   s.conv_out_ = c.take<float>(T * conv);
   s.core_ = c.take<float>(T * value_dim);
+  s.gdn_scratch_ = c.take<float>(g.ssm_v_heads > 0 ? kernels::gdn_chunk_scratch_floats(gdn_shape(g), chunk) : 0);
   s.qg_ = c.take<float>(T * 2 * heads_dim);
   s.k_ = c.take<float>(T * kv_dim);
   s.v_ = c.take<float>(T * kv_dim);
@@ -89,11 +95,11 @@ void carve(Carver& c, const ModelGeometry& g, int chunk, int context, PromptScra
   s.attn_ = c.take<float>(T * heads_dim);
   s.iq_ = c.take<float>(T * g.indexer_heads * g.indexer_head_dim);
   s.ik_ = c.take<float>(T * g.indexer_head_dim);
-  s.scores_ = c.take<float>(max_blocks);
-  s.selected_ = c.take<int>(keep_blocks);
-  s.n_selected_ = c.take<int>(1);
-  s.attention_partials_ =
-      c.take<float>(g.attention_layers() > 0 ? kernels::attention_decode_partial_floats(attention) : 0);
+  s.qsa_scratch_ = c.take<float>(qsa_scratch);
+  s.selected_ = c.take<int>(T * keep_blocks);
+  s.n_selected_ = c.take<int>(T);
+  s.attention_scratch_ =
+      c.take<float>(g.attention_layers() > 0 ? kernels::attention_chunk_scratch_floats(attention, chunk) : 0);
   s.router_logits_ = c.take<float>(T * g.n_expert);
   s.route_weights_ = c.take<float>(pairs);
   s.route_ids_ = c.take<int>(pairs);
@@ -104,8 +110,9 @@ void carve(Carver& c, const ModelGeometry& g, int chunk, int context, PromptScra
   s.shared_gate_ = c.take<float>(T);
   s.routed_ = c.take<float>(T * n);
   s.row_token_ = c.take<int>(pairs);
-  s.row_slot_ = c.take<int>(pairs);
   s.row_of_ = c.take<int>(pairs);
+  s.group_slot_ = c.take<int>(pairs);          // at most one group per routed row
+  s.group_begin_ = c.take<int>(2 * pairs + 1);  // and one begin more per part, of which there are at most as many
   s.ex_x_ = c.take<float>(pairs * n);
   s.ex_x8_ = {c.take<std::int8_t>(pairs * n), c.take<float>(pairs * n / 32), c.take<std::int32_t>(pairs * n / 32)};
   s.ex_gate_ = c.take<float>(pairs * ff);
@@ -155,7 +162,9 @@ PromptProgram::PromptProgram(const DecodeProgram& decode, const ModelGeometry& g
   ones_ = real.take<float>(std::max(g.hc_count, 1));
   const std::vector<float> ones(std::max(g.hc_count, 1), 1.0f);
   STRATA_CUDA_TRY(cudaMemcpy(ones_, ones.data(), sizeof(float) * ones.size(), cudaMemcpyHostToDevice));
-  STRATA_CUDA_TRY(cudaMemset(zeros_, 0, sizeof(int) * chunk));
+  STRATA_EXPECTS(g.attention_layers() == 0 || kernels::attention_chunk_fits(attention_shape(g)), InvalidArgument,
+                 "attention: " + std::to_string(g.n_head / std::max(g.n_head_kv, 1)) + " query heads per KV head of " +
+                     std::to_string(g.head_dim) + " dims exceed the prompt path's attention kernel on this GPU");
   if (staging_) {
     STRATA_EXPECTS(staging_->device() == device, InvalidArgument,
                    "the expert staging is on GPU " + std::to_string(staging_->device()) + ", the session on GPU " +
@@ -163,13 +172,12 @@ PromptProgram::PromptProgram(const DecodeProgram& decode, const ModelGeometry& g
   }
 }
 
-// y_i = W x_i for every product and row: one q8_32 quantization of the rows shared by the quantized weights,
-// then a batch of `rows` products of matrix 0 (the weight read once per row: the matmul kernels replace this).
+// y_i = W x_i for every row: the rows' q8_32 form for a quantized weight, then one tensor-core product that reads
+// each weight tile once per tile of rows.
 void PromptProgram::project_rows(const float* x, int rows, const DeviceTensor& w, float* y, cudaStream_t s) const {
   const int cols = static_cast<int>(w.cols);
-  const kernels::MatrixBatch batch{zeros_, rows, cols};
   if (!w.is_float) quantize(x, static_cast<long>(rows) * cols, q8_, s);
-  project_batch(w, batch, x, q8_, y, s);
+  multiply_rows(w, {rows, cols, static_cast<int>(w.rows)}, nullptr, x, q8_, y, s);
 }
 
 void PromptProgram::add_to_streams(const float* inj, int inj_stride, const float* y, int rows, int streams,
@@ -236,32 +244,24 @@ void PromptProgram::mixer_gdn(int layer, int rows, cudaStream_t s) const {
     project_rows(x_, rows, *t.beta, beta_, s);
     project_rows(x_, rows, *t.alpha, alpha_, s);
   }
-  kernels::GdnShape shape;
-  shape.n_k_heads = g_.ssm_k_heads;
-  shape.n_v_heads = g_.ssm_v_heads;
-  shape.head_k_dim = g_.ssm_head_k_dim;
-  shape.head_v_dim = g_.ssm_head_v_dim;
-  shape.conv_kernel = g_.ssm_conv_kernel;
-  shape.tiled_heads = g_.gdn_tiled_heads;
-  shape.interleaved_ba = interleaved;
-  shape.sigmoid_gate = g_.gdn_sigmoid_gate;
-  shape.eps = g_.rms_eps;
-  for (int r = 0; r < rows; ++r) {
-    kernels::GdnStepArgs args;
-    args.qkv = qkvz_ + r * qkv_stride;
-    args.z = z + r * z_stride;
-    args.beta_in = beta_ + r * beta_stride;
-    args.alpha_in = alpha_ + static_cast<long>(r) * g_.ssm_v_heads;  // unread with interleaved_ba
-    args.conv_weight = t.conv1d;
-    args.ssm_a = t.ssm_a;
-    args.dt_bias = t.dt_bias;
-    args.norm_weight = t.ssm_norm;
-    args.conv_state = seq_.gdn_conv[layer];
-    args.state = seq_.gdn_state[layer];
-    args.conv_out = conv_out_ + static_cast<long>(r) * conv;
-    args.out = core_ + static_cast<long>(r) * value_dim;
-    STRATA_CUDA_TRY(kernels::gdn_step(shape, args, s));
-  }
+  const kernels::GdnShape shape = gdn_shape(g_);
+  kernels::GdnChunkArgs args;
+  static_cast<kernels::GdnStepArgs&>(args) = gdn_layer_args(t, seq_, layer);
+  args.qkv = qkvz_;
+  args.z = z;
+  args.beta_in = beta_;
+  args.alpha_in = alpha_;  // unread with interleaved_ba
+  args.conv_out = conv_out_;
+  args.out = core_;
+  args.tokens = rows;
+  args.qkv_stride = static_cast<int>(qkv_stride);
+  args.z_stride = static_cast<int>(z_stride);
+  args.beta_stride = static_cast<int>(beta_stride);
+  args.alpha_stride = g_.ssm_v_heads;
+  args.conv_out_stride = conv;
+  args.out_stride = value_dim;
+  args.scratch = gdn_scratch_;
+  STRATA_CUDA_TRY(kernels::gdn_chunk(shape, args, s));
   project_rows(core_, rows, *t.ssm_out, y_, s);
 }
 
@@ -277,69 +277,80 @@ void PromptProgram::mixer_attention(int layer, int rows, cudaStream_t s) const {
     project_rows(x_, rows, *t.index_k, ik_, s);
   }
   const kernels::AttentionShape& attention = decode_.attention_shape();
-  for (int r = 0; r < rows; ++r) {
-    const int* position = positions_ + r;
-    kernels::AttentionPrepArgs prep;
-    prep.q_gate = qg_ + static_cast<long>(r) * 2 * heads_dim;
-    prep.k = k_ + static_cast<long>(r) * kv_dim;
-    prep.v = v_ + static_cast<long>(r) * kv_dim;
-    prep.q_norm = t.q_norm;
-    prep.k_norm = t.k_norm;
-    prep.rope_cos = decode_.rope_cos();
-    prep.rope_sin = decode_.rope_sin();
-    prep.position = position;
-    prep.q_out = q_ + static_cast<long>(r) * heads_dim;
-    STRATA_CUDA_TRY(kernels::attention_prep(attention, prep, seq_.kv[layer], s));
-    kernels::AttentionDecodeArgs args;
-    args.q = prep.q_out;
-    args.q_gate = prep.q_gate;
-    args.position = position;
-    args.out = attn_ + static_cast<long>(r) * heads_dim;
-    kernels::carve_attention_partials(attention, attention_partials_, args);
-    if (t.index_q) {
-      const kernels::IndexerShape& shape = seq_.index_shape[layer];
-      STRATA_CUDA_TRY(kernels::qsa_append(shape, seq_.index_cache[layer], ik_ + static_cast<long>(r) * g_.indexer_head_dim,
-                                          t.index_k_norm, decode_.rope_cos(), decode_.rope_sin(), position, s));
-      kernels::IndexerSelectArgs select;
-      select.q = iq_ + static_cast<long>(r) * iq_dim;
-      select.q_norm = t.index_q_norm;
-      select.rope_cos = decode_.rope_cos();
-      select.rope_sin = decode_.rope_sin();
-      select.position = position;
-      select.scores = scores_;
-      select.selected_blocks = selected_;
-      select.n_selected = n_selected_;
-      STRATA_CUDA_TRY(kernels::qsa_select(shape, seq_.index_cache[layer], select, s));
-      args.selected_blocks = selected_;
-      args.n_selected = n_selected_;
-      args.block_tokens = shape.ratio;
-    }
-    STRATA_CUDA_TRY(kernels::attention_decode(attention, args, seq_.kv[layer], s));
+  kernels::AttentionChunkPrepArgs prep;
+  prep.q_gate = qg_;
+  prep.k = k_;
+  prep.v = v_;
+  prep.q_gate_stride = 2 * heads_dim;
+  prep.k_stride = kv_dim;
+  prep.v_stride = kv_dim;
+  prep.q_norm = t.q_norm;
+  prep.k_norm = t.k_norm;
+  prep.rope_cos = decode_.rope_cos();
+  prep.rope_sin = decode_.rope_sin();
+  prep.positions = positions_;
+  prep.q_out = q_;
+  STRATA_CUDA_TRY(kernels::attention_prep_chunk(attention, prep, rows, seq_.kv[layer], s));
+  kernels::AttentionChunkArgs args;
+  args.q = q_;
+  args.q_gate = qg_;
+  args.q_gate_stride = 2 * heads_dim;
+  args.positions = positions_;
+  args.scratch = attention_scratch_;
+  args.out = attn_;
+  if (t.index_q) {
+    const kernels::IndexerShape& shape = seq_.index_shape[layer];
+    STRATA_CUDA_TRY(kernels::qsa_append_chunk(shape, seq_.index_cache[layer], ik_, g_.indexer_head_dim, rows,
+                                              t.index_k_norm, decode_.rope_cos(), decode_.rope_sin(), positions_, s));
+    kernels::IndexerSelectChunkArgs select;
+    select.q = iq_;
+    select.q_stride = iq_dim;
+    select.q_norm = t.index_q_norm;
+    select.rope_cos = decode_.rope_cos();
+    select.rope_sin = decode_.rope_sin();
+    select.positions = positions_;
+    select.scratch = qsa_scratch_;
+    select.selected_blocks = selected_;
+    select.n_selected = n_selected_;
+    STRATA_CUDA_TRY(kernels::qsa_select_chunk(shape, seq_.index_cache[layer], select, rows, s));
+    args.selected_blocks = selected_;
+    args.n_selected = n_selected_;
+    args.selection_stride = shape.keep_blocks;
+    args.block_tokens = shape.ratio;
   }
+  STRATA_CUDA_TRY(kernels::attention_chunk(attention, args, rows, seq_.kv[layer], s));
   project_rows(attn_, rows, *t.o, y_, s);
 }
 
-// Rows [first, first + count) of the chunk's routes through the expert stacks they name: gate and up, SwiGLU,
-// down, each row unweighted (moe_weighted_rows weighs them per token), in batches the grid can hold.
-void PromptProgram::expert_rows(const CachedLayer& stacks, int first, int count, cudaStream_t s) const {
-  const long n = g_.n_embd, ff = g_.expert_ff;
-  for (int at = first; at < first + count;) {
-    const int m = std::min(kernels::kMaxBatchProducts, first + count - at);
-    const kernels::MatrixBatch in{row_slot_ + at, m, static_cast<int>(n)};
-    const Q8Scratch x8 = offset(ex_x8_, at * n), h8 = offset(ex_h8_, at * ff);
-    project_batch(stacks.gate, in, ex_x_ + at * n, x8, ex_gate_ + at * ff, s);
-    project_batch(stacks.up, in, ex_x_ + at * n, x8, ex_up_ + at * ff, s);
-    STRATA_CUDA_TRY(kernels::swiglu(ex_gate_ + at * ff, ex_up_ + at * ff, ex_hidden_ + at * ff, m * ff, s));
-    if (!stacks.down.is_float) quantize(ex_hidden_ + at * ff, m * ff, h8, s);
-    project_batch(stacks.down, {row_slot_ + at, m, static_cast<int>(ff)}, ex_hidden_ + at * ff, h8,
-                  ex_rows_ + at * n, s);
-    at += m;
+// One part of the chunk's routes (the rows that read one stack of experts) through its experts, a group of rows
+// per expert: gate and up, SwiGLU, down, each row unweighted (moe_weighted_rows weighs them per token).
+void PromptProgram::expert_rows(const CachedLayer& stacks, const ChunkRoutes::Part& part, cudaStream_t s) const {
+  if (part.rows == 0) return;
+  const long n = g_.n_embd, ff = g_.expert_ff, at = part.first_row;
+  const kernels::MatmulGroups groups{group_slot_ + part.first_group, group_begin_ + part.begin_at, part.groups};
+  const Q8Scratch x8 = offset(ex_x8_, at * n), h8 = offset(ex_h8_, at * ff);
+  const kernels::MatmulRows in{part.rows, static_cast<int>(n), static_cast<int>(ff)};
+  multiply_rows(stacks.gate, in, &groups, ex_x_ + at * n, x8, ex_gate_ + at * ff, s);
+  multiply_rows(stacks.up, in, &groups, ex_x_ + at * n, x8, ex_up_ + at * ff, s);
+  STRATA_CUDA_TRY(kernels::swiglu(ex_gate_ + at * ff, ex_up_ + at * ff, ex_hidden_ + at * ff, part.rows * ff, s));
+  if (!stacks.down.is_float) quantize(ex_hidden_ + at * ff, part.rows * ff, h8, s);
+  multiply_rows(stacks.down, {part.rows, static_cast<int>(ff), static_cast<int>(n)}, &groups, ex_hidden_ + at * ff,
+                h8, ex_rows_ + at * n, s);
+}
+
+// The first layer after `layer` whose experts the cache lacks, if any, prefetched.
+void PromptProgram::prefetch_after(int layer) {
+  for (int next = layer + 1; next < g_.n_layer; ++next) {
+    if (t_.layers[next].router && !(cache_ && cache_->holds_all(next))) {
+      prefetch(next);
+      return;
+    }
   }
 }
 
 // The experts of `layer` the cache lacks, copied whole into the next staging buffer ahead of its routing.
-void PromptProgram::prefetch(int layer, cudaStream_t s) {
-  (void)s;
+void PromptProgram::prefetch(int layer) {
+  if (prefetched_buffer_[layer] >= 0) return;  // fetched ahead already, past a layer the cache holds whole
   std::vector<int> experts;
   for (int e = 0; e < g_.n_expert; ++e) {
     if (!cache_ || cache_->slot_of(layer, e) < 0) experts.push_back(e);
@@ -360,14 +371,6 @@ void PromptProgram::routed_experts(int layer, int rows, cudaStream_t s) {
   STRATA_EXPECTS(all_cached || staging_, InvalidArgument,
                  "the prompt path needs the expert staging for layer " + std::to_string(layer) +
                      "'s routed experts, which the VRAM cache does not hold");
-  if (staging_ && prefetches_layers(g_, rows)) {  // the next MoE layer's copy overlaps this layer's work
-    for (int next = layer + 1; next < g_.n_layer; ++next) {
-      if (!(cache_ && cache_->holds_all(next))) {
-        prefetch(next, s);
-        break;
-      }
-    }
-  }
   const HostLayout h = host_layout(g_, chunk_);
   int* host_ids = host_.host<int>(h.ids);
   int* host_routes = host_.host<int>(h.routes);
@@ -381,14 +384,19 @@ void PromptProgram::routed_experts(int layer, int rows, cudaStream_t s) {
   const int slots = staging_ ? staging_->slots() : 1;
   group_routes(host_ids, rows, k, g_.n_expert, cache_map_, slots, prefetched_[layer], routes_);
   std::memcpy(host_routes, routes_.row_token.data(), sizeof(int) * pairs);
-  std::memcpy(host_routes + pairs, routes_.row_slot.data(), sizeof(int) * pairs);
-  std::memcpy(host_routes + 2 * pairs, routes_.row_of.data(), sizeof(int) * pairs);
+  std::memcpy(host_routes + pairs, routes_.row_of.data(), sizeof(int) * pairs);
+  const std::size_t groups = routes_.group_slot.size(), begins = routes_.group_begin.size();
+  std::memcpy(host_routes + 2 * pairs, routes_.group_slot.data(), sizeof(int) * groups);
+  std::memcpy(host_routes + 3 * pairs, routes_.group_begin.data(), sizeof(int) * begins);
   STRATA_CUDA_TRY(cudaMemcpyAsync(row_token_, host_routes, sizeof(int) * pairs, cudaMemcpyHostToDevice, s));
-  STRATA_CUDA_TRY(cudaMemcpyAsync(row_slot_, host_routes + pairs, sizeof(int) * pairs, cudaMemcpyHostToDevice, s));
-  STRATA_CUDA_TRY(cudaMemcpyAsync(row_of_, host_routes + 2 * pairs, sizeof(int) * pairs, cudaMemcpyHostToDevice, s));
+  STRATA_CUDA_TRY(cudaMemcpyAsync(row_of_, host_routes + pairs, sizeof(int) * pairs, cudaMemcpyHostToDevice, s));
+  STRATA_CUDA_TRY(cudaMemcpyAsync(group_slot_, host_routes + 2 * pairs, sizeof(int) * groups, cudaMemcpyHostToDevice,
+                                  s));
+  STRATA_CUDA_TRY(cudaMemcpyAsync(group_begin_, host_routes + 3 * pairs, sizeof(int) * begins, cudaMemcpyHostToDevice,
+                                  s));
   STRATA_CUDA_TRY(kernels::gather_rows(x_, row_token_, pairs, n, ex_x_, s));
   quantize(ex_x_, static_cast<long>(pairs) * n, ex_x8_, s);  // unread where the experts' gate and up are float
-  if (routes_.cached_rows > 0) expert_rows(cache_->layer(layer), 0, routes_.cached_rows, s);
+  if (routes_.cached_rows > 0) expert_rows(cache_->layer(layer), routes_.cached, s);
   for (const ChunkRoutes::Fill& fill : routes_.fills) {
     int buffer = prefetched_buffer_[layer];
     const CachedLayer* stacks = nullptr;
@@ -402,7 +410,7 @@ void PromptProgram::routed_experts(int layer, int rows, cudaStream_t s) {
       stacks = &staging_->stacks(buffer);
     }
     staging_->await(buffer, s);
-    expert_rows(*stacks, fill.first_row, fill.rows, s);
+    expert_rows(*stacks, fill.part, s);
     staging_->release(buffer, s);
   }
   stats_.cached_experts += routes_.cached_experts;
@@ -433,15 +441,12 @@ void PromptProgram::run(const int* tokens, int n, int position, const float* ple
   STRATA_CUDA_TRY(kernels::embed_rows(decode_.embedding(), tokens_, n, x_, s));
   STRATA_CUDA_TRY(cudaMemsetAsync(streams_, 0, sizeof(float) * width * n, s));
   add_to_streams(ones_, 0, x_, n, hc, emb, s);  // every stream = the embedding
-  if (staging_ && prefetches_layers(g_, n)) {
-    for (int l = 0; l < g_.n_layer; ++l) {
-      if (!(cache_ && cache_->holds_all(l))) {
-        prefetch(l, s);
-        break;
-      }
-    }
-  }
+  const bool ahead = staging_ && prefetches_layers(g_, n);
+  if (ahead) prefetch_after(-1);
   for (int layer = 0; layer < g_.n_layer; ++layer) {
+    // The next staged layer's copy is enqueued as this layer starts: its buffer was released by the layer before
+    // this one, so the copy stream runs layer after layer while the layers compute.
+    if (ahead) prefetch_after(layer);
     const LayerTensors& t = t_.layers[layer];
     const bool streams_hc = g_.hc_count > 0;
     if (layer == g_.ple_layer) ple(layer, n, s);

@@ -23,20 +23,21 @@ namespace strata {
 
 // The chunk's buffers, one row per token ([chunk][...]), carved out of one allocation (prompt_program.cu).
 struct PromptScratch {
-  int *tokens_ = nullptr, *positions_ = nullptr, *zeros_ = nullptr;
+  int *tokens_ = nullptr, *positions_ = nullptr;
   Q8Scratch q8_, ex_x8_, ex_h8_;
   float *streams_ = nullptr, *x_ = nullptr, *y_ = nullptr, *normed_ = nullptr, *down_ = nullptr, *up_ = nullptr;
   float *inject_ = nullptr, *inj_attn_ = nullptr, *inj_ffn_ = nullptr;
   float *qkvz_ = nullptr, *beta_ = nullptr, *alpha_ = nullptr, *conv_out_ = nullptr, *core_ = nullptr;
+  float* gdn_scratch_ = nullptr;  // gdn_chunk's per-token norms and gates
   float *qg_ = nullptr, *k_ = nullptr, *v_ = nullptr, *q_ = nullptr, *attn_ = nullptr, *iq_ = nullptr, *ik_ = nullptr;
-  float* scores_ = nullptr;  // one query's QSA block scores and selection, and attention_decode's partials
-  int *selected_ = nullptr, *n_selected_ = nullptr;
-  float* attention_partials_ = nullptr;
+  float *qsa_scratch_ = nullptr, *attention_scratch_ = nullptr;  // the chunk kernels'
+  int *selected_ = nullptr, *n_selected_ = nullptr;              // [chunk][keep_blocks], [chunk]
   float *router_logits_ = nullptr, *route_weights_ = nullptr;
   int* route_ids_ = nullptr;
   float *sh_g_ = nullptr, *sh_u_ = nullptr, *sh_h_ = nullptr, *shared_ = nullptr, *shared_gate_ = nullptr;
   float* routed_ = nullptr;
-  int *row_token_ = nullptr, *row_slot_ = nullptr, *row_of_ = nullptr;  // the chunk's routes (ChunkRoutes)
+  int *row_token_ = nullptr, *row_of_ = nullptr;  // the chunk's routes (ChunkRoutes)
+  int *group_slot_ = nullptr, *group_begin_ = nullptr;
   float *ex_x_ = nullptr, *ex_gate_ = nullptr, *ex_up_ = nullptr, *ex_hidden_ = nullptr, *ex_rows_ = nullptr;
   float *ple_rows_ = nullptr, *ple_key_ = nullptr, *ple_value_ = nullptr, *ple_out_ = nullptr;
 };
@@ -80,8 +81,9 @@ class PromptProgram : private PromptScratch {
   void mixer_gdn(int layer, int rows, cudaStream_t s) const;
   void mixer_attention(int layer, int rows, cudaStream_t s) const;
   void routed_experts(int layer, int rows, cudaStream_t s);
-  void expert_rows(const CachedLayer& stacks, int first, int count, cudaStream_t s) const;
-  void prefetch(int layer, cudaStream_t s);
+  void expert_rows(const CachedLayer& stacks, const ChunkRoutes::Part& part, cudaStream_t s) const;
+  void prefetch(int layer);
+  void prefetch_after(int layer);
 
   const DecodeProgram& decode_;
   const ModelGeometry& g_;

@@ -1,8 +1,21 @@
 #include "sequence_views.hpp"
 
+#include "mixer_shapes.hpp"
+
 #include <cstddef>
 
 namespace strata {
+
+kernels::GdnStepArgs gdn_layer_args(const LayerTensors& t, const SequenceViews& v, int layer) {
+  kernels::GdnStepArgs args;
+  args.conv_weight = t.conv1d;
+  args.ssm_a = t.ssm_a;
+  args.dt_bias = t.dt_bias;
+  args.norm_weight = t.ssm_norm;
+  args.conv_state = v.gdn_conv[layer];
+  args.state = v.gdn_state[layer];
+  return args;
+}
 
 SequenceViews sequence_views(const ModelGeometry& g, const ModelTensors& t, const SessionArena& arena,
                              KvStorage kv_storage) {
@@ -31,9 +44,7 @@ SequenceViews sequence_views(const ModelGeometry& g, const ModelTensors& t, cons
     kv.max_pages = pages;
     kv.page_table = static_cast<const int*>(arena.region("kv page table", l));
     if (t.layers[l].index_q) {
-      const int ratio = g.compress_ratios.at(l);
-      v.index_shape[l] = {g.indexer_heads, g.indexer_head_dim, ratio, g.indexer_budget / ratio, g.rope_dim,
-                          v.context / ratio, g.rms_eps};
+      v.index_shape[l] = indexer_shape(g, l, v.context);
       v.index_cache[l] = {static_cast<float*>(arena.region("indexer raw keys", l)),
                           static_cast<float*>(arena.region("indexer block keys", l))};
     }

@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "../kernels/gdn.cuh"
 #include "../kernels/kv.cuh"
 #include "../kernels/qsa.cuh"
 #include "decode_tensors.hpp"
@@ -22,6 +23,9 @@ struct SequenceViews {
   float* ple_history = nullptr;
   float* streams = nullptr;                           // the residual streams [hc][n] of the last token run
 };
+
+// GDN layer `layer`'s weights and state as the mixer kernels take them; the per-token pointers stay null.
+kernels::GdnStepArgs gdn_layer_args(const LayerTensors& t, const SequenceViews& v, int layer);
 
 SequenceViews sequence_views(const ModelGeometry& g, const ModelTensors& t, const SessionArena& arena,
                              KvStorage kv_storage);

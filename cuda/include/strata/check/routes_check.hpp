@@ -8,10 +8,12 @@
 namespace strata::routes_check {
 
 struct Routes {
-  std::vector<int> row_token, row_slot, row_of;
+  std::vector<int> row_token, row_of;
   int cached_rows = 0, cached_experts = 0;
   std::vector<std::vector<int>> fill_experts;
   std::vector<int> fill_first, fill_rows;
+  // Per part (the cache's, then each fill's): its groups' slots and begins (relative to the part's first row).
+  std::vector<std::vector<int>> part_slots, part_begins;
 };
 
 Routes group(const std::int32_t* ids, int tokens, int k, int n_expert, const std::vector<int>& cache_slot_of,
