@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from strata.cli import bench
@@ -163,3 +165,58 @@ def test_run_argument_errors(kwargs, fragment):
     args = {"modes": ["token_graph"], "prompt_tokens": 4, "tokens": 8, **kwargs}
     with pytest.raises(InvalidArgument, match=fragment):
         bench.run(SimpleNamespace(), model_path="m.gguf", **args)
+
+
+class FakePromptEngine:
+    """A GPU engine whose native session feeds prompts in fixed time per token and stages fixed bytes."""
+
+    def __init__(self, chunk: int):
+        self.native = SimpleNamespace(prompt_chunk=chunk, feed=self._feed)
+        self.ple, self.position, self.fed, self.closed = None, 0, [], False
+
+    def _feed(self, ids, rows, params, u):
+        self.fed.append(len(ids))
+        self.position = len(ids)
+        time.sleep(1e-4 * len(ids))
+        return 1
+
+    def prefill(self, ids, seen):
+        time.sleep(1e-3 * len(ids))
+
+    def reset(self):
+        self.position = 0
+
+    def stats(self):
+        return {"prompt_staged_bytes": 55_000_000 * self.position}  # 1 ms of PCIe per token
+
+    def close(self):
+        self.closed = True
+
+
+def test_prompt_speed_times_every_length_beside_stepping(tiny):
+    engines = []
+
+    def fake_session(context, kv, snapshots, prompt_chunk=None):
+        engines.append(FakePromptEngine(0 if prompt_chunk == 0 else 64))
+        return SimpleNamespace(engine=engines[-1])
+
+    model = SimpleNamespace(info=SimpleNamespace(geometry=tiny.geometry), session=fake_session)
+    rows = bench.prompt_speed(model, [8, 100], KV.INT8, np.random.default_rng(0))
+    chunked, stepped = engines
+    assert chunked.fed == [64, 8, 100] and all(e.closed for e in engines)  # a warm-up, then each length
+    assert [r["tokens"] for r in rows] == [8, 100] and all(r["chunk"] == 64 for r in rows)
+    for r in rows:
+        assert r["staged_bytes"] == 55_000_000 * r["tokens"]
+        assert math.isclose(r["pcie_floor_seconds"], 1e-3 * r["tokens"])
+        assert math.isclose(r["fraction_of_limit"], r["pcie_floor_seconds"] / r["seconds"])
+        assert r["tokens_per_second"] > r["stepped_tokens_per_second"]  # 0.1 ms per token fed, 1 ms stepped
+    text = "\n".join(bench.prompt_report(rows))
+    assert "ttft" in text and "PCIe floor" in text and "chunk 64" in text
+
+
+def test_prompt_speed_refuses_a_model_without_a_prompt_path(tiny):
+    model = SimpleNamespace(info=SimpleNamespace(geometry=tiny.geometry),
+                            session=lambda context, kv, snapshots, prompt_chunk=None: SimpleNamespace(
+                                engine=FakePromptEngine(0)))
+    with pytest.raises(InvalidArgument, match="no prompt path"):
+        bench.prompt_speed(model, [8], KV.INT8, np.random.default_rng(0))

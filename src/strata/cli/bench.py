@@ -1,5 +1,6 @@
 """`strata bench [MODEL]`: greedy decode speed per session mode, where each token's time goes, and how close
-that is to the machine's limit.
+that is to the machine's limit; then prompt processing at a few prompt lengths (the prompt path, its time to
+first token and its streaming limit, beside stepping the same ids).
 
 The limit of one token is the time to read what a token must read, at the rate this box reads it: the
 routed experts it selects from host RAM (at the CPU pool's measured read bandwidth), the dense weights from
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 
 HBM_BYTES_PER_SECOND = 4.2e12  # the box's measured device-to-device copy rate (H200)
 DOORBELL_SECONDS = 3.1e-6  # one doorbell round trip GPU -> host loop -> GPU, measured on the box
+PCIE_BYTES_PER_SECOND = 55e9  # the box's pinned host -> device copy rate, measured
+STEPPED_TOKENS = 64  # the token-by-token figure beside a prompt: its first ids, stepped
 READ_BANDWIDTH_BYTES = 1 << 30  # buffer the pool's workers read to measure host read bandwidth
 BENCH_ARCH, BENCH_PRESET, BENCH_LAYERS = "qwen4exp", "bench", 16
 
@@ -156,6 +159,57 @@ def run_modes(model: Any, modes: list[Mode], prompt_tokens: int, tokens: int, co
     return results
 
 
+def prompt_speed(model: Any, lengths: list[int], kv: KV, rng: np.random.Generator) -> list[dict[str, float]]:
+    """Per length n: n random ids through the prompt path (the feed samples the next token, so its time is the
+    time to first token) and their first STEPPED_TOKENS stepped token by token, each from an empty sequence; the
+    bytes the staging copied and their floor at PCIE_BYTES_PER_SECOND (the streaming limit)."""
+    g = model.info.geometry
+    context = min(g.context_length, max(lengths) + 1)
+    chunked = model.session(context, kv=kv, snapshots=0).engine
+    stepped = model.session(context, kv=kv, snapshots=0, prompt_chunk=0).engine
+    greedy = (0.0, 0, 1.0, 0.0, 1.0)
+    results = []
+    try:
+        if not chunked.native.prompt_chunk:
+            raise InvalidArgument("this model has no prompt path (load it with prompt=True and room for the staging)")
+
+        def feed(ids: list[int]) -> float:
+            chunked.reset()
+            rows = chunked.ple.rows_for(ids) if chunked.ple is not None else None
+            start = time.perf_counter()
+            chunked.native.feed(ids, rows, greedy, 0.0)  # every length takes the path, below the threshold too
+            return time.perf_counter() - start
+
+        feed(prompt_ids(g, min(STEPPED_TOKENS, context), rng))  # warm-up: kernels, graphs, the staging's first pages
+        for n in lengths:
+            ids = prompt_ids(g, n, rng)
+            seconds = feed(ids)
+            staged = chunked.stats()["prompt_staged_bytes"]  # reset() starts the sums over
+            m = min(n, STEPPED_TOKENS)
+            stepped.reset()
+            start = time.perf_counter()
+            stepped.prefill(ids[:m], ids[:m])
+            stepped_rate = m / (time.perf_counter() - start)
+            floor = staged / PCIE_BYTES_PER_SECOND
+            results.append({"tokens": n, "chunk": chunked.native.prompt_chunk, "seconds": seconds,
+                            "tokens_per_second": n / seconds, "staged_bytes": staged, "pcie_floor_seconds": floor,
+                            "fraction_of_limit": floor / seconds, "stepped_tokens_per_second": stepped_rate})
+    finally:
+        chunked.close()
+        stepped.close()
+    return results
+
+
+def prompt_report(rows: list[Mapping[str, float]]) -> list[str]:
+    lines = [f"{'prompt':>7s} {'tok/s':>8s} {'ttft s':>7s} {'staged GB':>9s} {'PCIe floor s':>12s} {'of limit':>8s} "
+             f"{'stepped tok/s':>13s} {'speedup':>7s}   (prompt path, chunk {rows[0]['chunk'] if rows else 0})"]
+    for r in rows:
+        lines.append(f"{r['tokens']:7d} {r['tokens_per_second']:8.0f} {r['seconds']:7.3f} {r['staged_bytes'] / 1e9:9.2f} "
+                     f"{r['pcie_floor_seconds']:12.3f} {r['fraction_of_limit']:8.1%} "
+                     f"{r['stepped_tokens_per_second']:13.1f} {r['tokens_per_second'] / r['stepped_tokens_per_second']:6.1f}x")
+    return lines
+
+
 def report(result: Mapping[str, Any]) -> list[str]:
     """The human-readable lines of a bench result (see `run`)."""
     limit = result["limit"]
@@ -183,8 +237,10 @@ def report(result: Mapping[str, Any]) -> list[str]:
 
 
 def run(model: Any, *, model_path: str, modes: list[Mode | str], prompt_tokens: int, tokens: int,
-        context: int | None = None, kv: KV | str = KV.INT8, json_path: str | None = None) -> dict[str, Any]:
-    """Bench a loaded model: prints the report, returns (and with `json_path` writes) the numbers."""
+        context: int | None = None, kv: KV | str = KV.INT8, json_path: str | None = None,
+        prompt_lengths: tuple[int, ...] = ()) -> dict[str, Any]:
+    """Bench a loaded model: prints the report, returns (and with `json_path` writes) the numbers; with
+    `prompt_lengths`, the prompt path's speed at each length too (prompt_speed)."""
     import numpy as np
 
     from strata.runtime.expert_cache import describe
@@ -196,6 +252,8 @@ def run(model: Any, *, model_path: str, modes: list[Mode | str], prompt_tokens: 
     kv = KV.parse(kv)
     if prompt_tokens < 1 or tokens < 1:
         raise InvalidArgument(f"--prompt-tokens and --tokens must be >= 1, got {prompt_tokens} and {tokens}")
+    if any(n < 1 for n in prompt_lengths):
+        raise InvalidArgument(f"--prompt-lengths must be >= 1 token each, got {list(prompt_lengths)}")
     g = model.info.geometry
     tensors = file_tensors(model.file)
     limit = machine_limit(g, tensors, model.pool.read_bandwidth(READ_BANDWIDTH_BYTES), model.cache_slots)
@@ -207,6 +265,9 @@ def run(model: Any, *, model_path: str, modes: list[Mode | str], prompt_tokens: 
               "cache_slots": model.cache_slots, "limit": {**asdict(limit), "seconds": limit.seconds},
               "modes": results}
     print("\n".join(report(result)))
+    if prompt_lengths:
+        result["prompt"] = prompt_speed(model, list(prompt_lengths), kv, np.random.default_rng())
+        print("\n".join(prompt_report(result["prompt"])))
     if json_path:
         with open(json_path, "w") as f:
             json.dump(result, f, indent=1)
@@ -264,6 +325,8 @@ def register(commands) -> None:
     sub.add_argument("--context", type=int, default=None, help="session context (default: prompt + tokens)")
     sub.add_argument("--kv", choices=KV.values(), default=KV.INT8.value, help="KV cache format")
     sub.add_argument("--json", metavar="PATH", default=None, help="also write the numbers as JSON")
+    sub.add_argument("--prompt-lengths", default="512,4096", metavar="TOKENS",
+                     help="prompt path speed at these prompt lengths, beside stepping them (0: none)")
     add_placement_arguments(sub)
     sub.add_argument("--cache-shares", default=None, metavar="PERCENTS",
                      help="sweep the expert cache over these shares of every layer's routed experts, e.g. "
@@ -284,8 +347,12 @@ def handle(args) -> int:
     from strata.runtime.model import load
 
     modes = list(Mode) if args.mode == "all" else [Mode.parse(args.mode)]
+    try:
+        lengths = tuple(int(n) for n in args.prompt_lengths.split(",") if int(n) != 0)
+    except ValueError:
+        raise InvalidArgument(f"--prompt-lengths takes token counts such as 512,4096, got {args.prompt_lengths!r}") from None
     options = {"model_path": str(path), "modes": modes, "prompt_tokens": args.prompt_tokens, "tokens": args.tokens,
-               "context": args.context, "kv": args.kv}
+               "context": args.context, "kv": args.kv, "prompt_lengths": lengths}
     if args.cache_shares is None:
         with load(str(path), **placement(args)) as model:
             run(model, **options, json_path=args.json)

@@ -19,8 +19,9 @@ BUFFERS = 2
 # about the same whatever its size: the longest chunk that fits amortizes them best.
 DEFAULT_CHUNK = 4096
 MIN_CHUNK = 64
-# Shorter feeds step token by token: the pool answers a token's experts in about as long as the staging copies
-# the ones a few tokens touch (docs/prompt.md, the cost).
+# Shorter feeds step token by token: measured on the box (docs/performance.md, "Prompt processing"), the prompt
+# path breaks even with stepping at 32 tokens of the benchmark model and is 1.6x at 64 (below that, each layer's
+# copies wait for its routing).
 PROMPT_MIN_TOKENS = 32
 
 
