@@ -217,16 +217,11 @@ void DecodeProgram::hc_read(const HcTensors& t, float* x, float* inj, cudaStream
 void DecodeProgram::ple(int layer, cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
   project(ple_rows_, {{t.ple_key, ple_key_}, {t.ple_value, ple_value_}}, q8_, s, &branches_);
-  const kernels::PleShape shape{g_.hc_count, g_.n_embd, g_.ple_ngram, g_.ple_conv_kernel, g_.rms_eps};
-  kernels::PleStepArgs args;
+  const kernels::PleShape shape = ple_shape(g_);
+  kernels::PleStepArgs args = ple_layer_args(t, seq_);
   args.streams = seq_.streams;
   args.key = ple_key_;
   args.value = ple_value_;
-  args.norm_key = t.ple_norm_key;
-  args.norm_query = t.ple_norm_query;
-  args.norm_conv = t.ple_norm_conv;
-  args.conv_weight = t.ple_conv;
-  args.history = seq_.ple_history;
   args.out = ple_out_;
   STRATA_CUDA_TRY(kernels::ple_step(shape, args, s));
   add_to_streams(ones_, ple_out_, 1, g_.hc_count * g_.n_embd, s);

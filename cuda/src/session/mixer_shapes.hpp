@@ -3,6 +3,7 @@
 
 #include "../kernels/attention.cuh"
 #include "../kernels/gdn.cuh"
+#include "../kernels/ple.cuh"
 #include "../kernels/qsa.cuh"
 #include "strata/geometry.hpp"
 
@@ -24,6 +25,10 @@ inline kernels::GdnShape gdn_shape(const ModelGeometry& g) {
 
 inline kernels::AttentionShape attention_shape(const ModelGeometry& g) {
   return {g.n_head, g.n_head_kv, g.head_dim, g.rope_dim, g.rms_eps};
+}
+
+inline kernels::PleShape ple_shape(const ModelGeometry& g) {
+  return {g.hc_count, g.n_embd, g.ple_ngram, g.ple_conv_kernel, g.rms_eps};
 }
 
 // The QSA indexer of layer `layer` (an indexed attention layer) in a sequence of `context` tokens.

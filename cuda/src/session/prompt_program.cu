@@ -205,16 +205,11 @@ void PromptProgram::ple(int layer, int rows, cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
   project_rows(ple_rows_, rows, *t.ple_key, ple_key_, s);
   project_rows(ple_rows_, rows, *t.ple_value, ple_value_, s);
-  const kernels::PleShape shape{g_.hc_count, g_.n_embd, g_.ple_ngram, g_.ple_conv_kernel, g_.rms_eps};
-  kernels::PleStepArgs args;
+  const kernels::PleShape shape = ple_shape(g_);
+  kernels::PleStepArgs args = ple_layer_args(t, seq_);
   args.streams = streams_;
   args.key = ple_key_;
   args.value = ple_value_;
-  args.norm_key = t.ple_norm_key;
-  args.norm_query = t.ple_norm_query;
-  args.norm_conv = t.ple_norm_conv;
-  args.conv_weight = t.ple_conv;
-  args.history = seq_.ple_history;
   args.out = ple_out_;
   STRATA_CUDA_TRY(kernels::ple_chunk(shape, args, rows, s));
   const int width = g_.hc_count * g_.n_embd;

@@ -17,6 +17,16 @@ kernels::GdnStepArgs gdn_layer_args(const LayerTensors& t, const SequenceViews& 
   return args;
 }
 
+kernels::PleStepArgs ple_layer_args(const LayerTensors& t, const SequenceViews& v) {
+  kernels::PleStepArgs args;
+  args.norm_key = t.ple_norm_key;
+  args.norm_query = t.ple_norm_query;
+  args.norm_conv = t.ple_norm_conv;
+  args.conv_weight = t.ple_conv;
+  args.history = v.ple_history;
+  return args;
+}
+
 SequenceViews sequence_views(const ModelGeometry& g, const ModelTensors& t, const SessionArena& arena,
                              KvStorage kv_storage) {
   SequenceViews v;

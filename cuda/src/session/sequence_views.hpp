@@ -7,6 +7,7 @@
 
 #include "../kernels/gdn.cuh"
 #include "../kernels/kv.cuh"
+#include "../kernels/ple.cuh"
 #include "../kernels/qsa.cuh"
 #include "decode_tensors.hpp"
 #include "strata/geometry.hpp"
@@ -26,6 +27,9 @@ struct SequenceViews {
 
 // GDN layer `layer`'s weights and state as the mixer kernels take them; the per-token pointers stay null.
 kernels::GdnStepArgs gdn_layer_args(const LayerTensors& t, const SequenceViews& v, int layer);
+
+// The PLE layer's weights and history as ple_step and ple_chunk take them; the per-token pointers stay null.
+kernels::PleStepArgs ple_layer_args(const LayerTensors& t, const SequenceViews& v);
 
 SequenceViews sequence_views(const ModelGeometry& g, const ModelTensors& t, const SessionArena& arena,
                              KvStorage kv_storage);
