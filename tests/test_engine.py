@@ -43,8 +43,10 @@ class FakeDecodeSession:
         self.steps: list[tuple] = []
         self.resets = self.closes = 0
 
-    def feed(self, tokens, ple_rows, params, u, sample=True):
+    def feed(self, tokens, ple_rows, params, u, sample=True, logits=None):
         self.feeds.append((list(tokens), None if ple_rows is None else ple_rows.copy(), params, u, sample))
+        if logits is not None:
+            logits[...] = np.arange(len(tokens))[:, None]  # row i: i everywhere
         self.position += len(tokens)
         return self.position * 7 % self.n_vocab if sample else -1
 
@@ -177,6 +179,19 @@ def test_long_feeds_take_the_prompt_path_with_every_tokens_ple_rows(tiny_qwen4ex
     short = prompt[:PROMPT_MIN_TOKENS - 1]  # a short feed steps token by token
     engine.feed(short, SamplingParams(), 0.25, prompt + short)
     assert len(native.feeds) == 1 and [s[0] for s in native.steps] == short
+
+
+def test_score_returns_every_positions_logits_through_the_prompt_path(tiny_qwen4exp, rng):
+    g = tiny_qwen4exp.geometry
+    native = FakeDecodeSession(context=64, prompt_chunk=16)
+    engine = GpuEngine(native, PleRows(tiny_qwen4exp, g))
+    ids = [1, 2, 3]
+    logits = engine.score(ids, ids)  # a short prompt too: scoring always takes the path
+    assert logits.shape == (3, 512) and np.array_equal(logits[:, 7], [0, 1, 2])
+    (fed, rows, _, _, sample), = native.feeds
+    assert fed == ids and sample is False and rows.shape == (3, g.ple.n_heads, g.ple.head_dim)
+    with pytest.raises(InvalidArgument, match="score\\(\\) needs the prompt path"):
+        GpuEngine(FakeDecodeSession()).score([1], [1])
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -113,6 +113,27 @@ def test_prompt_in_chunks_matches_token_by_token(loaded, chunk, kv, rng):
     assert errors.max() < GARBAGE, (name, errors)
 
 
+def test_every_positions_logits_match_stepping(loaded, rng):
+    name, model = loaded
+    g = model.info.geometry
+    prompt = prompt_ids(model, rng, 30)
+    chunked = session(model, 8, staging(model))
+    ple = rows_of(model)
+    every = np.full((len(prompt), g.n_vocab), np.nan, dtype=np.float32)  # poisoned: every row must be written
+    chunked.feed(prompt, ple.rows_for(prompt) if ple else None, GREEDY, 0.0, sample=False, logits=every)
+    last = chunked.logits()
+    stepped = session(model, 0)
+    ple = rows_of(model)
+    per_step = []
+    for t in prompt:
+        stepped.step(t, ple.rows(t) if ple else None, GREEDY, 0.0, sample=False)
+        per_step.append(stepped.logits())
+    assert np.all(np.isfinite(every)), name
+    assert np.array_equal(every[-1], last)  # the last row is the logits the feed leaves
+    errors = relative_errors(list(every), per_step)
+    assert np.median(errors) < bounds(name, "bf16") and errors.max() < GARBAGE, (name, errors)
+
+
 def test_prompt_matches_the_reference(loaded, rng):
     name, model = loaded
     prompt = prompt_ids(model, rng, 40)

@@ -116,6 +116,7 @@ class DecodeSession:
     def feed(
         self, tokens: Sequence[int] | npt.ArrayLike, ple_rows: npt.ArrayLike | None,
         params: tuple[float, int, float, float, float], u: float, sample: bool = True,
+        logits: npt.NDArray[np.float32] | None = None,
     ) -> int: ...
     @property
     def prompt_chunk(self) -> int: ...

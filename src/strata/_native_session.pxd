@@ -159,7 +159,7 @@ cdef extern from "strata/decode_session.hpp" nogil:
         int step(int token, const float* ple_rows, const SamplingValues& sampling, double u,
                  cbool sample) except +raise_strata_error
         int feed(const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling, double u,
-                 cbool sample) except +raise_strata_error
+                 cbool sample, float* all_logits) except +raise_strata_error
         void logits(float* out) except +raise_strata_error
         void reset() except +raise_strata_error
         TokenLogprobs logprobs(int token, int n) except +raise_strata_error

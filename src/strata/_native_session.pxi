@@ -306,9 +306,10 @@ cdef class DecodeSession:
             out = s.step(token, rows_ptr, v, u, sample)
         return out
 
-    def feed(self, tokens, ple_rows, tuple params, double u, bint sample=True) -> int:
+    def feed(self, tokens, ple_rows, tuple params, double u, bint sample=True, logits=None) -> int:
         """Feed the ids `tokens` through the prompt path; with `sample`, the next token as step() samples it,
-        else -1. ple_rows: float32 [len(tokens), ple heads, ple head dim] or None."""
+        else -1. ple_rows: float32 [len(tokens), ple heads, ple head dim] or None. `logits` (a C-contiguous
+        float32 array [len(tokens), n_vocab], or None) receives every position's logits."""
         cdef CppDecodeSession* s = self.native()
         cdef SamplingValues v = sampling_values(params)
         cdef const int[::1] ids = np.ascontiguousarray(tokens, dtype=np.intc).reshape(-1)
@@ -322,9 +323,17 @@ cdef class DecodeSession:
                 raise InvalidArgument(f"ple_rows has {rows.shape[0]} values; {ids.shape[0]} tokens of this model's "
                                       f"PLE rows hold {self.ple_width * ids.shape[0]}")
             rows_ptr = &rows[0]
+        cdef float[:, ::1] every
+        cdef float* logits_ptr = NULL
+        if logits is not None:
+            every = logits
+            if every.shape[0] != ids.shape[0] or every.shape[1] != self.n_vocab:
+                raise InvalidArgument(f"logits has shape ({every.shape[0]}, {every.shape[1]}); {ids.shape[0]} "
+                                      f"tokens of this model's logits are ({ids.shape[0]}, {self.n_vocab})")
+            logits_ptr = &every[0, 0]
         cdef int out
         with nogil:
-            out = s.feed(&ids[0], ids.shape[0], rows_ptr, v, u, sample)
+            out = s.feed(&ids[0], ids.shape[0], rows_ptr, v, u, sample, logits_ptr)
         return out
 
     @property

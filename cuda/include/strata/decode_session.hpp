@@ -102,8 +102,10 @@ class DecodeSession {
   // Appends the n tokens at the next positions through the prompt path, in chunks of options.prompt_chunk
   // tokens, each layer once per chunk (docs/prompt.md), then runs the LM head at the last one: the same state
   // as n steps. With `sample`, returns the next token sampled as step() samples it, else -1. ple_rows:
-  // [n][ple_n_heads][ple_head_dim] (required with PLE).
-  int feed(const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling, double u, bool sample);
+  // [n][ple_n_heads][ple_head_dim] (required with PLE). With `all_logits` ([n][n_vocab]), every position's logits
+  // land there too (scoring: position i's are those step() would leave after token i).
+  int feed(const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling, double u, bool sample,
+           float* all_logits = nullptr);
 
   void logits(float* out) const;  // [n_vocab] of the last step or feed
   void reset();                   // an empty sequence; stats start over

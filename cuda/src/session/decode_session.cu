@@ -179,7 +179,8 @@ struct DecodeSession::Impl {
     st->position = at;
   }
 
-  int feed(const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling, double u, bool sample) {
+  int feed(const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling, double u, bool sample,
+           float* all_logits) {
     STRATA_EXPECTS(prompt != nullptr, InvalidArgument,
                    "this session has no prompt path (it was opened with a prompt chunk of 0 tokens)");
     check_feed(tokens, n, ple_rows, u);
@@ -190,7 +191,7 @@ struct DecodeSession::Impl {
     for (int at = 0; at < n; at += chunk) {
       const int m = std::min(chunk, n - at);
       prompt->run(tokens + at, m, position + at, ple_rows ? ple_rows + static_cast<long>(at) * ple_width : nullptr,
-                  stream.get());
+                  all_logits ? all_logits + static_cast<std::size_t>(at) * g.n_vocab : nullptr, stream.get());
     }
     stage_sampling(sampling, u, tokens[n - 1], position + n - 1);
     program.end_prompt(sample, stream.get());
@@ -311,9 +312,9 @@ int DecodeSession::step(int token, const float* ple_rows, const SamplingValues& 
 }
 
 int DecodeSession::feed(const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling, double u,
-                        bool sample) {
+                        bool sample, float* all_logits) {
   DeviceScope scope(impl_->options.device);
-  return impl_->feed(tokens, n, ple_rows, sampling, u, sample);
+  return impl_->feed(tokens, n, ple_rows, sampling, u, sample, all_logits);
 }
 
 void DecodeSession::logits(float* out) const {

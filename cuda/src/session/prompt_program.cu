@@ -26,6 +26,9 @@ namespace {
 // The largest chunk: the dense products go along the batch GEMV's grid (kMaxBatchProducts) and a chunk's
 // routed rows are counted in int.
 constexpr int kMaxChunk = 8192;
+// Rows of the LM head per block when every position's logits are asked for: 64 rows of a 248K vocabulary are
+// 64 MB of scratch, and the head's product reads its tile of the weight once per block.
+constexpr int kLogitRows = 64;
 
 // A chunk touches most of a layer's experts once its routed rows are twice the experts (1 - e^-2 = 86 % of them
 // for uniform routing): then copying the whole next layer ahead, beside this one's work, beats waiting for its
@@ -124,6 +127,7 @@ void carve(Carver& c, const ModelGeometry& g, int chunk, int context, PromptScra
   s.ple_key_ = c.take<float>(T * width);
   s.ple_value_ = c.take<float>(T * n);
   s.ple_out_ = c.take<float>(T * width);
+  s.logits_ = c.take<float>(static_cast<std::size_t>(std::min(chunk, kLogitRows)) * g.n_vocab);
 }
 
 void check_chunk(int chunk) {
@@ -185,10 +189,11 @@ void PromptProgram::add_to_streams(const float* inj, int inj_stride, const float
   STRATA_CUDA_TRY(kernels::hc_write(streams_, inj, inj_stride, y, rows, streams, width, s));
 }
 
-void PromptProgram::hc_read(const HcTensors& t, int rows, float* x, float* inj, cudaStream_t s) const {
+void PromptProgram::hc_read(const HcTensors& t, const float* streams, int rows, float* x, float* inj,
+                            cudaStream_t s) const {
   const int hc = g_.hc_count, n = g_.n_embd;
   const float inv_hc = 1.0f / static_cast<float>(hc);
-  STRATA_CUDA_TRY(kernels::rms_norm_grouped(streams_, t.norm, normed_, rows, hc, n, g_.rms_eps, s));
+  STRATA_CUDA_TRY(kernels::rms_norm_grouped(streams, t.norm, normed_, rows, hc, n, g_.rms_eps, s));
   project_rows(normed_, rows, *t.down, down_, s);
   if (inj) project_rows(normed_, rows, *t.inject, inject_, s);
   STRATA_CUDA_TRY(kernels::scaled_activation(down_, down_, rows * g_.hc_rank, kernels::Activation::Silu, inv_hc,
@@ -414,7 +419,25 @@ void PromptProgram::routed_experts(int layer, int rows, cudaStream_t s) {
   STRATA_CUDA_TRY(kernels::moe_weighted_rows(ex_rows_, row_of_, route_weights_, rows, k, n, routed_, s));
 }
 
-void PromptProgram::run(const int* tokens, int n, int position, const float* ple_rows, cudaStream_t s) {
+// The LM head at every row of the chunk, kLogitRows rows at a time into the scratch block and from there into
+// `logits` ([n][n_vocab] host floats): the final mixer and the head as decode's end() runs them for one token.
+void PromptProgram::all_logits(int n, float* logits, cudaStream_t s) const {
+  const int width = std::max(g_.hc_count, 1) * g_.n_embd;
+  for (int first = 0; first < n; first += kLogitRows) {
+    const int rows = std::min(kLogitRows, n - first);
+    const float* streams = streams_ + static_cast<long>(first) * width;
+    if (g_.hc_count > 0) hc_read(t_.output_hc, streams, rows, x_, nullptr, s);
+    else STRATA_CUDA_TRY(kernels::rms_norm(streams, t_.output_norm, x_, rows, g_.n_embd, g_.rms_eps, s));
+    project_rows(x_, rows, *t_.head, logits_, s);
+    const std::size_t bytes = sizeof(float) * rows * static_cast<std::size_t>(g_.n_vocab);
+    STRATA_CUDA_TRY(cudaMemcpyAsync(logits + static_cast<std::size_t>(first) * g_.n_vocab, logits_, bytes,
+                                    cudaMemcpyDeviceToHost, s));
+    STRATA_CUDA_TRY(cudaStreamSynchronize(s));  // the block is reused for the next rows; logits may be pageable
+  }
+}
+
+void PromptProgram::run(const int* tokens, int n, int position, const float* ple_rows, float* logits,
+                        cudaStream_t s) {
   STRATA_EXPECTS(n >= 1 && n <= chunk_, InvalidArgument,
                  "a prompt chunk holds 1.." + std::to_string(chunk_) + " tokens, got " + std::to_string(n));
   const int hc = std::max(g_.hc_count, 1), width = hc * g_.n_embd, emb = g_.n_embd;
@@ -445,13 +468,13 @@ void PromptProgram::run(const int* tokens, int n, int position, const float* ple
     const LayerTensors& t = t_.layers[layer];
     const bool streams_hc = g_.hc_count > 0;
     if (layer == g_.ple_layer) ple(layer, n, s);
-    if (streams_hc) hc_read(t.hc_attn, n, x_, inj_attn_, s);
+    if (streams_hc) hc_read(t.hc_attn, streams_, n, x_, inj_attn_, s);
     else STRATA_CUDA_TRY(kernels::rms_norm(streams_, t.attn_norm, x_, n, emb, g_.rms_eps, s));
     if (g_.recurrent[layer]) mixer_gdn(layer, n, s);
     else mixer_attention(layer, n, s);
     if (streams_hc) {
       add_to_streams(inj_attn_, hc, y_, n, hc, emb, s);
-      hc_read(t.hc_ffn, n, x_, inj_ffn_, s);
+      hc_read(t.hc_ffn, streams_, n, x_, inj_ffn_, s);
     } else {
       add_to_streams(ones_, 0, y_, n, 1, emb, s);
       STRATA_CUDA_TRY(kernels::rms_norm(streams_, t.post_attention_norm, x_, n, emb, g_.rms_eps, s));
@@ -468,6 +491,7 @@ void PromptProgram::run(const int* tokens, int n, int position, const float* ple
     if (streams_hc) add_to_streams(inj_ffn_, hc, y_, n, hc, emb, s);
     else add_to_streams(ones_, 0, y_, n, 1, emb, s);
   }
+  if (logits) all_logits(n, logits, s);
   // The last token's streams are where decode's end() and the next token's layers read the sequence's.
   STRATA_CUDA_TRY(cudaMemcpyAsync(seq_.streams, streams_ + static_cast<long>(n - 1) * width, sizeof(float) * width,
                                   cudaMemcpyDeviceToDevice, s));

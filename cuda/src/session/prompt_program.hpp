@@ -40,6 +40,7 @@ struct PromptScratch {
   int *group_slot_ = nullptr, *group_begin_ = nullptr;
   float *ex_x_ = nullptr, *ex_gate_ = nullptr, *ex_up_ = nullptr, *ex_hidden_ = nullptr, *ex_rows_ = nullptr;
   float *ple_rows_ = nullptr, *ple_key_ = nullptr, *ple_value_ = nullptr, *ple_out_ = nullptr;
+  float* logits_ = nullptr;  // a block of rows' logits, when every position's are asked for
 };
 
 // Prompt path counters since the session began (DecodeStats reads them).
@@ -65,16 +66,18 @@ class PromptProgram : private PromptScratch {
 
   // Runs `n` (1..chunk()) tokens at positions position .. position + n - 1 through every layer, in order on `s`,
   // and leaves the last token's residual streams where the decode program's end() reads them. ple_rows: [n]
-  // rows of the PLE table rows (null without PLE). Returns when the work is enqueued past the last layer's
-  // routing (the host waits for each MoE layer's routing).
-  void run(const int* tokens, int n, int position, const float* ple_rows, cudaStream_t s);
+  // rows of the PLE table rows (null without PLE). With `logits` ([n][n_vocab] host floats), every position's
+  // logits land there. Returns when the work is enqueued past the last layer's routing (the host waits for each
+  // MoE layer's routing), or, with logits, done.
+  void run(const int* tokens, int n, int position, const float* ple_rows, float* logits, cudaStream_t s);
 
   const PromptStats& stats() const noexcept { return stats_; }
   void reset_stats() noexcept { stats_ = {}; }
 
  private:
   void project_rows(const float* x, int rows, const DeviceTensor& w, float* y, cudaStream_t s) const;
-  void hc_read(const HcTensors& t, int rows, float* x, float* inj, cudaStream_t s) const;
+  void hc_read(const HcTensors& t, const float* streams, int rows, float* x, float* inj, cudaStream_t s) const;
+  void all_logits(int n, float* logits, cudaStream_t s) const;
   void add_to_streams(const float* inj, int inj_stride, const float* y, int rows, int streams, int width,
                       cudaStream_t s) const;
   void ple(int layer, int rows, cudaStream_t s) const;

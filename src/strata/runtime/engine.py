@@ -11,13 +11,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from strata.errors import InvalidArgument, StrataError
 from strata.options import Mode
 from strata.runtime.prompt import PROMPT_MIN_TOKENS
 
 if TYPE_CHECKING:
-    import numpy as np
-
     from strata.runtime.ple_rows import PleRows
     from strata.sampling import SamplingParams
 
@@ -81,13 +81,16 @@ class GpuEngine:
         """Step every id; nothing is sampled."""
         self._step(ids, seen, (0.0, 0, 1.0, 0.0, 1.0), 0.0, sample=False)
 
-    def _step(self, ids: Sequence[int], seen: Sequence[int], sampling: tuple, u: float, sample: bool) -> int:
+    def _check_history(self, ids: Sequence[int], seen: Sequence[int]) -> None:
         if not ids:
             raise InvalidArgument("feed() needs at least one token id")
         if len(seen) != self.position + len(ids):
             raise StrataError(f"the history passed as `seen` has {len(seen)} ids, but the session holds "
                               f"{self.position} and is fed {len(ids)}: the native session keeps the same "
                               "history, so the two would disagree")
+
+    def _step(self, ids: Sequence[int], seen: Sequence[int], sampling: tuple, u: float, sample: bool) -> int:
+        self._check_history(ids, seen)
         if self.native.prompt_chunk and len(ids) >= PROMPT_MIN_TOKENS:  # the prompt path, chunk by chunk
             rows = self.ple.rows_for(ids) if self.ple is not None else None
             return self.native.feed(ids, rows, sampling, u, sample=sample)
@@ -96,6 +99,17 @@ class GpuEngine:
             rows = self.ple.rows(int(token_id)) if self.ple is not None else None
             token = self.native.step(int(token_id), rows, sampling, u, sample=sample and i == len(ids) - 1)
         return token
+
+    def score(self, ids: Sequence[int], seen: Sequence[int]) -> np.ndarray:
+        """Feed `ids` through the prompt path and return float32 [len(ids), n_vocab]: row i the logits after ids[i]
+        (what logits() would give after stepping it). Nothing is sampled."""
+        if not self.native.prompt_chunk:
+            raise InvalidArgument("score() needs the prompt path: this session has none (prompt_chunk 0)")
+        self._check_history(ids, seen)
+        logits = np.empty((len(ids), self.native.n_vocab), dtype=np.float32)
+        rows = self.ple.rows_for(ids) if self.ple is not None else None
+        self.native.feed(ids, rows, (0.0, 0, 1.0, 0.0, 1.0), 0.0, sample=False, logits=logits)
+        return logits
 
     def logits(self) -> np.ndarray:
         """float32 [n_vocab] of the last step."""
