@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from strata.cli import bench_pool_groups
 from strata.cli.help import ShowDefaults
 from strata.quant import QuantTensor, form_for
 from strata.quant.forms import FLOAT_DTYPES, fitting_type, float_form_of
@@ -180,9 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def handle(args: argparse.Namespace) -> int:
     if args.groups:
-        from strata.cli import bench_pool_groups  # it imports this module's synthetic experts
-
-        bench_pool_groups.run(quick=args.quick, isa=args.isa, json_path=args.json)
+        bench_pool_groups.run(synthetic_experts, quick=args.quick, isa=args.isa, json_path=args.json)
     else:
         run(quick=args.quick, k=args.k, isa=args.isa, json_path=args.json)
     return 0

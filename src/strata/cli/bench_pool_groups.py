@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from strata.cli.bench_pool import synthetic_experts
-from strata.runtime.pool import ExpertPool, default_threads
+from strata.runtime.pool import ExpertPool, ExpertWeight, default_threads
 
 N_EMBD, FF = 2560, 640
 GATE_UP, DOWN = T.Q4_K, T.Q4_0
@@ -33,7 +33,13 @@ BOX = GroupScale(n_expert=512, rows_per_expert=80, calls=5, read_bytes=2 << 30)
 QUICK = GroupScale(n_expert=8, rows_per_expert=80, calls=2, read_bytes=128 << 20)
 
 
-def run(quick: bool = False, isa: str | None = None, json_path: str | None = None) -> dict:
+# (ggml type, rows, cols, n_expert, rng) -> random experts: bench_pool's synthetic_experts, passed in (bench_pool
+# calls this module, so importing it back would be a cycle).
+MakeExperts = Callable[[T, int, int, int, np.random.Generator], ExpertWeight]
+
+
+def run(synthetic_experts: MakeExperts, quick: bool = False, isa: str | None = None,
+        json_path: str | None = None) -> dict:
     """Times run_groups over one layer of every expert; prints a table and RESULT lines, returns the numbers."""
     scale = QUICK if quick else BOX
     rng = np.random.default_rng()
