@@ -1,4 +1,5 @@
-"""CPU expert pool bandwidth: python benchmarks/bench_pool.py [--quick] [--isa avx2|avx512] [-k K] [--json PATH].
+"""CPU expert pool bandwidth: python benchmarks/bench_pool.py [--quick] [--isa avx2|avx512] [-k K] [--groups]
+[--json PATH].
 
 `strata bench pool` itself, kept here so tools/gpu-check.sh finds every benchmark in one folder."""
 

@@ -1,5 +1,6 @@
 """The `strata` command: doctor, argument handling, one-line errors."""
 
+import json
 import subprocess
 import sys
 
@@ -119,6 +120,13 @@ def test_bench_pool_quick_runs_and_writes_json(tmp_path, capsys):
     assert cli.main(["bench", "pool", "--quick", "-k", "2", "--isa", "avx2", "--json", str(out)]) == 0
     assert "GB/s" in capsys.readouterr().out
     assert out.stat().st_size > 0
+
+
+def test_bench_pool_groups_quick_runs_and_writes_json(tmp_path, capsys):
+    out = tmp_path / "groups.json"
+    assert cli.main(["bench", "pool", "--groups", "--quick", "--isa", "avx2", "--json", str(out)]) == 0
+    assert "RESULT pool_groups_q4k_q4_0_gbps=" in capsys.readouterr().out
+    assert json.loads(out.read_text())["rows"] == 8 * 80
 
 
 def test_run_streams_text_with_the_reference_engine(tmp_path, capsys):

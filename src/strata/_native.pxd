@@ -16,6 +16,7 @@ cdef class CpuExpertPool:
     cdef readonly long n_embd
     cdef readonly long expert_ff
     cdef readonly int max_k
+    cdef readonly int max_rows
     cdef CppExpertPool* native(self) except NULL
 
 

@@ -25,15 +25,20 @@ class CpuExpertPool:
     n_embd: int
     expert_ff: int
     max_k: int
+    max_rows: int
     def __init__(
         self, n_embd: int, expert_ff: int, max_k: int, threads: int = 0, smt: bool = False,
-        pin_caller: bool = True, isa: str = "auto", spin_us: int = 3000,
+        pin_caller: bool = True, isa: str = "auto", spin_us: int = 3000, max_rows: int = 0,
     ) -> None: ...
     def set_layer(self, layer: int, gate: dict[str, Any], up: dict[str, Any], down: dict[str, Any]) -> None: ...
     def run_layer(
         self, layer: int, x: npt.NDArray[np.float32], ids: npt.NDArray[np.int32], weights: npt.NDArray[np.float32],
         skip: npt.NDArray[np.uint8], out: npt.NDArray[np.float32],
     ) -> None: ...
+    def run_groups(
+        self, layer: int, x: npt.NDArray[np.float32], experts: npt.NDArray[np.int32], begin: npt.NDArray[np.int32],
+        out: npt.NDArray[np.float32] | None = None,
+    ) -> npt.NDArray[np.float32]: ...
     def read_bandwidth(self, nbytes: int, reps: int = 5) -> float: ...
     def close(self) -> None: ...
     @property

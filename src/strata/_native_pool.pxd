@@ -46,6 +46,7 @@ cdef extern from "strata/expert_pool.hpp" namespace "strata::cpu" nogil:
         bool pin_caller
         Isa isa
         int spin_us
+        int max_rows
 
     cdef cppclass CppExpertPool "strata::cpu::ExpertPool":
         CppExpertPool(int64_t n_embd, int64_t expert_ff, int max_k,
@@ -54,6 +55,8 @@ cdef extern from "strata/expert_pool.hpp" namespace "strata::cpu" nogil:
                        const ExpertMatrix& down) except +raise_strata_error
         void run_layer(int layer, const float* x, const int32_t* ids, const float* weights, const uint8_t* skip,
                        int k, float* out) except +raise_strata_error
+        void run_groups(int layer, const float* x, const int32_t* experts, const int* begin, int groups,
+                        float* out) except +raise_strata_error
         double read_bandwidth(int64_t nbytes, int reps) except +raise_strata_error
         void close()
         int threads()

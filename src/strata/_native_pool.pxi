@@ -63,16 +63,17 @@ cdef class CpuExpertPool:
     weights. Construction starts the workers and close() (or destruction) joins them, both without the GIL."""
 
     def __cinit__(self, long n_embd, long expert_ff, int max_k, int threads=0, bint smt=False,
-                  bint pin_caller=True, str isa="auto", int spin_us=3000):
+                  bint pin_caller=True, str isa="auto", int spin_us=3000, int max_rows=0):
         cdef PoolOptions options
         options.threads = threads
         options.smt = smt
         options.pin_caller = pin_caller
         options.isa = pool_isa(isa)
         options.spin_us = spin_us
+        options.max_rows = max_rows
         with nogil:
             self.pool.reset(new CppExpertPool(n_embd, expert_ff, max_k, options))
-        self.n_embd, self.expert_ff, self.max_k = n_embd, expert_ff, max_k
+        self.n_embd, self.expert_ff, self.max_k, self.max_rows = n_embd, expert_ff, max_k, max_rows
 
     def __dealloc__(self):
         with nogil:
@@ -109,6 +110,35 @@ cdef class CpuExpertPool:
             return
         with nogil:
             pool.run_layer(layer, &xv[0], &iv[0], &wv[0], &sv[0], k, &ov[0, 0])
+
+    def run_groups(self, int layer, x, experts, begin, out=None):
+        """out[r] = expert experts[g] (x[r]), unweighted, for every row r in begin[g]..begin[g+1]-1: x is
+        [begin[-1], n_embd] float32, experts [groups] int32, begin [groups + 1] int32 from 0. Returns out (made
+        here unless given: [begin[-1], n_embd] float32)."""
+        cdef CppExpertPool* pool = self.native()
+        cdef const float[:, ::1] xv = x
+        cdef const int32_t[::1] ev = experts
+        cdef const int[::1] bv = begin
+        cdef int groups = ev.shape[0]
+        if bv.shape[0] != groups + 1:
+            raise InvalidArgument(f"run_groups: experts has {groups} entries, so begin must have {groups + 1}, "
+                                  f"found {bv.shape[0]}")
+        cdef long rows = bv[groups]
+        if xv.shape[0] != rows or xv.shape[1] != self.n_embd:
+            raise InvalidArgument(f"run_groups: x is {xv.shape[0]}x{xv.shape[1]}, begin[-1] and n_embd ask for "
+                                  f"{rows}x{self.n_embd}")
+        if out is None:
+            out = np.empty((rows, self.n_embd), np.float32)
+        cdef float[:, ::1] ov = out
+        if ov.shape[0] != rows or ov.shape[1] != self.n_embd:
+            raise InvalidArgument(f"run_groups: out is {ov.shape[0]}x{ov.shape[1]}, must be {rows}x{self.n_embd}")
+        # Empty x and out have no first element to point at; the native side reads neither when rows is 0.
+        cdef const float* xp = &xv[0, 0] if rows > 0 else NULL
+        cdef float* op = &ov[0, 0] if rows > 0 else NULL
+        cdef const int32_t* ep = &ev[0] if groups > 0 else NULL
+        with nogil:
+            pool.run_groups(layer, xp, ep, &bv[0], groups, op)
+        return out
 
     def read_bandwidth(self, long nbytes, int reps=5) -> float:
         """Best bytes/s of all workers reading an nbytes buffer (each worker its own first-touched slice)."""

@@ -51,6 +51,7 @@ struct PoolOptions {
   bool pin_caller = true; // pin the constructing thread to the first physical core; restored by close()
   Isa isa = Isa::kAuto;
   int spin_us = 3000;     // idle workers spin this long after a job, then park (no CPU while idle)
+  int max_rows = 0;       // rows run_groups takes per call, its scratch allocated at construction (0: none)
 };
 
 class ExpertPool {
@@ -70,6 +71,15 @@ class ExpertPool {
   // nothing. skip may be null.
   void run_layer(int layer, const float* x, const int32_t* ids, const float* weights, const uint8_t* skip, int k,
                  float* out);
+
+  // The routed experts of a prompt chunk, grouped by expert: for g < groups, rows begin[g] .. begin[g+1]-1 of x
+  // (n_embd floats each, row-major, the groups' rows consecutive from row 0) go through expert experts[g] of
+  // `layer`: out row r = down(silu(gate x_r) * up x_r), UNWEIGHTED (n_embd floats, row-major, one per row of x).
+  // Each row is computed as run_layer computes one token's expert (the same q8_32 of x and h, the same kernels):
+  // it equals run_layer's row for that token and expert with weight 1, bit for bit. Each expert's weights are
+  // streamed about once per call, not once per row. begin has groups + 1 entries, begin[0] = 0, non-decreasing,
+  // begin[groups] <= PoolOptions::max_rows; a group may be empty. Blocking; allocates nothing.
+  void run_groups(int layer, const float* x, const int32_t* experts, const int* begin, int groups, float* out);
 
   // Layers registered so far: set_layer's highest layer + 1 (a layer below it may be unset).
   int layers() const;

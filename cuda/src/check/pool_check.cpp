@@ -23,9 +23,9 @@ void expert_matvec(cpu::Isa isa, const cpu::ExpertMatrix& m, int64_t expert, con
   check_matrix(m, expert, "expert_matvec");
   const cpu::Isa resolved = cpu::resolve_isa(isa);
   // As a layer job: x quantized only for a quantized matrix, so a float kernel that read q would fail the checks.
-  cpu::QuantizedBuffer xq(m.cols);
-  if (!m.is_float) cpu::quantize_blocks(x, 0, m.cols / 32, xq.view);
-  cpu::matrix_kernel(resolved, m)(cpu::expert_rows(m, expert), 0, m.rows, cpu::Activation{x, xq.view}, 1.0f, y);
+  cpu::QuantizedRows xq(1, m.cols);
+  if (!m.is_float) cpu::quantize_blocks(x, 0, m.cols / 32, xq.row(0));
+  cpu::matrix_kernel(resolved, m)(cpu::expert_rows(m, expert), 0, m.rows, cpu::Activation{x, xq.row(0)}, 1.0f, y);
 }
 
 void expert_hidden(cpu::Isa isa, const cpu::ExpertMatrix& gate, const cpu::ExpertMatrix& up, int64_t expert,
@@ -36,11 +36,11 @@ void expert_hidden(cpu::Isa isa, const cpu::ExpertMatrix& gate, const cpu::Exper
                  "expert_hidden: gate is " + std::to_string(gate.rows) + " x " + std::to_string(gate.cols) +
                      ", up " + std::to_string(up.rows) + " x " + std::to_string(up.cols) + "; they must agree");
   const cpu::Isa resolved = cpu::resolve_isa(isa);
-  cpu::QuantizedBuffer xq(gate.cols);
-  if (!gate.is_float || !up.is_float) cpu::quantize_blocks(x, 0, gate.cols / 32, xq.view);
+  cpu::QuantizedRows xq(1, gate.cols);
+  if (!gate.is_float || !up.is_float) cpu::quantize_blocks(x, 0, gate.cols / 32, xq.row(0));
   cpu::expert_hidden(cpu::matrix_kernel(resolved, gate), cpu::expert_rows(gate, expert),
                      cpu::matrix_kernel(resolved, up), cpu::expert_rows(up, expert), 0, gate.rows,
-                     cpu::Activation{x, xq.view}, h);
+                     cpu::Activation{x, xq.row(0)}, h);
 }
 
 }  // namespace strata::pool_check

@@ -16,15 +16,20 @@ struct QuantizedVector {
   float* xs32 = nullptr;  // [cols / 32] dx * Σ xq over each block
 };
 
-// Owns the buffers of one quantized vector of `cols` elements.
-struct QuantizedBuffer {
+// Owns the buffers of `rows` quantized vectors of `cols` elements each, row after row.
+struct QuantizedRows {
+  int64_t cols;
   std::vector<int8_t> xq;
   std::vector<float> dx, dx16, xs16, xs32;
-  QuantizedVector view;
 
-  explicit QuantizedBuffer(int64_t cols)
-      : xq(cols), dx(cols / 32), dx16(cols / 16), xs16(cols / 16), xs32(cols / 32),
-        view{xq.data(), dx.data(), dx16.data(), xs16.data(), xs32.data()} {}
+  QuantizedRows(int64_t rows, int64_t cols_)
+      : cols(cols_), xq(rows * cols_), dx(rows * cols_ / 32), dx16(rows * cols_ / 16), xs16(rows * cols_ / 16),
+        xs32(rows * cols_ / 32) {}
+
+  QuantizedVector row(int64_t r) {
+    return {xq.data() + r * cols, dx.data() + r * cols / 32, dx16.data() + r * cols / 16, xs16.data() + r * cols / 16,
+            xs32.data() + r * cols / 32};
+  }
 };
 
 // One activation as the row kernels take it: float forms dot the float32 vector itself, quantized forms its

@@ -1,7 +1,7 @@
 // The layer job: gate+up row ranges of all k experts spread over every worker, one barrier, then down row
 // ranges. Float matrices read x and h as float32; for quantized ones x is quantized once by the caller and
 // each gate/up work item quantizes the h blocks it produced. A layer quantizes only what one of its matrices
-// reads, decided once at set_layer.
+// reads, decided once at set_layer. run_groups hands its calls to the grouped job (group_job.hpp).
 #include "strata/expert_pool.hpp"
 
 #include <algorithm>
@@ -11,6 +11,8 @@
 #include "dot.hpp"
 #include "expert_hidden.hpp"
 #include "expert_layout.hpp"
+#include "group_job.hpp"
+#include "pool_layer.hpp"
 #include "read_bandwidth.hpp"
 #include "strata/cpu_topology.hpp"
 #include "strata/error.hpp"
@@ -22,16 +24,11 @@ namespace {
 // Rows per work item. Gate/up items are whole q8_32 blocks of h, so the item can quantize what it made.
 constexpr int64_t kGateUpRows = 32;
 constexpr int64_t kDownRows = 64;
+// The most rows run_groups may be sized for (PoolOptions::max_rows): its scratch is about
+// 1.75 * (n_embd + ff) + 4 * ff bytes a row.
+constexpr int kMaxGroupRows = 1 << 20;
 
 std::string str(int64_t v) { return std::to_string(v); }
-
-struct Layer {
-  bool set = false;
-  ExpertMatrix gate, up, down;
-  RowsKernel gate_kernel = nullptr, up_kernel = nullptr, down_kernel = nullptr;
-  bool quantize_x = false;  // gate or up is quantized
-  bool quantize_h = false;  // down is quantized
-};
 
 }  // namespace
 
@@ -43,16 +40,17 @@ struct ExpertPool::Impl {
   std::vector<int> caller_cpus;
   std::unique_ptr<SavedAffinity> saved_affinity;
   std::unique_ptr<WorkerTeam> team;
-  std::vector<Layer> layers;
+  std::vector<PoolLayer> layers;
 
-  QuantizedBuffer x_q;
-  std::vector<QuantizedBuffer> h_q;  // one per slot
-  std::vector<float> h;               // [max_k][ff]
-  Activation x_in;                    // the job's x (float32 from the caller) and x_q
-  std::vector<Activation> h_in;       // one per slot: its row of h and h_q
+  QuantizedRows x_q;             // [1]
+  QuantizedRows h_q;             // one row per slot
+  std::vector<float> h;          // [max_k][ff]
+  Activation x_in;               // the job's x (float32 from the caller) and x_q
+  std::vector<Activation> h_in;  // one per slot: its row of h and h_q
+  std::unique_ptr<GroupJob> group_job;  // run_groups' scratch and job; null when max_rows is 0
 
   // The job in flight (written by the caller before WorkerTeam::run, read by the workers).
-  const Layer* layer = nullptr;
+  const PoolLayer* layer = nullptr;
   const int32_t* ids = nullptr;
   const float* weights = nullptr;
   float* out = nullptr;
@@ -62,12 +60,11 @@ struct ExpertPool::Impl {
   alignas(64) std::atomic<int64_t> next_gate_up{0};
   alignas(64) std::atomic<int64_t> next_down{0};
 
-  Impl(int64_t n_embd_, int64_t ff_, int max_k_) : n_embd(n_embd_), ff(ff_), max_k(max_k_), x_q(n_embd_),
-                                                  h(static_cast<size_t>(max_k_) * ff_), active(max_k_) {
-    h_q.reserve(max_k);
-    for (int j = 0; j < max_k; ++j) h_q.emplace_back(ff);
-    x_in.q = x_q.view;
-    for (int j = 0; j < max_k; ++j) h_in.push_back({h.data() + j * ff, h_q[j].view});
+  Impl(int64_t n_embd_, int64_t ff_, int max_k_)
+      : n_embd(n_embd_), ff(ff_), max_k(max_k_), x_q(1, n_embd_), h_q(max_k_, ff_),
+        h(static_cast<size_t>(max_k_) * ff_), active(max_k_) {
+    x_in.q = x_q.row(0);
+    for (int j = 0; j < max_k; ++j) h_in.push_back({h.data() + j * ff, h_q.row(j)});
     gate_up_per_slot = (ff + kGateUpRows - 1) / kGateUpRows;
     down_per_slot = (n_embd + kDownRows - 1) / kDownRows;
   }
@@ -79,7 +76,7 @@ struct ExpertPool::Impl {
     float* hs = h.data() + slot * ff;
     expert_hidden(layer->gate_kernel, expert_rows(layer->gate, e), layer->up_kernel, expert_rows(layer->up, e), r0,
                   r1, x_in, hs + r0);
-    if (layer->quantize_h) quantize_blocks(hs, r0 / 32, r1 / 32, h_q[slot].view);
+    if (layer->quantize_h) quantize_blocks(hs, r0 / 32, r1 / 32, h_in[slot].q);
   }
 
   void down_item(int64_t item) {
@@ -96,7 +93,7 @@ struct ExpertPool::Impl {
     for (int64_t i; (i = p.next_down.fetch_add(1, std::memory_order_relaxed)) < p.down_items;) p.down_item(i);
   }
 
-  const Layer& registered(int index, const char* what) const {
+  const PoolLayer& registered(int index, const char* what) const {
     STRATA_EXPECTS(team != nullptr, InvalidArgument, std::string(what) + ": the expert pool is closed");
     STRATA_EXPECTS(index >= 0 && index < static_cast<int>(layers.size()) && layers[index].set, InvalidArgument,
                    std::string(what) + ": layer " + str(index) + " has no experts registered");
@@ -114,7 +111,10 @@ ExpertPool::ExpertPool(int64_t n_embd, int64_t expert_ff, int max_k, const PoolO
                  "expert pool: max_k must be in 1..1024, found " + str(max_k));
   STRATA_EXPECTS(options.threads >= 0, InvalidArgument,
                  "expert pool: threads must be >= 0 (0 = automatic), found " + str(options.threads));
+  STRATA_EXPECTS(options.max_rows >= 0 && options.max_rows <= kMaxGroupRows, InvalidArgument,
+                 "expert pool: max_rows must be in 0.." + str(kMaxGroupRows) + ", found " + str(options.max_rows));
   impl_ = std::make_unique<Impl>(n_embd, expert_ff, max_k);
+  if (options.max_rows > 0) impl_->group_job = std::make_unique<GroupJob>(n_embd, expert_ff, options.max_rows);
   impl_->isa = resolve_isa(options.isa);
 
   // The first physical core (all its siblings) belongs to the host loop; one worker per other core.
@@ -163,7 +163,7 @@ void ExpertPool::set_layer(int layer, const ExpertMatrix& gate, const ExpertMatr
                  name + ": gate/up/down hold " + str(gate.n_expert) + "/" + str(up.n_expert) + "/" +
                      str(down.n_expert) + " experts; they must agree");
   if (static_cast<int>(p.layers.size()) <= layer) p.layers.resize(layer + 1);
-  Layer& l = p.layers[layer];
+  PoolLayer& l = p.layers[layer];
   l.gate = gate;
   l.up = up;
   l.down = down;
@@ -178,7 +178,7 @@ void ExpertPool::set_layer(int layer, const ExpertMatrix& gate, const ExpertMatr
 void ExpertPool::run_layer(int layer, const float* x, const int32_t* ids, const float* weights, const uint8_t* skip,
                            int k, float* out) {
   Impl& p = *impl_;
-  const Layer& l = p.registered(layer, "run_layer");
+  const PoolLayer& l = p.registered(layer, "run_layer");
   STRATA_EXPECTS(k >= 0 && k <= p.max_k, InvalidArgument,
                  "run_layer: k must be in 0.." + str(p.max_k) + " (max_k), found " + str(k));
   int n_active = 0;
@@ -190,7 +190,7 @@ void ExpertPool::run_layer(int layer, const float* x, const int32_t* ids, const 
     p.active[n_active++] = j;
   }
   if (n_active == 0) return;
-  if (l.quantize_x) quantize_blocks(x, 0, p.n_embd / 32, p.x_q.view);
+  if (l.quantize_x) quantize_blocks(x, 0, p.n_embd / 32, p.x_in.q);
   p.x_in.f32 = x;
   p.layer = &l;
   p.ids = ids;
@@ -202,6 +202,30 @@ void ExpertPool::run_layer(int layer, const float* x, const int32_t* ids, const 
   p.next_gate_up.store(0, std::memory_order_relaxed);
   p.next_down.store(0, std::memory_order_relaxed);
   p.team->run(&Impl::layer_job, &p);
+}
+
+void ExpertPool::run_groups(int layer, const float* x, const int32_t* experts, const int* begin, int groups,
+                            float* out) {
+  Impl& p = *impl_;
+  const PoolLayer& l = p.registered(layer, "run_groups");
+  const std::string where = "run_groups: layer " + str(layer) + " ";
+  STRATA_EXPECTS(groups >= 0, InvalidArgument, where + "groups must be >= 0, found " + str(groups));
+  if (groups == 0) return;
+  STRATA_EXPECTS(begin[0] == 0, InvalidArgument, where + "begin[0] must be 0, found " + str(begin[0]));
+  for (int g = 0; g < groups; ++g) {
+    STRATA_EXPECTS(experts[g] >= 0 && experts[g] < l.gate.n_expert, InvalidArgument,
+                   where + "experts[" + str(g) + "] = " + str(experts[g]) + " is outside 0.." +
+                       str(l.gate.n_expert - 1));
+    STRATA_EXPECTS(begin[g + 1] >= begin[g], InvalidArgument,
+                   where + "begin[" + str(g + 1) + "] = " + str(begin[g + 1]) + " is below begin[" + str(g) +
+                       "] = " + str(begin[g]) + " (groups hold consecutive rows)");
+  }
+  const int max_rows = p.group_job ? p.group_job->max_rows() : 0;
+  STRATA_EXPECTS(begin[groups] <= max_rows, InvalidArgument,
+                 where + "groups hold " + str(begin[groups]) + " rows, more than the pool's max_rows " +
+                     str(max_rows) + " (PoolOptions::max_rows)");
+  if (begin[groups] == 0) return;
+  p.group_job->run(*p.team, l, x, experts, begin, groups, out);
 }
 
 double ExpertPool::read_bandwidth(int64_t bytes, int reps) {
@@ -216,7 +240,7 @@ bool ExpertPool::has_layer(int layer) const {
 }
 
 LayerMatrices ExpertPool::layer_matrices(int layer) const {
-  const Layer& l = impl_->registered(layer, "layer_matrices");
+  const PoolLayer& l = impl_->registered(layer, "layer_matrices");
   return {l.gate, l.up, l.down};
 }
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from strata.cli import bench_pool_groups
 from strata.cli.help import ShowDefaults
 from strata.quant import QuantTensor, form_for
 from strata.quant.forms import FLOAT_DTYPES, fitting_type, float_form_of
@@ -172,10 +173,15 @@ def build_parser() -> argparse.ArgumentParser:
     pool.add_argument("--isa", choices=("avx2", "avx512"), default=None, help="force a kernel ISA")
     pool.add_argument("-k", type=int, default=10, help="routed experts per layer job (default 10)")
     pool.add_argument("--json", metavar="PATH", default=None, help="also write the numbers as JSON")
+    pool.add_argument("--groups", action="store_true",
+                      help="time run_groups instead: a prompt chunk's rows grouped by expert (bench_pool_groups)")
     pool.set_defaults(handler=handle, command="bench pool")
     return pool
 
 
 def handle(args: argparse.Namespace) -> int:
-    run(quick=args.quick, k=args.k, isa=args.isa, json_path=args.json)
+    if args.groups:
+        bench_pool_groups.run(synthetic_experts, quick=args.quick, isa=args.isa, json_path=args.json)
+    else:
+        run(quick=args.quick, k=args.k, isa=args.isa, json_path=args.json)
     return 0

@@ -69,16 +69,18 @@ class ExpertPool:
 
     ``threads=None`` runs one worker per physical core except the first; ``pin_caller`` pins the creating
     thread (the host loop) to that first core until ``close()``, which restores its affinity. ``isa`` is
-    "avx2", "avx512" or None (env STRATA_CPU_ISA, else the best the CPU has).
+    "avx2", "avx512" or None (env STRATA_CPU_ISA, else the best the CPU has). ``max_rows`` sizes run_groups' scratch
+    (about 1.75 * (n_embd + expert_ff) + 4 * expert_ff bytes a row, allocated here); 0 leaves run_groups unusable.
     """
 
     def __init__(self, n_embd: int, expert_ff: int, max_k: int, *, threads: int | None = None, smt: bool = False,
-                 pin_caller: bool = True, isa: str | None = None, spin_us: int = 3000):
+                 pin_caller: bool = True, isa: str | None = None, spin_us: int = 3000, max_rows: int = 0):
         from strata import _native  # the extension is optional for `import strata`; the pool needs it
 
         self.n_embd, self.expert_ff, self.max_k = n_embd, expert_ff, max_k
         self._native = _native.CpuExpertPool(n_embd, expert_ff, max_k, threads=threads or 0, smt=smt,
-                                             pin_caller=pin_caller, isa=isa or "auto", spin_us=spin_us)
+                                             pin_caller=pin_caller, isa=isa or "auto", spin_us=spin_us,
+                                             max_rows=max_rows)
         self._weights: dict[int, list[np.ndarray]] = {}
         self._n_expert: dict[int, int] = {}
 
@@ -104,6 +106,16 @@ class ExpertPool:
         self._native.run_layer(layer, np.ascontiguousarray(x, dtype=np.float32), ids,
                                np.ascontiguousarray(weights, dtype=np.float32), skip, out)
         return out
+
+    def run_groups(self, layer: int, x: np.ndarray, experts: np.ndarray, begin: np.ndarray,
+                   out: np.ndarray | None = None) -> np.ndarray:
+        """A prompt chunk's routed rows grouped by expert: ``out[r]`` = expert ``experts[g]`` of ``x[r]``, unweighted,
+        for ``r`` in ``begin[g]:begin[g + 1]`` (``begin`` from 0, ``groups + 1`` entries, at most ``max_rows`` rows).
+        Each row equals run_layer's row of that expert for x[r] with weight 1, bit for bit. With ``out`` given
+        ([begin[-1], n_embd] float32), allocates nothing per call."""
+        return self._native.run_groups(layer, np.ascontiguousarray(x, dtype=np.float32),
+                                       np.ascontiguousarray(experts, dtype=np.int32),
+                                       np.ascontiguousarray(begin, dtype=np.int32), out)
 
     def read_bandwidth(self, nbytes: int, reps: int = 5) -> float:
         """Best bytes/s of all workers reading an ``nbytes`` buffer."""
