@@ -32,10 +32,11 @@ class FakeDecodeSession:
     """Records every call the engine makes; samples `position * 7 % n_vocab` so answers are checkable."""
 
     def __init__(self, weights=None, pool=None, geometry=None, *, context=64, kv=KV.INT8, mode=Mode.TOKEN_GRAPH,
-                 device=0, timeout=5.0, snapshots=0, cache=None, prompt_chunk=0, staging=None, n_vocab=512):
+                 device=0, timeout=5.0, snapshots=0, cache=None, prompt_chunk=0, staging=None, prompt_cpu=True,
+                 n_vocab=512):
         self.args = dict(weights=weights, pool=pool, geometry=geometry, context=context, kv=kv, mode=mode,
                          device=device, timeout=timeout, snapshots=snapshots, cache=cache, prompt_chunk=prompt_chunk,
-                         staging=staging)
+                         staging=staging, prompt_cpu=prompt_cpu)
         self.saved: dict[int, int] = {}
         self.context, self.mode, self.position, self.n_vocab = context, mode, 0, n_vocab
         self.prompt_chunk = prompt_chunk

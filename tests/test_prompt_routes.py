@@ -10,14 +10,17 @@ from strata.errors import InvalidArgument
 native_check = pytest.importorskip("strata._native_check")
 
 
-def expected(ids: np.ndarray, n_expert: int, cache: list[int], slots: int, prefetched: list[int]) -> dict:
-    """The rules: pairs in (token, choice) order; cached experts (ascending) first, then the staged ones
-    (ascending) in fills of at most `slots` experts, or the one prefetched fill, slots numbered within it."""
+def expected(ids: np.ndarray, n_expert: int, cache: list[int], slots: int, prefetched: list[int],
+             on_cpu: list[bool] | None = None) -> dict:
+    """The rules: pairs in (token, choice) order; cached experts (ascending) first, then the CPU's (ascending),
+    then the staged ones (ascending) in fills of at most `slots` experts, or the one prefetched fill, slots
+    numbered within it."""
     tokens, k = ids.shape
     flat = ids.reshape(-1)
     touched = sorted(set(flat.tolist()))
     held = [e for e in touched if cache and cache[e] >= 0]
-    staged = [e for e in touched if not (cache and cache[e] >= 0)]
+    pooled = [e for e in touched if e not in held and on_cpu and on_cpu[e]]
+    staged = [e for e in touched if e not in held and e not in pooled]
     if prefetched:
         fills = [prefetched]
         slot = {e: prefetched.index(e) for e in staged}
@@ -25,7 +28,8 @@ def expected(ids: np.ndarray, n_expert: int, cache: list[int], slots: int, prefe
         fills = [staged[i:i + slots] for i in range(0, len(staged), slots)]
         slot = {e: fill.index(e) for fill in fills for e in fill}
     slot.update({e: cache[e] for e in held})
-    order = held + staged
+    slot.update({e: -1 for e in pooled})  # the pool's groups name experts (the "cpu" entry), not slots
+    order = held + pooled + staged
     row_token, row_of = [], [0] * flat.size
     for e in order:
         for p in np.flatnonzero(flat == e):
@@ -39,14 +43,15 @@ def expected(ids: np.ndarray, n_expert: int, cache: list[int], slots: int, prefe
         begins = [row_of[int(np.flatnonzero(flat == e)[0])] - first for e in routed]
         return [slot[e] for e in routed], begins + [int(np.isin(flat, routed).sum())]
 
-    first, out_fills, parts = cached_rows, [], [part(held, 0)]
+    cpu_rows = int(np.isin(flat, pooled).sum())
+    first, out_fills, parts = cached_rows + cpu_rows, [], [part(held, 0), part(pooled, cached_rows)]
     for fill in fills:
         rows = int(np.isin(flat, [e for e in fill if e in staged]).sum())
         out_fills.append((list(fill), first, rows))
         parts.append(part([e for e in fill if e in staged], first))
         first += rows
     return {"row_token": row_token, "row_of": row_of, "cached_rows": cached_rows,
-            "cached_experts": len(held), "fills": out_fills, "parts": parts}
+            "cached_experts": len(held), "cpu": (pooled, cached_rows, cpu_rows), "fills": out_fills, "parts": parts}
 
 
 def routing(rng, tokens: int, k: int, n_expert: int) -> np.ndarray:
@@ -64,6 +69,19 @@ def test_grouping_matches_the_rules(seed, tokens, k, n_expert, slots):
         # Every pair's row reads its own token, and the rows of the staging's fills are at most `slots` experts.
         assert [got["row_token"][r] for r in got["row_of"]] == [p // k for p in range(tokens * k)]
         assert all(len(experts) <= slots for experts, _, _ in got["fills"])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_cpus_share_comes_between_the_cache_and_the_staging(seed):
+    rng = np.random.default_rng(seed)
+    n_expert, k, slots = 64, 4, 16
+    ids = routing(rng, 40, k, n_expert)
+    cache = [int(s) if h else -1 for s, h in zip(rng.permutation(n_expert), rng.random(n_expert) < 0.25)]
+    on_cpu = [bool(b) for b in rng.random(n_expert) < 0.4]  # some of them cached: those stay the cache's
+    got = native_check.group_routes(ids, n_expert, cache, slots, [], on_cpu)
+    assert got == expected(ids, n_expert, cache, slots, [], on_cpu)
+    experts, first, rows = got["cpu"]
+    assert all(on_cpu[e] and cache[e] < 0 for e in experts) and first == got["cached_rows"]
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -86,3 +104,5 @@ def test_refusals_name_the_problem():
         native_check.group_routes(np.array([[0, 1]], dtype=np.int32), 4, [], 4, [0, 2])
     with pytest.raises(InvalidArgument, match="the cache map has 3 experts"):
         native_check.group_routes(np.array([[0, 1]], dtype=np.int32), 4, [0, -1, -1], 4, [])
+    with pytest.raises(InvalidArgument, match="the CPU takes none of them"):
+        native_check.group_routes(np.array([[0, 1]], dtype=np.int32), 4, [], 4, [0, 1, 2, 3], [True] * 4)

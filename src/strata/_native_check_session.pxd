@@ -48,7 +48,9 @@ cdef extern from "strata/check/routes_check.hpp" nogil:
         vector[vector[int]] fill_experts
         vector[int] fill_first, fill_rows
         vector[vector[int]] part_slots, part_begins
+        vector[int] cpu_experts
+        int cpu_first, cpu_rows
 
     ChunkRoutes cpp_group_routes "strata::routes_check::group"(
-        const int32_t* ids, int tokens, int k, int n_expert, const vector[int]& cache_slot_of, int staging_slots,
-        const vector[int]& prefetched) except +raise_strata_error
+        const int32_t* ids, int tokens, int k, int n_expert, const vector[int]& cache_slot_of,
+        const vector[char]& on_cpu, int staging_slots, const vector[int]& prefetched) except +raise_strata_error

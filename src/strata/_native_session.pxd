@@ -124,6 +124,7 @@ cdef extern from "strata/decode_session.hpp" nogil:
         double timeout_seconds
         int snapshots
         int prompt_chunk
+        cbool prompt_cpu
 
     cdef cppclass TokenLogprobs "strata::TokenLogprobs":
         double token
@@ -144,7 +145,7 @@ cdef extern from "strata/decode_session.hpp" nogil:
         long expert_copy_bytes
         long prompt_tokens, prompt_chunks
         double prompt_seconds
-        long prompt_staged_experts, prompt_cached_experts, prompt_staged_bytes
+        long prompt_staged_experts, prompt_cached_experts, prompt_pooled_experts, prompt_staged_bytes
 
     size_t cpp_decode_scratch_bytes "strata::decode_scratch_bytes"(
         const ModelGeometry& geometry, int context, size_t sampler_bytes) except +raise_strata_error

@@ -262,11 +262,11 @@ cdef class DecodeSession:
 
     def __cinit__(self, DeviceWeights weights, CpuExpertPool pool, dict geometry, *, int context, kv,
                   mode=Mode.TOKEN_GRAPH, int device=0, double timeout=5.0, int snapshots=0,
-                  ExpertCache cache=None, int prompt_chunk=0, ExpertStaging staging=None):
+                  ExpertCache cache=None, int prompt_chunk=0, ExpertStaging staging=None, bint prompt_cpu=True):
         cdef ModelGeometry g = model_geometry(geometry)
         cdef DecodeOptions o
         o.device, o.context, o.timeout_seconds, o.snapshots = device, context, timeout, snapshots
-        o.prompt_chunk = prompt_chunk
+        o.prompt_chunk, o.prompt_cpu = prompt_chunk, prompt_cpu
         o.kv = kv_storage(kv)
         o.mode = decode_mode(mode)
         cdef CppExpertPool* native_pool = pool.native()
@@ -401,7 +401,8 @@ cdef class DecodeSession:
                 "expert_copy_bytes": st.expert_copy_bytes, "prompt_tokens": st.prompt_tokens,
                 "prompt_chunks": st.prompt_chunks, "prompt_seconds": st.prompt_seconds,
                 "prompt_staged_experts": st.prompt_staged_experts,
-                "prompt_cached_experts": st.prompt_cached_experts, "prompt_staged_bytes": st.prompt_staged_bytes}
+                "prompt_cached_experts": st.prompt_cached_experts, "prompt_pooled_experts": st.prompt_pooled_experts,
+                "prompt_staged_bytes": st.prompt_staged_bytes}
 
     def close(self) -> None:
         with nogil:

@@ -31,6 +31,7 @@ struct DecodeOptions {
   double timeout_seconds = 5.0;  // the GPU's wait for an answer; the host waits 3x this for a ring
   int snapshots = 0;             // slots of recurrent state for snapshot() / restore() (in the arena)
   int prompt_chunk = 0;          // tokens per chunk of feed()'s prompt path; 0: no prompt path
+  bool prompt_cpu = true;        // small chunks: the pool computes a share of the experts beside the staging
 };
 
 // The log-probabilities of one position (strata.sampling.log_probabilities): the sampled token's, and the
@@ -64,7 +65,7 @@ struct DecodeStats {
   // and from the VRAM cache, and the bytes the staging copied.
   long prompt_tokens = 0, prompt_chunks = 0;
   double prompt_seconds = 0.0;
-  long prompt_staged_experts = 0, prompt_cached_experts = 0;
+  long prompt_staged_experts = 0, prompt_cached_experts = 0, prompt_pooled_experts = 0;
   long prompt_staged_bytes = 0;
 };
 

@@ -94,6 +94,7 @@ class ExpertPool {
   void close() noexcept;
 
   int threads() const;
+  int max_rows() const;  // the rows run_groups takes per call (PoolOptions::max_rows; 0: none)
   Isa isa() const;
   std::vector<std::vector<int>> worker_cpus() const;
   std::vector<int> caller_cpus() const;

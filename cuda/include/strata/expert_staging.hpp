@@ -23,7 +23,7 @@ class ExpertStaging {
   static constexpr int kBuffers = 2;
 
   // Room on `device` for kBuffers x `slots` experts of the pool's largest layer; OutOfMemory names the bytes,
-  // InvalidArgument a slot count outside 1..n_expert or a pool without layers.
+  // InvalidArgument a slot count outside 1..n_expert or a pool without layers. Times one fill (copy_rate).
   ExpertStaging(int device, const cpu::ExpertPool& pool, int slots);
   ~ExpertStaging();
   ExpertStaging(const ExpertStaging&) = delete;
@@ -46,6 +46,9 @@ class ExpertStaging {
   // Bytes of one expert of `layer` (every plane of gate, up and down).
   std::size_t expert_bytes(int layer) const;
 
+  // Bytes per second of a whole layer's fill, timed once at construction: the PCIe rate a chunk's copies get.
+  double copy_rate() const noexcept;
+
   int slots() const noexcept;
   int n_expert() const noexcept;
   std::size_t bytes() const noexcept;  // the one allocation
@@ -57,6 +60,7 @@ class ExpertStaging {
   struct Impl;
 
  private:
+  void time_copies();
   std::unique_ptr<Impl> impl_;
 };
 

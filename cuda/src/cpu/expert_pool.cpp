@@ -247,6 +247,8 @@ LayerMatrices ExpertPool::layer_matrices(int layer) const {
   return {l.gate, l.up, l.down};
 }
 
+int ExpertPool::max_rows() const { return impl_->group_job ? impl_->group_job->max_rows() : 0; }
+
 int ExpertPool::threads() const { return static_cast<int>(impl_->worker_cpus.size()); }
 Isa ExpertPool::isa() const { return impl_->isa; }
 std::vector<std::vector<int>> ExpertPool::worker_cpus() const { return impl_->worker_cpus; }

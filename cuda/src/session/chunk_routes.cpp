@@ -8,12 +8,18 @@
 namespace strata {
 
 void group_routes(const std::int32_t* ids, int tokens, int k, int n_expert, const std::vector<int>& cache_slot_of,
-                  int staging_slots, const std::vector<int>& prefetched, ChunkRoutes& out) {
+                  const std::vector<char>& on_cpu, int staging_slots, const std::vector<int>& prefetched,
+                  ChunkRoutes& out) {
   STRATA_EXPECTS(tokens >= 0 && k >= 1 && n_expert >= 1 && staging_slots >= 1, InvalidArgument,
                  "chunk routes: tokens " + std::to_string(tokens) + ", k " + std::to_string(k) + ", experts " +
                      std::to_string(n_expert) + ", staging slots " + std::to_string(staging_slots));
   STRATA_EXPECTS(cache_slot_of.empty() || static_cast<int>(cache_slot_of.size()) == n_expert, InvalidArgument,
                  "chunk routes: the cache map has " + std::to_string(cache_slot_of.size()) + " experts, the layer " +
+                     std::to_string(n_expert));
+  STRATA_EXPECTS(on_cpu.empty() || prefetched.empty(), InvalidArgument,
+                 "chunk routes: a prefetched fill holds every expert the cache lacks; the CPU takes none of them");
+  STRATA_EXPECTS(on_cpu.empty() || static_cast<int>(on_cpu.size()) == n_expert, InvalidArgument,
+                 "chunk routes: the CPU's share names " + std::to_string(on_cpu.size()) + " experts, the layer " +
                      std::to_string(n_expert));
   const int pairs = tokens * k;
   // Counting sort by expert: count[e] pairs chose e; rows of expert e start at start[e].
@@ -26,6 +32,7 @@ void group_routes(const std::int32_t* ids, int tokens, int k, int n_expert, cons
     ++count[e];
   }
   auto cached = [&](int e) { return !cache_slot_of.empty() && cache_slot_of[e] >= 0; };
+  auto pooled = [&](int e) { return !cached(e) && !on_cpu.empty() && on_cpu[e]; };
   std::vector<int> start(n_expert, 0), slot(n_expert, -1);
   int row = 0;
   out.cached_experts = 0;
@@ -37,6 +44,14 @@ void group_routes(const std::int32_t* ids, int tokens, int k, int n_expert, cons
     row += count[e];
   }
   out.cached_rows = row;
+  out.cpu_experts.clear();
+  for (int e = 0; e < n_expert; ++e) {  // then the pool's
+    if (count[e] == 0 || !pooled(e)) continue;
+    out.cpu_experts.push_back(e);
+    start[e] = row;
+    row += count[e];
+  }
+  const int cpu_first = out.cached_rows, cpu_rows = row - cpu_first;
   out.fills.clear();
   if (!prefetched.empty()) {
     ChunkRoutes::Fill fill;
@@ -44,7 +59,7 @@ void group_routes(const std::int32_t* ids, int tokens, int k, int n_expert, cons
     fill.first_row = row;
     for (int i = 0; i < static_cast<int>(prefetched.size()); ++i) slot[prefetched[i]] = i;
     for (int e = 0; e < n_expert; ++e) {
-      if (count[e] == 0 || cached(e)) continue;
+      if (count[e] == 0 || cached(e) || pooled(e)) continue;
       STRATA_EXPECTS(slot[e] >= 0, InvalidArgument,
                      "chunk routes: expert " + std::to_string(e) + " is routed but neither cached nor prefetched");
       start[e] = row;
@@ -54,7 +69,7 @@ void group_routes(const std::int32_t* ids, int tokens, int k, int n_expert, cons
     out.fills.push_back(std::move(fill));
   } else {
     for (int e = 0; e < n_expert; ++e) {
-      if (count[e] == 0 || cached(e)) continue;
+      if (count[e] == 0 || cached(e) || pooled(e)) continue;
       if (out.fills.empty() || static_cast<int>(out.fills.back().experts.size()) == staging_slots) {
         out.fills.emplace_back();
         out.fills.back().first_row = row;
@@ -87,6 +102,7 @@ void group_routes(const std::int32_t* ids, int tokens, int k, int n_expert, cons
     if (count[e] > 0 && cached(e)) held.push_back(e);
   }
   out.cached = part_of(0, out.cached_rows, held);
+  out.cpu = part_of(cpu_first, cpu_rows, out.cpu_experts);
   for (ChunkRoutes::Fill& fill : out.fills) fill.part = part_of(fill.first_row, fill.rows, fill.experts);
   out.row_token.resize(pairs);
   out.row_of.resize(pairs);

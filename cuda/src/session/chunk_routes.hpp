@@ -1,6 +1,7 @@
 // One layer's routing of a prompt chunk, grouped for the products (docs/prompt.md): each routed expert is
 // computed once for all the tokens that chose it, so the (token, choice) pairs become product rows grouped by
-// expert, first those of experts the VRAM cache holds, then those of the experts the staging holds, fill by fill.
+// expert, first those of experts the VRAM cache holds, then those the CPU pool computes, then those of the experts
+// the staging holds, fill by fill.
 // Host-only, deterministic: the rows of one expert keep token order, experts ascend within each part.
 #pragma once
 
@@ -28,15 +29,19 @@ struct ChunkRoutes {
   int cached_rows = 0;         // rows [0, cached_rows) read the VRAM cache
   int cached_experts = 0;      // distinct routed experts the cache holds
   Part cached;                 // those rows as groups
+  Part cpu;                    // then the rows of the experts the CPU pool computes
+  std::vector<int> cpu_experts;  // the expert of each of the cpu part's groups
   std::vector<int> group_slot, group_begin;  // every part's groups, in row order
   std::vector<Fill> fills;     // the rest, in order
 };
 
 // Groups `ids` ([tokens][k], ids in 0..n_expert-1). cache_slot_of: per expert its VRAM cache slot or -1 (empty:
-// no cache). The experts the cache lacks go to fills of at most `staging_slots` experts each; with `prefetched`
-// (the experts a fill already holds or is copying, ascending), they must all be in it and form the one fill.
-// InvalidArgument on an id out of range or a routed expert the prefetched fill lacks.
+// no cache). on_cpu: per expert whether the CPU pool computes it (empty: none; the cache's experts stay the
+// cache's). The others go to fills of at most `staging_slots` experts each; with `prefetched` (the experts a fill
+// already holds or is copying, ascending), they must all be in it and form the one fill. InvalidArgument on an id
+// out of range or a routed expert the prefetched fill lacks.
 void group_routes(const std::int32_t* ids, int tokens, int k, int n_expert, const std::vector<int>& cache_slot_of,
-                  int staging_slots, const std::vector<int>& prefetched, ChunkRoutes& out);
+                  const std::vector<char>& on_cpu, int staging_slots, const std::vector<int>& prefetched,
+                  ChunkRoutes& out);
 
 }  // namespace strata

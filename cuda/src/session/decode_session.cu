@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -91,7 +92,8 @@ struct DecodeSession::Impl {
         schedule(program, options.mode),
         ring_timeout(host_ring_timeout(options.timeout_seconds)) {
     if (options.prompt_chunk > 0) {
-      prompt = std::make_unique<PromptProgram>(program, g, options.device, options.prompt_chunk, staging, cache);
+      prompt = std::make_unique<PromptProgram>(program, g, options.device, options.prompt_chunk, staging, cache,
+                                               &pool, cpu_share(pool, staging));
     }
   }
 
@@ -154,6 +156,17 @@ struct DecodeSession::Impl {
     return sample ? *sampled.host<volatile int>() : -1;
   }
 
+  // The share of a small chunk's staged bytes the pool takes so that both finish together: its host read rate
+  // against the staging's PCIe rate, both measured (0: no CPU share, or a pool without the rows for it).
+  double cpu_share(cpu::ExpertPool& pool, const ExpertStaging* staging) const {
+    if (!options.prompt_cpu || !staging || staging->copy_rate() <= 0.0 ||
+        pool.max_rows() < 2 * g.n_expert) {
+      return 0.0;
+    }
+    const double host = pool.read_bandwidth(std::int64_t{1} << 28, 2);
+    return host / (host + staging->copy_rate());
+  }
+
   // The checks step() and feed() share, for n tokens from `tokens`.
   void check_feed(const int* tokens, int n, const float* ple_rows, double u) const {
     STRATA_EXPECTS(!broken, Error, "an earlier step failed midway; reset() the session before the next step");
@@ -203,6 +216,7 @@ struct DecodeSession::Impl {
     stats.prompt_chunks = p.chunks;
     stats.prompt_staged_experts = p.staged_experts;
     stats.prompt_cached_experts = p.cached_experts;
+    stats.prompt_pooled_experts = p.pooled_experts;
     stats.prompt_staged_bytes = static_cast<long>(p.staged_bytes);
     stats.prompt_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return sample ? *sampled.host<volatile int>() : -1;

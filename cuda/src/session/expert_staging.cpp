@@ -46,6 +46,7 @@ struct ExpertStaging::Impl {
   cudaStream_t copies = nullptr;
   cudaEvent_t released[kBuffers] = {}, filled[kBuffers] = {};
   CachedLayer view[kBuffers];
+  double copy_rate = 0.0;
   std::vector<void*> pinned;
 
   ~Impl() {
@@ -91,6 +92,33 @@ ExpertStaging::ExpertStaging(int device, const cpu::ExpertPool& pool, int slots)
     if (l.gate.n_expert > 0) moe.push_back(l);
   }
   s.pinned = pin_planes(moe, "expert staging");
+  time_copies();
+}
+
+// The first MoE layer's first `slots` experts copied into buffer 0 and timed: what the cost model prices the
+// staging's bytes at.
+void ExpertStaging::time_copies() {
+  Impl& s = *impl_;
+  int layer = 0;
+  while (s.layers[layer].gate.n_expert == 0) ++layer;
+  std::vector<int> experts(s.slots);
+  for (int e = 0; e < s.slots; ++e) experts[e] = e;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  STRATA_CUDA_TRY(cudaEventCreate(&start));
+  STRATA_CUDA_TRY(cudaEventCreate(&stop));
+  float ms = 0.0f;
+  const cudaError_t status = [&] {
+    cudaError_t e = cudaEventRecord(start, s.copies);
+    if (e == cudaSuccess) fill(0, layer, experts);
+    if (e == cudaSuccess) e = cudaEventRecord(stop, s.copies);
+    if (e == cudaSuccess) e = cudaEventSynchronize(stop);
+    if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, start, stop);
+    return e;
+  }();
+  (void)cudaEventDestroy(start);
+  (void)cudaEventDestroy(stop);
+  STRATA_CUDA_TRY(status);
+  s.copy_rate = ms > 0.0f ? expert_bytes(layer) * experts.size() / (ms * 1e-3) : 0.0;
 }
 
 ExpertStaging::~ExpertStaging() = default;
@@ -140,6 +168,7 @@ void ExpertStaging::release(int buffer, CUstream_st* compute) {
 
 std::size_t ExpertStaging::expert_bytes(int layer) const { return strata::expert_bytes(impl_->layers.at(layer)); }
 
+double ExpertStaging::copy_rate() const noexcept { return impl_->copy_rate; }
 int ExpertStaging::slots() const noexcept { return impl_->slots; }
 int ExpertStaging::n_expert() const noexcept { return impl_->n_expert; }
 std::size_t ExpertStaging::bytes() const noexcept { return impl_->buffer_bytes * kBuffers; }

@@ -146,7 +146,8 @@ std::size_t PromptProgram::scratch_bytes(const ModelGeometry& g, int chunk, int 
 }
 
 PromptProgram::PromptProgram(const DecodeProgram& decode, const ModelGeometry& g, int device, int chunk,
-                             ExpertStaging* staging, const ExpertCache* cache)
+                             ExpertStaging* staging, const ExpertCache* cache, cpu::ExpertPool* pool,
+                             double cpu_share)
     : decode_(decode),
       g_(g),
       t_(decode.tensors()),
@@ -156,6 +157,12 @@ PromptProgram::PromptProgram(const DecodeProgram& decode, const ModelGeometry& g
       cache_(cache),
       scratch_(0),
       host_((check_chunk(chunk), host_layout(g, chunk).total)),
+      pool_(cpu_share > 0.0 && cpu_share < 1.0 ? pool : nullptr),
+      cpu_share_(cpu_share),
+      // The chunks the CPU serves are those below prefetches_layers: fewer than 2 * n_expert routed rows.
+      cpu_rows_max_(pool_ ? std::min(2 * g.n_expert, chunk * g.n_expert_used) : 0),
+      cpu_io_(sizeof(float) * std::max<std::size_t>(1, static_cast<std::size_t>(g.n_embd) *
+                                                      (std::min(chunk, cpu_rows_max_) + 2 * cpu_rows_max_))),
       prefetched_buffer_(g.n_layer, -1),
       prefetched_(g.n_layer) {
   const std::size_t bytes = scratch_bytes(g, chunk, seq_.context);
@@ -338,6 +345,40 @@ void PromptProgram::expert_rows(const CachedLayer& stacks, const ChunkRoutes::Pa
                 h8, ex_rows_ + at * n, s);
 }
 
+// The CPU's share of the experts the chunk touches and the cache lacks: cpu_share_ of them, spread evenly over
+// their ids (every expert of a layer has the same bytes), so that the pool reading them from host RAM and the
+// staging copying the rest over PCIe finish together.
+void PromptProgram::choose_cpu_experts(int layer, const int* ids, int pairs) {
+  std::vector<char> touched(g_.n_expert, 0);
+  for (int p = 0; p < pairs; ++p) touched[ids[p]] = 1;
+  on_cpu_.assign(g_.n_expert, 0);
+  int seen = 0;
+  for (int e = 0; e < g_.n_expert; ++e) {
+    if (!touched[e] || (cache_ && cache_->slot_of(layer, e) >= 0)) continue;
+    ++seen;
+    // The seen-th uncached expert goes to the CPU when it moves floor(seen * share) up by one.
+    on_cpu_[e] = static_cast<int>(seen * cpu_share_) > static_cast<int>((seen - 1) * cpu_share_);
+  }
+}
+
+// The pool's part of the chunk's routes: its rows of x gathered on the host, run through their experts by the
+// pool's workers, and the unweighted rows copied up into place beside the GPU's.
+void PromptProgram::pool_experts(int layer, cudaStream_t s) {
+  const ChunkRoutes::Part& part = routes_.cpu;
+  const std::size_t n = g_.n_embd;
+  const float* x = cpu_io_.host<float>();
+  float* in = cpu_io_.host<float>(sizeof(float) * n * std::min(chunk_, cpu_rows_max_));
+  float* out = in + n * cpu_rows_max_;
+  for (int r = 0; r < part.rows; ++r) {
+    std::memcpy(in + r * n, x + routes_.row_token[part.first_row + r] * n, sizeof(float) * n);
+  }
+  pool_->run_groups(layer, in, routes_.cpu_experts.data(), routes_.group_begin.data() + part.begin_at, part.groups,
+                    out);
+  STRATA_CUDA_TRY(cudaMemcpyAsync(ex_rows_ + static_cast<long>(part.first_row) * n, out, sizeof(float) * n * part.rows,
+                                  cudaMemcpyHostToDevice, s));
+  stats_.pooled_experts += part.groups;
+}
+
 // The first layer after `layer` whose experts the cache lacks, if any, prefetched.
 void PromptProgram::prefetch_after(int layer) {
   for (int next = layer + 1; next < g_.n_layer; ++next) {
@@ -375,6 +416,10 @@ void PromptProgram::routed_experts(int layer, int rows, cudaStream_t s) {
   int* host_ids = host_.host<int>(h.ids);
   int* host_routes = host_.host<int>(h.routes);
   STRATA_CUDA_TRY(cudaMemcpyAsync(host_ids, route_ids_, sizeof(int) * pairs, cudaMemcpyDeviceToHost, s));
+  const bool cpu_part = pool_ && prefetched_[layer].empty() && pairs <= cpu_rows_max_;
+  if (cpu_part) {  // the chunk's x rows, for the pool's share
+    STRATA_CUDA_TRY(cudaMemcpyAsync(cpu_io_.host<float>(), x_, sizeof(float) * rows * n, cudaMemcpyDeviceToHost, s));
+  }
   STRATA_CUDA_TRY(cudaStreamSynchronize(s));
   cache_map_.clear();
   if (cache_ && layer < cache_->layers() && cache_->slots(layer) > 0) {
@@ -382,7 +427,9 @@ void PromptProgram::routed_experts(int layer, int rows, cudaStream_t s) {
     for (int e = 0; e < g_.n_expert; ++e) cache_map_[e] = cache_->slot_of(layer, e);
   }
   const int slots = staging_ ? staging_->slots() : 1;
-  group_routes(host_ids, rows, k, g_.n_expert, cache_map_, slots, prefetched_[layer], routes_);
+  on_cpu_.clear();
+  if (cpu_part) choose_cpu_experts(layer, host_ids, pairs);
+  group_routes(host_ids, rows, k, g_.n_expert, cache_map_, on_cpu_, slots, prefetched_[layer], routes_);
   std::memcpy(host_routes, routes_.row_token.data(), sizeof(int) * pairs);
   std::memcpy(host_routes + pairs, routes_.row_of.data(), sizeof(int) * pairs);
   const std::size_t groups = routes_.group_slot.size(), begins = routes_.group_begin.size();
@@ -413,6 +460,7 @@ void PromptProgram::routed_experts(int layer, int rows, cudaStream_t s) {
     expert_rows(*stacks, fill.part, s);
     staging_->release(buffer, s);
   }
+  if (routes_.cpu.rows > 0) pool_experts(layer, s);  // on the host, while the GPU computes the other parts
   stats_.cached_experts += routes_.cached_experts;
   prefetched_buffer_[layer] = -1;
   prefetched_[layer].clear();

@@ -17,6 +17,7 @@
 #include "chunk_routes.hpp"
 #include "decode_program.hpp"
 #include "strata/expert_cache.hpp"
+#include "strata/expert_pool.hpp"
 #include "strata/expert_staging.hpp"
 
 namespace strata {
@@ -49,14 +50,18 @@ struct PromptStats {
   double seconds = 0.0;
   long staged_experts = 0, cached_experts = 0;  // routed (layer, expert) computations, by where the weights were
   std::size_t staged_bytes = 0;                 // bytes the staging copied over PCIe
+  long pooled_experts = 0;                      // ... and those the CPU pool computed
 };
 
 class PromptProgram : private PromptScratch {
  public:
   // A program for chunks of up to `chunk` tokens beside `decode` (whose tensors, state and tables it shares).
   // `staging` (required when the model has routed experts the cache lacks) and `cache` (may be null) outlive it.
+  // With `pool` and a `cpu_share` in (0, 1), a chunk too small to prefetch whole layers has the pool compute
+  // that share of the bytes of the experts it touches that the cache lacks, while the staging copies the rest.
   PromptProgram(const DecodeProgram& decode, const ModelGeometry& geometry, int device, int chunk,
-                ExpertStaging* staging, const ExpertCache* cache);
+                ExpertStaging* staging, const ExpertCache* cache, cpu::ExpertPool* pool = nullptr,
+                double cpu_share = 0.0);
 
   // Device bytes of the scratch for chunks of `chunk` tokens in a sequence of `context` (whole pages): what the
   // memory plan counts.
@@ -85,6 +90,8 @@ class PromptProgram : private PromptScratch {
   void mixer_attention(int layer, int rows, cudaStream_t s) const;
   void routed_experts(int layer, int rows, cudaStream_t s);
   void expert_rows(const CachedLayer& stacks, const ChunkRoutes::Part& part, cudaStream_t s) const;
+  void pool_experts(int layer, cudaStream_t s);
+  void choose_cpu_experts(int layer, const int* ids, int pairs);
   void prefetch(int layer);
   void prefetch_after(int layer);
 
@@ -97,6 +104,11 @@ class PromptProgram : private PromptScratch {
   const ExpertCache* cache_;
   DeviceBuffer scratch_;
   PinnedMapped host_;            // tokens, PLE rows, routing ids and routes, staged for the copies
+  cpu::ExpertPool* pool_;
+  double cpu_share_;
+  int cpu_rows_max_ = 0;         // the CPU's rows per layer at most: a chunk it serves routes fewer
+  PinnedMapped cpu_io_;          // the chunk's x rows down, the pool's input and output rows
+  std::vector<char> on_cpu_;
   float* ones_ = nullptr;        // [hc] unit injection weights
   ChunkRoutes routes_;
   std::vector<int> cache_map_;

@@ -77,12 +77,14 @@ class Model:
         return self.file.tokenizer()
 
     def session(self, context: int | None = None, kv: KV | str = KV.INT8, mode: Mode | str = Mode.TOKEN_GRAPH,
-                timeout: float = 5.0, snapshots: int = DEFAULT_SNAPSHOTS, prompt_chunk: int | None = None) -> Session:
+                timeout: float = 5.0, snapshots: int = DEFAULT_SNAPSHOTS, prompt_chunk: int | None = None,
+                prompt_cpu: bool = True) -> Session:
         """A generation session on the GPU: `context` tokens (default min(context_length, 4096)) of KV in
         format `kv`; `mode` says how a token is launched (strata.Mode); `timeout` bounds every wait on the CPU
         pool; `snapshots` states are kept for prefix reuse (the turn boundaries a conversation rolls back to).
         Prompts run in chunks of `prompt_chunk` tokens (default strata.runtime.prompt.DEFAULT_CHUNK, halved
-        while it does not fit; 0: token by token) where the model has a prompt path. The native session is
+        while it does not fit; 0: token by token) where the model has a prompt path; with `prompt_cpu`, the CPU
+        pool computes a share of a small chunk's routed experts beside the staging. The native session is
         `session.engine.native`."""
         g = self.info.geometry
         kv, mode = KV.parse(kv), Mode.parse(mode)
@@ -105,7 +107,8 @@ class Model:
         ple = PleRows(self.file, g) if g.ple_layers else None
         native = _native.DecodeSession(self.weights, self.pool.native, native_geometry(g), context=context,
                                        kv=kv, mode=mode, device=self.device, timeout=timeout, snapshots=snapshots,
-                                       cache=self.cache, prompt_chunk=chunk, staging=self.staging)
+                                       cache=self.cache, prompt_chunk=chunk, staging=self.staging,
+                                       prompt_cpu=prompt_cpu)
         return Session(GpuEngine(native, ple, snapshots), self.tokenizer)
 
     def close(self) -> None:
@@ -215,7 +218,9 @@ def load(path: str | os.PathLike[str], *, device: int = 0, threads: int | None =
                    host_available=available_ram_bytes())
         dense_cache = None if cache_dir is None else os.path.join(cache_dir, os.path.basename(file.path) + ".dense")
         weights = upload_dense(file, device, dense_cache, ByteProgress("load: dense weights") if progress else None)
-        pool = ExpertPool(g.n_embd, g.expert_ff, g.n_expert_used, threads=threads, pin_caller=False)
+        # run_groups' rows: the prompt path gives the pool a share of chunks below 2 * n_expert routed rows.
+        pool = ExpertPool(g.n_embd, g.expert_ff, g.n_expert_used, threads=threads, pin_caller=False,
+                          max_rows=2 * g.n_expert if prompt else 0)
         try:
             load_experts(file, pool, ByteProgress("load: routed experts") if progress else None)
             budget = cache_budget(file, info, expert_cache, device, limit)

@@ -3,7 +3,7 @@ takes it.
 
 A prompt of `PROMPT_MIN_TOKENS` or more runs in chunks, each layer once per chunk on the GPU; the routed experts
 the VRAM cache lacks are copied per chunk into the staging, two buffers of a whole layer's experts each (one
-fills over PCIe while the other is read). A chunk is `DEFAULT_CHUNK` tokens unless the session's context is
+fills over PCIe while the other is read), and for a small chunk the CPU pool computes a share of them beside it. A chunk is `DEFAULT_CHUNK` tokens unless the session's context is
 shorter or the free VRAM holds less: a chunk that does not fit is halved, not refused.
 """
 
@@ -20,9 +20,9 @@ BUFFERS = 2
 DEFAULT_CHUNK = 4096
 MIN_CHUNK = 64
 # Shorter feeds step token by token: measured on the box (docs/performance.md, "Prompt processing"), the prompt
-# path breaks even with stepping at 32 tokens of the benchmark model and is 1.6x at 64 (below that, each layer's
-# copies wait for its routing).
-PROMPT_MIN_TOKENS = 32
+# path with the pool's share of small chunks breaks even with stepping at 8 tokens of the benchmark model (1.1x;
+# 0.8x at 4), and is 1.7x at 32.
+PROMPT_MIN_TOKENS = 8
 
 
 def staging_bytes(g: Geometry, tensors: Tensors, slots: int | None = None) -> int:

@@ -12,11 +12,14 @@ struct Routes {
   int cached_rows = 0, cached_experts = 0;
   std::vector<std::vector<int>> fill_experts;
   std::vector<int> fill_first, fill_rows;
-  // Per part (the cache's, then each fill's): its groups' slots and begins (relative to the part's first row).
+  std::vector<int> cpu_experts;
+  int cpu_first = 0, cpu_rows = 0;
+  // Per part (the cache's, the CPU's, then each fill's): its groups' slots and begins (relative to the part's
+  // first row).
   std::vector<std::vector<int>> part_slots, part_begins;
 };
 
 Routes group(const std::int32_t* ids, int tokens, int k, int n_expert, const std::vector<int>& cache_slot_of,
-             int staging_slots, const std::vector<int>& prefetched);
+             const std::vector<char>& on_cpu, int staging_slots, const std::vector<int>& prefetched);
 
 }  // namespace strata::routes_check
