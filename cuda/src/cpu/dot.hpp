@@ -32,22 +32,9 @@ struct MatrixRows {
 using RowsKernel = void (*)(const MatrixRows& m, int64_t row0, int64_t row1, const Activation& x, float scale,
                             float* y);
 
-// The quantized kernel over n <= kMaxBatch activations at once: ys[a][r - row0] is what RowsKernel gives for
-// activations[a], bit for bit, while each block of weights is unpacked once for all n (run_groups' rows).
-constexpr int kMaxBatch = 4;
-using BatchKernel = void (*)(const MatrixRows& m, int64_t row0, int64_t row1, const Activation* activations, int n,
-                             float scale, float* const* ys);
-
-struct QuantKernels {
-  RowsKernel rows;
-  BatchKernel batch;
-};
-
 // Kernel for `form` on each ISA (defined in dot_avx2.cpp / dot_avx512.cpp, compiled with their ISA flags).
 RowsKernel rows_kernel_avx2(const QuantForm& form);
 RowsKernel rows_kernel_avx512(const QuantForm& form);
-BatchKernel batch_kernel_avx2(const QuantForm& form);
-BatchKernel batch_kernel_avx512(const QuantForm& form);
 // Kernel for float elements of `kind` on each ISA (float_dot_avx2.cpp / float_dot_avx512.cpp).
 RowsKernel float_rows_kernel_avx2(FloatKind kind);
 RowsKernel float_rows_kernel_avx512(FloatKind kind);
@@ -55,10 +42,6 @@ RowsKernel float_rows_kernel_avx512(FloatKind kind);
 // The kernel for `form` on a resolved `isa` (kAvx2 or kAvx512).
 inline RowsKernel rows_kernel(Isa isa, const QuantForm& form) {
   return isa == Isa::kAvx512 ? rows_kernel_avx512(form) : rows_kernel_avx2(form);
-}
-
-inline BatchKernel batch_kernel(Isa isa, const QuantForm& form) {
-  return isa == Isa::kAvx512 ? batch_kernel_avx512(form) : batch_kernel_avx2(form);
 }
 
 // The kernel for float elements of `kind` on a resolved `isa`.

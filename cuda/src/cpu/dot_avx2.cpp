@@ -14,25 +14,18 @@ namespace {
 #include "code_unpack.inl"
 
 struct IntDot {
-  // A block's weights as dot() takes them: the codes (unbiased), or |v| and v (biased).
-  struct Weights {
-    __m256i magnitude, sign;
-  };
-
   template <CodeKind K, bool Biased>
-  static Weights prepare(const uint8_t* codes, __m256i lut, __m256i bias) {
-    const __m256i u = unpack_codes<K>(codes);
-    if constexpr (!Biased) return {u, u};  // codes are the values
-    // The signed value fits int8 for every form (|v| <= 128), so the wrapping byte subtraction is exact.
-    const __m256i v = K == CodeKind::k4Codebook ? _mm256_shuffle_epi8(lut, u) : _mm256_sub_epi8(u, bias);
-    return {_mm256_abs_epi8(v), v};
-  }
-
-  template <bool Biased>
-  static __m256i dot(const Weights& w, const int8_t* xq_ptr, __m256i /*bias*/) {
+  static __m256i block(const uint8_t* codes, const int8_t* xq_ptr, __m256i lut, __m256i bias) {
     const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq_ptr));
-    const __m256i pairs = Biased ? _mm256_maddubs_epi16(w.magnitude, _mm256_sign_epi8(xq, w.sign))
-                                 : _mm256_maddubs_epi16(w.magnitude, xq);
+    const __m256i u = unpack_codes<K>(codes);
+    __m256i pairs;
+    if constexpr (!Biased) {
+      pairs = _mm256_maddubs_epi16(u, xq);  // codes are the values
+    } else {
+      // The signed value fits int8 for every form (|v| <= 128), so the wrapping byte subtraction is exact.
+      const __m256i v = K == CodeKind::k4Codebook ? _mm256_shuffle_epi8(lut, u) : _mm256_sub_epi8(u, bias);
+      pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(xq, v));
+    }
     return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
   }
 
@@ -47,7 +40,6 @@ struct IntDot {
 
 }  // namespace
 
-RowsKernel rows_kernel_avx2(const QuantForm& form) { return pick_kernel(form).rows; }
-BatchKernel batch_kernel_avx2(const QuantForm& form) { return pick_kernel(form).batch; }
+RowsKernel rows_kernel_avx2(const QuantForm& form) { return pick_kernel(form); }
 
 }  // namespace strata::cpu

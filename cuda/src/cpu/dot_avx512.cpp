@@ -13,18 +13,11 @@ namespace {
 #include "code_unpack.inl"
 
 struct IntDot {
-  using Weights = __m256i;  // a block's unsigned codes (codebook values + 128 for codebook forms)
-
   template <CodeKind K, bool Biased>
-  static Weights prepare(const uint8_t* codes, __m256i lut, __m256i /*bias*/) {
-    const __m256i u = unpack_codes<K>(codes);
-    if constexpr (K == CodeKind::k4Codebook) return _mm256_shuffle_epi8(lut, u);
-    return u;
-  }
-
-  template <bool Biased>
-  static __m256i dot(const Weights& u, const int8_t* xq_ptr, __m256i bias) {
+  static __m256i block(const uint8_t* codes, const int8_t* xq_ptr, __m256i lut, __m256i bias) {
     const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq_ptr));
+    __m256i u = unpack_codes<K>(codes);
+    if constexpr (K == CodeKind::k4Codebook) u = _mm256_shuffle_epi8(lut, u);
     const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, xq);
     if constexpr (!Biased) return dot;
     // Σ (u - bias) xq = Σ u xq - Σ bias xq, both exact in int32.
@@ -46,7 +39,6 @@ struct IntDot {
 
 }  // namespace
 
-RowsKernel rows_kernel_avx512(const QuantForm& form) { return pick_kernel(form).rows; }
-BatchKernel batch_kernel_avx512(const QuantForm& form) { return pick_kernel(form).batch; }
+RowsKernel rows_kernel_avx512(const QuantForm& form) { return pick_kernel(form); }
 
 }  // namespace strata::cpu

@@ -12,9 +12,4 @@ namespace strata::cpu {
 void expert_hidden(RowsKernel gate_kernel, const MatrixRows& gate, RowsKernel up_kernel, const MatrixRows& up,
                    int64_t r0, int64_t r1, const Activation& x, float* h);
 
-// The same for n <= kMaxBatch activations at once through quantized gate and up (h[a][r - r0] for x[a]):
-// each h[a] is bit for bit what expert_hidden gives for x[a].
-void expert_hidden_batch(BatchKernel gate_kernel, const MatrixRows& gate, BatchKernel up_kernel, const MatrixRows& up,
-                         int64_t r0, int64_t r1, const Activation* x, int n, float* const* h);
-
 }  // namespace strata::cpu

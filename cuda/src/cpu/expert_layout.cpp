@@ -97,8 +97,4 @@ RowsKernel matrix_kernel(Isa isa, const ExpertMatrix& m) {
   return m.is_float ? float_rows_kernel(isa, m.float_kind) : rows_kernel(isa, m.form);
 }
 
-BatchKernel matrix_batch_kernel(Isa isa, const ExpertMatrix& m) {
-  return m.is_float ? nullptr : batch_kernel(isa, m.form);
-}
-
 }  // namespace strata::cpu

@@ -19,8 +19,4 @@ MatrixRows expert_rows(const ExpertMatrix& m, int64_t e);
 // The row kernel of `m`'s form (float or quantized) on a resolved `isa`.
 RowsKernel matrix_kernel(Isa isa, const ExpertMatrix& m);
 
-// The batch kernel of a quantized `m` on a resolved `isa`; null for a float matrix (it has none: run_groups
-// runs its rows one at a time through matrix_kernel).
-BatchKernel matrix_batch_kernel(Isa isa, const ExpertMatrix& m);
-
 }  // namespace strata::cpu

@@ -170,9 +170,6 @@ void ExpertPool::set_layer(int layer, const ExpertMatrix& gate, const ExpertMatr
   l.gate_kernel = matrix_kernel(p.isa, l.gate);
   l.up_kernel = matrix_kernel(p.isa, l.up);
   l.down_kernel = matrix_kernel(p.isa, l.down);
-  l.gate_batch = matrix_batch_kernel(p.isa, l.gate);
-  l.up_batch = matrix_batch_kernel(p.isa, l.up);
-  l.down_batch = matrix_batch_kernel(p.isa, l.down);
   l.quantize_x = !gate.is_float || !up.is_float;
   l.quantize_h = !down.is_float;
   l.set = true;

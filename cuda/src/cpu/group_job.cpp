@@ -41,22 +41,11 @@ void GroupJob::gate_up_item(int64_t item) {
   const int64_t o0 = (item % gate_up_per_block_) * kGateUpRows, o1 = std::min(ff_, o0 + kGateUpRows);
   const PoolLayer& l = *layer_;
   const MatrixRows gate = expert_rows(l.gate, b.expert), up = expert_rows(l.up, b.expert);
-  const bool batched = l.gate_batch != nullptr && l.up_batch != nullptr;
-  for (int64_t r = b.row0; r < b.row1;) {
-    const int n = batched ? static_cast<int>(std::min<int64_t>(kMaxBatch, b.row1 - r)) : 1;
-    Activation x[kMaxBatch];
-    float* h[kMaxBatch];
-    for (int a = 0; a < n; ++a) {
-      x[a] = x_row(r + a);
-      h[a] = h_.data() + (r + a) * ff_ + o0;
-    }
-    if (batched) {
-      expert_hidden_batch(l.gate_batch, gate, l.up_batch, up, o0, o1, x, n, h);
-    } else {
-      expert_hidden(l.gate_kernel, gate, l.up_kernel, up, o0, o1, x[0], h[0]);
-    }
-    for (int a = 0; a < n && l.quantize_h; ++a) quantize_blocks(h[a] - o0, o0 / 32, o1 / 32, h_row(r + a).q);
-    r += n;
+  for (int64_t r = b.row0; r < b.row1; ++r) {
+    const Activation h = h_row(r);
+    float* hr = h_.data() + r * ff_;
+    expert_hidden(l.gate_kernel, gate, l.up_kernel, up, o0, o1, x_row(r), hr + o0);
+    if (l.quantize_h) quantize_blocks(hr, o0 / 32, o1 / 32, h.q);
   }
 }
 
@@ -65,21 +54,7 @@ void GroupJob::down_item(int64_t item) {
   const int64_t o0 = (item % down_per_block_) * kDownRows, o1 = std::min(n_embd_, o0 + kDownRows);
   const PoolLayer& l = *layer_;
   const MatrixRows down = expert_rows(l.down, b.expert);
-  for (int64_t r = b.row0; r < b.row1;) {
-    const int n = l.down_batch ? static_cast<int>(std::min<int64_t>(kMaxBatch, b.row1 - r)) : 1;
-    Activation h[kMaxBatch];
-    float* y[kMaxBatch];
-    for (int a = 0; a < n; ++a) {
-      h[a] = h_row(r + a);
-      y[a] = out_ + (r + a) * n_embd_ + o0;
-    }
-    if (l.down_batch) {
-      l.down_batch(down, o0, o1, h, n, 1.0f, y);
-    } else {
-      l.down_kernel(down, o0, o1, h[0], 1.0f, y[0]);
-    }
-    r += n;
-  }
+  for (int64_t r = b.row0; r < b.row1; ++r) l.down_kernel(down, o0, o1, h_row(r), 1.0f, out_ + r * n_embd_ + o0);
 }
 
 void GroupJob::job(void* context, int /*worker*/) {

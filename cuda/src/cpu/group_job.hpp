@@ -1,8 +1,7 @@
 // The grouped job of ExpertPool::run_groups: rows of a prompt chunk, grouped by the expert they chose, through
 // their expert's gate, up and down. Each work item is (row block of one group) x (output-row range): its
 // weight rows come from DRAM once and serve every row of the block from the caches, so the call streams the
-// experts' weights about once, not once per row. Quantized matrices take kMaxBatch rows per pass over a weight
-// row (BatchKernel: each block unpacked once for all of them); float matrices a row at a time.
+// experts' weights about once, not once per row.
 #pragma once
 
 #include <atomic>

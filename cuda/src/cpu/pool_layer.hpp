@@ -10,7 +10,6 @@ struct PoolLayer {
   bool set = false;
   ExpertMatrix gate, up, down;
   RowsKernel gate_kernel = nullptr, up_kernel = nullptr, down_kernel = nullptr;
-  BatchKernel gate_batch = nullptr, up_batch = nullptr, down_batch = nullptr;  // quantized matrices only
   bool quantize_x = false;  // gate or up is quantized
   bool quantize_h = false;  // down is quantized
 };

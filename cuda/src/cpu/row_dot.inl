@@ -1,11 +1,8 @@
 // The body of the row-dot kernels, included by dot_avx2.cpp and dot_avx512.cpp inside an anonymous
 // namespace (each copy compiled with its own ISA flags: no inline function may be shared between them, or
 // the linker could hand the AVX2 machine the AVX-512 copy). The includer defines `IntDot`:
-//   struct IntDot::Weights;  one 32-element block of weights, unpacked once for every activation it meets
 //   template <CodeKind K, bool Biased>
-//   static Weights IntDot::prepare(const uint8_t* codes, __m256i lut, __m256i bias);
-//   template <bool Biased>
-//   static __m256i IntDot::dot(const Weights& w, const int8_t* xq, __m256i bias);
+//   static __m256i IntDot::block(const uint8_t* codes, const int8_t* xq, __m256i lut, __m256i bias);
 //     8 int32 lanes, lane i = Σ v * xq over elements 4i..4i+3 of the 32-element block, v the weight's
 //     signed integer value (docs/forms.md), EXACT: the code bias is removed in the integer domain, never
 //     through float group sums, whose cancellation against large biased products costs accuracy.
@@ -91,82 +88,53 @@ float row_scales(const MatrixRows& m, int64_t row, const QuantizedVector& x, flo
   return horizontal_sum(off);
 }
 
-// Phase B and the row loop over N activations at once: ys[a][r - row0] = scale * (Σ_g sc_a[g] * Σ_{i in g}
-// v_i xq_a,i + offset_a). Each block's codes are unpacked once for all N; every activation's float sums run
-// in the same order whatever N is, so a row's result does not depend on the activations beside it.
-template <CodeKind K, bool Biased, int G, int N>
-void rows_dot_n(const MatrixRows& m, int64_t row0, int64_t row1, const Activation* activations, float scale,
-                float* const* ys) {
-  alignas(32) float sc[N][kMaxCols / 16 + 8];
+// Phase B and the row loop: y[r - row0] = scale * (Σ_g sc[g] * Σ_{i in g} v_i xq_i + offset).
+template <CodeKind K, bool Biased, int G>
+void rows_dot(const MatrixRows& m, int64_t row0, int64_t row1, const Activation& activation, float scale, float* y) {
+  const QuantizedVector& x = activation.q;
+  alignas(32) float sc[kMaxCols / 16 + 8];
   const QuantForm& f = *m.form;
   const int64_t n_blocks = m.cols / 32;
   const int64_t block_bytes = 32 * f.code_bits / 8;
   const __m256i lut = IntDot::lut(f), bias = IntDot::bias(f);
   for (int64_t r = row0; r < row1; ++r) {
-    float offset[N];
-    for (int a = 0; a < N; ++a) offset[a] = row_scales<G>(m, r, activations[a].q, sc[a]);
+    const float offset = row_scales<G>(m, r, x, sc);
     const uint8_t* codes = m.codes + r * n_blocks * block_bytes;
     // Software prefetch kPrefetchAhead bytes ahead: the rows of a work item are one stream, and the
     // hardware prefetcher alone leaves the per-core DRAM bandwidth underused.
     for (int64_t p = 0; p < n_blocks * block_bytes; p += 64)
       _mm_prefetch(reinterpret_cast<const char*>(codes + p + kPrefetchAhead), _MM_HINT_T0);
-    __m256 acc0[N], acc1[N];
-    for (int a = 0; a < N; ++a) acc0[a] = acc1[a] = _mm256_setzero_ps();
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (int64_t b = 0; b < n_blocks; b += 2) {
       // Two blocks per step into two accumulators (n_blocks may be odd: the second is guarded).
       for (int half = 0; half < 2 && b + half < n_blocks; ++half) {
         const int64_t bb = b + half;
-        const typename IntDot::Weights w = IntDot::template prepare<K, Biased>(codes + bb * block_bytes, lut, bias);
-        for (int a = 0; a < N; ++a) {
-          const __m256i dot = IntDot::template dot<Biased>(w, activations[a].q.xq + bb * 32, bias);
-          __m256 s;
-          if constexpr (G == 32) {
-            s = _mm256_broadcast_ss(sc[a] + bb);
-          } else {  // lanes 0..3 are group 2bb, lanes 4..7 group 2bb+1
-            s = _mm256_set_m128(_mm_broadcast_ss(sc[a] + 2 * bb + 1), _mm_broadcast_ss(sc[a] + 2 * bb));
-          }
-          if (half == 0) acc0[a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s, acc0[a]);
-          else acc1[a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s, acc1[a]);
+        const __m256i dot = IntDot::block<K, Biased>(codes + bb * block_bytes, x.xq + bb * 32, lut, bias);
+        __m256 s;
+        if constexpr (G == 32) {
+          s = _mm256_broadcast_ss(sc + bb);
+        } else {  // lanes 0..3 are group 2bb, lanes 4..7 group 2bb+1
+          s = _mm256_set_m128(_mm_broadcast_ss(sc + 2 * bb + 1), _mm_broadcast_ss(sc + 2 * bb));
         }
+        if (half == 0) acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s, acc0);
+        else acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s, acc1);
       }
     }
-    for (int a = 0; a < N; ++a) ys[a][r - row0] = scale * (horizontal_sum(_mm256_add_ps(acc0[a], acc1[a])) + offset[a]);
+    y[r - row0] = scale * (horizontal_sum(_mm256_add_ps(acc0, acc1)) + offset);
   }
-}
-
-template <CodeKind K, bool Biased, int G>
-void rows_dot(const MatrixRows& m, int64_t row0, int64_t row1, const Activation& activation, float scale, float* y) {
-  rows_dot_n<K, Biased, G, 1>(m, row0, row1, &activation, scale, &y);
-}
-
-// n in 1..kMaxBatch activations, each count its own instance (its accumulators stay in registers).
-template <CodeKind K, bool Biased, int G>
-void rows_dot_batch(const MatrixRows& m, int64_t row0, int64_t row1, const Activation* activations, int n,
-                    float scale, float* const* ys) {
-  switch (n) {
-    case 4: return rows_dot_n<K, Biased, G, 4>(m, row0, row1, activations, scale, ys);
-    case 3: return rows_dot_n<K, Biased, G, 3>(m, row0, row1, activations, scale, ys);
-    case 2: return rows_dot_n<K, Biased, G, 2>(m, row0, row1, activations, scale, ys);
-    default: return rows_dot_n<K, Biased, G, 1>(m, row0, row1, activations, scale, ys);
-  }
-}
-
-template <CodeKind K, bool Biased, int G>
-QuantKernels kernels_of() {
-  return {&rows_dot<K, Biased, G>, &rows_dot_batch<K, Biased, G>};
 }
 
 template <CodeKind K, bool Biased>
-QuantKernels pick_group(const QuantForm& f) {
-  return f.group_size == 16 ? kernels_of<K, Biased, 16>() : kernels_of<K, Biased, 32>();
+RowsKernel pick_group(const QuantForm& f) {
+  return f.group_size == 16 ? &rows_dot<K, Biased, 16> : &rows_dot<K, Biased, 32>;
 }
 
 template <CodeKind K>
-QuantKernels pick_bias(const QuantForm& f) {
+RowsKernel pick_bias(const QuantForm& f) {
   return f.code_bias != 0 ? pick_group<K, true>(f) : pick_group<K, false>(f);
 }
 
-QuantKernels pick_kernel(const QuantForm& f) {
+RowsKernel pick_kernel(const QuantForm& f) {
   if (f.code_bits == 2) return pick_bias<CodeKind::k2>(f);
   if (f.code_bits == 8) return pick_bias<CodeKind::k8>(f);
   return f.codebook != Codebook::None ? pick_group<CodeKind::k4Codebook, true>(f) : pick_bias<CodeKind::k4>(f);
