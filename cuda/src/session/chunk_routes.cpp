@@ -23,7 +23,10 @@ void group_routes(const std::int32_t* ids, int tokens, int k, int n_expert, cons
                      std::to_string(n_expert));
   const int pairs = tokens * k;
   // Counting sort by expert: count[e] pairs chose e; rows of expert e start at start[e].
-  std::vector<int> count(n_expert, 0);
+  // Per-expert tallies in the routes' own buffers: a prompt groups every layer of every chunk, and reusing them
+  // keeps the host from allocating on each.
+  std::vector<int>& count = out.count_;
+  count.assign(n_expert, 0);
   for (int p = 0; p < pairs; ++p) {
     const int e = ids[p];
     STRATA_EXPECTS(e >= 0 && e < n_expert, InvalidArgument,
@@ -33,7 +36,10 @@ void group_routes(const std::int32_t* ids, int tokens, int k, int n_expert, cons
   }
   auto cached = [&](int e) { return !cache_slot_of.empty() && cache_slot_of[e] >= 0; };
   auto pooled = [&](int e) { return !cached(e) && !on_cpu.empty() && on_cpu[e]; };
-  std::vector<int> start(n_expert, 0), slot(n_expert, -1);
+  std::vector<int>& start = out.start_;
+  std::vector<int>& slot = out.slot_;
+  start.assign(n_expert, 0);
+  slot.assign(n_expert, -1);
   int row = 0;
   out.cached_experts = 0;
   for (int e = 0; e < n_expert; ++e) {  // the cache's part first
@@ -97,7 +103,8 @@ void group_routes(const std::int32_t* ids, int tokens, int k, int n_expert, cons
     out.group_begin.push_back(rows);
     return part;
   };
-  std::vector<int> held;
+  std::vector<int>& held = out.held_;
+  held.clear();
   for (int e = 0; e < n_expert; ++e) {
     if (count[e] > 0 && cached(e)) held.push_back(e);
   }

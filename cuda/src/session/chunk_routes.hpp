@@ -32,6 +32,7 @@ struct ChunkRoutes {
   Part cpu;                    // then the rows of the experts the CPU pool computes
   std::vector<int> cpu_experts;  // the expert of each of the cpu part's groups
   std::vector<int> group_slot, group_begin;  // every part's groups, in row order
+  std::vector<int> count_, start_, slot_, held_;  // group_routes' per-expert scratch, kept between calls
   std::vector<Fill> fills;     // the rest, in order
 };
 
