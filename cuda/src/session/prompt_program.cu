@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 
 #include "../kernels/embed.cuh"
@@ -23,8 +24,8 @@
 namespace strata {
 namespace {
 
-// The largest chunk: the dense products go along the batch GEMV's grid (kMaxBatchProducts) and a chunk's
-// routed rows are counted in int.
+// The largest chunk: its scratch grows with it (about 0.85 MB per token on qwen4exp), and from a few hundred tokens
+// on a chunk already reads every expert once, so longer ones gain nothing on PCIe.
 constexpr int kMaxChunk = 8192;
 // Rows of the LM head per block when every position's logits are asked for: 64 rows of a 248K vocabulary are
 // 64 MB of scratch, and the head's product reads its tile of the weight once per block.
@@ -57,12 +58,9 @@ HostLayout host_layout(const ModelGeometry& g, int chunk) {
 
 void carve(Carver& c, const ModelGeometry& g, int chunk, int context, PromptScratch& s) {
   const std::size_t T = chunk;
-  const int n = g.n_embd, hc = std::max(g.hc_count, 1), width = hc * n;
-  const int hv = g.ssm_v_heads, value_dim = hv * g.ssm_head_v_dim;
-  const int conv = 2 * g.ssm_k_heads * g.ssm_head_k_dim + value_dim;
-  const int heads_dim = g.n_head * g.head_dim, kv_dim = g.n_head_kv * g.head_dim;
-  const int ple_width = g.ple_n_heads * g.ple_head_dim;
-  const int max_cols = std::max({width, n, value_dim, heads_dim, g.shared_ff, ple_width, g.hc_rank, 32});
+  const RowWidths w = row_widths(g);
+  const int n = w.n, hc = w.hc, width = w.width, hv = g.ssm_v_heads, value_dim = w.value_dim, conv = w.conv;
+  const int heads_dim = w.heads_dim, kv_dim = w.kv_dim, ple_width = w.ple_width, max_cols = w.max_cols;
   const std::size_t pairs = T * g.n_expert_used, ff = g.expert_ff;
   // The QSA selections of every query of the chunk, and the chunk kernels' scratch, for the largest indexer.
   std::size_t keep_blocks = 0, qsa_scratch = 0;
@@ -183,12 +181,21 @@ PromptProgram::PromptProgram(const DecodeProgram& decode, const ModelGeometry& g
   }
 }
 
-// y_i = W x_i for every row: the rows' q8_32 form for a quantized weight, then one tensor-core product that reads
-// each weight tile once per tile of rows.
-void PromptProgram::project_rows(const float* x, int rows, const DeviceTensor& w, float* y, cudaStream_t s) const {
-  const int cols = static_cast<int>(w.cols);
-  if (!w.is_float) quantize(x, static_cast<long>(rows) * cols, q8_, s);
-  multiply_rows(w, {rows, cols, static_cast<int>(w.rows)}, nullptr, x, q8_, y, s);
+// y_i = W x_i for every row and product: one q8_32 form of the rows shared by the quantized weights (the same
+// products' columns, as decode's project() shares one), then one tensor-core product per weight that reads each
+// weight tile once per tile of rows.
+void PromptProgram::project_rows(const float* x, int rows, std::initializer_list<Product> products,
+                                 cudaStream_t s) const {
+  const long cols = products.begin()->w->cols;
+  bool quantized = false;
+  for (const Product& p : products) {
+    STRATA_EXPECTS(p.w->cols == cols, InvalidArgument, "prompt products of one input differ in columns");
+    quantized = quantized || !p.w->is_float;
+  }
+  if (quantized) quantize(x, rows * cols, q8_, s);
+  for (const Product& p : products) {
+    multiply_rows(*p.w, {rows, static_cast<int>(cols), static_cast<int>(p.w->rows)}, nullptr, x, q8_, p.y, s);
+  }
 }
 
 void PromptProgram::add_to_streams(const float* inj, int inj_stride, const float* y, int rows, int streams,
@@ -201,11 +208,11 @@ void PromptProgram::hc_read(const HcTensors& t, const float* streams, int rows, 
   const int hc = g_.hc_count, n = g_.n_embd;
   const float inv_hc = 1.0f / static_cast<float>(hc);
   STRATA_CUDA_TRY(kernels::rms_norm_grouped(streams, t.norm, normed_, rows, hc, n, g_.rms_eps, s));
-  project_rows(normed_, rows, *t.down, down_, s);
-  if (inj) project_rows(normed_, rows, *t.inject, inject_, s);
+  if (inj) project_rows(normed_, rows, {{t.down, down_}, {t.inject, inject_}}, s);
+  else project_rows(normed_, rows, {{t.down, down_}}, s);
   STRATA_CUDA_TRY(kernels::scaled_activation(down_, down_, rows * g_.hc_rank, kernels::Activation::Silu, inv_hc,
                                              1.0f, s));
-  project_rows(down_, rows, *t.up, up_, s);
+  project_rows(down_, rows, {{t.up, up_}}, s);
   STRATA_CUDA_TRY(kernels::hc_mix(up_, normed_, x, rows, hc, n, s));
   if (inj) {
     STRATA_CUDA_TRY(kernels::scaled_activation(inject_, inj, rows * hc, kernels::Activation::Sigmoid, inv_hc, 2.0f,
@@ -215,8 +222,7 @@ void PromptProgram::hc_read(const HcTensors& t, const float* streams, int rows, 
 
 void PromptProgram::ple(int layer, int rows, cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
-  project_rows(ple_rows_, rows, *t.ple_key, ple_key_, s);
-  project_rows(ple_rows_, rows, *t.ple_value, ple_value_, s);
+  project_rows(ple_rows_, rows, {{t.ple_key, ple_key_}, {t.ple_value, ple_value_}}, s);
   const kernels::PleShape shape = ple_shape(g_);
   kernels::PleStepArgs args = ple_layer_args(t, seq_);
   args.streams = streams_;
@@ -230,27 +236,19 @@ void PromptProgram::ple(int layer, int rows, cudaStream_t s) const {
 
 void PromptProgram::mixer_gdn(int layer, int rows, cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
-  const int value_dim = g_.ssm_v_heads * g_.ssm_head_v_dim;
-  const int conv = 2 * g_.ssm_k_heads * g_.ssm_head_k_dim + value_dim;
+  const RowWidths w = row_widths(g_);
+  const int value_dim = w.value_dim, conv = w.conv;
   // qwen3next's merged projection writes rows of [qkv | z]; the split ones write qkv rows, then z rows after
   // every qkv row.
   const bool merged = t.ssm_in != nullptr;
   const long qkv_stride = merged ? conv + value_dim : conv, z_stride = merged ? conv + value_dim : value_dim;
   float* z = merged ? qkvz_ + conv : qkvz_ + static_cast<long>(rows) * conv;
-  if (merged) {
-    project_rows(x_, rows, *t.ssm_in, qkvz_, s);
-  } else {
-    project_rows(x_, rows, *t.qkv, qkvz_, s);
-    project_rows(x_, rows, *t.gate, z, s);
-  }
   const bool interleaved = g_.gdn_interleaved_ba;
   const long beta_stride = interleaved ? t.ba->rows : t.beta->rows;
-  if (interleaved) {
-    project_rows(x_, rows, *t.ba, beta_, s);
-  } else {
-    project_rows(x_, rows, *t.beta, beta_, s);
-    project_rows(x_, rows, *t.alpha, alpha_, s);
-  }
+  if (merged && interleaved) project_rows(x_, rows, {{t.ssm_in, qkvz_}, {t.ba, beta_}}, s);
+  else if (merged) project_rows(x_, rows, {{t.ssm_in, qkvz_}, {t.beta, beta_}, {t.alpha, alpha_}}, s);
+  else if (interleaved) project_rows(x_, rows, {{t.qkv, qkvz_}, {t.gate, z}, {t.ba, beta_}}, s);
+  else project_rows(x_, rows, {{t.qkv, qkvz_}, {t.gate, z}, {t.beta, beta_}, {t.alpha, alpha_}}, s);
   const kernels::GdnShape shape = gdn_shape(g_);
   kernels::GdnChunkArgs args;
   static_cast<kernels::GdnStepArgs&>(args) = gdn_layer_args(t, seq_, layer);
@@ -269,19 +267,17 @@ void PromptProgram::mixer_gdn(int layer, int rows, cudaStream_t s) const {
   args.out_stride = value_dim;
   args.scratch = gdn_scratch_;
   STRATA_CUDA_TRY(kernels::gdn_chunk(shape, args, s));
-  project_rows(core_, rows, *t.ssm_out, y_, s);
+  project_rows(core_, rows, {{t.ssm_out, y_}}, s);
 }
 
 void PromptProgram::mixer_attention(int layer, int rows, cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
   const int heads_dim = g_.n_head * g_.head_dim, kv_dim = g_.n_head_kv * g_.head_dim;
   const int iq_dim = g_.indexer_heads * g_.indexer_head_dim;
-  project_rows(x_, rows, *t.q, qg_, s);
-  project_rows(x_, rows, *t.k, k_, s);
-  project_rows(x_, rows, *t.v, v_, s);
   if (t.index_q) {
-    project_rows(x_, rows, *t.index_q, iq_, s);
-    project_rows(x_, rows, *t.index_k, ik_, s);
+    project_rows(x_, rows, {{t.q, qg_}, {t.k, k_}, {t.v, v_}, {t.index_q, iq_}, {t.index_k, ik_}}, s);
+  } else {
+    project_rows(x_, rows, {{t.q, qg_}, {t.k, k_}, {t.v, v_}}, s);
   }
   const kernels::AttentionShape& attention = decode_.attention_shape();
   kernels::AttentionChunkPrepArgs prep;
@@ -326,7 +322,7 @@ void PromptProgram::mixer_attention(int layer, int rows, cudaStream_t s) const {
     args.block_tokens = shape.ratio;
   }
   STRATA_CUDA_TRY(kernels::attention_chunk(attention, args, rows, seq_.kv[layer], s));
-  project_rows(attn_, rows, *t.o, y_, s);
+  project_rows(attn_, rows, {{t.o, y_}}, s);
 }
 
 // One part of the chunk's routes (the rows that read one stack of experts) through its experts, a group of rows
@@ -348,13 +344,13 @@ void PromptProgram::expert_rows(const CachedLayer& stacks, const ChunkRoutes::Pa
 // The CPU's share of the experts the chunk touches and the cache lacks: cpu_share_ of them, spread evenly over
 // their ids (every expert of a layer has the same bytes), so that the pool reading them from host RAM and the
 // staging copying the rest over PCIe finish together.
-void PromptProgram::choose_cpu_experts(int layer, const int* ids, int pairs) {
+void PromptProgram::choose_cpu_experts(const int* ids, int pairs) {
   std::vector<char> touched(g_.n_expert, 0);
   for (int p = 0; p < pairs; ++p) touched[ids[p]] = 1;
   on_cpu_.assign(g_.n_expert, 0);
   int seen = 0;
   for (int e = 0; e < g_.n_expert; ++e) {
-    if (!touched[e] || (cache_ && cache_->slot_of(layer, e) >= 0)) continue;
+    if (!touched[e] || (!cache_map_.empty() && cache_map_[e] >= 0)) continue;
     ++seen;
     // The seen-th uncached expert goes to the CPU when it moves floor(seen * share) up by one.
     on_cpu_[e] = static_cast<int>(seen * cpu_share_) > static_cast<int>((seen - 1) * cpu_share_);
@@ -379,6 +375,11 @@ void PromptProgram::pool_experts(int layer, cudaStream_t s) {
   stats_.pooled_experts += part.groups;
 }
 
+void PromptProgram::count_staged(int layer, std::size_t experts) {
+  stats_.staged_experts += static_cast<long>(experts);
+  stats_.staged_bytes += experts * staging_->expert_bytes(layer);
+}
+
 // The first layer after `layer` whose experts the cache lacks, if any, prefetched.
 void PromptProgram::prefetch_after(int layer) {
   for (int next = layer + 1; next < g_.n_layer; ++next) {
@@ -400,8 +401,7 @@ void PromptProgram::prefetch(int layer) {
   const int buffer = next_buffer_;
   next_buffer_ = (next_buffer_ + 1) % ExpertStaging::kBuffers;
   staging_->fill(buffer, layer, experts);
-  stats_.staged_experts += static_cast<long>(experts.size());
-  stats_.staged_bytes += experts.size() * staging_->expert_bytes(layer);
+  count_staged(layer, experts.size());
   prefetched_buffer_[layer] = buffer;
   prefetched_[layer] = std::move(experts);
 }
@@ -428,7 +428,7 @@ void PromptProgram::routed_experts(int layer, int rows, cudaStream_t s) {
   }
   const int slots = staging_ ? staging_->slots() : 1;
   on_cpu_.clear();
-  if (cpu_part) choose_cpu_experts(layer, host_ids, pairs);
+  if (cpu_part) choose_cpu_experts(host_ids, pairs);  // after cache_map_: the cache keeps what it holds
   group_routes(host_ids, rows, k, g_.n_expert, cache_map_, on_cpu_, slots, prefetched_[layer], routes_);
   std::memcpy(host_routes, routes_.row_token.data(), sizeof(int) * pairs);
   std::memcpy(host_routes + pairs, routes_.row_of.data(), sizeof(int) * pairs);
@@ -451,8 +451,7 @@ void PromptProgram::routed_experts(int layer, int rows, cudaStream_t s) {
       buffer = next_buffer_;
       next_buffer_ = (next_buffer_ + 1) % ExpertStaging::kBuffers;
       stacks = &staging_->fill(buffer, layer, fill.experts);
-      stats_.staged_experts += static_cast<long>(fill.experts.size());
-      stats_.staged_bytes += fill.experts.size() * staging_->expert_bytes(layer);
+      count_staged(layer, fill.experts.size());
     } else {
       stacks = &staging_->stacks(buffer);
     }
@@ -476,7 +475,7 @@ void PromptProgram::all_logits(int n, float* logits, cudaStream_t s) const {
     const float* streams = streams_ + static_cast<long>(first) * width;
     if (g_.hc_count > 0) hc_read(t_.output_hc, streams, rows, x_, nullptr, s);
     else STRATA_CUDA_TRY(kernels::rms_norm(streams, t_.output_norm, x_, rows, g_.n_embd, g_.rms_eps, s));
-    project_rows(x_, rows, *t_.head, logits_, s);
+    project_rows(x_, rows, {{t_.head, logits_}}, s);
     const std::size_t bytes = sizeof(float) * rows * static_cast<std::size_t>(g_.n_vocab);
     STRATA_CUDA_TRY(cudaMemcpyAsync(logits + static_cast<std::size_t>(first) * g_.n_vocab, logits_, bytes,
                                     cudaMemcpyDeviceToHost, s));
@@ -527,12 +526,11 @@ void PromptProgram::run(const int* tokens, int n, int position, const float* ple
       add_to_streams(ones_, 0, y_, n, 1, emb, s);
       STRATA_CUDA_TRY(kernels::rms_norm(streams_, t.post_attention_norm, x_, n, emb, g_.rms_eps, s));
     }
-    project_rows(x_, n, *t.router, router_logits_, s);
-    STRATA_CUDA_TRY(kernels::moe_route(router_logits_, route_ids_, route_weights_, n, g_.n_expert, g_.n_expert_used, s));
-    project_rows(x_, n, *t.shared_gate, sh_g_, s);
-    project_rows(x_, n, *t.shared_up, sh_u_, s);
+    project_rows(x_, n, {{t.router, router_logits_}, {t.shared_gate, sh_g_}, {t.shared_up, sh_u_}}, s);
+    STRATA_CUDA_TRY(
+        kernels::moe_route(router_logits_, route_ids_, route_weights_, n, g_.n_expert, g_.n_expert_used, s));
     STRATA_CUDA_TRY(kernels::swiglu(sh_g_, sh_u_, sh_h_, n * g_.shared_ff, s));
-    project_rows(sh_h_, n, *t.shared_down, shared_, s);
+    project_rows(sh_h_, n, {{t.shared_down, shared_}}, s);
     STRATA_CUDA_TRY(kernels::shared_expert_gate(t.shared_gate_inp, x_, shared_gate_, n, emb, s));
     routed_experts(layer, n, s);
     STRATA_CUDA_TRY(kernels::moe_combine(routed_, shared_, shared_gate_, y_, n, emb, s));

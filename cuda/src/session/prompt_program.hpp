@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "../runtime/device_buffer.hpp"
@@ -80,7 +81,7 @@ class PromptProgram : private PromptScratch {
   void reset_stats() noexcept { stats_ = {}; }
 
  private:
-  void project_rows(const float* x, int rows, const DeviceTensor& w, float* y, cudaStream_t s) const;
+  void project_rows(const float* x, int rows, std::initializer_list<Product> products, cudaStream_t s) const;
   void hc_read(const HcTensors& t, const float* streams, int rows, float* x, float* inj, cudaStream_t s) const;
   void all_logits(int n, float* logits, cudaStream_t s) const;
   void add_to_streams(const float* inj, int inj_stride, const float* y, int rows, int streams, int width,
@@ -91,7 +92,8 @@ class PromptProgram : private PromptScratch {
   void routed_experts(int layer, int rows, cudaStream_t s);
   void expert_rows(const CachedLayer& stacks, const ChunkRoutes::Part& part, cudaStream_t s) const;
   void pool_experts(int layer, cudaStream_t s);
-  void choose_cpu_experts(int layer, const int* ids, int pairs);
+  void choose_cpu_experts(const int* ids, int pairs);
+  void count_staged(int layer, std::size_t experts);
   void prefetch(int layer);
   void prefetch_after(int layer);
 
