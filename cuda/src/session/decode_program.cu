@@ -50,12 +50,9 @@ kernels::EmbedTable embed_table(const DeviceTensor& t) {
 // The decode scratch of `g` for a context of `context` tokens, carved out of `c` into `s`: the one definition the
 // allocation and the memory plan (DecodeProgram::scratch_bytes) both read. `sample_bytes`: the sampler's.
 void carve_scratch(Carver& c, const ModelGeometry& g, int context, std::size_t sample_bytes, DecodeScratch& s) {
-  const int n = g.n_embd, hc = std::max(g.hc_count, 1), width = hc * n;
-  const int hv = g.ssm_v_heads, value_dim = hv * g.ssm_head_v_dim;
-  const int conv = 2 * g.ssm_k_heads * g.ssm_head_k_dim + value_dim;
-  const int heads_dim = g.n_head * g.head_dim, kv_dim = g.n_head_kv * g.head_dim;
-  const int ple_rows = g.ple_n_heads * g.ple_head_dim;
-  const int max_cols = std::max({width, n, value_dim, heads_dim, g.shared_ff, ple_rows, g.hc_rank, 32});
+  const RowWidths w = row_widths(g);
+  const int n = w.n, hc = w.hc, width = w.width, hv = g.ssm_v_heads, value_dim = w.value_dim, conv = w.conv;
+  const int heads_dim = w.heads_dim, kv_dim = w.kv_dim, max_cols = w.max_cols;
   const int rope_half = g.rope_dim / 2;
   // QSA scratch for the smallest block of any layer: the most blocks a context has, and the most kept.
   int max_blocks = 0, keep_blocks = 0;
@@ -229,9 +226,7 @@ void DecodeProgram::ple(int layer, cudaStream_t s) const {
 
 void DecodeProgram::mixer_gdn(int layer, cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
-  const int value_dim = g_.ssm_v_heads * g_.ssm_head_v_dim;
-  const int conv = 2 * g_.ssm_k_heads * g_.ssm_head_k_dim + value_dim;
-  float* z = qkvz_ + conv;
+  float* z = qkvz_ + row_widths(g_).conv;
   const bool interleaved = g_.gdn_interleaved_ba;
   if (t.ssm_in) {
     if (interleaved) project(x_, {{t.ssm_in, qkvz_}, {t.ba, beta_}}, q8_, s, &branches_);
