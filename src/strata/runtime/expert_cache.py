@@ -71,6 +71,11 @@ def cache_bytes(g: Geometry, tensors: Tensors, slots: list[int]) -> int:
     return sum(s * b + layer_slack(g) for s, b in zip(slots, expert_bytes(g, tensors)) if s)
 
 
+def holds_every_expert(g: Geometry, tensors: Tensors, slots: list[int]) -> bool:
+    """Whether `slots` per layer hold every routed expert of every layer that has them."""
+    return slots == [g.n_expert if b else 0 for b in expert_bytes(g, tensors)]
+
+
 def slots_for(g: Geometry, tensors: Tensors, budget: int) -> list[int]:
     """Slots per layer for `budget` bytes: the same count for every MoE layer, then one slot more for each of the
     first layers while the budget holds it; never more than a layer's n_expert and never over the budget."""

@@ -68,8 +68,8 @@ class Model:
     @property
     def prompt_path(self) -> bool:
         """Whether sessions run prompts in chunks: the staging exists, or the cache holds every routed expert."""
-        moe = [layer for layer, b in enumerate(cache_plan.expert_bytes(self.info.geometry, file_tensors(self.file))) if b]
-        return self.staging is not None or (self.cache is not None and all(self.cache.holds_all(l) for l in moe))
+        return self.staging is not None or cache_plan.holds_every_expert(self.info.geometry, file_tensors(self.file),
+                                                                         self.cache_slots)
 
     @property
     def tokenizer(self):
@@ -229,8 +229,9 @@ def load(path: str | os.PathLike[str], *, device: int = 0, threads: int | None =
                 print(f"load: {cache_plan.describe(g, tensors, slots)}, policy {cache_policy}", file=sys.stderr)
             cache = cache_plan.build(pool, slots, device, cache_plan.expert_bytes(g, tensors),
                                      ByteProgress("load: expert cache") if progress else None, cache_policy)
-            whole = slots == [g.n_expert if b else 0 for b in cache_plan.expert_bytes(g, tensors)]
-            staging = prompt_staging(info, tensors, pool, device, limit, cache, progress) if prompt and not whole else None
+            staging = None
+            if prompt and not cache_plan.holds_every_expert(g, tensors, slots):
+                staging = prompt_staging(info, tensors, pool, device, limit, cache, progress)
         except BaseException:
             pool.close()
             raise

@@ -3,8 +3,9 @@ takes it.
 
 A prompt of `PROMPT_MIN_TOKENS` or more runs in chunks, each layer once per chunk on the GPU; the routed experts
 the VRAM cache lacks are copied per chunk into the staging, two buffers of a whole layer's experts each (one
-fills over PCIe while the other is read), and for a small chunk the CPU pool computes a share of them beside it. A chunk is `DEFAULT_CHUNK` tokens unless the session's context is
-shorter or the free VRAM holds less: a chunk that does not fit is halved, not refused.
+fills over PCIe while the other is read), and for a small chunk the CPU pool computes a share of them beside it.
+A chunk is `DEFAULT_CHUNK` tokens unless the session's context is shorter or the free VRAM holds less: a chunk
+that does not fit is halved, not refused.
 """
 
 from __future__ import annotations
