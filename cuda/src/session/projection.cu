@@ -82,8 +82,9 @@ void multiply_rows(const DeviceTensor& w, const kernels::MatmulRows& rows, const
     STRATA_CUDA_TRY(groups ? kernels::matmul_float_grouped(w.float_kind, w.data, r, c, rows, *groups, x, y, stream)
                            : kernels::matmul_float(w.float_kind, w.data, r, c, rows, x, y, stream));
   } else {
-    STRATA_CUDA_TRY(groups ? kernels::matmul_quant_grouped(w.form, w.planes, r, c, rows, *groups, q8.xq, q8.dx, y, stream)
-                           : kernels::matmul_quant(w.form, w.planes, r, c, rows, q8.xq, q8.dx, y, stream));
+    STRATA_CUDA_TRY(groups
+                        ? kernels::matmul_quant_grouped(w.form, w.planes, r, c, rows, *groups, q8.xq, q8.dx, y, stream)
+                        : kernels::matmul_quant(w.form, w.planes, r, c, rows, q8.xq, q8.dx, y, stream));
   }
 }
 

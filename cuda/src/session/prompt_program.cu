@@ -73,7 +73,8 @@ void carve(Carver& c, const ModelGeometry& g, int chunk, int context, PromptScra
   const kernels::AttentionShape attention = attention_shape(g);
   s.tokens_ = c.take<int>(2 * T);  // tokens, then positions: one copy up from the host's block
   s.positions_ = s.tokens_ ? s.tokens_ + T : nullptr;
-  s.q8_ = {c.take<std::int8_t>(T * max_cols), c.take<float>(T * max_cols / 32), c.take<std::int32_t>(T * max_cols / 32)};
+  s.q8_ = {c.take<std::int8_t>(T * max_cols), c.take<float>(T * max_cols / 32),
+           c.take<std::int32_t>(T * max_cols / 32)};
   s.streams_ = c.take<float>(T * width);
   s.x_ = c.take<float>(T * n);
   s.y_ = c.take<float>(T * n);

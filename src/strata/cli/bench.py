@@ -201,12 +201,15 @@ def prompt_speed(model: Any, lengths: list[int], kv: KV, rng: np.random.Generato
 
 
 def prompt_report(rows: list[Mapping[str, float]]) -> list[str]:
+    """The human-readable lines of prompt_speed's rows."""
+    chunk = rows[0]["chunk"] if rows else 0
     lines = [f"{'prompt':>7s} {'tok/s':>8s} {'ttft s':>7s} {'staged GB':>9s} {'PCIe floor s':>12s} {'of limit':>8s} "
-             f"{'stepped tok/s':>13s} {'speedup':>7s}   (prompt path, chunk {rows[0]['chunk'] if rows else 0})"]
+             f"{'stepped tok/s':>13s} {'speedup':>7s}   (prompt path, chunk {chunk})"]
     for r in rows:
-        lines.append(f"{r['tokens']:7d} {r['tokens_per_second']:8.0f} {r['seconds']:7.3f} {r['staged_bytes'] / 1e9:9.2f} "
-                     f"{r['pcie_floor_seconds']:12.3f} {r['fraction_of_limit']:8.1%} "
-                     f"{r['stepped_tokens_per_second']:13.1f} {r['tokens_per_second'] / r['stepped_tokens_per_second']:6.1f}x")
+        speedup = r["tokens_per_second"] / r["stepped_tokens_per_second"]
+        lines.append(f"{r['tokens']:7d} {r['tokens_per_second']:8.0f} {r['seconds']:7.3f} "
+                     f"{r['staged_bytes'] / 1e9:9.2f} {r['pcie_floor_seconds']:12.3f} {r['fraction_of_limit']:8.1%} "
+                     f"{r['stepped_tokens_per_second']:13.1f} {speedup:6.1f}x")
     return lines
 
 
@@ -350,7 +353,8 @@ def handle(args) -> int:
     try:
         lengths = tuple(int(n) for n in args.prompt_lengths.split(",") if int(n) != 0)
     except ValueError:
-        raise InvalidArgument(f"--prompt-lengths takes token counts such as 512,4096, got {args.prompt_lengths!r}") from None
+        raise InvalidArgument(f"--prompt-lengths takes token counts such as 512,4096, "
+                              f"got {args.prompt_lengths!r}") from None
     options = {"model_path": str(path), "modes": modes, "prompt_tokens": args.prompt_tokens, "tokens": args.tokens,
                "context": args.context, "kv": args.kv, "prompt_lengths": lengths}
     if args.cache_shares is None:
