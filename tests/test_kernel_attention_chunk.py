@@ -6,7 +6,9 @@ What the chunk leaves behind must be the decode's bit for bit, as it runs the sa
 sizes: every byte of both KV cache halves in every KV format (cells never written keep the poison in both), the
 q rows, the indexer's raw and pooled keys, and so every QSA selection. The attention output sums in another
 order (tiles of 32 tokens in an online softmax, over the whole of a query's tokens or, in a short chunk, over
-spans merged afterwards, where the decode merges 64 spans), so it is held to tolerances.
+spans merged afterwards, where the decode merges 64 spans), so it is held to tolerances. attention_chunk has two
+modes that must both give it: the scan (a block walks the union of a tile of queries' tokens by position) and
+the gathered mode (a block reads one query's own tokens compacted, for queries past QSA's dense range).
 """
 
 import numpy as np
@@ -56,12 +58,13 @@ def random_indexer(rng, steps, keep, ratio, heads=4, d=128):
     return indexer | {"keep_blocks": keep, "ratio": ratio}
 
 
-def run(inputs, start, kv, indexer=None):
+def run(inputs, start, kv, indexer=None, gathered=False):
     from strata import _native_check
 
     return _native_check.attention_chunk_vs_decode(
         inputs["q_gate"], inputs["k"], inputs["v"], inputs["q_norm"], inputs["k_norm"], inputs["cos"],
-        inputs["sin"], inputs["pages"], start=start, page_size=PAGE_SIZE, kv=kv, eps=EPS, indexer=indexer)
+        inputs["sin"], inputs["pages"], start=start, page_size=PAGE_SIZE, kv=kv, eps=EPS, indexer=indexer,
+        gathered=gathered)
 
 
 def bits(x):
@@ -150,16 +153,18 @@ def test_long_dense_chunk_in_one_span(rng, kv):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("gathered", [False, True])
 @pytest.mark.parametrize("heads, kv_heads, d", [(24, 2, 256), (16, 2, 256), (4, 4, 128), (8, 1, 64),
-                                                (6, 2, 96), (4, 2, 512), (3, 3, 320)])
-def test_dense_chunk_shapes(rng, heads, kv_heads, d):
-    """qwen4exp's 24 q heads over 2 kv heads, qwen3next's 16 over 2, no grouping, one kv head, and head sizes
-    that are not powers of two or take the widest tiles."""
+                                                (6, 2, 96), (4, 2, 512), (3, 3, 320), (40, 2, 128)])
+def test_dense_chunk_shapes(rng, heads, kv_heads, d, gathered):
+    """qwen4exp's 24 q heads over 2 kv heads, qwen3next's 16 over 2, no grouping, one kv head, head sizes
+    that are not powers of two or take the widest tiles, and a group past the gathered mode's two rows per warp
+    (20 q heads per kv head); scanned and gathered (which runs a dense chunk too: each query reads 0..p)."""
     start, chunk = 9, 77
     inputs = random_inputs(rng, start + chunk, heads, kv_heads, d)
     for kv in ("bf16", "q4"):
-        got = run(inputs, start, kv)
-        label = f"{kv} {heads}/{kv_heads} heads of {d}"
+        got = run(inputs, start, kv, gathered=gathered)
+        label = f"{kv} {heads}/{kv_heads} heads of {d} gathered={gathered}"
         assert_same_state(got, label, qsa=False)
         assert_outputs(got, inputs, start, kv, rng)
 
@@ -178,18 +183,19 @@ def assert_indexer_reference(got, indexer, steps, ratio, keep):
     assert err < 1e-5, f"pooled block keys: relative error {err:.2e}"
 
 
-def run_qsa(rng, kv, ratio, keep, start, chunk, heads):
+def run_qsa(rng, kv, ratio, keep, start, chunk, heads, gathered=False):
     """The chunk with QSA on (`heads` q heads over 2 kv heads of 256) against the decode steps: the same state
     and selections, outputs within tolerance, and the chunk's block keys against numpy. Returns the selection
-    counts of the chunk's queries."""
+    counts of the chunk's queries and the spans attention_chunk cut their tokens into."""
     steps = start + chunk
     inputs = random_inputs(rng, steps, heads, 2, 256)
     indexer = random_indexer(rng, steps, keep, ratio)
-    got = run(inputs, start, kv, indexer)
-    assert_same_state(got, f"{kv} ratio={ratio} keep={keep} start={start} chunk={chunk}", qsa=True)
+    got = run(inputs, start, kv, indexer, gathered)
+    label = f"{kv} ratio={ratio} keep={keep} start={start} chunk={chunk} gathered={gathered}"
+    assert_same_state(got, label, qsa=True)
     assert_outputs(got, inputs, start, kv, rng, ratio)
     assert_indexer_reference(got, indexer, steps, ratio, keep)
-    return got["at_once"]["n_selected"]
+    return got["at_once"]["n_selected"], got["spans"]
 
 
 @pytest.mark.gpu
@@ -200,16 +206,35 @@ def test_qsa_chunk_is_the_decode_steps(rng, kv, ratio, start, chunk):
     """A budget of 3 blocks, so the selection drops blocks from the 4th complete block on: chunks that begin and
     end inside a block, that complete several, and the block sizes a file may state."""
     keep = 3
-    n_selected = run_qsa(rng, kv, ratio, keep, start, chunk, heads=4)
+    n_selected, _ = run_qsa(rng, kv, ratio, keep, start, chunk, heads=4)
     visible = (start + np.arange(chunk) + 1) // ratio
     assert np.array_equal(n_selected, np.minimum(keep, visible))
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("gathered", [False, True])
 @pytest.mark.parametrize("kv", ["bf16", "k8v4"])
 @pytest.mark.parametrize("start, chunk", [(2000, 64), (1800, 300), (0, 2100)])
-def test_qsa_chunk_past_the_dense_range(rng, kv, start, chunk):
+def test_qsa_chunk_past_the_dense_range(rng, kv, start, chunk, gathered):
     """qwen4exp's indexer: a budget of 2048 tokens (512 blocks of 4), 24 q heads over 2 kv heads; the chunks
-    cross n = 2052 visible tokens, where the selection starts to drop blocks."""
-    n_selected = run_qsa(rng, kv, 4, 512, start, chunk, heads=24)
+    cross n = 2052 visible tokens, where the selection starts to drop blocks. The gathered mode takes the
+    queries on both sides of it (a query in the dense range selects every complete block)."""
+    n_selected, _ = run_qsa(rng, kv, 4, 512, start, chunk, heads=24, gathered=gathered)
     assert np.any(n_selected < (start + np.arange(chunk) + 1) // 4), "no block was dropped"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", FORMATS)
+@pytest.mark.parametrize("ratio", [4, 1, 3, 8])
+@pytest.mark.parametrize("start, chunk, cut", [(1500, 5, True), (1200, 300, False)])
+def test_gathered_chunk_deep_in_the_context(rng, kv, ratio, start, chunk, cut):
+    """The gathered mode where the prompt path runs it: every query past the dense range. A budget of 16
+    blocks among 150 to 1,500 complete ones, so each query's selection is sparse and, from random indexer
+    inputs, random: its compacted tokens (16 blocks, then its open tail) lie scattered over the context. qwen4exp's
+    24 q heads over 2 kv heads; a chunk of 5 queries (10 blocks) cuts each query's tokens into spans and merges
+    them, one of 300 runs each in one span."""
+    keep = 16
+    n_selected, spans = run_qsa(rng, kv, ratio, keep, start, chunk, heads=24, gathered=True)
+    visible = (start + np.arange(chunk) + 1) // ratio
+    assert np.all(n_selected == keep) and np.all(visible > keep), "a query of the chunk is in the dense range"
+    assert (spans > 1) == cut, f"the gathered chunk of {chunk} queries ran in {spans} spans"

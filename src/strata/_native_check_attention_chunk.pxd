@@ -21,10 +21,12 @@ cdef extern from "strata/check/kernel_check_attention_chunk.hpp" namespace "stra
 
     size_t cpp_attention_chunk_scratch "strata::kernel_check::attention_chunk_scratch"(
         const AttentionCheckShape& shape, int chunk)
+    int cpp_attention_chunk_spans "strata::kernel_check::attention_chunk_spans"(
+        const AttentionCheckShape& shape, int chunk, bool gathered)
     size_t cpp_chunk_cache_bytes "strata::kernel_check::chunk_cache_bytes"(
         const AttentionCheckShape& shape, int n_pages, bool values)
     void cpp_attention_chunk_vs_decode "strata::kernel_check::attention_chunk_vs_decode"(
-        int device, const AttentionCheckShape& shape, int start, int chunk, const float* q_gate, const float* k,
-        const float* v, const float* q_norm, const float* k_norm, const float* rope_cos, const float* rope_sin,
-        const int* page_order, int n_pages, const QsaCheckInputs& qsa, const ChunkCheckOutputs& stepwise,
-        const ChunkCheckOutputs& at_once) except +raise_strata_error
+        int device, const AttentionCheckShape& shape, int start, int chunk, bool gathered, const float* q_gate,
+        const float* k, const float* v, const float* q_norm, const float* k_norm, const float* rope_cos,
+        const float* rope_sin, const int* page_order, int n_pages, const QsaCheckInputs& qsa,
+        const ChunkCheckOutputs& stepwise, const ChunkCheckOutputs& at_once) except +raise_strata_error

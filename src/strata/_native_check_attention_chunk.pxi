@@ -2,7 +2,8 @@
 # kernel_check_attention_chunk.hpp). For tests only. Uses the mixer round trips' helpers
 # (_native_check_mixers.pxi, included before this file).
 from strata._native_check_attention_chunk cimport (
-    ChunkCheckOutputs, cpp_attention_chunk_scratch, cpp_attention_chunk_vs_decode, cpp_chunk_cache_bytes,
+    ChunkCheckOutputs, cpp_attention_chunk_scratch, cpp_attention_chunk_spans, cpp_attention_chunk_vs_decode,
+    cpp_chunk_cache_bytes,
 )
 
 
@@ -37,15 +38,18 @@ cdef dict _chunk_path_outputs(ChunkCheckOutputs* to, const AttentionCheckShape& 
 
 
 def attention_chunk_vs_decode(q_gate, k, v, q_norm, k_norm, rope_cos, rope_sin, page_order, *, int start,
-                              int page_size, kv="bf16", float eps=1e-6, indexer=None, int device=0) -> dict:
+                              int page_size, kv="bf16", float eps=1e-6, indexer=None, bint gathered=False,
+                              int device=0) -> dict:
     """Tokens 0..start-1 decode one by one; tokens start..steps-1 then run both token by token through the decode
     kernels ("stepwise") and at once through the chunk kernels ("at_once"), from the same cache state.
 
     Inputs as attention_steps takes them, stacked over all steps tokens. Each path's dict holds out, q
     ([chunk, H, d]), k_bytes, v_bytes (each cache half as stored, uint8), k_cache, v_cache ([Hkv, steps, d],
     dequantized) and with QSA raw_keys, block_keys (the indexer caches as stored, NaN where never written),
-    selected [chunk, keep_blocks] (-1 padded) and n_selected [chunk]. "spans_scratch" is the scratch (floats)
-    attention_chunk took: 0 when it ran each query in one span, else it cut them into spans and merged them.
+    selected [chunk, keep_blocks] (-1 padded) and n_selected [chunk]. attention_chunk runs gathered (each query
+    reading its own tokens compacted) or scanned (a tile of queries walking the union of their tokens).
+    "spans_scratch" is the scratch (floats) attention_chunk took, for either mode; "spans" the spans it cut each
+    query's tokens into in the mode it ran (1: none, no merge).
     """
     cdef AttentionCheckShape shape = _attention_check_shape("attention_chunk_vs_decode", q_gate, k, v, q_norm,
                                                             k_norm, rope_cos, rope_sin, page_size, kv, eps)
@@ -67,7 +71,8 @@ def attention_chunk_vs_decode(q_gate, k, v, q_norm, k_norm, rope_cos, rope_sin, 
     cdef const float* p_sin = _mixer_floats(rope_sin, keep)
     cdef const int* p_pages = _mixer_ints(page_order, keep)
     result["spans_scratch"] = cpp_attention_chunk_scratch(shape, chunk)
+    result["spans"] = cpp_attention_chunk_spans(shape, chunk, gathered)
     with nogil:
-        cpp_attention_chunk_vs_decode(device, shape, c_start, chunk, p_qg, p_k, p_v, p_qn, p_kn, p_cos, p_sin,
-                                      p_pages, n_pages, qsa, stepwise, at_once)
+        cpp_attention_chunk_vs_decode(device, shape, c_start, chunk, gathered, p_qg, p_k, p_v, p_qn, p_kn, p_cos,
+                                      p_sin, p_pages, n_pages, qsa, stepwise, at_once)
     return result

@@ -80,12 +80,16 @@ std::size_t attention_chunk_scratch(const AttentionCheckShape& s, int chunk) {
   return kernels::attention_chunk_scratch_floats({s.n_head, s.n_head_kv, s.head_dim, s.rope_dim, s.eps}, chunk);
 }
 
+int attention_chunk_spans(const AttentionCheckShape& s, int chunk, bool gathered) {
+  return kernels::attention_chunk_spans({s.n_head, s.n_head_kv, s.head_dim, s.rope_dim, s.eps}, chunk, gathered);
+}
+
 std::size_t chunk_cache_bytes(const AttentionCheckShape& s, int n_pages, bool values) {
   const std::size_t elements = static_cast<std::size_t>(n_pages) * s.n_head_kv * s.page_size * s.head_dim;
   return kv_half_bytes(values ? kv_value_codes(s.kv) : kv_key_codes(s.kv), elements);
 }
 
-void attention_chunk_vs_decode(int device, const AttentionCheckShape& s, int start, int chunk,
+void attention_chunk_vs_decode(int device, const AttentionCheckShape& s, int start, int chunk, bool gathered,
                                const float* q_gate, const float* k, const float* v, const float* q_norm,
                                const float* k_norm, const float* rope_cos, const float* rope_sin,
                                const int* page_order, int n_pages, const QsaCheckInputs& qsa,
@@ -210,7 +214,9 @@ void attention_chunk_vs_decode(int device, const AttentionCheckShape& s, int sta
   GuardedOutput c_q(chunk * hd * sizeof(float)), c_out(chunk * hd * sizeof(float));
   GuardedOutput c_selected(static_cast<std::size_t>(chunk) * keep * sizeof(int)), c_count(chunk * sizeof(int));
   DeviceBuffer scratch(kernels::qsa_select_chunk_scratch_floats(ishape, chunk) * sizeof(float));
-  DeviceBuffer spans(kernels::attention_chunk_scratch_floats(shape, chunk) * sizeof(float));
+  // Poisoned: a span's partial the kernel leaves unwritten reads as NaN in the merge.
+  const std::size_t span_bytes = kernels::attention_chunk_scratch_floats(shape, chunk) * sizeof(float);
+  GuardedOutput spans(span_bytes);
   const float* rows = d_fused.as<float>();
   const long stride = static_cast<long>(width);
   const kernels::PagedKv kv_b = paged(chunk_state, table);
@@ -231,7 +237,8 @@ void attention_chunk_vs_decode(int device, const AttentionCheckShape& s, int sta
   attend.q_gate_stride = stride;
   attend.positions = d_positions.as<int>();
   attend.block_tokens = r;
-  attend.scratch = spans.as<float>();
+  attend.gathered = gathered;
+  attend.scratch = spans.data<float>();
   attend.out = c_out.data<float>();
   kernels::IndexerSelectChunkArgs chunk_select;
   chunk_select.q = rows + qg + 2 * kvd;
@@ -264,6 +271,10 @@ void attention_chunk_vs_decode(int device, const AttentionCheckShape& s, int sta
   graph.launch(stream.get());
   STRATA_CUDA_TRY(cudaStreamSynchronize(stream.get()));
   c_out.copy_out(at_once.out, "attention_chunk");
+  if (span_bytes > 0) {  // the partials stayed inside the scratch sized for either mode
+    std::vector<unsigned char> partials(span_bytes);
+    spans.copy_out(partials.data(), "attention_chunk (span partials)");
+  }
   c_q.copy_out(at_once.q, "attention_prep_chunk");
   read_state(chunk_state, s, elements, tokens, page_order, use_qsa, at_once);
   if (!use_qsa) return;

@@ -25,12 +25,6 @@ __global__ void attention_prep_kernel(AttentionShape shape, AttentionPrepArgs ar
 // an online-softmax partial (max, sum, unnormalised accumulator) per q head. attention_merge_kernel combines
 // the spans. One block per q head reading every token serially left the GPU idle and latency-bound: decode
 // slowed by ~0.7 ms per attention layer from 500 to 3,000 tokens of context.
-__device__ __forceinline__ int attended_token(int idx, bool sparse, const int* selected, int chosen_tokens,
-                                              int complete, int r) {
-  if (!sparse) return idx;
-  return idx < chosen_tokens ? selected[idx / r] * r + idx % r : complete * r + (idx - chosen_tokens);
-}
-
 __global__ void attention_split_kernel(AttentionShape shape, AttentionDecodeArgs args, PagedKv kv) {
   extern __shared__ float shared[];
   const int d = shape.head_dim, group = shape.n_head / shape.n_head_kv;

@@ -35,6 +35,13 @@ __global__ void attention_prep_chunk_kernel(AttentionShape shape, AttentionChunk
                       args.rope_sin, kv, row);
 }
 
+// What a walker leaves in shared memory for each K/V tile, and what the scan keeps between tiles.
+struct TileSlots {
+  long rows[kKeyTile];             // cache row (kv_row) of the tile's token k; read only where a query attends it
+  unsigned mask[kMaxTileQueries];  // per query of the block: which of the tile's tokens it attends (bit k)
+  int next[kMaxTileQueries];       // the scan: each query's next attended token
+};
+
 // The tokens one query attends, in ascending order: its selected blocks (read through a cursor as the scan
 // moves right), then its open tail tail..last. Dense causal: no blocks and tail 0.
 struct QueryTokens {
@@ -87,65 +94,157 @@ __device__ __forceinline__ unsigned tile_mask(QueryTokens& q, int ratio, int t0)
   return bits;
 }
 
-// K or V rows of tokens t0 .. t0 + kKeyTile - 1 (kv head kvh) into tile [kKeyTile][stride] as floats in the
-// cache's basis; tokens no query of the block attends (bit clear in `wanted`) read as zeros and are not loaded.
-__device__ __forceinline__ void load_tile(const PagedKv& kv, bool value, int kvh, int t0, unsigned wanted,
+// Block span blockIdx.z of `count` items (positions, or a query's compacted tokens) cut into gridDim.z spans
+// whole tiles wide: items from .. until - 1 (none where until <= from).
+struct BlockSpan {
+  int from;
+  int until;
+};
+
+__device__ __forceinline__ BlockSpan block_span(int count) {
+  const int spans = gridDim.z;
+  const int width = (count + spans * kKeyTile - 1) / (spans * kKeyTile) * kKeyTile;
+  const int from = blockIdx.z * width;
+  return {from, min(count, from + width)};
+}
+
+// The scan: the union of the tokens a tile of consecutive queries attends in the block's span of positions,
+// left to right, kKeyTile tokens at a time, jumping over tokens none attends, so several queries share each
+// K/V tile load; per-query masks keep each query to its own tokens. Thread i < queries walks the selection of
+// query first_query + i. Past qwen4exp's dense range the queries' selections differ and the union's tiles hold
+// few attended tokens each: there the gathered mode (GatheredTiles) reads fewer tiles.
+class ScanTiles {
+ public:
+  __device__ ScanTiles(const AttentionChunkArgs& args, int tokens, int first_query, int queries, TileSlots& slots)
+      : queries_(queries), ratio_(args.block_tokens) {
+    // The tokens the block's queries see: 0 .. the last query's position.
+    const BlockSpan span = block_span(args.positions[min(first_query + queries, tokens) - 1] + 1);
+    until_ = span.until;
+    if (threadIdx.x >= queries) return;
+    const int t = first_query + threadIdx.x;
+    if (t < tokens) {
+      mine_.last = args.positions[t];
+      if (args.selected_blocks != nullptr) {
+        mine_.blocks = args.selected_blocks + static_cast<long>(t) * args.selection_stride;
+        mine_.count = args.n_selected[t];
+        mine_.tail = (mine_.last + 1) / ratio_ * ratio_;
+        mine_.cursor = first_block_from(mine_, ratio_, span.from);
+      }
+    }
+    slots.next[threadIdx.x] = next_token(mine_, ratio_, span.from);
+  }
+
+  // The next tile into `slots` (visible to the block on return); false, on every thread, past the span.
+  __device__ bool next(const PagedKv& kv, int kvh, TileSlots& slots) {
+    int t0 = kNoToken;
+    for (int i = 0; i < queries_; ++i) t0 = min(t0, slots.next[i]);
+    if (t0 >= until_) return false;  // uniform: every thread reads the same slots.next (kNoToken: none left)
+    __syncthreads();  // slots.next read by all; the previous tile consumed
+    if (threadIdx.x < queries_) {
+      const unsigned in_span = until_ - t0 >= kKeyTile ? ~0u : (1u << (until_ - t0)) - 1u;
+      slots.mask[threadIdx.x] = tile_mask(mine_, ratio_, t0) & in_span;
+      slots.next[threadIdx.x] = next_token(mine_, ratio_, t0 + kKeyTile);
+    }
+    const int token = t0 + static_cast<int>(threadIdx.x);
+    if (threadIdx.x < kKeyTile && token < until_) slots.rows[threadIdx.x] = kv_row(kv, token, kvh);
+    __syncthreads();
+    return true;
+  }
+
+ private:
+  QueryTokens mine_;  // thread i < queries_: query first_query + i
+  int queries_;
+  int ratio_;
+  int until_ = 0;
+};
+
+// The gathered mode: one query's attended tokens compacted in attended_token's order (its selected blocks'
+// tokens, then its open tail), the block's span of them kKeyTile at a time, so every tile but the span's last
+// is full. Every thread holds the same walk.
+class GatheredTiles {
+ public:
+  __device__ GatheredTiles(const AttentionChunkArgs& args, int /*tokens*/, int query, int /*queries*/,
+                           TileSlots& /*slots*/)
+      : sparse_(args.selected_blocks != nullptr), ratio_(args.block_tokens) {
+    const int seen = args.positions[query] + 1;
+    if (sparse_) {
+      blocks_ = args.selected_blocks + static_cast<long>(query) * args.selection_stride;
+      complete_ = seen / ratio_;
+      chosen_tokens_ = args.n_selected[query] * ratio_;
+    }
+    const BlockSpan span = block_span(sparse_ ? chosen_tokens_ + seen - complete_ * ratio_ : seen);
+    next_ = span.from;
+    until_ = span.until;
+  }
+
+  // The next tile into `slots` (visible to the block on return); false, on every thread, past the span.
+  __device__ bool next(const PagedKv& kv, int kvh, TileSlots& slots) {
+    if (next_ >= until_) return false;  // uniform: every thread walks the same list
+    __syncthreads();  // the previous tile consumed
+    const int k = threadIdx.x, filled = min(kKeyTile, until_ - next_);
+    if (k < filled)
+      slots.rows[k] = kv_row(kv, attended_token(next_ + k, sparse_, blocks_, chosen_tokens_, complete_, ratio_), kvh);
+    if (k == 0) slots.mask[0] = span_bits(0, filled - 1);
+    next_ += kKeyTile;
+    __syncthreads();
+    return true;
+  }
+
+ private:
+  const int* blocks_ = nullptr;
+  bool sparse_;
+  int ratio_;
+  int complete_ = 0;       // the query's complete blocks
+  int chosen_tokens_ = 0;  // its selected blocks' tokens
+  int next_;               // the next tile's first index into the compacted list
+  int until_;
+};
+
+// K or V rows of the tile's tokens (cache rows `rows`) into tile [kKeyTile][stride] as floats in the cache's
+// basis, one warp per token. Tokens no query of the block attends (bit clear in `wanted`) are not loaded and
+// read as zeros: their weights are 0, and 0 x a stale NaN would not be.
+__device__ __forceinline__ void load_tile(const PagedKv& kv, bool value, const long* rows, unsigned wanted,
                                           float* tile, int stride) {
-  const int d = kv.head_dim;
-  for (int e = threadIdx.x; e < kKeyTile * d; e += blockDim.x) {
-    const int k = e / d, i = e % d;
-    tile[k * stride + i] = (wanted >> k) & 1u ? kv_load(kv, value, kv_row(kv, t0 + k, kvh), i) : 0.0f;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int k = warp; k < kKeyTile; k += kChunkWarps) {
+    float* row = tile + k * stride;
+    if ((wanted >> k) & 1u) {
+      for (int i = lane; i < kv.head_dim; i += 32) row[i] = kv_load(kv, value, rows[k], i);
+    } else {
+      for (int i = lane; i < kv.head_dim; i += 32) row[i] = 0.0f;
+    }
   }
 }
 
-// Block (x, kv head, span) attends a tile of consecutive queries for the q heads of one kv head: rows =
-// queries x group, row (query i, head g) = i * group + g, owned by warp row % 8. The block walks the union of
-// its queries' attended tokens in its span left to right, kKeyTile tokens at a time, jumping over tokens none
-// attends, so several queries share each K/V tile load; per-query masks keep each query to its own tokens.
-// With one span it writes the gated outputs, else each row's online-softmax partial for
-// attention_chunk_merge_kernel (attention_decode's layout, per query: [T][n_head][spans]). In a tile,
-// lane k scores token k for the warp's rows (the scores stay in the warp: an online softmax with warp
-// reductions), then each lane accumulates head dims lane + 32 c of the weighted values. kDims: dims per lane
-// (head_dim <= 32 kDims); kRows: rows per warp, kDims * kRows <= kAccumulators registers.
-template <int kDims, int kRows>
+// Block (x, kv head, span) attends its queries (Tiles: ScanTiles, a tile of consecutive queries from the last;
+// GatheredTiles, one query) for the q heads of one kv head over the K/V tiles its walker gives: rows = queries
+// x group, row (query i, head g) = i * group + g, owned by warp row % 8. With one span it writes the gated
+// outputs, else each row's online-softmax partial for attention_chunk_merge_kernel (attention_decode's layout,
+// per query: [T][n_head][spans]). In a tile, lane k scores token k for the warp's rows (the scores stay in the
+// warp: an online softmax with warp reductions), then each lane accumulates head dims lane + 32 c of the
+// weighted values. kDims: dims per lane (head_dim <= 32 kDims); kRows: rows per warp, kDims * kRows <=
+// kAccumulators registers.
+template <int kDims, int kRows, class Tiles>
 __global__ void __launch_bounds__(kChunkThreads)
     attention_chunk_kernel(AttentionShape shape, AttentionChunkArgs args, int tokens, int tile_queries, PagedKv kv) {
   static_assert(kDims * kRows <= kAccumulators, "each thread holds at most kAccumulators output sums");
   extern __shared__ float4 shared_vec[];  // float4: the q rows and K tile are read as float4
-  __shared__ int next_of[kMaxTileQueries];
-  __shared__ unsigned mask_of[kMaxTileQueries];
+  __shared__ TileSlots slots;
   const int d = shape.head_dim, group = shape.n_head / shape.n_head_kv;
   const int rows = tile_queries * group, stride = d + 4;  // the pad spreads a float4 column over the banks
   float* q_rows = reinterpret_cast<float*>(shared_vec);   // [rows][d]; at the end the outputs
   float* tile = q_rows + rows * d;                         // [kKeyTile][stride]: K, then V of the same tokens
   float* weights = tile + kKeyTile * stride;               // [rows][kKeyTile]
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, kvh = blockIdx.y;
-  const int first_query = (gridDim.x - 1 - blockIdx.x) * tile_queries;  // the longest scans start first
-  const int ratio = args.block_tokens, dims = d / 32;
+  const int first_query = (gridDim.x - 1 - blockIdx.x) * tile_queries;  // the longest walks start first
+  const int dims = d / 32;
   const int my_rows = warp < rows ? (rows - 1 - warp) / kChunkWarps + 1 : 0;
-  // This block's span of the tokens its queries see (0 .. the last query's position), whole tiles wide.
-  const int seen = args.positions[min(first_query + tile_queries, tokens) - 1] + 1, spans = gridDim.z;
-  const int span = (seen + spans * kKeyTile - 1) / (spans * kKeyTile) * kKeyTile;
-  const int from = blockIdx.z * span, until = min(seen, from + span);
 
   for (int e = threadIdx.x; e < rows * d; e += blockDim.x) {
     const int row = e / d, t = first_query + row / group, h = kvh * group + row % group;
     q_rows[e] = t < tokens ? args.q[(static_cast<long>(t) * shape.n_head + h) * d + e % d] : 0.0f;
   }
-  QueryTokens mine;  // held by thread i < tile_queries for query first_query + i
-  if (threadIdx.x < tile_queries) {
-    const int t = first_query + threadIdx.x;
-    if (t < tokens) {
-      mine.last = args.positions[t];
-      if (args.selected_blocks != nullptr) {
-        mine.blocks = args.selected_blocks + static_cast<long>(t) * args.selection_stride;
-        mine.count = args.n_selected[t];
-        mine.tail = (mine.last + 1) / ratio * ratio;
-        mine.cursor = first_block_from(mine, ratio, from);
-      }
-    }
-    next_of[threadIdx.x] = next_token(mine, ratio, from);
-  }
+  Tiles tiles(args, tokens, first_query, tile_queries, slots);
   float m[kRows], l[kRows], acc[kRows][kDims];
 #pragma unroll
   for (int rr = 0; rr < kRows; ++rr) {
@@ -157,20 +256,10 @@ __global__ void __launch_bounds__(kChunkThreads)
   const float scale = rsqrtf(static_cast<float>(d));
   __syncthreads();
 
-  for (;;) {
-    int t0 = kNoToken;
-    for (int i = 0; i < tile_queries; ++i) t0 = min(t0, next_of[i]);
-    if (t0 >= until) break;  // uniform: every thread reads the same next_of (kNoToken: none left)
-    __syncthreads();  // next_of read by all; the previous tile's V consumed
-    if (threadIdx.x < tile_queries) {
-      const unsigned in_span = until - t0 >= kKeyTile ? ~0u : (1u << (until - t0)) - 1u;
-      mask_of[threadIdx.x] = tile_mask(mine, ratio, t0) & in_span;
-      next_of[threadIdx.x] = next_token(mine, ratio, t0 + kKeyTile);
-    }
-    __syncthreads();
+  while (tiles.next(kv, kvh, slots)) {
     unsigned wanted = 0;
-    for (int i = 0; i < tile_queries; ++i) wanted |= mask_of[i];
-    load_tile(kv, false, kvh, t0, wanted, tile, stride);
+    for (int i = 0; i < tile_queries; ++i) wanted |= slots.mask[i];
+    load_tile(kv, false, slots.rows, wanted, tile, stride);
     __syncthreads();
 
     float s[kRows];
@@ -189,7 +278,7 @@ __global__ void __launch_bounds__(kChunkThreads)
     for (int rr = 0; rr < kRows; ++rr) {  // the online softmax step of each row over this tile
       if (rr >= my_rows) break;
       const int row = warp + kChunkWarps * rr;
-      const bool attended = (mask_of[row / group] >> lane) & 1u;
+      const bool attended = (slots.mask[row / group] >> lane) & 1u;
       const float score = attended ? s[rr] * scale : -INFINITY;
       const float m_new = fmaxf(m[rr], warp_max(score));
       // A row may attend nothing in a tile, or in the tiles so far (m_new = -inf): nothing to rescale then.
@@ -202,7 +291,7 @@ __global__ void __launch_bounds__(kChunkThreads)
       for (int c = 0; c < kDims; ++c) acc[rr][c] *= correction;
     }
     __syncthreads();  // K consumed by every warp; the weights written
-    load_tile(kv, true, kvh, t0, wanted, tile, stride);
+    load_tile(kv, true, slots.rows, wanted, tile, stride);
     __syncthreads();
     for (int k = 0; k < kKeyTile; ++k) {
       float v[kDims];
@@ -218,6 +307,7 @@ __global__ void __launch_bounds__(kChunkThreads)
     }
   }
 
+  const int spans = gridDim.z;
   if (spans > 1) {
     const long parts = static_cast<long>(tokens) * shape.n_head * spans;
 #pragma unroll
@@ -267,18 +357,34 @@ __global__ void attention_chunk_merge_kernel(AttentionShape shape, AttentionChun
                        args.q_gate + t * args.q_gate_stride + static_cast<long>(h) * 2 * d + d, args.out + head * d, a);
 }
 
-// The kernel instance for head_dim and the rows one block holds (kChunkWarps x its rows per warp).
+// A kernel instance and the rows one block of it holds (kChunkWarps x its rows per warp).
 struct ChunkKernel {
   void (*kernel)(AttentionShape, AttentionChunkArgs, int, int, PagedKv) = nullptr;
   int capacity = 0;
 };
 
-ChunkKernel chunk_kernel(int head_dim) {
+template <int kDims, int kRows, class Tiles>
+ChunkKernel instance() {
+  return {attention_chunk_kernel<kDims, kRows, Tiles>, kChunkWarps * kRows};
+}
+
+// The instance for head_dim with at most kMaxRows rows per warp, else as many as kAccumulators registers allow.
+template <class Tiles, int kMaxRows>
+ChunkKernel instance_for(int head_dim) {
   const int dims = head_dim / 32;
-  if (dims <= 2) return {attention_chunk_kernel<2, 16>, kChunkWarps * 16};
-  if (dims <= 4) return {attention_chunk_kernel<4, 16>, kChunkWarps * 16};
-  if (dims <= 8) return {attention_chunk_kernel<8, 8>, kChunkWarps * 8};
-  return {attention_chunk_kernel<16, 4>, kChunkWarps * 4};
+  if (dims <= 2) return instance<2, std::min(16, kMaxRows), Tiles>();
+  if (dims <= 4) return instance<4, std::min(16, kMaxRows), Tiles>();
+  if (dims <= 8) return instance<8, std::min(8, kMaxRows), Tiles>();
+  return instance<16, std::min(4, kMaxRows), Tiles>();
+}
+
+// The scan holds as many query rows as the registers allow. A gathered block holds one query's q heads: up to
+// 16 of them (qwen3next's 8, qwen4exp's 12) in two rows per warp, whose fewer registers leave room for more
+// blocks per SM.
+ChunkKernel chunk_kernel(const AttentionShape& shape, bool gathered) {
+  if (!gathered) return instance_for<ScanTiles, 16>(shape.head_dim);
+  if (shape.n_head / shape.n_head_kv <= 2 * kChunkWarps) return instance_for<GatheredTiles, 2>(shape.head_dim);
+  return instance_for<GatheredTiles, 16>(shape.head_dim);
 }
 
 size_t chunk_smem_bytes(const AttentionShape& shape, int tile_queries) {
@@ -293,14 +399,14 @@ size_t device_smem_limit() {
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
     return 0;
-  constexpr size_t kStaticSmem = 2 * kMaxTileQueries * sizeof(int);
+  constexpr size_t kStaticSmem = sizeof(TileSlots);
   return static_cast<size_t>(bytes) > kStaticSmem ? static_cast<size_t>(bytes) - kStaticSmem : 0;
 }
 
 // Queries per block where shared memory is no limit: as many as the rows and kMaxTileQueries allow (each
 // shares every K/V tile load). 0 if one query's rows do not fit.
 int full_tile_queries(const AttentionShape& shape) {
-  return std::min(kMaxTileQueries, chunk_kernel(shape.head_dim).capacity / (shape.n_head / shape.n_head_kv));
+  return std::min(kMaxTileQueries, chunk_kernel(shape, false).capacity / (shape.n_head / shape.n_head_kv));
 }
 
 // Queries per block on the current device, no more than the chunk has; 0 if one query's rows do not fit.
@@ -311,11 +417,12 @@ int tile_queries(const AttentionShape& shape, int tokens) {
   return queries;
 }
 
-// Spans per query: 1 once the chunk's full tiles make kTargetBlocks blocks, else enough to (up to kMaxSplits).
-// It counts full tiles, so the scratch a chunk needs does not depend on the device.
-int chunk_spans(const AttentionShape& shape, int tokens) {
-  const int full = std::max(full_tile_queries(shape), 1);
-  const long blocks = static_cast<long>((tokens + full - 1) / full) * shape.n_head_kv;
+// Spans per query: 1 once the chunk's blocks (its full query tiles in the scan, its queries when gathered)
+// make kTargetBlocks, else enough to (up to kMaxSplits). It counts full tiles, so the scratch a chunk needs
+// does not depend on the device.
+int chunk_spans(const AttentionShape& shape, int tokens, bool gathered) {
+  const int per_block = gathered ? 1 : std::max(full_tile_queries(shape), 1);
+  const long blocks = static_cast<long>((tokens + per_block - 1) / per_block) * shape.n_head_kv;
   return static_cast<int>(std::clamp(kTargetBlocks / blocks, 1L, static_cast<long>(kMaxSplits)));
 }
 
@@ -336,12 +443,17 @@ cudaError_t attention_prep_chunk(const AttentionShape& shape, const AttentionChu
   return cudaGetLastError();
 }
 
-std::size_t attention_chunk_scratch_floats(const AttentionShape& shape, int tokens) {
+int attention_chunk_spans(const AttentionShape& shape, int tokens, bool gathered) {
   if (tokens <= 0 || shape.n_head <= 0 || shape.n_head_kv <= 0 || shape.n_head % shape.n_head_kv != 0 ||
       shape.head_dim <= 0)
     return 0;
-  const int spans = chunk_spans(shape, tokens);
-  if (spans == 1) return 0;
+  return chunk_spans(shape, tokens, gathered);
+}
+
+std::size_t attention_chunk_scratch_floats(const AttentionShape& shape, int tokens) {
+  // Either mode's: the session sizes the scratch once and sets the mode per chunk.
+  const int spans = std::max(attention_chunk_spans(shape, tokens, false), attention_chunk_spans(shape, tokens, true));
+  if (spans <= 1) return 0;
   return static_cast<std::size_t>(tokens) * shape.n_head * spans * (shape.head_dim + 2);
 }
 
@@ -358,9 +470,10 @@ cudaError_t attention_chunk(const AttentionShape& shape, const AttentionChunkArg
       args.q_gate == nullptr || args.positions == nullptr || args.out == nullptr ||
       args.q_gate_stride < 2L * shape.n_head * shape.head_dim)
     return cudaErrorInvalidValue;
-  const int queries = tile_queries(shape, tokens), spans = chunk_spans(shape, tokens);
+  const int queries = args.gathered ? 1 : tile_queries(shape, tokens);
+  const int spans = chunk_spans(shape, tokens, args.gathered);
   if (spans > 1 && (args.scratch == nullptr || tokens > 65535)) return cudaErrorInvalidValue;
-  const ChunkKernel k = chunk_kernel(shape.head_dim);
+  const ChunkKernel k = chunk_kernel(shape, args.gathered);
   const size_t smem = chunk_smem_bytes(shape, queries);
   const cudaError_t set = cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                static_cast<int>(smem));

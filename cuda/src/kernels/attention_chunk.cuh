@@ -43,6 +43,15 @@ struct AttentionChunkArgs {
   const int* n_selected = nullptr;
   int selection_stride = 0;         // ints between queries' selections (the indexer's keep_blocks)
   int block_tokens = 4;
+  // How a block finds the tokens to read (both modes give each query the same tokens and outputs, within an
+  // online softmax's reordering). false, the scan: a block serves a tile of consecutive queries and walks the
+  // union of their tokens by position, 32 at a time, so queries share each K/V tile load; best where their
+  // tokens overlap (dense causal, or QSA inside the dense range). true, gathered: a block serves one query and
+  // reads its own tokens compacted (its selected blocks' tokens, then its open tail), so every tile is full;
+  // best where every query is past the dense range, as there the selections of neighbouring queries differ and
+  // the scan's union grows with the context. Dense chunks (no selection) run too, reading each query's 0..p
+  // alone: correct, but slower than the scan.
+  bool gathered = false;
   float* scratch = nullptr;         // attention_chunk_scratch_floats(shape, T) floats (may be null when that is 0)
   float* out = nullptr;             // [T][n_head * head_dim] as attention_decode writes each token's out
 };
@@ -51,13 +60,17 @@ struct AttentionChunkArgs {
 // one block's rows and the current device's shared memory.
 bool attention_chunk_fits(const AttentionShape& shape);
 
-// Floats of scratch attention_chunk needs for `tokens` queries: none for a chunk whose query tiles fill the GPU
-// (qwen4exp: from ~660 tokens); a shorter one cuts each query's tokens into spans computed apart and merged (as
-// attention_decode does), and the spans' partials live there (qwen4exp: at most ~16 MB).
+// Spans attention_chunk cuts each of `tokens` queries' tokens into in the given mode (0 for a bad shape or
+// count): 1 for a chunk whose blocks fill the GPU (qwen4exp: from ~660 tokens scanned, ~132 gathered); a
+// shorter one computes the spans apart and merges them (as attention_decode does), their partials in scratch.
+int attention_chunk_spans(const AttentionShape& shape, int tokens, bool gathered);
+
+// Floats of scratch attention_chunk needs for `tokens` queries in either mode: none where neither cuts spans,
+// else room for the spans' partials (qwen4exp: at most ~16 MB).
 std::size_t attention_chunk_scratch_floats(const AttentionShape& shape, int tokens);
 
 // attention_decode for each of the T queries over the cache as the whole chunk leaves it (a query reads no
-// token past its own position).
+// token past its own position), by scan or gathered (args.gathered).
 cudaError_t attention_chunk(const AttentionShape& shape, const AttentionChunkArgs& args, int tokens,
                             const PagedKv& kv, cudaStream_t stream);
 

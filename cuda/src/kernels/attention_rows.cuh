@@ -1,6 +1,7 @@
 // What the decode and chunk attention kernels share, so a chunk leaves the cache exactly as the same tokens
 // decoded one by one would: the per-head prep of one token (same code, same block size, same arithmetic); the
-// merge of split partials; the argument checks. Internal to the attention kernels.
+// order of a query's attended tokens; the merge of split partials; the argument checks. Internal to the
+// attention kernels.
 #pragma once
 
 #include <math.h>
@@ -44,6 +45,16 @@ __device__ __forceinline__ void attention_prep_head(const AttentionShape& shape,
     __syncthreads();
     kv_store_row(kv, true, p, j, row);
   }
+}
+
+// Token idx of a query's attended tokens, compacted: dense, token idx itself; with a QSA selection, its
+// selected blocks' tokens in order (chosen_tokens = blocks x r), then its open tail from complete * r on
+// (complete: the query's complete blocks). attention_decode's splits and attention_chunk's gathered mode cut
+// this list into spans and tiles.
+__device__ __forceinline__ int attended_token(int idx, bool sparse, const int* selected, int chosen_tokens,
+                                              int complete, int r) {
+  if (!sparse) return idx;
+  return idx < chosen_tokens ? selected[idx / r] * r + idx % r : complete * r + (idx - chosen_tokens);
 }
 
 __device__ __forceinline__ float attention_sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }

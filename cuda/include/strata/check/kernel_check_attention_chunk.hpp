@@ -31,6 +31,9 @@ struct ChunkCheckOutputs {
 // Floats of scratch attention_chunk takes for `chunk` queries of `shape`: 0 when it runs each query in one span.
 std::size_t attention_chunk_scratch(const AttentionCheckShape& shape, int chunk);
 
+// Spans attention_chunk cuts each of `chunk` queries' tokens into, scanned or gathered (1: none, no merge).
+int attention_chunk_spans(const AttentionCheckShape& shape, int chunk, bool gathered);
+
 // Bytes of one half (keys or values) of the check's cache of n_pages pages.
 std::size_t chunk_cache_bytes(const AttentionCheckShape& shape, int n_pages, bool values);
 
@@ -38,9 +41,10 @@ std::size_t chunk_cache_bytes(const AttentionCheckShape& shape, int n_pages, boo
 // From that state, tokens start..start+chunk-1 then run (a) through the decode kernels one token at a time
 // (attention_prep, qsa_append, qsa_select, attention_decode) into `stepwise`, and (b) from a copy of the
 // same state through the chunk kernels at once into `at_once`, their inputs read from fused rows (one row per token
-// holding q_gate, k, v, the indexer q and k) so the row strides are exercised. Inputs are stacked over all
-// start + chunk tokens as attention_steps takes them; nullptr qsa.q disables QSA.
-void attention_chunk_vs_decode(int device, const AttentionCheckShape& shape, int start, int chunk,
+// holding q_gate, k, v, the indexer q and k) so the row strides are exercised; attention_chunk runs gathered
+// or scanned (AttentionChunkArgs::gathered). Inputs are stacked over all start + chunk tokens as attention_steps
+// takes them; nullptr qsa.q disables QSA.
+void attention_chunk_vs_decode(int device, const AttentionCheckShape& shape, int start, int chunk, bool gathered,
                                const float* q_gate, const float* k, const float* v, const float* q_norm,
                                const float* k_norm, const float* rope_cos, const float* rope_sin,
                                const int* page_order, int n_pages, const QsaCheckInputs& qsa,
