@@ -352,3 +352,25 @@ def test_window_bytes_for_qwen4exp(kv, slot):
     aligned = [-(-n // 256) * 256 for n in (sizes["window_keys"], sizes["window_values"], 4 * context // RATIO,
                                             4 * (keep + 2), 4 * (keep + 2), 4 * (keep + 2), 4, 8)]
     assert sizes["region"] == sum(aligned)
+
+
+@pytest.mark.parametrize("blocks, message", [([3, 2], "entry 1 is 2"), ([0, 9], "entry 1 is 9")])
+def test_steps_refuse_a_selection_attention_could_not_read(blocks, message):
+    """Blocks out of order or not yet complete (position 35 has 9 complete blocks: 0..8) are named before any
+    device work."""
+    from strata import _native_check
+
+    shape = Shape("int8", 2, 64, 2, 4, 256)
+    sizes = _native_check.kv_window_sizes(**shape.args())
+    with pytest.raises(InvalidArgument, match=message):
+        _native_check.kv_window_steps(np.zeros(sizes["host_keys"], np.uint8), np.zeros(sizes["host_values"], np.uint8),
+                                      [35], [blocks], [2], [0], np.zeros((1, sizes["key_row"]), np.uint8),
+                                      np.zeros((1, sizes["value_row"]), np.uint8), **shape.args())
+
+
+def test_sizes_refuse_a_context_of_partial_pages():
+    from strata import _native_check
+
+    with pytest.raises(InvalidArgument, match="context 1000"):
+        _native_check.kv_window_sizes("bf16", n_head_kv=2, head_dim=256, ratio=RATIO, keep_blocks=8, slots=10,
+                                      context=1000)
