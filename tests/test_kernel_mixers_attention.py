@@ -182,13 +182,27 @@ def test_qsa_attention_drops_blocks(rng, ratio, kv):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("keep", [1, 7, 512, 2999, 3000, 5000])
-def test_qsa_top_blocks_ties_go_to_lower_index(rng, keep):
+@pytest.mark.parametrize("n, keep", [(3000, 1), (3000, 7), (3000, 512), (3000, 2999), (3000, 3000), (3000, 5000),
+                                     (33, 5), (4099, 512), (65536, 512)])
+def test_qsa_top_blocks_ties_go_to_lower_index(rng, n, keep):
+    """3000 blocks, and past a warp's range (33), past the 1,024 threads' first stride (4099) and at 262,144 tokens
+    (65,536 blocks: each warp of the selection walks 2,048)."""
     from strata import _native_check
 
-    n = 3000
     scores = rng.integers(-2, 5, n).astype(np.float32)  # many exact ties, a few negative values
     scores[rng.integers(0, n, 50)] = rng.standard_normal(50, dtype=np.float32) * 10
+    scores[rng.integers(0, n, 8)] = -0.0  # equal to +0 in the order
     got = _native_check.qsa_top_blocks(scores, keep)
     want = select_blocks(scores.astype(np.float64), min(keep, n))
     assert np.array_equal(got, want), f"keep={keep}: first differences at {np.nonzero(got[:len(want)] != want)[0][:5]}"
+
+
+@pytest.mark.gpu
+def test_qsa_top_blocks_of_nearby_scores_deep_in_a_context(rng):
+    """Scores as the indexer leaves them (sums of ReLUs: positive, most of them sharing their top bits) over 65,536
+    blocks: the histogram passes see long runs of one digit."""
+    from strata import _native_check
+
+    scores = (1.0 + 0.01 * rng.standard_normal(65536)).astype(np.float32)
+    got = _native_check.qsa_top_blocks(scores, 512)
+    assert np.array_equal(got, select_blocks(scores.astype(np.float64), 512))

@@ -4,7 +4,10 @@
 namespace strata::kernels {
 namespace {
 
-constexpr int kMaxScoreBlocks = 264;
+// Score blocks at most: eight per SM of an H200 (132), so that at 262,144 tokens (65,536 block keys) each warp
+// scores about 8 keys. Each warp's keys are latency-bound (a 512-byte load, then four warp sums), so with two
+// blocks per SM, as before, 31 keys in a row per warp made scoring cost ~50 us per layer and token there.
+constexpr int kMaxScoreBlocks = 1056;
 
 __global__ void qsa_append_kernel(IndexerShape shape, IndexerCache cache, const float* __restrict__ kraw,
                                   const float* __restrict__ k_norm, const float* __restrict__ rope_cos,

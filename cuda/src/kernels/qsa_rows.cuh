@@ -3,8 +3,6 @@
 // selection (same code, same block sizes, same arithmetic), and the argument checks. Internal to the QSA kernels.
 #pragma once
 
-#include <cub/block/block_scan.cuh>
-
 #include "mixer_rows.cuh"
 #include "qsa.cuh"
 
@@ -77,14 +75,21 @@ __device__ __forceinline__ unsigned order_key(float x) {
 // keep = min(keep_blocks, n_blocks) and selected[0:keep] ascending; all blocks when they fit, else radix-select
 // the keep-th largest score (8 bits per pass), then every block above it and the lowest-indexed blocks equal to
 // it. Every thread of a kSelectThreads block calls it; the selection depends on the scores alone.
+//
+// Deep in a long context (65,536 blocks at 262K tokens) this runs once per attention layer and token, so its
+// work is kept to reads of the scores: a pass's histogram takes one shared atomic per run of equal digits in a
+// warp (the top digits of nearby scores mostly agree, and one atomic per score on one bin serialises the whole
+// block), and the final pass walks each warp's contiguous range twice with ballots (its counts, then its
+// writes) instead of a block-wide scan per 1,024 scores.
 __device__ __forceinline__ void qsa_select_top(int n_blocks, int keep_blocks, const float* scores, int* selected,
                                                int* n_selected) {
-  using Scan = cub::BlockScan<int, kSelectThreads>;
-  __shared__ typename Scan::TempStorage scan_storage;
+  constexpr int kWarps = kSelectThreads / 32;
   __shared__ int histogram[256];
   __shared__ unsigned chosen_prefix;
   __shared__ int still_needed;
+  __shared__ int warp_greater[kWarps], warp_equal[kWarps];
   const int keep = min(keep_blocks, n_blocks);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (threadIdx.x == 0) *n_selected = keep;
   if (keep == n_blocks) {
     for (int b = threadIdx.x; b < n_blocks; b += blockDim.x) selected[b] = b;
@@ -95,9 +100,13 @@ __device__ __forceinline__ void qsa_select_top(int n_blocks, int keep_blocks, co
   for (int shift = 24; shift >= 0; shift -= 8) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) histogram[i] = 0;
     __syncthreads();
-    for (int b = threadIdx.x; b < n_blocks; b += blockDim.x) {
-      const unsigned key = order_key(scores[b]);
-      if ((key & mask) == prefix) atomicAdd(&histogram[(key >> shift) & 255u], 1);
+    for (int base = warp * 32; base < n_blocks; base += blockDim.x) {  // whole warps: the match below needs them
+      const int b = base + lane;
+      const unsigned key = b < n_blocks ? order_key(scores[b]) : 0u;
+      const bool counted = b < n_blocks && (key & mask) == prefix;
+      const unsigned digit = counted ? (key >> shift) & 255u : 256u;  // 256: not counted
+      const unsigned peers = __match_any_sync(0xffffffffu, digit);
+      if (counted && lane == __ffs(peers) - 1) atomicAdd(&histogram[digit], __popc(peers));
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -112,22 +121,37 @@ __device__ __forceinline__ void qsa_select_top(int n_blocks, int keep_blocks, co
     mask |= 255u << shift;
     __syncthreads();  // chosen_prefix / still_needed are rewritten next pass
   }
-  // prefix is the threshold key; `needed` blocks equal to it are taken, lowest index first.
-  int equal_before = 0, written = 0;
-  for (int base = 0; base < n_blocks; base += blockDim.x) {
-    const int b = base + threadIdx.x;
-    const unsigned key = b < n_blocks ? order_key(scores[b]) : 0u;
-    const int equal = b < n_blocks && key == prefix;
-    int equal_rank, equal_total;
-    Scan(scan_storage).ExclusiveSum(equal, equal_rank, equal_total);
-    __syncthreads();
-    const int take = b < n_blocks && (key > prefix || (equal && equal_before + equal_rank < needed));
-    int slot, taken;
-    Scan(scan_storage).ExclusiveSum(take, slot, taken);
-    __syncthreads();
-    if (take) selected[written + slot] = b;
-    equal_before += equal_total;
-    written += taken;
+  // prefix is the threshold key; `needed` blocks equal to it are taken, lowest index first. Warp w owns blocks
+  // [w * span, (w + 1) * span): its counts, then its place in the output, then its writes.
+  const int span = (n_blocks + kWarps - 1) / kWarps;
+  const int lo = warp * span, hi = min(n_blocks, lo + span);
+  int greater = 0, equal = 0;
+  for (int base = lo; base < hi; base += 32) {
+    const int b = base + lane;
+    const unsigned key = b < hi ? order_key(scores[b]) : 0u;
+    greater += __popc(__ballot_sync(0xffffffffu, b < hi && key > prefix));
+    equal += __popc(__ballot_sync(0xffffffffu, b < hi && key == prefix));
+  }
+  if (lane == 0) {
+    warp_greater[warp] = greater;
+    warp_equal[warp] = equal;
+  }
+  __syncthreads();
+  int equal_before = 0, written = 0;  // over the warps before this one
+  for (int w = 0; w < warp; ++w) {
+    written += warp_greater[w] + max(0, min(warp_equal[w], needed - equal_before));
+    equal_before += warp_equal[w];
+  }
+  const unsigned below = (1u << lane) - 1u;  // the lanes before this one
+  for (int base = lo; base < hi; base += 32) {
+    const int b = base + lane;
+    const unsigned key = b < hi ? order_key(scores[b]) : 0u;
+    const unsigned equals = __ballot_sync(0xffffffffu, b < hi && key == prefix);
+    const bool take = b < hi && (key > prefix || (key == prefix && equal_before + __popc(equals & below) < needed));
+    const unsigned takes = __ballot_sync(0xffffffffu, take);
+    if (take) selected[written + __popc(takes & below)] = b;
+    written += __popc(takes);
+    equal_before += __popc(equals);
   }
 }
 
