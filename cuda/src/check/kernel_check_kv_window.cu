@@ -196,6 +196,8 @@ void kv_window_steps(int device, const KvWindowCheckShape& s, const unsigned cha
   const kernels::AttentionDecodeArgs window_args = decode_args(window_partials, window_out);
   const kernels::AttentionDecodeArgs whole_args = decode_args(whole_partials, whole_out);
 
+  // The counter starts at 0 as a session's arena reset leaves it (kv_window_reset keeps counting).
+  STRATA_CUDA_TRY(cudaMemset(w.fetched_bytes, 0, sizeof(*w.fetched_bytes)));
   STRATA_CUDA_TRY(cudaDeviceSynchronize());  // the uploads and the poison, before work on a stream of our own
   Stream stream;
   const cudaStream_t on_stream = stream.get();

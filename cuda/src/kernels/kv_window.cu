@@ -114,7 +114,6 @@ __global__ void window_reset_kernel(KvWindow w) {
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     *w.n_copies = 0;
-    *w.fetched_bytes = 0;
   }
 }
 

@@ -36,7 +36,7 @@ struct KvWindow {
   int* stamps = nullptr;    // [slots] 1 + the last position that needed the slot's block, 0 free: what to evict
   int* copies = nullptr;    // [slots] the fill's plan for its copy grid: the blocks it made resident
   int* n_copies = nullptr;  // blocks in copies
-  unsigned long long* fetched_bytes = nullptr;  // every byte claims and fills copied from the host since the reset
+  unsigned long long* fetched_bytes = nullptr;  // every byte claims and fills copied from the host, summed
 
   __host__ __device__ int context() const { return host.max_pages * host.page_size; }
   __host__ __device__ int blocks() const { return context() / ratio; }
@@ -70,8 +70,9 @@ inline KvWindow kv_window(void* region, const PagedKv& host, int ratio, int slot
   return w;
 }
 
-// Nothing resident: every block's slot -1, every slot free with stamp 0, fetched_bytes 0. Sessions call it at
-// creation and after anything but the fills writes the host copy (the prompt path).
+// Nothing resident: every block's slot -1, every slot free with stamp 0. Sessions call it at creation and after
+// anything but the fills writes the host copy (the prompt path, after every chunk), so fetched_bytes is left as
+// it is: the session's counter runs from its arena's reset, which zeroes it.
 cudaError_t kv_window_reset(const KvWindow& w, cudaStream_t stream);
 
 // Slots are evicted oldest stamp first, ties to the lowest slot; a free slot's stamp is 0, and so counts a stamp
