@@ -73,10 +73,9 @@ def main() -> None:
         for kv in args.kv.split(","):
             for stream in args.stream.split(","):
                 context = min(depths[-1], g.context_length)
-                options = {"kv_streaming": True} if stream == "on" else {}
-                session = model.session(context, kv=kv, snapshots=0, **options)
+                session = model.session(context, kv=kv, snapshots=0, kv_streaming=stream == "on")
                 engine = session.engine
-                vram = session_vram(model, context, kv, stream == "on")
+                vram = session_vram(model, context, kv, stream == "on", engine.native.prompt_chunk)
                 rng = np.random.default_rng(0)
                 history: list[int] = []
                 built = 0.0
@@ -104,12 +103,14 @@ def main() -> None:
             json.dump(rows, f, indent=1)
 
 
-def session_vram(model, context: int, kv: str, streaming: bool) -> dict[str, int]:
+def session_vram(model, context: int, kv: str, streaming: bool, chunk: int) -> dict[str, int]:
+    """The session's parts of the memory plan: VRAM beside the model's weights, and (streaming) the host copy."""
     from strata.runtime.plan import file_tensors, memory_plan
 
-    options = {"kv_streaming": True} if streaming else {}
-    plan = memory_plan(model.info.geometry, file_tensors(model.file), context, kv, snapshots=0, **options)
-    return {name: nbytes for name, nbytes in plan.vram.items() if name != "dense weights"}
+    plan = memory_plan(model.info.geometry, file_tensors(model.file), context, kv, snapshots=0, prompt_chunk=chunk,
+                       kv_streaming=streaming)
+    host = {f"host: {name}": nbytes for name, nbytes in plan.host.items() if name.startswith(("KV", "QSA"))}
+    return {**{name: nbytes for name, nbytes in plan.vram.items() if name != "dense weights"}, **host}
 
 
 if __name__ == "__main__":

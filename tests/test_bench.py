@@ -132,7 +132,7 @@ class TimedFakeSession:
 def test_run_decodes_each_mode_and_writes_json(tiny, tmp_path, capsys):
     opened = []
 
-    def fake_session(context, kv, mode):
+    def fake_session(context, kv, mode, kv_streaming=False):
         opened.append((context, kv, mode))
         return SimpleNamespace(engine=GpuEngine(TimedFakeSession(mode.value)))
 
@@ -196,7 +196,7 @@ class FakePromptEngine:
 def test_prompt_speed_times_every_length_beside_stepping(tiny):
     engines = []
 
-    def fake_session(context, kv, snapshots, prompt_chunk=None):
+    def fake_session(context, kv, snapshots, prompt_chunk=None, kv_streaming=False):
         engines.append(FakePromptEngine(0 if prompt_chunk == 0 else 64))
         return SimpleNamespace(engine=engines[-1])
 
@@ -215,8 +215,9 @@ def test_prompt_speed_times_every_length_beside_stepping(tiny):
 
 
 def test_prompt_speed_refuses_a_model_without_a_prompt_path(tiny):
-    model = SimpleNamespace(info=SimpleNamespace(geometry=tiny.geometry),
-                            session=lambda context, kv, snapshots, prompt_chunk=None: SimpleNamespace(
-                                engine=FakePromptEngine(0)))
+    def no_prompt_path(context, kv, snapshots, prompt_chunk=None, kv_streaming=False):
+        return SimpleNamespace(engine=FakePromptEngine(0))
+
+    model = SimpleNamespace(info=SimpleNamespace(geometry=tiny.geometry), session=no_prompt_path)
     with pytest.raises(InvalidArgument, match="no prompt path"):
         bench.prompt_speed(model, [8], KV.INT8, np.random.default_rng(0))

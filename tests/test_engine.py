@@ -33,10 +33,10 @@ class FakeDecodeSession:
 
     def __init__(self, weights=None, pool=None, geometry=None, *, context=64, kv=KV.INT8, mode=Mode.TOKEN_GRAPH,
                  device=0, timeout=5.0, snapshots=0, cache=None, prompt_chunk=0, staging=None, prompt_cpu=True,
-                 n_vocab=512):
+                 kv_streaming=False, n_vocab=512):
         self.args = dict(weights=weights, pool=pool, geometry=geometry, context=context, kv=kv, mode=mode,
                          device=device, timeout=timeout, snapshots=snapshots, cache=cache, prompt_chunk=prompt_chunk,
-                         staging=staging, prompt_cpu=prompt_cpu)
+                         staging=staging, prompt_cpu=prompt_cpu, kv_streaming=kv_streaming)
         self.saved: dict[int, int] = {}
         self.context, self.mode, self.position, self.n_vocab = context, mode, 0, n_vocab
         self.prompt_chunk = prompt_chunk

@@ -116,8 +116,8 @@ def test_the_session_arena_layout_is_aligned_disjoint_and_per_layer_kind():
     layout = _native.session_layout(native_geometry(g), 5000, "int8")
     regions = sorted(layout["regions"], key=lambda r: r[2])
     end = 0
-    for name, layer, offset, nbytes in regions:
-        assert offset % 256 == 0 and offset >= end and nbytes > 0, name
+    for name, layer, offset, nbytes, place in regions:
+        assert offset % 256 == 0 and offset >= end and nbytes > 0 and place == "device", name
         end = offset + nbytes
         if layer >= 0:
             assert name.startswith("gdn") == g.recurrent[layer], (name, layer)
@@ -131,17 +131,74 @@ def test_the_session_arena_layout_is_aligned_disjoint_and_per_layer_kind():
                                16, "int8")
 
 
+@pytest.mark.parametrize("kv", list(KV))
+def test_kv_streaming_moves_the_kv_and_raw_keys_to_the_host_and_keeps_a_window_of_the_selection(kv):
+    from strata import _native
+
+    g = released("qwen4exp")
+    layout = _native.session_layout(native_geometry(g), 262144, kv.value, 2, True)
+    resident = _native.session_layout(native_geometry(g), 262144, kv.value, 2, False)
+    places = {}
+    for name, layer, offset, nbytes, place in layout["regions"]:
+        places.setdefault(name, set()).add(place)
+    host_names = ("kv keys", "kv values", "indexer raw keys")
+    assert all(places[name] == ({"host"} if name in host_names else {"device"}) for name in places)
+    by_name = {}
+    for name, _layer, _offset, nbytes, _place in layout["regions"]:
+        by_name[name] = by_name.get(name, 0) + nbytes
+    moved = sum(n for name, _l, _o, n, _p in resident["regions"] if name in host_names)
+    assert layout["host_total"] >= moved and sum(by_name[name] for name in host_names) == moved
+    # Per layer a window of keep_blocks + 2 QSA blocks of 4 tokens: 514 x 4 x 2 kv heads x 256 dims per half.
+    assert layout["window_slots"] == 2048 // 4 + 2
+    key, value = {KV.BF16: (2, 2), KV.INT8: (1 + 2 / 32,) * 2, KV.K8V4: (1 + 2 / 32, 0.5 + 2 / 32),
+                  KV.Q4: (0.5 + 2 / 32,) * 2}[kv]
+    rows = 12 * 514 * 4 * 512  # elements of each half of the 12 windows
+    assert rows * (key + value) < by_name["kv window"] < rows * (key + value) + 12 * (65536 + 3 * 514 + 1024) * 4
+    # VRAM: what the session held there less what moved to the host, plus the windows (regions start at 256 bytes).
+    assert abs(layout["total"] - (resident["total"] - moved + by_name["kv window"])) <= 256 * 4 * 12
+    plan = memory_plan(g, bench_tensors(g), 262144, kv, kv_streaming=True)
+    assert plan.host[f"KV host copy ({kv.value})"] == by_name["kv keys"] + by_name["kv values"]
+    assert f"KV cache ({kv.value})" in plan.vram and f"KV window ({kv.value})" in plan.vram
+
+
+def test_kv_streaming_is_refused_where_attention_has_no_indexer_and_widens_the_largest_context():
+    from strata import _native
+
+    g = released("qwen3next")
+    with pytest.raises(strata.InvalidArgument, match="no indexer and read every cell"):
+        _native.session_layout(native_geometry(g), 4096, "int8", 0, True)
+    g = released("qwen4exp")
+    tensors = bench_tensors(g)
+    free = memory_plan(g, tensors, 65536, KV.INT8).vram_total
+    resident = largest_context(g, tensors, KV.INT8, free)
+    streamed = largest_context(g, tensors, KV.INT8, free, kv_streaming=True)
+    assert resident == 65536 and streamed > 2 * resident
+    assert memory_plan(g, tensors, streamed, KV.INT8, kv_streaming=True).vram_total <= free
+    if streamed < g.context_length:
+        assert memory_plan(g, tensors, streamed + 256, KV.INT8, kv_streaming=True).vram_total > free
+    with pytest.raises(strata.OutOfMemory, match="with kv=int8 and KV streaming"):
+        check_fits(g, tensors, 262144, KV.BF16, vram_free=free - (1 << 30), device=0)
+    # The prompt path's buffer of one attention layer's whole KV: only under streaming.
+    from strata.runtime.plan import prompt_scratch_bytes
+
+    one_layer = 262144 * 512 * 2 * (1 + 2 / 32)
+    assert (prompt_scratch_bytes(g, 4096, 262144, KV.INT8, True) - prompt_scratch_bytes(g, 4096, 262144, KV.INT8)
+            == pytest.approx(one_layer, abs=512))
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("arch", ["qwen4exp", "qwen3next"])
-def test_a_reset_arena_holds_an_empty_sequence(arch):
+@pytest.mark.parametrize("arch, streaming", [("qwen4exp", False), ("qwen4exp", True), ("qwen3next", False)])
+def test_a_reset_arena_holds_an_empty_sequence(arch, streaming):
     from strata import _native_check
 
     g = released(arch)
-    arena = _native_check.SessionArena(native_geometry(g), 1000, "int8")
+    arena = _native_check.SessionArena(native_geometry(g), 1000, "int8", kv_streaming=streaming)
     arena.fill(0xFF)  # poison: what reset misses stays 0xFF
     arena.reset()
     data = arena.download()
-    for name, layer, offset, nbytes in arena.layout["regions"]:
+    for name, layer, offset, nbytes, place in arena.layout["regions"]:
+        if place == "host":  # the streamed KV: indexed by position, zeroed once at allocation
+            continue
         region = data[offset:offset + nbytes]
         if name == "kv page table":
             assert np.array_equal(region.view(np.int32), np.arange(arena.layout["kv_pages"])), layer

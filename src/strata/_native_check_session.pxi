@@ -68,15 +68,15 @@ def weights_gemv(DeviceWeights weights, str name, x):
 
 cdef class SessionArena:
     """One session's sequence state in VRAM (strata/session_arena.hpp), laid out for `geometry` (as
-    strata.runtime.geometry.native_geometry writes it), `context` tokens and `kv`."""
+    strata.runtime.geometry.native_geometry writes it), `context` tokens and `kv`, with or without KV streaming."""
     cdef unique_ptr[CppSessionArena] arena
 
-    def __cinit__(self, dict geometry, int context, kv, int device=0, int snapshots=0):
+    def __cinit__(self, dict geometry, int context, kv, int device=0, int snapshots=0, bint kv_streaming=False):
         cdef ModelGeometry g = model_geometry(geometry)
         cdef KvStorage storage = kv_storage(kv)
         cdef SessionLayout layout
         with nogil:
-            layout = cpp_plan_session(g, context, storage, snapshots)
+            layout = cpp_plan_session(g, context, storage, snapshots, kv_streaming)
             self.arena.reset(new CppSessionArena(device, layout))
 
     @property

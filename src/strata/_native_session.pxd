@@ -37,23 +37,32 @@ cdef extern from "strata/kv_format.hpp" nogil:
 
 cdef extern from "strata/session_layout.hpp" nogil:
 
+    cdef enum class Place "strata::Place":
+        Device
+        Host
+
     cdef cppclass LayoutRegion "strata::Region":
         string name
         int layer
         size_t offset
         size_t bytes
+        Place place
 
     cdef cppclass SessionLayout "strata::SessionLayout":
         int kv_pages
         int snapshots
+        cbool kv_streaming
+        int window_slots
         size_t state_bytes
         vector[LayoutRegion] regions
         size_t total
+        size_t host_total
 
     const int kKvPageTokens "strata::kKvPageTokens"
     const int kMaxSnapshots "strata::kMaxSnapshots"
     SessionLayout cpp_plan_session "strata::plan_session"(
-        const ModelGeometry& geometry, int context, KvStorage kv, int snapshots) except +raise_strata_error
+        const ModelGeometry& geometry, int context, KvStorage kv, int snapshots,
+        cbool kv_streaming) except +raise_strata_error
 
 
 cdef extern from "strata/session_arena.hpp" nogil:
@@ -125,6 +134,7 @@ cdef extern from "strata/decode_session.hpp" nogil:
         int snapshots
         int prompt_chunk
         cbool prompt_cpu
+        cbool kv_streaming
 
     cdef cppclass TokenLogprobs "strata::TokenLogprobs":
         double token
@@ -146,11 +156,13 @@ cdef extern from "strata/decode_session.hpp" nogil:
         long prompt_tokens, prompt_chunks
         double prompt_seconds
         long prompt_staged_experts, prompt_cached_experts, prompt_pooled_experts, prompt_staged_bytes
+        long kv_stream_bytes
 
     size_t cpp_decode_scratch_bytes "strata::decode_scratch_bytes"(
         const ModelGeometry& geometry, int context, size_t sampler_bytes) except +raise_strata_error
     size_t cpp_prompt_scratch_bytes "strata::prompt_scratch_bytes"(
-        const ModelGeometry& geometry, int chunk, int context) except +raise_strata_error
+        const ModelGeometry& geometry, int chunk, int context, KvStorage kv,
+        cbool kv_streaming) except +raise_strata_error
     size_t cpp_sampler_workspace_bytes "strata::sampler_workspace_bytes"(int n_vocab) except +raise_strata_error
 
     cdef cppclass CppDecodeSession "strata::DecodeSession":
@@ -171,4 +183,4 @@ cdef extern from "strata/decode_session.hpp" nogil:
         int prompt_chunk()
         DecodeMode mode()
         cbool captured()
-        const DecodeStats& stats()
+        const DecodeStats& stats() except +raise_strata_error

@@ -7,8 +7,9 @@ from libcpp.vector cimport vector
 from libcpp.memory cimport unique_ptr
 
 from strata._native_session cimport (
-    CppReplacementPolicy, DecodeOptions, DecodeStats, ExpertMove, LayoutRegion, PolicyOptions, SamplingValues, SessionLayout, TokenLogprobs, cpp_decode_scratch_bytes,
-    cpp_expert_cache_bytes, cpp_expert_staging_bytes, cpp_prompt_scratch_bytes, cpp_sampler_workspace_bytes, cpp_plan_session, kKvPageTokens, kMaxSnapshots,
+    CppReplacementPolicy, DecodeOptions, DecodeStats, ExpertMove, LayoutRegion, Place, PolicyOptions, SamplingValues,
+    SessionLayout, TokenLogprobs, cpp_decode_scratch_bytes, cpp_expert_cache_bytes, cpp_expert_staging_bytes,
+    cpp_prompt_scratch_bytes, cpp_sampler_workspace_bytes, cpp_plan_session, kKvPageTokens, kMaxSnapshots,
 )
 
 KV_PAGE_TOKENS = kKvPageTokens  # tokens per KV page: sessions hold whole pages
@@ -68,20 +69,23 @@ cdef DecodeMode decode_mode(object mode) except *:
 
 
 cdef dict layout_dict(SessionLayout layout):
-    return {"total": layout.total, "kv_pages": layout.kv_pages, "snapshots": layout.snapshots,
-            "state_bytes": layout.state_bytes,
-            "regions": [(r.name.decode(), r.layer, r.offset, r.bytes) for r in layout.regions]}
+    return {"total": layout.total, "host_total": layout.host_total, "kv_pages": layout.kv_pages,
+            "snapshots": layout.snapshots, "state_bytes": layout.state_bytes, "kv_streaming": layout.kv_streaming,
+            "window_slots": layout.window_slots,
+            "regions": [(r.name.decode(), r.layer, r.offset, r.bytes,
+                         "host" if r.place == Place.Host else "device") for r in layout.regions]}
 
 
-def session_layout(dict geometry, int context, kv, int snapshots=0) -> dict:
+def session_layout(dict geometry, int context, kv, int snapshots=0, bint kv_streaming=False) -> dict:
     """The session arena's layout (strata/session_layout.hpp) for `context` tokens of KV in `kv` (a strata.KV)
-    and `snapshots` slots of recurrent state: {"total", "kv_pages", "snapshots", "state_bytes", "regions":
-    [(name, layer, offset, bytes)]}."""
+    and `snapshots` slots of recurrent state, with or without KV streaming: {"total", "host_total", "kv_pages",
+    "snapshots", "state_bytes", "kv_streaming", "window_slots", "regions": [(name, layer, offset, bytes,
+    "device" | "host")]}."""
     cdef ModelGeometry g = model_geometry(geometry)
     cdef KvStorage storage = kv_storage(kv)
     cdef SessionLayout layout
     with nogil:
-        layout = cpp_plan_session(g, context, storage, snapshots)
+        layout = cpp_plan_session(g, context, storage, snapshots, kv_streaming)
     return layout_dict(layout)
 
 
@@ -95,13 +99,14 @@ def decode_scratch_bytes(dict geometry, int context, size_t sampler_bytes) -> in
     return nbytes
 
 
-def prompt_scratch_bytes(dict geometry, int chunk, int context) -> int:
+def prompt_scratch_bytes(dict geometry, int chunk, int context, kv="int8", bint kv_streaming=False) -> int:
     """Device bytes of a session's prompt path scratch for chunks of `chunk` tokens and `context` tokens of KV
-    (strata/decode_session.hpp)."""
+    in `kv`, with or without KV streaming (strata/decode_session.hpp)."""
     cdef ModelGeometry g = model_geometry(geometry)
+    cdef KvStorage storage = kv_storage(kv)
     cdef size_t nbytes
     with nogil:
-        nbytes = cpp_prompt_scratch_bytes(g, chunk, context)
+        nbytes = cpp_prompt_scratch_bytes(g, chunk, context, storage, kv_streaming)
     return nbytes
 
 
@@ -262,11 +267,12 @@ cdef class DecodeSession:
 
     def __cinit__(self, DeviceWeights weights, CpuExpertPool pool, dict geometry, *, int context, kv,
                   mode=Mode.TOKEN_GRAPH, int device=0, double timeout=5.0, int snapshots=0,
-                  ExpertCache cache=None, int prompt_chunk=0, ExpertStaging staging=None, bint prompt_cpu=True):
+                  ExpertCache cache=None, int prompt_chunk=0, ExpertStaging staging=None, bint prompt_cpu=True,
+                  bint kv_streaming=False):
         cdef ModelGeometry g = model_geometry(geometry)
         cdef DecodeOptions o
         o.device, o.context, o.timeout_seconds, o.snapshots = device, context, timeout, snapshots
-        o.prompt_chunk, o.prompt_cpu = prompt_chunk, prompt_cpu
+        o.prompt_chunk, o.prompt_cpu, o.kv_streaming = prompt_chunk, prompt_cpu, kv_streaming
         o.kv = kv_storage(kv)
         o.mode = decode_mode(mode)
         cdef CppExpertPool* native_pool = pool.native()
@@ -402,7 +408,7 @@ cdef class DecodeSession:
                 "prompt_chunks": st.prompt_chunks, "prompt_seconds": st.prompt_seconds,
                 "prompt_staged_experts": st.prompt_staged_experts,
                 "prompt_cached_experts": st.prompt_cached_experts, "prompt_pooled_experts": st.prompt_pooled_experts,
-                "prompt_staged_bytes": st.prompt_staged_bytes}
+                "prompt_staged_bytes": st.prompt_staged_bytes, "kv_stream_bytes": st.kv_stream_bytes}
 
     def close(self) -> None:
         with nogil:

@@ -32,6 +32,7 @@ struct DecodeOptions {
   int snapshots = 0;             // slots of recurrent state for snapshot() / restore() (in the arena)
   int prompt_chunk = 0;          // tokens per chunk of feed()'s prompt path; 0: no prompt path
   bool prompt_cpu = true;        // small chunks: the pool computes a share of the experts beside the staging
+  bool kv_streaming = false;     // attention KV in page-locked host memory, a VRAM window of it (session.md)
 };
 
 // The log-probabilities of one position (strata.sampling.log_probabilities): the sampled token's, and the
@@ -67,6 +68,7 @@ struct DecodeStats {
   double prompt_seconds = 0.0;
   long prompt_staged_experts = 0, prompt_cached_experts = 0, prompt_pooled_experts = 0;
   long prompt_staged_bytes = 0;
+  long kv_stream_bytes = 0;  // KV streaming: the bytes the windows fetched from the host copy (decode)
 };
 
 // Device bytes of a decode session's scratch for `context` tokens of KV (rounded up to whole pages, as the
@@ -75,8 +77,10 @@ struct DecodeStats {
 std::size_t decode_scratch_bytes(const ModelGeometry& geometry, int context, std::size_t sampler_bytes);
 
 // Device bytes of a session's prompt path scratch for chunks of `chunk` tokens and `context` tokens of KV (whole
-// pages): the chunk's rows of every layer's buffers and its routed rows. The memory plan counts this.
-std::size_t prompt_scratch_bytes(const ModelGeometry& geometry, int chunk, int context);
+// pages) in `kv`: the chunk's rows of every layer's buffers and its routed rows, and under KV streaming one
+// attention layer's whole KV. The memory plan counts this.
+std::size_t prompt_scratch_bytes(const ModelGeometry& geometry, int chunk, int context, KvStorage kv,
+                                 bool kv_streaming);
 
 // The GPU sampler's workspace for a vocabulary of `n_vocab`: its sort's size depends on the device's
 // architecture, so this needs a CUDA device (CudaError without one).
@@ -125,7 +129,7 @@ class DecodeSession {
   int prompt_chunk() const noexcept;  // 0: no prompt path
   DecodeMode mode() const noexcept;
   bool captured() const noexcept;  // graph modes: the graphs exist (captured on the first step)
-  const DecodeStats& stats() const noexcept;
+  const DecodeStats& stats() const;  // reads the streaming windows' byte counter from the device
 
   struct Impl;
 

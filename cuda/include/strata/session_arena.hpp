@@ -1,8 +1,10 @@
-// One session's sequence state in VRAM: a single allocation laid out by plan_session, with the regions
-// found by name and layer, and reset() to an empty sequence. Host-only header.
+// One session's sequence state: a single VRAM allocation laid out by plan_session (and, under KV streaming, one
+// page-locked host allocation mapped into the device), with the regions found by name and layer, and reset() to
+// an empty sequence. Host-only header.
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -10,18 +12,25 @@
 
 namespace strata {
 
+class PinnedMapped;
+
 class SessionArena {
  public:
-  // Allocates layout.total bytes on `device` (OutOfMemory naming the need and what is free), then reset().
+  // Allocates layout.total bytes on `device` (OutOfMemory naming the need and what is free) and layout.host_total
+  // bytes of page-locked host memory (OutOfMemory if the host cannot lock them), then reset().
   SessionArena(int device, SessionLayout layout);
   ~SessionArena();
   SessionArena(const SessionArena&) = delete;
   SessionArena& operator=(const SessionArena&) = delete;
 
-  // Device address of region `name` of `layer` (-1 for session-wide); InvalidArgument naming a missing one.
+  // Device address of region `name` of `layer` (-1 for session-wide), a host region's as the device maps it;
+  // InvalidArgument naming a missing one.
   void* region(const std::string& name, int layer = -1) const;
 
-  // An empty sequence: every state region zeroed, every KV page table the identity. Synchronous.
+  // An empty sequence: every device state region zeroed (a streaming window's too: the session empties each with
+  // kv_window_reset), every KV page table the identity. The host regions (streamed KV, raw indexer keys) are
+  // zeroed once, at allocation: they are indexed by position and every row is written before it is read.
+  // Synchronous.
   void reset();
 
   // The recurrent state (is_recurrent_state) copied into / back from snapshot slot `slot`; KV and indexer keys
@@ -40,6 +49,7 @@ class SessionArena {
   int device_;
   SessionLayout layout_;
   void* base_ = nullptr;
+  std::unique_ptr<PinnedMapped> host_;
 };
 
 }  // namespace strata

@@ -179,7 +179,25 @@ DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& 
   const std::size_t hidden_bytes = sizeof(float) * g.n_expert_used * g.expert_ff;
   STRATA_CUDA_TRY(cudaMemset(ex_gate_, 0, hidden_bytes));
   STRATA_CUDA_TRY(cudaMemset(ex_up_, 0, hidden_bytes));
+  reset_windows(nullptr);  // the arena's reset zeroed them; empty is every slot -1
+  STRATA_CUDA_TRY(cudaStreamSynchronize(nullptr));
 
+}
+
+void DecodeProgram::reset_windows(cudaStream_t s) const {
+  for (const kernels::KvWindow& w : seq_.window)
+    if (w.slots > 0) STRATA_CUDA_TRY(kernels::kv_window_reset(w, s));
+}
+
+unsigned long long DecodeProgram::stream_bytes() const {
+  unsigned long long total = 0;
+  for (const kernels::KvWindow& w : seq_.window) {
+    if (w.slots == 0) continue;
+    unsigned long long fetched = 0;
+    STRATA_CUDA_TRY(cudaMemcpy(&fetched, w.fetched_bytes, sizeof(fetched), cudaMemcpyDeviceToHost));
+    total += fetched;
+  }
+  return total;
 }
 
 void DecodeProgram::begin(cudaStream_t s) const {
@@ -266,6 +284,8 @@ void DecodeProgram::mixer_attention(int layer, cudaStream_t s) const {
   prep.rope_sin = sin_;
   prep.position = position;
   prep.q_out = q_;
+  // Streaming: row p's block into the window before prep writes it there (sequence_views: kv is the window).
+  if (seq_.kv_streaming) STRATA_CUDA_TRY(kernels::kv_window_claim(seq_.window[layer], position, s));
   STRATA_CUDA_TRY(kernels::attention_prep(attention_, prep, seq_.kv[layer], s));
   kernels::AttentionDecodeArgs decode;
   decode.q = q_;
@@ -286,6 +306,9 @@ void DecodeProgram::mixer_attention(int layer, cudaStream_t s) const {
     select.selected_blocks = selected_;
     select.n_selected = n_selected_;
     STRATA_CUDA_TRY(kernels::qsa_select(shape, seq_.index_cache[layer], select, s));
+    if (seq_.kv_streaming) {  // row p back to the host copy, the selected blocks into the window
+      STRATA_CUDA_TRY(kernels::kv_window_fill(seq_.window[layer], selected_, n_selected_, position, s));
+    }
     decode.selected_blocks = selected_;
     decode.n_selected = n_selected_;
     decode.block_tokens = shape.ratio;

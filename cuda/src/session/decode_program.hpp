@@ -98,6 +98,11 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
 
   const float* logits() const noexcept { return logits_; }
 
+  // KV streaming (docs/session.md): every window emptied, enqueued on `s` (after the arena's reset); the bytes
+  // the windows have fetched from the host copy since then, read from the device (synchronous).
+  void reset_windows(cudaStream_t s) const;
+  unsigned long long stream_bytes() const;
+
   // What the prompt program (prompt_program.hpp) shares with this one: the tensors, the sequence's state, the
   // embedding gather, the RoPE tables and the penalty's history of every token fed.
   const ModelTensors& tensors() const noexcept { return t_; }

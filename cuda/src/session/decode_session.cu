@@ -83,7 +83,7 @@ struct DecodeSession::Impl {
         cache(cache),
         options(options),
         scope(options.device),
-        arena(options.device, plan_session(g, options.context, options.kv, options.snapshots)),
+        arena(options.device, plan_session(g, options.context, options.kv, options.snapshots, options.kv_streaming)),
         bell(g.n_embd, g.n_expert_used),
         answerer(pool, bell, cache),
         stage(DecodeProgram::stage_bytes(g)),
@@ -225,6 +225,8 @@ struct DecodeSession::Impl {
   void reset() {
     (void)cudaStreamSynchronize(stream.get());
     arena.reset();
+    program.reset_windows(stream.get());
+    STRATA_CUDA_TRY(cudaStreamSynchronize(stream.get()));
     position = 0;
     broken = false;
     stats = {};
@@ -267,6 +269,12 @@ struct DecodeSession::Impl {
 
   int context() const noexcept { return options.context; }
 
+  // The windows' fetched-bytes counter lives on the device (kernels add to it); read when stats are asked for,
+  // never on the token path.
+  void read_stream_bytes() {
+    if (arena.layout().kv_streaming) stats.kv_stream_bytes = static_cast<long>(program.stream_bytes());
+  }
+
   ModelGeometry g;
   ExpertCache* cache;
   DecodeOptions options;
@@ -296,11 +304,12 @@ std::size_t decode_scratch_bytes(const ModelGeometry& geometry, int context, std
   return DecodeProgram::scratch_bytes(geometry, pages * kKvPageTokens, sampler_bytes);
 }
 
-std::size_t prompt_scratch_bytes(const ModelGeometry& geometry, int chunk, int context) {
+std::size_t prompt_scratch_bytes(const ModelGeometry& geometry, int chunk, int context, KvStorage kv,
+                                 bool kv_streaming) {
   check_geometry(geometry);
   STRATA_EXPECTS(context >= 1, InvalidArgument, "context must be >= 1 token, got " + std::to_string(context));
   const int pages = (context + kKvPageTokens - 1) / kKvPageTokens;
-  return PromptProgram::scratch_bytes(geometry, chunk, pages * kKvPageTokens);
+  return PromptProgram::scratch_bytes(geometry, chunk, pages * kKvPageTokens, kv, kv_streaming);
 }
 
 std::size_t sampler_workspace_bytes(int n_vocab) {
@@ -361,6 +370,10 @@ int DecodeSession::context() const noexcept { return impl_->context(); }
 int DecodeSession::prompt_chunk() const noexcept { return impl_->prompt ? impl_->prompt->chunk() : 0; }
 DecodeMode DecodeSession::mode() const noexcept { return impl_->options.mode; }
 bool DecodeSession::captured() const noexcept { return impl_->schedule.captured(); }
-const DecodeStats& DecodeSession::stats() const noexcept { return impl_->stats; }
+const DecodeStats& DecodeSession::stats() const {
+  DeviceScope scope(impl_->options.device);
+  impl_->read_stream_bytes();
+  return impl_->stats;
+}
 
 }  // namespace strata

@@ -56,7 +56,8 @@ HostLayout host_layout(const ModelGeometry& g, int chunk) {
   return h;
 }
 
-void carve(Carver& c, const ModelGeometry& g, int chunk, int context, PromptScratch& s) {
+void carve(Carver& c, const ModelGeometry& g, int chunk, int context, KvStorage kv, bool kv_streaming,
+           PromptScratch& s) {
   const std::size_t T = chunk;
   const RowWidths w = row_widths(g);
   const int n = w.n, hc = w.hc, width = w.width, hv = g.ssm_v_heads, value_dim = w.value_dim, conv = w.conv;
@@ -127,6 +128,30 @@ void carve(Carver& c, const ModelGeometry& g, int chunk, int context, PromptScra
   s.ple_value_ = c.take<float>(T * n);
   s.ple_out_ = c.take<float>(T * width);
   s.logits_ = c.take<float>(static_cast<std::size_t>(std::min(chunk, kLogitRows)) * g.n_vocab);
+  const bool streams = kv_streaming && g.attention_layers() > 0;
+  s.kv_layer_ = c.take<char>(streams ? kv_half_region_bytes(g, context, kv, false) +
+                                           kv_half_region_bytes(g, context, kv, true)
+                                     : 0);
+}
+
+// Pages [first, last) of every kv head of both halves from one cache to another of the same layout (identity
+// page tables: page p of the logical sequence is physical page p in both).
+void copy_kv_pages(const kernels::PagedKv& from, const kernels::PagedKv& to, int first, int last, cudaStream_t s) {
+  if (last <= first) return;
+  const std::size_t rows = static_cast<std::size_t>(from.page_size) * from.n_head_kv;  // per page
+  for (const bool values : {false, true}) {
+    const kernels::KvHalf& a = values ? from.values : from.keys;
+    const kernels::KvHalf& b = values ? to.values : to.keys;
+    const std::size_t code_row = kv_code_bytes(a.codes, from.head_dim);
+    const std::size_t scale_row = kv_scale_bytes(a.codes, from.head_dim);
+    STRATA_CUDA_TRY(cudaMemcpyAsync(static_cast<char*>(b.data) + first * rows * code_row,
+                                    static_cast<const char*>(a.data) + first * rows * code_row,
+                                    (last - first) * rows * code_row, cudaMemcpyDefault, s));
+    if (scale_row == 0) continue;
+    STRATA_CUDA_TRY(cudaMemcpyAsync(reinterpret_cast<char*>(b.scale) + first * rows * scale_row,
+                                    reinterpret_cast<const char*>(a.scale) + first * rows * scale_row,
+                                    (last - first) * rows * scale_row, cudaMemcpyDefault, s));
+  }
 }
 
 void check_chunk(int chunk) {
@@ -136,11 +161,12 @@ void check_chunk(int chunk) {
 
 }  // namespace
 
-std::size_t PromptProgram::scratch_bytes(const ModelGeometry& g, int chunk, int context) {
+std::size_t PromptProgram::scratch_bytes(const ModelGeometry& g, int chunk, int context, KvStorage kv,
+                                         bool kv_streaming) {
   check_chunk(chunk);
   PromptScratch s;
   Carver sizing(nullptr);
-  carve(sizing, g, chunk, context, s);
+  carve(sizing, g, chunk, context, kv, kv_streaming, s);
   return sizing.used() + sizeof(float) * std::max(g.hc_count, 1);
 }
 
@@ -164,11 +190,11 @@ PromptProgram::PromptProgram(const DecodeProgram& decode, const ModelGeometry& g
                                                       (std::min(chunk, cpu_rows_max_) + 2 * cpu_rows_max_))),
       prefetched_buffer_(g.n_layer, -1),
       prefetched_(g.n_layer) {
-  const std::size_t bytes = scratch_bytes(g, chunk, seq_.context);
+  const std::size_t bytes = scratch_bytes(g, chunk, seq_.context, seq_.kv_storage, seq_.kv_streaming);
   require_free_memory(bytes, device, "the prompt chunk's scratch would", "a smaller prompt chunk needs less");
   scratch_ = DeviceBuffer(bytes);
   Carver real(scratch_.as<char>());
-  carve(real, g, chunk, seq_.context, *this);
+  carve(real, g, chunk, seq_.context, seq_.kv_storage, seq_.kv_streaming, *this);
   ones_ = real.take<float>(std::max(g.hc_count, 1));
   const std::vector<float> ones(std::max(g.hc_count, 1), 1.0f);
   STRATA_CUDA_TRY(cudaMemcpy(ones_, ones.data(), sizeof(float) * ones.size(), cudaMemcpyHostToDevice));
@@ -271,8 +297,30 @@ void PromptProgram::mixer_gdn(int layer, int rows, cudaStream_t s) const {
   project_rows(core_, rows, {{t.ssm_out, y_}}, s);
 }
 
-void PromptProgram::mixer_attention(int layer, int rows, cudaStream_t s) const {
+// KV streaming: the chunk's queries together may read any block of the layer, so its whole KV comes from the
+// host copy into the chunk's buffer (the rows before the chunk; prep writes the chunk's), and the pages the chunk
+// wrote go back after the layer, which leaves the layer's decode window stale: it starts empty again.
+kernels::PagedKv PromptProgram::stream_in(int layer, int position, cudaStream_t s) const {
+  const kernels::PagedKv& host = seq_.window[layer].host;
+  kernels::PagedKv buffer = host;
+  const std::size_t elements = static_cast<std::size_t>(seq_.context) * host.n_head_kv * host.head_dim;
+  buffer.keys = kernels::kv_half(host.keys.codes, kv_layer_, elements);
+  buffer.values = kernels::kv_half(host.values.codes, kv_layer_ + kv_half_bytes(host.keys.codes, elements), elements);
+  copy_kv_pages(host, buffer, 0, (position + kKvPageTokens - 1) / kKvPageTokens, s);
+  return buffer;
+}
+
+void PromptProgram::stream_out(int layer, const kernels::PagedKv& buffer, int position, int rows,
+                               cudaStream_t s) const {
+  const kernels::KvWindow& window = seq_.window[layer];
+  copy_kv_pages(buffer, window.host, position / kKvPageTokens, (position + rows - 1) / kKvPageTokens + 1, s);
+  STRATA_CUDA_TRY(kernels::kv_window_reset(window, s));
+}
+
+void PromptProgram::mixer_attention(int layer, int rows, int position, cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
+  const bool streamed = seq_.kv_streaming;  // every attention layer of a streaming session (session_layout.cpp)
+  const kernels::PagedKv kv = streamed ? stream_in(layer, position, s) : seq_.kv[layer];
   const int heads_dim = g_.n_head * g_.head_dim, kv_dim = g_.n_head_kv * g_.head_dim;
   const int iq_dim = g_.indexer_heads * g_.indexer_head_dim;
   if (t.index_q) {
@@ -294,7 +342,7 @@ void PromptProgram::mixer_attention(int layer, int rows, cudaStream_t s) const {
   prep.rope_sin = decode_.rope_sin();
   prep.positions = positions_;
   prep.q_out = q_;
-  STRATA_CUDA_TRY(kernels::attention_prep_chunk(attention, prep, rows, seq_.kv[layer], s));
+  STRATA_CUDA_TRY(kernels::attention_prep_chunk(attention, prep, rows, kv, s));
   kernels::AttentionChunkArgs args;
   args.q = q_;
   args.q_gate = qg_;
@@ -321,8 +369,12 @@ void PromptProgram::mixer_attention(int layer, int rows, cudaStream_t s) const {
     args.n_selected = n_selected_;
     args.selection_stride = shape.keep_blocks;
     args.block_tokens = shape.ratio;
+    // Every query of the chunk past the dense range (its first sees more complete blocks than a selection keeps):
+    // neighbouring queries then read different blocks, and each reading its own beats scanning their union.
+    args.gathered = (position + 1) / shape.ratio > shape.keep_blocks;
   }
-  STRATA_CUDA_TRY(kernels::attention_chunk(attention, args, rows, seq_.kv[layer], s));
+  STRATA_CUDA_TRY(kernels::attention_chunk(attention, args, rows, kv, s));
+  if (streamed) stream_out(layer, kv, position, rows, s);
   project_rows(attn_, rows, {{t.o, y_}}, s);
 }
 
@@ -519,7 +571,7 @@ void PromptProgram::run(const int* tokens, int n, int position, const float* ple
     if (streams_hc) hc_read(t.hc_attn, streams_, n, x_, inj_attn_, s);
     else STRATA_CUDA_TRY(kernels::rms_norm(streams_, t.attn_norm, x_, n, emb, g_.rms_eps, s));
     if (g_.recurrent[layer]) mixer_gdn(layer, n, s);
-    else mixer_attention(layer, n, s);
+    else mixer_attention(layer, n, position, s);
     if (streams_hc) {
       add_to_streams(inj_attn_, hc, y_, n, hc, emb, s);
       hc_read(t.hc_ffn, streams_, n, x_, inj_ffn_, s);

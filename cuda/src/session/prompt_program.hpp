@@ -43,6 +43,7 @@ struct PromptScratch {
   float *ex_x_ = nullptr, *ex_gate_ = nullptr, *ex_up_ = nullptr, *ex_hidden_ = nullptr, *ex_rows_ = nullptr;
   float *ple_rows_ = nullptr, *ple_key_ = nullptr, *ple_value_ = nullptr, *ple_out_ = nullptr;
   float* logits_ = nullptr;  // a block of rows' logits, when every position's are asked for
+  char* kv_layer_ = nullptr;  // KV streaming: one attention layer's whole KV while the chunk runs it
 };
 
 // Prompt path counters since the session began (DecodeStats reads them).
@@ -64,9 +65,9 @@ class PromptProgram : private PromptScratch {
                 ExpertStaging* staging, const ExpertCache* cache, cpu::ExpertPool* pool = nullptr,
                 double cpu_share = 0.0);
 
-  // Device bytes of the scratch for chunks of `chunk` tokens in a sequence of `context` (whole pages): what the
-  // memory plan counts.
-  static std::size_t scratch_bytes(const ModelGeometry& g, int chunk, int context);
+  // Device bytes of the scratch for chunks of `chunk` tokens in a sequence of `context` (whole pages) whose KV is
+  // in `kv`, streamed or not: what the memory plan counts.
+  static std::size_t scratch_bytes(const ModelGeometry& g, int chunk, int context, KvStorage kv, bool kv_streaming);
 
   int chunk() const noexcept { return chunk_; }
 
@@ -88,7 +89,9 @@ class PromptProgram : private PromptScratch {
                       cudaStream_t s) const;
   void ple(int layer, int rows, cudaStream_t s) const;
   void mixer_gdn(int layer, int rows, cudaStream_t s) const;
-  void mixer_attention(int layer, int rows, cudaStream_t s) const;
+  void mixer_attention(int layer, int rows, int position, cudaStream_t s) const;
+  kernels::PagedKv stream_in(int layer, int position, cudaStream_t s) const;
+  void stream_out(int layer, const kernels::PagedKv& buffer, int position, int rows, cudaStream_t s) const;
   void routed_experts(int layer, int rows, cudaStream_t s);
   void expert_rows(const CachedLayer& stacks, const ChunkRoutes::Part& part, cudaStream_t s) const;
   void pool_experts(int layer, cudaStream_t s);

@@ -3,6 +3,9 @@
 #include "mixer_shapes.hpp"
 
 #include <cstddef>
+#include <string>
+
+#include "strata/error.hpp"
 
 namespace strata {
 
@@ -32,7 +35,10 @@ SequenceViews sequence_views(const ModelGeometry& g, const ModelTensors& t, cons
   SequenceViews v;
   const int pages = arena.layout().kv_pages;
   v.context = pages * kKvPageTokens;
+  v.kv_storage = kv_storage;
+  v.kv_streaming = arena.layout().kv_streaming;
   v.kv.resize(g.n_layer);
+  if (v.kv_streaming) v.window.resize(g.n_layer);
   v.index_shape.resize(g.n_layer);
   v.index_cache.resize(g.n_layer);
   v.gdn_state.assign(g.n_layer, nullptr);
@@ -57,6 +63,14 @@ SequenceViews sequence_views(const ModelGeometry& g, const ModelTensors& t, cons
       v.index_shape[l] = indexer_shape(g, l, v.context);
       v.index_cache[l] = {static_cast<float*>(arena.region("indexer raw keys", l)),
                           static_cast<float*>(arena.region("indexer block keys", l))};
+    }
+    if (v.kv_streaming) {  // kv[l] so far is the host copy (its regions are on the host); decode reads the window
+      STRATA_EXPECTS(t.layers[l].index_q, InvalidArgument,
+                     "KV streaming: attention layer " + std::to_string(l) + " has no QSA indexer tensors");
+      const kernels::IndexerShape& shape = v.index_shape[l];
+      v.window[l] = kernels::kv_window(arena.region("kv window", l), kv, shape.ratio,
+                                       kv_window_slots(shape.keep_blocks), shape.keep_blocks);
+      kv = v.window[l].window();
     }
   }
   if (g.ple_layer >= 0) v.ple_history = static_cast<float*>(arena.region("ple history"));

@@ -7,6 +7,7 @@
 
 #include "../kernels/gdn.cuh"
 #include "../kernels/kv.cuh"
+#include "../kernels/kv_window.cuh"
 #include "../kernels/ple.cuh"
 #include "../kernels/qsa.cuh"
 #include "decode_tensors.hpp"
@@ -17,7 +18,11 @@ namespace strata {
 
 struct SequenceViews {
   int context = 0;                                   // tokens of KV: whole pages
-  std::vector<kernels::PagedKv> kv;                  // per layer (attention layers)
+  KvStorage kv_storage = KvStorage::Int8;
+  bool kv_streaming = false;                         // every attention layer's KV on the host, a window in VRAM
+  std::vector<kernels::PagedKv> kv;                  // per layer (attention layers): what decode reads and writes,
+                                                     // the window's view under streaming
+  std::vector<kernels::KvWindow> window;             // per layer (attention layers) under streaming
   std::vector<kernels::IndexerShape> index_shape;    // per layer (indexed layers)
   std::vector<kernels::IndexerCache> index_cache;
   std::vector<float*> gdn_state, gdn_conv;           // per layer (GDN layers)

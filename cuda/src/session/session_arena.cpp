@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "../runtime/device_buffer.hpp"
+#include "../runtime/pinned_memory.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"
 
@@ -12,6 +13,17 @@ namespace strata {
 namespace {
 
 constexpr const char* kPageTable = "kv page table";
+
+std::unique_ptr<PinnedMapped> lock_host(std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  try {
+    return std::make_unique<PinnedMapped>(bytes);
+  } catch (const CudaError& e) {
+    throw OutOfMemory("KV streaming: locking " + std::to_string(bytes >> 20) + " MiB of host memory for the " +
+                      "session's streamed KV failed (" + e.what() + "); a shorter context or a smaller KV format " +
+                      "(k8v4, q4) needs less");
+  }
+}
 
 }  // namespace
 
@@ -22,6 +34,7 @@ SessionArena::SessionArena(int device, SessionLayout layout) : device_(device), 
                       "a shorter context or a smaller KV format (int8, k8v4, q4) needs less");
   STRATA_CUDA_TRY(cudaMalloc(&base_, layout_.total));
   try {
+    host_ = lock_host(layout_.host_total);
     reset();
   } catch (...) {
     (void)cudaFree(base_);
@@ -35,7 +48,8 @@ SessionArena::~SessionArena() {
 
 void* SessionArena::region(const std::string& name, int layer) const {
   for (const Region& r : layout_.regions)
-    if (r.name == name && r.layer == layer) return static_cast<char*>(base_) + r.offset;
+    if (r.name == name && r.layer == layer)
+      return r.place == Place::Host ? host_->device<char>(r.offset) : static_cast<char*>(base_) + r.offset;
   throw InvalidArgument("the session arena has no region '" + name + "' for layer " + std::to_string(layer));
 }
 
@@ -44,6 +58,7 @@ void SessionArena::reset() {
   std::vector<int> identity(static_cast<std::size_t>(layout_.kv_pages));
   std::iota(identity.begin(), identity.end(), 0);
   for (const Region& r : layout_.regions) {
+    if (r.place == Place::Host) continue;
     char* at = static_cast<char*>(base_) + r.offset;
     if (r.name == kPageTable) {
       STRATA_CUDA_TRY(cudaMemcpy(at, identity.data(), r.bytes, cudaMemcpyHostToDevice));

@@ -1,6 +1,7 @@
 #include "strata/session_layout.hpp"
 
 #include "strata/error.hpp"
+#include "strata/kv_window.hpp"
 
 namespace strata {
 namespace {
@@ -9,9 +10,10 @@ constexpr std::size_t kFloat = 4;
 
 class Builder {
  public:
-  void add(const std::string& name, int layer, std::size_t bytes) {
-    layout.regions.push_back({name, layer, layout.total, bytes});
-    layout.total += region_span(bytes);
+  void add(const std::string& name, int layer, std::size_t bytes, Place place = Place::Device) {
+    std::size_t& end = place == Place::Host ? layout.host_total : layout.total;
+    layout.regions.push_back({name, layer, end, bytes, place});
+    end += region_span(bytes);
     if (is_recurrent_state(name)) layout.state_bytes += region_span(bytes);
   }
   SessionLayout layout;
@@ -39,15 +41,23 @@ std::size_t SessionLayout::bytes_of(const std::string& name) const {
   return sum;
 }
 
-SessionLayout plan_session(const ModelGeometry& g, int context, KvStorage kv, int snapshots) {
+std::size_t kv_half_region_bytes(const ModelGeometry& g, int context, KvStorage kv, bool values) {
+  const int pages = (context + kKvPageTokens - 1) / kKvPageTokens;
+  const std::size_t elements = static_cast<std::size_t>(pages) * kKvPageTokens * g.n_head_kv * g.head_dim;
+  return kv_half_bytes(values ? kv_value_codes(kv) : kv_key_codes(kv), elements);
+}
+
+SessionLayout plan_session(const ModelGeometry& g, int context, KvStorage kv, int snapshots, bool kv_streaming) {
   check(g, context, kv);
+  STRATA_EXPECTS(!kv_streaming || g.attention_layers() == 0 || g.indexer_head_dim > 0, InvalidArgument,
+                 "KV streaming keeps in VRAM only the blocks a QSA indexer selects; this model's attention layers "
+                 "have no indexer and read every cell of their context, so their KV must stay in VRAM");
   STRATA_EXPECTS(snapshots >= 0 && snapshots <= kMaxSnapshots, InvalidArgument,
                  "state snapshots must be in 0.." + std::to_string(kMaxSnapshots) + ", got " +
                      std::to_string(snapshots));
   Builder b;
   const int pages = (context + kKvPageTokens - 1) / kKvPageTokens;
   const std::size_t cells = static_cast<std::size_t>(pages) * kKvPageTokens;
-  const std::size_t kv_elements = cells * g.n_head_kv * g.head_dim;  // per half of one layer
   b.layout.kv_pages = pages;
   for (int l = 0; l < g.n_layer; ++l) {
     if (g.recurrent[l]) {
@@ -55,15 +65,26 @@ SessionLayout plan_session(const ModelGeometry& g, int context, KvStorage kv, in
       b.add("gdn conv history", l, kFloat * (g.ssm_conv_kernel - 1) * g.conv_channels());
       continue;
     }
-    b.add("kv keys", l, kv_half_bytes(kv_key_codes(kv), kv_elements));
-    b.add("kv values", l, kv_half_bytes(kv_value_codes(kv), kv_elements));
+    // Streaming: the whole KV and the raw indexer keys (read only to pool the open block) on the host; the pooled
+    // block keys, which every token scores, and the window stay in VRAM.
+    const Place home = kv_streaming ? Place::Host : Place::Device;
+    b.add("kv keys", l, kv_half_region_bytes(g, context, kv, false), home);
+    b.add("kv values", l, kv_half_region_bytes(g, context, kv, true), home);
     b.add("kv page table", l, sizeof(int) * pages);
     if (g.indexer_head_dim) {
-      const std::size_t blocks = cells / g.compress_ratios[l];
-      b.add("indexer raw keys", l, kFloat * cells * g.indexer_head_dim);  // f32, as kernels/qsa.cuh keeps them
+      const int ratio = g.compress_ratios[l];
+      const std::size_t blocks = cells / ratio;
+      b.add("indexer raw keys", l, kFloat * cells * g.indexer_head_dim, home);  // f32, as kernels/qsa.cuh keeps them
       b.add("indexer block keys", l, kFloat * blocks * g.indexer_head_dim);
+      if (kv_streaming) {
+        const int slots = kv_window_slots(g.indexer_budget / ratio);
+        b.layout.window_slots = slots;
+        b.add("kv window", l, kv_window_bytes(kv_key_codes(kv), kv_value_codes(kv), g.n_head_kv, g.head_dim, ratio,
+                                              slots, static_cast<int>(cells)));
+      }
     }
   }
+  b.layout.kv_streaming = kv_streaming && g.attention_layers() > 0;
   if (g.ple_layer >= 0) b.add("ple history", -1, kFloat * g.ple_history() * g.hc_count * g.n_embd);
   b.add("residual streams", -1, kFloat * g.streams() * g.n_embd);
   b.layout.snapshots = snapshots;

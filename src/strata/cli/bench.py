@@ -143,15 +143,16 @@ def decode(engine: GpuEngine, prompt: list[int], tokens: int) -> dict[str, float
 
 
 def run_modes(model: Any, modes: list[Mode], prompt_tokens: int, tokens: int, context: int | None, kv: KV,
-              rng: np.random.Generator) -> dict[str, dict[str, float]]:
-    """decode() on a fresh session of each mode in turn, KV in format `kv` (one session in VRAM at a time)."""
+              rng: np.random.Generator, kv_streaming: bool = False) -> dict[str, dict[str, float]]:
+    """decode() on a fresh session of each mode in turn, KV in format `kv`, streamed or not (one session in VRAM
+    at a time)."""
     g = model.info.geometry
     prompt = prompt_ids(g, prompt_tokens, rng)
     if context is None:
         context = min(g.context_length, prompt_tokens + tokens + 1)
     results = {}
     for mode in modes:
-        session = model.session(context, kv=kv, mode=mode)
+        session = model.session(context, kv=kv, mode=mode, kv_streaming=kv_streaming)
         try:
             results[mode.value] = decode(session.engine, prompt, tokens)
         finally:
@@ -159,14 +160,15 @@ def run_modes(model: Any, modes: list[Mode], prompt_tokens: int, tokens: int, co
     return results
 
 
-def prompt_speed(model: Any, lengths: list[int], kv: KV, rng: np.random.Generator) -> list[dict[str, float]]:
+def prompt_speed(model: Any, lengths: list[int], kv: KV, rng: np.random.Generator,
+                 kv_streaming: bool = False) -> list[dict[str, float]]:
     """Per length n: n random ids through the prompt path (the feed samples the next token, so its time is the
     time to first token) and their first STEPPED_TOKENS stepped token by token, each from an empty sequence; the
     bytes the staging copied and their floor at PCIE_BYTES_PER_SECOND (the streaming limit)."""
     g = model.info.geometry
     context = min(g.context_length, max(lengths) + 1)
-    chunked = model.session(context, kv=kv, snapshots=0).engine
-    stepped = model.session(context, kv=kv, snapshots=0, prompt_chunk=0).engine
+    chunked = model.session(context, kv=kv, snapshots=0, kv_streaming=kv_streaming).engine
+    stepped = model.session(context, kv=kv, snapshots=0, prompt_chunk=0, kv_streaming=kv_streaming).engine
     greedy = (0.0, 0, 1.0, 0.0, 1.0)
     results = []
     try:
@@ -219,7 +221,8 @@ def report(result: Mapping[str, Any]) -> list[str]:
     limit_s = limit["seconds"]
     ms = 1e3
     lines = [f"model {result['model']}: {result['arch']}, {result['n_layer']} layers; prompt {result['prompt_tokens']} "
-             f"tokens, {result['tokens']} decoded greedily; kv {result['kv']}",
+             f"tokens, {result['tokens']} decoded greedily; kv {result['kv']}"
+             f"{' streamed' if result.get('kv_streaming') else ''}",
              f"machine limit {1 / limit_s:8.1f} tok/s = {limit_s * ms:.3f} ms/token:",
              f"  routed experts  {limit['routed_bytes'] / 1e9:7.3f} GB/token at host read "
              f"{limit['read_bandwidth'] / 1e9:.1f} GB/s (CPU pool, measured) = {limit['routed_seconds'] * ms:.3f} ms",
@@ -241,7 +244,7 @@ def report(result: Mapping[str, Any]) -> list[str]:
 
 def run(model: Any, *, model_path: str, modes: list[Mode | str], prompt_tokens: int, tokens: int,
         context: int | None = None, kv: KV | str = KV.INT8, json_path: str | None = None,
-        prompt_lengths: tuple[int, ...] = ()) -> dict[str, Any]:
+        prompt_lengths: tuple[int, ...] = (), kv_streaming: bool = False) -> dict[str, Any]:
     """Bench a loaded model: prints the report, returns (and with `json_path` writes) the numbers; with
     `prompt_lengths`, the prompt path's speed at each length too (prompt_speed)."""
     import numpy as np
@@ -260,16 +263,16 @@ def run(model: Any, *, model_path: str, modes: list[Mode | str], prompt_tokens: 
     g = model.info.geometry
     tensors = file_tensors(model.file)
     limit = machine_limit(g, tensors, model.pool.read_bandwidth(READ_BANDWIDTH_BYTES), model.cache_slots)
-    results = run_modes(model, modes, prompt_tokens, tokens, context, kv, np.random.default_rng())
+    results = run_modes(model, modes, prompt_tokens, tokens, context, kv, np.random.default_rng(), kv_streaming)
     for m in results.values():
         m["fraction_of_limit"] = limit.seconds / m["seconds_per_token"]
     result = {"model": model_path, "arch": g.arch, "n_layer": g.n_layer, "prompt_tokens": prompt_tokens,
-              "tokens": tokens, "kv": kv.value, "expert_cache": describe(g, tensors, model.cache_slots),
-              "cache_slots": model.cache_slots, "limit": {**asdict(limit), "seconds": limit.seconds},
-              "modes": results}
+              "tokens": tokens, "kv": kv.value, "kv_streaming": kv_streaming,
+              "expert_cache": describe(g, tensors, model.cache_slots), "cache_slots": model.cache_slots,
+              "limit": {**asdict(limit), "seconds": limit.seconds}, "modes": results}
     print("\n".join(report(result)))
     if prompt_lengths:
-        result["prompt"] = prompt_speed(model, list(prompt_lengths), kv, np.random.default_rng())
+        result["prompt"] = prompt_speed(model, list(prompt_lengths), kv, np.random.default_rng(), kv_streaming)
         print("\n".join(prompt_report(result["prompt"])))
     if json_path:
         with open(json_path, "w") as f:
@@ -327,6 +330,8 @@ def register(commands) -> None:
     sub.add_argument("--mode", choices=[*Mode.values(), "all"], default="all", help="session mode(s) to measure")
     sub.add_argument("--context", type=int, default=None, help="session context (default: prompt + tokens)")
     sub.add_argument("--kv", choices=KV.values(), default=KV.INT8.value, help="KV cache format")
+    sub.add_argument("--kv-streaming", action="store_true",
+                     help="the attention KV in page-locked host memory, a VRAM window of what QSA selects")
     sub.add_argument("--json", metavar="PATH", default=None, help="also write the numbers as JSON")
     sub.add_argument("--prompt-lengths", default="512,4096", metavar="TOKENS",
                      help="prompt path speed at these prompt lengths, beside stepping them (0: none)")
@@ -356,7 +361,7 @@ def handle(args) -> int:
         raise InvalidArgument(f"--prompt-lengths takes token counts such as 512,4096, "
                               f"got {args.prompt_lengths!r}") from None
     options = {"model_path": str(path), "modes": modes, "prompt_tokens": args.prompt_tokens, "tokens": args.tokens,
-               "context": args.context, "kv": args.kv, "prompt_lengths": lengths}
+               "context": args.context, "kv": args.kv, "prompt_lengths": lengths, "kv_streaming": args.kv_streaming}
     if args.cache_shares is None:
         with load(str(path), **placement(args)) as model:
             run(model, **options, json_path=args.json)

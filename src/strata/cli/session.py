@@ -11,7 +11,8 @@ from contextlib import contextmanager
 from strata.errors import StrataError
 from strata.options import KV, Mode
 
-GPU_ONLY = ("kv", "mode", "expert_cache", "cache_policy", "vram_limit")  # options the reference engine has no use for
+# options the reference engine has no use for
+GPU_ONLY = ("kv", "kv_streaming", "mode", "expert_cache", "cache_policy", "vram_limit")
 
 
 class _Given(argparse.Action):
@@ -20,6 +21,13 @@ class _Given(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         setattr(namespace, self.dest, values)
         namespace.given = getattr(namespace, "given", set()) | {self.dest}
+
+
+class _GivenFlag(_Given):
+    """A flag (no value) that is remembered as given."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, True, option_string)
 
 
 def add_engine_arguments(sub: argparse.ArgumentParser) -> None:
@@ -32,6 +40,9 @@ def add_engine_arguments(sub: argparse.ArgumentParser) -> None:
                      help="tokens the session holds (default: the model's, at most 4096)")
     sub.add_argument("--kv", choices=KV.values(), default=KV.INT8.value, action=_Given,
                      help="KV cache format (gpu engine)")
+    sub.add_argument("--kv-streaming", nargs=0, default=False, action=_GivenFlag,
+                     help="keep the attention KV in page-locked host memory and only what QSA selects in VRAM "
+                          "(gpu engine, qwen4exp): long contexts on little VRAM")
     sub.add_argument("--mode", choices=Mode.values(), default=Mode.TOKEN_GRAPH.value, action=_Given,
                      help="how the gpu engine launches a token: one CUDA graph, a graph per layer, or uncaptured")
     add_placement_arguments(sub, _Given)
@@ -106,8 +117,10 @@ def opened_model(args: argparse.Namespace) -> Iterator:
 
 
 def new_session(model, args: argparse.Namespace):
-    """A Session on `model` of `--context` tokens (and, on the gpu engine, `--kv` and `--mode`)."""
-    return model.session(args.context, args.kv, args.mode) if args.engine == "gpu" else model.session(args.context)
+    """A Session on `model` of `--context` tokens (and, on the gpu engine, `--kv`, `--kv-streaming` and `--mode`)."""
+    if args.engine != "gpu":
+        return model.session(args.context)
+    return model.session(args.context, args.kv, args.mode, kv_streaming=args.kv_streaming)
 
 
 @contextmanager

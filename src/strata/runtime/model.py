@@ -29,7 +29,8 @@ from strata.runtime.geometry import native_geometry
 from strata.runtime.host import available_ram_bytes
 from strata.runtime.loader import load_experts, upload_dense
 from strata.runtime.plan import (
-    DEFAULT_SNAPSHOTS, GIB, MemoryPlan, check_fits, file_tensors, kv_page_tokens, memory_plan,
+    DEFAULT_SNAPSHOTS, GIB, MemoryPlan, can_stream, check_fits, file_tensors, kv_page_tokens, largest_context,
+    memory_plan,
 )
 from strata.runtime.ple_rows import PleRows
 from strata.runtime.pool import ExpertPool
@@ -78,13 +79,15 @@ class Model:
 
     def session(self, context: int | None = None, kv: KV | str = KV.INT8, mode: Mode | str = Mode.TOKEN_GRAPH,
                 timeout: float = 5.0, snapshots: int = DEFAULT_SNAPSHOTS, prompt_chunk: int | None = None,
-                prompt_cpu: bool = True) -> Session:
+                prompt_cpu: bool = True, kv_streaming: bool = False) -> Session:
         """A generation session on the GPU: `context` tokens (default min(context_length, 4096)) of KV in
         format `kv`; `mode` says how a token is launched (strata.Mode); `timeout` bounds every wait on the CPU
         pool; `snapshots` states are kept for prefix reuse (the turn boundaries a conversation rolls back to).
         Prompts run in chunks of `prompt_chunk` tokens (default strata.runtime.prompt.DEFAULT_CHUNK, halved
         while it does not fit; 0: token by token) where the model has a prompt path; with `prompt_cpu`, the CPU
-        pool computes a share of a small chunk's routed experts beside the staging. The native session is
+        pool computes a share of a small chunk's routed experts beside the staging. With `kv_streaming`, the
+        attention layers' KV lives in page-locked host memory and VRAM holds only the QSA blocks each token reads
+        (docs/session.md, "KV streaming"; qwen4exp's indexed attention only). The native session is
         `session.engine.native`."""
         g = self.info.geometry
         kv, mode = KV.parse(kv), Mode.parse(mode)
@@ -99,17 +102,36 @@ class Model:
         resident = self.info.plan.vram["dense weights"] + self.cache_bytes + self.staging_bytes
         free = vram_free(self.device, self.vram_limit, resident)
         placed = {"expert_cache": self.cache_bytes, "prompt_staging": self.staging_bytes}
+        if kv_streaming and not can_stream(g):
+            raise InvalidArgument(f"kv_streaming: {g.arch}'s attention layers have no QSA indexer, so every token "
+                                  "reads all of their KV and it must stay in VRAM (KV streaming serves qwen4exp)")
+        host_resident = self.info.plan.host_total  # the experts and pinned buffers, in place since load
         plan = check_fits(g, tensors, context, kv, vram_free=free, device=self.device, resident=resident,
-                          snapshots=snapshots, **placed)
+                          snapshots=snapshots, kv_streaming=kv_streaming, host_resident=host_resident,
+                          host_available=available_ram_bytes() if kv_streaming else None, **placed)
         chunk = 0
         if self.prompt_path and prompt_chunk != 0:
-            chunk = prompt_plan.fitting_chunk(g, context, free - (plan.vram_total - resident), prompt_chunk)
+            chunk = prompt_plan.fitting_chunk(g, context, free - (plan.vram_total - resident), prompt_chunk, kv,
+                                              kv_streaming)
         ple = PleRows(self.file, g) if g.ple_layers else None
         native = _native.DecodeSession(self.weights, self.pool.native, native_geometry(g), context=context,
                                        kv=kv, mode=mode, device=self.device, timeout=timeout, snapshots=snapshots,
                                        cache=self.cache, prompt_chunk=chunk, staging=self.staging,
-                                       prompt_cpu=prompt_cpu)
+                                       prompt_cpu=prompt_cpu, kv_streaming=kv_streaming)
         return Session(GpuEngine(native, ple, snapshots), self.tokenizer)
+
+    def largest_context(self, kv: KV | str = KV.INT8, kv_streaming: bool = False,
+                        snapshots: int = DEFAULT_SNAPSHOTS) -> int:
+        """The longest context (whole KV pages, at most the model's) a session in `kv`, streamed or not, with
+        `snapshots` state slots can open now: what the GPU has free beside the model (within vram_limit), by the
+        memory plan; 0 if none fits."""
+        g, kv = self.info.geometry, KV.parse(kv)
+        if kv_streaming and not can_stream(g):
+            return 0
+        resident = self.info.plan.vram["dense weights"] + self.cache_bytes + self.staging_bytes
+        free = vram_free(self.device, self.vram_limit, resident)
+        return largest_context(g, file_tensors(self.file), kv, free + resident, snapshots, self.cache_bytes,
+                               self.staging_bytes, kv_streaming=kv_streaming)
 
     def close(self) -> None:
         self.cache = self.staging = None  # both point into the pool's host weights: gone first

@@ -92,16 +92,24 @@ _PARTS = {
 DEFAULT_SNAPSHOTS = 2  # a conversation's last two turn boundaries (strata.generation rolls back to them)
 
 
-def session_state_bytes(g: Geometry, context: int, kv: KV, snapshots: int = DEFAULT_SNAPSHOTS) -> dict[str, int]:
-    """Per-sequence state on the GPU for `context` tokens, as the session arena lays it out."""
+_STREAMED_PARTS = {"kv keys": "KV host copy", "kv values": "KV host copy", "indexer raw keys": "QSA raw indexer keys",
+                   "kv window": "KV window"}
+
+
+def session_state_bytes(g: Geometry, context: int, kv: KV, snapshots: int = DEFAULT_SNAPSHOTS, *,
+                        kv_streaming: bool = False) -> tuple[dict[str, int], dict[str, int]]:
+    """Per-sequence state for `context` tokens as the session arena lays it out: (VRAM parts, host parts); the
+    host holds parts only under KV streaming (the streamed KV and raw indexer keys, page-locked)."""
     from strata import _native
 
-    layout = _native.session_layout(native_geometry(g), context, kv.value, snapshots)
-    state: dict[str, int] = {}
-    for name, _layer, _offset, nbytes in layout["regions"]:
-        part = _PARTS[name] + (f" ({kv.value})" if _PARTS[name] == "KV cache" else "")
-        state[part] = state.get(part, 0) + nbytes
-    return state
+    layout = _native.session_layout(native_geometry(g), context, kv.value, snapshots, kv_streaming)
+    places: dict[str, dict[str, int]] = {"device": {}, "host": {}}
+    for name, _layer, _offset, nbytes, place in layout["regions"]:
+        part = _STREAMED_PARTS[name] if kv_streaming and name in _STREAMED_PARTS else _PARTS[name]
+        if part.startswith("KV"):
+            part += f" ({kv.value})"
+        places[place][part] = places[place].get(part, 0) + nbytes
+    return places["device"], places["host"]
 
 
 SORT_KEY = 8  # bytes of the GPU sampler's sort keys (cuda/src/kernels/sample.cu)
@@ -135,21 +143,25 @@ def pinned_bytes(g: Geometry) -> int:
     return FLOAT32 * (g.n_embd * (1 + g.n_expert_used) + 2 * g.n_expert_used) + 64 * 1024
 
 
-def prompt_scratch_bytes(g: Geometry, chunk: int, context: int) -> int:
+def prompt_scratch_bytes(g: Geometry, chunk: int, context: int, kv: KV | str = KV.INT8,
+                         kv_streaming: bool = False) -> int:
     """A session's prompt path scratch for chunks of `chunk` tokens (0: no prompt path), as the native session
-    sizes it."""
+    sizes it; under KV streaming it holds one attention layer's whole KV in `kv` while a chunk runs it."""
     from strata import _native
 
-    return _native.prompt_scratch_bytes(native_geometry(g), chunk, context) if chunk else 0
+    if not chunk:
+        return 0
+    return _native.prompt_scratch_bytes(native_geometry(g), chunk, context, KV.parse(kv).value, kv_streaming)
 
 
 def memory_plan(g: Geometry, tensors: Tensors, context: int, kv: KV | str = KV.INT8,
                 snapshots: int = DEFAULT_SNAPSHOTS, expert_cache: int = 0, prompt_staging: int = 0,
-                prompt_chunk: int = 0) -> MemoryPlan:
+                prompt_chunk: int = 0, *, kv_streaming: bool = False) -> MemoryPlan:
     """The plan for a model whose tensors are {name: (ggml_type, ne)} with `expert_cache` bytes of routed experts
     in VRAM (strata.runtime.expert_cache) and `prompt_staging` bytes of the prompt path's staging
     (strata.runtime.prompt), one session of `context` tokens with `snapshots` slots of recurrent state and a
-    prompt path of `prompt_chunk` tokens per chunk (0: none)."""
+    prompt path of `prompt_chunk` tokens per chunk (0: none); with `kv_streaming`, the attention layers' KV in
+    page-locked host memory and a VRAM window of it (docs/session.md, "KV streaming")."""
     kv = KV.parse(kv)
     if not 1 <= context <= g.context_length:
         raise InvalidArgument(f"context {context} is outside 1..{g.context_length} (the model's context_length)")
@@ -158,52 +170,71 @@ def memory_plan(g: Geometry, tensors: Tensors, context: int, kv: KV | str = KV.I
     model = {"expert cache": expert_cache} if expert_cache else {}
     if prompt_staging:
         model["prompt staging"] = prompt_staging
-    prompt = {"prompt scratch": prompt_scratch_bytes(g, prompt_chunk, context)} if prompt_chunk else {}
-    vram = {"dense weights": dense, **model, **session_state_bytes(g, context, kv, snapshots),
-            "scratch": scratch_bytes(g, context), **prompt}
-    host = {"routed experts": parts[Role.ROUTED_EXPERT], "pinned buffers": pinned_bytes(g)}
+    prompt = ({"prompt scratch": prompt_scratch_bytes(g, prompt_chunk, context, kv, kv_streaming)}
+              if prompt_chunk else {})
+    on_device, on_host = session_state_bytes(g, context, kv, snapshots, kv_streaming=kv_streaming)
+    vram = {"dense weights": dense, **model, **on_device, "scratch": scratch_bytes(g, context), **prompt}
+    host = {"routed experts": parts[Role.ROUTED_EXPERT], "pinned buffers": pinned_bytes(g), **on_host}
     table = parts[Role.NGRAM_TABLE]
     return MemoryPlan(vram=vram, host=host, mapped={"n-gram table": table} if table else {})
 
 
 def largest_context(g: Geometry, tensors: Tensors, kv: KV, vram_free: int, snapshots: int = DEFAULT_SNAPSHOTS,
-                    expert_cache: int = 0, prompt_staging: int = 0, prompt_chunk: int = 0) -> int:
+                    expert_cache: int = 0, prompt_staging: int = 0, prompt_chunk: int = 0, *,
+                    kv_streaming: bool = False) -> int:
     """The longest context (a whole number of KV pages) whose plan fits in `vram_free`, or 0."""
     page = kv_page_tokens()
     lo, hi = 0, -(-g.context_length // page)
     while lo < hi:
         mid = (lo + hi + 1) // 2
         ctx = min(mid * page, g.context_length)
-        plan = memory_plan(g, tensors, ctx, kv, snapshots, expert_cache, prompt_staging, min(prompt_chunk, ctx))
+        plan = memory_plan(g, tensors, ctx, kv, snapshots, expert_cache, prompt_staging, min(prompt_chunk, ctx),
+                           kv_streaming=kv_streaming)
         lo, hi = (mid, hi) if plan.vram_total <= vram_free else (lo, mid - 1)
     return min(lo * page, g.context_length)
 
 
 def check_fits(g: Geometry, tensors: Tensors, context: int, kv: KV | str, *, vram_free: int, device: int,
                resident: int = 0, host_available: int | None = None, snapshots: int = DEFAULT_SNAPSHOTS,
-               expert_cache: int = 0, prompt_staging: int = 0, prompt_chunk: int = 0) -> MemoryPlan:
+               expert_cache: int = 0, prompt_staging: int = 0, prompt_chunk: int = 0,
+               kv_streaming: bool = False, host_resident: int = 0) -> MemoryPlan:
     """The plan of one session of `context` tokens in `kv` with `snapshots` state slots beside `expert_cache`
     bytes of cached experts, refused with OutOfMemory unless it fits: on GPU `device` its VRAM beyond the
     `resident` bytes already there (a loaded model's dense weights and cache) within `vram_free`; with
-    `host_available`, its host part within that. The refusal names the parts and what fits."""
+    `host_available`, its host part beyond the `host_resident` bytes already there (a loaded model's experts)
+    within that. The refusal names the parts and what fits (each KV format, and KV streaming where the model's
+    attention can stream)."""
     kv = KV.parse(kv)
-    plan = memory_plan(g, tensors, context, kv, snapshots, expert_cache, prompt_staging, prompt_chunk)
+    plan = memory_plan(g, tensors, context, kv, snapshots, expert_cache, prompt_staging, prompt_chunk,
+                       kv_streaming=kv_streaming)
     need = plan.vram_total - resident
     if need > vram_free:
-        would = [f"context <= {fits} with kv={k.value}" for k in KV
+        streams = [False, True] if can_stream(g) else [False]
+        would = [f"context <= {fits} with kv={k.value}{' and KV streaming' if stream else ''}"
+                 for stream in streams for k in KV
                  if (fits := largest_context(g, tensors, k, vram_free + resident, snapshots, expert_cache,
-                                             prompt_staging, prompt_chunk)) > 0]
+                                             prompt_staging, prompt_chunk, kv_streaming=stream)) > 0]
         parts = ", ".join(f"{name} {nbytes / GIB:.2f}" for name, nbytes in plan.vram.items())
         placed = f", {resident / GIB:.2f} GiB of it in place" if resident else ""
         hint = ("would fit: " + ", ".join(would) if would
                 else "nothing fits, not even one KV page beside the dense weights")
         if expert_cache:
             hint += f"; or a smaller expert cache (it holds {expert_cache / GIB:.2f} GiB)"
+        streamed = " with KV streaming" if kv_streaming else ""
         raise OutOfMemory(f"GPU {device} has {vram_free / GIB:.2f} GiB free; the plan of context {context} with "
-                          f"kv={kv.value} needs {plan.vram_total / GIB:.2f} GiB ({parts} GiB{placed}); {hint}")
-    if host_available is not None and plan.host_total > host_available:
+                          f"kv={kv.value}{streamed} needs {plan.vram_total / GIB:.2f} GiB ({parts} GiB{placed}); "
+                          f"{hint}")
+    if host_available is not None and plan.host_total - host_resident > host_available:
+        parts = ", ".join(f"{name} {nbytes / GIB:.2f}" for name, nbytes in plan.host.items())
         raise OutOfMemory(
-            f"host RAM: {host_available / GIB:.2f} GiB available, the routed experts and pinned buffers need "
-            f"{plan.host_total / GIB:.2f} GiB; use a smaller quantization of the experts"
+            f"host RAM: {host_available / GIB:.2f} GiB available, the plan needs {plan.host_total / GIB:.2f} GiB "
+            f"({parts} GiB); use a smaller quantization of the experts"
+            + (", a shorter context or a smaller KV format" if kv_streaming else "")
         )
     return plan
+
+
+def can_stream(g: Geometry) -> bool:
+    """Whether KV streaming serves this model: every attention layer has a QSA indexer, so a token reads a
+    bounded selection of its cells (the native layout refuses the others)."""
+    return g.indexer_n_heads > 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from strata.errors import InvalidArgument
 from strata.models import Geometry
+from strata.options import KV
 from strata.runtime.expert_cache import Tensors, expert_bytes, layer_slack
 from strata.runtime.plan import prompt_scratch_bytes
 
@@ -33,15 +34,21 @@ def staging_bytes(g: Geometry, tensors: Tensors, slots: int | None = None) -> in
     return BUFFERS * (slots * per_expert + layer_slack(g)) if per_expert else 0
 
 
-def fitting_chunk(g: Geometry, context: int, vram_free: int, asked: int | None = None) -> int:
-    """The prompt chunk for a session of `context` tokens: `asked` (default DEFAULT_CHUNK) and at most the
-    context, halved while its scratch exceeds `vram_free`; 0 when not even MIN_CHUNK fits."""
+def fitting_chunk(g: Geometry, context: int, vram_free: int, asked: int | None = None, kv: KV = KV.INT8,
+                  kv_streaming: bool = False) -> int:
+    """The prompt chunk for a session of `context` tokens in `kv` (with or without KV streaming): `asked`
+    (default DEFAULT_CHUNK) and at most the context, halved while its scratch exceeds `vram_free`; 0 when not
+    even MIN_CHUNK fits."""
     if asked is not None and asked < 1:
         raise InvalidArgument(f"prompt_chunk must be >= 1 token (or None for the default), got {asked}")
+
+    def scratch(chunk: int) -> int:
+        return prompt_scratch_bytes(g, chunk, context, kv, kv_streaming)
+
     chunk = min(asked or DEFAULT_CHUNK, context)
-    while chunk > MIN_CHUNK and prompt_scratch_bytes(g, chunk, context) > vram_free:
+    while chunk > MIN_CHUNK and scratch(chunk) > vram_free:
         chunk //= 2
-    return chunk if prompt_scratch_bytes(g, chunk, context) <= vram_free else 0
+    return chunk if scratch(chunk) <= vram_free else 0
 
 
 def build_staging(pool, device: int, slots: int):
