@@ -93,15 +93,15 @@ class WindowModel:
         self.fetched = 0
 
     def reset(self) -> None:
-        """kv_window_reset: nothing resident; the fetched bytes keep counting."""
+        """kv_window_reset: nothing resident, the clock back to 0; the fetched bytes keep counting."""
         self.slot_of = np.full(self.shape.blocks, -1, np.int32)
         self.owner = np.full(self.shape.slots, -1, np.int32)
         self.stamps = np.zeros(self.shape.slots, np.int32)
+        self.clock = 0
 
-    def age(self, slot: int, stamp: int) -> int:
-        """Eviction order at `stamp`, oldest first: the slot's stamp, 0 where it is above `stamp` (a sequence cut
-        back left it)."""
-        return 0 if self.stamps[slot] > stamp else int(self.stamps[slot])
+    def age(self, slot: int) -> int:
+        """Eviction order, oldest first: the clock of the last token that needed the slot's block (0: free)."""
+        return int(self.stamps[slot])
 
     def _place(self, block: int, slot: int, stamp: int) -> None:
         if self.owner[slot] >= 0:
@@ -110,14 +110,15 @@ class WindowModel:
 
     def claim(self, p: int) -> None:
         block = p // RATIO
+        self.clock += 1
         if self.slot_of[block] < 0:
-            slot = min(range(self.shape.slots), key=lambda s: (self.age(s, p + 1), s))
-            self._place(block, slot, p + 1)
+            slot = min(range(self.shape.slots), key=lambda s: (self.age(s), s))
+            self._place(block, slot, self.clock)
             self.fetched += (p - block * RATIO) * self.token_bytes
-        self.stamps[self.slot_of[block]] = p + 1
+        self.stamps[self.slot_of[block]] = self.clock
 
     def fill(self, p: int, selection: list[int]) -> None:
-        block, stamp = p // RATIO, p + 1
+        block, stamp = p // RATIO, self.clock
         needed = selection + ([] if selection and selection[-1] == block else [block])
         missing = []
         for b in needed:
@@ -126,7 +127,8 @@ class WindowModel:
             else:
                 missing.append(b)
         spare = sorted((s for s in range(self.shape.slots) if self.stamps[s] != stamp),
-                       key=lambda s: (self.age(s, stamp), s))
+                       key=lambda s: (self.age(s), s))
+        assert len(spare) >= len(missing), "the window has too few spare slots for the selection"
         for b, slot in zip(missing, spare):
             self._place(b, slot, stamp)
             self.fetched += self.slot_bytes

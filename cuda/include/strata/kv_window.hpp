@@ -19,6 +19,7 @@ struct KvWindowLayout {
   std::size_t slot_of = 0;           // int [blocks]: the window's page table
   std::size_t owner = 0;             // int [slots]
   std::size_t stamps = 0;            // int [slots]
+  std::size_t clock = 0;             // unsigned
   std::size_t copies = 0;            // int [slots]
   std::size_t n_copies = 0;          // int
   std::size_t fetched_bytes = 0;     // unsigned long long
@@ -56,6 +57,7 @@ constexpr KvWindowLayout kv_window_layout(KvCodes keys, KvCodes values, int n_he
   l.slot_of = kv_window_place(at, sizeof(int) * blocks);
   l.owner = kv_window_place(at, sizeof(int) * n_slots);
   l.stamps = kv_window_place(at, sizeof(int) * n_slots);
+  l.clock = kv_window_place(at, sizeof(unsigned));
   l.copies = kv_window_place(at, sizeof(int) * n_slots);
   l.n_copies = kv_window_place(at, sizeof(int));
   l.fetched_bytes = kv_window_place(at, sizeof(unsigned long long));

@@ -97,12 +97,6 @@ __device__ __forceinline__ int block_prefix_count(bool flag, int* warp_counts, i
   return before + __popc(ballot & ((1u << lane) - 1u));
 }
 
-// What orders slots for eviction at stamp p + 1, oldest first: the stamp, except that one above it (left by a
-// sequence the session cut back to an earlier position) counts as a free slot's 0.
-__device__ __forceinline__ unsigned stamp_age(int slot_stamp, int stamp) {
-  return slot_stamp > stamp ? 0u : static_cast<unsigned>(slot_stamp);
-}
-
 __global__ void window_reset_kernel(KvWindow w) {
   const int stride = gridDim.x * blockDim.x, blocks = w.blocks();
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < blocks || i < w.slots; i += stride) {
@@ -114,23 +108,28 @@ __global__ void window_reset_kernel(KvWindow w) {
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     *w.n_copies = 0;
+    *w.clock = 0;
   }
 }
 
-// One block. The evicted slot is the minimum of (stamp_age, slot) over all slots.
+// One block. The evicted slot is the minimum of (stamp, slot) over all slots. Only thread 0 uses the new clock
+// value (threads that read the clock after it advanced it use nothing read from it).
 __global__ void __launch_bounds__(kClaimThreads) window_claim_kernel(KvWindow w, const int* position) {
   __shared__ unsigned long long warp_best[kClaimThreads / 32];
   const int p = *position;
   if (p < 0 || p >= w.context()) return;
-  const int block = p / w.ratio, stamp = p + 1;
+  const int block = p / w.ratio, stamp = static_cast<int>(*w.clock + 1);
   const int resident = w.slot_of[block];
   if (resident >= 0) {
-    if (threadIdx.x == 0) w.stamps[resident] = stamp;
+    if (threadIdx.x == 0) {
+      w.stamps[resident] = stamp;
+      *w.clock = stamp;
+    }
     return;
   }
   unsigned long long best = ~0ull;
   for (int s = threadIdx.x; s < w.slots; s += blockDim.x)
-    best = min(best, static_cast<unsigned long long>(stamp_age(w.stamps[s], stamp)) << 32 | s);
+    best = min(best, static_cast<unsigned long long>(static_cast<unsigned>(w.stamps[s])) << 32 | s);
   for (int offset = 16; offset > 0; offset >>= 1) best = min(best, __shfl_xor_sync(0xffffffffu, best, offset));
   if ((threadIdx.x & 31) == 0) warp_best[threadIdx.x >> 5] = best;
   __syncthreads();
@@ -141,6 +140,7 @@ __global__ void __launch_bounds__(kClaimThreads) window_claim_kernel(KvWindow w,
     w.owner[slot] = block;
     w.slot_of[block] = slot;
     w.stamps[slot] = stamp;
+    *w.clock = stamp;  // every thread read the old clock before the barrier above
     *w.fetched_bytes += token_row_bytes(w.host, p - block * w.ratio);
   }
   __syncthreads();  // the slot in slot_of, for window()'s row addresses
@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kPlanThreads)
     if (threadIdx.x == 0) *w.n_copies = 0;
     return;
   }
-  const int current = p / w.ratio, stamp = p + 1, blocks = w.blocks();
+  const int current = p / w.ratio, stamp = static_cast<int>(*w.clock), blocks = w.blocks();
   // (a) Row p, which attention_prep wrote into the window, back to the host (no slot: no claim, nothing written).
   const PagedKv window = w.window();
   if (w.slot_of[current] >= 0) copy_rows_by_block(window, w.host, p, 1);
@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(kPlanThreads)
     const int at = n_spare + block_prefix_count(free_slot, warp_counts, &total);
     if (free_slot) {
       spare_slot[at] = s;
-      spare_age[at] = stamp_age(slot_stamp, stamp);
+      spare_age[at] = static_cast<unsigned>(slot_stamp);
     }
     n_spare += total;
   }
@@ -245,7 +245,8 @@ bool valid_window(const KvWindow& w) {
          static_cast<long>(h.max_pages) * h.page_size <= 0x7fffffff &&
          w.slots > 0 && w.slots <= kMaxWindowSlots && w.keep_blocks >= 0 && valid_kv_half(w.keys) &&
          valid_kv_half(w.values) && w.keys.codes == h.keys.codes && w.values.codes == h.values.codes &&
-         w.slot_of != nullptr && w.owner != nullptr && w.stamps != nullptr && w.copies != nullptr &&
+         w.slot_of != nullptr && w.owner != nullptr && w.stamps != nullptr && w.clock != nullptr &&
+         w.copies != nullptr &&
          w.n_copies != nullptr && w.fetched_bytes != nullptr;
 }
 

@@ -33,7 +33,11 @@ struct KvWindow {
   int keep_blocks = 0;  // most blocks a selection holds (the indexer's keep_blocks): what the fill must make room for
   int* slot_of = nullptr;   // [blocks()] block -> slot holding it, -1 not resident: window()'s page table
   int* owner = nullptr;     // [slots] block a slot holds, -1 free: slot_of's inverse
-  int* stamps = nullptr;    // [slots] 1 + the last position that needed the slot's block, 0 free: what to evict
+  // [slots] the clock of the last token that needed the slot's block, 0 free: what to evict. A token's clock, not
+  // its position: after the session cuts back to an earlier position, the blocks the abandoned tokens stamped must
+  // not pass for blocks this token needs (that left the fill too few spare slots for a whole new selection).
+  int* stamps = nullptr;
+  unsigned* clock = nullptr;  // tokens claimed since the reset: the claim advances it, the fill reads it
   int* copies = nullptr;    // [slots] the fill's plan for its copy grid: the blocks it made resident
   int* n_copies = nullptr;  // blocks in copies
   unsigned long long* fetched_bytes = nullptr;  // every byte claims and fills copied from the host, summed
@@ -64,6 +68,7 @@ inline KvWindow kv_window(void* region, const PagedKv& host, int ratio, int slot
   w.slot_of = reinterpret_cast<int*>(base + l.slot_of);
   w.owner = reinterpret_cast<int*>(base + l.owner);
   w.stamps = reinterpret_cast<int*>(base + l.stamps);
+  w.clock = reinterpret_cast<unsigned*>(base + l.clock);
   w.copies = reinterpret_cast<int*>(base + l.copies);
   w.n_copies = reinterpret_cast<int*>(base + l.n_copies);
   w.fetched_bytes = reinterpret_cast<unsigned long long*>(base + l.fetched_bytes);
@@ -75,19 +80,19 @@ inline KvWindow kv_window(void* region, const PagedKv& host, int ratio, int slot
 // it is: the session's counter runs from its arena's reset, which zeroes it.
 cudaError_t kv_window_reset(const KvWindow& w, cudaStream_t stream);
 
-// Slots are evicted oldest stamp first, ties to the lowest slot; a free slot's stamp is 0, and so counts a stamp
-// above the current one (left by a sequence the session cut back): those blocks are the likeliest to be stale.
+// Slots are evicted oldest stamp first, ties to the lowest slot; a free slot's stamp is 0. Each token's claim
+// advances the clock (c = *clock + 1), and the token stamps what it needs with c.
 
 // Before attention_prep writes row p = *position: block b = p / ratio made resident, if it is not, in the oldest
 // slot, with its rows before p copied from the host (rows from p on are written by this token and the next
-// ones). Stamps b's slot p + 1.
+// ones). Advances the clock to c and stamps b's slot c.
 cudaError_t kv_window_claim(const KvWindow& w, const int* position, cudaStream_t stream);
 
 // After qsa_select: (a) row p (every kv head, both halves, codes and scales) copied from the window back to the
 // host copy; (b) every block the token needs resident: the first min(*n_selected, keep_blocks) of
 // selected_blocks (ascending, distinct) and p / ratio. Needed blocks already resident stay where they are and
-// are stamped p + 1; each missing one, in that order, takes the next of the slots this token does not need
-// (stamp != p + 1), oldest first, is stamped p + 1 and copied from the host, its bytes added to *fetched_bytes.
+// are stamped c (the claim's clock); each missing one, in that order, takes the next of the slots this token does
+// not need (stamp != c), oldest first, is stamped c and copied from the host, its bytes added to *fetched_bytes.
 // A token needs at most keep_blocks + 1 blocks; with keep_blocks + 2 slots the claim of the next token also finds
 // a slot this token did not need, so a selection that repeats fetches nothing. Refuses a window of fewer slots.
 cudaError_t kv_window_fill(const KvWindow& w, const int* selected_blocks, const int* n_selected, const int* position,
