@@ -20,6 +20,7 @@ from strata.runtime.engine import GpuEngine
 from strata.format import inspect
 from strata.generation import Session
 from strata.runtime.model import Model, describe
+from strata.runtime.plan import SESSION_SLACK_BYTES
 from strata.runtime.ple_rows import TABLE, PleRows
 from strata.reference.ple import ngram_context, ngram_rows
 from strata.sampling import SamplingParams
@@ -355,8 +356,10 @@ def test_model_session_argument_errors(tiny_qwen4exp, fake_gpu, kwargs, fragment
 
 def test_model_session_refuses_a_context_the_gpu_cannot_hold(tiny_qwen4exp, fake_gpu):
     model = _model(tiny_qwen4exp)
-    fake_gpu["free"] = 1 << 20  # 1 MiB: a few KV pages of the tiny model fit (~0.4 MiB), 4096 tokens (~2 MiB) not
-    with pytest.raises(OutOfMemory, match=r"GPU 0 has 0.00 GiB free; the plan of context 4096 with kv=int8 needs .* "
+    # The session's allocation slack and 1 MiB: a few KV pages of the tiny model fit (~0.4 MiB), 4096 tokens
+    # (~2 MiB) not.
+    fake_gpu["free"] = SESSION_SLACK_BYTES + (1 << 20)
+    with pytest.raises(OutOfMemory, match=r"GPU 0 has 0.06 GiB free; the plan of context 4096 with kv=int8 needs .* "
                                           r"in place\); would fit: context <= \d+ with kv=bf16"):
         model.session(context=4096)
     fake_gpu["free"] = 0

@@ -113,6 +113,9 @@ def session_state_bytes(g: Geometry, context: int, kv: KV, snapshots: int = DEFA
 
 
 SORT_KEY = 8  # bytes of the GPU sampler's sort keys (cuda/src/kernels/sample.cu)
+# What a session takes beyond its buffers: cudaMalloc rounds each allocation up to 2 MiB pages, and instantiating
+# its CUDA graphs takes device memory of its own (benchmarks/check_largest_context.py measures both on a GPU).
+SESSION_SLACK_BYTES = 64 << 20
 
 
 def sampler_bound(n_vocab: int) -> int:
@@ -173,7 +176,8 @@ def memory_plan(g: Geometry, tensors: Tensors, context: int, kv: KV | str = KV.I
     prompt = ({"prompt scratch": prompt_scratch_bytes(g, prompt_chunk, context, kv, kv_streaming)}
               if prompt_chunk else {})
     on_device, on_host = session_state_bytes(g, context, kv, snapshots, kv_streaming=kv_streaming)
-    vram = {"dense weights": dense, **model, **on_device, "scratch": scratch_bytes(g, context), **prompt}
+    vram = {"dense weights": dense, **model, **on_device, "scratch": scratch_bytes(g, context), **prompt,
+            "allocation slack": SESSION_SLACK_BYTES}
     host = {"routed experts": parts[Role.ROUTED_EXPERT], "pinned buffers": pinned_bytes(g), **on_host}
     table = parts[Role.NGRAM_TABLE]
     return MemoryPlan(vram=vram, host=host, mapped={"n-gram table": table} if table else {})
