@@ -359,7 +359,7 @@ def test_model_session_refuses_a_context_the_gpu_cannot_hold(tiny_qwen4exp, fake
     # The session's allocation slack and 1 MiB: a few KV pages of the tiny model fit (~0.4 MiB), 4096 tokens
     # (~2 MiB) not.
     fake_gpu["free"] = SESSION_SLACK_BYTES + (1 << 20)
-    with pytest.raises(OutOfMemory, match=r"GPU 0 has 0.06 GiB free; the plan of context 4096 with kv=int8 needs .* "
+    with pytest.raises(OutOfMemory, match=r"GPU 0 has 0.02 GiB free; the plan of context 4096 with kv=int8 needs .* "
                                           r"in place\); would fit: context <= \d+ with kv=bf16"):
         model.session(context=4096)
     fake_gpu["free"] = 0

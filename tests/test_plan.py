@@ -270,12 +270,12 @@ def test_a_session_takes_the_vram_its_plan_says(tmp_path, context):
     with load(path, progress=False, expert_cache=0) as model:
         g = model.info.geometry
         plan = memory_plan(g, file_tensors(model.file), context, KV.BF16, snapshots=2)
-        need = plan.vram_total - plan.vram["dense weights"]
+        need = plan.vram_total - plan.vram["dense weights"] - plan.vram["allocation slack"]
         before = free_memory(0)
         native = _native.DecodeSession(model.weights, model.pool.native, native_geometry(g), context=context,
                                        kv="bf16", snapshots=2)
         used = before - free_memory(0)
         native.close()
-    # Allocations round up to the driver's 2 MiB pages, and the session's streams take a little: 8 MiB of slack.
-    slack = 8 << 20
-    assert used <= need + slack and need <= used + slack, (context, used, need)
+    # Allocations round up to the driver's 2 MiB pages, and the session's streams take a little: within the plan's
+    # allocation slack, and its buffers within 8 MiB of what the device gave.
+    assert used <= need + plan.vram["allocation slack"] and need <= used + (8 << 20), (context, used, need)

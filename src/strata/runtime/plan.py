@@ -115,7 +115,7 @@ def session_state_bytes(g: Geometry, context: int, kv: KV, snapshots: int = DEFA
 SORT_KEY = 8  # bytes of the GPU sampler's sort keys (cuda/src/kernels/sample.cu)
 # What a session takes beyond its buffers: cudaMalloc rounds each allocation up to 2 MiB pages, and instantiating
 # its CUDA graphs takes device memory of its own (benchmarks/check_largest_context.py measures both on a GPU).
-SESSION_SLACK_BYTES = 64 << 20
+SESSION_SLACK_BYTES = 16 << 20
 
 
 def sampler_bound(n_vocab: int) -> int:
