@@ -47,6 +47,7 @@ def test_info_describes_a_valid_file(tmp_path, rng, capsys):
     out = capsys.readouterr().out
     assert "architecture  qwen4exp:" in out
     assert "routed experts (host RAM)" in out and "dense layers (VRAM)" in out
+    assert "KV state      at " in out and "KV streaming  in VRAM bf16 " in out
 
 
 def test_info_says_where_each_part_runs_and_what_its_form_costs(tmp_path, capsys):

@@ -75,6 +75,7 @@ def describe(model: ModelFile) -> list[str]:
     lines.append(f"bytes         {total / GIB:.2f} GiB in {len(model.tensors)} tensors"
                  + (f" ({len(ignored)} not run, e.g. {ignored[0]})" if ignored else ""))
     lines += placement_lines(model)
+    lines += kv_lines(model)
     lines += tokenizer_lines(model)
     from strata.runtime.loader import gpu_refusals
 
@@ -83,6 +84,30 @@ def describe(model: ModelFile) -> list[str]:
     lines += [f"  {reason}" for reason in refusals]
     lines += [f"warning       {warning}" for warning in model.warnings]
     return lines
+
+
+def kv_lines(model: ModelFile) -> list[str]:
+    """What a session of the model's whole context keeps of its attention per KV format: the KV and QSA keys in
+    VRAM, or under KV streaming the part that stays in VRAM and the part on the host (the memory plan's figures)."""
+    from strata.options import KV
+    from strata.runtime.plan import can_stream, session_state_bytes
+
+    g = model.geometry
+    if not g.attention_layers:
+        return []
+
+    def attention_bytes(parts: dict[str, int]) -> int:
+        return sum(n for name, n in parts.items() if name.startswith(("KV", "QSA")))
+
+    resident = {kv: attention_bytes(session_state_bytes(g, g.context_length, kv, 0)[0]) for kv in KV}
+    lines = [f"KV state      at {g.context_length:,} tokens of context, in VRAM: "
+             + ", ".join(f"{kv.value} {_size(n)}" for kv, n in resident.items())]
+    if not can_stream(g):
+        return lines + ["KV streaming  not served: attention without a QSA indexer reads every cell"]
+    streamed = {kv: session_state_bytes(g, g.context_length, kv, 0, kv_streaming=True) for kv in KV}
+    vram = ", ".join(f"{kv.value} {_size(attention_bytes(d))}" for kv, (d, _h) in streamed.items())
+    host = ", ".join(f"{kv.value} {_size(attention_bytes(h))}" for kv, (_d, h) in streamed.items())
+    return lines + [f"KV streaming  in VRAM {vram}; in host memory {host} (--kv-streaming)"]
 
 
 def tokenizer_lines(model: ModelFile) -> list[str]:
