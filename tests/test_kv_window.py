@@ -344,7 +344,7 @@ def test_launchers_refuse_too_few_or_too_many_slots(rng, slots, launcher):
 def test_window_bytes_for_qwen4exp(kv, slot):
     """qwen4exp's attention layers (2 kv heads of 256, blocks of 4 tokens, 512 kept) at 262,144 tokens: each slot
     holds one block of both halves, and the region adds the page table (an int per block) and the slots'
-    bookkeeping, each piece on a 256-byte boundary."""
+    bookkeeping and its clock, each piece on a 256-byte boundary."""
     from strata import _native_check
 
     keep, context = 512, 262144
@@ -354,7 +354,7 @@ def test_window_bytes_for_qwen4exp(kv, slot):
     assert sizes["key_row"] + sizes["value_row"] == slot // RATIO
     assert sizes["window_keys"] + sizes["window_values"] == slot * (keep + 2)
     aligned = [-(-n // 256) * 256 for n in (sizes["window_keys"], sizes["window_values"], 4 * context // RATIO,
-                                            4 * (keep + 2), 4 * (keep + 2), 4 * (keep + 2), 4, 8)]
+                                            4 * (keep + 2), 4 * (keep + 2), 4, 4 * (keep + 2), 4, 8)]
     assert sizes["region"] == sum(aligned)
 
 
