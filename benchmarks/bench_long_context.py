@@ -1,8 +1,12 @@
 """Decode speed as the context grows, per KV format, with and without KV streaming (docs/performance.md, "Long
 contexts").
 
-    python3 benchmarks/bench_long_context.py MODEL.gguf [--depths 4096,32768,131072,262144] [--kv int8,q4]
-        [--stream off,on] [--tokens 64] [--json PATH]
+    python3 benchmarks/bench_long_context.py [MODEL.gguf] [--depths 4096,262144] [--kv int8] [--stream off,on]
+        [--tokens 64] [--json PATH]
+
+Without MODEL, `strata bench`'s default benchmark model (synthesized once into the cache). The defaults take about
+two minutes on the GPU box; docs/performance.md's table ran `--kv q4,k8v4,bf16,int8 --depths
+4096,32768,131072,262144`.
 
 One session per (format, streaming) of the largest depth's context: the context is built through the prompt path
 (timed, in feeds of FEED_TOKENS random ids), then `tokens` tokens are decoded greedily at each depth in turn, so a
@@ -21,6 +25,7 @@ import time
 import numpy as np
 
 import strata
+from strata.cli import bench
 from strata.cli.bench import prompt_ids
 from strata.runtime.engine import per_token_timing
 from strata.sampling import SamplingParams
@@ -59,14 +64,18 @@ def decode(engine, history: list[int], tokens: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("model")
-    parser.add_argument("--depths", default="4096,32768,131072,262144")
+    parser.add_argument("model", nargs="?", default=None)
+    parser.add_argument("--depths", default="4096,262144")
     parser.add_argument("--kv", default="int8")
-    parser.add_argument("--stream", default="off")
+    parser.add_argument("--stream", default="off,on")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--json")
     args = parser.parse_args()
     depths = sorted(int(d) for d in args.depths.split(","))
+    if args.model is None:
+        from strata.synth import synthesize
+
+        args.model = str(bench.bench_model(bench.cache_dir(), synthesize))
     rows = []
     with strata.load(args.model, expert_cache=0, progress=False) as model:
         g = model.info.geometry
@@ -98,9 +107,13 @@ def main() -> None:
                 finally:
                     engine.close()
                 print("  VRAM " + ", ".join(f"{k} {v / MIB:.1f} MiB" for k, v in vram.items()), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+                first = next(r for r in rows if r["kv"] == kv and r["stream"] == stream)
+                print(f"RESULT long context kv {kv} streaming {stream}: {row['tokens_per_second']:.1f} tok/s at "
+                      f"{row['depth']} tokens = {row['tokens_per_second'] / first['tokens_per_second']:.0%} of "
+                      f"{first['depth']}; built in {row['build_seconds']:.1f} s", flush=True)
+                if args.json:  # after every session: a run cut short keeps what it measured
+                    with open(args.json, "w") as f:
+                        json.dump(rows, f, indent=1)
 
 
 def session_vram(model, context: int, kv: str, streaming: bool, chunk: int) -> dict[str, int]:
