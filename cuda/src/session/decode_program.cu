@@ -179,8 +179,10 @@ DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& 
   const std::size_t hidden_bytes = sizeof(float) * g.n_expert_used * g.expert_ff;
   STRATA_CUDA_TRY(cudaMemset(ex_gate_, 0, hidden_bytes));
   STRATA_CUDA_TRY(cudaMemset(ex_up_, 0, hidden_bytes));
-  reset_windows(nullptr);  // the arena's reset zeroed them; empty is every slot -1
-  STRATA_CUDA_TRY(cudaStreamSynchronize(nullptr));
+  if (seq_.kv_streaming) {  // the arena's reset zeroed the windows; empty is every slot -1
+    reset_windows(nullptr);
+    STRATA_CUDA_TRY(cudaStreamSynchronize(nullptr));
+  }
 
 }
 

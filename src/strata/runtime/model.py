@@ -99,8 +99,7 @@ class Model:
         if not 0 <= snapshots <= _native.MAX_SNAPSHOTS:
             raise InvalidArgument(f"snapshots must be in 0..{_native.MAX_SNAPSHOTS}, got {snapshots}")
         tensors = file_tensors(self.file)
-        resident = self.info.plan.vram["dense weights"] + self.cache_bytes + self.staging_bytes
-        free = vram_free(self.device, self.vram_limit, resident)
+        resident, free = self._vram_room()
         placed = {"expert_cache": self.cache_bytes, "prompt_staging": self.staging_bytes}
         if kv_streaming and not can_stream(g):
             raise InvalidArgument(f"kv_streaming: {g.arch}'s attention layers have no QSA indexer, so every token "
@@ -120,6 +119,12 @@ class Model:
                                        prompt_cpu=prompt_cpu, kv_streaming=kv_streaming)
         return Session(GpuEngine(native, ple, snapshots), self.tokenizer)
 
+    def _vram_room(self) -> tuple[int, int]:
+        """(the VRAM the model holds: dense weights, expert cache, prompt staging; what is free for a session beside
+        it, within vram_limit)."""
+        resident = self.info.plan.vram["dense weights"] + self.cache_bytes + self.staging_bytes
+        return resident, vram_free(self.device, self.vram_limit, resident)
+
     def largest_context(self, kv: KV | str = KV.INT8, kv_streaming: bool = False,
                         snapshots: int = DEFAULT_SNAPSHOTS) -> int:
         """The longest context (whole KV pages, at most the model's) a session in `kv`, streamed or not, with
@@ -128,8 +133,7 @@ class Model:
         g, kv = self.info.geometry, KV.parse(kv)
         if kv_streaming and not can_stream(g):
             return 0
-        resident = self.info.plan.vram["dense weights"] + self.cache_bytes + self.staging_bytes
-        free = vram_free(self.device, self.vram_limit, resident)
+        resident, free = self._vram_room()
         return largest_context(g, file_tensors(self.file), kv, free + resident, snapshots, self.cache_bytes,
                                self.staging_bytes, kv_streaming=kv_streaming)
 

@@ -241,4 +241,4 @@ def check_fits(g: Geometry, tensors: Tensors, context: int, kv: KV | str, *, vra
 def can_stream(g: Geometry) -> bool:
     """Whether KV streaming serves this model: every attention layer has a QSA indexer, so a token reads a
     bounded selection of its cells (the native layout refuses the others)."""
-    return g.indexer_n_heads > 0
+    return g.indexer_head_dim > 0  # the native layout's rule (session_layout.cpp)
