@@ -123,6 +123,20 @@ def test_bench_pool_quick_runs_and_writes_json(tmp_path, capsys):
     assert out.stat().st_size > 0
 
 
+def test_bench_pool_mix_limits_the_rows_to_the_headline_and_those_mixes(tmp_path, capsys):
+    out = tmp_path / "pool.json"
+    assert cli.main(["bench", "pool", "--quick", "-k", "2", "--isa", "avx2", "--mix", "Q4_K+Q6_K",
+                     "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["layers"]
+    assert {(r["shape"], r["mix"]) for r in rows} == {("qwen4exp", "Q4_K"), ("qwen4exp", "Q4_K+Q6_K"),
+                                                      ("qwen3next", "Q4_K+Q6_K")}
+    # qwen3next's 512-wide down rows hold whole Q6_K super-blocks; qwen4exp's 640 fall back as llama-quantize does
+    assert {r["down_form"] for r in rows if r["mix"] == "Q4_K+Q6_K" and r["shape"] == "qwen3next"} == {"q6_k"}
+    capsys.readouterr()
+    assert cli.main(["bench", "pool", "--quick", "--mix", "Q9_K"]) != 0
+    assert "unknown mix Q9_K" in capsys.readouterr().err
+
+
 def test_bench_pool_groups_quick_runs_and_writes_json(tmp_path, capsys):
     out = tmp_path / "groups.json"
     assert cli.main(["bench", "pool", "--groups", "--quick", "--isa", "avx2", "--json", str(out)]) == 0

@@ -2,8 +2,12 @@
 then profiles `--tokens` more in the chosen mode with torch's CUDA profiler (CUPTI sees every kernel of the
 process, strata's included) and prints the kernels by total time per token. With `--prompt N` it profiles one
 prompt of N ids through the prompt path instead (times per prompt token; `--expert-cache` as strata.load's).
+With `--depth D` the decoded tokens follow a prompt of D ids. `--timeline` adds, per layer of the last token, the
+GPU's span before its ring (from the previous ring's answer to its publish), the kernels in it, their summed
+time and the gaps between them (what fusing launches can win), and the last token's first layers kernel by kernel.
 
-    python tools/profile_decode.py MODEL [--mode uncaptured] [--tokens 8] [--prompt 4096 [--expert-cache 0]]
+    python tools/profile_decode.py MODEL [--mode uncaptured] [--tokens 8] [--depth 3000] [--timeline]
+                                   [--prompt 4096 [--expert-cache 0]]
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=40)
     parser.add_argument("--prompt", type=int, default=0)
     parser.add_argument("--expert-cache", default="auto")
+    parser.add_argument("--depth", type=int, default=0)
+    parser.add_argument("--timeline", action="store_true")
     args = parser.parse_args()
 
     import torch
@@ -33,11 +39,11 @@ def main() -> None:
 
     cache = args.expert_cache if not args.expert_cache.isdigit() else int(args.expert_cache)
     model = strata.load(args.model, progress=False, expert_cache=cache)
-    session = model.session(max(256, args.prompt + 256), mode=args.mode)
+    session = model.session(max(256, args.prompt + args.depth + 256), mode=args.mode)
     engine = session.engine
     g = model.info.geometry
     rng = np.random.default_rng(0)
-    history = [int(t) for t in rng.integers(0, g.n_vocab - 1, 64 if args.prompt else 8)]
+    history = [int(t) for t in rng.integers(0, g.n_vocab - 1, 64 if args.prompt else max(8, args.depth))]
     greedy = SamplingParams()
     token = engine.feed(history, greedy, 0.0, history)
     torch.cuda.init()
@@ -62,8 +68,68 @@ def main() -> None:
     print(f"GPU busy {total / args.tokens / 1e3:.3f} ms/token over {args.tokens} tokens ({what})")
     for name, (us, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:args.rows]:
         print(f"{us / args.tokens:9.1f} us/token {count / args.tokens:6.1f} calls/token  {name}")
+    if args.timeline and not args.prompt:
+        print_timeline(prof.events())
     engine.close()
     model.close()
+
+
+def print_timeline(events) -> None:
+    """The last token's kernels in start order: per layer the span before the ring, and its first layers in full."""
+    kernels = sorted((e for e in events if e.device_type.name == "CUDA" and e.time_range.elapsed_us() > 0),
+                     key=lambda e: e.time_range.start)
+    waits = [i for i, e in enumerate(kernels) if "doorbell_wait" in e.name]
+    publishes = [i for i, e in enumerate(kernels) if "doorbell_publish" in e.name]
+    if not waits or not publishes:
+        print("timeline: no doorbell kernels (every layer's experts in VRAM?)")
+        return
+    begins = [i for i, e in enumerate(kernels) if "record_token" in e.name]  # one per token, in begin()
+    start = begins[-1] if begins else 0
+    last = [p for p in publishes if p > start]
+    per_token = len(last)
+    print(f"\nlast token, {per_token} ringing layers: GPU before each ring (us)")
+    print(f"{'layer':>5s} {'span':>7s} {'kernels':>7s} {'busy':>7s} {'gaps':>7s}")
+    bound = start
+    spans = []
+    for layer, pub in enumerate(last):
+        window = kernels[bound:pub + 1]
+        span = window[-1].time_range.end - window[0].time_range.start
+        busy = _busy(window)
+        spans.append((span, len(window), busy))
+        print(f"{layer:5d} {span:7.1f} {len(window):7d} {busy:7.1f} {span - busy:7.1f}")
+        later = [w for w in waits if w > pub]
+        bound = later[0] + 1 if later else pub + 1
+    mean = [sum(v[i] for v in spans) / len(spans) for i in range(3)]
+    print(f" mean {mean[0]:7.1f} {mean[1]:7.1f} {mean[2]:7.1f} {mean[0] - mean[2]:7.1f}")
+    print("\nthe last token's first layers, kernel by kernel (start, duration, gap before, us):")
+    t0 = kernels[start].time_range.start
+    previous_end = t0
+    stop = last[min(3, len(last) - 1)]
+    for e in kernels[start:stop + 1]:
+        r = e.time_range
+        print(f"{r.start - t0:9.1f} {r.elapsed_us():7.1f} {r.start - previous_end:6.1f}  {_short(e.name)}")
+        previous_end = max(previous_end, r.end)
+
+
+def _short(name: str) -> str:
+    for noise in ("void ", "strata::", "kernels::", "(anonymous namespace)::"):
+        name = name.replace(noise, "")
+    return name[:100]
+
+
+def _busy(window) -> float:
+    """Microseconds in which at least one kernel of `window` runs (branches overlap)."""
+    busy, end = 0.0, None
+    for e in sorted(window, key=lambda e: e.time_range.start):
+        s, t = e.time_range.start, e.time_range.end
+        if end is None or s >= end:
+            busy += t - s
+            end = t
+        elif t > end:
+            busy += t - end
+            end = t
+    return busy
+
 
 
 if __name__ == "__main__":

@@ -62,6 +62,11 @@ void project(const float* x, std::initializer_list<Product> products, const Q8Sc
              const Branches* branches) {
   const auto quantized = std::find_if(products.begin(), products.end(), [](const Product& p) { return !p.w->is_float; });
   if (quantized != products.end()) quantize(x, quantized->w->cols, q8, stream);
+  project_quantized(x, products, q8, stream, branches);
+}
+
+void project_quantized(const float* x, std::initializer_list<Product> products, const Q8Scratch& q8,
+                       cudaStream_t stream, const Branches* branches) {
   const Product* list = products.begin();
   if (branches && products.size() > 1) {
     branches->run(static_cast<int>(products.size()), stream,

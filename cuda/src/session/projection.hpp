@@ -66,6 +66,11 @@ void Branches::run(int n, cudaStream_t stream, Launch&& launch) const {
 void project(const float* x, std::initializer_list<Product> products, const Q8Scratch& q8, cudaStream_t stream,
              const Branches* branches = nullptr);
 
+// project() where q8 already holds q8_32(x), written by the kernel that produced x (a fused producer saves the
+// quantization's launch on the token's critical path); float weights read x.
+void project_quantized(const float* x, std::initializer_list<Product> products, const Q8Scratch& q8,
+                       cudaStream_t stream, const Branches* branches = nullptr);
+
 // Enqueues q8 = q8_32(x) over n floats (n a multiple of 32; rows of a batch may follow one another).
 void quantize(const float* x, long n, const Q8Scratch& q8, cudaStream_t stream);
 

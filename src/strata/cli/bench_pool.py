@@ -18,6 +18,7 @@ from gguf import GGMLQuantizationType as T
 
 from strata.cli import bench_pool_groups
 from strata.cli.help import ShowDefaults
+from strata.errors import InvalidArgument
 from strata.quant import QuantTensor, form_for
 from strata.quant.forms import FLOAT_DTYPES, fitting_type, float_form_of
 from strata.runtime.plan import tensor_bytes
@@ -27,7 +28,9 @@ from strata.synth.blocks import fill_float
 SHAPES = {"qwen4exp": (2560, 640), "qwen3next": (2048, 512)}  # (n_embd, expert_ff)
 # gate/up type, down type; a down whose rows are not whole 256-blocks takes llama-quantize's fallback type.
 # F16 and BF16 are what llama.cpp's converter writes by default; F32 streams the most bytes a weight.
+# Q4_K+Q6_K is llama-quantize's Q4_K_M expert mix (down one step wider).
 MIXES = {"Q4_K": (T.Q4_K, T.Q4_K), "Q2_K": (T.Q2_K, T.Q2_K), "Q8_0": (T.Q8_0, T.Q8_0), "Q4_K+Q4_0": (T.Q4_K, T.Q4_0),
+         "Q4_K+Q6_K": (T.Q4_K, T.Q6_K),
          "F16": (T.F16, T.F16), "BF16": (T.BF16, T.BF16), "F32": (T.F32, T.F32), "BF16+Q8_0": (T.BF16, T.Q8_0)}
 # The lattice i-quants and the ternary types, one mix per distinct CPU kernel and scale plane: IQ3_XXS and IQ1_S
 # run IQ2_XXS's, IQ2_S and IQ1_M IQ2_XS's (the codebook is a runtime table), TQ1_0 TQ2_0's.
@@ -100,8 +103,14 @@ def thread_sweep(max_threads: int) -> list[int]:
     return sorted({n for n in (1, 2, 4, 8, 12, max_threads) if n <= max_threads})
 
 
-def run(quick: bool = False, k: int = 10, isa: str | None = None, json_path: str | None = None) -> dict:
-    """Runs the benchmark, prints a table and RESULT lines, returns (and optionally writes) the numbers."""
+def run(quick: bool = False, k: int = 10, isa: str | None = None, json_path: str | None = None,
+        mixes: list[str] | None = None) -> dict:
+    """Runs the benchmark, prints a table and RESULT lines, returns (and optionally writes) the numbers.
+    `mixes` (names of MIXES or IQ_MIXES) limits the rows to those mixes; the headline row always runs."""
+    unknown = sorted(set(mixes or ()) - set(MIXES) - set(IQ_MIXES))
+    if unknown:
+        raise InvalidArgument(f"bench pool: unknown mix {', '.join(unknown)}; "
+                              f"known: {', '.join([*MIXES, *IQ_MIXES])}")
     scale = QUICK if quick else BOX
     rng = np.random.default_rng()
     n_all = default_threads()
@@ -126,6 +135,8 @@ def run(quick: bool = False, k: int = 10, isa: str | None = None, json_path: str
           f"{'GB/s':>6s} {'%bw':>5s} {'lat/bound':>9s}")
     for shape, (n_embd, ff) in SHAPES.items():
         for mix, (gate_type, down_type) in {**MIXES, **IQ_MIXES}.items():
+            if mixes and mix not in mixes and (shape, mix) != HEADLINE:
+                continue
             n_expert = experts_per_layer(scale, (gate_type, down_type), n_embd, ff, k)
             gate = [synthetic_experts(gate_type, ff, n_embd, n_expert, rng) for _ in range(2 * scale.n_layers)]
             down = [synthetic_experts(down_type, n_embd, ff, n_expert, rng) for _ in range(scale.n_layers)]
@@ -173,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     pool.add_argument("--isa", choices=("avx2", "avx512"), default=None, help="force a kernel ISA")
     pool.add_argument("-k", type=int, default=10, help="routed experts per layer job (default 10)")
     pool.add_argument("--json", metavar="PATH", default=None, help="also write the numbers as JSON")
+    pool.add_argument("--mix", action="append", default=None, metavar="MIX",
+                      help=f"only this expert mix (repeatable; the headline row always runs): "
+                           f"{', '.join([*MIXES, *IQ_MIXES])}")
     pool.add_argument("--groups", action="store_true",
                       help="time run_groups instead: a prompt chunk's rows grouped by expert (bench_pool_groups)")
     pool.set_defaults(handler=handle, command="bench pool")
@@ -183,5 +197,5 @@ def handle(args: argparse.Namespace) -> int:
     if args.groups:
         bench_pool_groups.run(synthetic_experts, quick=args.quick, isa=args.isa, json_path=args.json)
     else:
-        run(quick=args.quick, k=args.k, isa=args.isa, json_path=args.json)
+        run(quick=args.quick, k=args.k, isa=args.isa, json_path=args.json, mixes=args.mix)
     return 0
