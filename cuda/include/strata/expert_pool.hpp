@@ -87,7 +87,8 @@ class ExpertPool {
   // Layer `layer`'s weights as registered. InvalidArgument when the layer is unset or the pool closed.
   LayerMatrices layer_matrices(int layer) const;
 
-  // Best read bandwidth (bytes/s) of all workers streaming their slice of a `bytes` buffer, over `reps`.
+  // Best read bandwidth (bytes/s) of all workers streaming their slice of a `bytes` buffer (huge-page advised,
+  // the ISA's widest loads, with and without prefetch), over `reps` passes of each: the host's read ceiling.
   double read_bandwidth(int64_t bytes, int reps);
 
   // Stops the workers and restores the constructing thread's affinity. Idempotent; the destructor calls it.

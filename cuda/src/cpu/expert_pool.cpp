@@ -230,7 +230,7 @@ void ExpertPool::run_groups(int layer, const float* x, const int32_t* experts, c
 
 double ExpertPool::read_bandwidth(int64_t bytes, int reps) {
   STRATA_EXPECTS(impl_->team != nullptr, InvalidArgument, "read_bandwidth: the expert pool is closed");
-  return measure_read_bandwidth(*impl_->team, bytes, reps);
+  return measure_read_bandwidth(*impl_->team, impl_->isa, bytes, reps);
 }
 
 int ExpertPool::layers() const { return static_cast<int>(impl_->layers.size()); }
