@@ -3,13 +3,14 @@
 // What the GPU box rewards (16-core Xeon, one NUMA node; a probe of 4/8/16 streams x 16/32/64-byte loads x
 // prefetch x huge pages, 2026-12-01): huge pages above all (85 -> 114-148 GB/s at 15 workers, as the expert
 // planes have them: numpy advises its large arrays), then eight full-width streams or a software prefetch
-// (+10-20 %). A test on 4 KiB pages read 84 GB/s while pool jobs streamed 88-104, so the limit `strata bench`
-// printed understated the machine; the test now reads the way the best job could.
+// (+10-20 %). A test on 4 KiB pages in fixed slices read 84 GB/s while pool jobs streamed 88-104, so the limit
+// `strata bench` printed understated the machine; the test now reads the way the best job could.
 #include "read_bandwidth.hpp"
 
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -45,21 +46,24 @@ class ReadBuffer {
 
 struct ReadJob {
   uint8_t* base = nullptr;
-  int64_t slice = 0;
+  int64_t chunk = 0, chunks = 0;
   bool touch = false;
   bool prefetch = false;
   uint64_t (*read)(const uint8_t*, int64_t, bool) = nullptr;
+  alignas(64) std::atomic<int64_t> next{0};
   std::vector<uint64_t> sinks;  // one per worker, so the reads cannot be optimised away
 };
 
+// Workers claim chunks as the pool's jobs claim their work items, so a slower core (one that also serves
+// interrupts, say) delays the pass by a chunk, not by a fixed slice: the test measures what a balanced job can
+// stream.
 void read_job(void* context, int worker) {
   auto& job = *static_cast<ReadJob*>(context);
-  uint8_t* mine = job.base + worker * job.slice;
-  if (job.touch) {
-    std::memset(mine, worker + 1, static_cast<size_t>(job.slice));
-    return;
+  for (int64_t c; (c = job.next.fetch_add(1, std::memory_order_relaxed)) < job.chunks;) {
+    uint8_t* at = job.base + c * job.chunk;
+    if (job.touch) std::memset(at, static_cast<int>(c + 1), static_cast<size_t>(job.chunk));
+    else job.sinks[worker] += job.read(at, job.chunk, job.prefetch);
   }
-  job.sinks[worker] += job.read(mine, job.slice, job.prefetch);
 }
 
 }  // namespace
@@ -69,11 +73,11 @@ double measure_read_bandwidth(WorkerTeam& team, Isa isa, int64_t bytes, int reps
                  "read_bandwidth: needs bytes >= 1 MiB and reps >= 1, found bytes=" + std::to_string(bytes) +
                      ", reps=" + std::to_string(reps));
   ReadJob job;
-  // Whole huge pages per worker where the buffer is large enough, so each worker's pages are its own.
-  const int64_t unit = bytes / team.size() >= kHugePage ? kHugePage : 4096;
-  job.slice = (bytes / team.size()) / unit * unit;
-  STRATA_EXPECTS(job.slice > 0, InvalidArgument, "read_bandwidth: buffer too small for the workers");
-  const size_t total = static_cast<size_t>(job.slice) * team.size();
+  // Whole huge pages per chunk where the buffer holds a few per worker.
+  job.chunk = bytes / team.size() >= 2 * kHugePage ? kHugePage : 64 * 1024;
+  job.chunks = bytes / job.chunk;
+  STRATA_EXPECTS(job.chunks >= team.size(), InvalidArgument, "read_bandwidth: buffer too small for the workers");
+  const size_t total = static_cast<size_t>(job.chunk) * job.chunks;
   ReadBuffer buffer(total);
   job.base = buffer.data();
   job.read = isa == Isa::kAvx512 ? &read_slice_avx512 : &read_slice_avx2;
@@ -85,6 +89,7 @@ double measure_read_bandwidth(WorkerTeam& team, Isa isa, int64_t bytes, int reps
   for (const bool prefetch : {false, true}) {
     job.prefetch = prefetch;
     for (int r = 0; r < reps; ++r) {
+      job.next.store(0, std::memory_order_relaxed);
       const auto t0 = std::chrono::steady_clock::now();
       team.run(&read_job, &job);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
