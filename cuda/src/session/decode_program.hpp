@@ -61,6 +61,7 @@ struct DecodeScratch {
   float *router_logits_ = nullptr, *route_weights_ = nullptr, *sh_g_ = nullptr, *sh_u_ = nullptr, *sh_h_ = nullptr;
   float *shared_ = nullptr, *shared_gate_ = nullptr, *routed_ = nullptr;
   int* route_ids_ = nullptr;
+  unsigned* route_ticket_ = nullptr;  // the fused router's CTAs count themselves here (zero between launches)
   // The cached experts: each routed slot's cache slot (-1: the pool's), gate, up, hidden and down rows [k][...].
   int* cache_slots_ = nullptr;
   float *ex_gate_ = nullptr, *ex_up_ = nullptr, *ex_hidden_ = nullptr, *ex_rows_ = nullptr;
