@@ -92,4 +92,4 @@ cdef extern from "strata/check/kernel_check.hpp" nogil:
     void cpp_sample_tokens "strata::kernel_check::sample_tokens"(
         int device, const float* logits, int vocab, const int32_t* seen, int n_seen, double temperature,
         int top_k, double top_p, double min_p, double repeat_penalty, const double* draws, int n_draws,
-        bint graph, int32_t* tokens) except +raise_strata_error
+        bint graph, bint argmax_path, int32_t* tokens) except +raise_strata_error

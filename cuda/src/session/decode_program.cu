@@ -398,18 +398,20 @@ void DecodeProgram::enqueue_logprobs(int token, int n, cudaStream_t s) const {
   STRATA_CUDA_TRY(kernels::logprobs(logits_, g_.n_vocab, token, n, logprobs_, s));
 }
 
-void DecodeProgram::end_prompt(bool sample, cudaStream_t s) const {
+void DecodeProgram::end_prompt(Sampler sampler, cudaStream_t s) const {
   STRATA_CUDA_TRY(cudaMemcpyAsync(stage_, io_.host_stage, sizeof(TokenStage), cudaMemcpyHostToDevice, s));
-  end(sample, s);
+  end(sampler, s);
 }
 
-void DecodeProgram::end(bool sample, cudaStream_t s) const {
+void DecodeProgram::end(Sampler sampler, cudaStream_t s) const {
   if (g_.hc_count > 0) hc_read(t_.output_hc, x_, nullptr, s);
   else STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t_.output_norm, x_, 1, g_.n_embd, g_.rms_eps, s));
   project(x_, {{t_.head, logits_}}, q8_, s);
-  if (!sample) return;
-  STRATA_CUDA_TRY(kernels::sample_token(logits_, g_.n_vocab, seen_, context_, &stage_->sampling, sample_scratch_,
-                                        sample_scratch_bytes_, io_.sampled, s));
+  if (sampler == Sampler::kNone) return;
+  // The argmax needs no sort: the host chose it from the values it staged (kernels::picks_argmax).
+  auto* sample = sampler == Sampler::kArgmax ? kernels::sample_argmax : kernels::sample_token;
+  STRATA_CUDA_TRY(sample(logits_, g_.n_vocab, seen_, context_, &stage_->sampling, sample_scratch_,
+                         sample_scratch_bytes_, io_.sampled, s));
 }
 
 }  // namespace strata

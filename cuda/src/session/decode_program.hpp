@@ -95,7 +95,7 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
   void begin(cudaStream_t s) const override;
   void pre(int layer, cudaStream_t s) const override;
   void post(int layer, cudaStream_t s) const override;
-  void end(bool sample, cudaStream_t s) const override;
+  void end(Sampler sampler, cudaStream_t s) const override;
 
   const float* logits() const noexcept { return logits_; }
 
@@ -114,9 +114,9 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
   const float* rope_sin() const noexcept { return sin_; }
   int* history() const noexcept { return seen_; }
 
-  // The LM head (and with `sample` the sampler) after a prompt left its last token's streams in the arena: the
-  // stage's sampling values are copied up first, as begin() copies them for a token.
-  void end_prompt(bool sample, cudaStream_t s) const;
+  // The LM head (and `sampler`) after a prompt left its last token's streams in the arena: the stage's sampling
+  // values are copied up first, as begin() copies them for a token.
+  void end_prompt(Sampler sampler, cudaStream_t s) const;
 
   // The log-probabilities of `token` and the n most likely ids at the last position, into logprobs().
   void enqueue_logprobs(int token, int n, cudaStream_t s) const;

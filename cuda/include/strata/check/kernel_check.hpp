@@ -150,9 +150,10 @@ void hc_write(int device, const float* h, const float* inj, int inj_stride, cons
 // The token strata.sampling.sample picks, for each uniform draw u in draws [n_draws], into tokens [n_draws]:
 // logits [vocab], the seen ids [n_seen] for the repetition penalty, and the SamplingParams fields. Arguments
 // are checked as the reference checks them (before any device work); the per-token values travel in device
-// memory as on the token path, and with `graph` one captured CUDA graph is replayed for every draw.
+// memory as on the token path, and with `graph` one captured CUDA graph is replayed for every draw. With
+// `argmax_path` the launch is sample_argmax's (no sort), which the values must allow (kernels::picks_argmax).
 void sample_tokens(int device, const float* logits, int vocab, const std::int32_t* seen, int n_seen,
                    double temperature, int top_k, double top_p, double min_p, double repeat_penalty,
-                   const double* draws, int n_draws, bool graph, std::int32_t* tokens);
+                   const double* draws, int n_draws, bool graph, bool argmax_path, std::int32_t* tokens);
 
 }  // namespace strata::kernel_check
