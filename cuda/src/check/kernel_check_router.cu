@@ -76,20 +76,24 @@ void route_publish(int device, const HostTensor& router, const float* x, int rep
   const CapturedGraph graph(stream.get(), [&](cudaStream_t s) {
     route_and_publish(w, d_x.as<float>(), q8, k, targets, publish, s);
   });
+  STRATA_CUDA_TRY(cudaDeviceSynchronize());  // uploads and poisoning (legacy stream) done before the first replay
   const std::size_t k_out = static_cast<std::size_t>(k);
+  const cudaStream_t s = stream.get();
   for (int r = 0; r < replays; ++r) {
     const int base = ring_base + r;
-    STRATA_CUDA_TRY(cudaMemcpy(d_x.as<void>(), x + static_cast<std::size_t>(r) * n, x_bytes, cudaMemcpyHostToDevice));
-    STRATA_CUDA_TRY(cudaMemcpy(d_base.as<void>(), &base, sizeof(int), cudaMemcpyHostToDevice));
+    // Ordered on the replay's stream (a non-blocking one); pageable sources are staged before each call returns.
+    const float* x_r = x + static_cast<std::size_t>(r) * n;
+    STRATA_CUDA_TRY(cudaMemcpyAsync(d_x.as<void>(), x_r, x_bytes, cudaMemcpyHostToDevice, s));
+    STRATA_CUDA_TRY(cudaMemcpyAsync(d_base.as<void>(), &base, sizeof(int), cudaMemcpyHostToDevice, s));
     for (const GuardedOutput* o : {&d_ids, &d_weights, &d_slots})
-      STRATA_CUDA_TRY(cudaMemset(o->data<void>(), kPoison, k_bytes));
-    STRATA_CUDA_TRY(cudaMemset(d_logits.data<void>(), kPoison, n_expert * sizeof(float)));
+      STRATA_CUDA_TRY(cudaMemsetAsync(o->data<void>(), kPoison, k_bytes, s));
+    STRATA_CUDA_TRY(cudaMemsetAsync(d_logits.data<void>(), kPoison, n_expert * sizeof(float), s));
     poison(bell_x.host<void>(), x_bytes);
     poison(bell_ids.host<void>(), k_bytes);
     poison(bell_weights.host<void>(), k_bytes);
     poison(bell_seq.host<void>(), sizeof(int));
-    graph.launch(stream.get());
-    STRATA_CUDA_TRY(cudaStreamSynchronize(stream.get()));
+    graph.launch(s);
+    STRATA_CUDA_TRY(cudaStreamSynchronize(s));
     d_logits.copy_out(out.logits + static_cast<std::size_t>(r) * n_expert, "route_publish (logits)");
     d_ids.copy_out(out.ids + r * k_out, "route_publish (ids)");
     d_weights.copy_out(out.weights + r * k_out, "route_publish (weights)");

@@ -1,8 +1,9 @@
 // The GPU side of a MoE block (docs/models/qwen3next.md §3.3): the shared expert's sigmoid gate, its
 // SwiGLU between the GEMVs, the combine with the routed experts' answer, and for the routed experts held in
-// VRAM their weighted sum (their cache slots come with the router: router_publish.cuh). The per-token kernels run over `rows` (or `tokens`) tokens in one
-// launch, one contiguous row per token (decode passes 1). Launchers never allocate, synchronise or throw: they
-// are capturable into CUDA graphs (the gates, slots and row indices travel in device memory).
+// VRAM their weighted sum (their cache slots come with the router: router_publish.cuh). The per-token kernels
+// run over `rows` (or `tokens`) tokens in one launch, one contiguous row per token (decode passes 1).
+// Launchers never allocate, synchronise or throw: they are capturable into CUDA graphs (the gates, slots and
+// row indices travel in device memory).
 #pragma once
 
 #include <cuda_runtime.h>
