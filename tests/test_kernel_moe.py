@@ -1,5 +1,5 @@
-"""The MoE block's GPU kernels (router, shared-expert gate, SwiGLU, combine, the VRAM-cached experts' slots and
-sum, a prompt chunk's row gather and per-token sum of expert-grouped rows) vs strata.reference.moe.route and
+"""The MoE block's GPU kernels (router, shared-expert gate, SwiGLU, combine, the VRAM-cached experts' sum, a
+prompt chunk's row gather and per-token sum of expert-grouped rows) vs strata.reference.moe.route and
 float64 numpy formulas (docs/models/qwen3next.md §3.3). The per-token kernels run over rows of tokens in one
 launch; each row must be the same bits as a launch for that token alone (the decode step's rows = 1)."""
 
@@ -156,27 +156,8 @@ def test_moe_vectors_must_match_without_a_device(rng):
         _native_check.shared_expert_gate(a, a[None, :32])
 
 
-# The routed experts held in VRAM: where each chosen expert sits in the layer's cache, and the cached experts'
-# weighted sum of down rows (kernels/moe.cuh).
-def random_cache(n_expert: int, n_cached: int, rng: np.random.Generator) -> np.ndarray:
-    """slot_of [n_expert]: n_cached experts at distinct slots in random order, -1 for the others."""
-    slot_of = np.full(n_expert, -1, np.int32)
-    slot_of[rng.choice(n_expert, n_cached, replace=False)] = rng.permutation(n_cached)
-    return slot_of
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize(("n_expert", "n_cached", "k"), [(512, 64, 10), (512, 500, 10), (64, 1, 8), (256, 128, 1)])
-def test_expert_slots(rng, n_expert, n_cached, k):
-    slot_of = random_cache(n_expert, n_cached, rng)
-    ids = rng.choice(n_expert, k, replace=False).astype(np.int32)
-    cached, missing = np.flatnonzero(slot_of >= 0), np.flatnonzero(slot_of < 0)
-    if k > 1:  # a hit and a miss among the chosen, whatever the draw
-        ids[:2] = rng.choice(cached), rng.choice(missing)
-    got = _native_check.expert_slots(slot_of, ids)
-    assert got.dtype == np.int32 and np.array_equal(got, slot_of[ids]), f"slots {got} vs {slot_of[ids]}"
-
-
+# The routed experts held in VRAM: the cached experts' weighted sum of down rows (kernels/moe.cuh; their slots
+# come with the router, tests/test_kernel_router.py).
 def cached_sum_case(tokens: int, k: int, n: int, rng: np.random.Generator):
     """rows [tokens, k, n] with NaN in the rows of skipped products, slots [tokens, k] with at least one skip and
     one hit per token, weights [tokens, k]."""
@@ -321,14 +302,6 @@ def test_gather_then_weighted_rows_is_the_routed_sum(rng):
     terms = weighted_terms(per_token, row_of, weights)
     err = np.abs(got - terms.sum(axis=1))
     assert np.all(err <= cached_sum_bound(terms, None)), f"max error {err.max():.2e}"
-
-
-def test_expert_slots_refuses_an_id_outside_the_experts_without_a_device(rng):
-    slot_of = random_cache(64, 8, rng)
-    with pytest.raises(strata.InvalidArgument, match=r"expert_slots: ids\[1\] = 64 is not an expert of 64"):
-        _native_check.expert_slots(slot_of, [3, 64])
-    with pytest.raises(strata.InvalidArgument, match=r"expert_slots: ids\[0\] = -1 is not an expert of 64"):
-        _native_check.expert_slots(slot_of, [-1])
 
 
 def test_moe_cached_sum_shapes_must_match_without_a_device(rng):

@@ -137,6 +137,71 @@ def test_one_captured_graph_serves_every_draw(rng, seed, name):
     check_same_tokens(logits, PARAMS[name], rng.random(40), rng.integers(0, 20000, 50), graph=True, seed=seed)
 
 
+# The values that pick the argmax whatever u is: the decode step runs them without the sort (sample_argmax).
+ARGMAX_PARAMS = {
+    "greedy": SamplingParams(),
+    "greedy_penalty": SamplingParams(repeat_penalty=1.3),
+    "greedy_penalty_below_1": SamplingParams(repeat_penalty=0.8),
+    "top_k_1": SamplingParams(temperature=0.9, top_k=1),
+    "top_k_1_filters": SamplingParams(temperature=1.5, top_k=1, top_p=0.5, min_p=0.1, repeat_penalty=1.2),
+}
+
+
+def check_argmax_path(logits, params, seen, graph=False, seed=None):
+    """The argmax path's token for three draws: the sorted path's and the reference's, exactly."""
+    draws = [0.0, 0.5, 0.999]
+    fast = _native_check.sample_tokens(logits, params, draws, seen, graph=graph, argmax_path=True)
+    by_sort = _native_check.sample_tokens(logits, params, draws, seen, graph=graph)
+    want = reference_tokens(logits, params, draws, seen)
+    assert fast.tolist() == by_sort.tolist() == want.tolist(), (
+        f"seed={seed} {params} graph={graph}: argmax path {fast.tolist()}, sorted {by_sort.tolist()}, "
+        f"reference {want.tolist()}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(ARGMAX_PARAMS))
+@pytest.mark.parametrize("vocab", [50, 10000, QWEN_VOCAB])  # one CTA of the reduction, several, 122
+@pytest.mark.parametrize("graph", [False, True])
+def test_argmax_path_picks_what_the_sort_picks(rng, seed, name, vocab, graph):
+    for _ in range(2):
+        logits = random_logits(rng, vocab)
+        seen = rng.integers(0, vocab, 40)
+        # A seen id above every other logit: it stays the argmax with the penalty off or below 1, and a penalty
+        # above 1.1 may move the argmax to an unseen id.
+        logits[seen[0]] = np.float32(1.1) * np.abs(logits).max()
+        check_argmax_path(logits, ARGMAX_PARAMS[name], seen, graph=graph, seed=seed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["greedy", "greedy_penalty", "top_k_1"])
+def test_argmax_path_ties_go_to_the_lower_id(rng, seed, name):
+    """Few distinct values, -0.0 beside +0.0; and a maximum of 0 held by zeros of both signs."""
+    logits = rng.integers(-3, 3, QWEN_VOCAB).astype(np.float32)
+    logits[rng.integers(0, QWEN_VOCAB, 2000)] = -0.0
+    check_argmax_path(logits, ARGMAX_PARAMS[name], rng.integers(0, QWEN_VOCAB, 30), seed=seed)
+    zeros = -rng.uniform(0.5, 1.0, 10000).astype(np.float32)
+    zeros[[9000, 7, 3]] = [0.0, -0.0, 0.0]
+    got = _native_check.sample_tokens(zeros, ARGMAX_PARAMS[name], [0.5], argmax_path=True)
+    assert got.tolist() == [3], f"seed={seed}: the argmax path gave {got.tolist()}, want 3"
+    check_argmax_path(zeros, ARGMAX_PARAMS[name], [], seed=seed)
+
+
+@pytest.mark.gpu
+def test_argmax_path_penalises_repeated_ids_once(rng, seed):
+    """2.0 / 1.2 = 1.67 stays above 1.5; penalised twice (1.39) it would fall below."""
+    logits = rng.uniform(-1.0, 1.0, 1000).astype(np.float32)
+    logits[[10, 20]] = [2.0, 1.5]
+    greedy = SamplingParams(repeat_penalty=1.2)
+    got = _native_check.sample_tokens(logits, greedy, [0.3], [10, 10, 10, 5, 5, 999], argmax_path=True)
+    assert got.tolist() == [10], f"seed={seed}"
+
+
+def test_argmax_path_refuses_values_that_draw():
+    params = SimpleNamespace(temperature=0.7, top_k=2, top_p=1.0, min_p=0.0, repeat_penalty=1.0)
+    with pytest.raises(strata.InvalidArgument, match="argmax path needs temperature 0 or top_k 1"):
+        _native_check.sample_tokens(np.ones(10, np.float32), params, [0.5], argmax_path=True)
+
+
 # Argument checks happen before any device work, so these run without a GPU.
 GOOD = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0)
 

@@ -79,7 +79,9 @@ def print_timeline(events) -> None:
     kernels = sorted((e for e in events if e.device_type.name == "CUDA" and e.time_range.elapsed_us() > 0),
                      key=lambda e: e.time_range.start)
     waits = [i for i, e in enumerate(kernels) if "doorbell_wait" in e.name]
-    publishes = [i for i, e in enumerate(kernels) if "doorbell_publish" in e.name]
+    # The router's one launch ends with the publish (kernels/router_publish.cuh). A layer the VRAM cache holds
+    # whole launches it too without ringing, so the spans below are per layer only when every layer rings.
+    publishes = [i for i, e in enumerate(kernels) if "route_publish" in e.name]
     if not waits or not publishes:
         print("timeline: no doorbell kernels (every layer's experts in VRAM?)")
         return

@@ -1,7 +1,7 @@
 # Declarations of the kernels' host round trips (cuda/include/strata/check/kernel_check.hpp): the test hooks'
 # extension binds them in _native_check_kernels.pxi, _native_check_norms.pxi, _native_check_moe.pxi and
 # _native_check_sample.pxi.
-from libc.stdint cimport int8_t, int32_t
+from libc.stdint cimport int8_t, int32_t, uint32_t
 from libcpp.string cimport string
 
 from strata._native_errors cimport raise_strata_error
@@ -53,9 +53,6 @@ cdef extern from "strata/check/kernel_check.hpp" nogil:
     void cpp_moe_combine "strata::kernel_check::moe_combine"(
         int device, const float* routed, const float* shared, const float* gate, float* out, int rows,
         int n) except +raise_strata_error
-    void cpp_expert_slots "strata::kernel_check::expert_slots"(
-        int device, const int32_t* slot_of, int n_expert, const int32_t* ids, int k,
-        int32_t* slots) except +raise_strata_error
     void cpp_moe_cached_sum "strata::kernel_check::moe_cached_sum"(
         int device, const float* rows, const int32_t* slots, const float* weights, int tokens, int k, int n,
         bint accumulate, float* out) except +raise_strata_error
@@ -65,6 +62,19 @@ cdef extern from "strata/check/kernel_check.hpp" nogil:
     void cpp_gather_rows "strata::kernel_check::gather_rows"(
         int device, const float* src, int src_rows, const int32_t* index, int m, int n,
         float* dst) except +raise_strata_error
+    cdef cppclass RoutePublishOutputs "strata::kernel_check::RoutePublishOutputs":
+        float* logits
+        int32_t* ids
+        float* weights
+        int32_t* slots
+        float* bell_x
+        int32_t* bell_ids
+        float* bell_weights
+        int32_t* seq
+        uint32_t* ticket
+    void cpp_route_publish "strata::kernel_check::route_publish"(
+        int device, const HostTensor& router, const float* x, int replays, int k, const int32_t* slot_of,
+        bint ring, int ring_base, const RoutePublishOutputs& out) except +raise_strata_error
     cdef cppclass HcReadOutputs "strata::kernel_check::HcReadOutputs":
         float* normed
         float* low
@@ -82,4 +92,4 @@ cdef extern from "strata/check/kernel_check.hpp" nogil:
     void cpp_sample_tokens "strata::kernel_check::sample_tokens"(
         int device, const float* logits, int vocab, const int32_t* seen, int n_seen, double temperature,
         int top_k, double top_p, double min_p, double repeat_penalty, const double* draws, int n_draws,
-        bint graph, int32_t* tokens) except +raise_strata_error
+        bint graph, bint argmax_path, int32_t* tokens) except +raise_strata_error

@@ -1,12 +1,13 @@
 # Router, shared-expert, routed-row and hyper-connection kernels: host round trips (strata::kernel_check). Each
 # uploads its inputs, runs one kernel into a poisoned, guarded output and copies it back: for tests and
 # benchmarks. The per-token kernels take a leading rows (tokens) axis, one launch for all of them.
-from libc.stdint cimport int32_t
+from libc.stdint cimport int32_t, uint32_t
 
 from strata._native cimport host_tensor
 from strata._native_check_kernels cimport (
-    HcReadOutputs, cpp_expert_slots, cpp_gather_rows, cpp_hc_mix, cpp_hc_read, cpp_hc_write, cpp_moe_cached_sum,
-    cpp_moe_combine, cpp_moe_route, cpp_moe_weighted_rows, cpp_shared_expert_gate, cpp_swiglu,
+    HcReadOutputs, RoutePublishOutputs, cpp_gather_rows, cpp_hc_mix, cpp_hc_read, cpp_hc_write,
+    cpp_moe_cached_sum, cpp_moe_combine, cpp_moe_route, cpp_moe_weighted_rows, cpp_route_publish,
+    cpp_shared_expert_gate, cpp_swiglu,
 )
 from strata._native_weights cimport HostTensor
 
@@ -44,6 +45,59 @@ def moe_route(logits, int k, int device=0):
     with nogil:
         cpp_moe_route(device, &lv[0, 0], tokens, n_expert, k, &iv[0, 0], &wv[0, 0])
     return ids, weights
+
+
+
+def route_publish(router, x, int k, slot_of=None, bint ring=True, int ring_base=1000, int device=0) -> dict:
+    """The decode step's fused router (kernels/router_publish.cuh) of `router` [n_expert, n] (a weight as
+    strata.quant holds it: QuantTensor or float array; x goes to q8_32 first for a quantized one) on each row of
+    x [replays, n]: one captured CUDA graph replayed per row, replay r ringing ring_base + r + 1 when `ring`.
+
+    Returns, each with a leading replays axis: logits [n_expert], ids, weights and slots [k] (slot_of[ids]; -1,
+    the poison, without slot_of), the doorbell as the host read it after the replay (bell_x [n], bell_ids,
+    bell_weights [k], seq [1]; poisoned with 0xFF bytes before each replay: NaN or -1 where nothing was
+    written); and ticket (uint32 [1]), the CTAs' ticket after the last replay.
+    """
+    cdef const float[:, ::1] xv = _rows_f32(x, "route_publish (x)")
+    keep = []
+    cdef HostTensor t = host_tensor("router", router, keep)
+    cdef int replays = xv.shape[0], n = xv.shape[1], n_expert = t.rows
+    if t.cols != n:
+        raise InvalidArgument(f"route_publish: x has {n} columns, the router has {t.cols}")
+    if k <= 0:
+        raise InvalidArgument(f"route_publish: k={k} must be positive")
+    cdef const int32_t[::1] sv
+    cdef const int32_t* slot_at = NULL
+    if slot_of is not None:
+        sv = _vector_i32(slot_of, "route_publish (slot_of)", n_expert)
+        slot_at = &sv[0]
+    result = {"logits": np.empty((replays, n_expert), np.float32), "ids": np.empty((replays, k), np.int32),
+              "weights": np.empty((replays, k), np.float32), "slots": np.empty((replays, k), np.int32),
+              "bell_x": np.empty((replays, n), np.float32), "bell_ids": np.empty((replays, k), np.int32),
+              "bell_weights": np.empty((replays, k), np.float32), "seq": np.empty((replays, 1), np.int32),
+              "ticket": np.empty(1, np.uint32)}
+    cdef float[:, ::1] logits_v = result["logits"]
+    cdef int32_t[:, ::1] ids_v = result["ids"]
+    cdef float[:, ::1] weights_v = result["weights"]
+    cdef int32_t[:, ::1] slots_v = result["slots"]
+    cdef float[:, ::1] bell_x_v = result["bell_x"]
+    cdef int32_t[:, ::1] bell_ids_v = result["bell_ids"]
+    cdef float[:, ::1] bell_weights_v = result["bell_weights"]
+    cdef int32_t[:, ::1] seq_v = result["seq"]
+    cdef uint32_t[::1] ticket_v = result["ticket"]
+    cdef RoutePublishOutputs out
+    out.logits = &logits_v[0, 0]
+    out.ids = &ids_v[0, 0]
+    out.weights = &weights_v[0, 0]
+    out.slots = &slots_v[0, 0]
+    out.bell_x = &bell_x_v[0, 0]
+    out.bell_ids = &bell_ids_v[0, 0]
+    out.bell_weights = &bell_weights_v[0, 0]
+    out.seq = &seq_v[0, 0]
+    out.ticket = &ticket_v[0]
+    with nogil:
+        cpp_route_publish(device, t, &xv[0, 0], replays, k, slot_at, ring, ring_base, out)
+    return result
 
 
 def shared_expert_gate(w, x, int device=0):
@@ -91,19 +145,6 @@ def _vector_i32(x, name: str, n: int | None = None):
         raise InvalidArgument(f"{name}: expected a non-empty int32 vector"
                               f"{'' if n is None else f' of {n} entries'}; found {a.size} entries")
     return a
-
-
-def expert_slots(slot_of, ids, int device=0):
-    """slot_of[ids] (int32 [k]) on the device: where each chosen expert sits in a layer's VRAM cache (slot_of
-    int32 [n_expert], -1 for an expert the cache does not hold; ids int32 [k], each checked to be an expert)."""
-    cdef const int32_t[::1] sv = _vector_i32(slot_of, "expert_slots (slot_of)")
-    cdef const int32_t[::1] iv = _vector_i32(ids, "expert_slots (ids)")
-    cdef int n_expert = sv.shape[0], k = iv.shape[0]
-    out = np.empty(k, np.int32)
-    cdef int32_t[::1] ov = out
-    with nogil:
-        cpp_expert_slots(device, &sv[0], n_expert, &iv[0], k, &ov[0])
-    return out
 
 
 def moe_cached_sum(rows, slots, weights, out=None, int device=0):

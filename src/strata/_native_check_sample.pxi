@@ -4,11 +4,13 @@ from libc.stdint cimport int32_t
 
 from strata._native_check_kernels cimport cpp_sample_tokens
 
-def sample_tokens(logits, params, draws, seen=(), bint graph=False, int device=0):
+def sample_tokens(logits, params, draws, seen=(), bint graph=False, bint argmax_path=False, int device=0):
     """The token strata.sampling.sample(logits, params, u, seen) picks for each u in `draws`, on GPU `device`.
 
     `params` is a strata.sampling.SamplingParams; returns int32 [len(draws)]. With graph=True the sampler is
     captured once into a CUDA graph and replayed per draw, the values rewritten in device memory in between.
+    With argmax_path=True the launch is the argmax's without a sort (sample_argmax), as the decode step runs it
+    for greedy or top-k 1 values (anything else is refused).
     """
     cdef const float[::1] lv = np.ascontiguousarray(logits, dtype=np.float32).reshape(-1)
     cdef const double[::1] dv = np.ascontiguousarray(draws, dtype=np.float64).reshape(-1)
@@ -28,5 +30,5 @@ def sample_tokens(logits, params, draws, seen=(), bint graph=False, int device=0
     cdef int32_t* tp = &tv[0] if n_draws else NULL
     with nogil:
         cpp_sample_tokens(device, lp, vocab, sp, n_seen, temperature, top_k, top_p, min_p, repeat_penalty, dp,
-                          n_draws, graph, tp)
+                          n_draws, graph, argmax_path, tp)
     return tokens

@@ -78,7 +78,7 @@ class ExchangeProgram final : public TokenProgram {
                                            s));
   }
 
-  void end(bool /*sample*/, cudaStream_t s) const override {
+  void end(Sampler /*sampler*/, cudaStream_t s) const override {
     STRATA_CUDA_TRY(cudaMemcpyAsync(result_.as<float>(), answers_.as<float>(), answers_.bytes(),
                                     cudaMemcpyDeviceToDevice, s));
   }
@@ -121,7 +121,7 @@ Timing run(cpu::ExpertPool& pool, int device, DecodeMode mode, int n_layer, int 
   for (int t = 0; t < tokens; ++t) {
     const int ring_base = ring_base_of(faults.first_token + t, n_layer);
     bell.begin_token(ring_base);
-    schedule.run(false, stream.get(), [&](int layer) {
+    schedule.run(Sampler::kNone, stream.get(), [&](int layer) {
       if (layer != faults.never_answer_layer)
         answerer.answer(layer, kernels::ring_at(ring_base, layer + 1), ring_timeout, stats);
     });

@@ -1,5 +1,5 @@
 // kernel_check entries of the MoE block's GPU kernels: the router, the shared expert's gate and SwiGLU, the
-// combine with the routed experts' answer, the VRAM-cached experts' slots and weighted sum, and a prompt chunk's
+// combine with the routed experts' answer, the VRAM-cached experts' weighted sum, and a prompt chunk's
 // row gather and per-token weighted sum of expert-grouped rows.
 #include <cuda_runtime.h>
 
@@ -102,22 +102,6 @@ void moe_combine(int device, const float* routed, const float* shared, const flo
                                        d_out.data<float>(), rows, n, nullptr));
   STRATA_CUDA_TRY(cudaDeviceSynchronize());
   d_out.copy_out(out, "moe_combine");
-}
-
-void expert_slots(int device, const std::int32_t* slot_of, int n_expert, const std::int32_t* ids, int k,
-                  std::int32_t* slots) {
-  STRATA_EXPECTS(n_expert > 0 && k > 0, InvalidArgument,
-                 "expert_slots needs n_expert > 0 and k > 0, got " + std::to_string(n_expert) + " and " +
-                     std::to_string(k));
-  check_indices("expert_slots", "ids", ids, k, n_expert, "an expert", false);
-  check_device(device);
-  DeviceScope scope(device);
-  DeviceBuffer d_slot_of = upload(slot_of, ints(n_expert));
-  DeviceBuffer d_ids = upload(ids, ints(k));
-  GuardedOutput d_slots(ints(k));
-  STRATA_CUDA_TRY(kernels::expert_slots(d_slot_of.as<int>(), d_ids.as<int>(), d_slots.data<int>(), k, nullptr));
-  STRATA_CUDA_TRY(cudaDeviceSynchronize());
-  d_slots.copy_out(slots, "expert_slots");
 }
 
 void moe_cached_sum(int device, const float* rows, const std::int32_t* slots, const float* weights, int tokens,

@@ -68,8 +68,11 @@ void check_logits_and_seen(const float* logits, int vocab, const std::int32_t* s
 
 void sample_tokens(int device, const float* logits, int vocab, const std::int32_t* seen, int n_seen,
                    double temperature, int top_k, double top_p, double min_p, double repeat_penalty,
-                   const double* draws, int n_draws, bool graph, std::int32_t* tokens) {
+                   const double* draws, int n_draws, bool graph, bool argmax_path, std::int32_t* tokens) {
   check_sampling_values(temperature, top_k, top_p, min_p, repeat_penalty, draws, n_draws);
+  STRATA_EXPECTS(!argmax_path || temperature == 0.0 || top_k == 1, InvalidArgument,
+                 "sample_tokens: the argmax path needs temperature 0 or top_k 1, got temperature " +
+                     std::to_string(temperature) + " and top_k " + std::to_string(top_k));
   check_logits_and_seen(logits, vocab, seen, n_seen, repeat_penalty);
   check_device(device);
   DeviceScope scope(device);
@@ -82,10 +85,10 @@ void sample_tokens(int device, const float* logits, int vocab, const std::int32_
   GuardedOutput d_scratch(scratch_bytes);  // guarded too: proves the sort and the kernels stay in their scratch
   GuardedOutput d_token(sizeof(std::int32_t));
   Stream stream;
+  auto* sample = argmax_path ? kernels::sample_argmax : kernels::sample_token;
   auto enqueue = [&](cudaStream_t s) {
-    STRATA_CUDA_TRY(kernels::sample_token(d_logits.as<float>(), vocab, d_seen.as<int>(), n_seen,
-                                          d_params.as<kernels::SampleParams>(), d_scratch.data<void>(),
-                                          scratch_bytes, d_token.data<int>(), s));
+    STRATA_CUDA_TRY(sample(d_logits.as<float>(), vocab, d_seen.as<int>(), n_seen, d_params.as<kernels::SampleParams>(),
+                           d_scratch.data<void>(), scratch_bytes, d_token.data<int>(), s));
   };
   CapturedGraph captured;
   if (graph) captured = CapturedGraph(stream.get(), enqueue);

@@ -1,4 +1,5 @@
 #include "doorbell.cuh"
+#include "doorbell_ring.cuh"
 
 namespace strata::kernels {
 namespace {
@@ -9,14 +10,14 @@ constexpr unsigned kPollSleepNs = 200;  // between polls: keeps PCIe traffic low
 __global__ void doorbell_publish_kernel(Doorbell bell, const float* __restrict__ x, const int* __restrict__ ids,
                                         const float* __restrict__ weights, const int* __restrict__ ring_base,
                                         int ring_offset) {
-  for (int i = threadIdx.x; i < bell.n; i += blockDim.x) bell.x[i] = x[i];
+  publish_x(bell, x, threadIdx.x, blockDim.x);
   for (int i = threadIdx.x; i < bell.k; i += blockDim.x) {
     bell.ids[i] = ids[i];
     bell.weights[i] = weights[i];
   }
   __threadfence_system();  // each thread's payload writes reach the host before the ring below
   __syncthreads();
-  if (threadIdx.x == 0) *static_cast<volatile int*>(bell.seq) = ring_at(*ring_base, ring_offset);
+  if (threadIdx.x == 0) ring_doorbell(bell, ring_base, ring_offset);
 }
 
 // Nanoseconds of the GPU's global timer: a timeout in time, whatever __nanosleep really sleeps.

@@ -21,6 +21,12 @@ cudaError_t gemv_quant(const QuantForm& form, const QuantPlanes& planes, int row
 // True when gemv_quant has a kernel for `form` (every form of docs/forms.md).
 bool gemv_quant_supports(const QuantForm& form);
 
+// The checks gemv_quant makes of its operands (a known form, cols a multiple of its super-block, the codes'
+// and xq's alignment), for the kernels that run its row dot in their own launch (router_publish.cuh):
+// cudaSuccess, cudaErrorInvalidValue or cudaErrorMisalignedAddress.
+cudaError_t gemv_quant_operands(const QuantForm& form, const QuantPlanes& planes, int rows, int cols,
+                                const std::int8_t* xq);
+
 // Float forms: W [rows][cols] of `kind` (f32, f16 bits, bf16 bits), x float32 [cols], y float32 [rows].
 cudaError_t gemv_float(FloatKind kind, const void* w, int rows, int cols, const float* x, float* y,
                        cudaStream_t stream);

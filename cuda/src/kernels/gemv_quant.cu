@@ -1,6 +1,7 @@
-#include <cuda_fp16.h>
+#include <cstdint>
 
 #include "gemv.cuh"
+#include "gemv_quant_rows.cuh"
 #include "gemv_rows.cuh"
 #include "int8_dot.cuh"
 #include "quant_shapes.cuh"
@@ -10,58 +11,6 @@ namespace strata::kernels {
 namespace {
 
 constexpr int kBlock = kCodeBlock;
-
-template <class S>
-__device__ __forceinline__ void load_codes(const std::uint8_t* block_codes, unsigned (&w)[S::kCodeWords]) {
-  if constexpr (S::kCodeWords == 2) {
-    const uint2 v = __ldg(reinterpret_cast<const uint2*>(block_codes));
-    w[0] = v.x, w[1] = v.y;
-  } else {
-#pragma unroll
-    for (int i = 0; i < S::kCodeWords / 4; ++i) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(block_codes) + i);
-      w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
-    }
-  }
-}
-
-// 4 codes of one word, as the signed bytes __dp4a multiplies: table values, or the codes themselves when
-// they fit int8 (2 and 4 bits); 8-bit codes are shifted by -128 (flip of the top bit) and corrected later.
-template <class S>
-__device__ __forceinline__ int operand(unsigned codes4, const ValueTable& book) {
-  if constexpr (S::kBook) return lookup16(codes4, book);
-  else if constexpr (S::kBits == 8) return static_cast<int>(codes4 ^ 0x80808080u);
-  else return static_cast<int>(codes4);
-}
-
-// Σ operand * xq per group of one block. x word k holds elements 4k..4k+3 of the block.
-template <class S>
-__device__ __forceinline__ void block_dots(const unsigned (&c)[S::kCodeWords], const int (&x)[8],
-                                           const ValueTable& book, int (&dot)[S::kGroupsPerBlock]) {
-#pragma unroll
-  for (int g = 0; g < S::kGroupsPerBlock; ++g) dot[g] = 0;
-  constexpr int kLastGroup = S::kGroupsPerBlock - 1;
-  if constexpr (S::kBits == 8) {  // word k: codes 4k..4k+3
-#pragma unroll
-    for (int k = 0; k < 8; ++k) dot[k * 4 / S::kGroup] = __dp4a(operand<S>(c[k], book), x[k], dot[k * 4 / S::kGroup]);
-  } else if constexpr (S::kBits == 4) {  // word k: codes 4k.. (low nibbles), 16 + 4k.. (high nibbles)
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      dot[0] = __dp4a(operand<S>(c[k] & 0x0F0F0F0Fu, book), x[k], dot[0]);
-      dot[kLastGroup] = __dp4a(operand<S>((c[k] >> 4) & 0x0F0F0F0Fu, book), x[4 + k], dot[kLastGroup]);
-    }
-  } else {  // 2 bits, word h: bits 2i of its bytes hold codes 8i + 4h ..
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int k = 2 * i + h;
-        const int g = k * 4 / S::kGroup;
-        dot[g] = __dp4a(operand<S>((c[h] >> (2 * i)) & 0x03030303u, book), x[k], dot[g]);
-      }
-    }
-  }
-}
 
 // One matrix (Batched false: gemv_quant) or product blockIdx.y of a batch (gemv.cuh), whose matrix starts at the
 // stack's row slot * rows in every plane and whose x and y are offset here: the loop is the same for both.
@@ -83,50 +32,10 @@ gemv_quant_kernel(QuantPlanes p, int rows, int cols, int code_bias, ValueTable b
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row_in_range = blockIdx.x * (kRowsPerCta / split) + warp / split;
-  const int part = warp % split;
   const bool live = row_in_range < rows;
   // The row in the stack; a spare warp walks no blocks but joins the CTA's reduction.
   const long row = first_row + (live ? row_in_range : rows - 1);
-  const int n_blocks = cols / kBlock, n_super = cols / S::kSuper, n_group = cols / S::kGroup;
-  const std::uint8_t* codes = p.codes + static_cast<long>(row) * n_blocks * S::kCodeWords * 4;
-  // Σ v xq = Σ operand xq + bias_shift Σ xq: the 8-bit operand is code - 128, the others code (or table).
-  const int bias_shift = S::kBook ? 0 : (S::kBits == 8 ? 128 : 0) - code_bias;
-  float acc = 0.0f;
-  for (int b = live ? part * 32 + lane : n_blocks; b < n_blocks; b += 32 * split) {
-    unsigned c[S::kCodeWords];
-    load_codes<S>(codes + static_cast<long>(b) * S::kCodeWords * 4, c);
-    int x[8];
-    const int4 x_lo = __ldg(reinterpret_cast<const int4*>(xq + b * kBlock));
-    const int4 x_hi = __ldg(reinterpret_cast<const int4*>(xq + b * kBlock) + 1);
-    x[0] = x_lo.x, x[1] = x_lo.y, x[2] = x_lo.z, x[3] = x_lo.w, x[4] = x_hi.x, x[5] = x_hi.y, x[6] = x_hi.z, x[7] = x_hi.w;
-    int dot[S::kGroupsPerBlock];
-    block_dots<S>(c, x, book, dot);
-
-    const long super_index = static_cast<long>(row) * n_super + b * kBlock / S::kSuper;
-    const float d = S::kScaleF32 ? __ldg(static_cast<const float*>(p.d) + super_index)
-                                 : __half2float(__ldg(static_cast<const __half*>(p.d) + super_index));
-    float m = 0.0f;
-    if constexpr (S::kMins) m = __half2float(__ushort_as_half(__ldg(p.mins + super_index)));
-    float block_term = 0.0f;
-#pragma unroll
-    for (int g = 0; g < S::kGroupsPerBlock; ++g) {
-      int xsum = 0;
-      if constexpr (S::kGroupsPerBlock == 1) {
-        xsum = __ldg(xsums + b);
-      } else {
-#pragma unroll
-        for (int k = 0; k < S::kGroup / 4; ++k) xsum = __dp4a(static_cast<int>(kByteOnes), x[g * S::kGroup / 4 + k], xsum);
-      }
-      const long group_index = static_cast<long>(row) * n_group + b * S::kGroupsPerBlock + g;
-      float scale = d;
-      float offset = m;
-      if constexpr (S::kSubScales) scale = d * static_cast<float>(__ldg(p.sub_scales + group_index));
-      if constexpr (S::kMins && S::kSubScales) offset = m * static_cast<float>(__ldg(p.sub_mins + group_index));
-      block_term += scale * static_cast<float>(dot[g] + bias_shift * xsum);
-      if constexpr (S::kMins) block_term += offset * static_cast<float>(xsum);
-    }
-    acc += __ldg(dx + b) * block_term;
-  }
+  float acc = quant_row_partial<S>(p, row, live, cols, code_bias, book, xq, dx, xsums, warp % split, split, lane);
   acc = warp_sum(acc);
   store_row(acc, row_in_range, rows, warp, lane, split, y);
 }
@@ -157,16 +66,23 @@ bool launch(const QuantForm& form, const QuantPlanes& planes, int rows, int cols
 
 bool gemv_quant_supports(const QuantForm& form) { return KnownShapes::contains(form); }
 
-cudaError_t gemv_quant_batch(const QuantForm& form, const QuantPlanes& planes, int rows, int cols,
-                             const MatrixBatch& batch, const std::int8_t* xq, const float* dx,
-                             const std::int32_t* xsums, float* y, cudaStream_t stream) {
+cudaError_t gemv_quant_operands(const QuantForm& form, const QuantPlanes& planes, int rows, int cols,
+                                const std::int8_t* xq) {
   if (rows <= 0 || cols <= 0 || form.super_size <= 0 || cols % form.super_size != 0) return cudaErrorInvalidValue;
-  if (!valid_batch(batch) || batch.x_stride % kBlock != 0) return cudaErrorInvalidValue;
   const unsigned alignment = form.code_bits == 2 ? 8u : 16u;
   if (reinterpret_cast<std::uintptr_t>(planes.codes) % alignment != 0 ||
       reinterpret_cast<std::uintptr_t>(xq) % 16 != 0) {
     return cudaErrorMisalignedAddress;
   }
+  return KnownShapes::contains(form) ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+cudaError_t gemv_quant_batch(const QuantForm& form, const QuantPlanes& planes, int rows, int cols,
+                             const MatrixBatch& batch, const std::int8_t* xq, const float* dx,
+                             const std::int32_t* xsums, float* y, cudaStream_t stream) {
+  const cudaError_t operands = gemv_quant_operands(form, planes, rows, cols, xq);
+  if (operands != cudaSuccess) return operands;
+  if (!valid_batch(batch) || batch.x_stride % kBlock != 0) return cudaErrorInvalidValue;
   if (!launch(form, planes, rows, cols, batch, xq, dx, xsums, y, stream)) return cudaErrorInvalidValue;
   return cudaGetLastError();
 }

@@ -35,12 +35,6 @@ __global__ void combine_kernel(const float* routed, const float* __restrict__ sh
   if (at < elements) out[at] = fmaf(gate[at / n], shared[at], routed[at]);
 }
 
-__global__ void slots_kernel(const int* __restrict__ slot_of, const int* __restrict__ ids, int* __restrict__ slots,
-                             int k) {
-  const int j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j < k) slots[j] = slot_of[ids[j]];
-}
-
 // Σ over j < k with row_of(j) >= 0 of weights[j] * rows[row_of(j)][i]: one fma per j in the order j = 0..k-1
 // from 0, so the sum is the same bits on every run. A branch, not a multiplication by zero: a skipped row may
 // never have been written (NaN poison stays out).
@@ -104,12 +98,6 @@ cudaError_t moe_combine(const float* routed, const float* shared, const float* g
   if (rows <= 0 || n <= 0) return cudaErrorInvalidValue;
   const long elements = static_cast<long>(rows) * n;
   combine_kernel<<<blocks_for(elements), kElementThreads, 0, stream>>>(routed, shared, gate, out, n, elements);
-  return cudaGetLastError();
-}
-
-cudaError_t expert_slots(const int* slot_of, const int* ids, int* slots, int k, cudaStream_t stream) {
-  if (k <= 0) return cudaErrorInvalidValue;
-  slots_kernel<<<blocks_for(k), kElementThreads, 0, stream>>>(slot_of, ids, slots, k);
   return cudaGetLastError();
 }
 

@@ -1,8 +1,9 @@
 // The GPU side of a MoE block (docs/models/qwen3next.md §3.3): the shared expert's sigmoid gate, its
 // SwiGLU between the GEMVs, the combine with the routed experts' answer, and for the routed experts held in
-// VRAM their cache slots and weighted sum. The per-token kernels run over `rows` (or `tokens`) tokens in one
-// launch, one contiguous row per token (decode passes 1). Launchers never allocate, synchronise or throw: they
-// are capturable into CUDA graphs (the gates, slots and row indices travel in device memory).
+// VRAM their weighted sum (their cache slots come with the router: router_publish.cuh). The per-token kernels
+// run over `rows` (or `tokens`) tokens in one launch, one contiguous row per token (decode passes 1).
+// Launchers never allocate, synchronise or throw: they are capturable into CUDA graphs (the gates, slots and
+// row indices travel in device memory).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,11 +22,6 @@ cudaError_t swiglu(const float* g, const float* u, float* h, int n, cudaStream_t
 // shared expert's down output. out may alias routed.
 cudaError_t moe_combine(const float* routed, const float* shared, const float* gate, float* out, int rows, int n,
                         cudaStream_t stream);
-
-// slots[j] = slot_of[ids[j]] for j < k: where each routed expert of a token sits in its layer's VRAM cache
-// (slot_of [n_expert], -1 for an expert the cache does not hold; ids lie in [0, n_expert), as the router's do).
-// Elementwise: T tokens' ids [T][k] pass k = T * k.
-cudaError_t expert_slots(const int* slot_of, const int* ids, int* slots, int k, cudaStream_t stream);
 
 // For every token t < tokens: out[t][i] = (accumulate ? out[t][i] : 0) + sum over j < k with slots[t*k+j] >= 0
 // of weights[t*k+j] * rows[t*k+j][i]: the cached experts' share of the routed sum (rows [tokens*k][n], the down

@@ -12,6 +12,11 @@ namespace strata::kernels {
 constexpr int kRouterMaxExperts = 1024;
 constexpr int kRouterMaxTopK = 16;
 
+// Whether moe_route (and router_publish.cuh's fused launch) takes n_expert experts and the top k of them.
+constexpr bool route_shape_fits(int n_expert, int k) {
+  return n_expert > 0 && n_expert <= kRouterMaxExperts && k > 0 && k <= kRouterMaxTopK && k <= n_expert;
+}
+
 // For each of `tokens` rows of logits [tokens][n_expert] (float32, finite): ids [tokens][k] = the k experts of
 // highest probability in descending order, exact ties to the lower index; weights [tokens][k] = their softmax
 // probabilities divided by the sum of the k (the softmax denominator cancels in that ratio, so the kernel

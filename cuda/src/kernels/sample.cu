@@ -2,6 +2,7 @@
 //  1. a 64-bit sort key per logit (the repetition penalty applied to the seen ids),
 //  2. a CUB radix sort of the keys: the candidates by logit descending, ties to the lower id,
 //  3. one CTA walks the sorted prefix: greedy, or top-k, float64 softmax, top-p, min-p and the draw.
+// The argmax (sample_argmax) needs only the smallest key of step 1: a reduction over many CTAs, no sort.
 // Probabilities are recomputed from the sorted keys in each pass rather than stored: the same instructions on
 // the same inputs give the same float64 values, so the passes agree with each other exactly.
 #include <cub/block/block_reduce.cuh>
@@ -23,6 +24,9 @@ constexpr int kMaxPenaltyBlocks = 64;
 constexpr int kDrawThreads = 512;
 constexpr int kDrawItems = 8;  // consecutive candidates per thread in one scan tile
 constexpr int kDrawTile = kDrawThreads * kDrawItems;
+constexpr int kMinThreads = 256;
+constexpr int kMinItems = 8;  // keys per thread of the smallest-key reduction
+constexpr int kMinTile = kMinThreads * kMinItems;
 constexpr std::size_t kScratchAlign = 256;
 
 std::size_t aligned(std::size_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
@@ -44,9 +48,11 @@ __device__ __forceinline__ float key_logit(Key key) {
   return __uint_as_float((ascending & 0x80000000u) ? (ascending & 0x7fffffffu) : ~ascending);
 }
 
-__global__ void key_kernel(const float* __restrict__ logits, int vocab, Key* __restrict__ keys) {
+// `ticket` (null on the sort's path): the smallest-key reduction's, zeroed here for the launch after this one.
+__global__ void key_kernel(const float* __restrict__ logits, int vocab, Key* __restrict__ keys, unsigned* ticket) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < vocab) keys[i] = make_key(logits[i], i);
+  if (ticket != nullptr && i == 0) *ticket = 0;
 }
 
 // Rewrites the keys of the seen ids from their penalised logits. Each write starts from the original logit, so
@@ -63,6 +69,39 @@ __global__ void penalty_kernel(const float* __restrict__ logits, int vocab, cons
     const float x = logits[id];
     keys[id] = make_key(x > 0.0f ? x / penalty : x * penalty, id);
   }
+}
+
+using MinReduce = cub::BlockReduce<Key, kMinThreads>;
+
+struct SmallerKey {
+  __device__ __forceinline__ Key operator()(Key a, Key b) const { return a < b ? a : b; }
+};
+
+// The smallest key, the candidate the sorted order puts first: each CTA's minimum over its tile into
+// partial[blockIdx.x], then the CTA that draws the last ticket (zeroed by key_kernel) reduces those.
+__global__ void __launch_bounds__(kMinThreads)
+    smallest_key_kernel(const Key* __restrict__ keys, int vocab, Key* partial, unsigned* ticket,
+                        int* __restrict__ token) {
+  __shared__ MinReduce::TempStorage storage;
+  __shared__ bool last;
+  const SmallerKey min_of;
+  Key best = ~0ull;
+  const int end = min(vocab, (blockIdx.x + 1) * kMinTile);
+  for (int i = blockIdx.x * kMinTile + threadIdx.x; i < end; i += kMinThreads) best = min_of(best, keys[i]);
+  best = MinReduce(storage).Reduce(best, min_of);
+  if (threadIdx.x == 0) {
+    partial[blockIdx.x] = best;
+    __threadfence();  // release: the minimum before the ticket
+    last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // acquire: the other CTAs' minima after their tickets
+  Key all = ~0ull;
+  for (int b = threadIdx.x; b < gridDim.x; b += kMinThreads) all = min_of(all, __ldcg(partial + b));
+  __syncthreads();  // the CUB storage is reused
+  all = MinReduce(storage).Reduce(all, min_of);
+  if (threadIdx.x == 0) *token = key_id(all);
 }
 
 using DrawScan = cub::BlockScan<double, kDrawThreads>;
@@ -139,7 +178,7 @@ __global__ void __launch_bounds__(kDrawThreads)
                 int* __restrict__ token) {
   __shared__ DrawShared shared;
   const SampleParams p = *params;
-  if (p.temperature == 0.0) {  // greedy: the first key is the largest logit with the lowest id among ties
+  if (picks_argmax(p)) {  // the first key is the largest logit with the lowest id among ties
     if (threadIdx.x == 0) *token = key_id(sorted[0]);
     return;
   }
@@ -176,6 +215,23 @@ cudaError_t sort_workspace_bytes(int vocab, std::size_t* bytes) {
                                         static_cast<Key*>(nullptr), vocab);
 }
 
+bool valid_arguments(const float* logits, int vocab, const int* seen_ids, int max_seen, const SampleParams* params,
+                     const void* scratch, const int* token) {
+  return logits != nullptr && vocab > 0 && vocab <= kMaxSampleVocab && max_seen >= 0 &&
+         (max_seen == 0 || seen_ids != nullptr) && params != nullptr && scratch != nullptr && token != nullptr;
+}
+
+// Step 1: the keys of every logit, the seen ids' from their penalised logits.
+cudaError_t enqueue_keys(const float* logits, int vocab, const int* seen_ids, int max_seen, const SampleParams* params,
+                         Key* keys, unsigned* ticket, cudaStream_t stream) {
+  key_kernel<<<(vocab + kKeyThreads - 1) / kKeyThreads, kKeyThreads, 0, stream>>>(logits, vocab, keys, ticket);
+  if (max_seen > 0) {
+    const int blocks = std::min((max_seen + kPenaltyThreads - 1) / kPenaltyThreads, kMaxPenaltyBlocks);
+    penalty_kernel<<<blocks, kPenaltyThreads, 0, stream>>>(logits, vocab, seen_ids, max_seen, params, keys);
+  }
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t sample_scratch_bytes(int vocab, std::size_t* bytes) {
@@ -190,9 +246,7 @@ cudaError_t sample_scratch_bytes(int vocab, std::size_t* bytes) {
 cudaError_t sample_token(const float* logits, int vocab, const int* seen_ids, int max_seen,
                          const SampleParams* params, void* scratch, std::size_t scratch_bytes, int* token,
                          cudaStream_t stream) {
-  if (logits == nullptr || vocab <= 0 || vocab > kMaxSampleVocab || max_seen < 0 ||
-      (max_seen > 0 && seen_ids == nullptr) || params == nullptr || scratch == nullptr || token == nullptr)
-    return cudaErrorInvalidValue;
+  if (!valid_arguments(logits, vocab, seen_ids, max_seen, params, scratch, token)) return cudaErrorInvalidValue;
   std::size_t sort_bytes = 0;
   cudaError_t status = sort_workspace_bytes(vocab, &sort_bytes);
   if (status != cudaSuccess) return status;
@@ -203,18 +257,31 @@ cudaError_t sample_token(const float* logits, int vocab, const int* seen_ids, in
   Key* keys = reinterpret_cast<Key*>(base);
   Key* sorted = reinterpret_cast<Key*>(base + keys_bytes);
   void* workspace = base + 2 * keys_bytes;
-
-  key_kernel<<<(vocab + kKeyThreads - 1) / kKeyThreads, kKeyThreads, 0, stream>>>(logits, vocab, keys);
-  if (max_seen > 0) {
-    const int blocks = std::min((max_seen + kPenaltyThreads - 1) / kPenaltyThreads, kMaxPenaltyBlocks);
-    penalty_kernel<<<blocks, kPenaltyThreads, 0, stream>>>(logits, vocab, seen_ids, max_seen, params, keys);
-  }
-  status = cudaGetLastError();
+  status = enqueue_keys(logits, vocab, seen_ids, max_seen, params, keys, nullptr, stream);
   if (status != cudaSuccess) return status;
   status = cub::DeviceRadixSort::SortKeys(workspace, sort_bytes, keys, sorted, vocab, 0,
                                           static_cast<int>(8 * sizeof(Key)), stream);
   if (status != cudaSuccess) return status;
   draw_kernel<<<1, kDrawThreads, 0, stream>>>(sorted, vocab, params, token);
+  return cudaGetLastError();
+}
+
+cudaError_t sample_argmax(const float* logits, int vocab, const int* seen_ids, int max_seen,
+                          const SampleParams* params, void* scratch, std::size_t scratch_bytes, int* token,
+                          cudaStream_t stream) {
+  if (!valid_arguments(logits, vocab, seen_ids, max_seen, params, scratch, token)) return cudaErrorInvalidValue;
+  // Scratch layout: keys [vocab], then where sample_token sorts them the CTAs' minima [blocks] and the ticket
+  // (blocks * 8 + 4 bytes fit in the 256-byte aligned room of vocab keys).
+  const std::size_t keys_bytes = aligned(static_cast<std::size_t>(vocab) * sizeof(Key));
+  if (scratch_bytes < 2 * keys_bytes) return cudaErrorInvalidValue;
+  const int blocks = (vocab + kMinTile - 1) / kMinTile;
+  auto* base = static_cast<unsigned char*>(scratch);
+  Key* keys = reinterpret_cast<Key*>(base);
+  Key* partial = reinterpret_cast<Key*>(base + keys_bytes);
+  auto* ticket = reinterpret_cast<unsigned*>(partial + blocks);
+  const cudaError_t status = enqueue_keys(logits, vocab, seen_ids, max_seen, params, keys, ticket, stream);
+  if (status != cudaSuccess) return status;
+  smallest_key_kernel<<<blocks, kMinThreads, 0, stream>>>(keys, vocab, partial, ticket, token);
   return cudaGetLastError();
 }
 

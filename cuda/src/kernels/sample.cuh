@@ -25,7 +25,11 @@ struct SampleParams {
   int n_seen = 0;               // ids of seen_ids the penalty uses (clamped to the launcher's max_seen)
 };
 
-// Bytes of the scratch buffer sample_token needs for `vocab` logits (the sorted keys and the sort's
+// Whether `p` picks the argmax whatever u is: greedy (temperature 0), or top-k 1 (its one candidate has
+// probability 1, every filter keeps it and every draw lands on it). sample_argmax's case.
+__host__ __device__ inline bool picks_argmax(const SampleParams& p) { return p.temperature == 0.0 || p.top_k == 1; }
+
+// Bytes of the scratch buffer sample_token (and sample_argmax) needs for `vocab` logits (the sorted keys and the sort's
 // workspace). A host-side size query: it launches nothing.
 cudaError_t sample_scratch_bytes(int vocab, std::size_t* bytes);
 
@@ -36,5 +40,12 @@ cudaError_t sample_scratch_bytes(int vocab, std::size_t* bytes);
 cudaError_t sample_token(const float* logits, int vocab, const int* seen_ids, int max_seen,
                          const SampleParams* params, void* scratch, std::size_t scratch_bytes, int* token,
                          cudaStream_t stream);
+
+// sample_token where picks_argmax(*params) (the host knows: it wrote the values): the same *token, the largest
+// penalised logit with the lowest id among ties (-0 and +0 alike), without the sort (a reduction over the
+// keys). Reads only the penalty's values of *params; the same arguments and scratch as sample_token.
+cudaError_t sample_argmax(const float* logits, int vocab, const int* seen_ids, int max_seen,
+                          const SampleParams* params, void* scratch, std::size_t scratch_bytes, int* token,
+                          cudaStream_t stream);
 
 }  // namespace strata::kernels

@@ -105,6 +105,7 @@ void carve_scratch(Carver& c, const ModelGeometry& g, int context, std::size_t s
   s.router_logits_ = c.take<float>(g.n_expert);
   s.route_weights_ = c.take<float>(g.n_expert_used);
   s.route_ids_ = c.take<int>(g.n_expert_used);
+  s.route_ticket_ = c.take<unsigned>(1);
   const int k = g.n_expert_used, hidden = k * g.expert_ff;
   s.cache_slots_ = c.take<int>(k);
   s.ex_gate_ = c.take<float>(hidden);
@@ -179,6 +180,7 @@ DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& 
   const std::size_t hidden_bytes = sizeof(float) * g.n_expert_used * g.expert_ff;
   STRATA_CUDA_TRY(cudaMemset(ex_gate_, 0, hidden_bytes));
   STRATA_CUDA_TRY(cudaMemset(ex_up_, 0, hidden_bytes));
+  STRATA_CUDA_TRY(cudaMemset(route_ticket_, 0, sizeof(unsigned)));  // every router launch leaves it zero again
   if (seq_.kv_streaming) {  // the arena's reset zeroed the windows; empty is every slot -1
     reset_windows(nullptr);
     STRATA_CUDA_TRY(cudaStreamSynchronize(nullptr));
@@ -336,15 +338,19 @@ void DecodeProgram::pre(int layer, cudaStream_t s) const {
     STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t.post_attention_norm, x_, 1, n, g_.rms_eps, s));
   }
   // Router, then the ring: the host starts on the routed experts the cache lacks while the shared expert and
-  // the cached ones run here.
-  project(x_, {{t.router, router_logits_}}, q8_, s);
-  STRATA_CUDA_TRY(kernels::moe_route(router_logits_, route_ids_, route_weights_, 1, g_.n_expert, g_.n_expert_used, s));
+  // the cached ones run here. One launch: the GEMV, the top k, the cache slots and the publish.
   const CachedLayer* c = cached(layer);
-  if (c) STRATA_CUDA_TRY(kernels::expert_slots(c->slot_of, route_ids_, cache_slots_, g_.n_expert_used, s));
-  if (rings(layer)) {
-    STRATA_CUDA_TRY(kernels::doorbell_publish(io_.bell, x_, route_ids_, route_weights_, io_.ring_base, layer + 1, s));
-  }
-  project(x_, {{t.shared_gate, sh_g_}, {t.shared_up, sh_u_}}, q8_, s, &branches_);
+  const kernels::RouteTargets route{router_logits_, route_ids_, route_weights_, c ? c->slot_of : nullptr,
+                                    cache_slots_, route_ticket_};
+  kernels::RoutePublish publish;
+  publish.ring = rings(layer);
+  publish.bell = io_.bell;
+  publish.ring_base = io_.ring_base;
+  publish.ring_offset = layer + 1;
+  route_and_publish(*t.router, x_, q8_, g_.n_expert_used, route, publish, s);
+  // A quantized router left q8_32(x) in q8_ (route_and_publish): the shared expert reads it as it is.
+  if (t.router->is_float) project(x_, {{t.shared_gate, sh_g_}, {t.shared_up, sh_u_}}, q8_, s, &branches_);
+  else project_quantized(x_, {{t.shared_gate, sh_g_}, {t.shared_up, sh_u_}}, q8_, s, &branches_);
   STRATA_CUDA_TRY(kernels::swiglu(sh_g_, sh_u_, sh_h_, g_.shared_ff, s));
   project(sh_h_, {{t.shared_down, shared_}}, q8_, s);
   STRATA_CUDA_TRY(kernels::shared_expert_gate(t.shared_gate_inp, x_, shared_gate_, 1, n, s));
@@ -392,18 +398,20 @@ void DecodeProgram::enqueue_logprobs(int token, int n, cudaStream_t s) const {
   STRATA_CUDA_TRY(kernels::logprobs(logits_, g_.n_vocab, token, n, logprobs_, s));
 }
 
-void DecodeProgram::end_prompt(bool sample, cudaStream_t s) const {
+void DecodeProgram::end_prompt(Sampler sampler, cudaStream_t s) const {
   STRATA_CUDA_TRY(cudaMemcpyAsync(stage_, io_.host_stage, sizeof(TokenStage), cudaMemcpyHostToDevice, s));
-  end(sample, s);
+  end(sampler, s);
 }
 
-void DecodeProgram::end(bool sample, cudaStream_t s) const {
+void DecodeProgram::end(Sampler sampler, cudaStream_t s) const {
   if (g_.hc_count > 0) hc_read(t_.output_hc, x_, nullptr, s);
   else STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t_.output_norm, x_, 1, g_.n_embd, g_.rms_eps, s));
   project(x_, {{t_.head, logits_}}, q8_, s);
-  if (!sample) return;
-  STRATA_CUDA_TRY(kernels::sample_token(logits_, g_.n_vocab, seen_, context_, &stage_->sampling, sample_scratch_,
-                                        sample_scratch_bytes_, io_.sampled, s));
+  if (sampler == Sampler::kNone) return;
+  // The argmax needs no sort: the host chose it from the values it staged (kernels::picks_argmax).
+  auto* sample = sampler == Sampler::kArgmax ? kernels::sample_argmax : kernels::sample_token;
+  STRATA_CUDA_TRY(sample(logits_, g_.n_vocab, seen_, context_, &stage_->sampling, sample_scratch_,
+                         sample_scratch_bytes_, io_.sampled, s));
 }
 
 }  // namespace strata

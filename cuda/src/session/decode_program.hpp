@@ -61,6 +61,7 @@ struct DecodeScratch {
   float *router_logits_ = nullptr, *route_weights_ = nullptr, *sh_g_ = nullptr, *sh_u_ = nullptr, *sh_h_ = nullptr;
   float *shared_ = nullptr, *shared_gate_ = nullptr, *routed_ = nullptr;
   int* route_ids_ = nullptr;
+  unsigned* route_ticket_ = nullptr;  // the fused router's CTAs count themselves here (zero between launches)
   // The cached experts: each routed slot's cache slot (-1: the pool's), gate, up, hidden and down rows [k][...].
   int* cache_slots_ = nullptr;
   float *ex_gate_ = nullptr, *ex_up_ = nullptr, *ex_hidden_ = nullptr, *ex_rows_ = nullptr;
@@ -94,7 +95,7 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
   void begin(cudaStream_t s) const override;
   void pre(int layer, cudaStream_t s) const override;
   void post(int layer, cudaStream_t s) const override;
-  void end(bool sample, cudaStream_t s) const override;
+  void end(Sampler sampler, cudaStream_t s) const override;
 
   const float* logits() const noexcept { return logits_; }
 
@@ -113,9 +114,9 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
   const float* rope_sin() const noexcept { return sin_; }
   int* history() const noexcept { return seen_; }
 
-  // The LM head (and with `sample` the sampler) after a prompt left its last token's streams in the arena: the
-  // stage's sampling values are copied up first, as begin() copies them for a token.
-  void end_prompt(bool sample, cudaStream_t s) const;
+  // The LM head (and `sampler`) after a prompt left its last token's streams in the arena: the stage's sampling
+  // values are copied up first, as begin() copies them for a token.
+  void end_prompt(Sampler sampler, cudaStream_t s) const;
 
   // The log-probabilities of `token` and the n most likely ids at the last position, into logprobs().
   void enqueue_logprobs(int token, int n, cudaStream_t s) const;

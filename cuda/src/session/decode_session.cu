@@ -118,8 +118,8 @@ struct DecodeSession::Impl {
     }
   }
 
-  void run_token(bool sample, int ring_base) {
-    schedule.run(sample, stream.get(), [this, ring_base](int layer) {
+  void run_token(Sampler sampler, int ring_base) {
+    schedule.run(sampler, stream.get(), [this, ring_base](int layer) {
       answerer.answer(layer, kernels::ring_at(ring_base, layer + 1), ring_timeout, exchange);
     });
     bell.check_answers(ring_base, options.timeout_seconds);
@@ -142,7 +142,7 @@ struct DecodeSession::Impl {
     bell.begin_token(ring_base);
     broken = true;  // until the token completes
     refresh_cache();
-    run_token(sample, ring_base);
+    run_token(sampler_for(sample), ring_base);
     broken = false;
     ++tokens_run;
     ++position;
@@ -184,6 +184,12 @@ struct DecodeSession::Impl {
     STRATA_EXPECTS(u >= 0.0 && u < 1.0, InvalidArgument, "the draw u must lie in [0, 1), got " + std::to_string(u));
   }
 
+  // What the token's end runs, from the sampling values staged for it.
+  Sampler sampler_for(bool sample) const {
+    if (!sample) return Sampler::kNone;
+    return kernels::picks_argmax(stage.host<TokenStage>()->sampling) ? Sampler::kArgmax : Sampler::kDraw;
+  }
+
   void stage_sampling(const SamplingValues& sampling, double u, int token, int at) {
     auto* st = stage.host<TokenStage>();
     st->sampling = {sampling.temperature, sampling.top_p, sampling.min_p, u, sampling.repeat_penalty,
@@ -207,7 +213,7 @@ struct DecodeSession::Impl {
                   all_logits ? all_logits + static_cast<std::size_t>(at) * g.n_vocab : nullptr, stream.get());
     }
     stage_sampling(sampling, u, tokens[n - 1], position + n - 1);
-    program.end_prompt(sample, stream.get());
+    program.end_prompt(sampler_for(sample), stream.get());
     STRATA_CUDA_TRY(cudaStreamSynchronize(stream.get()));
     broken = false;
     position += n;

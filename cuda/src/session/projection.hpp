@@ -11,6 +11,7 @@
 
 #include "../kernels/gemv.cuh"
 #include "../kernels/matmul.cuh"
+#include "../kernels/router_publish.cuh"
 #include "strata/device_weights.hpp"
 #include "strata/error.hpp"
 
@@ -73,6 +74,12 @@ void project_quantized(const float* x, std::initializer_list<Product> products, 
 
 // Enqueues q8 = q8_32(x) over n floats (n a multiple of 32; rows of a batch may follow one another).
 void quantize(const float* x, long n, const Q8Scratch& q8, cudaStream_t stream);
+
+// Enqueues the decode step's router (kernels/router_publish.cuh) of `router` [n_expert][n] on x [n]: q8 =
+// q8_32(x) first for a quantized router (so q8 holds it after), then the one launch of the GEMV, the top k,
+// out's cache slots and, with publish.ring, the doorbell's publish. Throws CudaError.
+void route_and_publish(const DeviceTensor& router, const float* x, const Q8Scratch& q8, int k,
+                       const kernels::RouteTargets& out, const kernels::RoutePublish& publish, cudaStream_t stream);
 
 // Enqueues the batch's products of a stack of matrices (`stack`'s rows are one matrix's; kernels/gemv.cuh):
 // a float stack reads x, a quantized one q8, which the caller has quantized from x. Throws CudaError.

@@ -1,5 +1,7 @@
 #include "token_schedule.hpp"
 
+#include <algorithm>
+
 #include "strata/error.hpp"
 
 namespace strata {
@@ -45,8 +47,9 @@ TokenSchedule::TokenSchedule(const TokenProgram& program, DecodeMode mode) : pro
 
 TokenSchedule::~TokenSchedule() = default;
 
-void TokenSchedule::capture(bool sample, cudaStream_t stream) {
+void TokenSchedule::capture(Sampler sampler, cudaStream_t stream) {
   const int layers = program_.layers();
+  const auto end = static_cast<std::size_t>(sampler);
   if (mode_ == DecodeMode::kLayerGraphs) {
     if (pre_.empty()) {
       begin_ = CapturedGraph(stream, [this](cudaStream_t s) { program_.begin(s); });
@@ -55,24 +58,24 @@ void TokenSchedule::capture(bool sample, cudaStream_t stream) {
         post_.emplace_back(stream, [this, l](cudaStream_t s) { program_.post(l, s); });
       }
     }
-    if (!end_[sample]) {
-      end_[sample] = std::make_unique<CapturedGraph>(stream, [this, sample](cudaStream_t s) {
-        program_.end(sample, s);
+    if (!end_[end]) {
+      end_[end] = std::make_unique<CapturedGraph>(stream, [this, sampler](cudaStream_t s) {
+        program_.end(sampler, s);
       });
     }
-  } else if (mode_ == DecodeMode::kTokenGraph && !whole_[sample]) {
-    whole_[sample] = std::make_unique<CapturedGraph>(stream, [this, sample, layers](cudaStream_t s) {
+  } else if (mode_ == DecodeMode::kTokenGraph && !whole_[end]) {
+    whole_[end] = std::make_unique<CapturedGraph>(stream, [this, sampler, layers](cudaStream_t s) {
       program_.begin(s);
       for (int l = 0; l < layers; ++l) {
         program_.pre(l, s);
         program_.post(l, s);
       }
-      program_.end(sample, s);
+      program_.end(sampler, s);
     });
   }
 }
 
-void TokenSchedule::run(bool sample, cudaStream_t stream, const std::function<void(int layer)>& answer) {
+void TokenSchedule::run(Sampler sampler, cudaStream_t stream, const std::function<void(int layer)>& answer) {
   const int layers = program_.layers();
   try {
     switch (mode_) {
@@ -89,22 +92,22 @@ void TokenSchedule::run(bool sample, cudaStream_t stream, const std::function<vo
           program_.post(l, stream);
           timer_->mark(5 + 4 * l, stream);
         }
-        program_.end(sample, stream);
+        program_.end(sampler, stream);
         timer_->mark(2 + 4 * layers, stream);
         break;
       case DecodeMode::kLayerGraphs:
-        capture(sample, stream);
+        capture(sampler, stream);
         begin_.launch(stream);
         for (int l = 0; l < layers; ++l) {
           pre_[l].launch(stream);
           answer(l);
           post_[l].launch(stream);
         }
-        end_[sample]->launch(stream);
+        end_[static_cast<std::size_t>(sampler)]->launch(stream);
         break;
       case DecodeMode::kTokenGraph:
-        capture(sample, stream);
-        whole_[sample]->launch(stream);
+        capture(sampler, stream);
+        whole_[static_cast<std::size_t>(sampler)]->launch(stream);
         for (int l = 0; l < layers; ++l) answer(l);
         break;
     }
@@ -117,6 +120,8 @@ void TokenSchedule::run(bool sample, cudaStream_t stream, const std::function<vo
 
 StageSeconds TokenSchedule::stage_seconds() const { return timer_ ? timer_->seconds() : StageSeconds{}; }
 
-bool TokenSchedule::captured() const noexcept { return whole_[0] || whole_[1] || !pre_.empty(); }
+bool TokenSchedule::captured() const noexcept {
+  return std::any_of(whole_.begin(), whole_.end(), [](const auto& g) { return g != nullptr; }) || !pre_.empty();
+}
 
 }  // namespace strata

@@ -17,6 +17,10 @@
 
 namespace strata {
 
+// What end() runs after the LM head: nothing (the logits only), the argmax (greedy or top-k 1: no sort), or the
+// whole sampler.
+enum class Sampler { kNone = 0, kArgmax = 1, kDraw = 2 };
+
 // The GPU work of one token as enqueue functions; each may be captured into a graph, so none allocates,
 // synchronises or reads a per-token value other than through device memory.
 class TokenProgram {
@@ -26,7 +30,7 @@ class TokenProgram {
   virtual void begin(cudaStream_t s) const = 0;
   virtual void pre(int layer, cudaStream_t s) const = 0;
   virtual void post(int layer, cudaStream_t s) const = 0;
-  virtual void end(bool sample, cudaStream_t s) const = 0;
+  virtual void end(Sampler sampler, cudaStream_t s) const = 0;
 };
 
 // Device seconds of an uncaptured token's parts: begin and every pre[l]; every post[l] and end.
@@ -45,7 +49,7 @@ class TokenSchedule {
 
   // Launches one token on `stream` (graph modes capture on first use), calls answer(l) for every layer in order
   // on this thread, and waits for the stream. Throws what answer() or CUDA throws, after the stream has drained.
-  void run(bool sample, cudaStream_t stream, const std::function<void(int layer)>& answer);
+  void run(Sampler sampler, cudaStream_t stream, const std::function<void(int layer)>& answer);
 
   // Mode uncaptured: the last token's stage seconds; zero in the graph modes (captures drop event records).
   StageSeconds stage_seconds() const;
@@ -56,14 +60,14 @@ class TokenSchedule {
  private:
   class Timer;
 
-  void capture(bool sample, cudaStream_t stream);
+  void capture(Sampler sampler, cudaStream_t stream);
 
   const TokenProgram& program_;
   DecodeMode mode_;
   std::unique_ptr<Timer> timer_;
   CapturedGraph begin_;
   std::vector<CapturedGraph> pre_, post_;
-  std::array<std::unique_ptr<CapturedGraph>, 2> end_, whole_;  // indexed by `sample`
+  std::array<std::unique_ptr<CapturedGraph>, 3> end_, whole_;  // indexed by the Sampler
 };
 
 }  // namespace strata

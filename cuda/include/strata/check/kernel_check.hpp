@@ -78,11 +78,6 @@ void swiglu(int device, const float* g, const float* u, float* h, int n);
 void moe_combine(int device, const float* routed, const float* shared, const float* gate, float* out, int rows,
                  int n);
 
-// slots [k] = slot_of[ids[j]] (kernels/moe.cuh) for slot_of [n_expert]; every id is checked to lie in
-// [0, n_expert) before any device work.
-void expert_slots(int device, const std::int32_t* slot_of, int n_expert, const std::int32_t* ids, int k,
-                  std::int32_t* slots);
-
 // out [tokens][n] = (accumulate ? out : 0) + for each token t the sum over j with slots[t][j] >= 0 of
 // weights[t][j] * rows[t*k + j][:] (rows [tokens*k][n], slots and weights [tokens][k]): with accumulate, out is
 // uploaded and added to; without, the device's out starts as the poison, NaN, so a result that read it shows.
@@ -105,6 +100,27 @@ struct HostTensor;  // strata/device_weights.hpp: one weight in its canonical fo
 }  // namespace strata
 
 namespace strata::kernel_check {
+
+// Host destinations of route_publish's results, each [replays] of what is named.
+struct RoutePublishOutputs {
+  float* logits = nullptr;         // [n_expert] the router GEMV's output, as the CTAs handed it to the last one
+  std::int32_t* ids = nullptr;     // [k]
+  float* weights = nullptr;        // [k]
+  std::int32_t* slots = nullptr;   // [k] slot_of[ids]; poison (-1) without slot_of
+  float* bell_x = nullptr;         // [n] the doorbell as the host read it after the replay; poisoned before it
+  std::int32_t* bell_ids = nullptr;  // [k]
+  float* bell_weights = nullptr;   // [k]
+  std::int32_t* seq = nullptr;     // [1] the ring number the host saw
+  std::uint32_t* ticket = nullptr;  // one word (not per replay): the CTAs' ticket after the last replay
+};
+
+// The decode step's fused router (kernels/router_publish.cuh) through the decode step's own call
+// (route_and_publish: q8_32 of x first for a quantized router): router [n_expert][n] (float or quantized) on x
+// [replays][n], top k, slots from slot_of [n_expert] (may be null) and, with `ring`, the publish into a doorbell
+// in mapped host memory. Captured once into a CUDA graph and replayed once per row of x, every output and the
+// doorbell poisoned (0xFF bytes) before each replay; replay r rings ring_base + r + 1.
+void route_publish(int device, const HostTensor& router, const float* x, int replays, int k,
+                   const std::int32_t* slot_of, bool ring, int ring_base, const RoutePublishOutputs& out);
 
 // Host destinations of hc_read's results.
 struct HcReadOutputs {
@@ -134,9 +150,10 @@ void hc_write(int device, const float* h, const float* inj, int inj_stride, cons
 // The token strata.sampling.sample picks, for each uniform draw u in draws [n_draws], into tokens [n_draws]:
 // logits [vocab], the seen ids [n_seen] for the repetition penalty, and the SamplingParams fields. Arguments
 // are checked as the reference checks them (before any device work); the per-token values travel in device
-// memory as on the token path, and with `graph` one captured CUDA graph is replayed for every draw.
+// memory as on the token path, and with `graph` one captured CUDA graph is replayed for every draw. With
+// `argmax_path` the launch is sample_argmax's (no sort), which the values must allow (kernels::picks_argmax).
 void sample_tokens(int device, const float* logits, int vocab, const std::int32_t* seen, int n_seen,
                    double temperature, int top_k, double top_p, double min_p, double repeat_penalty,
-                   const double* draws, int n_draws, bool graph, std::int32_t* tokens);
+                   const double* draws, int n_draws, bool graph, bool argmax_path, std::int32_t* tokens);
 
 }  // namespace strata::kernel_check

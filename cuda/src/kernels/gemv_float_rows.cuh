@@ -1,0 +1,99 @@
+// The float GEMV's row dot (gemv_float.cu), shared with the kernels that fuse a GEMV into their own launch
+// (router_publish.cu): one definition, so a fused product is the same bits as gemv_float's.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "strata/forms.hpp"
+
+namespace strata::kernels {
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// Each lane reads `Vec` weights (16 bytes when Vec > 1) at a time, kFloatUnroll chunks issued before any is
+// used so that enough bytes are in flight to cover HBM latency; Vec == 1 handles unaligned shapes.
+constexpr int kFloatUnroll = 4;
+
+template <class T, int Vec>
+struct alignas(Vec > 1 ? 16 : sizeof(T)) Chunk {
+  T v[Vec];
+};
+
+template <class T, int Vec>
+__device__ __forceinline__ float chunk_dot(const Chunk<T, Vec>& c, const float* __restrict__ x, float acc) {
+  if constexpr (Vec > 1) {
+#pragma unroll
+    for (int j = 0; j < Vec; j += 4) {
+      const float4 xv = __ldg(reinterpret_cast<const float4*>(x + j));
+      acc = fmaf(to_float(c.v[j]), xv.x, acc);
+      acc = fmaf(to_float(c.v[j + 1]), xv.y, acc);
+      acc = fmaf(to_float(c.v[j + 2]), xv.z, acc);
+      acc = fmaf(to_float(c.v[j + 3]), xv.w, acc);
+    }
+  } else {
+    acc = fmaf(to_float(c.v[0]), __ldg(x), acc);
+  }
+  return acc;
+}
+
+// This lane's share of warp `part` (of `split` warps per row) of the dot of row `wr` [cols] with x, before the
+// warp's reduction.
+template <class T, int Vec>
+__device__ __forceinline__ float float_row_partial(const T* __restrict__ wr, int cols, const float* __restrict__ x,
+                                                   int part, int split, int lane) {
+  constexpr int kStride = 32 * Vec;
+  const int stride = kStride * split;
+  float acc = 0.0f;
+  for (int base = part * kStride + lane * Vec; base < cols; base += stride * kFloatUnroll) {
+    Chunk<T, Vec> c[kFloatUnroll];
+#pragma unroll
+    for (int u = 0; u < kFloatUnroll; ++u) {
+      const int i = base + u * stride;
+      if (i < cols) c[u] = *reinterpret_cast<const Chunk<T, Vec>*>(wr + i);
+    }
+#pragma unroll
+    for (int u = 0; u < kFloatUnroll; ++u) {
+      const int i = base + u * stride;
+      if (i < cols) acc = chunk_dot<T, Vec>(c[u], x + i, acc);
+    }
+  }
+  return acc;
+}
+
+// The element type and vector width of one float GEMV kernel.
+template <class T, int Vec>
+struct FloatRows {
+  using Element = T;
+  static constexpr int kVec = Vec;
+};
+
+// Calls visit(FloatRows<T, Vec>{}) for the element type of `kind` and the widest path its operands allow: the
+// 16-byte one needs every row of every matrix and every x_j aligned (cols * sizeof(T) and x_stride * 4
+// multiples of 16 keep the bases' alignment). False for an unknown kind.
+template <class Visit>
+bool visit_float_rows(FloatKind kind, const void* w, int cols, int x_stride, const float* x, Visit&& visit) {
+  auto pick = [&](auto element) {
+    using T = decltype(element);
+    constexpr int kVec = 16 / sizeof(T);
+    if (cols % kVec == 0 && x_stride % 4 == 0 && reinterpret_cast<std::uintptr_t>(w) % 16 == 0 &&
+        reinterpret_cast<std::uintptr_t>(x) % 16 == 0) {
+      visit(FloatRows<T, kVec>{});
+    } else {
+      visit(FloatRows<T, 1>{});
+    }
+    return true;
+  };
+  switch (kind) {
+    case FloatKind::F32: return pick(float{});
+    case FloatKind::F16: return pick(__half{});
+    case FloatKind::BF16: return pick(__nv_bfloat16{});
+  }
+  return false;
+}
+
+}  // namespace strata::kernels

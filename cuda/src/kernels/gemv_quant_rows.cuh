@@ -1,0 +1,125 @@
+// The quantized GEMV's row dot (gemv_quant.cu) for every shape of quant_shapes.cuh, shared with the kernels
+// that fuse a GEMV into their own launch (router_publish.cu): one definition, so a fused product is the same
+// bits as gemv_quant's.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "int8_dot.cuh"
+#include "quant_shapes.cuh"
+#include "strata/forms.hpp"
+
+namespace strata::kernels {
+namespace quant_rows {
+
+template <class S>
+__device__ __forceinline__ void load_codes(const std::uint8_t* block_codes, unsigned (&w)[S::kCodeWords]) {
+  if constexpr (S::kCodeWords == 2) {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(block_codes));
+    w[0] = v.x, w[1] = v.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < S::kCodeWords / 4; ++i) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(block_codes) + i);
+      w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+    }
+  }
+}
+
+// 4 codes of one word, as the signed bytes __dp4a multiplies: table values, or the codes themselves when
+// they fit int8 (2 and 4 bits); 8-bit codes are shifted by -128 (flip of the top bit) and corrected later.
+template <class S>
+__device__ __forceinline__ int operand(unsigned codes4, const ValueTable& book) {
+  if constexpr (S::kBook) return lookup16(codes4, book);
+  else if constexpr (S::kBits == 8) return static_cast<int>(codes4 ^ 0x80808080u);
+  else return static_cast<int>(codes4);
+}
+
+// Σ operand * xq per group of one block. x word k holds elements 4k..4k+3 of the block.
+template <class S>
+__device__ __forceinline__ void block_dots(const unsigned (&c)[S::kCodeWords], const int (&x)[8],
+                                           const ValueTable& book, int (&dot)[S::kGroupsPerBlock]) {
+#pragma unroll
+  for (int g = 0; g < S::kGroupsPerBlock; ++g) dot[g] = 0;
+  constexpr int kLastGroup = S::kGroupsPerBlock - 1;
+  if constexpr (S::kBits == 8) {  // word k: codes 4k..4k+3
+#pragma unroll
+    for (int k = 0; k < 8; ++k) dot[k * 4 / S::kGroup] = __dp4a(operand<S>(c[k], book), x[k], dot[k * 4 / S::kGroup]);
+  } else if constexpr (S::kBits == 4) {  // word k: codes 4k.. (low nibbles), 16 + 4k.. (high nibbles)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      dot[0] = __dp4a(operand<S>(c[k] & 0x0F0F0F0Fu, book), x[k], dot[0]);
+      dot[kLastGroup] = __dp4a(operand<S>((c[k] >> 4) & 0x0F0F0F0Fu, book), x[4 + k], dot[kLastGroup]);
+    }
+  } else {  // 2 bits, word h: bits 2i of its bytes hold codes 8i + 4h ..
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int k = 2 * i + h;
+        const int g = k * 4 / S::kGroup;
+        dot[g] = __dp4a(operand<S>((c[h] >> (2 * i)) & 0x03030303u, book), x[k], dot[g]);
+      }
+    }
+  }
+}
+
+}  // namespace quant_rows
+
+// This lane's share of warp `part` (of `split` warps per row) of the dot of the planes' row `row` [cols] with
+// q8_32(x) (xq, dx, xsums), before the warp's reduction. A spare warp (live false) walks no blocks.
+template <class S>
+__device__ __forceinline__ float quant_row_partial(const QuantPlanes& p, long row, bool live, int cols, int code_bias,
+                                                   const ValueTable& book, const std::int8_t* __restrict__ xq,
+                                                   const float* __restrict__ dx, const std::int32_t* __restrict__ xsums,
+                                                   int part, int split, int lane) {
+  using namespace quant_rows;
+  const int n_blocks = cols / kCodeBlock, n_super = cols / S::kSuper, n_group = cols / S::kGroup;
+  const std::uint8_t* codes = p.codes + static_cast<long>(row) * n_blocks * S::kCodeWords * 4;
+  // Σ v xq = Σ operand xq + bias_shift Σ xq: the 8-bit operand is code - 128, the others code (or table).
+  const int bias_shift = S::kBook ? 0 : (S::kBits == 8 ? 128 : 0) - code_bias;
+  float acc = 0.0f;
+  for (int b = live ? part * 32 + lane : n_blocks; b < n_blocks; b += 32 * split) {
+    unsigned c[S::kCodeWords];
+    load_codes<S>(codes + static_cast<long>(b) * S::kCodeWords * 4, c);
+    int x[8];
+    const int4 x_lo = __ldg(reinterpret_cast<const int4*>(xq + b * kCodeBlock));
+    const int4 x_hi = __ldg(reinterpret_cast<const int4*>(xq + b * kCodeBlock) + 1);
+    x[0] = x_lo.x, x[1] = x_lo.y, x[2] = x_lo.z, x[3] = x_lo.w;
+    x[4] = x_hi.x, x[5] = x_hi.y, x[6] = x_hi.z, x[7] = x_hi.w;
+    int dot[S::kGroupsPerBlock];
+    block_dots<S>(c, x, book, dot);
+
+    const long super_index = static_cast<long>(row) * n_super + b * kCodeBlock / S::kSuper;
+    const float d = S::kScaleF32 ? __ldg(static_cast<const float*>(p.d) + super_index)
+                                 : __half2float(__ldg(static_cast<const __half*>(p.d) + super_index));
+    float m = 0.0f;
+    if constexpr (S::kMins) m = __half2float(__ushort_as_half(__ldg(p.mins + super_index)));
+    float block_term = 0.0f;
+#pragma unroll
+    for (int g = 0; g < S::kGroupsPerBlock; ++g) {
+      int xsum = 0;
+      if constexpr (S::kGroupsPerBlock == 1) {
+        xsum = __ldg(xsums + b);
+      } else {
+#pragma unroll
+        for (int k = 0; k < S::kGroup / 4; ++k) {
+          xsum = __dp4a(static_cast<int>(kByteOnes), x[g * S::kGroup / 4 + k], xsum);
+        }
+      }
+      const long group_index = static_cast<long>(row) * n_group + b * S::kGroupsPerBlock + g;
+      float scale = d;
+      float offset = m;
+      if constexpr (S::kSubScales) scale = d * static_cast<float>(__ldg(p.sub_scales + group_index));
+      if constexpr (S::kMins && S::kSubScales) offset = m * static_cast<float>(__ldg(p.sub_mins + group_index));
+      block_term += scale * static_cast<float>(dot[g] + bias_shift * xsum);
+      if constexpr (S::kMins) block_term += offset * static_cast<float>(xsum);
+    }
+    acc += __ldg(dx + b) * block_term;
+  }
+  return acc;
+}
+
+}  // namespace strata::kernels
