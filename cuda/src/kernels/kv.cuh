@@ -69,7 +69,9 @@ __device__ __forceinline__ float kv_load(const PagedKv& kv, bool value, long row
 // Up to kChunks runs of 4 elements of one row of a half, fetched with one load each (and one load of the run's
 // scale) before any is decoded: a kernel fetches the keys and the values of its tokens this way so that all
 // their loads are in flight together. Run j starts at element 4 * (lane + lanes * j) of the row; runs at or past
-// head_dim are not fetched.
+// head_dim, and every run of row -1 (no token), are zeros. A run is one aligned 8-, 4- or 2-byte load, as halves
+// start 8-byte aligned: arena regions are, and a half placed right after another (prompt_program) is too, the
+// other holding pages of a multiple of 4 rows of whole 32-element groups (a multiple of 128 elements).
 template <int kChunks>
 struct KvChunks {
   uint2 bits[kChunks];             // Bf16: 4 values; Int8: 4 codes in .x; Q4: 4 nibbles in .x's low 16 bits
