@@ -52,13 +52,12 @@ def reference_qk(inputs, d):
     return q, k.transpose(1, 0, 2)
 
 
-def check_outputs(got, inputs, d, allowed_rows, label, kv="bf16"):
-    """Every step's output against numpy attention over the cache as stored: q and the cache in their bases
-    (rotated for Q4 halves), the sum rotated back (float64) before the gate."""
-    steps = inputs["q_gate"].shape[0]
+def check_outputs(got, inputs, d, allowed_rows, label, kv="bf16", steps=None):
+    """Each step's output (of `steps`, default every step) against numpy attention over the cache as stored: q
+    and the cache in their bases (rotated for Q4 halves), the sum rotated back (float64) before the gate."""
     values_rotated = kf.halves(kv)[1].rotated
     assert np.all(np.isfinite(got["out"])), f"{label}: NaN or infinity in the output"
-    for t in range(steps):
+    for t in range(inputs["q_gate"].shape[0]) if steps is None else steps:
         allowed = allowed_rows(t)
         a = attend(got["q"][t:t + 1], got["k_cache"][:, :t + 1], got["v_cache"][:, :t + 1], allowed[None, :])
         want = (kf.rotate(a[0]) if values_rotated else a[0]) * sigmoid(inputs["q_gate"][t, :, d:])
@@ -137,20 +136,43 @@ def test_qsa_attention_drops_blocks(rng, ratio, kv):
     the rotated formats over the selection. The indexer's keys are f32 in every KV format."""
     heads, kv_heads, d, hi, di, keep = 4, 2, 256, 4, 128, 3
     steps = 11 * ratio + 1   # past the keep blocks by several, ending inside an open block
+    indexer = indexer_inputs(rng, steps, hi, di, keep, ratio)
+    inputs, got = run(rng, steps, heads, kv_heads, d, 8, kv=kv, indexer=indexer)
+    assert check_selections(got, inputs, indexer, range(steps)), "no step dropped a block"
+    check_outputs(got, inputs, d, lambda t: selected_rows(got, t, ratio), f"qsa {kv}", kv)
+
+
+def indexer_inputs(rng, steps, heads, d, keep, ratio):
+    """The QSA indexer's per-step inputs of `heads` query heads of d dims (attention_steps' `indexer`)."""
     f = np.float32
-    indexer = {
-        "q": rng.standard_normal((steps, hi, di), dtype=f),
-        "kraw": rng.standard_normal((steps, di), dtype=f),
-        "q_norm": rng.uniform(0.5, 1.5, di).astype(f),
-        "k_norm": rng.uniform(0.5, 1.5, di).astype(f),
+    return {
+        "q": rng.standard_normal((steps, heads, d), dtype=f),
+        "kraw": rng.standard_normal((steps, d), dtype=f),
+        "q_norm": rng.uniform(0.5, 1.5, d).astype(f),
+        "k_norm": rng.uniform(0.5, 1.5, d).astype(f),
         "keep_blocks": keep,
         "ratio": ratio,
     }
-    inputs, got = run(rng, steps, heads, kv_heads, d, 8, kv=kv, indexer=indexer)
+
+
+def selected_rows(got, t, ratio):
+    """The tokens step t attends: its selected blocks' and its open tail's."""
+    mask = np.zeros(t + 1, dtype=bool)
+    for b in got["selected"][t, :got["n_selected"][t]]:
+        mask[ratio * b:ratio * (b + 1)] = True
+    mask[ratio * ((t + 1) // ratio):] = True
+    return mask
+
+
+def check_selections(got, inputs, indexer, steps) -> bool:
+    """The block scores of `steps` against the float64 reference and the selections against the GPU's own scores
+    (exactly) and the float64 ones where no near-tie; whether any of them dropped a block."""
+    _, hi, di = indexer["q"].shape
+    ratio, keep = indexer["ratio"], indexer["keep_blocks"]
     shape = IndexerShape(hi, di, ratio, ratio * keep, ROPE_DIM, THETA)
     cos, sin = inputs["cos"].astype(np.float64), inputs["sin"].astype(np.float64)
     dropped_any = False
-    for t in range(steps):
+    for t in steps:
         nb = (t + 1) // ratio
         n_sel = got["n_selected"][t]
         assert n_sel == min(keep, nb), f"step {t}: {n_sel} blocks selected, expected {min(keep, nb)}"
@@ -169,24 +191,56 @@ def test_qsa_attention_drops_blocks(rng, ratio, kv):
         if nb > keep and ordered[keep - 1] - ordered[keep] > 1e-3 * ordered[0]:
             assert np.array_equal(chosen, select_blocks(want, keep)), f"step {t}: selection differs from float64"
         dropped_any |= nb > keep
+    return dropped_any
 
-    def allowed(t):
-        mask = np.zeros(t + 1, dtype=bool)
-        for b in got["selected"][t, :got["n_selected"][t]]:
-            mask[ratio * b:ratio * (b + 1)] = True
-        mask[ratio * ((t + 1) // ratio):] = True
-        return mask
 
-    assert dropped_any
-    check_outputs(got, inputs, d, allowed, f"qsa {kv}", kv)
+KV_FORMATS = ["bf16", "int8", "q4", "k8v4"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", KV_FORMATS)
+@pytest.mark.parametrize("heads", [24, 10])
+def test_decode_early_in_a_context(rng, kv, heads):
+    """qwen4exp's 24 q heads over 2 kv heads of 256 (three blocks of 4 q heads per kv head), and 10 (blocks of 4
+    and 1), for the first 24 tokens: every step within one span of one tile."""
+    steps, kv_heads, d = 24, 2, 256
+    inputs, got = run(rng, steps, heads, kv_heads, d, 16, kv=kv)
+    check_outputs(got, inputs, d, dense, f"{kv} {heads} heads", kv)
+
+
+# The steps of a 3,000-token run that are checked against numpy (every one would take minutes), by the tokens
+# they see: the first, where spans of 32 tokens become two (33) and 64-token spans begin (2,049), the last without
+# a dropped block (2,051) and the first with one (2,052), and a spread to the end.
+LONG_STEPS = [0, 31, 32, 33, 1000, 2047, 2048, 2049, 2050, 2051, 2052, 2100, 2500, 2998, 2999]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", KV_FORMATS)
+def test_decode_at_3000_tokens_with_qsa(rng, kv):
+    """qwen4exp's attention and indexer (512 blocks of 4 tokens kept) over 3,000 tokens: from 2,052 tokens on
+    every step drops blocks and attends 2,048 to 2,051 tokens over spans of 64 (two tiles each)."""
+    steps, heads, kv_heads, d = 3000, 24, 2, 256
+    indexer = indexer_inputs(rng, steps, 4, 128, 512, 4)
+    inputs, got = run(rng, steps, heads, kv_heads, d, 16, kv=kv, indexer=indexer)
+    assert check_selections(got, inputs, indexer, LONG_STEPS), "no checked step dropped a block"
+    check_outputs(got, inputs, d, lambda t: selected_rows(got, t, 4), f"qsa 3000 {kv}", kv, LONG_STEPS)
+
+
+@pytest.mark.gpu
+def test_dense_decode_at_3000_tokens(rng):
+    """Dense attention past 2,048 tokens: spans of 64 tokens, two tiles of 32 each, over every token."""
+    steps, heads, kv_heads, d = 3000, 24, 2, 256
+    inputs, got = run(rng, steps, heads, kv_heads, d, 16, kv="int8")
+    check_outputs(got, inputs, d, dense, "dense 3000 int8", "int8", LONG_STEPS)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("n, keep", [(3000, 1), (3000, 7), (3000, 512), (3000, 2999), (3000, 3000), (3000, 5000),
-                                     (33, 5), (4099, 512), (65536, 512)])
+                                     (33, 5), (750, 512), (4099, 512), (8192, 512), (8193, 8000), (65536, 512)])
 def test_qsa_top_blocks_ties_go_to_lower_index(rng, n, keep):
-    """3000 blocks, and past a warp's range (33), past the 1,024 threads' first stride (4099) and at 262,144 tokens
-    (65,536 blocks: each warp of the selection walks 2,048)."""
+    """3000 blocks, and past a warp's range (33), at 3,000 tokens (750), past the 1,024 threads' first stride
+    (4099), all of them and one past the scores kept in shared memory (8192, 8193), and at 262,144 tokens (65,536
+    blocks: each warp of the selection walks 2,048)."""
     from strata import _native_check
 
     scores = rng.integers(-2, 5, n).astype(np.float32)  # many exact ties, a few negative values

@@ -26,6 +26,12 @@ cdef extern from "strata/check/kernel_check_mixers.hpp" namespace "strata::kerne
         float* scores
         int* selected
         int* n_selected
+    cdef cppclass AttentionTimingShape "strata::kernel_check::AttentionTimingShape":
+        int n_head, n_head_kv, head_dim, page_size
+        KvStorage kv
+        int context, keep_blocks, ratio
+    cdef cppclass IndexerTimingShape "strata::kernel_check::IndexerTimingShape":
+        int n_heads, head_dim, ratio, keep_blocks, context
     cdef cppclass DoorbellCheckResult "strata::kernel_check::DoorbellCheckResult":
         int status
         int seq_seen
@@ -49,6 +55,10 @@ cdef extern from "strata/check/kernel_check_mixers.hpp" namespace "strata::kerne
         int device, int rows, int head_dim, const float* x, float* out) except +raise_strata_error
     int cpp_qsa_top_blocks "strata::kernel_check::qsa_top_blocks"(
         int device, const float* scores, int n_blocks, int keep_blocks, int* selected) except +raise_strata_error
+    double cpp_time_attention_decode "strata::kernel_check::time_attention_decode"(
+        int device, const AttentionTimingShape& shape, int reps) except +raise_strata_error
+    double cpp_time_qsa_select "strata::kernel_check::time_qsa_select"(
+        int device, const IndexerTimingShape& shape, bool top_only, int reps) except +raise_strata_error
     void cpp_embed_rows "strata::kernel_check::embed_rows"(
         int device, int kind, int rows, int cols, const void* data, const uint16_t* d, const int* ids,
         int n_ids, float* out) except +raise_strata_error

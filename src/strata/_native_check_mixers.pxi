@@ -8,6 +8,9 @@ from strata._native_check_mixers cimport (
     AttentionCheckShape, DoorbellCheckResult, GdnCheckShape, QsaCheckInputs, QsaCheckOutputs, cpp_attention_steps,
     cpp_doorbell_round_trip, cpp_embed_rows, cpp_gdn_steps, cpp_kv_rotate_rows, cpp_ple_steps, cpp_qsa_top_blocks,
 )
+from strata._native_check_mixers cimport (
+    AttentionTimingShape, IndexerTimingShape, cpp_time_attention_decode, cpp_time_qsa_select,
+)
 from strata._native_check_mixers cimport cpp_gdn_chunk
 
 
@@ -257,6 +260,34 @@ def qsa_top_blocks(scores, int keep_blocks, int device=0):
     with nogil:
         count = cpp_qsa_top_blocks(device, p_scores, n_blocks, keep_blocks, p_chosen)
     return chosen[:count].copy()
+
+
+def time_attention_decode(*, int heads, int kv_heads, int head_dim, kv="bf16", int context, int keep_blocks=0,
+                          int ratio=4, int page_size=64, int reps=200, int device=0) -> float:
+    """Median seconds of one attention_decode at `context` visible tokens, the L2 cold (benchmarks only).
+
+    keep_blocks > 0 attends that many QSA blocks of `ratio` tokens, spread over the context, plus the open tail.
+    """
+    cdef AttentionTimingShape shape
+    shape.n_head, shape.n_head_kv, shape.head_dim, shape.page_size = heads, kv_heads, head_dim, page_size
+    shape.kv, shape.context, shape.keep_blocks, shape.ratio = kv_storage(kv), context, keep_blocks, ratio
+    cdef double seconds
+    with nogil:
+        seconds = cpp_time_attention_decode(device, shape, reps)
+    return seconds
+
+
+def time_qsa_select(*, int heads, int head_dim, int context, int keep_blocks, int ratio=4, bint top_only=False,
+                    int reps=200, int device=0) -> float:
+    """Median seconds of one qsa_select (or with top_only its selection step alone) at `context` visible tokens
+    over random block keys, the L2 cold (benchmarks only)."""
+    cdef IndexerTimingShape shape
+    shape.n_heads, shape.head_dim, shape.ratio, shape.keep_blocks = heads, head_dim, ratio, keep_blocks
+    shape.context = context
+    cdef double seconds
+    with nogil:
+        seconds = cpp_time_qsa_select(device, shape, top_only, reps)
+    return seconds
 
 
 def ple_steps(streams, key, value, norm_key, norm_query, norm_conv, conv_weight, history, *, int dilation,

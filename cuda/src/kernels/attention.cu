@@ -8,8 +8,9 @@ namespace strata::kernels {
 namespace {
 
 constexpr int kDecodeThreads = 256;
-constexpr int kDecodeTile = 16;       // tokens per K/V tile in shared memory (at most 32: a warp's lanes)
-constexpr int kMaxOutPerThread = 32;  // q heads per kv head x head_dim <= kDecodeThreads * this
+constexpr int kSplitHeads = 4;        // q heads per split block: GQA groups are cut into blocks of this many
+constexpr int kSplitRuns = 8;         // runs of 4 elements of a K or V row per thread of the split kernel
+constexpr int kSpanQuantum = 32;      // spans are whole multiples of this many tokens (of either tile size)
 constexpr int kMergeThreads = 128;
 constexpr size_t kMaxSplitSmem = 48 * 1024;  // the default dynamic shared memory limit: no opt-in needed
 
@@ -20,116 +21,149 @@ __global__ void attention_prep_kernel(AttentionShape shape, AttentionPrepArgs ar
                       args.rope_sin, kv, row);
 }
 
-// Flash decoding: the attended tokens are cut into kDecodeSplits spans; block (kv head, span) reads its span's
-// K and V once, in tiles of kDecodeTile tokens, for all the q heads that share the kv head (GQA), and leaves
-// an online-softmax partial (max, sum, unnormalised accumulator) per q head. attention_merge_kernel combines
-// the spans. One block per q head reading every token serially left the GPU idle and latency-bound: decode
-// slowed by ~0.7 ms per attention layer from 500 to 3,000 tokens of context.
-__global__ void attention_split_kernel(AttentionShape shape, AttentionDecodeArgs args, PagedKv kv) {
-  extern __shared__ float shared[];
+// How this token's attended tokens are cut into spans: `count` tokens in attended_token's order, spans of
+// `span` tokens, the first `spans` of the kDecodeSplits holding any. The split and the merge kernels both
+// derive it from the position and the selection count in device memory.
+struct DecodeSpans {
+  int count, span, spans;
+};
+
+__device__ __forceinline__ DecodeSpans decode_spans(const AttentionDecodeArgs& args) {
+  const int n = *args.position + 1, r = args.block_tokens;
+  const int count = args.selected_blocks != nullptr ? *args.n_selected * r + (n - n / r * r) : n;
+  const int even = (count + kDecodeSplits - 1) / kDecodeSplits;
+  const int span = (even + kSpanQuantum - 1) / kSpanQuantum * kSpanQuantum;
+  return {count, span, (count + span - 1) / span};
+}
+
+// Flash decoding: the attended tokens are cut into up to kDecodeSplits spans; block (kv head x head chunk,
+// span) reads its span's K and V for kSplitHeads q heads that share the kv head (GQA) and leaves an
+// online-softmax partial (max, sum, unnormalised accumulator) per q head; attention_merge_kernel combines the
+// spans. A tile is kTile tokens, kLanes threads per token: each thread fetches its runs of 4 elements of the
+// token's K and V row with one load each, all in flight together, and the row of its next tile's token is
+// looked up while they land (the selection, then the page table), so a tile costs about one memory latency.
+// The K runs stay in registers (the q.k partial sums meet in a shuffle over the token's lanes); the V runs go
+// to shared memory, where each thread sums its own outputs over the tile's tokens. Reading the tile element by
+// element, each read behind its own page-table (and selection) lookup, cost ~40 us for a single 16-token tile.
+template <int kLanes>
+__global__ void __launch_bounds__(kDecodeThreads) attention_split_kernel(AttentionShape shape,
+                                                                          AttentionDecodeArgs args, PagedKv kv) {
+  constexpr int kTile = kDecodeThreads / kLanes;
+  constexpr int kOut = kSplitHeads * 4 * kSplitRuns * kLanes / kDecodeThreads;  // outputs per thread, at most
+  extern __shared__ float4 shared4[];
+  float* q = reinterpret_cast<float*>(shared4);    // [kSplitHeads][d]
+  float* tile_v = q + kSplitHeads * shape.head_dim;  // [kTile][d]
+  float* p = tile_v + kTile * shape.head_dim;        // [kSplitHeads][kTile]: scores, then weights
+  float* correction = p + kSplitHeads * kTile;       // [kSplitHeads] this tile's rescale of the accumulators
   const int d = shape.head_dim, group = shape.n_head / shape.n_head_kv;
-  const int kvh = blockIdx.x, split = blockIdx.y;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  float* q = shared;                               // [group][d]
-  float* tile = q + group * d;                     // [kDecodeTile][d]: K, then V of the same tokens
-  float* p = tile + kDecodeTile * d;               // [group][kDecodeTile]: scores, then weights
-  float* m = p + group * kDecodeTile;              // [group] running max
-  float* l = m + group;                            // [group] running sum
-  float* correction = l + group;                   // [group] this tile's rescale of the accumulators
+  const int chunks = (group + kSplitHeads - 1) / kSplitHeads;
+  const int kvh = blockIdx.x / chunks, h0 = kvh * group + blockIdx.x % chunks * kSplitHeads;
+  const int heads = min(kSplitHeads, (kvh + 1) * group - h0);
+  const DecodeSpans spans = decode_spans(args);
+  const int first = blockIdx.y * spans.span, last = min(spans.count, first + spans.span);
+  if (first >= last) return;  // an idle span: the merge reads only the first spans.spans
 
-  const int n = *args.position + 1;
-  const int r = args.block_tokens;
+  const int n = *args.position + 1, r = args.block_tokens;
   const bool sparse = args.selected_blocks != nullptr;
-  const int complete = sparse ? n / r : 0;
-  const int chosen_tokens = sparse ? *args.n_selected * r : 0;
-  const int count = sparse ? chosen_tokens + (n - complete * r) : n;
-  const int span = max((count + kDecodeSplits - 1) / kDecodeSplits, kDecodeTile);
-  const int first = split * span, last = min(count, first + span);
-  const long part = static_cast<long>(kvh * group) * kDecodeSplits + split;  // partial of q head kvh*group
-  if (first >= last) {  // an idle span: the merge skips it
-    for (int g = threadIdx.x; g < group; g += blockDim.x) args.partial_max[part + g * kDecodeSplits] = -INFINITY;
-    return;
-  }
-  for (int i = threadIdx.x; i < group * d; i += blockDim.x) q[i] = args.q[static_cast<long>(kvh * group) * d + i];
-  for (int g = threadIdx.x; g < group; g += blockDim.x) {
-    m[g] = -INFINITY;
-    l[g] = 0.0f;
-  }
-  float acc[kMaxOutPerThread];
+  const int complete = sparse ? n / r : 0, chosen_tokens = sparse ? *args.n_selected * r : 0;
+  const int token = threadIdx.x / kLanes, lane = threadIdx.x % kLanes, warp = threadIdx.x >> 5;
+  const auto row_of = [&](int idx) -> long {
+    return idx < last ? kv_row(kv, attended_token(idx, sparse, args.selected_blocks, chosen_tokens, complete, r), kvh)
+                      : -1;
+  };
+  long row = row_of(first + token);  // its lookups in flight while q is read
+  for (int i = threadIdx.x; i < kSplitHeads * d; i += blockDim.x)
+    q[i] = i < heads * d ? args.q[static_cast<long>(h0) * d + i] : 0.0f;
+  float m = -INFINITY, l = 0.0f;  // warp g < heads: head g's running max and sum
+  float acc[kOut];
 #pragma unroll
-  for (int j = 0; j < kMaxOutPerThread; ++j) acc[j] = 0.0f;
+  for (int j = 0; j < kOut; ++j) acc[j] = 0.0f;
   const float scale = rsqrtf(static_cast<float>(d));
+  __syncthreads();  // q
 
-  for (int t0 = first; t0 < last; t0 += kDecodeTile) {
-    const int tokens = min(kDecodeTile, last - t0);
-    __syncthreads();  // q, m, l ready; the previous tile's V and weights consumed
-    for (int i = threadIdx.x; i < tokens * d; i += blockDim.x) {
-      const int t = attended_token(t0 + i / d, sparse, args.selected_blocks, chosen_tokens, complete, r);
-      tile[i] = kv_load(kv, false, kv_row(kv, t, kvh), i % d);
-    }
-    __syncthreads();
-    for (int pair = warp; pair < group * kDecodeTile; pair += warps) {  // one warp per (q head, token)
-      const int g = pair / kDecodeTile, t = pair % kDecodeTile;
-      float dot = 0.0f;
-      if (t < tokens)
-        for (int i = lane; i < d; i += 32) dot += q[g * d + i] * tile[t * d + i];
-      dot = warp_sum(dot);
-      if (lane == 0) p[pair] = t < tokens ? dot * scale : -INFINITY;
-    }
-    __syncthreads();
-    for (int g = warp; g < group; g += warps) {  // the online softmax step of each q head over this tile
-      const float s = lane < kDecodeTile ? p[g * kDecodeTile + lane] : -INFINITY;
-      const float m_new = fmaxf(m[g], warp_max(s));
-      const float w = s == -INFINITY ? 0.0f : __expf(s - m_new);
-      if (lane < kDecodeTile) p[g * kDecodeTile + lane] = w;
-      const float sum = warp_sum(w);
-      if (lane == 0) {
-        correction[g] = __expf(m[g] - m_new);  // 0 on the first tile (m = -inf)
-        l[g] = l[g] * correction[g] + sum;
-        m[g] = m_new;
+  for (int t0 = first; t0 < last; t0 += kTile) {
+    KvChunks<kSplitRuns> k_runs, v_runs;
+    kv_fetch_chunks(kv.keys, d, row, lane, kLanes, k_runs);
+    kv_fetch_chunks(kv.values, d, row, lane, kLanes, v_runs);
+    const bool valid = row >= 0;
+    row = row_of(t0 + kTile + token);
+    float dot[kSplitHeads] = {};
+#pragma unroll
+    for (int j = 0; j < kSplitRuns; ++j) {
+      const int e = 4 * (lane + kLanes * j);
+      if (e >= d) break;
+      const float4 k4 = kv_decode_chunk(kv.keys.codes, k_runs, j);
+#pragma unroll
+      for (int g = 0; g < kSplitHeads; ++g) {
+        const float4 q4 = *reinterpret_cast<const float4*>(q + g * d + e);
+        dot[g] += q4.x * k4.x + q4.y * k4.y + q4.z * k4.z + q4.w * k4.w;
       }
     }
-    for (int i = threadIdx.x; i < tokens * d; i += blockDim.x) {
-      const int t = attended_token(t0 + i / d, sparse, args.selected_blocks, chosen_tokens, complete, r);
-      tile[i] = kv_load(kv, true, kv_row(kv, t, kvh), i % d);
+#pragma unroll
+    for (int g = 0; g < kSplitHeads; ++g)
+#pragma unroll
+      for (int offset = kLanes / 2; offset > 0; offset >>= 1) dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], offset);
+    __syncthreads();  // the previous tile's V and weights consumed
+    if (lane == 0)
+#pragma unroll
+      for (int g = 0; g < kSplitHeads; ++g) p[g * kTile + token] = valid ? dot[g] * scale : -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kSplitRuns; ++j) {
+      const int e = 4 * (lane + kLanes * j);
+      if (e >= d) break;
+      *reinterpret_cast<float4*>(tile_v + token * d + e) = kv_decode_chunk(kv.values.codes, v_runs, j);
+    }
+    __syncthreads();
+    if (warp < heads) {  // the online softmax step of head `warp` over this tile
+      const float s = threadIdx.x % 32 < kTile ? p[warp * kTile + threadIdx.x % 32] : -INFINITY;
+      const float m_new = fmaxf(m, warp_max(s));
+      const float w = s == -INFINITY ? 0.0f : __expf(s - m_new);
+      if (threadIdx.x % 32 < kTile) p[warp * kTile + threadIdx.x % 32] = w;
+      const float c = __expf(m - m_new);  // 0 on the first tile (m = -inf)
+      l = l * c + warp_sum(w);
+      m = m_new;
+      if (threadIdx.x % 32 == 0) correction[warp] = c;
     }
     __syncthreads();
 #pragma unroll
-    for (int j = 0; j < kMaxOutPerThread; ++j) {
-      const int o = threadIdx.x + j * blockDim.x;  // output (q head g, dim i) of this thread
-      if (o >= group * d) break;
+    for (int j = 0; j < kOut; ++j) {
+      const int o = threadIdx.x + j * kDecodeThreads;  // output (head g, dim i) of this thread
+      if (o >= heads * d) break;
       const int g = o / d, i = o % d;
       float sum = 0.0f;
-      for (int t = 0; t < tokens; ++t) sum += p[g * kDecodeTile + t] * tile[t * d + i];
+#pragma unroll
+      for (int t = 0; t < kTile; ++t) sum += p[g * kTile + t] * tile_v[t * d + i];
       acc[j] = acc[j] * correction[g] + sum;
     }
   }
-  __syncthreads();
-  for (int g = threadIdx.x; g < group; g += blockDim.x) {
-    args.partial_max[part + g * kDecodeSplits] = m[g];
-    args.partial_sum[part + g * kDecodeSplits] = l[g];
+  const long part = static_cast<long>(h0) * kDecodeSplits + blockIdx.y;  // partial of q head h0
+  if (warp < heads && threadIdx.x % 32 == 0) {
+    args.partial_max[part + warp * kDecodeSplits] = m;
+    args.partial_sum[part + warp * kDecodeSplits] = l;
   }
 #pragma unroll
-  for (int j = 0; j < kMaxOutPerThread; ++j) {
-    const int o = threadIdx.x + j * blockDim.x;
-    if (o >= group * d) break;
+  for (int j = 0; j < kOut; ++j) {
+    const int o = threadIdx.x + j * kDecodeThreads;
+    if (o >= heads * d) break;
     args.partial_acc[(part + (o / d) * kDecodeSplits) * d + o % d] = acc[j];
   }
 }
 
-// One block per q head: the spans' partials combined, normalised, rotated back and gated.
+// One block per q head: the active spans' partials combined, normalised, rotated back and gated.
 __global__ void attention_merge_kernel(AttentionShape shape, AttentionDecodeArgs args, PagedKv kv) {
   __shared__ float a[kMaxHeadDim];
   const int d = shape.head_dim, h = blockIdx.x;
   const AttentionPartials partials{args.partial_max, args.partial_sum, args.partial_acc};
-  attention_merge_head(partials, static_cast<long>(h) * kDecodeSplits, kDecodeSplits, d, kv,
+  attention_merge_head(partials, static_cast<long>(h) * kDecodeSplits, decode_spans(args).spans, d, kv,
                        args.q_gate + static_cast<long>(h) * 2 * d + d, args.out + h * d, a);
 }
 
+// Threads per token of the split kernel's tiles: runs of 4 elements, at most kSplitRuns a thread, cover the row.
+int split_lanes(int head_dim) { return head_dim <= 4 * kSplitRuns * 8 ? 8 : 16; }
+
 size_t split_smem_bytes(const AttentionShape& shape) {
-  const int group = shape.n_head / shape.n_head_kv;
-  return sizeof(float) * (static_cast<size_t>(group) * shape.head_dim + kDecodeTile * shape.head_dim +
-                          group * kDecodeTile + 3 * group);
+  const size_t d = shape.head_dim, tile = kDecodeThreads / split_lanes(shape.head_dim);
+  return sizeof(float) * (kSplitHeads * d + tile * d + kSplitHeads * tile + kSplitHeads);
 }
 
 }  // namespace
@@ -143,9 +177,8 @@ cudaError_t attention_prep(const AttentionShape& shape, const AttentionPrepArgs&
 }
 
 bool attention_decode_fits(const AttentionShape& shape) {
-  return shape.n_head > 0 && shape.n_head_kv > 0 && shape.n_head % shape.n_head_kv == 0 &&
-         (shape.n_head / shape.n_head_kv) * shape.head_dim <= kDecodeThreads * kMaxOutPerThread &&
-         split_smem_bytes(shape) <= kMaxSplitSmem;
+  return shape.n_head > 0 && shape.n_head_kv > 0 && shape.n_head % shape.n_head_kv == 0 && shape.head_dim > 0 &&
+         shape.head_dim % 32 == 0 && shape.head_dim <= kMaxHeadDim && split_smem_bytes(shape) <= kMaxSplitSmem;
 }
 
 size_t attention_decode_partial_floats(const AttentionShape& shape) {
@@ -158,8 +191,13 @@ cudaError_t attention_decode(const AttentionShape& shape, const AttentionDecodeA
       (args.selected_blocks == nullptr) != (args.n_selected == nullptr) || args.partial_max == nullptr ||
       args.partial_sum == nullptr || args.partial_acc == nullptr)
     return cudaErrorInvalidValue;
-  attention_split_kernel<<<dim3(shape.n_head_kv, kDecodeSplits), kDecodeThreads, split_smem_bytes(shape), stream>>>(
-      shape, args, kv);
+  const int chunks = (shape.n_head / shape.n_head_kv + kSplitHeads - 1) / kSplitHeads;
+  const dim3 grid(shape.n_head_kv * chunks, kDecodeSplits);
+  const size_t smem = split_smem_bytes(shape);
+  if (split_lanes(shape.head_dim) == 8)
+    attention_split_kernel<8><<<grid, kDecodeThreads, smem, stream>>>(shape, args, kv);
+  else
+    attention_split_kernel<16><<<grid, kDecodeThreads, smem, stream>>>(shape, args, kv);
   const cudaError_t launched = cudaGetLastError();
   if (launched != cudaSuccess) return launched;
   attention_merge_kernel<<<shape.n_head, kMergeThreads, 0, stream>>>(shape, args, kv);

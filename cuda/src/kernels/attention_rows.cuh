@@ -67,24 +67,36 @@ struct AttentionPartials {
   const float* acc;
 };
 
-// One head's output from the partials of its `splits` spans base .. base + splits - 1: combined and
-// normalised into a [head_dim] (shared memory), rotated back into the model's basis where the values are stored
-// rotated (kv_output_basis), and gated by gate [head_dim] into out [head_dim]. Every thread of the block calls it.
+// One head's output from the partials of its `splits` spans base .. base + splits - 1 (at most kDecodeSplits):
+// combined and normalised into a [head_dim] (shared memory), rotated back into the model's basis where the values
+// are stored rotated (kv_output_basis), and gated by gate [head_dim] into out [head_dim]. Every thread of the block
+// calls it. One warp weighs the spans first (exp(max - top) each, and the weighted sum of their sums), so each
+// output sums its spans' accumulators alone, their loads independent of one another.
 __device__ __forceinline__ void attention_merge_head(const AttentionPartials& partials, long base, int splits,
                                                      int d, const PagedKv& kv, const float* gate, float* out,
                                                      float* a) {
-  float top = -INFINITY;
-  for (int s = 0; s < splits; ++s) top = fmaxf(top, partials.max[base + s]);
-  for (int i = threadIdx.x; i < d; i += blockDim.x) {
-    float num = 0.0f, den = 0.0f;
-    for (int s = 0; s < splits; ++s) {
+  __shared__ float weight[kDecodeSplits];  // 0 for an idle span (max -inf), whose accumulator may be unwritten
+  __shared__ float total;
+  if (threadIdx.x < 32) {
+    float top = -INFINITY;
+    for (int s = threadIdx.x; s < splits; s += 32) top = fmaxf(top, partials.max[base + s]);
+    top = warp_max(top);
+    float den = 0.0f;
+    for (int s = threadIdx.x; s < splits; s += 32) {
       const float ms = partials.max[base + s];
-      if (ms == -INFINITY) continue;  // an idle span
-      const float f = __expf(ms - top);
-      num += partials.acc[(base + s) * d + i] * f;
-      den += partials.sum[base + s] * f;
+      const float f = ms == -INFINITY ? 0.0f : __expf(ms - top);
+      weight[s] = f;
+      den += ms == -INFINITY ? 0.0f : partials.sum[base + s] * f;
     }
-    a[i] = den > 0.0f ? num / den : 0.0f;
+    den = warp_sum(den);
+    if (threadIdx.x == 0) total = den;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    float num = 0.0f;
+    for (int s = 0; s < splits; ++s)
+      if (weight[s] != 0.0f) num += partials.acc[(base + s) * d + i] * weight[s];
+    a[i] = total > 0.0f ? num / total : 0.0f;
   }
   __syncthreads();
   kv_output_basis(kv, a);

@@ -66,6 +66,59 @@ __device__ __forceinline__ float kv_load(const PagedKv& kv, bool value, long row
   return d * static_cast<float>(static_cast<int>((at & 1) ? pair >> 4 : pair & 15u) - 8);
 }
 
+// Up to kChunks runs of 4 elements of one row of a half, fetched with one load each (and one load of the run's
+// scale) before any is decoded: a kernel fetches the keys and the values of its tokens this way so that all
+// their loads are in flight together. Run j starts at element 4 * (lane + lanes * j) of the row; runs at or past
+// head_dim, and every run of row -1 (no token), are zeros. A run is one aligned 8-, 4- or 2-byte load, as halves
+// start 8-byte aligned: arena regions are, and a half placed right after another (prompt_program) is too, the
+// other holding pages of a multiple of 4 rows of whole 32-element groups (a multiple of 128 elements).
+template <int kChunks>
+struct KvChunks {
+  uint2 bits[kChunks];             // Bf16: 4 values; Int8: 4 codes in .x; Q4: 4 nibbles in .x's low 16 bits
+  unsigned short scale[kChunks];   // fp16 bits of the run's group scale (Int8 and Q4)
+};
+
+template <int kChunks>
+__device__ __forceinline__ void kv_fetch_chunks(const KvHalf& half, int head_dim, long row, int lane, int lanes,
+                                                KvChunks<kChunks>& c) {
+  const long base = row * head_dim;
+#pragma unroll
+  for (int j = 0; j < kChunks; ++j) {
+    const int e = 4 * (lane + lanes * j);
+    c.bits[j] = make_uint2(0u, 0u);
+    c.scale[j] = 0;
+    if (row < 0 || e >= head_dim) continue;
+    const long at = base + e;
+    if (half.codes == KvCodes::Bf16) {
+      c.bits[j] = *reinterpret_cast<const uint2*>(static_cast<const __nv_bfloat16*>(half.data) + at);
+      continue;
+    }
+    c.scale[j] = __half_as_ushort(half.scale[at / kKvGroup]);
+    if (half.codes == KvCodes::Int8)
+      c.bits[j].x = *reinterpret_cast<const unsigned*>(static_cast<const signed char*>(half.data) + at);
+    else
+      c.bits[j].x = *reinterpret_cast<const unsigned short*>(static_cast<const unsigned char*>(half.data) + at / 2);
+  }
+}
+
+// Run j of fetched chunks as floats: the values kv_load reads, bit for bit.
+template <int kChunks>
+__device__ __forceinline__ float4 kv_decode_chunk(KvCodes codes, const KvChunks<kChunks>& c, int j) {
+  const uint2 b = c.bits[j];
+  if (codes == KvCodes::Bf16)
+    return make_float4(__uint_as_float(b.x << 16), __uint_as_float(b.x & 0xffff0000u), __uint_as_float(b.y << 16),
+                       __uint_as_float(b.y & 0xffff0000u));
+  const float d = __half2float(__ushort_as_half(c.scale[j]));
+  float x[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int code = codes == KvCodes::Int8 ? static_cast<int>(static_cast<signed char>(b.x >> (8 * k)))
+                                            : static_cast<int>((b.x >> (4 * k)) & 15u) - 8;
+    x[k] = d * static_cast<float>(code);
+  }
+  return make_float4(x[0], x[1], x[2], x[3]);
+}
+
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));

@@ -23,9 +23,12 @@ __global__ void qsa_append_kernel(IndexerShape shape, IndexerCache cache, const 
 __global__ void qsa_score_kernel(IndexerShape shape, IndexerCache cache, IndexerSelectArgs args) {
   extern __shared__ float q[];
   const int p = *args.position;
-  qsa_score_query(shape, args.q, args.q_norm, args.rope_cos, args.rope_sin, p, q);
   const int n_blocks = (p + 1) / shape.ratio;
   const int warps_per_block = blockDim.x >> 5;
+  // The grid is sized for the cache's capacity; early in a context most blocks have no key to score and would
+  // only prepare the query (four RMSNorms, eight barriers).
+  if (blockIdx.x * warps_per_block >= n_blocks) return;
+  qsa_score_query(shape, args.q, args.q_norm, args.rope_cos, args.rope_sin, p, q);
   for (int b = blockIdx.x * warps_per_block + (threadIdx.x >> 5); b < n_blocks; b += gridDim.x * warps_per_block) {
     const float score = qsa_block_score(shape, q, cache.block_keys + static_cast<long>(b) * shape.head_dim);
     if ((threadIdx.x & 31) == 0) args.scores[b] = score;

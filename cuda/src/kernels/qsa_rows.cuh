@@ -71,6 +71,10 @@ __device__ __forceinline__ unsigned order_key(float x) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// Scores the selection keeps in shared memory as order keys (32 KiB), so its passes read them there: the first
+// kCachedKeys blocks (a context of 32,768 tokens at 4 tokens a block); blocks past them are re-read per pass.
+constexpr int kCachedKeys = 8192;
+
 // The selection of a query that sees n_blocks complete blocks with scores[0:n_blocks]: *n_selected =
 // keep = min(keep_blocks, n_blocks) and selected[0:keep] ascending; all blocks when they fit, else radix-select
 // the keep-th largest score (8 bits per pass), then every block above it and the lowest-indexed blocks equal to
@@ -80,11 +84,15 @@ __device__ __forceinline__ unsigned order_key(float x) {
 // work is kept to reads of the scores: a pass's histogram takes one shared atomic per run of equal digits in a
 // warp (the top digits of nearby scores mostly agree, and one atomic per score on one bin serialises the whole
 // block), and the final pass walks each warp's contiguous range twice with ballots (its counts, then its
-// writes) instead of a block-wide scan per 1,024 scores.
+// writes) instead of a block-wide scan per 1,024 scores. The passes are latency-bound chains, so each is kept
+// short: the keys come from shared memory, the next pass's histogram is cleared during this one (two
+// barriers a pass), and one warp finds the digit with a scan over the 256 bins, 8 per lane, where one thread
+// walking them from the top took up to 256 dependent steps a pass.
 __device__ __forceinline__ void qsa_select_top(int n_blocks, int keep_blocks, const float* scores, int* selected,
                                                int* n_selected) {
   constexpr int kWarps = kSelectThreads / 32;
-  __shared__ int histogram[256];
+  __shared__ unsigned keys[kCachedKeys];
+  __shared__ int histograms[2][256];
   __shared__ unsigned chosen_prefix;
   __shared__ int still_needed;
   __shared__ int warp_greater[kWarps], warp_equal[kWarps];
@@ -95,32 +103,50 @@ __device__ __forceinline__ void qsa_select_top(int n_blocks, int keep_blocks, co
     for (int b = threadIdx.x; b < n_blocks; b += blockDim.x) selected[b] = b;
     return;
   }
+  const int cached = min(n_blocks, kCachedKeys);
+  for (int b = threadIdx.x; b < cached; b += blockDim.x) keys[b] = order_key(scores[b]);
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) histograms[0][i] = 0;
+  __syncthreads();
+  const auto key_of = [&](int b) { return b < cached ? keys[b] : order_key(scores[b]); };
   unsigned prefix = 0, mask = 0;
   int needed = keep;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) histogram[i] = 0;
-    __syncthreads();
+  for (int pass = 0, shift = 24; shift >= 0; ++pass, shift -= 8) {
+    int* histogram = histograms[pass & 1];
+    int* next = histograms[(pass + 1) & 1];  // the next pass's, cleared while this one counts
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) next[i] = 0;
     for (int base = warp * 32; base < n_blocks; base += blockDim.x) {  // whole warps: the match below needs them
       const int b = base + lane;
-      const unsigned key = b < n_blocks ? order_key(scores[b]) : 0u;
+      const unsigned key = b < n_blocks ? key_of(b) : 0u;
       const bool counted = b < n_blocks && (key & mask) == prefix;
       const unsigned digit = counted ? (key >> shift) & 255u : 256u;  // 256: not counted
       const unsigned peers = __match_any_sync(0xffffffffu, digit);
       if (counted && lane == __ffs(peers) - 1) atomicAdd(&histogram[digit], __popc(peers));
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      int above = 0, bin = 255;
-      while (above + histogram[bin] < needed) above += histogram[bin--];
-      chosen_prefix = prefix | (static_cast<unsigned>(bin) << shift);
-      still_needed = needed - above;
+    if (warp == 0) {  // the highest bin where the count from the top reaches `needed`: lane l owns 255 - 8l ..
+      int own = 0;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) own += histogram[255 - 8 * lane - k];
+      int from_top = own;  // inclusive scan over the lanes, from the top bins down
+#pragma unroll
+      for (int offset = 1; offset < 32; offset <<= 1) {
+        const int up = __shfl_up_sync(0xffffffffu, from_top, offset);
+        if (lane >= offset) from_top += up;
+      }
+      const unsigned reached = __ballot_sync(0xffffffffu, from_top >= needed);  // never empty: see needed
+      if (lane == __ffs(reached) - 1) {
+        int above = from_top - own, bin = 255 - 8 * lane;
+        while (above + histogram[bin] < needed) above += histogram[bin--];
+        chosen_prefix = prefix | (static_cast<unsigned>(bin) << shift);
+        still_needed = needed - above;
+      }
     }
-    __syncthreads();
+    __syncthreads();  // chosen_prefix and still_needed are rewritten next pass only after its first barrier
     prefix = chosen_prefix;
     needed = still_needed;
     mask |= 255u << shift;
-    __syncthreads();  // chosen_prefix / still_needed are rewritten next pass
   }
+
   // prefix is the threshold key; `needed` blocks equal to it are taken, lowest index first. Warp w owns blocks
   // [w * span, (w + 1) * span): its counts, then its place in the output, then its writes.
   const int span = (n_blocks + kWarps - 1) / kWarps;
@@ -128,7 +154,7 @@ __device__ __forceinline__ void qsa_select_top(int n_blocks, int keep_blocks, co
   int greater = 0, equal = 0;
   for (int base = lo; base < hi; base += 32) {
     const int b = base + lane;
-    const unsigned key = b < hi ? order_key(scores[b]) : 0u;
+    const unsigned key = b < hi ? key_of(b) : 0u;
     greater += __popc(__ballot_sync(0xffffffffu, b < hi && key > prefix));
     equal += __popc(__ballot_sync(0xffffffffu, b < hi && key == prefix));
   }
@@ -145,7 +171,7 @@ __device__ __forceinline__ void qsa_select_top(int n_blocks, int keep_blocks, co
   const unsigned below = (1u << lane) - 1u;  // the lanes before this one
   for (int base = lo; base < hi; base += 32) {
     const int b = base + lane;
-    const unsigned key = b < hi ? order_key(scores[b]) : 0u;
+    const unsigned key = b < hi ? key_of(b) : 0u;
     const unsigned equals = __ballot_sync(0xffffffffu, b < hi && key == prefix);
     const bool take = b < hi && (key > prefix || (key == prefix && equal_before + __popc(equals & below) < needed));
     const unsigned takes = __ballot_sync(0xffffffffu, take);

@@ -77,6 +77,26 @@ void kv_rotate_rows(int device, int rows, int head_dim, const float* in, float* 
 // selected [keep_blocks] (-1 past the count) and returns the count.
 int qsa_top_blocks(int device, const float* scores, int n_blocks, int keep_blocks, int* selected);
 
+// Decode attention timings (benchmarks/bench_attention.py): median seconds of one launch over `reps`, each timed
+// alone with CUDA events after the L2 cache was overwritten. The cache holds arbitrary finite values.
+struct AttentionTimingShape {
+  int n_head = 0, n_head_kv = 0, head_dim = 0, page_size = 64;
+  KvStorage kv = KvStorage::Bf16;
+  int context = 0;      // visible tokens: the query sits at position context - 1
+  int keep_blocks = 0;  // QSA blocks attended, spread evenly over the context (and the open tail); 0: dense
+  int ratio = 4;        // tokens per QSA block
+};
+
+struct IndexerTimingShape {
+  int n_heads = 0, head_dim = 0, ratio = 4, keep_blocks = 0;
+  int context = 0;  // visible tokens; the block keys and the query are random
+};
+
+// attention_decode (the split and merge kernels) at shape.context.
+double time_attention_decode(int device, const AttentionTimingShape& shape, int reps);
+// qsa_select (block scoring and selection) at shape.context, or with top_only its selection step alone.
+double time_qsa_select(int device, const IndexerTimingShape& shape, bool top_only, int reps);
+
 // Embedding rows: kind 0 F32, 1 F16, 2 BF16 (data as raw 2-byte values), 3 Q8_0 form (uint8 codes with
 // bias 128 and fp16 scales d [rows][cols/32] as raw uint16). out [n_ids][cols].
 void embed_rows(int device, int kind, int rows, int cols, const void* data, const std::uint16_t* d,
