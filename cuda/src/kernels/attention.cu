@@ -117,13 +117,15 @@ __global__ void attention_split_kernel(AttentionShape shape, AttentionDecodeArgs
   }
 }
 
-// One block per q head: the spans' partials combined, normalised, rotated back and gated.
+// One block per q head: the spans' partials combined, normalised, rotated back and gated (and quantized where
+// asked: head_dim is whole blocks).
 __global__ void attention_merge_kernel(AttentionShape shape, AttentionDecodeArgs args, PagedKv kv) {
   __shared__ float a[kMaxHeadDim];
   const int d = shape.head_dim, h = blockIdx.x;
   const AttentionPartials partials{args.partial_max, args.partial_sum, args.partial_acc};
   attention_merge_head(partials, static_cast<long>(h) * kDecodeSplits, kDecodeSplits, d, kv,
-                       args.q_gate + static_cast<long>(h) * 2 * d + d, args.out + h * d, a);
+                       args.q_gate + static_cast<long>(h) * 2 * d + d, args.out + h * d, a,
+                       q8_offset(args.out_q8, static_cast<long>(h) * d));
 }
 
 size_t split_smem_bytes(const AttentionShape& shape) {
