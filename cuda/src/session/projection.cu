@@ -1,6 +1,7 @@
 #include "projection.hpp"
 
 #include <algorithm>
+#include <string>
 
 #include "../kernels/quantize.cuh"
 #include "strata/error.hpp"
@@ -58,19 +59,33 @@ void project_batch(const DeviceTensor& stack, const kernels::MatrixBatch& batch,
   }
 }
 
-void project(const float* x, std::initializer_list<Product> products, const Q8Scratch& q8, cudaStream_t stream,
+Products::Products(std::initializer_list<Product> products) : n_(static_cast<int>(products.size())) {
+  STRATA_EXPECTS(n_ <= kMax, InvalidArgument,
+                 "projection: " + std::to_string(n_) + " products of one input, more than the " +
+                     std::to_string(kMax) + " a list holds");
+  std::copy(products.begin(), products.end(), list_);
+}
+
+const DeviceTensor* Products::q8_reader() const {
+  const Product* reader = std::find_if(begin(), end(), [](const Product& p) { return reads_q8(*p.w); });
+  return reader == end() ? nullptr : reader->w;
+}
+
+void quantize_for(const float* x, const Products& readers, const Q8Scratch& q8, cudaStream_t stream) {
+  if (const DeviceTensor* reader = readers.q8_reader()) quantize(x, reader->cols, q8, stream);
+}
+
+void project(const float* x, const Products& products, const Q8Scratch& q8, cudaStream_t stream,
              const Branches* branches) {
-  const auto quantized = std::find_if(products.begin(), products.end(), [](const Product& p) { return !p.w->is_float; });
-  if (quantized != products.end()) quantize(x, quantized->w->cols, q8, stream);
+  quantize_for(x, products, q8, stream);
   project_quantized(x, products, q8, stream, branches);
 }
 
-void project_quantized(const float* x, std::initializer_list<Product> products, const Q8Scratch& q8,
-                       cudaStream_t stream, const Branches* branches) {
+void project_quantized(const float* x, const Products& products, const Q8Scratch& q8, cudaStream_t stream,
+                       const Branches* branches) {
   const Product* list = products.begin();
   if (branches && products.size() > 1) {
-    branches->run(static_cast<int>(products.size()), stream,
-                  [&](int i, cudaStream_t s) { gemv(list[i], q8, x, s); });
+    branches->run(products.size(), stream, [&](int i, cudaStream_t s) { gemv(list[i], q8, x, s); });
     return;
   }
   for (const Product& p : products) gemv(p, q8, x, stream);
