@@ -23,7 +23,7 @@ ROPE_DIM = 64
 RTOL = 1e-4
 
 
-def run(rng, steps, heads, kv_heads, d, page_size, kv="bf16", indexer=None):
+def run(rng, steps, heads, kv_heads, d, page_size, kv="bf16", indexer=None, q8=False):
     from strata import _native_check
 
     f = np.float32
@@ -40,7 +40,7 @@ def run(rng, steps, heads, kv_heads, d, page_size, kv="bf16", indexer=None):
     inputs["pages"] = rng.permutation(n_pages).astype(np.int32)
     got = _native_check.attention_steps(inputs["q_gate"], inputs["k"], inputs["v"], inputs["q_norm"], inputs["k_norm"],
                                   inputs["cos"], inputs["sin"], inputs["pages"], page_size=page_size,
-                                  kv=kv, eps=EPS, indexer=indexer)
+                                  kv=kv, eps=EPS, indexer=indexer, q8=q8)
     return inputs, got
 
 
@@ -127,6 +127,24 @@ def test_dense_attention_quantized(rng, kv, d):
     assert_within_rounding(got["v_cache"], kf.rotate(v.astype(np.float64)) if value_codes.rotated else v,
                            value_codes, f"{kv} v cache")
     check_outputs(got, inputs, d, dense, f"{kv} d={d}", kv)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv, d", [("bf16", 256), ("int8", 128), ("q4", 96), ("k8v4", 320)])
+def test_attention_writes_the_q8_form_of_its_output(rng, kv, d):
+    """attention_decode's merge writes the output's q8_32 form for attn_output beside it: every step's output is
+    the same bits as without it (and numpy attention's, within RTOL), the form quantize_q8_32 of that output."""
+    from strata import _native_check
+
+    steps, heads, kv_heads = 13, 6, 2
+    inputs, got = run(rng, steps, heads, kv_heads, d, 8, kv=kv, q8=True)
+    plain = _native_check.attention_steps(inputs["q_gate"], inputs["k"], inputs["v"], inputs["q_norm"],
+                                          inputs["k_norm"], inputs["cos"], inputs["sin"], inputs["pages"],
+                                          page_size=8, kv=kv, eps=EPS)
+    assert np.array_equal(got["out"].view(np.uint32), plain["out"].view(np.uint32)), f"{kv}: the q8 form changed out"
+    check_outputs(got, inputs, d, dense, f"{kv} d={d} with q8", kv)
+    for t in range(steps):
+        assert_q8_of(got["out"][t], tuple(a[t] for a in got["q8"]), f"{kv} d={d} step {t}")
 
 
 @pytest.mark.gpu

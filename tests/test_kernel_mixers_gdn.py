@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from q8_form import assert_q8_of
 from strata.reference.gdn import GdnShape, causal_conv_silu, delta_rule_step
 from strata.reference.ops import l2_normalize, rms_norm, sigmoid, silu, softplus
 
@@ -99,6 +100,39 @@ def test_gdn_steps_match_reference(rng, layout):
     assert_matches_reference(shape, inputs, conv_state, state, got, layout)
 
 
+# Heads of 16 values: the gated norm's CTA holds half a block, so gdn_step quantizes core after the norm instead.
+Q8_LAYOUTS = {**LAYOUTS, "half-block heads": GdnShape(2, 4, 32, 16, 4, tiled_heads=True, interleaved_ba=False,
+                                                       sigmoid_gate=True)}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", sorted(Q8_LAYOUTS))
+def test_gdn_steps_write_the_q8_form_of_their_output(rng, layout):
+    """gdn_step writes core's q8_32 form for ssm_out beside it: each step's output is the same bits as without it
+    (and so the reference's), the form quantize_q8_32 of that output."""
+    from strata import _native_check
+
+    shape = Q8_LAYOUTS[layout]
+    inputs = random_inputs(rng, shape, 4)
+    conv_state = rng.standard_normal((shape.conv_kernel - 1, shape.conv_channels), dtype=np.float32)
+    state = rng.standard_normal((shape.n_v_heads, shape.head_k_dim, shape.head_v_dim), dtype=np.float32) * 0.1
+
+    def steps(q8: bool):
+        return _native_check.gdn_steps(
+            inputs["qkv"], inputs["z"], inputs["beta_in"], None if shape.interleaved_ba else inputs["alpha_in"],
+            inputs["conv_weight"], inputs["ssm_a"], inputs["dt_bias"], inputs["norm_weight"], conv_state, state,
+            n_k_heads=shape.n_k_heads, tiled_heads=shape.tiled_heads, interleaved_ba=shape.interleaved_ba,
+            sigmoid_gate=shape.sigmoid_gate, eps=EPS, q8=q8)
+
+    out, conv, recurrent, q8 = steps(True)
+    plain = steps(False)
+    assert np.array_equal(out.view(np.uint32), plain[0].view(np.uint32)), f"{layout}: the q8 form changed out"
+    assert np.array_equal(recurrent.view(np.uint32), plain[2].view(np.uint32)), f"{layout}: it changed the state"
+    assert_matches_reference(shape, inputs, conv_state, state, (out, conv, recurrent), layout)
+    for t in range(out.shape[0]):
+        assert_q8_of(out[t], tuple(a[t] for a in q8), f"{layout} step {t}")
+
+
 @pytest.mark.gpu
 def test_gdn_head_mappings_differ(rng):
     """Tiled and grouped head maps must give different outputs on the same inputs (the test above would not
@@ -128,3 +162,19 @@ def test_gdn_shape_mismatch_is_refused(rng):
                           np.ones((1, 1), np.float32), rng.standard_normal((10, 4)), np.ones(1), np.ones(1),
                           np.ones(4), np.ones((3, 10)), np.ones((1, 4, 4)), n_k_heads=1, tiled_heads=True,
                           interleaved_ba=False, sigmoid_gate=True, eps=EPS)
+
+
+def test_gdn_q8_form_needs_whole_blocks(rng):
+    """A q8_32 form of core needs Hv * dv a multiple of 32 (2 heads of 8 values: 16), refused before the device."""
+    from strata import _native_check
+    import strata
+
+    shape = GdnShape(1, 2, 8, 8, 4, tiled_heads=True, interleaved_ba=False, sigmoid_gate=True)
+    inputs = random_inputs(rng, shape, 1)
+    refused = r"gdn_steps: a q8_32 output needs Hv \* dv a multiple of 32, got 16"
+    with pytest.raises(strata.InvalidArgument, match=refused):
+        _native_check.gdn_steps(inputs["qkv"], inputs["z"], inputs["beta_in"], inputs["alpha_in"],
+                                inputs["conv_weight"], inputs["ssm_a"], inputs["dt_bias"], inputs["norm_weight"],
+                                np.zeros((3, shape.conv_channels), np.float32), np.zeros((2, 8, 8), np.float32),
+                                n_k_heads=1, tiled_heads=True, interleaved_ba=False, sigmoid_gate=True, eps=EPS,
+                                q8=True)

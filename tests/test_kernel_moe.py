@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import strata
+from q8_form import assert_q8_of
 from strata import _native_check
 from strata.reference.moe import route
 from strata.reference.ops import sigmoid, silu
@@ -109,6 +110,24 @@ def test_swiglu(rng, n):
     # expf (2 ulp), 1 + e, a division and two products: within 8 float32 roundings of each element.
     err = float(np.max(np.abs(got - want) / np.abs(want)))
     assert err < 8 * 6e-8, f"max relative error {err:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [640, 512, 5120, 10 * 768])
+def test_swiglu_writes_the_q8_form_of_its_output(rng, n):
+    """The shared and the cached experts' SwiGLU write h's q8_32 form for a quantized down: the same output bits
+    as without it, the form quantize_q8_32 of that output."""
+    g = (rng.standard_normal(n) * 3).astype(np.float32)
+    u = (rng.standard_normal(n) * np.exp2(rng.uniform(-8, 8, n))).astype(np.float32)
+    got, q8 = _native_check.swiglu(g, u, q8=True)
+    assert np.array_equal(got.view(np.uint32), _native_check.swiglu(g, u).view(np.uint32))
+    assert_q8_of(got, q8, f"swiglu n={n}")
+
+
+def test_swiglu_q8_form_needs_whole_blocks(rng):
+    a = rng.standard_normal(48).astype(np.float32)
+    with pytest.raises(strata.InvalidArgument, match="swiglu: a q8_32 output needs n a multiple of 32, got 48"):
+        _native_check.swiglu(a, a, q8=True)
 
 
 def combine_case(rows: int, n: int, rng: np.random.Generator):

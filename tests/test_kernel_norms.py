@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import strata
+from q8_form import assert_q8_of
 from strata import _native_check
 from strata.reference.ops import apply_rope, grouped_rms_norm, l2_normalize, rms_norm, rope_tables, sigmoid, silu
 
@@ -38,6 +39,27 @@ def test_gated_rms_norm(rng, gate, heads):
     want = rms_norm(x, w, EPS) * gate_values
     err = relative_error(_native_check.rms_norm_gated(x, z, w, EPS, gate), want)
     assert err < RTOL, f"{gate}: max relative error {err:.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gate", ["sigmoid", "silu"])
+@pytest.mark.parametrize(("heads", "head_dim"), [(1, 128), (48, 128), (16, 64), (6, 32)])
+def test_gated_rms_norm_writes_the_q8_form_of_its_output(rng, gate, heads, head_dim):
+    """The GDN's gated norm writes core's q8_32 form for ssm_out: the same output bits as without it, the form
+    quantize_q8_32 of that output."""
+    x = rng.standard_normal((heads, head_dim), dtype=np.float32) * np.float32(rng.uniform(0.01, 10))
+    z = rng.standard_normal((heads, head_dim), dtype=np.float32) * np.float32(3)
+    w = rng.standard_normal(head_dim, dtype=np.float32)
+    got, q8 = _native_check.rms_norm_gated(x, z, w, EPS, gate, q8=True)
+    plain = _native_check.rms_norm_gated(x, z, w, EPS, gate)
+    assert np.array_equal(got.view(np.uint32), plain.view(np.uint32)), f"{gate}: the q8 form changed the output"
+    assert_q8_of(got, q8, f"rms_norm_gated {gate} {heads}x{head_dim}")
+
+
+def test_gated_rms_norm_q8_form_needs_whole_blocks_per_head(rng):
+    x = rng.standard_normal((4, 16), dtype=np.float32)  # 64 floats, but heads of 16: a CTA would hold half a block
+    with pytest.raises(strata.InvalidArgument, match="needs head_dim a multiple of 32, got 16"):
+        _native_check.rms_norm_gated(x, x, np.ones(16, np.float32), EPS, "silu", q8=True)
 
 
 @pytest.mark.gpu

@@ -9,9 +9,16 @@ from strata._native_forms cimport FloatKind, QuantForm, QuantPlanes
 from strata._native_weights cimport HostTensor
 
 
+cdef extern from "strata/check/q8_host.hpp" nogil:
+    cdef cppclass Q8Host "strata::kernel_check::Q8Host":
+        int8_t* xq
+        float* dx
+        int32_t* sums
+
+
 cdef extern from "strata/check/kernel_check.hpp" nogil:
-    void cpp_rms_norm "strata::kernel_check::rms_norm"(int device, const float* x, const float* w,
-                                                     float* y, int rows, int cols, float eps) except +raise_strata_error
+    void cpp_rms_norm "strata::kernel_check::rms_norm"(int device, const float* x, const float* w, float* y, int rows,
+                                                     int cols, float eps, const Q8Host& y_q8) except +raise_strata_error
     void cpp_raise_error "strata::kernel_check::raise_error"(const string& kind) except +raise_strata_error
     void cpp_quantize_q8_32 "strata::kernel_check::quantize_q8_32"(
         int device, const float* x, long n, int8_t* xq, float* dx, int32_t* sums) except +raise_strata_error
@@ -37,7 +44,7 @@ cdef extern from "strata/check/kernel_check.hpp" nogil:
         float eps) except +raise_strata_error
     void cpp_rms_norm_gated "strata::kernel_check::rms_norm_gated"(
         int device, const float* x, const float* z, const float* w, float* y, int heads, int head_dim, float eps,
-        const string& gate) except +raise_strata_error
+        const string& gate, const Q8Host& y_q8) except +raise_strata_error
     void cpp_l2_norm "strata::kernel_check::l2_norm"(
         int device, const float* x, float* y, int heads, int head_dim, float eps) except +raise_strata_error
     void cpp_rope_neox "strata::kernel_check::rope_neox"(
@@ -49,7 +56,7 @@ cdef extern from "strata/check/kernel_check.hpp" nogil:
     void cpp_shared_expert_gate "strata::kernel_check::shared_expert_gate"(
         int device, const float* w, const float* x, int rows, int n, float* gate) except +raise_strata_error
     void cpp_swiglu "strata::kernel_check::swiglu"(
-        int device, const float* g, const float* u, float* h, int n) except +raise_strata_error
+        int device, const float* g, const float* u, float* h, int n, const Q8Host& h_q8) except +raise_strata_error
     void cpp_moe_combine "strata::kernel_check::moe_combine"(
         int device, const float* routed, const float* shared, const float* gate, float* out, int rows,
         int n) except +raise_strata_error

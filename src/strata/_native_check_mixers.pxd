@@ -3,6 +3,7 @@
 from libc.stdint cimport uint16_t
 from libcpp cimport bool
 
+from strata._native_check_kernels cimport Q8Host
 from strata._native_errors cimport raise_strata_error
 from strata._native_session cimport KvStorage
 
@@ -39,8 +40,8 @@ cdef extern from "strata/check/kernel_check_mixers.hpp" namespace "strata::kerne
     void cpp_gdn_steps "strata::kernel_check::gdn_steps"(
         int device, const GdnCheckShape& shape, int steps, const float* qkv, const float* z,
         const float* beta_in, const float* alpha_in, const float* conv_weight, const float* ssm_a,
-        const float* dt_bias, const float* norm_weight, float* conv_state, float* state,
-        float* out) except +raise_strata_error
+        const float* dt_bias, const float* norm_weight, float* conv_state, float* state, float* out,
+        const Q8Host& out_q8) except +raise_strata_error
     void cpp_gdn_chunk "strata::kernel_check::gdn_chunk"(
         int device, const GdnCheckShape& shape, int tokens, int row_pad, const float* qkv, const float* z,
         const float* beta_in, const float* alpha_in, const float* conv_weight, const float* ssm_a,
@@ -50,7 +51,7 @@ cdef extern from "strata/check/kernel_check_mixers.hpp" namespace "strata::kerne
         int device, const AttentionCheckShape& shape, int steps, const float* q_gate, const float* k,
         const float* v, const float* q_norm, const float* k_norm, const float* rope_cos, const float* rope_sin,
         const int* page_order, int n_pages, const QsaCheckInputs& qsa, const QsaCheckOutputs& qsa_out,
-        float* out, float* q_out, float* k_cache, float* v_cache) except +raise_strata_error
+        float* out, float* q_out, float* k_cache, float* v_cache, const Q8Host& out_q8) except +raise_strata_error
     void cpp_kv_rotate_rows "strata::kernel_check::kv_rotate_rows"(
         int device, int rows, int head_dim, const float* x, float* out) except +raise_strata_error
     int cpp_qsa_top_blocks "strata::kernel_check::qsa_top_blocks"(

@@ -93,8 +93,10 @@ cdef _GdnInputs _gdn_inputs(str name, qkv, z, beta_in, alpha_in, conv_weight, ss
 
 
 def gdn_steps(qkv, z, beta_in, alpha_in, conv_weight, ssm_a, dt_bias, norm_weight, conv_state, state, *,
-              int n_k_heads, bint tiled_heads, bint interleaved_ba, bint sigmoid_gate, float eps, int device=0):
-    """Runs len(qkv) Gated DeltaNet decode tokens on the GPU; returns (out [steps, Hv*dv], conv_state, state).
+              int n_k_heads, bint tiled_heads, bint interleaved_ba, bint sigmoid_gate, float eps, int device=0,
+              bint q8=False):
+    """Runs len(qkv) Gated DeltaNet decode tokens on the GPU; returns (out [steps, Hv*dv], conv_state, state), and
+    with q8 the q8_32 form gdn_step writes beside each step's out: (xq [steps, Hv*dv], dx, sums [steps, Hv*dv/32]).
 
     qkv [steps, C]; z [steps, Hv*dv]; beta_in [steps, Hv] (interleaved_ba: ssm_ba [steps, 2*Hv]); alpha_in
     [steps, Hv] or None when interleaved; conv_weight [C, K]; ssm_a, dt_bias [Hv]; norm_weight [dv];
@@ -108,10 +110,12 @@ def gdn_steps(qkv, z, beta_in, alpha_in, conv_weight, ssm_a, dt_bias, norm_weigh
                                     keep)
     out = np.empty((i.steps, np.shape(z)[1]), np.float32)
     cdef float* p_out = _mixer_floats(out, keep)
+    q8_arrays = _q8_arrays(i.steps, np.shape(z)[1]) if q8 else None
+    cdef Q8Host q8_host = _q8_host(q8_arrays)
     with nogil:
         cpp_gdn_steps(device, i.shape, i.steps, i.qkv, i.z, i.beta_in, i.alpha_in, i.conv_weight, i.ssm_a,
-                      i.dt_bias, i.norm_weight, i.conv_state, i.state, p_out)
-    return out, conv_arr, state_arr
+                      i.dt_bias, i.norm_weight, i.conv_state, i.state, p_out, q8_host)
+    return (out, conv_arr, state_arr, q8_arrays) if q8 else (out, conv_arr, state_arr)
 
 
 def gdn_chunk(qkv, z, beta_in, alpha_in, conv_weight, ssm_a, dt_bias, norm_weight, conv_state, state, *,
@@ -140,7 +144,7 @@ def gdn_chunk(qkv, z, beta_in, alpha_in, conv_weight, ssm_a, dt_bias, norm_weigh
 
 
 def attention_steps(q_gate, k, v, q_norm, k_norm, rope_cos, rope_sin, page_order, *, int page_size,
-                    kv="bf16", float eps=1e-6, indexer=None, int device=0) -> dict:
+                    kv="bf16", float eps=1e-6, indexer=None, int device=0, bint q8=False) -> dict:
     """Tokens 0..steps-1 of gated attention over a paged KV cache in format `kv` (a strata.KV), replayed through
     one captured CUDA graph.
 
@@ -149,7 +153,8 @@ def attention_steps(q_gate, k, v, q_norm, k_norm, rope_cos, rope_sin, page_order
     [steps, di], q_norm, k_norm [di], keep_blocks and optionally ratio (tokens per block, default 4). Returns out,
     q ([steps, H, d], in the keys' basis: rotated for Q4 keys), k_cache, v_cache ([Hkv, steps, d], as stored,
     dequantized; a Q4 half in its rotated basis) and with QSA: scores [steps, steps // ratio] (NaN past each
-    step's blocks), selected [steps, keep_blocks] (-1 padded), n_selected [steps].
+    step's blocks), selected [steps, keep_blocks] (-1 padded), n_selected [steps]. With q8 also "q8": the q8_32
+    form attention_decode writes beside each step's out, (xq [steps, H*d], dx, sums [steps, H*d/32]).
     """
     cdef AttentionCheckShape shape = _attention_check_shape("attention_steps", q_gate, k, v, q_norm, k_norm,
                                                             rope_cos, rope_sin, page_size, kv, eps)
@@ -179,9 +184,12 @@ def attention_steps(q_gate, k, v, q_norm, k_norm, rope_cos, rope_sin, page_order
     cdef float* p_q = _mixer_floats(result["q"], keep)
     cdef float* p_kc = _mixer_floats(result["k_cache"], keep)
     cdef float* p_vc = _mixer_floats(result["v_cache"], keep)
+    if q8:
+        result["q8"] = _q8_arrays(steps, heads * d)
+    cdef Q8Host q8_host = _q8_host(result.get("q8"))
     with nogil:
         cpp_attention_steps(device, shape, n_steps, p_qg, p_k, p_v, p_qn, p_kn, p_cos, p_sin, p_pages, n_pages,
-                            qsa, qsa_out, p_out, p_q, p_kc, p_vc)
+                            qsa, qsa_out, p_out, p_q, p_kc, p_vc, q8_host)
     return result
 
 

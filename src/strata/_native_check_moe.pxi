@@ -113,16 +113,19 @@ def shared_expert_gate(w, x, int device=0):
     return gates
 
 
-def swiglu(g, u, int device=0):
-    """silu(g) * u for float32 vectors g, u [n]."""
+def swiglu(g, u, int device=0, bint q8=False):
+    """silu(g) * u for float32 vectors g, u [n]. With q8 also the kernel's q8_32 form of the output (n a multiple
+    of 32): returns (out, (xq, dx, sums))."""
     cdef const float[::1] gv = _vector_f32(g, "swiglu (g)")
     cdef const float[::1] uv = _vector_f32(u, "swiglu (u)", gv.shape[0])
     cdef int n = gv.shape[0]
     out = np.empty(n, np.float32)
     cdef float[::1] hv = out
+    q8_arrays = _q8_arrays(1, n) if q8 else None
+    cdef Q8Host q8_host = _q8_host(q8_arrays)
     with nogil:
-        cpp_swiglu(device, &gv[0], &uv[0], &hv[0], n)
-    return out
+        cpp_swiglu(device, &gv[0], &uv[0], &hv[0], n, q8_host)
+    return (out, _flat_q8(q8_arrays)) if q8 else out
 
 
 def moe_combine(routed, shared, gate, int device=0):

@@ -29,8 +29,9 @@ def rms_norm_grouped(x, w, int groups, float eps, int device=0):
     return out
 
 
-def rms_norm_gated(x, z, w, float eps, str gate="sigmoid", int device=0):
-    """Per head (rows of x, z [heads, head_dim]): rms_norm(x) * w * gate(z), gate 'sigmoid' or 'silu'."""
+def rms_norm_gated(x, z, w, float eps, str gate="sigmoid", int device=0, bint q8=False):
+    """Per head (rows of x, z [heads, head_dim]): rms_norm(x) * w * gate(z), gate 'sigmoid' or 'silu'. With q8 also
+    the kernel's q8_32 form of the output (head_dim a multiple of 32): returns (out, (xq, dx, sums))."""
     cdef const float[:, ::1] xv = _rows_f32(x, "rms_norm_gated")
     cdef const float[:, ::1] zv = _rows_f32(z, "rms_norm_gated (z)", xv.shape[1])
     cdef const float[::1] wv = np.ascontiguousarray(w, dtype=np.float32).reshape(-1)
@@ -41,9 +42,11 @@ def rms_norm_gated(x, z, w, float eps, str gate="sigmoid", int device=0):
     cdef string g = gate.encode()
     out = np.empty((heads, head_dim), np.float32)
     cdef float[:, ::1] yv = out
+    q8_arrays = _q8_arrays(1, heads * head_dim) if q8 else None
+    cdef Q8Host q8_host = _q8_host(q8_arrays)
     with nogil:
-        cpp_rms_norm_gated(device, &xv[0, 0], &zv[0, 0], &wv[0], &yv[0, 0], heads, head_dim, eps, g)
-    return out
+        cpp_rms_norm_gated(device, &xv[0, 0], &zv[0, 0], &wv[0], &yv[0, 0], heads, head_dim, eps, g, q8_host)
+    return (out, _flat_q8(q8_arrays)) if q8 else out
 
 
 def l2_norm(x, float eps, int device=0):

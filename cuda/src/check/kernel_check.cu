@@ -8,18 +8,23 @@
 namespace strata::kernel_check {
 using namespace support;
 
-void rms_norm(int device, const float* x, const float* w, float* y, int rows, int cols, float eps) {
+void rms_norm(int device, const float* x, const float* w, float* y, int rows, int cols, float eps,
+              const Q8Host& y_q8) {
   STRATA_EXPECTS(rows > 0 && cols > 0, InvalidArgument,
                  "rms_norm needs rows > 0 and cols > 0, got " + std::to_string(rows) + " x " + std::to_string(cols));
+  check_q8_unit(y_q8, cols, "rms_norm", "cols");
   check_device(device);
   DeviceScope scope(device);
   const std::size_t bytes = static_cast<std::size_t>(rows) * cols * sizeof(float);
   DeviceBuffer dx = upload(x, bytes);
   DeviceBuffer dw = upload(w, static_cast<std::size_t>(cols) * sizeof(float));
   GuardedOutput dy(bytes);
-  STRATA_CUDA_TRY(kernels::rms_norm(dx.as<float>(), dw.as<float>(), dy.data<float>(), rows, cols, eps, nullptr));
+  const GuardedQ8 q8(y_q8, static_cast<long>(rows) * cols);
+  STRATA_CUDA_TRY(kernels::rms_norm(dx.as<float>(), dw.as<float>(), dy.data<float>(), rows, cols, eps, nullptr,
+                                    q8.blocks()));
   STRATA_CUDA_TRY(cudaDeviceSynchronize());
   dy.copy_out(y, "rms_norm");
+  q8.copy_out(0, "rms_norm (q8_32)");
 }
 
 void raise_error(const std::string& kind) {

@@ -43,13 +43,15 @@ cudaError_t first_error(std::initializer_list<cudaError_t> errors) {
 
 void gdn_steps(int device, const GdnCheckShape& s, int steps, const float* qkv, const float* z,
                const float* beta_in, const float* alpha_in, const float* conv_weight, const float* ssm_a,
-               const float* dt_bias, const float* norm_weight, float* conv_state, float* state, float* out) {
+               const float* dt_bias, const float* norm_weight, float* conv_state, float* state, float* out,
+               const Q8Host& out_q8) {
   kernels::GdnShape shape{s.n_k_heads, s.n_v_heads, s.head_k_dim, s.head_v_dim, s.conv_kernel,
                           s.tiled_heads, s.interleaved_ba, s.sigmoid_gate, s.eps};
   STRATA_EXPECTS(steps > 0 && shape.n_k_heads > 0 && shape.n_v_heads % shape.n_k_heads == 0, InvalidArgument,
                  "gdn_steps: need steps > 0 and n_v_heads a multiple of n_k_heads, got steps=" +
                      std::to_string(steps) + ", heads " + std::to_string(s.n_v_heads) + "/" +
                      std::to_string(s.n_k_heads));
+  support::check_q8_unit(out_q8, static_cast<long>(s.n_v_heads) * s.head_v_dim, "gdn_steps", "Hv * dv");
   support::check_device(device);
   DeviceScope scope(device);
   const std::size_t c = shape.conv_channels(), hv = s.n_v_heads, vd = hv * s.head_v_dim;
@@ -68,6 +70,8 @@ void gdn_steps(int device, const GdnCheckShape& s, int steps, const float* qkv, 
                             d_weight.as<float>(), d_a.as<float>(), d_dt.as<float>(), d_norm.as<float>(),
                             d_conv_state.data<float>(), d_state.data<float>(), d_conv_out.data<float>(),
                             d_out.data<float>()};
+  const support::GuardedQ8 q8(out_q8, static_cast<long>(vd));
+  args.out_q8 = q8.blocks();
   for (int t = 0; t < steps; ++t) {
     copy_in(d_qkv, qkv + t * c, c * sizeof(float));
     copy_in(d_z, z + t * vd, vd * sizeof(float));
@@ -77,6 +81,7 @@ void gdn_steps(int device, const GdnCheckShape& s, int steps, const float* qkv, 
                    "gdn_step refused the shape (conv_kernel must be 2..8)");
     STRATA_CUDA_TRY(cudaDeviceSynchronize());
     d_out.copy_out(out + t * vd, "gdn_step");
+    q8.copy_out(t, "gdn_step (q8_32)");
   }
   d_conv_state.copy_out(conv_state, "gdn_step (conv state)");
   d_state.copy_out(state, "gdn_step (recurrent state)");
@@ -123,7 +128,8 @@ void ple_steps(int device, int streams, int width, int dilation, int conv_kernel
 void attention_steps(int device, const AttentionCheckShape& s, int steps, const float* q_gate, const float* k,
                      const float* v, const float* q_norm, const float* k_norm, const float* rope_cos,
                      const float* rope_sin, const int* page_order, int n_pages, const QsaCheckInputs& qsa,
-                     const QsaCheckOutputs& qsa_out, float* out, float* q_out, float* k_cache, float* v_cache) {
+                     const QsaCheckOutputs& qsa_out, float* out, float* q_out, float* k_cache, float* v_cache,
+                     const Q8Host& out_q8) {
   STRATA_EXPECTS(steps > 0 && s.page_size > 0 && n_pages * s.page_size >= steps, InvalidArgument,
                  "attention_steps: " + std::to_string(n_pages) + " pages of " + std::to_string(s.page_size) +
                      " tokens cannot hold " + std::to_string(steps) + " steps");
@@ -160,6 +166,8 @@ void attention_steps(int device, const AttentionCheckShape& s, int steps, const 
   decode.position = d_pos.as<int>();
   decode.block_tokens = qsa.ratio;
   decode.out = d_out.data<float>();
+  const support::GuardedQ8 q8(out_q8, static_cast<long>(hd));  // head_dim is whole blocks (valid_attention)
+  decode.out_q8 = q8.blocks();
   kernels::carve_attention_partials(shape, partials.as<float>(), decode);
 
   // QSA buffers (empty when disabled).
@@ -210,6 +218,7 @@ void attention_steps(int device, const AttentionCheckShape& s, int steps, const 
     graph.launch(stream.get());
     STRATA_CUDA_TRY(cudaStreamSynchronize(stream.get()));
     d_out.copy_out(out + t * hd, "attention_decode");
+    q8.copy_out(t, "attention_decode (q8_32)");
     d_q.copy_out(q_out + t * hd, "attention_prep");
     if (!use_qsa) continue;
     int count = 0;

@@ -76,16 +76,19 @@ void shared_expert_gate(int device, const float* w, const float* x, int rows, in
   d_gate.copy_out(gate, "shared_expert_gate");
 }
 
-void swiglu(int device, const float* g, const float* u, float* h, int n) {
+void swiglu(int device, const float* g, const float* u, float* h, int n, const Q8Host& h_q8) {
   check_length("swiglu", n);
+  check_q8_unit(h_q8, n, "swiglu", "n");
   check_device(device);
   DeviceScope scope(device);
+  const GuardedQ8 q8(h_q8, n);
   DeviceBuffer d_g = upload(g, floats(n));
   DeviceBuffer d_u = upload(u, floats(n));
   GuardedOutput d_h(floats(n));
-  STRATA_CUDA_TRY(kernels::swiglu(d_g.as<float>(), d_u.as<float>(), d_h.data<float>(), n, nullptr));
+  STRATA_CUDA_TRY(kernels::swiglu(d_g.as<float>(), d_u.as<float>(), d_h.data<float>(), n, nullptr, q8.blocks()));
   STRATA_CUDA_TRY(cudaDeviceSynchronize());
   d_h.copy_out(h, "swiglu");
+  q8.copy_out(0, "swiglu (q8_32)");
 }
 
 void moe_combine(int device, const float* routed, const float* shared, const float* gate, float* out, int rows,

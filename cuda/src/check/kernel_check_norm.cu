@@ -39,10 +39,11 @@ void rms_norm_grouped(int device, const float* x, const float* w, float* y, int 
 }
 
 void rms_norm_gated(int device, const float* x, const float* z, const float* w, float* y, int heads, int head_dim,
-                    float eps, const std::string& gate) {
+                    float eps, const std::string& gate, const Q8Host& y_q8) {
   check_positive("rms_norm_gated", heads, head_dim);
   STRATA_EXPECTS(gate == "sigmoid" || gate == "silu", InvalidArgument,
                  "rms_norm_gated: gate must be 'sigmoid' or 'silu', got '" + gate + "'");
+  check_q8_unit(y_q8, head_dim, "rms_norm_gated", "head_dim");  // a CTA's head is whole blocks
   check_device(device);
   DeviceScope scope(device);
   const long n = static_cast<long>(heads) * head_dim;
@@ -50,11 +51,13 @@ void rms_norm_gated(int device, const float* x, const float* z, const float* w, 
   DeviceBuffer d_z = upload(z, floats(n));
   DeviceBuffer d_w = upload(w, floats(head_dim));
   GuardedOutput d_y(floats(n));
+  const GuardedQ8 q8(y_q8, n);
   const kernels::Gate kind = gate == "sigmoid" ? kernels::Gate::Sigmoid : kernels::Gate::Silu;
   STRATA_CUDA_TRY(kernels::rms_norm_gated(d_x.as<float>(), d_z.as<float>(), d_w.as<float>(), d_y.data<float>(), heads,
-                                          head_dim, eps, kind, nullptr));
+                                          head_dim, eps, kind, nullptr, q8.blocks()));
   STRATA_CUDA_TRY(cudaDeviceSynchronize());
   d_y.copy_out(y, "rms_norm_gated");
+  q8.copy_out(0, "rms_norm_gated (q8_32)");
 }
 
 void l2_norm(int device, const float* x, float* y, int heads, int head_dim, float eps) {

@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "../kernels/quantize.cuh"
 #include "../runtime/device_buffer.hpp"
+#include "strata/check/q8_host.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"
 
@@ -40,6 +42,42 @@ class GuardedOutput {
  private:
   std::size_t bytes_;
   DeviceBuffer buffer_;
+};
+
+// A kernel asked for a q8_32 form (host.xq given) must be given whole blocks: `unit` floats (its rows, heads,
+// ...: what `name` names) a multiple of 32. Checked before any device work.
+inline void check_q8_unit(const Q8Host& host, long unit, const std::string& kernel, const char* name) {
+  STRATA_EXPECTS(!host.xq || unit % kernels::kQ8Block == 0, InvalidArgument,
+                 kernel + ": a q8_32 output needs " + name + " a multiple of 32, got " + std::to_string(unit));
+}
+
+// Poisoned, guarded device outputs for the q8_32 form of rows of n floats (a multiple of 32: check_q8_unit) that
+// a kernel writes beside its floats, when the host asks for one (its xq is given); blocks() is none otherwise.
+class GuardedQ8 {
+ public:
+  GuardedQ8(const Q8Host& host, long n)
+      : host_(host),
+        n_(host.xq ? n : 0),
+        xq_(n_),
+        dx_(n_ / kernels::kQ8Block * sizeof(float)),
+        sums_(n_ / kernels::kQ8Block * sizeof(std::int32_t)) {}
+  kernels::Q8Blocks blocks() const {
+    if (!host_.xq) return {};
+    return {xq_.data<std::int8_t>(), dx_.data<float>(), sums_.data<std::int32_t>()};
+  }
+  // The form as the kernel left it into row `row` of the host's arrays (nothing when none was asked for).
+  void copy_out(long row, const char* kernel) const {
+    if (!host_.xq) return;
+    const long blocks = n_ / kernels::kQ8Block;
+    xq_.copy_out(host_.xq + row * n_, kernel);
+    dx_.copy_out(host_.dx + row * blocks, kernel);
+    sums_.copy_out(host_.sums + row * blocks, kernel);
+  }
+
+ private:
+  Q8Host host_;
+  long n_;
+  GuardedOutput xq_, dx_, sums_;
 };
 
 inline DeviceBuffer upload(const void* host, std::size_t bytes) {

@@ -149,13 +149,15 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_split_kernel(Attenti
   }
 }
 
-// One block per q head: the active spans' partials combined, normalised, rotated back and gated.
+// One block per q head: the active spans' partials combined, normalised, rotated back and gated (and quantized
+// where asked: head_dim is whole blocks).
 __global__ void attention_merge_kernel(AttentionShape shape, AttentionDecodeArgs args, PagedKv kv) {
   __shared__ float a[kMaxHeadDim];
   const int d = shape.head_dim, h = blockIdx.x;
   const AttentionPartials partials{args.partial_max, args.partial_sum, args.partial_acc};
   attention_merge_head(partials, static_cast<long>(h) * kDecodeSplits, decode_spans(args).spans, d, kv,
-                       args.q_gate + static_cast<long>(h) * 2 * d + d, args.out + h * d, a);
+                       args.q_gate + static_cast<long>(h) * 2 * d + d, args.out + h * d, a,
+                       q8_offset(args.out_q8, static_cast<long>(h) * d));
 }
 
 // Threads per token of the split kernel's tiles: runs of 4 elements, at most kSplitRuns a thread, cover the row.

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "kv.cuh"
+#include "quantize.cuh"
 
 namespace strata::kernels {
 
@@ -50,6 +51,7 @@ struct AttentionDecodeArgs {
   float* partial_acc = nullptr;
   float* out = nullptr;             // [n_head][head_dim] = softmax(q k^T / sqrt(d)) v * sigmoid(gate), with
                                     // q, k, v in the cache's bases and the sum rotated back (kv_output_basis)
+  Q8Blocks out_q8;                  // optional: out's q8_32 form, for a quantized attn_output; none by default
 };
 
 constexpr int kDecodeSplits = 64;   // spans of the attended tokens: blocks per kv head

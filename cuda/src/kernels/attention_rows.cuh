@@ -8,6 +8,7 @@
 
 #include "attention.cuh"
 #include "mixer_rows.cuh"
+#include "q8_32_blocks.cuh"
 
 namespace strata::kernels {
 
@@ -69,12 +70,12 @@ struct AttentionPartials {
 
 // One head's output from the partials of its `splits` spans base .. base + splits - 1 (at most kDecodeSplits):
 // combined and normalised into a [head_dim] (shared memory), rotated back into the model's basis where the values
-// are stored rotated (kv_output_basis), and gated by gate [head_dim] into out [head_dim]. Every thread of the block
-// calls it. One warp weighs the spans first (exp(max - top) each, and the weighted sum of their sums), so each
+// are stored rotated (kv_output_basis), and gated by gate [head_dim] into out [head_dim], with out's q8_32 form
+// into out_q8 (the head's blocks; none by default). Every thread of the block calls it. One warp weighs the spans first (exp(max - top) each, and the weighted sum of their sums), so each
 // output sums its spans' accumulators alone, their loads independent of one another.
 __device__ __forceinline__ void attention_merge_head(const AttentionPartials& partials, long base, int splits,
                                                      int d, const PagedKv& kv, const float* gate, float* out,
-                                                     float* a) {
+                                                     float* a, const Q8Blocks& out_q8 = {}) {
   __shared__ float weight[kDecodeSplits];  // 0 for an idle span (max -inf), whose accumulator may be unwritten
   __shared__ float total;
   if (threadIdx.x < 32) {
@@ -100,7 +101,11 @@ __device__ __forceinline__ void attention_merge_head(const AttentionPartials& pa
   }
   __syncthreads();
   kv_output_basis(kv, a);
-  for (int i = threadIdx.x; i < d; i += blockDim.x) out[i] = a[i] * attention_sigmoid(gate[i]);
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {  // d and blockDim.x are whole warps: a warp holds a block
+    const float v = a[i] * attention_sigmoid(gate[i]);
+    out[i] = v;
+    store_q8_32(v, out_q8, i);
+  }
 }
 
 inline bool valid_kv_half(const KvHalf& half) {

@@ -1,6 +1,7 @@
 #include "gdn.cuh"
 #include "gdn_token.cuh"
 #include "norm.cuh"
+#include "quantize.cuh"
 
 namespace strata::kernels {
 namespace {
@@ -69,8 +70,16 @@ cudaError_t gdn_step(const GdnShape& shape, const GdnStepArgs& args, cudaStream_
   const dim3 grid(shape.n_v_heads, (shape.head_v_dim + kTileColumns - 1) / kTileColumns);
   gdn_head_kernel<<<grid, kHeadThreads, smem, stream>>>(shape, args);
   if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
-  return rms_norm_gated(args.out, args.z, args.norm_weight, args.out, shape.n_v_heads, shape.head_v_dim, shape.eps,
-                        shape.sigmoid_gate ? Gate::Sigmoid : Gate::Silu, stream);
+  // The gated norm writes out's q8_32 form when each head is whole blocks; otherwise a quantize follows it.
+  const bool heads_in_blocks = shape.head_v_dim % kQ8Block == 0;
+  const Gate gate = shape.sigmoid_gate ? Gate::Sigmoid : Gate::Silu;
+  const cudaError_t normed = rms_norm_gated(args.out, args.z, args.norm_weight, args.out, shape.n_v_heads,
+                                            shape.head_v_dim, shape.eps, gate, stream,
+                                            heads_in_blocks ? args.out_q8 : Q8Blocks{});
+  if (normed != cudaSuccess || heads_in_blocks || args.out_q8.xq == nullptr) return normed;
+  const Q8Blocks& q8 = args.out_q8;
+  return quantize_q8_32(args.out, q8.xq, q8.dx, q8.sums, static_cast<long>(shape.n_v_heads) * shape.head_v_dim,
+                        stream);
 }
 
 }  // namespace strata::kernels

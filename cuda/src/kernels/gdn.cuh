@@ -5,6 +5,8 @@
 
 #include <cuda_runtime.h>
 
+#include "quantize.cuh"
+
 namespace strata::kernels {
 
 struct GdnShape {
@@ -33,6 +35,8 @@ struct GdnStepArgs {
   float* state = nullptr;              // [Hv][dk][dv] fp32 recurrent state
   float* conv_out = nullptr;           // [conv_channels] scratch: silu(conv) of this token
   float* out = nullptr;                // [Hv * dv] gated, normed core output (input of ssm_out)
+  Q8Blocks out_q8;                     // optional: out's q8_32 form (Hv * dv a multiple of 32), for a quantized
+                                       // ssm_out; none by default
 };
 
 // One decode token: updates conv_state and state in place and writes out.

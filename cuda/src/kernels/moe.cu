@@ -1,4 +1,5 @@
 #include "moe.cuh"
+#include "q8_32_blocks.cuh"
 #include "reduce.cuh"
 
 namespace strata::kernels {
@@ -23,9 +24,12 @@ __global__ void gate_kernel(const float* __restrict__ w, const float* __restrict
 }
 
 __global__ void swiglu_kernel(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ h,
-                              int n) {
+                              int n, Q8Blocks h_q8) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) h[i] = g[i] * sigmoid(g[i]) * u[i];
+  if (i >= n) return;  // with h_q8, whole warps leave together: n is a multiple of 32
+  const float v = g[i] * sigmoid(g[i]) * u[i];
+  h[i] = v;
+  store_q8_32(v, h_q8, i);
 }
 
 // No __restrict__ on routed/out: they may alias.
@@ -87,9 +91,9 @@ cudaError_t shared_expert_gate(const float* w, const float* x, float* gate, int 
   return cudaGetLastError();
 }
 
-cudaError_t swiglu(const float* g, const float* u, float* h, int n, cudaStream_t stream) {
-  if (n <= 0) return cudaErrorInvalidValue;
-  swiglu_kernel<<<blocks_for(n), kElementThreads, 0, stream>>>(g, u, h, n);
+cudaError_t swiglu(const float* g, const float* u, float* h, int n, cudaStream_t stream, const Q8Blocks& h_q8) {
+  if (n <= 0 || (h_q8.xq != nullptr && n % kQ8Block != 0)) return cudaErrorInvalidValue;
+  swiglu_kernel<<<blocks_for(n), kElementThreads, 0, stream>>>(g, u, h, n, h_q8);
   return cudaGetLastError();
 }
 

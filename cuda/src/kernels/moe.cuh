@@ -8,14 +8,16 @@
 
 #include <cuda_runtime.h>
 
+#include "quantize.cuh"
+
 namespace strata::kernels {
 
 // gate[r] = sigmoid(Σ_i w[i] x[r][i]) for r < rows (w = ffn_gate_inp_shexp, a float32 vector [n]; x [rows][n]).
 cudaError_t shared_expert_gate(const float* w, const float* x, float* gate, int rows, int n, cudaStream_t stream);
 
 // h[i] = silu(g[i]) * u[i] for i < n (g = gate GEMV output, u = up GEMV output; a merged gate_up output
-// passes g = gu, u = gu + n).
-cudaError_t swiglu(const float* g, const float* u, float* h, int n, cudaStream_t stream);
+// passes g = gu, u = gu + n). With h_q8, also h's q8_32 form [n] (n a multiple of 32), for a quantized down.
+cudaError_t swiglu(const float* g, const float* u, float* h, int n, cudaStream_t stream, const Q8Blocks& h_q8 = {});
 
 // out[r][i] = routed[r][i] + gate[r] * shared[r][i] (all [rows][n], gate [rows]): `routed` is the routed
 // experts' weighted sum (the host's answer row, doorbell.cuh, plus the cached experts' share), `shared` the

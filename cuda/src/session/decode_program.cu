@@ -246,18 +246,27 @@ void DecodeProgram::ple(int layer, cudaStream_t s) const {
   add_to_streams(ones_, ple_out_, 1, g_.hc_count * g_.n_embd, s);
 }
 
-void DecodeProgram::mixer_gdn(int layer, cudaStream_t s) const {
+Products DecodeProgram::mixer_inputs(int layer) const {
   const LayerTensors& t = t_.layers[layer];
+  if (!g_.recurrent[layer]) {
+    if (t.index_q) return {{t.q, qg_}, {t.k, k_}, {t.v, v_}, {t.index_q, iq_}, {t.index_k, ik_}};
+    return {{t.q, qg_}, {t.k, k_}, {t.v, v_}};
+  }
   float* z = qkvz_ + row_widths(g_).conv;
   const bool interleaved = g_.gdn_interleaved_ba;
   if (t.ssm_in) {
-    if (interleaved) project(x_, {{t.ssm_in, qkvz_}, {t.ba, beta_}}, q8_, s, &branches_);
-    else project(x_, {{t.ssm_in, qkvz_}, {t.beta, beta_}, {t.alpha, alpha_}}, q8_, s, &branches_);
-  } else if (interleaved) {
-    project(x_, {{t.qkv, qkvz_}, {t.gate, z}, {t.ba, beta_}}, q8_, s, &branches_);
-  } else {
-    project(x_, {{t.qkv, qkvz_}, {t.gate, z}, {t.beta, beta_}, {t.alpha, alpha_}}, q8_, s, &branches_);
+    if (interleaved) return {{t.ssm_in, qkvz_}, {t.ba, beta_}};
+    return {{t.ssm_in, qkvz_}, {t.beta, beta_}, {t.alpha, alpha_}};
   }
+  if (interleaved) return {{t.qkv, qkvz_}, {t.gate, z}, {t.ba, beta_}};
+  return {{t.qkv, qkvz_}, {t.gate, z}, {t.beta, beta_}, {t.alpha, alpha_}};
+}
+
+void DecodeProgram::mixer_gdn(int layer, const Products& inputs, cudaStream_t s) const {
+  const LayerTensors& t = t_.layers[layer];
+  float* z = qkvz_ + row_widths(g_).conv;
+  project_quantized(x_, inputs, q8_, s, &branches_);
+  const Products output{{t.ssm_out, y_}};
   const kernels::GdnShape shape = gdn_shape(g_);
   kernels::GdnStepArgs args = gdn_layer_args(t, seq_, layer);
   args.qkv = qkvz_;
@@ -266,18 +275,16 @@ void DecodeProgram::mixer_gdn(int layer, cudaStream_t s) const {
   args.alpha_in = alpha_;
   args.conv_out = conv_out_;
   args.out = core_;
+  args.out_q8 = q8_for(output, q8_);  // the gated norm writes core_'s q8_32 form: no quantize before ssm_out
   STRATA_CUDA_TRY(kernels::gdn_step(shape, args, s));
-  project(core_, {{t.ssm_out, y_}}, q8_, s);
+  project_quantized(core_, output, q8_, s);
 }
 
-void DecodeProgram::mixer_attention(int layer, cudaStream_t s) const {
+void DecodeProgram::mixer_attention(int layer, const Products& inputs, cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
   const int* position = &stage_->position;
-  if (t.index_q) {
-    project(x_, {{t.q, qg_}, {t.k, k_}, {t.v, v_}, {t.index_q, iq_}, {t.index_k, ik_}}, q8_, s, &branches_);
-  } else {
-    project(x_, {{t.q, qg_}, {t.k, k_}, {t.v, v_}}, q8_, s, &branches_);
-  }
+  project_quantized(x_, inputs, q8_, s, &branches_);
+  const Products output{{t.o, y_}};
   kernels::AttentionPrepArgs prep;
   prep.q_gate = qg_;
   prep.k = k_;
@@ -296,6 +303,7 @@ void DecodeProgram::mixer_attention(int layer, cudaStream_t s) const {
   decode.q_gate = qg_;
   decode.position = position;
   decode.out = attn_;
+  decode.out_q8 = q8_for(output, q8_);  // the merge writes attn_'s q8_32 form: no quantize before attn_output
   kernels::carve_attention_partials(attention_, attention_partials_, decode);
   if (t.index_q) {
     const kernels::IndexerShape& shape = seq_.index_shape[layer];
@@ -318,7 +326,7 @@ void DecodeProgram::mixer_attention(int layer, cudaStream_t s) const {
     decode.block_tokens = shape.ratio;
   }
   STRATA_CUDA_TRY(kernels::attention_decode(attention_, decode, seq_.kv[layer], s));
-  project(attn_, {{t.o, y_}}, q8_, s);
+  project_quantized(attn_, output, q8_, s);
 }
 
 void DecodeProgram::pre(int layer, cudaStream_t s) const {
@@ -326,16 +334,26 @@ void DecodeProgram::pre(int layer, cudaStream_t s) const {
   const bool hc = g_.hc_count > 0;
   const int n = g_.n_embd;
   if (layer == g_.ple_layer) ple(layer, s);
-  if (hc) hc_read(t.hc_attn, x_, inj_attn_, s);
-  else STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t.attn_norm, x_, 1, n, g_.rms_eps, s));
-  if (g_.recurrent[layer]) mixer_gdn(layer, s);
-  else mixer_attention(layer, s);
+  // x_ reaches its readers with its q8_32 form in q8_ where they read one: the plain norm writes it beside x_;
+  // hc_read writes x_ alone, so a quantize follows it.
+  const Products mixer_in = mixer_inputs(layer);
+  if (hc) {
+    hc_read(t.hc_attn, x_, inj_attn_, s);
+    quantize_for(x_, mixer_in, q8_, s);
+  } else {
+    STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t.attn_norm, x_, 1, n, g_.rms_eps, s, q8_for(mixer_in, q8_)));
+  }
+  if (g_.recurrent[layer]) mixer_gdn(layer, mixer_in, s);
+  else mixer_attention(layer, mixer_in, s);
+  const Products shared_in{{t.shared_gate, sh_g_}, {t.shared_up, sh_u_}};
+  const Products ffn_in{{t.router, router_logits_}, {t.shared_gate, sh_g_}, {t.shared_up, sh_u_}};
   if (hc) {
     add_to_streams(inj_attn_, y_, g_.hc_count, n, s);
     hc_read(t.hc_ffn, x_, inj_ffn_, s);
   } else {
     add_to_streams(ones_, y_, 1, n, s);
-    STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t.post_attention_norm, x_, 1, n, g_.rms_eps, s));
+    STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t.post_attention_norm, x_, 1, n, g_.rms_eps, s,
+                                      q8_for(ffn_in, q8_)));
   }
   // Router, then the ring: the host starts on the routed experts the cache lacks while the shared expert and
   // the cached ones run here. One launch: the GEMV, the top k, the cache slots and the publish.
@@ -347,12 +365,14 @@ void DecodeProgram::pre(int layer, cudaStream_t s) const {
   publish.bell = io_.bell;
   publish.ring_base = io_.ring_base;
   publish.ring_offset = layer + 1;
-  route_and_publish(*t.router, x_, q8_, g_.n_expert_used, route, publish, s);
-  // A quantized router left q8_32(x) in q8_ (route_and_publish): the shared expert reads it as it is.
-  if (t.router->is_float) project(x_, {{t.shared_gate, sh_g_}, {t.shared_up, sh_u_}}, q8_, s, &branches_);
-  else project_quantized(x_, {{t.shared_gate, sh_g_}, {t.shared_up, sh_u_}}, q8_, s, &branches_);
-  STRATA_CUDA_TRY(kernels::swiglu(sh_g_, sh_u_, sh_h_, g_.shared_ff, s));
-  project(sh_h_, {{t.shared_down, shared_}}, q8_, s);
+  // Without hyper-connections the norm wrote x's q8_32 form for every reader of it (ffn_in); after hc_read a
+  // quantized router quantizes x itself, and the shared expert's quantize waits until after the publish.
+  route_and_publish(*t.router, x_, q8_, g_.n_expert_used, route, publish, s, /*q8_ready=*/!hc);
+  if (hc && !reads_q8(*t.router)) quantize_for(x_, shared_in, q8_, s);
+  project_quantized(x_, shared_in, q8_, s, &branches_);
+  const Products shared_out{{t.shared_down, shared_}};
+  STRATA_CUDA_TRY(kernels::swiglu(sh_g_, sh_u_, sh_h_, g_.shared_ff, s, q8_for(shared_out, q8_)));
+  project_quantized(sh_h_, shared_out, q8_, s);
   STRATA_CUDA_TRY(kernels::shared_expert_gate(t.shared_gate_inp, x_, shared_gate_, 1, n, s));
   if (c) cached_experts(*c, s);
 }
@@ -368,13 +388,12 @@ bool DecodeProgram::rings(int layer) const { return !(cache_ && cache_->holds_al
 // ex_rows_[j] = down_j(silu(gate_j x) * up_j x), unweighted, as the pool computes its rows.
 void DecodeProgram::cached_experts(const CachedLayer& c, cudaStream_t s) const {
   const int k = g_.n_expert_used, ff = g_.expert_ff;
-  if (!c.gate.is_float || !c.up.is_float) quantize(x_, g_.n_embd, ex_x8_, s);
+  if (reads_q8(c.gate) || reads_q8(c.up)) quantize(x_, g_.n_embd, ex_x8_, s);
   const kernels::MatrixBatch inputs{cache_slots_, k, 0};
   branches_.run(2, s, [&](int i, cudaStream_t side) {
     project_batch(i == 0 ? c.gate : c.up, inputs, x_, ex_x8_, i == 0 ? ex_gate_ : ex_up_, side);
   });
-  STRATA_CUDA_TRY(kernels::swiglu(ex_gate_, ex_up_, ex_hidden_, k * ff, s));
-  if (!c.down.is_float) quantize(ex_hidden_, static_cast<long>(k) * ff, ex_hidden8_, s);
+  STRATA_CUDA_TRY(kernels::swiglu(ex_gate_, ex_up_, ex_hidden_, k * ff, s, q8_for(c.down, ex_hidden8_)));
   project_batch(c.down, {cache_slots_, k, ff}, ex_hidden_, ex_hidden8_, ex_rows_, s);
 }
 
@@ -404,9 +423,15 @@ void DecodeProgram::end_prompt(Sampler sampler, cudaStream_t s) const {
 }
 
 void DecodeProgram::end(Sampler sampler, cudaStream_t s) const {
-  if (g_.hc_count > 0) hc_read(t_.output_hc, x_, nullptr, s);
-  else STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t_.output_norm, x_, 1, g_.n_embd, g_.rms_eps, s));
-  project(x_, {{t_.head, logits_}}, q8_, s);
+  const Products head{{t_.head, logits_}};
+  if (g_.hc_count > 0) {
+    hc_read(t_.output_hc, x_, nullptr, s);
+    quantize_for(x_, head, q8_, s);
+  } else {
+    STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t_.output_norm, x_, 1, g_.n_embd, g_.rms_eps, s,
+                                      q8_for(head, q8_)));
+  }
+  project_quantized(x_, head, q8_, s);
   if (sampler == Sampler::kNone) return;
   // The argmax needs no sort: the host chose it from the values it staged (kernels::picks_argmax).
   auto* sample = sampler == Sampler::kArgmax ? kernels::sample_argmax : kernels::sample_token;

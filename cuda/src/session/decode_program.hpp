@@ -125,8 +125,11 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
  private:
   void hc_read(const HcTensors& t, float* x, float* inj, cudaStream_t s) const;
   void add_to_streams(const float* inj, const float* y, int streams, int width, cudaStream_t s) const;
-  void mixer_gdn(int layer, cudaStream_t s) const;
-  void mixer_attention(int layer, cudaStream_t s) const;
+  // The products of the mixer's input x_ in layer `layer`; the mixers start with x_'s q8_32 form in q8_ where one of
+  // them reads it (q8_for), and end with the mixer's output y_.
+  Products mixer_inputs(int layer) const;
+  void mixer_gdn(int layer, const Products& inputs, cudaStream_t s) const;
+  void mixer_attention(int layer, const Products& inputs, cudaStream_t s) const;
   void ple(int layer, cudaStream_t s) const;
   const CachedLayer* cached(int layer) const;  // null where the cache holds none of the layer's experts
   void cached_experts(const CachedLayer& c, cudaStream_t s) const;

@@ -1,6 +1,7 @@
 #include "projection.hpp"
 
 #include <algorithm>
+#include <string>
 
 #include "../kernels/quantize.cuh"
 #include "strata/error.hpp"
@@ -59,8 +60,9 @@ void project_batch(const DeviceTensor& stack, const kernels::MatrixBatch& batch,
 }
 
 void route_and_publish(const DeviceTensor& router, const float* x, const Q8Scratch& q8, int k,
-                       const kernels::RouteTargets& out, const kernels::RoutePublish& publish, cudaStream_t stream) {
-  if (!router.is_float) quantize(x, router.cols, q8, stream);
+                       const kernels::RouteTargets& out, const kernels::RoutePublish& publish, cudaStream_t stream,
+                       bool q8_ready) {
+  if (reads_q8(router) && !q8_ready) quantize(x, router.cols, q8, stream);
   kernels::RouterMatrix w;
   w.quantized = !router.is_float;
   w.kind = router.float_kind;
@@ -73,19 +75,33 @@ void route_and_publish(const DeviceTensor& router, const float* x, const Q8Scrat
   STRATA_CUDA_TRY(kernels::route_publish(w, input, k, out, publish, stream));
 }
 
-void project(const float* x, std::initializer_list<Product> products, const Q8Scratch& q8, cudaStream_t stream,
+Products::Products(std::initializer_list<Product> products) : n_(static_cast<int>(products.size())) {
+  STRATA_EXPECTS(n_ <= kMax, InvalidArgument,
+                 "projection: " + std::to_string(n_) + " products of one input, more than the " +
+                     std::to_string(kMax) + " a list holds");
+  std::copy(products.begin(), products.end(), list_);
+}
+
+const DeviceTensor* Products::q8_reader() const {
+  const Product* reader = std::find_if(begin(), end(), [](const Product& p) { return reads_q8(*p.w); });
+  return reader == end() ? nullptr : reader->w;
+}
+
+void quantize_for(const float* x, const Products& readers, const Q8Scratch& q8, cudaStream_t stream) {
+  if (const DeviceTensor* reader = readers.q8_reader()) quantize(x, reader->cols, q8, stream);
+}
+
+void project(const float* x, const Products& products, const Q8Scratch& q8, cudaStream_t stream,
              const Branches* branches) {
-  const auto quantized = std::find_if(products.begin(), products.end(), [](const Product& p) { return !p.w->is_float; });
-  if (quantized != products.end()) quantize(x, quantized->w->cols, q8, stream);
+  quantize_for(x, products, q8, stream);
   project_quantized(x, products, q8, stream, branches);
 }
 
-void project_quantized(const float* x, std::initializer_list<Product> products, const Q8Scratch& q8,
-                       cudaStream_t stream, const Branches* branches) {
+void project_quantized(const float* x, const Products& products, const Q8Scratch& q8, cudaStream_t stream,
+                       const Branches* branches) {
   const Product* list = products.begin();
   if (branches && products.size() > 1) {
-    branches->run(static_cast<int>(products.size()), stream,
-                  [&](int i, cudaStream_t s) { gemv(list[i], q8, x, s); });
+    branches->run(products.size(), stream, [&](int i, cudaStream_t s) { gemv(list[i], q8, x, s); });
     return;
   }
   for (const Product& p : products) gemv(p, q8, x, stream);

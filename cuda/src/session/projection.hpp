@@ -12,6 +12,7 @@
 #include "../kernels/gemv.cuh"
 #include "../kernels/matmul.cuh"
 #include "../kernels/router_publish.cuh"
+#include "../kernels/quantize.cuh"
 #include "strata/device_weights.hpp"
 #include "strata/error.hpp"
 
@@ -24,11 +25,15 @@ struct Product {
 };
 
 // The q8_32 form of one activation vector (kernels/quantize.cuh), reused by every projection in turn.
-struct Q8Scratch {
-  std::int8_t* xq = nullptr;
-  float* dx = nullptr;
-  std::int32_t* sums = nullptr;
-};
+using Q8Scratch = kernels::Q8Blocks;
+
+// Whether `w` reads its input's q8_32 form (a quantized weight) rather than the floats (a float weight): the one
+// rule for whether an activation is quantized, by project() or by the kernel that writes the activation.
+inline bool reads_q8(const DeviceTensor& w) { return !w.is_float; }
+
+// The q8_32 form a kernel writing an activation should fill beside its floats for a reader `w`: q8 when `w`
+// reads it, none otherwise.
+inline Q8Scratch q8_for(const DeviceTensor& w, const Q8Scratch& q8) { return reads_q8(w) ? q8 : Q8Scratch{}; }
 
 // Side streams and the events that fork them from, and join them back into, the calling stream.
 class Branches {
@@ -50,6 +55,28 @@ class Branches {
   cudaEvent_t join_[kMax] = {};
 };
 
+// The products of one input vector: as many as can run side by side (Branches).
+class Products {
+ public:
+  static constexpr int kMax = Branches::kMax + 1;
+  Products(std::initializer_list<Product> products);  // throws InvalidArgument past kMax
+  const Product* begin() const { return list_; }
+  const Product* end() const { return list_ + n_; }
+  int size() const { return n_; }
+  // The first weight that reads the input's q8_32 form (reads_q8), or null when every one reads the floats.
+  const DeviceTensor* q8_reader() const;
+
+ private:
+  Product list_[kMax] = {};
+  int n_ = 0;
+};
+
+// The q8_32 form a kernel writing an activation should fill beside its floats for `readers`: q8 when one of
+// them reads it, none otherwise.
+inline Q8Scratch q8_for(const Products& readers, const Q8Scratch& q8) {
+  return readers.q8_reader() ? q8 : Q8Scratch{};
+}
+
 template <class Launch>
 void Branches::run(int n, cudaStream_t stream, Launch&& launch) const {
   STRATA_EXPECTS(n <= kMax + 1, InvalidArgument, "more parallel branches than side streams");
@@ -64,22 +91,28 @@ void Branches::run(int n, cudaStream_t stream, Launch&& launch) const {
 }
 
 // Enqueues y = W x for every product; x has the weights' column count. Throws CudaError on a launch error.
-void project(const float* x, std::initializer_list<Product> products, const Q8Scratch& q8, cudaStream_t stream,
+void project(const float* x, const Products& products, const Q8Scratch& q8, cudaStream_t stream,
              const Branches* branches = nullptr);
 
-// project() where q8 already holds q8_32(x), written by the kernel that produced x (a fused producer saves the
-// quantization's launch on the token's critical path); float weights read x.
-void project_quantized(const float* x, std::initializer_list<Product> products, const Q8Scratch& q8,
-                       cudaStream_t stream, const Branches* branches = nullptr);
+// project() where q8 already holds q8_32(x) for the products that read it (q8_for(products, ...)), written by the
+// kernel that produced x (a fused producer saves the quantization's launch on the token's critical path); float
+// weights read x.
+void project_quantized(const float* x, const Products& products, const Q8Scratch& q8, cudaStream_t stream,
+                       const Branches* branches = nullptr);
 
 // Enqueues q8 = q8_32(x) over n floats (n a multiple of 32; rows of a batch may follow one another).
 void quantize(const float* x, long n, const Q8Scratch& q8, cudaStream_t stream);
 
 // Enqueues the decode step's router (kernels/router_publish.cuh) of `router` [n_expert][n] on x [n]: q8 =
-// q8_32(x) first for a quantized router (so q8 holds it after), then the one launch of the GEMV, the top k,
-// out's cache slots and, with publish.ring, the doorbell's publish. Throws CudaError.
+// q8_32(x) first for a quantized router unless `q8_ready` (x's producer wrote it), so q8 holds it after; then
+// the one launch of the GEMV, the top k, out's cache slots and, with publish.ring, the doorbell's publish.
+// Throws CudaError.
 void route_and_publish(const DeviceTensor& router, const float* x, const Q8Scratch& q8, int k,
-                       const kernels::RouteTargets& out, const kernels::RoutePublish& publish, cudaStream_t stream);
+                       const kernels::RouteTargets& out, const kernels::RoutePublish& publish, cudaStream_t stream,
+                       bool q8_ready = false);
+// Enqueues q8 = q8_32(x) when one of `readers` reads it (what project() does before its products), for an x
+// whose producer does not write its q8_32 form.
+void quantize_for(const float* x, const Products& readers, const Q8Scratch& q8, cudaStream_t stream);
 
 // Enqueues the batch's products of a stack of matrices (`stack`'s rows are one matrix's; kernels/gemv.cuh):
 // a float stack reads x, a quantized one q8, which the caller has quantized from x. Throws CudaError.

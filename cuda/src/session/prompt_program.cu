@@ -36,10 +36,6 @@ constexpr int kLogitRows = 64;
 // routing to copy only what it touches.
 bool prefetches_layers(const ModelGeometry& g, int rows) { return rows * g.n_expert_used >= 2 * g.n_expert; }
 
-Q8Scratch offset(const Q8Scratch& q8, long elements) {
-  return {q8.xq + elements, q8.dx + elements / 32, q8.sums + elements / 32};
-}
-
 // The pinned block the host stages a chunk in, as byte offsets: tokens then positions (one copy up), the
 // routed ids (down), the route arrays (up), the PLE rows (up).
 struct HostLayout {
@@ -217,7 +213,7 @@ void PromptProgram::project_rows(const float* x, int rows, std::initializer_list
   bool quantized = false;
   for (const Product& p : products) {
     STRATA_EXPECTS(p.w->cols == cols, InvalidArgument, "prompt products of one input differ in columns");
-    quantized = quantized || !p.w->is_float;
+    quantized = quantized || reads_q8(*p.w);
   }
   if (quantized) quantize(x, rows * cols, q8_, s);
   for (const Product& p : products) {
@@ -384,12 +380,12 @@ void PromptProgram::expert_rows(const CachedLayer& stacks, const ChunkRoutes::Pa
   if (part.rows == 0) return;
   const long n = g_.n_embd, ff = g_.expert_ff, at = part.first_row;
   const kernels::MatmulGroups groups{group_slot_ + part.first_group, group_begin_ + part.begin_at, part.groups};
-  const Q8Scratch x8 = offset(ex_x8_, at * n), h8 = offset(ex_h8_, at * ff);
+  const Q8Scratch x8 = kernels::q8_offset(ex_x8_, at * n), h8 = kernels::q8_offset(ex_h8_, at * ff);
   const kernels::MatmulRows in{part.rows, static_cast<int>(n), static_cast<int>(ff)};
   multiply_rows(stacks.gate, in, &groups, ex_x_ + at * n, x8, ex_gate_ + at * ff, s);
   multiply_rows(stacks.up, in, &groups, ex_x_ + at * n, x8, ex_up_ + at * ff, s);
-  STRATA_CUDA_TRY(kernels::swiglu(ex_gate_ + at * ff, ex_up_ + at * ff, ex_hidden_ + at * ff, part.rows * ff, s));
-  if (!stacks.down.is_float) quantize(ex_hidden_ + at * ff, part.rows * ff, h8, s);
+  STRATA_CUDA_TRY(kernels::swiglu(ex_gate_ + at * ff, ex_up_ + at * ff, ex_hidden_ + at * ff, part.rows * ff, s,
+                                  q8_for(stacks.down, h8)));
   multiply_rows(stacks.down, {part.rows, static_cast<int>(ff), static_cast<int>(n)}, &groups, ex_hidden_ + at * ff,
                 h8, ex_rows_ + at * n, s);
 }

@@ -7,20 +7,24 @@
 #include <cstdint>
 #include <string>
 
+#include "strata/check/q8_host.hpp"
 #include "strata/forms.hpp"
 
 namespace strata::kernel_check {
 
-// y = rms_norm(x) * w over `rows` rows of `cols` floats, computed on `device`.
-void rms_norm(int device, const float* x, const float* w, float* y, int rows, int cols, float eps);
+// y = rms_norm(x) * w over `rows` rows of `cols` floats, computed on `device`; with y_q8 (one row of
+// rows * cols) also the q8_32 form the kernel writes beside y.
+void rms_norm(int device, const float* x, const float* w, float* y, int rows, int cols, float eps,
+              const Q8Host& y_q8 = {});
 
 // Grouped RMSNorm: each row of groups * cols floats normalised per slice of `cols`, scaled by w [groups * cols].
 void rms_norm_grouped(int device, const float* x, const float* w, float* y, int rows, int groups, int cols,
                       float eps);
 
-// Gated RMSNorm per head (x, z, y [heads][head_dim], w [head_dim]); gate "sigmoid" or "silu".
+// Gated RMSNorm per head (x, z, y [heads][head_dim], w [head_dim]); gate "sigmoid" or "silu"; with y_q8 (one row
+// of heads * head_dim) also the q8_32 form the kernel writes beside y.
 void rms_norm_gated(int device, const float* x, const float* z, const float* w, float* y, int heads, int head_dim,
-                    float eps, const std::string& gate);
+                    float eps, const std::string& gate, const Q8Host& y_q8 = {});
 
 // L2 norm per head: y = x / sqrt(sum x^2 + eps) over each row of head_dim.
 void l2_norm(int device, const float* x, float* y, int heads, int head_dim, float eps);
@@ -70,8 +74,8 @@ void moe_route(int device, const float* logits, int tokens, int n_expert, int k,
 // The shared expert's gates gate [rows] = sigmoid(w . x[r]) for w [n] and x [rows][n].
 void shared_expert_gate(int device, const float* w, const float* x, int rows, int n, float* gate);
 
-// h = silu(g) * u over n floats.
-void swiglu(int device, const float* g, const float* u, float* h, int n);
+// h = silu(g) * u over n floats; with h_q8 (one row of n) also the q8_32 form the kernel writes beside h.
+void swiglu(int device, const float* g, const float* u, float* h, int n, const Q8Host& h_q8 = {});
 
 // out [rows][n] = routed + gate[r] * shared, row by row (routed, shared [rows][n]; the gates [rows] travel
 // through device memory, as on the token path).

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "strata/check/q8_host.hpp"
 #include "strata/kv_format.hpp"
 
 namespace strata::kernel_check {
@@ -19,10 +20,12 @@ struct GdnCheckShape {
 
 // `steps` GDN decode tokens in sequence. Per-step inputs are stacked row-major: qkv [steps][C], z [steps][Hv*dv],
 // beta_in [steps][Hv] (interleaved_ba: the ssm_ba output [steps][2*Hv]), alpha_in [steps][Hv] (unused when
-// interleaved). conv_state [K-1][C] and state [Hv][dk][dv] are read and written back; out is [steps][Hv*dv].
+// interleaved). conv_state [K-1][C] and state [Hv][dk][dv] are read and written back; out is [steps][Hv*dv]; with
+// out_q8 ([steps] rows of Hv*dv) also the q8_32 form of each step's out that gdn_step writes beside it.
 void gdn_steps(int device, const GdnCheckShape& shape, int steps, const float* qkv, const float* z,
                const float* beta_in, const float* alpha_in, const float* conv_weight, const float* ssm_a,
-               const float* dt_bias, const float* norm_weight, float* conv_state, float* state, float* out);
+               const float* dt_bias, const float* norm_weight, float* conv_state, float* state, float* out,
+               const Q8Host& out_q8 = {});
 
 // The GDN chunk (one gdn_chunk launch, captured into a CUDA graph) over `tokens` tokens of the same stacked
 // inputs as gdn_steps, laid out on the device as the prompt program writes them: qkv and z parts of one fused
@@ -63,12 +66,13 @@ struct QsaCheckOutputs {
 // cache lives in physical page page_order[i] (n_pages entries, covering `steps` tokens). Per-step inputs are
 // stacked: q_gate [steps][H*2d], k, v [steps][Hkv*d]; rope tables [steps][rope_dim/2]. Outputs:
 // out [steps][H*d], q [steps][H*d] (normed, roped, in the keys' basis: rotated for Q4 keys), and the cache as
-// stored, dequantized (a Q4 half in its rotated basis): k_cache, v_cache [Hkv][steps][d].
+// stored, dequantized (a Q4 half in its rotated basis): k_cache, v_cache [Hkv][steps][d]; with out_q8 ([steps]
+// rows of H*d) also the q8_32 form of each step's out that attention_decode writes beside it.
 void attention_steps(int device, const AttentionCheckShape& shape, int steps, const float* q_gate,
                      const float* k, const float* v, const float* q_norm, const float* k_norm,
                      const float* rope_cos, const float* rope_sin, const int* page_order, int n_pages,
                      const QsaCheckInputs& qsa, const QsaCheckOutputs& qsa_out, float* out, float* q_out,
-                     float* k_cache, float* v_cache);
+                     float* k_cache, float* v_cache, const Q8Host& out_q8 = {});
 
 // The KV rotation alone (kernels/kv_rotation.cuh): out [rows][head_dim] = the rotation of each row of in.
 void kv_rotate_rows(int device, int rows, int head_dim, const float* in, float* out);
