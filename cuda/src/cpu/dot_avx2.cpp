@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <utility>
 
 #include "dot.hpp"
 

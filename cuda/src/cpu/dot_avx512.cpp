@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <utility>
 
 #include "dot.hpp"
 
@@ -20,10 +21,13 @@ struct IntDot {
 
   // The codebook path looks up codebook[c] + 128 (unsigned), so its bias is 128.
   explicit IntDot(const QuantForm& f)
-      : lut_(f.codebook == Codebook::None
-                 ? _mm256_setzero_si256()
-                 : _mm256_broadcastsi128_si256(_mm_xor_si128(codebook_table(f), _mm_set1_epi8(static_cast<char>(0x80))))),
+      : lut_(f.codebook == Codebook::None ? _mm256_setzero_si256() : _mm256_broadcastsi128_si256(offset_table(f))),
         bias_(_mm256_set1_epi8(static_cast<char>(f.codebook != Codebook::None ? 128 : f.code_bias))) {}
+
+  // codebook[c] + 128 for each code c.
+  static __m128i offset_table(const QuantForm& f) {
+    return _mm_xor_si128(codebook_table(f), _mm_set1_epi8(static_cast<char>(0x80)));
+  }
 
   template <bool Biased>
   XBlock x_block(const int8_t* xq_ptr) const {

@@ -10,7 +10,7 @@
 //     signed integer value (docs/forms.md), EXACT: the code bias is removed in the integer domain, never
 //     through float group sums, whose cancellation against large biased products costs accuracy.
 //     Biased is false only for forms with code_bias 0 and no codebook.
-// Needs <immintrin.h>, <cstring>, "dot.hpp" and code_unpack.inl included before.
+// Needs <immintrin.h>, <cstring>, <utility>, "dot.hpp" and code_unpack.inl included before.
 
 inline float horizontal_sum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -19,19 +19,31 @@ inline float horizontal_sum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// Lane i = horizontal_sum(v[i]) bit for bit, for N = 2 or 4 rows at once: every lane adds the same pairs in
+// The accumulators of a pass, one per row: a value whose lanes every access names by a constant, so that the
+// compiler keeps them in registers.
+template <int N>
+struct RowSums {
+  __m256 v[N];
+};
+
+// Lanes (a0 + a4 + a2 + a6, b0 + b4 + b2 + b6, a1 + a5 + a3 + a7, b1 + b5 + b3 + b7), each sum as horizontal_sum
+// pairs them.
+inline __m128 pair_sums(__m256 a, __m256 b) {
+  const __m128 qa = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 qb = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+  return _mm_add_ps(_mm_unpacklo_ps(qa, qb), _mm_unpackhi_ps(qa, qb));
+}
+
+// Lane i = horizontal_sum(s.v[i]) bit for bit, for N = 2 or 4 rows at once: every lane adds the same pairs in
 // the same order ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)), only transposed across the rows.
 template <int N>
-inline __m128 horizontal_sums(const __m256* v) {
+inline __m128 horizontal_sums(const RowSums<N>& s) {
   static_assert(N == 2 || N == 4, "two or four rows");
-  __m128 q[N];
-  for (int i = 0; i < N; ++i) q[i] = _mm_add_ps(_mm256_castps256_ps128(v[i]), _mm256_extractf128_ps(v[i], 1));
-  // Lanes (a0 + a2, b0 + b2, a1 + a3, b1 + b3) of rows a, b.
-  const __m128 ab = _mm_add_ps(_mm_unpacklo_ps(q[0], q[1]), _mm_unpackhi_ps(q[0], q[1]));
+  const __m128 ab = pair_sums(s.v[0], s.v[1]);
   if constexpr (N == 2) {
     return _mm_add_ps(ab, _mm_movehl_ps(ab, ab));
   } else {
-    const __m128 cd = _mm_add_ps(_mm_unpacklo_ps(q[2], q[3]), _mm_unpackhi_ps(q[2], q[3]));
+    const __m128 cd = pair_sums(s.v[2], s.v[3]);
     return _mm_add_ps(_mm_movelh_ps(ab, cd), _mm_movehl_ps(cd, ab));
   }
 }
@@ -113,6 +125,28 @@ inline __m256 block_scales(const float* sc, int64_t b) {
   return _mm256_set_m128(_mm_broadcast_ss(sc + 2 * b + 1), _mm_broadcast_ss(sc + 2 * b));
 }
 
+// Bytes of one 32-element block of codes.
+template <CodeKind K>
+constexpr int64_t kBlockBytes = K == CodeKind::k2 ? 8 : K == CodeKind::k8 ? 32 : 16;
+
+// acc.v[i] += (block b of row i's codes . x block b) * row i's scales of block b, for each row I of a pass.
+template <CodeKind K, bool Biased, int G, int N, size_t... I>
+inline RowSums<N> add_block(RowSums<N> acc, const IntDot& dot, const uint8_t* const* codes, const float* const* sc,
+                            const int8_t* xq, int64_t b, std::index_sequence<I...>) {
+  const typename IntDot::XBlock xb = dot.template x_block<Biased>(xq + b * 32);
+  ((acc.v[I] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot.template block<K, Biased>(codes[I] + b * kBlockBytes<K>, xb)),
+                               block_scales<G>(sc[I], b), acc.v[I])),
+   ...);
+  return acc;
+}
+
+// acc.v[i] + more.v[i] for each row I of a pass.
+template <int N, size_t... I>
+inline RowSums<N> add_rows(RowSums<N> acc, const RowSums<N>& more, std::index_sequence<I...>) {
+  ((acc.v[I] = _mm256_add_ps(acc.v[I], more.v[I])), ...);
+  return acc;
+}
+
 // Phase B over rows r .. r + N - 1 in one pass over the blocks: y[i] = scale * (Σ_g sc[g] * Σ_{i in g} v_i xq_i
 // + offset) of row r + i. A pass loads each x block once for its rows, and on rows of few blocks (a down
 // matrix of 16-20) spreads its fixed costs over them. Each row keeps its own two accumulators (block 2j into
@@ -120,40 +154,34 @@ inline __m256 block_scales(const float* sc, int64_t b) {
 // pass it runs in, N = 1 included.
 template <CodeKind K, bool Biased, int G, int N>
 void rows_pass(const MatrixRows& m, int64_t r, const QuantizedVector& x, const IntDot& dot, float scale, float* y) {
-  constexpr int64_t kBlockBytes = K == CodeKind::k2 ? 8 : K == CodeKind::k8 ? 32 : 16;
   const int64_t n_blocks = m.cols / 32;
-  alignas(32) float sc[N][kMaxCols / 16 + 8];
+  alignas(32) float scales[N][kMaxCols / 16 + 8];
   alignas(16) float offset[4] = {};
   const uint8_t* codes[N];
+  const float* sc[N];
   for (int i = 0; i < N; ++i) {
-    offset[i] = row_scales<G>(m, r + i, x, sc[i]);
-    codes[i] = m.codes + (r + i) * n_blocks * kBlockBytes;
+    offset[i] = row_scales<G>(m, r + i, x, scales[i]);
+    codes[i] = m.codes + (r + i) * n_blocks * kBlockBytes<K>;
+    sc[i] = scales[i];
   }
-  __m256 acc0[N], acc1[N];
-  for (int i = 0; i < N; ++i) acc0[i] = acc1[i] = _mm256_setzero_ps();
-  const auto add_block = [&](int64_t b, __m256* acc) {
-    const typename IntDot::XBlock xb = dot.template x_block<Biased>(x.xq + b * 32);
-    for (int i = 0; i < N; ++i) {
-      const __m256i d = dot.template block<K, Biased>(codes[i] + b * kBlockBytes, xb);
-      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d), block_scales<G>(sc[i], b), acc[i]);
-    }
-  };
+  constexpr std::make_index_sequence<N> kRows;
+  RowSums<N> acc0 = {}, acc1 = {};
   for (int64_t b = 0; b < n_blocks; b += 2) {
     // Software prefetch kPrefetchAhead bytes ahead, a line of each row as the pass enters it: the rows of a
     // work item are one stream, and the hardware prefetcher alone leaves the per-core DRAM bandwidth
     // underused. Spread through the loop, the prefetches stay off the pass's start, where a burst of them
     // queued before the first loads.
-    if (b * kBlockBytes % 64 == 0)
+    if (b * kBlockBytes<K> % 64 == 0)
       for (int i = 0; i < N; ++i)
-        _mm_prefetch(reinterpret_cast<const char*>(codes[i] + b * kBlockBytes + kPrefetchAhead), _MM_HINT_T0);
-    add_block(b, acc0);
-    if (b + 1 < n_blocks) add_block(b + 1, acc1);  // n_blocks may be odd
+        _mm_prefetch(reinterpret_cast<const char*>(codes[i] + b * kBlockBytes<K> + kPrefetchAhead), _MM_HINT_T0);
+    acc0 = add_block<K, Biased, G, N>(acc0, dot, codes, sc, x.xq, b, kRows);
+    if (b + 1 < n_blocks)  // n_blocks may be odd
+      acc1 = add_block<K, Biased, G, N>(acc1, dot, codes, sc, x.xq, b + 1, kRows);
   }
+  const RowSums<N> sums = add_rows<N>(acc0, acc1, kRows);
   if constexpr (N == 1) {
-    y[0] = scale * (horizontal_sum(_mm256_add_ps(acc0[0], acc1[0])) + offset[0]);
+    y[0] = scale * (horizontal_sum(sums.v[0]) + offset[0]);
   } else {
-    __m256 sums[N];
-    for (int i = 0; i < N; ++i) sums[i] = _mm256_add_ps(acc0[i], acc1[i]);
     const __m128 v = _mm_mul_ps(_mm_set1_ps(scale), _mm_add_ps(horizontal_sums<N>(sums), _mm_load_ps(offset)));
     if constexpr (N == 4) _mm_storeu_ps(y, v);
     else _mm_storel_pi(reinterpret_cast<__m64*>(y), v);
