@@ -129,7 +129,7 @@ inline __m256 block_scales(const float* sc, int64_t b) {
 template <CodeKind K>
 constexpr int64_t kBlockBytes = K == CodeKind::k2 ? 8 : K == CodeKind::k8 ? 32 : 16;
 
-// acc.v[i] += (block b of row i's codes . x block b) * row i's scales of block b, for each row I of a pass.
+// acc.v[I] += (block b of row I's codes . x block b) * row I's scales of block b, for each row I of a pass.
 template <CodeKind K, bool Biased, int G, int N, size_t... I>
 inline RowSums<N> add_block(RowSums<N> acc, const IntDot& dot, const uint8_t* const* codes, const float* const* sc,
                             const int8_t* xq, int64_t b, std::index_sequence<I...>) {
@@ -140,7 +140,7 @@ inline RowSums<N> add_block(RowSums<N> acc, const IntDot& dot, const uint8_t* co
   return acc;
 }
 
-// acc.v[i] + more.v[i] for each row I of a pass.
+// acc.v[I] + more.v[I] for each row I of a pass.
 template <int N, size_t... I>
 inline RowSums<N> add_rows(RowSums<N> acc, const RowSums<N>& more, std::index_sequence<I...>) {
   ((acc.v[I] = _mm256_add_ps(acc.v[I], more.v[I])), ...);
