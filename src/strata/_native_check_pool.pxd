@@ -8,7 +8,8 @@ from strata._native_pool cimport ExpertMatrix, Isa
 
 cdef extern from "strata/check/pool_check.hpp" nogil:
     void cpp_expert_matvec "strata::pool_check::expert_matvec"(
-        Isa isa, const ExpertMatrix& m, int64_t expert, const float* x, float* y) except +raise_strata_error
+        Isa isa, const ExpertMatrix& m, int64_t expert, const float* x, float* y,
+        int64_t rows_per_call) except +raise_strata_error
     void cpp_expert_hidden "strata::pool_check::expert_hidden"(
         Isa isa, const ExpertMatrix& gate, const ExpertMatrix& up, int64_t expert, const float* x,
         float* h) except +raise_strata_error

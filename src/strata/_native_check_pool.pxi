@@ -13,10 +13,11 @@ cdef ExpertMatrix _one_expert(q, str what, list keep) except *:
     return expert_matrix(spec)
 
 
-def expert_matvec(str isa, q, x):
+def expert_matvec(str isa, q, x, int rows_per_call=0):
     """y = W x for one expert's matrix `q` (a strata.quant.QuantTensor, or a float [rows, cols] array as repack
     makes it) with the pool's row kernels for `isa` ("avx2", "avx512" or "auto"); x goes in as a layer job
-    gives it (float32 to a float form, q8_32 to a quantized one). y is poisoned (NaN) before the run."""
+    gives it (float32 to a float form, q8_32 to a quantized one). The kernel runs on consecutive ranges of
+    `rows_per_call` rows (0: all rows in one call). y is poisoned (NaN) before the run."""
     keep = []
     cdef ExpertMatrix m = _one_expert(q, "expert_matvec", keep)
     cdef Isa chosen = pool_isa(isa)
@@ -26,7 +27,7 @@ def expert_matvec(str isa, q, x):
     y = np.full(m.rows, np.nan, np.float32)
     cdef float[::1] yv = y
     with nogil:
-        cpp_expert_matvec(chosen, m, 0, &xv[0], &yv[0])
+        cpp_expert_matvec(chosen, m, 0, &xv[0], &yv[0], rows_per_call)
     return y
 
 

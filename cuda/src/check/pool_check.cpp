@@ -1,5 +1,6 @@
 #include "strata/check/pool_check.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "../cpu/activation.hpp"
@@ -19,13 +20,19 @@ void check_matrix(const cpu::ExpertMatrix& m, int64_t expert, const char* what) 
 
 }  // namespace
 
-void expert_matvec(cpu::Isa isa, const cpu::ExpertMatrix& m, int64_t expert, const float* x, float* y) {
+void expert_matvec(cpu::Isa isa, const cpu::ExpertMatrix& m, int64_t expert, const float* x, float* y,
+                   int64_t rows_per_call) {
   check_matrix(m, expert, "expert_matvec");
+  STRATA_EXPECTS(rows_per_call >= 0, InvalidArgument,
+                 "expert_matvec: rows_per_call must be >= 0 (0 = all rows), found " + std::to_string(rows_per_call));
   const cpu::Isa resolved = cpu::resolve_isa(isa);
   // As a layer job: x quantized only for a quantized matrix, so a float kernel that read q would fail the checks.
   cpu::QuantizedRows xq(1, m.cols);
   if (!m.is_float) cpu::quantize_blocks(x, 0, m.cols / 32, xq.row(0));
-  cpu::matrix_kernel(resolved, m)(cpu::expert_rows(m, expert), 0, m.rows, cpu::Activation{x, xq.row(0)}, 1.0f, y);
+  const cpu::RowsKernel kernel = cpu::matrix_kernel(resolved, m);
+  const int64_t step = rows_per_call == 0 ? m.rows : rows_per_call;
+  for (int64_t r0 = 0; r0 < m.rows; r0 += step)
+    kernel(cpu::expert_rows(m, expert), r0, std::min(m.rows, r0 + step), cpu::Activation{x, xq.row(0)}, 1.0f, y + r0);
 }
 
 void expert_hidden(cpu::Isa isa, const cpu::ExpertMatrix& gate, const cpu::ExpertMatrix& up, int64_t expert,

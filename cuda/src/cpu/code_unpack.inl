@@ -1,4 +1,5 @@
-// unpack_codes<K>: the docs/forms.md code packing of one 32-element block -> 32 bytes in element order.
+// unpack_codes<K>: the docs/forms.md code packing of one 32-element block -> 32 bytes in element order, and
+// codebook_table: a codebook form's 16 values.
 // Included inside each ISA file's anonymous namespace (see row_dot.inl for why).
 
 // Unpacks one 32-element block of codes (docs/forms.md packing) into 32 bytes in element order.
@@ -20,4 +21,9 @@ inline __m256i unpack_codes(const uint8_t* codes) {
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), mask);  // codes 16..31
     return _mm256_set_m128i(hi, lo);
   }
+}
+
+// The 16 values of a codebook form's table (never called for Codebook::None, which has none).
+inline __m128i codebook_table(const QuantForm& f) {
+  return _mm_loadu_si128(reinterpret_cast<const __m128i*>(codebook_values(f.codebook)));
 }

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <utility>
 
 #include "dot.hpp"
 
@@ -14,26 +15,34 @@ namespace {
 #include "code_unpack.inl"
 
 struct IntDot {
+  // The sign trick takes each row's own signs, so all a pass shares of an x block is its load.
+  using XBlock = __m256i;
+
+  explicit IntDot(const QuantForm& f)
+      : lut_(f.codebook == Codebook::None ? _mm256_setzero_si256() : _mm256_broadcastsi128_si256(codebook_table(f))),
+        bias_(_mm256_set1_epi8(static_cast<char>(f.code_bias))) {}
+
+  template <bool Biased>
+  XBlock x_block(const int8_t* xq) const {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  }
+
   template <CodeKind K, bool Biased>
-  static __m256i block(const uint8_t* codes, const int8_t* xq_ptr, __m256i lut, __m256i bias) {
-    const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq_ptr));
+  __m256i block(const uint8_t* codes, const XBlock& xq) const {
     const __m256i u = unpack_codes<K>(codes);
     __m256i pairs;
     if constexpr (!Biased) {
       pairs = _mm256_maddubs_epi16(u, xq);  // codes are the values
     } else {
       // The signed value fits int8 for every form (|v| <= 128), so the wrapping byte subtraction is exact.
-      const __m256i v = K == CodeKind::k4Codebook ? _mm256_shuffle_epi8(lut, u) : _mm256_sub_epi8(u, bias);
+      const __m256i v = K == CodeKind::k4Codebook ? _mm256_shuffle_epi8(lut_, u) : _mm256_sub_epi8(u, bias_);
       pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(xq, v));
     }
     return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
   }
 
-  static __m256i bias(const QuantForm& f) { return _mm256_set1_epi8(static_cast<char>(f.code_bias)); }
-
-  static __m256i lut(const QuantForm& f) {
-    return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codebook_values(f.codebook))));
-  }
+ private:
+  __m256i lut_, bias_;
 };
 
 #include "row_dot.inl"

@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <utility>
 
 #include "dot.hpp"
 
@@ -13,26 +14,40 @@ namespace {
 #include "code_unpack.inl"
 
 struct IntDot {
-  template <CodeKind K, bool Biased>
-  static __m256i block(const uint8_t* codes, const int8_t* xq_ptr, __m256i lut, __m256i bias) {
-    const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq_ptr));
-    __m256i u = unpack_codes<K>(codes);
-    if constexpr (K == CodeKind::k4Codebook) u = _mm256_shuffle_epi8(lut, u);
-    const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, xq);
-    if constexpr (!Biased) return dot;
-    // Σ (u - bias) xq = Σ u xq - Σ bias xq, both exact in int32.
-    return _mm256_sub_epi32(dot, _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias, xq));
-  }
+  // Σ bias xq depends on x alone: a pass computes it once per block for all its rows.
+  struct XBlock {
+    __m256i xq, bias_xq;
+  };
 
   // The codebook path looks up codebook[c] + 128 (unsigned), so its bias is 128.
-  static __m256i bias(const QuantForm& f) {
-    return _mm256_set1_epi8(static_cast<char>(f.codebook != Codebook::None ? 128 : f.code_bias));
+  explicit IntDot(const QuantForm& f)
+      : lut_(f.codebook == Codebook::None ? _mm256_setzero_si256() : _mm256_broadcastsi128_si256(offset_table(f))),
+        bias_(_mm256_set1_epi8(static_cast<char>(f.codebook != Codebook::None ? 128 : f.code_bias))) {}
+
+  // codebook[c] + 128 for each code c.
+  static __m128i offset_table(const QuantForm& f) {
+    return _mm_xor_si128(codebook_table(f), _mm_set1_epi8(static_cast<char>(0x80)));
   }
 
-  static __m256i lut(const QuantForm& f) {
-    const __m128i table = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codebook_values(f.codebook)));
-    return _mm256_broadcastsi128_si256(_mm_xor_si128(table, _mm_set1_epi8(static_cast<char>(0x80))));
+  template <bool Biased>
+  XBlock x_block(const int8_t* xq_ptr) const {
+    const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq_ptr));
+    if constexpr (!Biased) return {xq, _mm256_setzero_si256()};
+    return {xq, _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias_, xq)};
   }
+
+  template <CodeKind K, bool Biased>
+  __m256i block(const uint8_t* codes, const XBlock& x) const {
+    __m256i u = unpack_codes<K>(codes);
+    if constexpr (K == CodeKind::k4Codebook) u = _mm256_shuffle_epi8(lut_, u);
+    const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x.xq);
+    if constexpr (!Biased) return dot;
+    // Σ (u - bias) xq = Σ u xq - Σ bias xq, both exact in int32.
+    return _mm256_sub_epi32(dot, x.bias_xq);
+  }
+
+ private:
+  __m256i lut_, bias_;
 };
 
 #include "row_dot.inl"

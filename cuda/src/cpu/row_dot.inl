@@ -1,21 +1,51 @@
 // The body of the row-dot kernels, included by dot_avx2.cpp and dot_avx512.cpp inside an anonymous
 // namespace (each copy compiled with its own ISA flags: no inline function may be shared between them, or
-// the linker could hand the AVX2 machine the AVX-512 copy). The includer defines `IntDot`:
-//   template <CodeKind K, bool Biased>
-//   static __m256i IntDot::block(const uint8_t* codes, const int8_t* xq, __m256i lut, __m256i bias);
+// the linker could hand the AVX2 machine the AVX-512 copy). The includer defines `IntDot`, built from a
+// QuantForm (its codebook table and code bias as block() wants them):
+//   using XBlock = ...;  one 32-element block of x as block() takes it
+//   template <bool Biased> XBlock x_block(const int8_t* xq) const;
+//     loads the block once for every weight row of a pass, with whatever of the product depends on x alone.
+//   template <CodeKind K, bool Biased> __m256i block(const uint8_t* codes, const XBlock& x) const;
 //     8 int32 lanes, lane i = Σ v * xq over elements 4i..4i+3 of the 32-element block, v the weight's
 //     signed integer value (docs/forms.md), EXACT: the code bias is removed in the integer domain, never
 //     through float group sums, whose cancellation against large biased products costs accuracy.
 //     Biased is false only for forms with code_bias 0 and no codebook.
-//   static __m256i IntDot::lut(const QuantForm&)   the codebook table as block() wants it.
-//   static __m256i IntDot::bias(const QuantForm&)  the bias as block() wants it.
-// Needs <immintrin.h>, <cstring>, "dot.hpp" and code_unpack.inl included before.
+// Needs <immintrin.h>, <cstring>, <utility>, "dot.hpp" and code_unpack.inl included before.
 
 inline float horizontal_sum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
+}
+
+// The accumulators of a pass, one per row: a value whose lanes every access names by a constant, so that the
+// compiler keeps them in registers.
+template <int N>
+struct RowSums {
+  __m256 v[N];
+};
+
+// Lanes (a0 + a4 + a2 + a6, b0 + b4 + b2 + b6, a1 + a5 + a3 + a7, b1 + b5 + b3 + b7), each sum as horizontal_sum
+// pairs them.
+inline __m128 pair_sums(__m256 a, __m256 b) {
+  const __m128 qa = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 qb = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+  return _mm_add_ps(_mm_unpacklo_ps(qa, qb), _mm_unpackhi_ps(qa, qb));
+}
+
+// Lane i = horizontal_sum(s.v[i]) bit for bit, for N = 2 or 4 rows at once: every lane adds the same pairs in
+// the same order ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)), only transposed across the rows.
+template <int N>
+inline __m128 horizontal_sums(const RowSums<N>& s) {
+  static_assert(N == 2 || N == 4, "two or four rows");
+  const __m128 ab = pair_sums(s.v[0], s.v[1]);
+  if constexpr (N == 2) {
+    return _mm_add_ps(ab, _mm_movehl_ps(ab, ab));
+  } else {
+    const __m128 cd = pair_sums(s.v[2], s.v[3]);
+    return _mm_add_ps(_mm_movelh_ps(ab, cd), _mm_movehl_ps(cd, ab));
+  }
 }
 
 inline __m256 load_scales8(const uint8_t* d, bool f32) {
@@ -88,40 +118,87 @@ float row_scales(const MatrixRows& m, int64_t row, const QuantizedVector& x, flo
   return horizontal_sum(off);
 }
 
-// Phase B and the row loop: y[r - row0] = scale * (Σ_g sc[g] * Σ_{i in g} v_i xq_i + offset).
+// The scale of each lane of block b's dot: one group (G == 32), or lanes 0..3 group 2b and 4..7 group 2b+1.
+template <int G>
+inline __m256 block_scales(const float* sc, int64_t b) {
+  if constexpr (G == 32) return _mm256_broadcast_ss(sc + b);
+  return _mm256_set_m128(_mm_broadcast_ss(sc + 2 * b + 1), _mm_broadcast_ss(sc + 2 * b));
+}
+
+// Bytes of one 32-element block of codes.
+template <CodeKind K>
+constexpr int64_t kBlockBytes = K == CodeKind::k2 ? 8 : K == CodeKind::k8 ? 32 : 16;
+
+// acc.v[I] += (block b of row I's codes . x block b) * row I's scales of block b, for each row I of a pass.
+template <CodeKind K, bool Biased, int G, int N, size_t... I>
+inline RowSums<N> add_block(RowSums<N> acc, const IntDot& dot, const uint8_t* const* codes, const float* const* sc,
+                            const int8_t* xq, int64_t b, std::index_sequence<I...>) {
+  const typename IntDot::XBlock xb = dot.template x_block<Biased>(xq + b * 32);
+  ((acc.v[I] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot.template block<K, Biased>(codes[I] + b * kBlockBytes<K>, xb)),
+                               block_scales<G>(sc[I], b), acc.v[I])),
+   ...);
+  return acc;
+}
+
+// acc.v[I] + more.v[I] for each row I of a pass.
+template <int N, size_t... I>
+inline RowSums<N> add_rows(RowSums<N> acc, const RowSums<N>& more, std::index_sequence<I...>) {
+  ((acc.v[I] = _mm256_add_ps(acc.v[I], more.v[I])), ...);
+  return acc;
+}
+
+// Phase B over rows r .. r + N - 1 in one pass over the blocks: y[i] = scale * (Σ_g sc[g] * Σ_{i in g} v_i xq_i
+// + offset) of row r + i. A pass loads each x block once for its rows, and on rows of few blocks (a down
+// matrix of 16-20) spreads its fixed costs over them. Each row keeps its own two accumulators (block 2j into
+// the first, 2j + 1 into the second) and its own horizontal sum, so a row's result is the same bits whatever
+// pass it runs in, N = 1 included.
+template <CodeKind K, bool Biased, int G, int N>
+void rows_pass(const MatrixRows& m, int64_t r, const QuantizedVector& x, const IntDot& dot, float scale, float* y) {
+  const int64_t n_blocks = m.cols / 32;
+  alignas(32) float scales[N][kMaxCols / 16 + 8];
+  alignas(16) float offset[4] = {};
+  const uint8_t* codes[N];
+  const float* sc[N];
+  for (int i = 0; i < N; ++i) {
+    offset[i] = row_scales<G>(m, r + i, x, scales[i]);
+    codes[i] = m.codes + (r + i) * n_blocks * kBlockBytes<K>;
+    sc[i] = scales[i];
+  }
+  constexpr std::make_index_sequence<N> kRows;
+  RowSums<N> acc0 = {}, acc1 = {};
+  for (int64_t b = 0; b < n_blocks; b += 2) {
+    // Software prefetch kPrefetchAhead bytes ahead, a line of each row as the pass enters it: the rows of a
+    // work item are one stream, and the hardware prefetcher alone leaves the per-core DRAM bandwidth
+    // underused. Spread through the loop, the prefetches stay off the pass's start, where a burst of them
+    // queued before the first loads.
+    if (b * kBlockBytes<K> % 64 == 0)
+      for (int i = 0; i < N; ++i)
+        _mm_prefetch(reinterpret_cast<const char*>(codes[i] + b * kBlockBytes<K> + kPrefetchAhead), _MM_HINT_T0);
+    acc0 = add_block<K, Biased, G, N>(acc0, dot, codes, sc, x.xq, b, kRows);
+    if (b + 1 < n_blocks)  // n_blocks may be odd
+      acc1 = add_block<K, Biased, G, N>(acc1, dot, codes, sc, x.xq, b + 1, kRows);
+  }
+  const RowSums<N> sums = add_rows<N>(acc0, acc1, kRows);
+  if constexpr (N == 1) {
+    y[0] = scale * (horizontal_sum(sums.v[0]) + offset[0]);
+  } else {
+    const __m128 v = _mm_mul_ps(_mm_set1_ps(scale), _mm_add_ps(horizontal_sums<N>(sums), _mm_load_ps(offset)));
+    if constexpr (N == 4) _mm_storeu_ps(y, v);
+    else _mm_storel_pi(reinterpret_cast<__m64*>(y), v);
+  }
+}
+
+// The row loop: passes of four rows, then two, then one.
 template <CodeKind K, bool Biased, int G>
 void rows_dot(const MatrixRows& m, int64_t row0, int64_t row1, const Activation& activation, float scale, float* y) {
-  const QuantizedVector& x = activation.q;
-  alignas(32) float sc[kMaxCols / 16 + 8];
-  const QuantForm& f = *m.form;
-  const int64_t n_blocks = m.cols / 32;
-  const int64_t block_bytes = 32 * f.code_bits / 8;
-  const __m256i lut = IntDot::lut(f), bias = IntDot::bias(f);
-  for (int64_t r = row0; r < row1; ++r) {
-    const float offset = row_scales<G>(m, r, x, sc);
-    const uint8_t* codes = m.codes + r * n_blocks * block_bytes;
-    // Software prefetch kPrefetchAhead bytes ahead: the rows of a work item are one stream, and the
-    // hardware prefetcher alone leaves the per-core DRAM bandwidth underused.
-    for (int64_t p = 0; p < n_blocks * block_bytes; p += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(codes + p + kPrefetchAhead), _MM_HINT_T0);
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    for (int64_t b = 0; b < n_blocks; b += 2) {
-      // Two blocks per step into two accumulators (n_blocks may be odd: the second is guarded).
-      for (int half = 0; half < 2 && b + half < n_blocks; ++half) {
-        const int64_t bb = b + half;
-        const __m256i dot = IntDot::block<K, Biased>(codes + bb * block_bytes, x.xq + bb * 32, lut, bias);
-        __m256 s;
-        if constexpr (G == 32) {
-          s = _mm256_broadcast_ss(sc + bb);
-        } else {  // lanes 0..3 are group 2bb, lanes 4..7 group 2bb+1
-          s = _mm256_set_m128(_mm_broadcast_ss(sc + 2 * bb + 1), _mm_broadcast_ss(sc + 2 * bb));
-        }
-        if (half == 0) acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s, acc0);
-        else acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), s, acc1);
-      }
-    }
-    y[r - row0] = scale * (horizontal_sum(_mm256_add_ps(acc0, acc1)) + offset);
+  const IntDot dot(*m.form);
+  int64_t r = row0;
+  for (; r + 4 <= row1; r += 4) rows_pass<K, Biased, G, 4>(m, r, activation.q, dot, scale, y + (r - row0));
+  if (r + 2 <= row1) {
+    rows_pass<K, Biased, G, 2>(m, r, activation.q, dot, scale, y + (r - row0));
+    r += 2;
   }
+  if (r < row1) rows_pass<K, Biased, G, 1>(m, r, activation.q, dot, scale, y + (r - row0));
 }
 
 template <CodeKind K, bool Biased>

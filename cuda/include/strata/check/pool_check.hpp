@@ -9,8 +9,11 @@
 namespace strata::pool_check {
 
 // y [m.rows] = W x for expert `expert` of `m`, with the row kernels of `isa` and x as a layer job gives it:
-// float32 to a float matrix, quantized to q8_32 for a quantized one.
-void expert_matvec(cpu::Isa isa, const cpu::ExpertMatrix& m, int64_t expert, const float* x, float* y);
+// float32 to a float matrix, quantized to q8_32 for a quantized one. The kernel runs on consecutive ranges of
+// `rows_per_call` rows (the last may be shorter; 0: all rows in one call), so tests can show that a row's
+// result does not depend on the range it runs in.
+void expert_matvec(cpu::Isa isa, const cpu::ExpertMatrix& m, int64_t expert, const float* x, float* y,
+                   int64_t rows_per_call = 0);
 
 // h [gate.rows] = silu(gate x) * up x of expert `expert`, computed by the code a layer job runs (bit for bit).
 void expert_hidden(cpu::Isa isa, const cpu::ExpertMatrix& gate, const cpu::ExpertMatrix& up, int64_t expert,

@@ -1,0 +1,47 @@
+"""The quantized row kernels' passes over several weight rows (cuda/src/cpu/row_dot.inl).
+
+rows_dot runs a row range in passes of four rows, then two, then one, each row in its own accumulators and
+summed in the one-row order, so a row's result is the same bits whatever pass it runs in. Every quantized
+form, rows of an odd block count and of one block (the two-block step's guarded half), call sizes 1..9 (each
+leaves its own mix of passes and starts passes on rows of every residue); the one-row calls are checked against
+the numpy reference (tests/pool_reference.py states the bound). Outputs are poisoned (NaN) by the hook.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+from pool_reference import check_product
+from test_pool import FLOATS, ISAS, TYPES
+
+from strata.quant import repack
+from strata.quant.synthetic import random_blocks
+
+pytest.importorskip("strata._native")
+_native_check = pytest.importorskip("strata._native_check")
+
+QUANTIZED = [t for t in TYPES if t not in FLOATS]
+ROWS = 37  # nine passes of four and one of one in a single call
+
+
+def columns(ggml_type: T) -> tuple[int, ...]:
+    """One block, an odd block count and a down row of qwen4exp; whole super-blocks for the 256-element types."""
+    return (32, 544, 640) if GGML_QUANT_SIZES[ggml_type][0] == 32 else (256, 768, 2560)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("ggml_type", QUANTIZED, ids=lambda t: t.name)
+def test_a_row_is_the_same_bits_in_every_pass(rng, ggml_type, isa):
+    for cols in columns(ggml_type):
+        q = repack(random_blocks(ggml_type, ROWS * cols, rng), ggml_type, (cols, ROWS))
+        x = rng.standard_normal(cols, dtype=np.float32) * np.float32(rng.uniform(0.1, 10))
+        one_by_one = _native_check.expert_matvec(isa, q, x, rows_per_call=1)
+        check_product(one_by_one, q, x, 1.0, f"{ggml_type.name}, {cols} columns, {isa}, one row a call")
+        for n in (*range(2, 10), 0):
+            got = _native_check.expert_matvec(isa, q, x, rows_per_call=n)
+            assert np.all(np.isfinite(got)), f"unwritten rows: {ggml_type.name}, {cols} columns, {n} rows a call"
+            differ = np.flatnonzero(got.view(np.uint32) != one_by_one.view(np.uint32))
+            assert differ.size == 0, (
+                f"{ggml_type.name}, {cols} columns, {isa}: rows {differ[:8]} of {n} rows a call differ from one a call")
