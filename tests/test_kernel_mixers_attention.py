@@ -10,6 +10,7 @@ storage rounding, which is checked on its own against strata.reference.kv_format
 import numpy as np
 import pytest
 
+from q8_form import assert_q8_of
 from strata.reference import kv_formats as kf
 from strata.reference.attention import attend
 from strata.reference.ops import apply_rope, rms_norm, rope_tables, sigmoid
