@@ -365,9 +365,10 @@ void DecodeProgram::pre(int layer, cudaStream_t s) const {
   publish.bell = io_.bell;
   publish.ring_base = io_.ring_base;
   publish.ring_offset = layer + 1;
-  // Without hyper-connections the norm wrote x's q8_32 form for every reader of it (ffn_in); after hc_read a
-  // quantized router quantizes x itself, and the shared expert's quantize waits until after the publish.
-  route_and_publish(*t.router, x_, q8_, g_.n_expert_used, route, publish, s, /*q8_ready=*/!hc);
+  // Without hyper-connections the norm wrote x's q8_32 form for every reader of it (ffn_in). After hc_read a
+  // quantized router needs it before its launch; otherwise the shared expert's quantize waits for the publish.
+  if (hc && reads_q8(*t.router)) quantize_for(x_, ffn_in, q8_, s);
+  route_and_publish(*t.router, x_, q8_, g_.n_expert_used, route, publish, s);
   if (hc && !reads_q8(*t.router)) quantize_for(x_, shared_in, q8_, s);
   project_quantized(x_, shared_in, q8_, s, &branches_);
   const Products shared_out{{t.shared_down, shared_}};

@@ -60,9 +60,7 @@ void project_batch(const DeviceTensor& stack, const kernels::MatrixBatch& batch,
 }
 
 void route_and_publish(const DeviceTensor& router, const float* x, const Q8Scratch& q8, int k,
-                       const kernels::RouteTargets& out, const kernels::RoutePublish& publish, cudaStream_t stream,
-                       bool q8_ready) {
-  if (reads_q8(router) && !q8_ready) quantize(x, router.cols, q8, stream);
+                       const kernels::RouteTargets& out, const kernels::RoutePublish& publish, cudaStream_t stream) {
   kernels::RouterMatrix w;
   w.quantized = !router.is_float;
   w.kind = router.float_kind;
