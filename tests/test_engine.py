@@ -34,10 +34,11 @@ class FakeDecodeSession:
 
     def __init__(self, weights=None, pool=None, geometry=None, *, context=64, kv=KV.INT8, mode=Mode.TOKEN_GRAPH,
                  device=0, timeout=5.0, snapshots=0, cache=None, prompt_chunk=0, staging=None, prompt_cpu=True,
-                 kv_streaming=False, n_vocab=512):
+                 kv_streaming=False, defer_experts=0, n_vocab=512):
         self.args = dict(weights=weights, pool=pool, geometry=geometry, context=context, kv=kv, mode=mode,
                          device=device, timeout=timeout, snapshots=snapshots, cache=cache, prompt_chunk=prompt_chunk,
-                         staging=staging, prompt_cpu=prompt_cpu, kv_streaming=kv_streaming)
+                         staging=staging, prompt_cpu=prompt_cpu, kv_streaming=kv_streaming,
+                         defer_experts=defer_experts)
         self.saved: dict[int, int] = {}
         self.context, self.mode, self.position, self.n_vocab = context, mode, 0, n_vocab
         self.prompt_chunk = prompt_chunk
@@ -329,9 +330,11 @@ def test_model_session_builds_a_native_session_with_the_geometry(tiny_qwen4exp, 
     assert native.args["snapshots"] == 2 and session.engine.snapshots == 2
     assert native.args["cache"] is None  # the model was loaded without an expert cache
     assert native.args["prompt_chunk"] == 0 and native.args["staging"] is None  # nor a prompt path
-    session = model.session(context=100, kv="bf16", mode="uncaptured", timeout=1.5, snapshots=0)
+    assert native.args["defer_experts"] == 0  # off unless asked: the exact path
+    session = model.session(context=100, kv="bf16", mode="uncaptured", timeout=1.5, snapshots=0, defer_experts=1)
     assert (session.engine.native.args["context"], session.engine.native.args["kv"]) == (100, KV.BF16)
     assert session.engine.native.args["timeout"] == 1.5 and session.engine.native.args["snapshots"] == 0
+    assert session.engine.native.args["defer_experts"] == 1
 
 
 def test_model_session_runs_on_the_models_device(tiny_qwen4exp, fake_gpu):
@@ -348,6 +351,8 @@ def test_model_session_runs_on_the_models_device(tiny_qwen4exp, fake_gpu):
     ({"mode": "graphs"}, "unknown session mode 'graphs'"),
     ({"timeout": 0}, "timeout must be > 0"),
     ({"snapshots": -1}, "snapshots must be in 0..64"),
+    ({"defer_experts": -1}, r"defer_experts must be in 0\.\.\d+ \(below the \d+ routed experts of a token\), got -1"),
+    ({"defer_experts": 99}, r"defer_experts must be in 0\.\.\d+ .* got 99"),
 ])
 def test_model_session_argument_errors(tiny_qwen4exp, fake_gpu, kwargs, fragment):
     with pytest.raises(InvalidArgument, match=fragment):

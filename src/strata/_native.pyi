@@ -119,7 +119,7 @@ class DecodeSession:
         self, weights: DeviceWeights, pool: CpuExpertPool, geometry: dict[str, Any], *, context: int,
         kv: KV | str, mode: Mode | str = ..., device: int = 0, timeout: float = 5.0, snapshots: int = 0,
         cache: ExpertCache | None = None, prompt_chunk: int = 0, staging: ExpertStaging | None = None,
-        prompt_cpu: bool = True, kv_streaming: bool = False,
+        prompt_cpu: bool = True, kv_streaming: bool = False, defer_experts: int = 0,
     ) -> None: ...
     def feed(
         self, tokens: Sequence[int] | npt.ArrayLike, ple_rows: npt.ArrayLike | None,

@@ -135,6 +135,7 @@ cdef extern from "strata/decode_session.hpp" nogil:
         int prompt_chunk
         cbool prompt_cpu
         cbool kv_streaming
+        int defer_experts
 
     cdef cppclass TokenLogprobs "strata::TokenLogprobs":
         double token

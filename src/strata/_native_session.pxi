@@ -262,17 +262,19 @@ cdef class DecodeSession:
     Keeps `weights`, `pool`, `cache` and `staging` alive while it lives. `step` feeds one token and returns the
     sampled next one; `feed` runs a prompt through the prompt path (chunks of `prompt_chunk` tokens, 0: none).
     The experts `cache` (an ExpertCache, or None) holds run on the GPU; the prompt path computes the others from
-    `staging` (an ExpertStaging).
+    `staging` (an ExpertStaging). With `defer_experts` d > 0, the pool's d lightest routed experts of a layer
+    reach the streams a layer late (docs/session.md, "Expert deferral").
     """
 
     def __cinit__(self, DeviceWeights weights, CpuExpertPool pool, dict geometry, *, int context, kv,
                   mode=Mode.TOKEN_GRAPH, int device=0, double timeout=5.0, int snapshots=0,
                   ExpertCache cache=None, int prompt_chunk=0, ExpertStaging staging=None, bint prompt_cpu=True,
-                  bint kv_streaming=False):
+                  bint kv_streaming=False, int defer_experts=0):
         cdef ModelGeometry g = model_geometry(geometry)
         cdef DecodeOptions o
         o.device, o.context, o.timeout_seconds, o.snapshots = device, context, timeout, snapshots
         o.prompt_chunk, o.prompt_cpu, o.kv_streaming = prompt_chunk, prompt_cpu, kv_streaming
+        o.defer_experts = defer_experts
         o.kv = kv_storage(kv)
         o.mode = decode_mode(mode)
         cdef CppExpertPool* native_pool = pool.native()

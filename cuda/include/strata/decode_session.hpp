@@ -33,6 +33,8 @@ struct DecodeOptions {
   int prompt_chunk = 0;          // tokens per chunk of feed()'s prompt path; 0: no prompt path
   bool prompt_cpu = true;        // small chunks: the pool computes a share of the experts beside the staging
   bool kv_streaming = false;     // attention KV in page-locked host memory, a VRAM window of it (session.md)
+  int defer_experts = 0;         // 0 <= d < n_expert_used: the pool's d lightest routed experts of a layer land
+                                 // a layer late (session.md, "Expert deferral"); 0: exact
 };
 
 // The log-probabilities of one position (strata.sampling.log_probabilities): the sampled token's, and the

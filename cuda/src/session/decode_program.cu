@@ -85,7 +85,8 @@ void carve_scratch(Carver& c, const ModelGeometry& g, int context, std::size_t s
   s.up_ = c.take<float>(width);
   s.inject_ = c.take<float>(hc);
   s.inj_attn_ = c.take<float>(hc);
-  s.inj_ffn_ = c.take<float>(hc);
+  s.inj_ffn_ = c.take<float>(2 * hc);
+  s.deferred_ = c.take<float>(n);
   s.qkvz_ = c.take<float>(conv + value_dim);
   s.beta_ = c.take<float>(2 * hv);
   s.alpha_ = c.take<float>(hv);
@@ -349,7 +350,7 @@ void DecodeProgram::pre(int layer, cudaStream_t s) const {
   const Products ffn_in{{t.router, router_logits_}, {t.shared_gate, sh_g_}, {t.shared_up, sh_u_}};
   if (hc) {
     add_to_streams(inj_attn_, y_, g_.hc_count, n, s);
-    hc_read(t.hc_ffn, x_, inj_ffn_, s);
+    hc_read(t.hc_ffn, x_, ffn_injection(layer), s);
   } else {
     add_to_streams(ones_, y_, 1, n, s);
     STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t.post_attention_norm, x_, 1, n, g_.rms_eps, s,
@@ -382,7 +383,7 @@ const CachedLayer* DecodeProgram::cached(int layer) const {
   return &cache_->layer(layer);
 }
 
-bool DecodeProgram::rings(int layer) const { return !(cache_ && cache_->holds_all(layer)); }
+bool DecodeProgram::rings(int layer) const { return layer_rings(cache_, layer); }
 
 // The routed slots the cache holds, as one batch per matrix (the slots it lacks are skipped on the device):
 // ex_rows_[j] = down_j(silu(gate_j x) * up_j x), unweighted, as the pool computes its rows.
@@ -400,17 +401,23 @@ void DecodeProgram::cached_experts(const CachedLayer& c, cudaStream_t s) const {
 void DecodeProgram::post(int layer, cudaStream_t s) const {
   const int n = g_.n_embd;
   const bool ring = rings(layer);
+  // Layer - 1's deferred row comes with this layer's answer (a deferring layer's next one rings).
+  const bool deferred = layer > 0 && io_.deferral.defers(layer - 1, cache_);
   if (ring) {
     STRATA_CUDA_TRY(kernels::doorbell_wait(io_.bell, io_.ring_base, layer + 1, io_.answer_timeout_ns,
-                                           io_.wait_status, routed_, s));
+                                           io_.wait_status, routed_, s, deferred ? (layer - 1) % 2 : -1,
+                                           deferred ? deferred_ : nullptr));
   }
   if (cached(layer)) {
     STRATA_CUDA_TRY(kernels::moe_cached_sum(ex_rows_, cache_slots_, route_weights_, 1, g_.n_expert_used, n, ring,
                                             routed_, s));
   }
   STRATA_CUDA_TRY(kernels::moe_combine(routed_, shared_, shared_gate_, y_, 1, n, s));
-  if (g_.hc_count > 0) add_to_streams(inj_ffn_, y_, g_.hc_count, n, s);
-  else add_to_streams(ones_, y_, 1, n, s);
+  const bool hc = g_.hc_count > 0;
+  const int streams = hc ? g_.hc_count : 1;
+  // The deferred row with the write-back weights of the layer it belongs to.
+  if (deferred) add_to_streams(hc ? ffn_injection(layer - 1) : ones_, deferred_, streams, n, s);
+  add_to_streams(hc ? ffn_injection(layer) : ones_, y_, streams, n, s);
 }
 
 void DecodeProgram::enqueue_logprobs(int token, int n, cudaStream_t s) const {

@@ -17,6 +17,7 @@
 #include "../kernels/sample.cuh"
 #include "../runtime/device_buffer.hpp"
 #include "decode_tensors.hpp"
+#include "expert_deferral.hpp"
 #include "projection.hpp"
 #include "sequence_views.hpp"
 #include "strata/expert_cache.hpp"
@@ -41,6 +42,7 @@ struct ProgramIo {
   int* wait_status = nullptr;        // mapped: the ring a device-side wait gave up on
   long long answer_timeout_ns = 0;
   int* sampled = nullptr;            // mapped: the sampled token id
+  ExpertDeferral deferral;           // which layers' deferred rows post() adds a layer late (off: none)
 };
 
 // The per-token buffers of the decode program, carved out of one allocation (decode_program.cu,
@@ -52,7 +54,8 @@ struct DecodeScratch {
   int* seen_ = nullptr;          // [context] every token fed, for the repetition penalty
   float *cos_ = nullptr, *sin_ = nullptr, *ones_ = nullptr;
   float *x_ = nullptr, *y_ = nullptr, *normed_ = nullptr, *down_ = nullptr, *up_ = nullptr, *inject_ = nullptr;
-  float *inj_attn_ = nullptr, *inj_ffn_ = nullptr;
+  float *inj_attn_ = nullptr, *inj_ffn_ = nullptr;  // inj_ffn_: [2][hc], by layer parity (ffn_injection)
+  float* deferred_ = nullptr;  // [n] the layer before's deferred experts, as the host answered them
   float *qkvz_ = nullptr, *beta_ = nullptr, *alpha_ = nullptr, *conv_out_ = nullptr, *core_ = nullptr;
   float *qg_ = nullptr, *k_ = nullptr, *v_ = nullptr, *q_ = nullptr, *attn_ = nullptr, *iq_ = nullptr, *ik_ = nullptr;
   float* scores_ = nullptr;
@@ -125,6 +128,9 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
  private:
   void hc_read(const HcTensors& t, float* x, float* inj, cudaStream_t s) const;
   void add_to_streams(const float* inj, const float* y, int streams, int width, cudaStream_t s) const;
+  // Layer `layer`'s FFN injection weights: kept per parity so that post(l + 1) still has layer l's for its
+  // deferred row after pre(l + 1) wrote its own.
+  float* ffn_injection(int layer) const noexcept { return inj_ffn_ + (layer & 1) * g_.hc_count; }
   // The products of the mixer's input x_ in layer `layer`; the mixers start with x_'s q8_32 form in q8_ where one of
   // them reads it (q8_for), and end with the mixer's output y_.
   Products mixer_inputs(int layer) const;

@@ -38,6 +38,13 @@ void check_options(const DecodeOptions& o) {
                  "prompt chunk must be >= 0 tokens (0: no prompt path), got " + std::to_string(o.prompt_chunk));
 }
 
+void check_deferral(const DecodeOptions& o, const ModelGeometry& g) {
+  STRATA_EXPECTS(o.defer_experts >= 0 && o.defer_experts < g.n_expert_used, InvalidArgument,
+                 "defer_experts must be in 0.." + std::to_string(g.n_expert_used - 1) + " (below the " +
+                     std::to_string(g.n_expert_used) + " routed experts of a token), got " +
+                     std::to_string(o.defer_experts));
+}
+
 void check_cache(const ExpertCache& cache, const ModelGeometry& g, int device) {
   STRATA_EXPECTS(cache.device() == device, InvalidArgument,
                  "the expert cache is on GPU " + std::to_string(cache.device()) + ", the session on GPU " +
@@ -85,7 +92,7 @@ struct DecodeSession::Impl {
         scope(options.device),
         arena(options.device, plan_session(g, options.context, options.kv, options.snapshots, options.kv_streaming)),
         bell(g.n_embd, g.n_expert_used),
-        answerer(pool, bell, cache),
+        answerer(pool, bell, cache, deferral()),
         stage(DecodeProgram::stage_bytes(g)),
         sampled(sizeof(int)),
         program(weights, g, arena, options.kv, program_io(), cache),
@@ -105,8 +112,11 @@ struct DecodeSession::Impl {
     io.wait_status = bell.status_device();
     io.answer_timeout_ns = static_cast<long long>(options.timeout_seconds * 1e9);
     io.sampled = sampled.device<int>();
+    io.deferral = deferral();
     return io;
   }
+
+  ExpertDeferral deferral() const { return {options.defer_experts, g.n_layer}; }
 
   // The cache's replacement between tokens: its map changes here only, ahead of the token on this stream.
   void refresh_cache() {
@@ -328,6 +338,7 @@ DecodeSession::DecodeSession(const DeviceWeights& weights, cpu::ExpertPool& pool
                              const DecodeOptions& options, ExpertCache* cache, ExpertStaging* staging) {
   check_geometry(geometry);
   check_options(options);
+  check_deferral(options, geometry);
   require_device(options.device);
   if (cache) check_cache(*cache, geometry, options.device);
   impl_ = std::make_unique<Impl>(weights, pool, geometry, options, cache, staging);
