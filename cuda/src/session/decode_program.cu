@@ -186,6 +186,7 @@ DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& 
     reset_windows(nullptr);
     STRATA_CUDA_TRY(cudaStreamSynchronize(nullptr));
   }
+  for (int l = 0; l < g.ple_layer; ++l) ple_late_ = ple_late_ || rings(l);
 
 }
 
@@ -206,7 +207,8 @@ unsigned long long DecodeProgram::stream_bytes() const {
 }
 
 void DecodeProgram::begin(cudaStream_t s) const {
-  STRATA_CUDA_TRY(cudaMemcpyAsync(stage_, io_.host_stage, stage_bytes(g_), cudaMemcpyHostToDevice, s));
+  const std::size_t staged = ple_late_ ? sizeof(TokenStage) : stage_bytes(g_);
+  STRATA_CUDA_TRY(cudaMemcpyAsync(stage_, io_.host_stage, staged, cudaMemcpyHostToDevice, s));
   record_token<<<1, 1, 0, s>>>(stage_, seen_);
   STRATA_CUDA_TRY(cudaGetLastError());
   STRATA_CUDA_TRY(kernels::embed_rows(embedding_, &stage_->token, 1, x_, s));
@@ -236,6 +238,11 @@ void DecodeProgram::hc_read(const HcTensors& t, float* x, float* inj, cudaStream
 
 void DecodeProgram::ple(int layer, cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
+  if (ple_late_) {  // behind the wait for a ring below: the host wrote the rows before answering it
+    const char* rows = static_cast<const char*>(io_.host_stage) + kStagePleOffset;
+    STRATA_CUDA_TRY(cudaMemcpyAsync(ple_rows_, rows, sizeof(float) * g_.ple_n_heads * g_.ple_head_dim,
+                                    cudaMemcpyHostToDevice, s));
+  }
   project(ple_rows_, {{t.ple_key, ple_key_}, {t.ple_value, ple_value_}}, q8_, s, &branches_);
   const kernels::PleShape shape = ple_shape(g_);
   kernels::PleStepArgs args = ple_layer_args(t, seq_);

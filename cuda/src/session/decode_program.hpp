@@ -86,6 +86,11 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
   // Whether layer `layer` rings the doorbell (some of its experts are the pool's).
   bool rings(int layer) const;
 
+  // Whether the PLE rows come up from the stage at the PLE layer rather than in begin(): where a layer below it
+  // rings, so a host that writes them after the launch and before answering that ring is ordered before the
+  // copy (the session gathers them there, docs/session.md). Fixed for the program's life, as the graphs are.
+  bool ple_rows_late() const noexcept { return ple_late_; }
+
   // Bytes of the pinned staging block the host writes before each token (ProgramIo::host_stage).
   static std::size_t stage_bytes(const ModelGeometry& g);
 
@@ -148,6 +153,7 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
   SequenceViews seq_;
   int context_;
   kernels::AttentionShape attention_;
+  bool ple_late_ = false;
 
   DeviceBuffer scratch_;
   Branches branches_;

@@ -117,12 +117,13 @@ class Model:
             chunk = prompt_plan.fitting_chunk(g, context, free - (plan.vram_total - resident), prompt_chunk, kv,
                                               kv_streaming)
         ple = PleRows(self.file, g) if g.ple_layers else None
+        gather = ple.native() if ple is not None else None  # the session gathers the rows itself where it can
         native = _native.DecodeSession(self.weights, self.pool.native, native_geometry(g), context=context,
                                        kv=kv, mode=mode, device=self.device, timeout=timeout, snapshots=snapshots,
                                        cache=self.cache, prompt_chunk=chunk, staging=self.staging,
                                        prompt_cpu=prompt_cpu, kv_streaming=kv_streaming,
-                                       defer_experts=defer_experts)
-        return Session(GpuEngine(native, ple, snapshots), self.tokenizer)
+                                       defer_experts=defer_experts, ple=gather)
+        return Session(GpuEngine(native, ple if gather is None else None, snapshots), self.tokenizer)
 
     def _vram_room(self) -> tuple[int, int]:
         """(the VRAM the model holds: dense weights, expert cache, prompt staging; what is free for a session beside
