@@ -126,3 +126,32 @@ def test_bad_arguments_name_what_is_wrong(tmp_path):
     with pytest.raises(InvalidArgument, match="IQ2_XXS"):
         synthesize(tmp_path / "m.gguf", "qwen3next", types={"experts": "iq2_xxs"})
     assert not (tmp_path / "m.gguf").exists()
+
+
+def test_the_q4_k_m_expert_mix_at_the_full_qwen3next_geometry(monkeypatch, tmp_path):
+    """`strata synth --arch qwen3next --preset full --experts-type q4_k --expert-down-type q6_k`: llama-quantize's
+    Q4_K_M expert mix (down one step wider) over the released 48 layers. That file is about 53 GB, so the command
+    line's choice is checked on the tensors of 2 of its layers, not written."""
+    from strata import cli, synth
+
+    asked = {}
+
+    def record(path, arch, **options):
+        asked.update(arch=arch, **options)
+        return path
+
+    monkeypatch.setattr(synth, "synthesize", record)
+    assert cli.main(["synth", str(tmp_path / "q.gguf"), "--arch", "qwen3next", "--preset", "full", "--layers", "2",
+                     "--experts-type", "q4_k", "--expert-down-type", "q6_k"]) == 0
+    g = geometry(asked["arch"], asked["preset"], asked["n_layer"])
+    specs = tensor_inventory(g)
+    types = {s.name: tensor_type(s, TypeMix(**asked["types"])) for s in specs}
+    for layer in range(2):
+        assert types[f"blk.{layer}.ffn_gate_exps.weight"] == types[f"blk.{layer}.ffn_up_exps.weight"] == T.Q4_K
+        assert types[f"blk.{layer}.ffn_down_exps.weight"] == T.Q6_K  # expert_ff 512: whole 256-blocks
+        assert types[f"blk.{layer}.ffn_gate_inp.weight"] == T.F32  # forced, as every norm and the router
+    assert types["token_embd.weight"] == types["output.weight"] == T.Q8_0  # the preset's other classes kept
+    assert {types[s.name] for s in specs} == {T.Q4_K, T.Q6_K, T.Q8_0, T.F32}
+    assert file_type((s.ne, types[s.name]) for s in specs) == gguf.LlamaFileType.MOSTLY_Q4_K_M
+    full = geometry("qwen3next", "full")
+    assert (full.n_layer, full.n_embd, full.n_expert, full.expert_ff) == (48, 2048, 512, 512)

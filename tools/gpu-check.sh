@@ -4,6 +4,14 @@
 # last. Pure-Python wheels the box lacks travel in ./.whl (see CONTRIBUTING.md).
 #   tools/gpu-check.sh [--gpu-only] [--no-bench] [-- extra pytest args]
 # Logs and benchmark JSON go to $OUT when it is set (the device tool's result folder), else ./gpu-check-out.
+# The longer runs, each a call of its own after this script has built strata (see CONTRIBUTING.md):
+#   python3 benchmarks/soak_decode.py --json "$OUT/soak.json"    # 10,000 tokens in one session: speed, memory, NaN
+#   tools/sanitize.sh "$OUT/sanitize" [TEST_FILE...]             # compute-sanitizer over the GPU tests, file by file
+#   The side-by-side bench, every routed expert on the CPU: the default benchmark model (qwen4exp, 16 layers) and
+#   the full 48-layer qwen3next geometry in the Q4_K_M expert mix (about 53 GB: synthesize it once, where it fits)
+#   python3 -m strata.cli bench --expert-cache 0 --json "$OUT/bench-qwen4exp.json"
+#   python3 -m strata.cli synth Q3N.gguf --arch qwen3next --preset full --experts-type q4_k --expert-down-type q6_k
+#   python3 -m strata.cli bench Q3N.gguf --expert-cache 0 --json "$OUT/bench-qwen3next-full.json"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 gpu_only=0; bench=1; pytest_extra=()
@@ -21,11 +29,7 @@ mkdir -p "$out"
 summary=()
 stamp() { date +%s; }
 
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/strata-site .whl/*.whl \
-    || { echo "installing the carried wheels failed" >&2; exit 1; }
-  export PYTHONPATH=/tmp/strata-site${PYTHONPATH:+:$PYTHONPATH}
-fi
+source tools/carried-wheels.sh
 
 # Build for this GPU only, with every core.
 cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d '.')
