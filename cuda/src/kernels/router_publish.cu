@@ -18,7 +18,9 @@ struct FloatRouterRows {
   int cols;
   const float* x;
   __device__ __forceinline__ float partial(int row, int rows, int part, int split, int lane) const {
-    return row < rows ? float_row_partial<T, Vec>(w + static_cast<long>(row) * cols, cols, x, part, split, lane) : 0.0f;
+    if (row >= rows) return 0.0f;
+    return float_row_partial<T, Vec>(w + static_cast<long>(row) * cols, cols, GlobalF32{x}, part * 32 + lane,
+                                     32 * split);
   }
 };
 
@@ -35,8 +37,8 @@ struct QuantRouterRows {
   const std::int32_t* sums;
   __device__ __forceinline__ float partial(int row, int rows, int part, int split, int lane) const {
     const bool live = row < rows;
-    return quant_row_partial<S>(planes, live ? row : rows - 1, live, cols, code_bias, book, xq, dx, sums, part,
-                                split, lane);
+    return quant_row_partial<S>(planes, live ? row : rows - 1, live, cols, code_bias, book, GlobalQ8{xq, dx, sums},
+                                part * 32 + lane, 32 * split);
   }
 };
 

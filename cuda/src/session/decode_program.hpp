@@ -53,6 +53,7 @@ struct DecodeScratch {
   float *cos_ = nullptr, *sin_ = nullptr, *ones_ = nullptr;
   float *x_ = nullptr, *y_ = nullptr, *normed_ = nullptr, *down_ = nullptr, *up_ = nullptr, *inject_ = nullptr;
   float *inj_attn_ = nullptr, *inj_ffn_ = nullptr;
+  float* hc_rms_ = nullptr;  // [hc] the streams' inverse RMS, from the fused read's first launch to its second
   float *qkvz_ = nullptr, *beta_ = nullptr, *alpha_ = nullptr, *conv_out_ = nullptr, *core_ = nullptr;
   float *qg_ = nullptr, *k_ = nullptr, *v_ = nullptr, *q_ = nullptr, *attn_ = nullptr, *iq_ = nullptr, *ik_ = nullptr;
   float* scores_ = nullptr;
@@ -123,7 +124,10 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
   const kernels::Logprobs* logprobs() const noexcept { return logprobs_; }
 
  private:
-  void hc_read(const HcTensors& t, float* x, float* inj, cudaStream_t s) const;
+  // x and inj (null: the final mixer) from the streams, and x's q8_32 form in q8_ where one of `readers` reads it
+  // (q8_for): the fused read (kernels/hc_read.cuh) writes it beside x; the eight-kernel chain it falls back to for
+  // a form or shape the fusion lacks quantizes x after.
+  void hc_read(const HcTensors& t, float* x, float* inj, const Products& readers, cudaStream_t s) const;
   void add_to_streams(const float* inj, const float* y, int streams, int width, cudaStream_t s) const;
   // The products of the mixer's input x_ in layer `layer`; the mixers start with x_'s q8_32 form in q8_ where one of
   // them reads it (q8_for), and end with the mixer's output y_.
