@@ -13,6 +13,7 @@
 #include "../kernels/hc_read.cuh"
 #include "../kernels/norm.cuh"
 #include "../kernels/quantize.cuh"
+#include "../session/projection.hpp"
 #include "kernel_check_support.hpp"
 #include "strata/device_weights.hpp"
 #include "strata/check/kernel_check.hpp"
@@ -86,8 +87,6 @@ long read_weights(int streams, int n, const HostTensor& down, const HostTensor& 
   return rank;
 }
 
-kernels::HcWeight hc_weight(const DeviceTensor& t) { return {t.is_float, t.float_kind, t.data, t.form, t.planes}; }
-
 }  // namespace
 
 void hc_read(int device, const float* h, const float* norm, int streams, int n, float eps, const HostTensor& down,
@@ -134,9 +133,10 @@ void hc_read_fused(int device, const float* h, const float* norm, int streams, i
   DeviceScope scope(device);
   const DeviceWeights weights(device, host);
   const kernels::HcReadShape shape{streams, n, rank, eps};
-  const kernels::HcWeight w_down = hc_weight(weights.get(down.name)), w_up = hc_weight(weights.get(up.name));
-  const kernels::HcWeight w_inject = inject ? hc_weight(weights.get(inject->name)) : kernels::HcWeight{};
-  const kernels::HcWeight* p_inject = inject ? &w_inject : nullptr;
+  const kernels::WeightMatrix w_down = weight_matrix(weights.get(down.name));
+  const kernels::WeightMatrix w_up = weight_matrix(weights.get(up.name));
+  const kernels::WeightMatrix w_inject = inject ? weight_matrix(weights.get(inject->name)) : kernels::WeightMatrix{};
+  const kernels::WeightMatrix* p_inject = inject ? &w_inject : nullptr;
   STRATA_EXPECTS(kernels::hc_read_fusable(shape, w_down, w_up, p_inject), InvalidArgument,
                  "hc_read_fused: the fused read takes no " + std::to_string(streams) + " x " + std::to_string(n) +
                      " streams of rank " + std::to_string(rank) + " with these forms of " + down.name + ", " +

@@ -41,12 +41,12 @@ struct Matrix {
   ValueTable book = {};
 };
 
-Matrix matrix(const HcWeight& w) {
+Matrix matrix(const WeightMatrix& w) {
   return {w.data, w.planes, w.form.code_bias, value_table(w.is_float ? nullptr : codebook_values(w.form.codebook))};
 }
 
 // Shared-memory bytes of an activation of `cols` floats as rows of the weight's form read it.
-std::size_t staged_bytes(const HcWeight& w, int cols) {
+std::size_t staged_bytes(const WeightMatrix& w, int cols) {
   return w.is_float ? sizeof(float) * cols : cols + (sizeof(float) + sizeof(std::int32_t)) * (cols / kCodeBlock);
 }
 
@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(kThreads) hc_read_up_mix_kernel(UpArgs a) {
 
 // Calls launch(F{}) for the form F of `w`; false where the GEMVs read no such form.
 template <class Launch>
-bool visit_form(const HcWeight& w, Launch&& launch) {
+bool visit_form(const WeightMatrix& w, Launch&& launch) {
   if (w.is_float) {
     auto wide = [&](auto element) {
       using T = decltype(element);
@@ -273,7 +273,7 @@ bool visit_form(const HcWeight& w, Launch&& launch) {
 }
 
 // A weight of `cols` columns the kernels take: a known form, aligned planes, an activation that fits.
-bool weight_fits(const HcWeight& w, int cols) {
+bool weight_fits(const WeightMatrix& w, int cols) {
   if (w.is_float) {
     const bool known = w.kind == FloatKind::F32 || w.kind == FloatKind::F16 || w.kind == FloatKind::BF16;
     return known && reinterpret_cast<std::uintptr_t>(w.data) % 16 == 0 && staged_bytes(w, cols) <= kHcStagedBytes;
@@ -288,7 +288,7 @@ bool shape_fits(const HcReadShape& s) {
          s.n % kCodeBlock == 0 && s.rank > 0 && s.rank % kCodeBlock == 0 && s.eps >= 0.0f;
 }
 
-bool same_form(const HcWeight& a, const HcWeight& b) {
+bool same_form(const WeightMatrix& a, const WeightMatrix& b) {
   if (a.is_float || b.is_float) return a.is_float == b.is_float && a.kind == b.kind;
   const QuantForm &f = a.form, &g = b.form;
   return f.code_bits == g.code_bits && f.code_bias == g.code_bias && f.codebook == g.codebook &&
@@ -297,7 +297,7 @@ bool same_form(const HcWeight& a, const HcWeight& b) {
 }
 
 // One hc_read_down launch over args' parts, all of `w`'s form.
-cudaError_t launch_down(const HcWeight& w, DownArgs args, cudaStream_t stream) {
+cudaError_t launch_down(const WeightMatrix& w, DownArgs args, cudaStream_t stream) {
   const int rows = args.part[0].rows + args.part[1].rows;
   const unsigned grid = static_cast<unsigned>((rows + kDownRows - 1) / kDownRows);
   const std::size_t bytes = staged_bytes(w, args.hc * args.n);
@@ -307,14 +307,15 @@ cudaError_t launch_down(const HcWeight& w, DownArgs args, cudaStream_t stream) {
 
 }  // namespace
 
-bool hc_read_fusable(const HcReadShape& shape, const HcWeight& down, const HcWeight& up, const HcWeight* inject) {
+bool hc_read_fusable(const HcReadShape& shape, const WeightMatrix& down, const WeightMatrix& up,
+                     const WeightMatrix* inject) {
   if (!shape_fits(shape)) return false;
   const int width = shape.streams * shape.n;
   return weight_fits(down, width) && weight_fits(up, shape.rank) && (!inject || weight_fits(*inject, width));
 }
 
-cudaError_t hc_read_down(const HcReadShape& shape, const float* streams, const float* norm, const HcWeight& down,
-                         const HcWeight* inject, float* low, float* inj, float* rms, cudaStream_t stream) {
+cudaError_t hc_read_down(const HcReadShape& shape, const float* streams, const float* norm, const WeightMatrix& down,
+                         const WeightMatrix* inject, float* low, float* inj, float* rms, cudaStream_t stream) {
   const int width = shape.streams * shape.n;
   if (!shape_fits(shape) || !weight_fits(down, width) || (inject && (!inj || !weight_fits(*inject, width))))
     return cudaErrorInvalidValue;
@@ -334,7 +335,7 @@ cudaError_t hc_read_down(const HcReadShape& shape, const float* streams, const f
 }
 
 cudaError_t hc_read_up_mix(const HcReadShape& shape, const float* streams, const float* norm, const float* rms,
-                           const float* low, const HcWeight& up, float* x, const Q8Blocks& x_q8,
+                           const float* low, const WeightMatrix& up, float* x, const Q8Blocks& x_q8,
                            cudaStream_t stream) {
   if (!shape_fits(shape) || !weight_fits(up, shape.rank)) return cudaErrorInvalidValue;
   const UpArgs args{streams, norm, rms, low, shape.streams, shape.n, shape.rank, matrix(up), x, x_q8};

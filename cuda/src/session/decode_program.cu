@@ -48,8 +48,6 @@ kernels::EmbedTable embed_table(const DeviceTensor& t) {
   return table;
 }
 
-kernels::HcWeight hc_weight(const DeviceTensor& t) { return {t.is_float, t.float_kind, t.data, t.form, t.planes}; }
-
 // The decode scratch of `g` for a context of `context` tokens, carved out of `c` into `s`: the one definition the
 // allocation and the memory plan (DecodeProgram::scratch_bytes) both read. `sample_bytes`: the sampler's.
 void carve_scratch(Carver& c, const ModelGeometry& g, int context, std::size_t sample_bytes, DecodeScratch& s) {
@@ -225,9 +223,9 @@ void DecodeProgram::add_to_streams(const float* inj, const float* y, int streams
 void DecodeProgram::hc_read(const HcTensors& t, float* x, float* inj, const Products& readers, cudaStream_t s) const {
   const int hc = g_.hc_count, n = g_.n_embd;
   const kernels::HcReadShape shape{hc, n, g_.hc_rank, g_.rms_eps};
-  const kernels::HcWeight down = hc_weight(*t.down), up = hc_weight(*t.up);
-  const kernels::HcWeight inject = inj ? hc_weight(*t.inject) : kernels::HcWeight{};
-  const kernels::HcWeight* p_inject = inj ? &inject : nullptr;
+  const kernels::WeightMatrix down = weight_matrix(*t.down), up = weight_matrix(*t.up);
+  const kernels::WeightMatrix inject = inj ? weight_matrix(*t.inject) : kernels::WeightMatrix{};
+  const kernels::WeightMatrix* p_inject = inj ? &inject : nullptr;
   if (kernels::hc_read_fusable(shape, down, up, p_inject)) {
     STRATA_CUDA_TRY(kernels::hc_read_down(shape, seq_.streams, t.norm, down, p_inject, down_, inj, hc_rms_, s));
     STRATA_CUDA_TRY(kernels::hc_read_up_mix(shape, seq_.streams, t.norm, hc_rms_, down_, up, x, q8_for(readers, q8_),
