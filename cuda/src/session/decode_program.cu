@@ -8,6 +8,7 @@
 #include "../kernels/embed.cuh"
 #include "../kernels/gdn.cuh"
 #include "../kernels/hc.cuh"
+#include "../kernels/hc_read.cuh"
 #include "../kernels/moe.cuh"
 #include "../kernels/norm.cuh"
 #include "../kernels/ple.cuh"
@@ -84,6 +85,7 @@ void carve_scratch(Carver& c, const ModelGeometry& g, int context, std::size_t s
   s.down_ = c.take<float>(g.hc_rank);
   s.up_ = c.take<float>(width);
   s.inject_ = c.take<float>(hc);
+  s.hc_rms_ = c.take<float>(hc);
   s.inj_attn_ = c.take<float>(hc);
   s.inj_ffn_ = c.take<float>(2 * hc);
   s.deferred_ = c.take<float>(n);
@@ -221,8 +223,19 @@ void DecodeProgram::add_to_streams(const float* inj, const float* y, int streams
   STRATA_CUDA_TRY(kernels::hc_write(seq_.streams, inj, 0, y, 1, streams, width, s));
 }
 
-void DecodeProgram::hc_read(const HcTensors& t, float* x, float* inj, cudaStream_t s) const {
+void DecodeProgram::hc_read(const HcTensors& t, float* x, float* inj, const Products& readers, cudaStream_t s) const {
   const int hc = g_.hc_count, n = g_.n_embd;
+  const kernels::HcReadShape shape{hc, n, g_.hc_rank, g_.rms_eps};
+  const kernels::WeightMatrix down = weight_matrix(*t.down), up = weight_matrix(*t.up);
+  const kernels::WeightMatrix inject = inj ? weight_matrix(*t.inject) : kernels::WeightMatrix{};
+  const kernels::WeightMatrix* p_inject = inj ? &inject : nullptr;
+  if (kernels::hc_read_fusable(shape, down, up, p_inject)) {
+    STRATA_CUDA_TRY(kernels::hc_read_down(shape, seq_.streams, t.norm, down, p_inject, down_, inj, hc_rms_, s));
+    STRATA_CUDA_TRY(kernels::hc_read_up_mix(shape, seq_.streams, t.norm, hc_rms_, down_, up, x, q8_for(readers, q8_),
+                                            s));
+    return;
+  }
+  // The eight-kernel chain, for the shapes and forms the fused read lacks (hc_read.cuh, hc_read_fusable).
   const float inv_hc = 1.0f / static_cast<float>(hc);
   STRATA_CUDA_TRY(kernels::rms_norm_grouped(seq_.streams, t.norm, normed_, 1, hc, n, g_.rms_eps, s));
   if (inj) {
@@ -234,6 +247,7 @@ void DecodeProgram::hc_read(const HcTensors& t, float* x, float* inj, cudaStream
   project(down_, {{t.up, up_}}, q8_, s);
   STRATA_CUDA_TRY(kernels::hc_mix(up_, normed_, x, 1, hc, n, s));
   if (inj) STRATA_CUDA_TRY(kernels::scaled_activation(inject_, inj, hc, kernels::Activation::Sigmoid, inv_hc, 2.0f, s));
+  quantize_for(x, readers, q8_, s);
 }
 
 void DecodeProgram::ple(int layer, cudaStream_t s) const {
@@ -342,12 +356,10 @@ void DecodeProgram::pre(int layer, cudaStream_t s) const {
   const bool hc = g_.hc_count > 0;
   const int n = g_.n_embd;
   if (layer == g_.ple_layer) ple(layer, s);
-  // x_ reaches its readers with its q8_32 form in q8_ where they read one: the plain norm writes it beside x_;
-  // hc_read writes x_ alone, so a quantize follows it.
+  // x_ reaches its readers with its q8_32 form in q8_ where they read one: the plain norm and hc_read write it.
   const Products mixer_in = mixer_inputs(layer);
   if (hc) {
-    hc_read(t.hc_attn, x_, inj_attn_, s);
-    quantize_for(x_, mixer_in, q8_, s);
+    hc_read(t.hc_attn, x_, inj_attn_, mixer_in, s);
   } else {
     STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t.attn_norm, x_, 1, n, g_.rms_eps, s, q8_for(mixer_in, q8_)));
   }
@@ -357,7 +369,7 @@ void DecodeProgram::pre(int layer, cudaStream_t s) const {
   const Products ffn_in{{t.router, router_logits_}, {t.shared_gate, sh_g_}, {t.shared_up, sh_u_}};
   if (hc) {
     add_to_streams(inj_attn_, y_, g_.hc_count, n, s);
-    hc_read(t.hc_ffn, x_, ffn_injection(layer), s);
+    hc_read(t.hc_ffn, x_, ffn_injection(layer), ffn_in, s);
   } else {
     add_to_streams(ones_, y_, 1, n, s);
     STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t.post_attention_norm, x_, 1, n, g_.rms_eps, s,
@@ -373,10 +385,9 @@ void DecodeProgram::pre(int layer, cudaStream_t s) const {
   publish.bell = io_.bell;
   publish.ring_base = io_.ring_base;
   publish.ring_offset = layer + 1;
-  // Without hyper-connections the norm wrote x's q8_32 form for every reader of it (ffn_in); after hc_read a
-  // quantized router quantizes x itself, and the shared expert's quantize waits until after the publish.
-  route_and_publish(*t.router, x_, q8_, g_.n_expert_used, route, publish, s, /*q8_ready=*/!hc);
-  if (hc && !reads_q8(*t.router)) quantize_for(x_, shared_in, q8_, s);
+  // The norm or hc_read wrote x's q8_32 form for every reader of it (ffn_in): the router and the shared expert
+  // take it as it is.
+  route_and_publish(*t.router, x_, q8_, g_.n_expert_used, route, publish, s, /*q8_ready=*/true);
   project_quantized(x_, shared_in, q8_, s, &branches_);
   const Products shared_out{{t.shared_down, shared_}};
   STRATA_CUDA_TRY(kernels::swiglu(sh_g_, sh_u_, sh_h_, g_.shared_ff, s, q8_for(shared_out, q8_)));
@@ -439,8 +450,7 @@ void DecodeProgram::end_prompt(Sampler sampler, cudaStream_t s) const {
 void DecodeProgram::end(Sampler sampler, cudaStream_t s) const {
   const Products head{{t_.head, logits_}};
   if (g_.hc_count > 0) {
-    hc_read(t_.output_hc, x_, nullptr, s);
-    quantize_for(x_, head, q8_, s);
+    hc_read(t_.output_hc, x_, nullptr, head, s);
   } else {
     STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t_.output_norm, x_, 1, g_.n_embd, g_.rms_eps, s,
                                       q8_for(head, q8_)));

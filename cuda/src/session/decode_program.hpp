@@ -56,6 +56,7 @@ struct DecodeScratch {
   float *x_ = nullptr, *y_ = nullptr, *normed_ = nullptr, *down_ = nullptr, *up_ = nullptr, *inject_ = nullptr;
   float *inj_attn_ = nullptr, *inj_ffn_ = nullptr;  // inj_ffn_: [2][hc], by layer parity (ffn_injection)
   float* deferred_ = nullptr;  // [n] the layer before's deferred experts, as the host answered them
+  float* hc_rms_ = nullptr;    // [hc] the streams' inverse RMS, from the fused read's first launch to its second
   float *qkvz_ = nullptr, *beta_ = nullptr, *alpha_ = nullptr, *conv_out_ = nullptr, *core_ = nullptr;
   float *qg_ = nullptr, *k_ = nullptr, *v_ = nullptr, *q_ = nullptr, *attn_ = nullptr, *iq_ = nullptr, *ik_ = nullptr;
   float* scores_ = nullptr;
@@ -131,7 +132,10 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
   const kernels::Logprobs* logprobs() const noexcept { return logprobs_; }
 
  private:
-  void hc_read(const HcTensors& t, float* x, float* inj, cudaStream_t s) const;
+  // x and inj (null: the final mixer) from the streams, and x's q8_32 form in q8_ where one of `readers` reads it
+  // (q8_for): the fused read (kernels/hc_read.cuh) writes it beside x; the eight-kernel chain it falls back to for
+  // a form or shape the fusion lacks quantizes x after.
+  void hc_read(const HcTensors& t, float* x, float* inj, const Products& readers, cudaStream_t s) const;
   void add_to_streams(const float* inj, const float* y, int streams, int width, cudaStream_t s) const;
   // Layer `layer`'s FFN injection weights: kept per parity so that post(l + 1) still has layer l's for its
   // deferred row after pre(l + 1) wrote its own.
