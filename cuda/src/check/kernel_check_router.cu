@@ -72,8 +72,9 @@ void route_publish(int device, const HostTensor& router, const float* x, int rep
   const Q8Scratch q8{d_xq.as<std::int8_t>(), d_dx.as<float>(), d_sums.as<std::int32_t>()};
   const DeviceTensor& w = weights.get(router.name);
   Stream stream;
-  // The decode step's own call (projection.hpp), q8_32 of x included for a quantized router.
+  // The decode step's own calls (projection.hpp): q8_32 of x where the router reads it, then the router.
   const CapturedGraph graph(stream.get(), [&](cudaStream_t s) {
+    quantize_for(d_x.as<float>(), {{&w, d_logits.data<float>()}}, q8, s);
     route_and_publish(w, d_x.as<float>(), q8, k, targets, publish, s);
   });
   STRATA_CUDA_TRY(cudaDeviceSynchronize());  // uploads and poisoning (legacy stream) done before the first replay

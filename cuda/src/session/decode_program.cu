@@ -387,7 +387,7 @@ void DecodeProgram::pre(int layer, cudaStream_t s) const {
   publish.ring_offset = layer + 1;
   // The norm or hc_read wrote x's q8_32 form for every reader of it (ffn_in): the router and the shared expert
   // take it as it is.
-  route_and_publish(*t.router, x_, q8_, g_.n_expert_used, route, publish, s, /*q8_ready=*/true);
+  route_and_publish(*t.router, x_, q8_, g_.n_expert_used, route, publish, s);
   project_quantized(x_, shared_in, q8_, s, &branches_);
   const Products shared_out{{t.shared_down, shared_}};
   STRATA_CUDA_TRY(kernels::swiglu(sh_g_, sh_u_, sh_h_, g_.shared_ff, s, q8_for(shared_out, q8_)));

@@ -60,9 +60,7 @@ void project_batch(const DeviceTensor& stack, const kernels::MatrixBatch& batch,
 }
 
 void route_and_publish(const DeviceTensor& router, const float* x, const Q8Scratch& q8, int k,
-                       const kernels::RouteTargets& out, const kernels::RoutePublish& publish, cudaStream_t stream,
-                       bool q8_ready) {
-  if (reads_q8(router) && !q8_ready) quantize(x, router.cols, q8, stream);
+                       const kernels::RouteTargets& out, const kernels::RoutePublish& publish, cudaStream_t stream) {
   const kernels::RouterMatrix w{weight_matrix(router), static_cast<int>(router.rows), static_cast<int>(router.cols)};
   const kernels::RouterInput input{x, q8.xq, q8.dx, q8.sums};
   STRATA_CUDA_TRY(kernels::route_publish(w, input, k, out, publish, stream));

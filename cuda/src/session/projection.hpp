@@ -108,13 +108,12 @@ void project_quantized(const float* x, const Products& products, const Q8Scratch
 // Enqueues q8 = q8_32(x) over n floats (n a multiple of 32; rows of a batch may follow one another).
 void quantize(const float* x, long n, const Q8Scratch& q8, cudaStream_t stream);
 
-// Enqueues the decode step's router (kernels/router_publish.cuh) of `router` [n_expert][n] on x [n]: q8 =
-// q8_32(x) first for a quantized router unless `q8_ready` (x's producer wrote it), so q8 holds it after; then
-// the one launch of the GEMV, the top k, out's cache slots and, with publish.ring, the doorbell's publish.
-// Throws CudaError.
+// Enqueues the decode step's router (kernels/router_publish.cuh) of `router` [n_expert][n] on x [n], where q8
+// holds q8_32(x) if the router reads it (as for project_quantized: x's producer or quantize_for wrote it): the
+// one launch of the GEMV, the top k, out's cache slots and, with publish.ring, the doorbell's publish. Throws
+// CudaError.
 void route_and_publish(const DeviceTensor& router, const float* x, const Q8Scratch& q8, int k,
-                       const kernels::RouteTargets& out, const kernels::RoutePublish& publish, cudaStream_t stream,
-                       bool q8_ready = false);
+                       const kernels::RouteTargets& out, const kernels::RoutePublish& publish, cudaStream_t stream);
 // Enqueues q8 = q8_32(x) when one of `readers` reads it (what project() does before its products), for an x
 // whose producer does not write its q8_32 form.
 void quantize_for(const float* x, const Products& readers, const Q8Scratch& q8, cudaStream_t stream);

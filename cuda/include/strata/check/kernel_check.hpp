@@ -118,11 +118,11 @@ struct RoutePublishOutputs {
   std::uint32_t* ticket = nullptr;  // one word (not per replay): the CTAs' ticket after the last replay
 };
 
-// The decode step's fused router (kernels/router_publish.cuh) through the decode step's own call
-// (route_and_publish: q8_32 of x first for a quantized router): router [n_expert][n] (float or quantized) on x
-// [replays][n], top k, slots from slot_of [n_expert] (may be null) and, with `ring`, the publish into a doorbell
-// in mapped host memory. Captured once into a CUDA graph and replayed once per row of x, every output and the
-// doorbell poisoned (0xFF bytes) before each replay; replay r rings ring_base + r + 1.
+// The decode step's fused router (kernels/router_publish.cuh) through the decode step's own calls
+// (quantize_for, then route_and_publish: q8_32 of x first for a quantized router): router [n_expert][n] (float or
+// quantized) on x [replays][n], top k, slots from slot_of [n_expert] (may be null) and, with `ring`, the publish
+// into a doorbell in mapped host memory. Captured once into a CUDA graph and replayed once per row of x, every
+// output and the doorbell poisoned (0xFF bytes) before each replay; replay r rings ring_base + r + 1.
 void route_publish(int device, const HostTensor& router, const float* x, int replays, int k,
                    const std::int32_t* slot_of, bool ring, int ring_base, const RoutePublishOutputs& out);
 
