@@ -132,8 +132,8 @@ class TimedFakeSession:
 def test_run_decodes_each_mode_and_writes_json(tiny, tmp_path, capsys):
     opened = []
 
-    def fake_session(context, kv, mode, kv_streaming=False):
-        opened.append((context, kv, mode))
+    def fake_session(context, kv, mode, kv_streaming=False, defer_experts=0):
+        opened.append((context, kv, mode, defer_experts))
         return SimpleNamespace(engine=GpuEngine(TimedFakeSession(mode.value)))
 
     g = tiny.geometry
@@ -141,9 +141,9 @@ def test_run_decodes_each_mode_and_writes_json(tiny, tmp_path, capsys):
                             pool=SimpleNamespace(read_bandwidth=lambda nbytes: 30e9), cache_slots=[2] * g.n_layer)
     out = tmp_path / "bench.json"
     result = bench.run(model, model_path="tiny.gguf", modes=Mode.values(), prompt_tokens=4, tokens=8, kv="Q4",
-                       json_path=str(out))
-    assert opened == [(13, KV.Q4, mode) for mode in Mode]
-    assert result["kv"] == "q4"
+                       json_path=str(out), defer_experts=1)
+    assert opened == [(13, KV.Q4, mode, 1) for mode in Mode]
+    assert result["kv"] == "q4" and result["defer_experts"] == 1
     for mode in Mode.values():
         m = result["modes"][mode]
         assert math.isclose(m["ring_wait_seconds"], 1e-4) and math.isclose(m["pool_seconds"], 2e-4)
@@ -154,6 +154,7 @@ def test_run_decodes_each_mode_and_writes_json(tiny, tmp_path, capsys):
     assert json.loads(out.read_text()) == result
     text = capsys.readouterr().out
     assert "machine limit" in text and "measured device copy" in text and "token_graph" in text and "kv q4" in text
+    assert "defer experts 1" in text
 
 
 @pytest.mark.parametrize(("kwargs", "fragment"), [
@@ -165,6 +166,14 @@ def test_run_argument_errors(kwargs, fragment):
     args = {"modes": ["token_graph"], "prompt_tokens": 4, "tokens": 8, **kwargs}
     with pytest.raises(InvalidArgument, match=fragment):
         bench.run(SimpleNamespace(), model_path="m.gguf", **args)
+
+
+def test_run_refuses_a_deferral_beyond_the_routed_experts_before_measuring(tiny):
+    g = tiny.geometry
+    model = SimpleNamespace(info=SimpleNamespace(geometry=g))  # no pool: the refusal comes first
+    with pytest.raises(InvalidArgument, match=rf"defer_experts must be in 0..{g.n_expert_used - 1} "):
+        bench.run(model, model_path="m.gguf", modes=["token_graph"], prompt_tokens=4, tokens=8,
+                  defer_experts=g.n_expert_used)
 
 
 class FakePromptEngine:

@@ -172,6 +172,9 @@ def test_run_and_chat_default_to_the_gpu_engine_with_its_options():
     assert (args.engine, args.context, args.kv, args.mode) == ("reference", 64, "bf16", "uncaptured")
     for kv in ("bf16", "int8", "k8v4", "q4"):
         assert cli.parse_args(["chat", "m.gguf", "--kv", kv]).kv == kv
+    for command in (["run", "m.gguf", "-p", "x"], ["chat", "m.gguf"], ["serve", "m.gguf"], ["bench"]):
+        assert cli.parse_args(command).defer_experts == 0  # off unless asked: the exact path
+        assert cli.parse_args([*command, "--defer-experts", "3"]).defer_experts == 3
 
 
 @pytest.fixture
@@ -272,6 +275,15 @@ def test_the_context_is_checked_the_same_way_on_both_engines(tiny_model, capsys)
         assert cli.main(["run", str(tiny_model), "-p", "x", "--context", "5000", "--engine", engine]) == 1
         err = capsys.readouterr().err
         assert "context 5000 is outside 1..4096 (the model's context_length)" in err, (engine, err)
+
+
+def test_expert_deferral_runs_on_the_reference_and_is_refused_past_the_routed_experts(tiny_model, capsys):
+    assert cli.main(["run", str(tiny_model), "-p", "hello", "-n", "3", "--engine", "reference",
+                     "--defer-experts", "1"]) == 0
+    assert capsys.readouterr().out
+    assert cli.main(["run", str(tiny_model), "-p", "x", "--engine", "reference", "--defer-experts", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "defer_experts must be in 0..1 (below the 2 routed experts of a token), got 2" in err, err
 
 
 def test_a_closed_pipe_is_one_line(tiny_model, monkeypatch, capsys):

@@ -1,6 +1,8 @@
 """The decode session on the GPU: every layer composed, checked token by token against the numpy reference
 (activation_quant=True, the same q8_32 activation contract), in all three modes."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,7 @@ from strata.runtime.expert_cache import cache_bytes
 from strata.runtime.model import load
 from strata.runtime.plan import file_tensors
 from strata.reference import Reference
-from strata.runtime.ple_rows import PleRows
+from strata.runtime.ple_rows import NATIVE_ROW_TYPES, PleRows
 from strata.sampling import SamplingParams, log_probabilities, sample
 from strata.runtime.geometry import native_geometry
 from strata.synth import synthesize
@@ -59,9 +61,9 @@ def ple_rows(model):
     return PleRows(model.file, g).rows
 
 
-def session(model, mode, kv="bf16", context=256, snapshots=0, cache=None):
+def session(model, mode, kv="bf16", context=256, snapshots=0, cache=None, ple=None):
     return _native.DecodeSession(model.weights, model.pool.native, native_geometry(model.info.geometry),
-                                 context=context, kv=kv, mode=mode, snapshots=snapshots, cache=cache)
+                                 context=context, kv=kv, mode=mode, snapshots=snapshots, cache=cache, ple=ple)
 
 
 def decode(native, model, prompt, steps, reference=None):
@@ -246,6 +248,57 @@ def forced_logits(native, model, ids):
         native.step(int(t), ple(int(t)), GREEDY, 0.0, sample=False)
         out.append(native.logits())
     return np.array(out)
+
+
+def own_logits(native, ids):
+    """The logits after each of `ids` fed one by one to a session that gathers its PLE rows itself."""
+    out = []
+    for t in ids:
+        native.step(int(t), None, GREEDY, 0.0, sample=False)
+        out.append(native.logits())
+    return np.array(out)
+
+
+@pytest.mark.parametrize("held", ["none", "below the PLE layer", "all"])
+def test_the_sessions_own_ple_gather_gives_the_callers_logits_bit_for_bit(loaded, held, rng):
+    """The session's own gather (after the launch where a layer below the PLE layer rings, copied up at the PLE
+    layer; before the launch where the cache holds every layer below whole) against rows passed in, in every
+    mode; reset and a restored snapshot bring its n-gram state back with the session's."""
+    name, model = loaded
+    g = model.info.geometry
+    if not g.ple_layers:
+        pytest.skip(f"{name} has no PLE layer")
+    cache = None
+    if held != "none":
+        whole = g.n_layer if held == "all" else g.ple_layers[0]
+        cache = _native.ExpertCache(model.pool.native, [g.n_expert] * whole + [0] * (g.n_layer - whole), 0, None,
+                                    host_weights=model.pool.host_weights())
+        for layer in range(whole):
+            cache.hold(layer, rng.permutation(g.n_expert))
+    ids = [int(t) for t in rng.integers(0, g.n_vocab, 14)]
+    ids[4] = ids[5] = g.ple_eos  # two EOS in a row cut the n-gram context
+    for mode in Mode:
+        want = forced_logits(session(model, mode, cache=cache), model, ids)
+        gather = PleRows(model.file, g).native()
+        assert gather is not None, name  # the synth tables are f32 or q8_0
+        own = session(model, mode, snapshots=1, cache=cache, ple=gather)
+        got = own_logits(own, ids[:8])
+        own.snapshot(0)
+        own_logits(own, ids[:6])  # a detour the restore forgets
+        own.restore(0)
+        got = np.concatenate([got, own_logits(own, ids[8:])])
+        assert np.array_equal(got, want), (name, held, mode)
+        assert own.stats()["ple_seconds"] > 0.0
+        own.reset()
+        assert np.array_equal(own_logits(own, ids), want), (name, held, mode)
+        with pytest.raises(InvalidArgument, match="gathers the PLE rows itself"):
+            own.step(1, PleRows(model.file, g).rows(1), GREEDY, 0.0)
+    rows, shape = PleRows(model.file, g), g.ple
+    two_heads = dataclasses.replace(shape, heads_per_ngram=1, head_sizes=shape.head_sizes[:2],
+                                    head_offsets=shape.head_offsets[:2])
+    narrow = _native.PleGather(rows.table, NATIVE_ROW_TYPES[rows.ggml_type], two_heads)
+    with pytest.raises(InvalidArgument, match=f"the PLE gather reads 2 rows of {shape.head_dim} values per token"):
+        session(model, Mode.UNCAPTURED, ple=narrow)
 
 
 @pytest.mark.parametrize("share", [1.0, 0.5])

@@ -11,6 +11,7 @@ import gguf
 import numpy as np
 import pytest
 
+from ple_tables import ids_with_eos, table_file
 from strata import _native
 from strata.devices import Device
 from strata.errors import FormatError, InvalidArgument, OutOfMemory, StrataError
@@ -34,10 +35,11 @@ class FakeDecodeSession:
 
     def __init__(self, weights=None, pool=None, geometry=None, *, context=64, kv=KV.INT8, mode=Mode.TOKEN_GRAPH,
                  device=0, timeout=5.0, snapshots=0, cache=None, prompt_chunk=0, staging=None, prompt_cpu=True,
-                 kv_streaming=False, n_vocab=512):
+                 kv_streaming=False, defer_experts=0, ple=None, n_vocab=512):
         self.args = dict(weights=weights, pool=pool, geometry=geometry, context=context, kv=kv, mode=mode,
                          device=device, timeout=timeout, snapshots=snapshots, cache=cache, prompt_chunk=prompt_chunk,
-                         staging=staging, prompt_cpu=prompt_cpu, kv_streaming=kv_streaming)
+                         staging=staging, prompt_cpu=prompt_cpu, kv_streaming=kv_streaming,
+                         defer_experts=defer_experts, ple=ple)
         self.saved: dict[int, int] = {}
         self.context, self.mode, self.position, self.n_vocab = context, mode, 0, n_vocab
         self.prompt_chunk = prompt_chunk
@@ -86,22 +88,6 @@ def _reference_rows(table: np.ndarray, shape, ids: list[int]) -> np.ndarray:
     return table[ngram_rows(ctx, shape)]
 
 
-def _table_file(g, ggml_type: T, rng: np.random.Generator):
-    """A stand-in ModelFile holding only the n-gram table of `g` in `ggml_type`, and its float values."""
-    values = rng.standard_normal((g.ple_rows, g.ple_head_dim), dtype=np.float32)
-    encoded = gguf.quants.quantize(values, ggml_type)
-    floats = gguf.quants.dequantize(encoded, ggml_type).reshape(g.ple_rows, g.ple_head_dim)
-    raw = np.ascontiguousarray(encoded).view(np.uint8).reshape(-1)  # the file's bytes
-    info = SimpleNamespace(ne=(g.ple_head_dim, g.ple_rows), ggml_type=ggml_type, nbytes=raw.nbytes)
-    return SimpleNamespace(path="table.gguf", tensors={TABLE: info}, raw=lambda name: raw), floats
-
-
-def _ids_with_eos(g, rng: np.random.Generator, n: int = 12) -> list[int]:
-    ids = [int(t) for t in rng.integers(0, g.n_vocab, n)]
-    ids[3] = ids[7] = ids[8] = g.ple_eos  # an EOS alone and two in a row: both cut the n-gram context
-    return ids
-
-
 @pytest.fixture(scope="module")
 def tiny_qwen4exp(tmp_path_factory):
     path = tmp_path_factory.mktemp("engine") / "tiny.gguf"
@@ -114,7 +100,7 @@ def test_ple_rows_match_the_reference_hash_on_a_synth_file(tiny_qwen4exp, rng):
     from strata.reference.weights import FileWeights
 
     g = tiny_qwen4exp.geometry
-    ids = _ids_with_eos(g, rng)
+    ids = ids_with_eos(g, rng)
     table = FileWeights(tiny_qwen4exp).get(TABLE)
     expected = _reference_rows(table, g.ple, ids)
     rows = PleRows(tiny_qwen4exp, g)
@@ -131,8 +117,8 @@ def test_ple_rows_match_the_reference_hash_on_a_synth_file(tiny_qwen4exp, rng):
 def test_ple_rows_dequantize_any_table_type(ggml_type, rng):
     g = presets.geometry("qwen4exp", "tiny")
     g = dataclasses.replace(g, ple_head_dim=32)  # rows of whole 32-element blocks
-    file, floats = _table_file(g, ggml_type, rng)
-    ids = _ids_with_eos(g, rng)
+    file, floats = table_file(g, ggml_type, rng)
+    ids = ids_with_eos(g, rng)
     expected = _reference_rows(floats, g.ple, ids)
     rows = PleRows(file, g)
     got = np.stack([rows.rows(t) for t in ids])
@@ -143,7 +129,7 @@ def test_ple_rows_dequantize_any_table_type(ggml_type, rng):
 
 def test_ple_rows_refuses_a_table_of_the_wrong_width(rng):
     g = presets.geometry("qwen4exp", "tiny")
-    file, _ = _table_file(dataclasses.replace(g, ple_head_dim=32), T.F32, rng)
+    file, _ = table_file(dataclasses.replace(g, ple_head_dim=32), T.F32, rng)
     with pytest.raises(FormatError, match="per_layer_token_embd.weight: ne"):
         PleRows(file, g)
 
@@ -153,7 +139,7 @@ def test_feed_samples_only_on_the_last_id_and_passes_ple_rows(tiny_qwen4exp, rng
     native = FakeDecodeSession()
     engine = GpuEngine(native, PleRows(tiny_qwen4exp, g))
     params = SamplingParams(0.7, 40, 0.9, 0.05, 1.1)
-    prompt = _ids_with_eos(g, rng)[:6]
+    prompt = ids_with_eos(g, rng)[:6]
     u = float(rng.random())
     token = engine.feed(prompt, params, u, prompt)
     assert token == 6 * 7 and engine.position == 6
@@ -171,7 +157,7 @@ def test_long_feeds_take_the_prompt_path_with_every_tokens_ple_rows(tiny_qwen4ex
     g = tiny_qwen4exp.geometry
     native = FakeDecodeSession(context=256, prompt_chunk=16)
     engine = GpuEngine(native, PleRows(tiny_qwen4exp, g))
-    prompt = (_ids_with_eos(g, rng) * 8)[:PROMPT_MIN_TOKENS + 5]
+    prompt = (ids_with_eos(g, rng) * 8)[:PROMPT_MIN_TOKENS + 5]
     token = engine.feed(prompt, SamplingParams(), 0.25, prompt)
     assert token == len(prompt) * 7 % 512 and native.steps == []
     (ids, rows, _, u, sample), = native.feeds
@@ -325,13 +311,16 @@ def test_model_session_builds_a_native_session_with_the_geometry(tiny_qwen4exp, 
     assert native.args["context"] == min(g.context_length, 4096) and native.args["kv"] is KV.INT8
     assert native.args["mode"] is Mode.TOKEN_GRAPH and native.args["pool"] == "pool-native"
     assert native.args["geometry"]["ple_layer"] == g.ple_layers[0]
-    assert session.engine.ple is not None
+    assert isinstance(native.args["ple"], _native.PleGather)  # the tiny table is f32: the session gathers its rows
+    assert session.engine.ple is None
     assert native.args["snapshots"] == 2 and session.engine.snapshots == 2
     assert native.args["cache"] is None  # the model was loaded without an expert cache
     assert native.args["prompt_chunk"] == 0 and native.args["staging"] is None  # nor a prompt path
-    session = model.session(context=100, kv="bf16", mode="uncaptured", timeout=1.5, snapshots=0)
+    assert native.args["defer_experts"] == 0  # off unless asked: the exact path
+    session = model.session(context=100, kv="bf16", mode="uncaptured", timeout=1.5, snapshots=0, defer_experts=1)
     assert (session.engine.native.args["context"], session.engine.native.args["kv"]) == (100, KV.BF16)
     assert session.engine.native.args["timeout"] == 1.5 and session.engine.native.args["snapshots"] == 0
+    assert session.engine.native.args["defer_experts"] == 1
 
 
 def test_model_session_runs_on_the_models_device(tiny_qwen4exp, fake_gpu):
@@ -348,6 +337,8 @@ def test_model_session_runs_on_the_models_device(tiny_qwen4exp, fake_gpu):
     ({"mode": "graphs"}, "unknown session mode 'graphs'"),
     ({"timeout": 0}, "timeout must be > 0"),
     ({"snapshots": -1}, "snapshots must be in 0..64"),
+    ({"defer_experts": -1}, r"defer_experts must be in 0\.\.\d+ \(below the \d+ routed experts of a token\), got -1"),
+    ({"defer_experts": 99}, r"defer_experts must be in 0\.\.\d+ .* got 99"),
 ])
 def test_model_session_argument_errors(tiny_qwen4exp, fake_gpu, kwargs, fragment):
     with pytest.raises(InvalidArgument, match=fragment):

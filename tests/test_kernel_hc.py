@@ -1,16 +1,19 @@
 """The hyper-connection mixer on the GPU (docs/models/qwen4exp.md §3(a)): the read chained from the
-grouped RMSNorm, q8_32, GEMV and hc kernels, stage by stage and whole against strata.reference.hc.hc_read with
-activation_quant weights; the mix alone and the write-back against hc_write, over rows of tokens in one launch
-(each row the same bits as a launch for that token alone, the decode step's rows = 1)."""
+grouped RMSNorm, q8_32, GEMV and hc kernels, and the same read fused in two launches (hc_read.cuh, the decode
+step's), stage by stage and whole against strata.reference.hc.hc_read with activation_quant weights; the mix
+alone and the write-back against hc_write, over rows of tokens in one launch (each row the same bits as a launch
+for that token alone, the decode step's rows = 1)."""
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 from gguf import quants
+from q8_form import assert_q8_of
 
 import strata
 from strata import _native_check
 from strata.quant import dequantize, matvec, repack
+from strata.quant.activation import quantize_activation
 from strata.reference.hc import hc_read, hc_write
 from strata.reference.ops import grouped_rms_norm, sigmoid, silu
 from strata.reference.weights import Weights
@@ -37,15 +40,16 @@ def weight(ggml_type: T, rows: int, cols: int, gain: float, rng: np.random.Gener
     return repack(raw, ggml_type, (cols, rows))
 
 
-def hc_weights(down_type: T, up_type: T, rng: np.random.Generator) -> dict:
-    # Gains put W_down Hn / 4, W_up lo and W_inj Hn / 4 near 1, where silu and sigmoid are far from flat.
-    return {"down": weight(down_type, RANK, HC * N, 4.0, rng), "up": weight(up_type, HC * N, RANK, 2.0, rng),
-            "inject": weight(down_type, HC, HC * N, 4.0, rng),
-            "norm": (1.0 + 0.1 * rng.standard_normal(HC * N)).astype(np.float32)}
+def hc_weights(down_type: T, up_type: T, rng: np.random.Generator, inject_type: T | None = None,
+               hc: int = HC, n: int = N, rank: int = RANK) -> dict:
+    # Gains put W_down Hn / hc, W_up lo and W_inj Hn / hc near 1, where silu and sigmoid are far from flat.
+    return {"down": weight(down_type, rank, hc * n, hc, rng), "up": weight(up_type, hc * n, rank, 2.0, rng),
+            "inject": weight(inject_type or down_type, hc, hc * n, hc, rng),
+            "norm": (1.0 + 0.1 * rng.standard_normal(hc * n)).astype(np.float32)}
 
 
-def random_streams(rng: np.random.Generator) -> np.ndarray:
-    return (rng.standard_normal((HC, N)) * rng.uniform(0.1, 10, (HC, 1))).astype(np.float32)
+def random_streams(rng: np.random.Generator, hc: int = HC, n: int = N) -> np.ndarray:
+    return (rng.standard_normal((hc, n)) * rng.uniform(0.1, 10, (hc, 1))).astype(np.float32)
 
 
 class CanonicalWeights(Weights):
@@ -113,12 +117,113 @@ def test_hc_read_whole_vs_reference(rng, down_type, up_type):
 
 
 @pytest.mark.gpu
-def test_hc_read_without_inject_is_the_final_mixer(rng):
+@pytest.mark.parametrize("fused", [False, True], ids=["chain", "fused"])
+def test_hc_read_without_inject_is_the_final_mixer(rng, fused):
     w, h = hc_weights(T.Q8_0, T.Q8_0, rng), random_streams(rng)
-    with_inject = _native_check.hc_read(h, w["norm"], w["down"], w["up"], w["inject"], eps=EPS)
-    final = _native_check.hc_read(h, w["norm"], w["down"], w["up"], eps=EPS)
-    assert "inj" not in final
-    assert np.array_equal(final["x"], with_inject["x"]), "the inject GEMV must not change x"
+    read = {"eps": EPS, "fused": fused, "q8": fused}
+    with_inject = _native_check.hc_read(h, w["norm"], w["down"], w["up"], w["inject"], **read)
+    final = _native_check.hc_read(h, w["norm"], w["down"], w["up"], **read)
+    assert "inj" not in final and np.all(np.isfinite(final["x"])), "non-finite x"
+    assert np.array_equal(final["x"].view(np.uint32), with_inject["x"].view(np.uint32)), "inject must not change x"
+    if fused:
+        assert_fused_q8(final)
+
+
+# The fused read: the chain's forms, down and inject of two forms (two launches of hc_read_down), and F16.
+FUSED_FORMS = [(d, u, d) for d, u in FORMS] + [(T.Q8_0, T.Q8_0, T.F32), (T.F16, T.Q4_0, T.BF16)]
+FUSED_IDS = [f"{d.name}-{u.name}-{i.name}" for d, u, i in FUSED_FORMS]
+
+
+def fused_normed(got: dict, h: np.ndarray, norm: np.ndarray) -> np.ndarray:
+    """Hn as the fused kernels compute it from their rms, in the same float32 order ((h * rms) * norm)."""
+    return ((h * got["rms"][:, None]) * norm.reshape(h.shape)).reshape(-1)
+
+
+def assert_fused_q8(got: dict) -> None:
+    """x's q8_32 form as hc_read_up_mix wrote it: quantize_q8_32's and numpy's of the kernel's x, bit for bit."""
+    assert_q8_of(got["x"], got["q8"], "hc_read_up_mix")
+    for part, have, want in zip(("xq", "dx", "sums"), got["q8"], quantize_activation(got["x"])):
+        assert np.array_equal(have.view(np.uint8 if part == "xq" else np.uint32),
+                              want.view(np.uint8 if part == "xq" else np.uint32)), f"{part} differs from numpy's"
+
+
+def assert_fused_stages(got: dict, w: dict, h: np.ndarray) -> None:
+    """Each stage of the fused read against numpy applied to the kernels' own previous stage: every q8_32 input
+    is the same bits as the GPU's, so only float32 scaling and summation order remain, at any size."""
+    hc, n = h.shape
+    want_rms = 1.0 / np.sqrt(np.mean(h.astype(np.float64) ** 2, axis=1) + EPS)
+    # Float32 sums of n squares (positive terms, reduced as a tree across lanes and warps) and rsqrtf's 2 ulp.
+    assert_within(got["rms"], want_rms, 1e-5 * np.max(want_rms), "inverse rms")
+    normed = fused_normed(got, h, w["norm"])
+    want_normed = grouped_rms_norm(h.reshape(1, -1), w["norm"], hc, EPS)[0]
+    assert_within(normed, want_normed, 1e-5 * np.max(np.abs(want_normed)), "Hn from rms")
+    down, down_scale = gemv_reference(w["down"], normed)
+    low = silu(down / hc)
+    assert_within(got["low"], low, 1.1 * GEMV_RTOL * down_scale / hc + 1e-6 * np.max(np.abs(low)), "low-rank silu")
+    up, up_scale = gemv_reference(w["up"], got["low"])
+    mix = sigmoid(up).reshape(hc, n) * normed.reshape(hc, n)
+    x = mix.mean(axis=0)
+    assert_within(got["x"], x, 0.25 * GEMV_RTOL * up_scale * np.max(np.abs(normed)) + 1e-6 * np.max(np.abs(mix)),
+                  "mix")
+    if "inj" in got:
+        inject, inject_scale = gemv_reference(w["inject"], normed)
+        inj = 2 * sigmoid(inject / hc)
+        assert_within(got["inj"], inj, 2 * 0.25 * GEMV_RTOL * inject_scale / hc + 1e-6, "inject")
+    assert_fused_q8(got)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("down_type", "up_type", "inject_type"), FUSED_FORMS, ids=FUSED_IDS)
+def test_hc_read_fused_stage_by_stage(rng, down_type, up_type, inject_type):
+    w, h = hc_weights(down_type, up_type, rng, inject_type), random_streams(rng)
+    got = _native_check.hc_read(h, w["norm"], w["down"], w["up"], w["inject"], eps=EPS, fused=True, q8=True)
+    assert_fused_stages(got, w, h)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("down_type", "up_type", "inject_type"), FUSED_FORMS, ids=FUSED_IDS)
+def test_hc_read_fused_whole_vs_reference(rng, down_type, up_type, inject_type):
+    w, h = hc_weights(down_type, up_type, rng, inject_type), random_streams(rng)
+    got = _native_check.hc_read(h, w["norm"], w["down"], w["up"], w["inject"], eps=EPS, fused=True)
+    want_x, want_inj = hc_read(CanonicalWeights(w), PREFIX, h[None], EPS)
+    floats = (T.F32, T.F16, T.BF16)
+    x_rtol = WHOLE_RTOL_FLOAT if down_type in floats and up_type in floats else WHOLE_RTOL_QUANT
+    inj_rtol = WHOLE_RTOL_FLOAT if inject_type in floats else WHOLE_RTOL_QUANT
+    assert_within(got["x"], want_x[0], x_rtol * np.max(np.abs(want_x)), f"x ({down_type.name})")
+    assert_within(got["inj"], want_inj[0], inj_rtol * 2, f"inj ({inject_type.name})")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("hc", "n", "rank"), [(1, 64, 32), (2, 96, 64), (8, 64, 32), (32, 32, 32)])
+def test_hc_read_fused_other_shapes(rng, hc, n, rank):
+    """Stream counts that split a warp's lanes otherwise and streams shorter than a warp's share of blocks."""
+    w, h = hc_weights(T.Q8_0, T.Q8_0, rng, hc=hc, n=n, rank=rank), random_streams(rng, hc, n)
+    got = _native_check.hc_read(h, w["norm"], w["down"], w["up"], w["inject"], eps=EPS, fused=True, q8=True)
+    assert_fused_stages(got, w, h)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("up_type", [T.Q8_0, T.F32])
+def test_hc_read_fused_without_q8_writes_the_same_x(rng, up_type):
+    """Readers of x that take its floats ask for no q8_32 form (session/projection.hpp, q8_for): x's bits stay."""
+    w, h = hc_weights(T.Q8_0, up_type, rng), random_streams(rng)
+    floats = _native_check.hc_read(h, w["norm"], w["down"], w["up"], w["inject"], eps=EPS, fused=True)
+    with_q8 = _native_check.hc_read(h, w["norm"], w["down"], w["up"], w["inject"], eps=EPS, fused=True, q8=True)
+    assert "q8" not in floats and np.all(np.isfinite(floats["x"])), "non-finite x"
+    for part in ("x", "inj", "low", "rms"):
+        assert np.array_equal(floats[part].view(np.uint32), with_q8[part].view(np.uint32)), f"{part} changed"
+    assert_fused_q8(with_q8)
+
+
+@pytest.mark.gpu
+def test_hc_read_fused_refuses_what_it_lacks(rng):
+    w, h = hc_weights(T.F32, T.F32, rng, hc=3, n=64, rank=32), random_streams(rng, 3, 64)
+    with pytest.raises(strata.InvalidArgument, match="the fused read takes no 3 x 64 streams of rank 32"):
+        _native_check.hc_read(h, w["norm"], w["down"], w["up"], w["inject"], eps=EPS, fused=True)
+    wide = 2 * N  # float32 Hn of 4 x 5120 floats is 80 KB: more than a CTA's shared memory without an opt-in
+    w, h = hc_weights(T.F32, T.F32, rng, n=wide), random_streams(rng, HC, wide)
+    with pytest.raises(strata.InvalidArgument, match="43 KB of shared memory"):
+        _native_check.hc_read(h, w["norm"], w["down"], w["up"], eps=EPS, fused=True)
 
 
 ROWS = [1, 3, 67, 300]  # one token, a few, no multiple of a block or warp, a few hundred
@@ -197,3 +302,7 @@ def test_hc_read_rejects_mismatched_weights_without_a_device(rng):
         _native_check.hc_read(h, w["norm"], w["down"], w["up"], w["down"], eps=EPS)
     with pytest.raises(strata.InvalidArgument, match="of 10240 entries; found 2560"):
         _native_check.hc_read(h, w["norm"][:N], w["down"], w["up"], eps=EPS)
+    with pytest.raises(strata.InvalidArgument, match=r"up weight up is 320 x 10240, expected 10240 x 320"):
+        _native_check.hc_read(h, w["norm"], w["down"], w["down"], eps=EPS, fused=True)
+    with pytest.raises(strata.InvalidArgument, match="from the fused read only"):
+        _native_check.hc_read(h, w["norm"], w["down"], w["up"], eps=EPS, q8=True)

@@ -4,6 +4,7 @@
 from libcpp.memory cimport unique_ptr
 
 from strata._native_forms cimport FloatKind, QuantForm, QuantPlanes
+from strata._native_ple cimport CppPleGather
 from strata._native_pool cimport CppExpertPool, ExpertMatrix, Isa
 from strata._native_session cimport (
     CppDecodeSession, CppExpertCache, CppExpertStaging, DecodeMode, KvStorage, ModelGeometry, SessionLayout,
@@ -34,9 +35,15 @@ cdef class ExpertStaging:
     cdef readonly object pool, host_weights
 
 
+cdef class PleGather:
+    cdef unique_ptr[CppPleGather] gather
+    cdef readonly object table
+    cdef readonly int n_heads, head_dim
+
+
 cdef class DecodeSession:
     cdef unique_ptr[CppDecodeSession] session
-    cdef readonly object weights, pool, cache, staging
+    cdef readonly object weights, pool, cache, staging, ple
     cdef readonly int n_vocab, ple_width
     cdef CppDecodeSession* native(self) except NULL
 

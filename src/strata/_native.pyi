@@ -108,18 +108,30 @@ class ExpertStaging:
     @property
     def device(self) -> int: ...
 
+class PleGather:
+    table: Any
+    n_heads: int
+    head_dim: int
+    def __init__(self, table: npt.NDArray[np.uint8], row_type: str, shape: Any) -> None: ...
+    def rows(self, token: int) -> npt.NDArray[np.float32]: ...
+    def rows_for(self, tokens: Sequence[int] | npt.ArrayLike) -> npt.NDArray[np.float32]: ...
+    def reset(self) -> None: ...
+    previous: npt.NDArray[np.int64]  # the last ngram-1 ids; set from any int sequence of that length
+
 class DecodeSession:
     weights: DeviceWeights
     pool: CpuExpertPool
     cache: ExpertCache | None
     staging: ExpertStaging | None
+    ple: PleGather | None
     n_vocab: int
     ple_width: int
     def __init__(
         self, weights: DeviceWeights, pool: CpuExpertPool, geometry: dict[str, Any], *, context: int,
         kv: KV | str, mode: Mode | str = ..., device: int = 0, timeout: float = 5.0, snapshots: int = 0,
         cache: ExpertCache | None = None, prompt_chunk: int = 0, staging: ExpertStaging | None = None,
-        prompt_cpu: bool = True, kv_streaming: bool = False,
+        prompt_cpu: bool = True, kv_streaming: bool = False, defer_experts: int = 0,
+        ple: PleGather | None = None,
     ) -> None: ...
     def feed(
         self, tokens: Sequence[int] | npt.ArrayLike, ple_rows: npt.ArrayLike | None,

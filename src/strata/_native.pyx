@@ -60,4 +60,5 @@ def self_test(int device) -> float:
 include "_native_forms.pxi"
 include "_native_pool.pxi"
 include "_native_weights.pxi"
+include "_native_ple.pxi"
 include "_native_session.pxi"

@@ -84,10 +84,15 @@ cdef extern from "strata/check/kernel_check.hpp" nogil:
         bint ring, int ring_base, const RoutePublishOutputs& out) except +raise_strata_error
     cdef cppclass HcReadOutputs "strata::kernel_check::HcReadOutputs":
         float* normed
+        float* rms
         float* low
         float* x
         float* inj
+        Q8Host x_q8
     void cpp_hc_read "strata::kernel_check::hc_read"(
+        int device, const float* h, const float* norm, int streams, int n, float eps, const HostTensor& down,
+        const HostTensor& up, const HostTensor* inject, const HcReadOutputs& out) except +raise_strata_error
+    void cpp_hc_read_fused "strata::kernel_check::hc_read_fused"(
         int device, const float* h, const float* norm, int streams, int n, float eps, const HostTensor& down,
         const HostTensor& up, const HostTensor* inject, const HcReadOutputs& out) except +raise_strata_error
     void cpp_hc_mix "strata::kernel_check::hc_mix"(

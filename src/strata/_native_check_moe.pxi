@@ -5,7 +5,7 @@ from libc.stdint cimport int32_t, uint32_t
 
 from strata._native cimport host_tensor
 from strata._native_check_kernels cimport (
-    HcReadOutputs, RoutePublishOutputs, cpp_gather_rows, cpp_hc_mix, cpp_hc_read, cpp_hc_write,
+    HcReadOutputs, RoutePublishOutputs, cpp_gather_rows, cpp_hc_mix, cpp_hc_read, cpp_hc_read_fused, cpp_hc_write,
     cpp_moe_cached_sum, cpp_moe_combine, cpp_moe_route, cpp_moe_weighted_rows, cpp_route_publish,
     cpp_shared_expert_gate, cpp_swiglu,
 )
@@ -207,13 +207,23 @@ def gather_rows(src, index, int device=0):
     return out
 
 
-def hc_read(streams, norm, down, up, inject=None, *, float eps, int device=0) -> dict:
+cdef float* _f32_at(dict result, str key):
+    cdef float[::1] v = result[key]
+    return &v[0]
+
+
+def hc_read(streams, norm, down, up, inject=None, *, float eps, bint fused=False, bint q8=False,
+            int device=0) -> dict:
     """The hyper-connection read of streams H [hc, n] (docs/models/qwen4exp.md §3(a)) on the device.
 
     norm: float32 [hc * n]; down, up, inject: weights as strata.quant holds them (QuantTensor or float array),
-    down [rank, hc*n], up [hc*n, rank], inject [hc, hc*n] or None (the final mixer). Returns the stages:
-    normed [hc * n], low [rank], x [n] and, with inject, inj [hc].
+    down [rank, hc*n], up [hc*n, rank], inject [hc, hc*n] or None (the final mixer). Returns low [rank], x [n]
+    and, with inject, inj [hc]; chained (fused False: the eight kernels) also normed [hc * n]; fused (the decode
+    step's two launches, kernels/hc_read.cuh) also rms [hc] (each stream's inverse RMS) and, with q8, q8: x's
+    q8_32 form as hc_read_up_mix wrote it beside x (xq int8 [n], dx float32 and sums int32 [n / 32]).
     """
+    if q8 and not fused:
+        raise InvalidArgument("hc_read: x's q8_32 form comes from the fused read only (fused=True)")
     cdef const float[:, ::1] hv = _rows_f32(streams, "hc_read (streams)")
     cdef int hc = hv.shape[0], n = hv.shape[1]
     cdef const float[::1] nv = _vector_f32(norm, "hc_read (norm)", hc * n)
@@ -225,21 +235,26 @@ def hc_read(streams, norm, down, up, inject=None, *, float eps, int device=0) ->
     if inject is not None:
         t_inject = host_tensor("inject", inject, keep)
         p_inject = &t_inject
-    result = {"normed": np.empty(hc * n, np.float32), "low": np.empty(t_down.rows, np.float32),
-              "x": np.empty(n, np.float32)}
-    if inject is not None:
-        result["inj"] = np.empty(hc, np.float32)
-    cdef float[::1] normed_v = result["normed"]
-    cdef float[::1] low_v = result["low"]
-    cdef float[::1] x_v = result["x"]
-    cdef float[::1] inj_v = result.get("inj", np.empty(1, np.float32))
+    result = {"low": np.empty(t_down.rows, np.float32), "x": np.empty(n, np.float32), "inj": np.empty(hc, np.float32)}
+    result["rms" if fused else "normed"] = np.empty(hc if fused else hc * n, np.float32)
+    q8_arrays = _q8_arrays(1, n) if q8 else None
     cdef HcReadOutputs out
-    out.normed = &normed_v[0]
-    out.low = &low_v[0]
-    out.x = &x_v[0]
-    out.inj = &inj_v[0]
-    with nogil:
-        cpp_hc_read(device, &hv[0, 0], &nv[0], hc, n, eps, t_down, t_up, p_inject, out)
+    out.low = _f32_at(result, "low")
+    out.x = _f32_at(result, "x")
+    out.inj = _f32_at(result, "inj")
+    if fused:
+        out.rms = _f32_at(result, "rms")
+        out.x_q8 = _q8_host(q8_arrays)
+        with nogil:
+            cpp_hc_read_fused(device, &hv[0, 0], &nv[0], hc, n, eps, t_down, t_up, p_inject, out)
+    else:
+        out.normed = _f32_at(result, "normed")
+        with nogil:
+            cpp_hc_read(device, &hv[0, 0], &nv[0], hc, n, eps, t_down, t_up, p_inject, out)
+    if inject is None:
+        del result["inj"]
+    if q8:
+        result["q8"] = _flat_q8(q8_arrays)
     return result
 
 

@@ -7,6 +7,7 @@ from libcpp.string cimport string
 from libcpp.vector cimport vector
 
 from strata._native_errors cimport raise_strata_error
+from strata._native_ple cimport CppPleGather
 from strata._native_pool cimport CppExpertPool
 from strata._native_weights cimport CppDeviceWeights
 
@@ -135,6 +136,7 @@ cdef extern from "strata/decode_session.hpp" nogil:
         int prompt_chunk
         cbool prompt_cpu
         cbool kv_streaming
+        int defer_experts
 
     cdef cppclass TokenLogprobs "strata::TokenLogprobs":
         double token
@@ -157,6 +159,7 @@ cdef extern from "strata/decode_session.hpp" nogil:
         double prompt_seconds
         long prompt_staged_experts, prompt_cached_experts, prompt_pooled_experts, prompt_staged_bytes
         long kv_stream_bytes
+        double ple_seconds
 
     size_t cpp_decode_scratch_bytes "strata::decode_scratch_bytes"(
         const ModelGeometry& geometry, int context, size_t sampler_bytes) except +raise_strata_error
@@ -168,7 +171,7 @@ cdef extern from "strata/decode_session.hpp" nogil:
     cdef cppclass CppDecodeSession "strata::DecodeSession":
         CppDecodeSession(const CppDeviceWeights& weights, CppExpertPool& pool, const ModelGeometry& geometry,
                          const DecodeOptions& options, CppExpertCache* cache,
-                         CppExpertStaging* staging) except +raise_strata_error
+                         CppExpertStaging* staging, CppPleGather* ple) except +raise_strata_error
         int step(int token, const float* ple_rows, const SamplingValues& sampling, double u,
                  cbool sample) except +raise_strata_error
         int feed(const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling, double u,

@@ -259,31 +259,36 @@ cdef SamplingValues sampling_values(tuple params) except *:
 cdef class DecodeSession:
     """One sequence decoding on the GPU and the CPU expert pool (strata/decode_session.hpp).
 
-    Keeps `weights`, `pool`, `cache` and `staging` alive while it lives. `step` feeds one token and returns the
-    sampled next one; `feed` runs a prompt through the prompt path (chunks of `prompt_chunk` tokens, 0: none).
+    Keeps `weights`, `pool`, `cache`, `staging` and `ple` alive while it lives. `step` feeds one token and returns
+    the sampled next one; `feed` runs a prompt through the prompt path (chunks of `prompt_chunk` tokens, 0: none).
     The experts `cache` (an ExpertCache, or None) holds run on the GPU; the prompt path computes the others from
-    `staging` (an ExpertStaging).
+    `staging` (an ExpertStaging). With `defer_experts` d > 0, the pool's d lightest routed experts of a layer
+    reach the streams a layer late (docs/session.md, "Expert deferral"). With `ple` (a PleGather) the session
+    gathers every token's PLE rows itself, on its host loop, and keeps the gather's n-gram state with its own
+    (reset, snapshot, restore): step and feed then take None for ple_rows.
     """
 
     def __cinit__(self, DeviceWeights weights, CpuExpertPool pool, dict geometry, *, int context, kv,
                   mode=Mode.TOKEN_GRAPH, int device=0, double timeout=5.0, int snapshots=0,
                   ExpertCache cache=None, int prompt_chunk=0, ExpertStaging staging=None, bint prompt_cpu=True,
-                  bint kv_streaming=False):
+                  bint kv_streaming=False, int defer_experts=0, PleGather ple=None):
         cdef ModelGeometry g = model_geometry(geometry)
         cdef DecodeOptions o
         o.device, o.context, o.timeout_seconds, o.snapshots = device, context, timeout, snapshots
         o.prompt_chunk, o.prompt_cpu, o.kv_streaming = prompt_chunk, prompt_cpu, kv_streaming
+        o.defer_experts = defer_experts
         o.kv = kv_storage(kv)
         o.mode = decode_mode(mode)
         cdef CppExpertPool* native_pool = pool.native()
         cdef CppExpertCache* native_cache = cache.cache.get() if cache is not None else NULL
         cdef CppExpertStaging* native_staging = staging.staging.get() if staging is not None else NULL
-        self.weights, self.pool, self.cache, self.staging = weights, pool, cache, staging
+        cdef CppPleGather* native_ple = ple.gather.get() if ple is not None else NULL
+        self.weights, self.pool, self.cache, self.staging, self.ple = weights, pool, cache, staging, ple
         self.n_vocab = g.n_vocab
         self.ple_width = g.ple_n_heads * g.ple_head_dim if g.ple_layer >= 0 else 0
         with nogil:
             self.session.reset(new CppDecodeSession(weights.weights.get()[0], native_pool[0], g, o, native_cache,
-                                                    native_staging))
+                                                    native_staging, native_ple))
 
     def __dealloc__(self):
         with nogil:
@@ -296,7 +301,8 @@ cdef class DecodeSession:
 
     def step(self, int token, ple_rows, tuple params, double u, bint sample=True) -> int:
         """Feed `token`; with `sample`, the next token for the draw u under params = (temperature, top_k,
-        top_p, min_p, repeat_penalty), else -1. ple_rows: float32 [ple heads, ple head dim] or None."""
+        top_p, min_p, repeat_penalty), else -1. ple_rows: float32 [ple heads, ple head dim], or None (a model
+        without PLE, or a session that gathers them)."""
         cdef CppDecodeSession* s = self.native()
         cdef SamplingValues v = sampling_values(params)
         cdef const float[::1] rows
@@ -408,7 +414,8 @@ cdef class DecodeSession:
                 "prompt_chunks": st.prompt_chunks, "prompt_seconds": st.prompt_seconds,
                 "prompt_staged_experts": st.prompt_staged_experts,
                 "prompt_cached_experts": st.prompt_cached_experts, "prompt_pooled_experts": st.prompt_pooled_experts,
-                "prompt_staged_bytes": st.prompt_staged_bytes, "kv_stream_bytes": st.kv_stream_bytes}
+                "prompt_staged_bytes": st.prompt_staged_bytes, "kv_stream_bytes": st.kv_stream_bytes,
+                "ple_seconds": st.ple_seconds}
 
     def close(self) -> None:
         with nogil:

@@ -40,13 +40,15 @@ class ReferenceModel:
         """The file's tokenizer (strata.format.Tokenizer): encode, decode, count, the chat template."""
         return self.file.tokenizer()
 
-    def session(self, context: int | None = None, snapshots: int | None = None) -> Session:
-        """A generation session of `context` tokens (default min(context_length, 4096)) on the reference."""
+    def session(self, context: int | None = None, snapshots: int | None = None, defer_experts: int = 0) -> Session:
+        """A generation session of `context` tokens (default min(context_length, 4096)) on the reference; with
+        `defer_experts`, expert deferral as the GPU engine's (docs/session.md, "Expert deferral")."""
         from strata.reference import Reference
         from strata.reference.engine import SNAPSHOTS, ReferenceEngine
 
         context = session_context(context, self.file.geometry.context_length)
-        engine = ReferenceEngine(Reference(self.file), context, SNAPSHOTS if snapshots is None else snapshots)
+        engine = ReferenceEngine(Reference(self.file, defer_experts=defer_experts), context,
+                                 SNAPSHOTS if snapshots is None else snapshots)
         return Session(engine, self.tokenizer)
 
     def close(self) -> None:

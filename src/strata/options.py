@@ -1,9 +1,10 @@
-"""The choices a session is opened with, each defined once: how KV is stored (architecture.md, 'KV formats')
-and how a token's GPU work is launched."""
+"""The choices a session is opened with, each defined once: how KV is stored (architecture.md, 'KV formats'),
+how a token's GPU work is launched, and how many routed experts a layer defers."""
 
 from __future__ import annotations
 
 import enum
+import numbers
 
 from strata.errors import InvalidArgument
 
@@ -56,3 +57,13 @@ class Mode(_Choice):
     @classmethod
     def kind(cls) -> str:
         return "session mode"
+
+
+def check_defer_experts(value: int, n_expert_used: int) -> int:
+    """`value` checked as an expert deferral (docs/session.md, "Expert deferral"): of each layer's routed experts,
+    how many of the lightest reach the streams one layer late; 0 (exact) up to one below the routed experts a
+    token uses, so that every layer answers at least one at once."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= value < n_expert_used:
+        raise InvalidArgument(f"defer_experts must be in 0..{n_expert_used - 1} (below the {n_expert_used} "
+                              f"routed experts of a token), got {value!r}")
+    return int(value)

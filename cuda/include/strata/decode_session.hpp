@@ -16,6 +16,7 @@ namespace strata {
 class DeviceWeights;
 class ExpertCache;
 class ExpertStaging;
+class PleGather;
 namespace cpu {
 class ExpertPool;
 }
@@ -33,6 +34,8 @@ struct DecodeOptions {
   int prompt_chunk = 0;          // tokens per chunk of feed()'s prompt path; 0: no prompt path
   bool prompt_cpu = true;        // small chunks: the pool computes a share of the experts beside the staging
   bool kv_streaming = false;     // attention KV in page-locked host memory, a VRAM window of it (session.md)
+  int defer_experts = 0;         // 0 <= d < n_expert_used: the pool's d lightest routed experts of a layer land
+                                 // a layer late (session.md, "Expert deferral"); 0: exact
 };
 
 // The log-probabilities of one position (strata.sampling.log_probabilities): the sampled token's, and the
@@ -69,6 +72,7 @@ struct DecodeStats {
   long prompt_staged_experts = 0, prompt_cached_experts = 0, prompt_pooled_experts = 0;
   long prompt_staged_bytes = 0;
   long kv_stream_bytes = 0;  // KV streaming: the bytes the windows fetched from the host copy (decode)
+  double ple_seconds = 0.0;  // the session's own PLE gather (step and feed): the host hashing and reading rows
 };
 
 // Device bytes of a decode session's scratch for `context` tokens of KV (rounded up to whole pages, as the
@@ -92,22 +96,26 @@ class DecodeSession {
   // and allocates the arena and scratch (OutOfMemory naming the need), builds the RoPE tables. The experts
   // `cache` holds (may be null) run on the GPU, the others on the pool; the prompt path (options.prompt_chunk)
   // computes the experts the cache lacks from `staging` (required then, unless the cache holds every expert).
-  // weights, pool, cache and staging outlive the session.
+  // With `ple` (may be null) the session gathers every token's PLE rows itself, on the host loop while the GPU
+  // runs the layers below the PLE layer, and resets, snapshots and restores the gather's n-gram state with its
+  // own; step() and feed() then take no rows. weights, pool, cache, staging and ple outlive the session.
   DecodeSession(const DeviceWeights& weights, cpu::ExpertPool& pool, const ModelGeometry& geometry,
-                const DecodeOptions& options, ExpertCache* cache = nullptr, ExpertStaging* staging = nullptr);
+                const DecodeOptions& options, ExpertCache* cache = nullptr, ExpertStaging* staging = nullptr,
+                PleGather* ple = nullptr);
   ~DecodeSession();
   DecodeSession(const DecodeSession&) = delete;
   DecodeSession& operator=(const DecodeSession&) = delete;
 
   // Appends `token` at the next position and runs every layer and the LM head; with `sample`, returns the
   // sampled next token for the uniform draw u (repetition penalty over every token fed so far), else -1.
-  // ple_rows: [ple_n_heads][ple_head_dim] float32 n-gram table rows of this token (required with PLE).
+  // ple_rows: [ple_n_heads][ple_head_dim] float32 n-gram table rows of this token (required with PLE, unless
+  // the session gathers them; null then).
   int step(int token, const float* ple_rows, const SamplingValues& sampling, double u, bool sample);
 
   // Appends the n tokens at the next positions through the prompt path, in chunks of options.prompt_chunk
   // tokens, each layer once per chunk (docs/prompt.md), then runs the LM head at the last one: the same state
   // as n steps. With `sample`, returns the next token sampled as step() samples it, else -1. ple_rows:
-  // [n][ple_n_heads][ple_head_dim] (required with PLE). With `all_logits` ([n][n_vocab]), every position's logits
+  // [n][ple_n_heads][ple_head_dim] (as step's). With `all_logits` ([n][n_vocab]), every position's logits
   // land there too (scoring: position i's are those step() would leave after token i).
   int feed(const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling, double u, bool sample,
            float* all_logits = nullptr);

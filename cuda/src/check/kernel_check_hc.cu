@@ -1,6 +1,7 @@
 // kernel_check entries of the hyper-connection mixer: the whole read of one token chained on the device from
-// the grouped RMSNorm, q8_32, GEMV and hc.cuh kernels (the order a decode step will launch them in), and the
-// mix and the write-back alone over rows of tokens.
+// the grouped RMSNorm, q8_32, GEMV and hc.cuh kernels (the decode step's fallback and the prompt path's order),
+// the same read fused in two launches (hc_read.cuh, the decode step's), and the mix and the write-back alone
+// over rows of tokens.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -9,8 +10,10 @@
 
 #include "../kernels/gemv.cuh"
 #include "../kernels/hc.cuh"
+#include "../kernels/hc_read.cuh"
 #include "../kernels/norm.cuh"
 #include "../kernels/quantize.cuh"
+#include "../session/projection.hpp"
 #include "kernel_check_support.hpp"
 #include "strata/device_weights.hpp"
 #include "strata/check/kernel_check.hpp"
@@ -64,10 +67,9 @@ class DeviceGemv {
   DeviceBuffer xq_, dx_, sums_;
 };
 
-}  // namespace
-
-void hc_read(int device, const float* h, const float* norm, int streams, int n, float eps, const HostTensor& down,
-             const HostTensor& up, const HostTensor* inject, const HcReadOutputs& out) {
+// The read's weights checked against its shape (streams, n) and gathered for the upload; returns the rank.
+long read_weights(int streams, int n, const HostTensor& down, const HostTensor& up, const HostTensor* inject,
+                  std::vector<HostTensor>& host) {
   STRATA_EXPECTS(streams > 0 && n > 0, InvalidArgument,
                  "hc_read needs streams > 0 and n > 0, got " + std::to_string(streams) + " x " + std::to_string(n));
   const long width = static_cast<long>(streams) * n;
@@ -77,11 +79,21 @@ void hc_read(int device, const float* h, const float* norm, int streams, int n, 
                      " rows, expected a positive multiple of 32 (the rank is the up GEMV's q8_32 input)");
   check_shape(down, "down", rank, width);
   check_shape(up, "up", width, rank);
-  std::vector<HostTensor> host = {down, up};
+  host = {down, up};
   if (inject != nullptr) {
     check_shape(*inject, "inject", streams, width);
     host.push_back(*inject);
   }
+  return rank;
+}
+
+}  // namespace
+
+void hc_read(int device, const float* h, const float* norm, int streams, int n, float eps, const HostTensor& down,
+             const HostTensor& up, const HostTensor* inject, const HcReadOutputs& out) {
+  std::vector<HostTensor> host;
+  const long rank = read_weights(streams, n, down, up, inject, host);
+  const long width = static_cast<long>(streams) * n;
   check_device(device);
   DeviceScope scope(device);
   const DeviceWeights weights(device, host);
@@ -110,6 +122,42 @@ void hc_read(int device, const float* h, const float* norm, int streams, int n, 
   d_low.copy_out(out.low, "hc_read (low-rank silu)");
   d_x.copy_out(out.x, "hc_mix");
   if (inject != nullptr) d_inj.copy_out(out.inj, "hc_read (inject sigmoid)");
+}
+
+void hc_read_fused(int device, const float* h, const float* norm, int streams, int n, float eps,
+                   const HostTensor& down, const HostTensor& up, const HostTensor* inject, const HcReadOutputs& out) {
+  std::vector<HostTensor> host;
+  const int rank = static_cast<int>(read_weights(streams, n, down, up, inject, host));
+  const long width = static_cast<long>(streams) * n;
+  check_device(device);
+  DeviceScope scope(device);
+  const DeviceWeights weights(device, host);
+  const kernels::HcReadShape shape{streams, n, rank, eps};
+  const kernels::WeightMatrix w_down = weight_matrix(weights.get(down.name));
+  const kernels::WeightMatrix w_up = weight_matrix(weights.get(up.name));
+  const kernels::WeightMatrix w_inject = inject ? weight_matrix(weights.get(inject->name)) : kernels::WeightMatrix{};
+  const kernels::WeightMatrix* p_inject = inject ? &w_inject : nullptr;
+  STRATA_EXPECTS(kernels::hc_read_fusable(shape, w_down, w_up, p_inject), InvalidArgument,
+                 "hc_read_fused: the fused read takes no " + std::to_string(streams) + " x " + std::to_string(n) +
+                     " streams of rank " + std::to_string(rank) + " with these forms of " + down.name + ", " +
+                     up.name + (inject ? ", " + inject->name : std::string()) +
+                     " (n and the rank multiples of 32, streams dividing 32, forms the GEMVs read, an activation "
+                     "in 43 KB of shared memory)");
+  DeviceBuffer d_h = upload(h, floats(width));
+  DeviceBuffer d_norm = upload(norm, floats(width));
+  GuardedOutput d_rms(floats(streams)), d_low(floats(rank)), d_inj(floats(streams)), d_x(floats(n));
+  const GuardedQ8 d_x_q8(out.x_q8, n);
+  STRATA_CUDA_TRY(kernels::hc_read_down(shape, d_h.as<float>(), d_norm.as<float>(), w_down, p_inject,
+                                        d_low.data<float>(), inject ? d_inj.data<float>() : nullptr,
+                                        d_rms.data<float>(), nullptr));
+  STRATA_CUDA_TRY(kernels::hc_read_up_mix(shape, d_h.as<float>(), d_norm.as<float>(), d_rms.data<float>(),
+                                          d_low.data<float>(), w_up, d_x.data<float>(), d_x_q8.blocks(), nullptr));
+  STRATA_CUDA_TRY(cudaDeviceSynchronize());
+  d_rms.copy_out(out.rms, "hc_read_down (rms)");
+  d_low.copy_out(out.low, "hc_read_down (low)");
+  if (inject != nullptr) d_inj.copy_out(out.inj, "hc_read_down (inj)");
+  d_x.copy_out(out.x, "hc_read_up_mix (x)");
+  d_x_q8.copy_out(0, "hc_read_up_mix (x's q8_32 form)");
 }
 
 void hc_mix(int device, const float* up, const float* normed, float* x, int rows, int streams, int n) {

@@ -28,7 +28,8 @@ __device__ __forceinline__ unsigned long long global_timer_ns() {
 }
 
 __global__ void doorbell_wait_kernel(Doorbell bell, const int* __restrict__ ring_base, int ring_offset,
-                                     long long timeout_ns, int* status, float* __restrict__ answer_out) {
+                                     long long timeout_ns, int* status, float* __restrict__ answer_out,
+                                     const float* deferred_in, float* __restrict__ deferred_out) {
   __shared__ int answered;
   if (threadIdx.x == 0) {
     const int expected = ring_at(*ring_base, ring_offset);
@@ -46,6 +47,9 @@ __global__ void doorbell_wait_kernel(Doorbell bell, const int* __restrict__ ring
   if (!answered) return;
   const volatile float* answer = bell.answer;
   for (int i = threadIdx.x; i < bell.n; i += blockDim.x) answer_out[i] = answer[i];
+  if (!deferred_out) return;
+  const volatile float* deferred = deferred_in;
+  for (int i = threadIdx.x; i < bell.n; i += blockDim.x) deferred_out[i] = deferred[i];
 }
 
 }  // namespace
@@ -58,10 +62,15 @@ cudaError_t doorbell_publish(const Doorbell& bell, const float* x, const int* id
 }
 
 cudaError_t doorbell_wait(const Doorbell& bell, const int* ring_base, int ring_offset, long long timeout_ns,
-                          int* status, float* answer_out, cudaStream_t stream) {
+                          int* status, float* answer_out, cudaStream_t stream, int deferred_row,
+                          float* deferred_out) {
   if (bell.n <= 0 || bell.flag == nullptr || bell.answer == nullptr || timeout_ns <= 0) return cudaErrorInvalidValue;
+  if (deferred_out && (bell.deferred == nullptr || (deferred_row != 0 && deferred_row != 1))) {
+    return cudaErrorInvalidValue;
+  }
+  const float* deferred_in = deferred_out ? bell.deferred + static_cast<long>(deferred_row) * bell.n : nullptr;
   doorbell_wait_kernel<<<1, kDoorbellThreads, 0, stream>>>(bell, ring_base, ring_offset, timeout_ns, status,
-                                                           answer_out);
+                                                           answer_out, deferred_in, deferred_out);
   return cudaGetLastError();
 }
 

@@ -28,6 +28,9 @@ struct Doorbell {
   const float* answer = nullptr;   // [n] the host's answer row
   int n = 0;
   int k = 0;
+  // host -> GPU: [2][n] the deferred rows (expert deferral, docs/session.md), one per layer parity; each is
+  // written before the answer of the next layer's ring, whose flag orders it.
+  const float* deferred = nullptr;
 };
 
 // Copies x, ids, weights into the doorbell, fences them system-wide, then writes seq = ring_at(*ring_base,
@@ -38,8 +41,10 @@ cudaError_t doorbell_publish(const Doorbell& bell, const float* x, const int* id
 // Spins until flag reaches ring_at(*ring_base, ring_offset), then copies the answer into `answer_out` [n]
 // (device memory). After timeout_ns nanoseconds (the GPU's global timer) without an answer it writes
 // ring_offset (> 0: a ring number may be 0 once wrapped) into *status and leaves answer_out as it was; *status
-// is left untouched on success, so one zeroed status word can serve a whole token.
+// is left untouched on success, so one zeroed status word can serve a whole token. With `deferred_out`, the
+// answer also brings deferred row `deferred_row` (0 or 1) into it [n], under the same flag.
 cudaError_t doorbell_wait(const Doorbell& bell, const int* ring_base, int ring_offset, long long timeout_ns,
-                          int* status, float* answer_out, cudaStream_t stream);
+                          int* status, float* answer_out, cudaStream_t stream, int deferred_row = -1,
+                          float* deferred_out = nullptr);
 
 }  // namespace strata::kernels

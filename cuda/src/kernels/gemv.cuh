@@ -10,6 +10,16 @@
 
 namespace strata::kernels {
 
+// A weight matrix as the GEMVs read it, for the kernels that run their row dots in their own launch
+// (router_publish.cuh, hc_read.cuh): float (kind, data) or quantized (form, planes), row-major.
+struct WeightMatrix {
+  bool is_float = false;
+  FloatKind kind = FloatKind::F32;
+  const void* data = nullptr;
+  QuantForm form;
+  QuantPlanes planes;
+};
+
 // Quantized forms (docs/forms.md). x arrives as q8_32 (quantize_q8_32): xq [cols], dx and sums [cols / 32].
 // Every inner sum over a group is exact int32 (__dp4a); groups are scaled and summed in float32.
 // Supports exactly the forms of the table "From GGUF types"; any other descriptor -> cudaErrorInvalidValue.

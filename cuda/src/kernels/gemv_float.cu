@@ -25,7 +25,8 @@ gemv_float_kernel(const T* __restrict__ w, int rows, int cols, const int* __rest
   const int row = blockIdx.x * (kRowsPerCta / split) + warp / split;
   float acc = 0.0f;
   if (row < rows) {
-    acc = float_row_partial<T, Vec>(w + static_cast<long>(row) * cols, cols, x, warp % split, split, lane);
+    acc = float_row_partial<T, Vec>(w + static_cast<long>(row) * cols, cols, GlobalF32{x}, warp % split * 32 + lane,
+                                    32 * split);
   }
   acc = warp_sum(acc);
   store_row(acc, row, rows, warp, lane, split, y);

@@ -1,5 +1,5 @@
 // The float GEMV's row dot (gemv_float.cu), shared with the kernels that fuse a GEMV into their own launch
-// (router_publish.cu): one definition, so a fused product is the same bits as gemv_float's.
+// (router_publish.cu, hc_read.cu): one definition, so a fused product is the same bits as gemv_float's.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -24,32 +24,46 @@ struct alignas(Vec > 1 ? 16 : sizeof(T)) Chunk {
   T v[Vec];
 };
 
-template <class T, int Vec>
-__device__ __forceinline__ float chunk_dot(const Chunk<T, Vec>& c, const float* __restrict__ x, float acc) {
+// The activation x as a row dot reads it: from global memory through the read-only path (the GEMVs), or
+// staged in shared memory by the kernel that reads it (hc_read.cu). 16-byte aligned where Vec > 1.
+struct GlobalF32 {
+  const float* __restrict__ x;
+  __device__ __forceinline__ float4 four(int i) const { return __ldg(reinterpret_cast<const float4*>(x + i)); }
+  __device__ __forceinline__ float one(int i) const { return __ldg(x + i); }
+};
+struct SharedF32 {
+  const float* x;
+  __device__ __forceinline__ float4 four(int i) const { return *reinterpret_cast<const float4*>(x + i); }
+  __device__ __forceinline__ float one(int i) const { return x[i]; }
+};
+
+// Chunk c of the row, columns i .. i + Vec - 1, dotted with x's into acc.
+template <class T, int Vec, class X>
+__device__ __forceinline__ float chunk_dot(const Chunk<T, Vec>& c, const X& x, int i, float acc) {
   if constexpr (Vec > 1) {
 #pragma unroll
     for (int j = 0; j < Vec; j += 4) {
-      const float4 xv = __ldg(reinterpret_cast<const float4*>(x + j));
+      const float4 xv = x.four(i + j);
       acc = fmaf(to_float(c.v[j]), xv.x, acc);
       acc = fmaf(to_float(c.v[j + 1]), xv.y, acc);
       acc = fmaf(to_float(c.v[j + 2]), xv.z, acc);
       acc = fmaf(to_float(c.v[j + 3]), xv.w, acc);
     }
   } else {
-    acc = fmaf(to_float(c.v[0]), __ldg(x), acc);
+    acc = fmaf(to_float(c.v[0]), x.one(i), acc);
   }
   return acc;
 }
 
-// This lane's share of warp `part` (of `split` warps per row) of the dot of row `wr` [cols] with x, before the
-// warp's reduction.
-template <class T, int Vec>
-__device__ __forceinline__ float float_row_partial(const T* __restrict__ wr, int cols, const float* __restrict__ x,
-                                                   int part, int split, int lane) {
-  constexpr int kStride = 32 * Vec;
-  const int stride = kStride * split;
+// This lane's share of the dot of row `wr` [cols] with x (GlobalF32, SharedF32): chunks slot, slot + slots, ...
+// of Vec columns, before the caller's reduction over the slots. A GEMV warp `part` of `split` per row is slots
+// part * 32 + lane of 32 * split.
+template <class T, int Vec, class X>
+__device__ __forceinline__ float float_row_partial(const T* __restrict__ wr, int cols, const X& x, int slot,
+                                                   int slots) {
+  const int stride = slots * Vec;
   float acc = 0.0f;
-  for (int base = part * kStride + lane * Vec; base < cols; base += stride * kFloatUnroll) {
+  for (int base = slot * Vec; base < cols; base += stride * kFloatUnroll) {
     Chunk<T, Vec> c[kFloatUnroll];
 #pragma unroll
     for (int u = 0; u < kFloatUnroll; ++u) {
@@ -59,7 +73,7 @@ __device__ __forceinline__ float float_row_partial(const T* __restrict__ wr, int
 #pragma unroll
     for (int u = 0; u < kFloatUnroll; ++u) {
       const int i = base + u * stride;
-      if (i < cols) acc = chunk_dot<T, Vec>(c[u], x + i, acc);
+      if (i < cols) acc = chunk_dot<T, Vec>(c[u], x, i, acc);
     }
   }
   return acc;

@@ -35,7 +35,8 @@ gemv_quant_kernel(QuantPlanes p, int rows, int cols, int code_bias, ValueTable b
   const bool live = row_in_range < rows;
   // The row in the stack; a spare warp walks no blocks but joins the CTA's reduction.
   const long row = first_row + (live ? row_in_range : rows - 1);
-  float acc = quant_row_partial<S>(p, row, live, cols, code_bias, book, xq, dx, xsums, warp % split, split, lane);
+  float acc = quant_row_partial<S>(p, row, live, cols, code_bias, book, GlobalQ8{xq, dx, xsums},
+                                   warp % split * 32 + lane, 32 * split);
   acc = warp_sum(acc);
   store_row(acc, row_in_range, rows, warp, lane, split, y);
 }

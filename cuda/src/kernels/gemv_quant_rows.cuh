@@ -1,6 +1,6 @@
 // The quantized GEMV's row dot (gemv_quant.cu) for every shape of quant_shapes.cuh, shared with the kernels
-// that fuse a GEMV into their own launch (router_publish.cu): one definition, so a fused product is the same
-// bits as gemv_quant's.
+// that fuse a GEMV into their own launch (router_publish.cu, hc_read.cu): one definition, so a fused product is
+// the same bits as gemv_quant's.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -66,29 +66,57 @@ __device__ __forceinline__ void block_dots(const unsigned (&c)[S::kCodeWords], c
   }
 }
 
+// A block's 32 q8 codes, loaded as two int4, as the 8 words block_dots takes.
+__device__ __forceinline__ void code_words(const int4& lo, const int4& hi, int (&x)[8]) {
+  x[0] = lo.x, x[1] = lo.y, x[2] = lo.z, x[3] = lo.w;
+  x[4] = hi.x, x[5] = hi.y, x[6] = hi.z, x[7] = hi.w;
+}
+
 }  // namespace quant_rows
 
-// This lane's share of warp `part` (of `split` warps per row) of the dot of the planes' row `row` [cols] with
-// q8_32(x) (xq, dx, xsums), before the warp's reduction. A spare warp (live false) walks no blocks.
-template <class S>
+// q8_32(x) (xq, dx, sums) as a row dot reads it: from global memory through the read-only path (the GEMVs), or
+// staged in shared memory by the kernel that reads it (hc_read.cu). xq 16-byte aligned.
+struct GlobalQ8 {
+  const std::int8_t* __restrict__ xq;
+  const float* __restrict__ dx;
+  const std::int32_t* __restrict__ sums;
+  // Code block b's 32 codes as 8 words, word k holding codes 4k .. 4k + 3.
+  __device__ __forceinline__ void words(int b, int (&x)[8]) const {
+    const int4* block = reinterpret_cast<const int4*>(xq + b * kCodeBlock);
+    quant_rows::code_words(__ldg(block), __ldg(block + 1), x);
+  }
+  __device__ __forceinline__ float scale(int b) const { return __ldg(dx + b); }
+  __device__ __forceinline__ int sum(int b) const { return __ldg(sums + b); }
+};
+struct SharedQ8 {
+  const std::int8_t* xq;
+  const float* dx;
+  const std::int32_t* sums;
+  __device__ __forceinline__ void words(int b, int (&x)[8]) const {
+    const int4* block = reinterpret_cast<const int4*>(xq + b * kCodeBlock);
+    quant_rows::code_words(block[0], block[1], x);
+  }
+  __device__ __forceinline__ float scale(int b) const { return dx[b]; }
+  __device__ __forceinline__ int sum(int b) const { return sums[b]; }
+};
+
+// This lane's share of the dot of the planes' row `row` [cols] with q8_32(x) (GlobalQ8, SharedQ8): code blocks
+// slot, slot + slots, ..., before the caller's reduction over the slots (a GEMV warp `part` of `split` per row is
+// slots part * 32 + lane of 32 * split). A spare lane (live false) walks no blocks.
+template <class S, class X>
 __device__ __forceinline__ float quant_row_partial(const QuantPlanes& p, long row, bool live, int cols, int code_bias,
-                                                   const ValueTable& book, const std::int8_t* __restrict__ xq,
-                                                   const float* __restrict__ dx, const std::int32_t* __restrict__ xsums,
-                                                   int part, int split, int lane) {
+                                                   const ValueTable& book, const X& act, int slot, int slots) {
   using namespace quant_rows;
   const int n_blocks = cols / kCodeBlock, n_super = cols / S::kSuper, n_group = cols / S::kGroup;
   const std::uint8_t* codes = p.codes + static_cast<long>(row) * n_blocks * S::kCodeWords * 4;
   // Σ v xq = Σ operand xq + bias_shift Σ xq: the 8-bit operand is code - 128, the others code (or table).
   const int bias_shift = S::kBook ? 0 : (S::kBits == 8 ? 128 : 0) - code_bias;
   float acc = 0.0f;
-  for (int b = live ? part * 32 + lane : n_blocks; b < n_blocks; b += 32 * split) {
+  for (int b = live ? slot : n_blocks; b < n_blocks; b += slots) {
     unsigned c[S::kCodeWords];
     load_codes<S>(codes + static_cast<long>(b) * S::kCodeWords * 4, c);
     int x[8];
-    const int4 x_lo = __ldg(reinterpret_cast<const int4*>(xq + b * kCodeBlock));
-    const int4 x_hi = __ldg(reinterpret_cast<const int4*>(xq + b * kCodeBlock) + 1);
-    x[0] = x_lo.x, x[1] = x_lo.y, x[2] = x_lo.z, x[3] = x_lo.w;
-    x[4] = x_hi.x, x[5] = x_hi.y, x[6] = x_hi.z, x[7] = x_hi.w;
+    act.words(b, x);
     int dot[S::kGroupsPerBlock];
     block_dots<S>(c, x, book, dot);
 
@@ -102,7 +130,7 @@ __device__ __forceinline__ float quant_row_partial(const QuantPlanes& p, long ro
     for (int g = 0; g < S::kGroupsPerBlock; ++g) {
       int xsum = 0;
       if constexpr (S::kGroupsPerBlock == 1) {
-        xsum = __ldg(xsums + b);
+        xsum = act.sum(b);
       } else {
 #pragma unroll
         for (int k = 0; k < S::kGroup / 4; ++k) {
@@ -117,7 +145,7 @@ __device__ __forceinline__ float quant_row_partial(const QuantPlanes& p, long ro
       block_term += scale * static_cast<float>(dot[g] + bias_shift * xsum);
       if constexpr (S::kMins) block_term += offset * static_cast<float>(xsum);
     }
-    acc += __ldg(dx + b) * block_term;
+    acc += act.scale(b) * block_term;
   }
   return acc;
 }

@@ -1,12 +1,10 @@
 #include "hc.cuh"
+#include "hc_gates.cuh"
 
 namespace strata::kernels {
 namespace {
 
 constexpr int kThreads = 256;
-
-// expf, not __expf: the mixer's gates scale the whole residual, and these kernels are far from the bottleneck.
-__device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + expf(-v)); }
 
 // Element counts are products of a buffer's dimensions: the buffer lives in VRAM, so they fit a long with room.
 unsigned blocks_for(long n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
@@ -17,8 +15,7 @@ __device__ __forceinline__ long element_index() { return static_cast<long>(block
 __global__ void activation_kernel(const float* in, float* out, int n, Activation act, float pre, float post) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const float v = pre * in[i];
-  out[i] = post * (act == Activation::Silu ? v * sigmoid(v) : sigmoid(v));
+  out[i] = hc_activation(in[i], act, pre, post);
 }
 
 // One thread per element of x [rows][n]; it reads its column of every stream of its row.
@@ -30,7 +27,7 @@ __global__ void mix_kernel(const float* __restrict__ up, const float* __restrict
   float sum = 0.0f;
   for (int k = 0; k < streams; ++k) {
     const long from = first + static_cast<long>(k) * n;
-    sum = fmaf(sigmoid(up[from]), normed[from], sum);
+    sum = hc_mix_term(up[from], normed[from], sum);
   }
   x[at] = sum / static_cast<float>(streams);
 }

@@ -18,7 +18,9 @@ struct FloatRouterRows {
   int cols;
   const float* x;
   __device__ __forceinline__ float partial(int row, int rows, int part, int split, int lane) const {
-    return row < rows ? float_row_partial<T, Vec>(w + static_cast<long>(row) * cols, cols, x, part, split, lane) : 0.0f;
+    if (row >= rows) return 0.0f;
+    return float_row_partial<T, Vec>(w + static_cast<long>(row) * cols, cols, GlobalF32{x}, part * 32 + lane,
+                                     32 * split);
   }
 };
 
@@ -35,8 +37,8 @@ struct QuantRouterRows {
   const std::int32_t* sums;
   __device__ __forceinline__ float partial(int row, int rows, int part, int split, int lane) const {
     const bool live = row < rows;
-    return quant_row_partial<S>(planes, live ? row : rows - 1, live, cols, code_bias, book, xq, dx, sums, part,
-                                split, lane);
+    return quant_row_partial<S>(planes, live ? row : rows - 1, live, cols, code_bias, book, GlobalQ8{xq, dx, sums},
+                                part * 32 + lane, 32 * split);
   }
 };
 
@@ -83,7 +85,7 @@ bool valid_targets(const RouterMatrix& w, const RouterInput& x, int k, const Rou
   if (!route_shape_fits(w.n_expert, k) || w.cols <= 0 || x.x == nullptr) return false;
   if (out.logits == nullptr || out.ids == nullptr || out.weights == nullptr || out.ticket == nullptr) return false;
   if (out.slot_of != nullptr && out.slots == nullptr) return false;
-  if (w.quantized && (x.xq == nullptr || x.dx == nullptr || x.sums == nullptr)) return false;
+  if (!w.matrix.is_float && (x.xq == nullptr || x.dx == nullptr || x.sums == nullptr)) return false;
   if (!publish.ring) return true;
   const Doorbell& b = publish.bell;
   return b.n == w.cols && b.k == k && b.x != nullptr && b.ids != nullptr && b.weights != nullptr &&
@@ -102,18 +104,19 @@ cudaError_t route_publish(const RouterMatrix& w, const RouterInput& x, int k, co
     route_publish_kernel<<<grid, kRowsPerCta * 32, 0, stream>>>(rows, w.n_expert, x.x, k, out, publish, split);
   };
   bool known = false;
-  if (w.quantized) {
-    const cudaError_t operands = gemv_quant_operands(w.form, w.planes, w.n_expert, w.cols, x.xq);
+  const WeightMatrix& m = w.matrix;
+  if (!m.is_float) {
+    const cudaError_t operands = gemv_quant_operands(m.form, m.planes, w.n_expert, w.cols, x.xq);
     if (operands != cudaSuccess) return operands;
-    const ValueTable book = value_table(codebook_values(w.form.codebook));
-    known = KnownShapes::visit(w.form, [&](auto shape) {
-      launch(QuantRouterRows<decltype(shape)>{w.planes, w.cols, w.form.code_bias, book, x.xq, x.dx, x.sums});
+    const ValueTable book = value_table(codebook_values(m.form.codebook));
+    known = KnownShapes::visit(m.form, [&](auto shape) {
+      launch(QuantRouterRows<decltype(shape)>{m.planes, w.cols, m.form.code_bias, book, x.xq, x.dx, x.sums});
     });
   } else {
-    known = visit_float_rows(w.kind, w.w, w.cols, 0, x.x, [&](auto path) {
+    known = visit_float_rows(m.kind, m.data, w.cols, 0, x.x, [&](auto path) {
       using P = decltype(path);
       using T = typename P::Element;
-      launch(FloatRouterRows<T, P::kVec>{static_cast<const T*>(w.w), w.cols, x.x});
+      launch(FloatRouterRows<T, P::kVec>{static_cast<const T*>(m.data), w.cols, x.x});
     });
   }
   return known ? cudaGetLastError() : cudaErrorInvalidValue;

@@ -11,17 +11,14 @@
 #include <cstdint>
 
 #include "doorbell.cuh"
+#include "gemv.cuh"
 #include "strata/forms.hpp"
 
 namespace strata::kernels {
 
-// The router [n_expert][cols] as the GEMVs read it: a float matrix (kind, w) or a quantized one (form, planes).
+// The router [n_expert][cols] as the GEMVs read it.
 struct RouterMatrix {
-  bool quantized = false;
-  FloatKind kind = FloatKind::F32;
-  const void* w = nullptr;
-  QuantForm form;
-  QuantPlanes planes;
+  WeightMatrix matrix;
   int n_expert = 0;
   int cols = 0;
 };

@@ -8,6 +8,7 @@
 #include "../kernels/embed.cuh"
 #include "../kernels/gdn.cuh"
 #include "../kernels/hc.cuh"
+#include "../kernels/hc_read.cuh"
 #include "../kernels/moe.cuh"
 #include "../kernels/norm.cuh"
 #include "../kernels/ple.cuh"
@@ -84,8 +85,10 @@ void carve_scratch(Carver& c, const ModelGeometry& g, int context, std::size_t s
   s.down_ = c.take<float>(g.hc_rank);
   s.up_ = c.take<float>(width);
   s.inject_ = c.take<float>(hc);
+  s.hc_rms_ = c.take<float>(hc);
   s.inj_attn_ = c.take<float>(hc);
-  s.inj_ffn_ = c.take<float>(hc);
+  s.inj_ffn_ = c.take<float>(2 * hc);
+  s.deferred_ = c.take<float>(n);
   s.qkvz_ = c.take<float>(conv + value_dim);
   s.beta_ = c.take<float>(2 * hv);
   s.alpha_ = c.take<float>(hv);
@@ -185,6 +188,7 @@ DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& 
     reset_windows(nullptr);
     STRATA_CUDA_TRY(cudaStreamSynchronize(nullptr));
   }
+  for (int l = 0; l < g.ple_layer; ++l) ple_late_ = ple_late_ || rings(l);
 
 }
 
@@ -205,7 +209,8 @@ unsigned long long DecodeProgram::stream_bytes() const {
 }
 
 void DecodeProgram::begin(cudaStream_t s) const {
-  STRATA_CUDA_TRY(cudaMemcpyAsync(stage_, io_.host_stage, stage_bytes(g_), cudaMemcpyHostToDevice, s));
+  const std::size_t staged = ple_late_ ? sizeof(TokenStage) : stage_bytes(g_);
+  STRATA_CUDA_TRY(cudaMemcpyAsync(stage_, io_.host_stage, staged, cudaMemcpyHostToDevice, s));
   record_token<<<1, 1, 0, s>>>(stage_, seen_);
   STRATA_CUDA_TRY(cudaGetLastError());
   STRATA_CUDA_TRY(kernels::embed_rows(embedding_, &stage_->token, 1, x_, s));
@@ -218,8 +223,19 @@ void DecodeProgram::add_to_streams(const float* inj, const float* y, int streams
   STRATA_CUDA_TRY(kernels::hc_write(seq_.streams, inj, 0, y, 1, streams, width, s));
 }
 
-void DecodeProgram::hc_read(const HcTensors& t, float* x, float* inj, cudaStream_t s) const {
+void DecodeProgram::hc_read(const HcTensors& t, float* x, float* inj, const Products& readers, cudaStream_t s) const {
   const int hc = g_.hc_count, n = g_.n_embd;
+  const kernels::HcReadShape shape{hc, n, g_.hc_rank, g_.rms_eps};
+  const kernels::WeightMatrix down = weight_matrix(*t.down), up = weight_matrix(*t.up);
+  const kernels::WeightMatrix inject = inj ? weight_matrix(*t.inject) : kernels::WeightMatrix{};
+  const kernels::WeightMatrix* p_inject = inj ? &inject : nullptr;
+  if (kernels::hc_read_fusable(shape, down, up, p_inject)) {
+    STRATA_CUDA_TRY(kernels::hc_read_down(shape, seq_.streams, t.norm, down, p_inject, down_, inj, hc_rms_, s));
+    STRATA_CUDA_TRY(kernels::hc_read_up_mix(shape, seq_.streams, t.norm, hc_rms_, down_, up, x, q8_for(readers, q8_),
+                                            s));
+    return;
+  }
+  // The eight-kernel chain, for the shapes and forms the fused read lacks (hc_read.cuh, hc_read_fusable).
   const float inv_hc = 1.0f / static_cast<float>(hc);
   STRATA_CUDA_TRY(kernels::rms_norm_grouped(seq_.streams, t.norm, normed_, 1, hc, n, g_.rms_eps, s));
   if (inj) {
@@ -231,10 +247,16 @@ void DecodeProgram::hc_read(const HcTensors& t, float* x, float* inj, cudaStream
   project(down_, {{t.up, up_}}, q8_, s);
   STRATA_CUDA_TRY(kernels::hc_mix(up_, normed_, x, 1, hc, n, s));
   if (inj) STRATA_CUDA_TRY(kernels::scaled_activation(inject_, inj, hc, kernels::Activation::Sigmoid, inv_hc, 2.0f, s));
+  quantize_for(x, readers, q8_, s);
 }
 
 void DecodeProgram::ple(int layer, cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
+  if (ple_late_) {  // behind the wait for a ring below: the host wrote the rows before answering it
+    const char* rows = static_cast<const char*>(io_.host_stage) + kStagePleOffset;
+    STRATA_CUDA_TRY(cudaMemcpyAsync(ple_rows_, rows, sizeof(float) * g_.ple_n_heads * g_.ple_head_dim,
+                                    cudaMemcpyHostToDevice, s));
+  }
   project(ple_rows_, {{t.ple_key, ple_key_}, {t.ple_value, ple_value_}}, q8_, s, &branches_);
   const kernels::PleShape shape = ple_shape(g_);
   kernels::PleStepArgs args = ple_layer_args(t, seq_);
@@ -334,12 +356,10 @@ void DecodeProgram::pre(int layer, cudaStream_t s) const {
   const bool hc = g_.hc_count > 0;
   const int n = g_.n_embd;
   if (layer == g_.ple_layer) ple(layer, s);
-  // x_ reaches its readers with its q8_32 form in q8_ where they read one: the plain norm writes it beside x_;
-  // hc_read writes x_ alone, so a quantize follows it.
+  // x_ reaches its readers with its q8_32 form in q8_ where they read one: the plain norm and hc_read write it.
   const Products mixer_in = mixer_inputs(layer);
   if (hc) {
-    hc_read(t.hc_attn, x_, inj_attn_, s);
-    quantize_for(x_, mixer_in, q8_, s);
+    hc_read(t.hc_attn, x_, inj_attn_, mixer_in, s);
   } else {
     STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t.attn_norm, x_, 1, n, g_.rms_eps, s, q8_for(mixer_in, q8_)));
   }
@@ -349,7 +369,7 @@ void DecodeProgram::pre(int layer, cudaStream_t s) const {
   const Products ffn_in{{t.router, router_logits_}, {t.shared_gate, sh_g_}, {t.shared_up, sh_u_}};
   if (hc) {
     add_to_streams(inj_attn_, y_, g_.hc_count, n, s);
-    hc_read(t.hc_ffn, x_, inj_ffn_, s);
+    hc_read(t.hc_ffn, x_, ffn_injection(layer), ffn_in, s);
   } else {
     add_to_streams(ones_, y_, 1, n, s);
     STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t.post_attention_norm, x_, 1, n, g_.rms_eps, s,
@@ -365,11 +385,9 @@ void DecodeProgram::pre(int layer, cudaStream_t s) const {
   publish.bell = io_.bell;
   publish.ring_base = io_.ring_base;
   publish.ring_offset = layer + 1;
-  // Without hyper-connections the norm wrote x's q8_32 form for every reader of it (ffn_in). After hc_read a
-  // quantized router needs it before its launch; otherwise the shared expert's quantize waits for the publish.
-  if (hc && reads_q8(*t.router)) quantize_for(x_, ffn_in, q8_, s);
+  // The norm or hc_read wrote x's q8_32 form for every reader of it (ffn_in): the router and the shared expert
+  // take it as it is.
   route_and_publish(*t.router, x_, q8_, g_.n_expert_used, route, publish, s);
-  if (hc && !reads_q8(*t.router)) quantize_for(x_, shared_in, q8_, s);
   project_quantized(x_, shared_in, q8_, s, &branches_);
   const Products shared_out{{t.shared_down, shared_}};
   STRATA_CUDA_TRY(kernels::swiglu(sh_g_, sh_u_, sh_h_, g_.shared_ff, s, q8_for(shared_out, q8_)));
@@ -383,7 +401,7 @@ const CachedLayer* DecodeProgram::cached(int layer) const {
   return &cache_->layer(layer);
 }
 
-bool DecodeProgram::rings(int layer) const { return !(cache_ && cache_->holds_all(layer)); }
+bool DecodeProgram::rings(int layer) const { return layer_rings(cache_, layer); }
 
 // The routed slots the cache holds, as one batch per matrix (the slots it lacks are skipped on the device):
 // ex_rows_[j] = down_j(silu(gate_j x) * up_j x), unweighted, as the pool computes its rows.
@@ -401,17 +419,23 @@ void DecodeProgram::cached_experts(const CachedLayer& c, cudaStream_t s) const {
 void DecodeProgram::post(int layer, cudaStream_t s) const {
   const int n = g_.n_embd;
   const bool ring = rings(layer);
+  // Layer - 1's deferred row comes with this layer's answer (a deferring layer's next one rings).
+  const bool deferred = layer > 0 && io_.deferral.defers(layer - 1, cache_);
   if (ring) {
     STRATA_CUDA_TRY(kernels::doorbell_wait(io_.bell, io_.ring_base, layer + 1, io_.answer_timeout_ns,
-                                           io_.wait_status, routed_, s));
+                                           io_.wait_status, routed_, s, deferred ? (layer - 1) % 2 : -1,
+                                           deferred ? deferred_ : nullptr));
   }
   if (cached(layer)) {
     STRATA_CUDA_TRY(kernels::moe_cached_sum(ex_rows_, cache_slots_, route_weights_, 1, g_.n_expert_used, n, ring,
                                             routed_, s));
   }
   STRATA_CUDA_TRY(kernels::moe_combine(routed_, shared_, shared_gate_, y_, 1, n, s));
-  if (g_.hc_count > 0) add_to_streams(inj_ffn_, y_, g_.hc_count, n, s);
-  else add_to_streams(ones_, y_, 1, n, s);
+  const bool hc = g_.hc_count > 0;
+  const int streams = hc ? g_.hc_count : 1;
+  // The deferred row with the write-back weights of the layer it belongs to.
+  if (deferred) add_to_streams(hc ? ffn_injection(layer - 1) : ones_, deferred_, streams, n, s);
+  add_to_streams(hc ? ffn_injection(layer) : ones_, y_, streams, n, s);
 }
 
 void DecodeProgram::enqueue_logprobs(int token, int n, cudaStream_t s) const {
@@ -426,8 +450,7 @@ void DecodeProgram::end_prompt(Sampler sampler, cudaStream_t s) const {
 void DecodeProgram::end(Sampler sampler, cudaStream_t s) const {
   const Products head{{t_.head, logits_}};
   if (g_.hc_count > 0) {
-    hc_read(t_.output_hc, x_, nullptr, s);
-    quantize_for(x_, head, q8_, s);
+    hc_read(t_.output_hc, x_, nullptr, head, s);
   } else {
     STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t_.output_norm, x_, 1, g_.n_embd, g_.rms_eps, s,
                                       q8_for(head, q8_)));

@@ -17,6 +17,7 @@
 #include "../kernels/sample.cuh"
 #include "../runtime/device_buffer.hpp"
 #include "decode_tensors.hpp"
+#include "expert_deferral.hpp"
 #include "projection.hpp"
 #include "sequence_views.hpp"
 #include "strata/expert_cache.hpp"
@@ -41,6 +42,7 @@ struct ProgramIo {
   int* wait_status = nullptr;        // mapped: the ring a device-side wait gave up on
   long long answer_timeout_ns = 0;
   int* sampled = nullptr;            // mapped: the sampled token id
+  ExpertDeferral deferral;           // which layers' deferred rows post() adds a layer late (off: none)
 };
 
 // The per-token buffers of the decode program, carved out of one allocation (decode_program.cu,
@@ -52,7 +54,9 @@ struct DecodeScratch {
   int* seen_ = nullptr;          // [context] every token fed, for the repetition penalty
   float *cos_ = nullptr, *sin_ = nullptr, *ones_ = nullptr;
   float *x_ = nullptr, *y_ = nullptr, *normed_ = nullptr, *down_ = nullptr, *up_ = nullptr, *inject_ = nullptr;
-  float *inj_attn_ = nullptr, *inj_ffn_ = nullptr;
+  float *inj_attn_ = nullptr, *inj_ffn_ = nullptr;  // inj_ffn_: [2][hc], by layer parity (ffn_injection)
+  float* deferred_ = nullptr;  // [n] the layer before's deferred experts, as the host answered them
+  float* hc_rms_ = nullptr;    // [hc] the streams' inverse RMS, from the fused read's first launch to its second
   float *qkvz_ = nullptr, *beta_ = nullptr, *alpha_ = nullptr, *conv_out_ = nullptr, *core_ = nullptr;
   float *qg_ = nullptr, *k_ = nullptr, *v_ = nullptr, *q_ = nullptr, *attn_ = nullptr, *iq_ = nullptr, *ik_ = nullptr;
   float* scores_ = nullptr;
@@ -82,6 +86,11 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
 
   // Whether layer `layer` rings the doorbell (some of its experts are the pool's).
   bool rings(int layer) const;
+
+  // Whether the PLE rows come up from the stage at the PLE layer rather than in begin(): where a layer below it
+  // rings, so a host that writes them after the launch and before answering that ring is ordered before the
+  // copy (the session gathers them there, docs/session.md). Fixed for the program's life, as the graphs are.
+  bool ple_rows_late() const noexcept { return ple_late_; }
 
   // Bytes of the pinned staging block the host writes before each token (ProgramIo::host_stage).
   static std::size_t stage_bytes(const ModelGeometry& g);
@@ -123,8 +132,14 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
   const kernels::Logprobs* logprobs() const noexcept { return logprobs_; }
 
  private:
-  void hc_read(const HcTensors& t, float* x, float* inj, cudaStream_t s) const;
+  // x and inj (null: the final mixer) from the streams, and x's q8_32 form in q8_ where one of `readers` reads it
+  // (q8_for): the fused read (kernels/hc_read.cuh) writes it beside x; the eight-kernel chain it falls back to for
+  // a form or shape the fusion lacks quantizes x after.
+  void hc_read(const HcTensors& t, float* x, float* inj, const Products& readers, cudaStream_t s) const;
   void add_to_streams(const float* inj, const float* y, int streams, int width, cudaStream_t s) const;
+  // Layer `layer`'s FFN injection weights: kept per parity so that post(l + 1) still has layer l's for its
+  // deferred row after pre(l + 1) wrote its own.
+  float* ffn_injection(int layer) const noexcept { return inj_ffn_ + (layer & 1) * g_.hc_count; }
   // The products of the mixer's input x_ in layer `layer`; the mixers start with x_'s q8_32 form in q8_ where one of
   // them reads it (q8_for), and end with the mixer's output y_.
   Products mixer_inputs(int layer) const;
@@ -142,6 +157,7 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
   SequenceViews seq_;
   int context_;
   kernels::AttentionShape attention_;
+  bool ple_late_ = false;
 
   DeviceBuffer scratch_;
   Branches branches_;

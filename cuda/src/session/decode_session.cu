@@ -23,6 +23,7 @@
 #include "strata/expert_cache.hpp"
 #include "strata/expert_pool.hpp"
 #include "strata/expert_staging.hpp"
+#include "strata/ple_gather.hpp"
 #include "strata/session_arena.hpp"
 #include "token_schedule.hpp"
 
@@ -38,6 +39,13 @@ void check_options(const DecodeOptions& o) {
                  "prompt chunk must be >= 0 tokens (0: no prompt path), got " + std::to_string(o.prompt_chunk));
 }
 
+void check_deferral(const DecodeOptions& o, const ModelGeometry& g) {
+  STRATA_EXPECTS(o.defer_experts >= 0 && o.defer_experts < g.n_expert_used, InvalidArgument,
+                 "defer_experts must be in 0.." + std::to_string(g.n_expert_used - 1) + " (below the " +
+                     std::to_string(g.n_expert_used) + " routed experts of a token), got " +
+                     std::to_string(o.defer_experts));
+}
+
 void check_cache(const ExpertCache& cache, const ModelGeometry& g, int device) {
   STRATA_EXPECTS(cache.device() == device, InvalidArgument,
                  "the expert cache is on GPU " + std::to_string(cache.device()) + ", the session on GPU " +
@@ -50,6 +58,15 @@ void check_cache(const ExpertCache& cache, const ModelGeometry& g, int device) {
                    "the expert cache's layer " + std::to_string(l) + " has " + std::to_string(cache.n_expert(l)) +
                        " experts, the model " + std::to_string(g.n_expert));
   }
+}
+
+void check_ple(const PleGather& ple, const ModelGeometry& g) {
+  STRATA_EXPECTS(g.ple_layer >= 0 && ple.n_heads() == g.ple_n_heads && ple.head_dim() == g.ple_head_dim,
+                 InvalidArgument,
+                 "the PLE gather reads " + std::to_string(ple.n_heads()) + " rows of " +
+                     std::to_string(ple.head_dim()) + " values per token; this model's PLE layer takes " +
+                     (g.ple_layer >= 0 ? std::to_string(g.ple_n_heads) + " of " + std::to_string(g.ple_head_dim)
+                                       : std::string("none")));
 }
 
 // The host loop's core: the first physical core, which the pool leaves free of workers (expert_pool.hpp).
@@ -78,14 +95,15 @@ class HostLoopPin {
 
 struct DecodeSession::Impl {
   Impl(const DeviceWeights& weights, cpu::ExpertPool& pool, const ModelGeometry& geometry,
-       const DecodeOptions& options, ExpertCache* cache, ExpertStaging* staging)
+       const DecodeOptions& options, ExpertCache* cache, ExpertStaging* staging, PleGather* ple)
       : g(geometry),
         cache(cache),
+        ple(ple),
         options(options),
         scope(options.device),
         arena(options.device, plan_session(g, options.context, options.kv, options.snapshots, options.kv_streaming)),
         bell(g.n_embd, g.n_expert_used),
-        answerer(pool, bell, cache),
+        answerer(pool, bell, cache, deferral()),
         stage(DecodeProgram::stage_bytes(g)),
         sampled(sizeof(int)),
         program(weights, g, arena, options.kv, program_io(), cache),
@@ -105,8 +123,11 @@ struct DecodeSession::Impl {
     io.wait_status = bell.status_device();
     io.answer_timeout_ns = static_cast<long long>(options.timeout_seconds * 1e9);
     io.sampled = sampled.device<int>();
+    io.deferral = deferral();
     return io;
   }
+
+  ExpertDeferral deferral() const { return {options.defer_experts, g.n_layer}; }
 
   // The cache's replacement between tokens: its map changes here only, ahead of the token on this stream.
   void refresh_cache() {
@@ -118,14 +139,24 @@ struct DecodeSession::Impl {
     }
   }
 
-  void run_token(Sampler sampler, int ring_base) {
-    schedule.run(sampler, stream.get(), [this, ring_base](int layer) {
+  // `late_ple`: the token whose PLE rows are gathered here, after the launch and before any ring is answered
+  // (-1: none); the GPU copies them up at the PLE layer, behind its wait for a ring below it.
+  void run_token(Sampler sampler, int ring_base, int late_ple) {
+    schedule.run(sampler, stream.get(), [this, ring_base, late_ple](int layer) {
+      if (layer == 0 && late_ple >= 0) gather_ple(late_ple, stage.host<float>(kStagePleOffset));
       answerer.answer(layer, kernels::ring_at(ring_base, layer + 1), ring_timeout, exchange);
     });
     bell.check_answers(ring_base, options.timeout_seconds);
     const StageSeconds stages = schedule.stage_seconds();
     stats.gpu_pre_seconds += stages.pre;
     stats.gpu_post_seconds += stages.post;
+  }
+
+  // The session's own gather of `token`'s PLE rows into `out`, timed (ple is set).
+  void gather_ple(int token, float* out) {
+    const auto start = std::chrono::steady_clock::now();
+    ple->rows(token, out);
+    stats.ple_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
   int step(int token, const float* ple_rows, const SamplingValues& sampling, double u, bool sample) {
@@ -136,13 +167,17 @@ struct DecodeSession::Impl {
     if (ple_rows) {
       std::memcpy(stage.host<char>(kStagePleOffset), ple_rows, sizeof(float) * g.ple_n_heads * g.ple_head_dim);
     }
+    // The session's own gather runs while the GPU works where a ring below the PLE layer orders it before the
+    // rows' copy (DecodeProgram::ple_rows_late), else before the launch.
+    const bool late = ple && program.ple_rows_late();
+    if (ple && !late) gather_ple(token, stage.host<float>(kStagePleOffset));
     // Ring numbers only move forward over the session's life (modulo 2^32, doorbell.cuh): a flag left from an
     // earlier token can never pass a wait.
     const int ring_base = ring_base_of(tokens_run, g.n_layer);
     bell.begin_token(ring_base);
     broken = true;  // until the token completes
     refresh_cache();
-    run_token(sampler_for(sample), ring_base);
+    run_token(sampler_for(sample), ring_base, late ? token : -1);
     broken = false;
     ++tokens_run;
     ++position;
@@ -178,9 +213,10 @@ struct DecodeSession::Impl {
                      "token id " + std::to_string(tokens[i]) + " is outside the vocabulary [0, " +
                          std::to_string(g.n_vocab) + ")");
     }
-    STRATA_EXPECTS((ple_rows != nullptr) == (g.ple_layer >= 0), InvalidArgument,
-                   g.ple_layer >= 0 ? "this model's PLE layer needs the n-gram table rows of every token"
-                                    : "this model has no PLE layer, yet PLE rows were given");
+    STRATA_EXPECTS((ple_rows != nullptr) == (g.ple_layer >= 0 && !ple), InvalidArgument,
+                   ple                ? "this session gathers the PLE rows itself, yet PLE rows were given"
+                   : g.ple_layer >= 0 ? "this model's PLE layer needs the n-gram table rows of every token"
+                                      : "this model has no PLE layer, yet PLE rows were given");
     STRATA_EXPECTS(u >= 0.0 && u < 1.0, InvalidArgument, "the draw u must lie in [0, 1), got " + std::to_string(u));
   }
 
@@ -207,6 +243,11 @@ struct DecodeSession::Impl {
     broken = true;  // until the prompt completes
     refresh_cache();
     const int chunk = prompt->chunk(), ple_width = g.ple_n_heads * g.ple_head_dim;
+    if (ple) {  // the whole prompt's rows at once, as the caller's would come (the prompt path is not the token's)
+      feed_rows.resize(static_cast<std::size_t>(n) * ple_width);
+      for (int i = 0; i < n; ++i) gather_ple(tokens[i], feed_rows.data() + static_cast<std::size_t>(i) * ple_width);
+      ple_rows = feed_rows.data();
+    }
     for (int at = 0; at < n; at += chunk) {
       const int m = std::min(chunk, n - at);
       prompt->run(tokens + at, m, position + at, ple_rows ? ple_rows + static_cast<long>(at) * ple_width : nullptr,
@@ -239,6 +280,7 @@ struct DecodeSession::Impl {
     exchange = {};
     if (prompt) prompt->reset_stats();
     snapshot_position.assign(options.snapshots, -1);
+    if (ple) ple->reset();
   }
 
   TokenLogprobs logprobs(int token, int n) {
@@ -261,6 +303,7 @@ struct DecodeSession::Impl {
     STRATA_CUDA_TRY(cudaStreamSynchronize(stream.get()));
     arena.snapshot(slot);  // checks the slot
     snapshot_position[slot] = position;
+    if (ple) ple_saved[slot] = ple->previous();
   }
 
   void restore(int slot) {
@@ -270,6 +313,7 @@ struct DecodeSession::Impl {
     STRATA_CUDA_TRY(cudaStreamSynchronize(stream.get()));
     arena.restore(slot);
     position = snapshot_position[slot];
+    if (ple) ple->set_previous(ple_saved[slot]);
     broken = false;  // every state a later token reads is the snapshot's or indexed below its position
   }
 
@@ -283,6 +327,7 @@ struct DecodeSession::Impl {
 
   ModelGeometry g;
   ExpertCache* cache;
+  PleGather* ple;  // null: the caller passes each token's PLE rows
   DecodeOptions options;
   std::vector<int> host_cpus = host_loop_cpus();
   DeviceScope scope;
@@ -301,6 +346,8 @@ struct DecodeSession::Impl {
   DecodeStats stats;
   ExchangeStats exchange;
   std::vector<int> snapshot_position = std::vector<int>(options.snapshots, -1);  // per slot; -1: empty
+  std::vector<std::vector<std::int64_t>> ple_saved = std::vector<std::vector<std::int64_t>>(options.snapshots);
+  std::vector<float> feed_rows;  // feed(): the prompt's PLE rows, where the session gathers them
 };
 
 std::size_t decode_scratch_bytes(const ModelGeometry& geometry, int context, std::size_t sampler_bytes) {
@@ -325,12 +372,15 @@ std::size_t sampler_workspace_bytes(int n_vocab) {
 }
 
 DecodeSession::DecodeSession(const DeviceWeights& weights, cpu::ExpertPool& pool, const ModelGeometry& geometry,
-                             const DecodeOptions& options, ExpertCache* cache, ExpertStaging* staging) {
+                             const DecodeOptions& options, ExpertCache* cache, ExpertStaging* staging,
+                             PleGather* ple) {
   check_geometry(geometry);
   check_options(options);
+  check_deferral(options, geometry);
   require_device(options.device);
   if (cache) check_cache(*cache, geometry, options.device);
-  impl_ = std::make_unique<Impl>(weights, pool, geometry, options, cache, staging);
+  if (ple) check_ple(*ple, geometry);
+  impl_ = std::make_unique<Impl>(weights, pool, geometry, options, cache, staging, ple);
 }
 
 DecodeSession::~DecodeSession() = default;

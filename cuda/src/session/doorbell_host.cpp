@@ -31,7 +31,8 @@ DoorbellHost::DoorbellHost(int n, int k, int first_ring_base)
       weights_offset_(kIds + align64(sizeof(std::int32_t) * k_)),
       x_offset_(weights_offset_ + align64(sizeof(float) * k_)),
       answer_offset_(x_offset_ + align64(sizeof(float) * n_)),
-      memory_(answer_offset_ + align64(sizeof(float) * n_)) {
+      deferred_offset_(answer_offset_ + align64(sizeof(float) * n_)),
+      memory_(deferred_offset_ + align64(2 * sizeof(float) * n_)) {
   // The last ring rung and answered is the one before the first token's: serial numbers compare by their
   // difference, so a seq or flag left at 0 would already "reach" the rings of the 2^31 below 0.
   store_word(memory_.host<int>(kSeq), first_ring_base);
@@ -48,6 +49,7 @@ kernels::Doorbell DoorbellHost::device_view() const noexcept {
   view.answer = memory_.device<const float>(answer_offset_);
   view.n = n_;
   view.k = k_;
+  view.deferred = memory_.device<const float>(deferred_offset_);
   return view;
 }
 

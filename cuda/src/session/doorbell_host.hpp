@@ -1,6 +1,7 @@
 // The host side of the doorbell: one block of mapped pinned memory holding what the GPU publishes for a
 // MoE layer (x, ids, weights, then the ring number `seq`), what the host answers (the combined expert row,
-// then `flag`), and the per-token staging the captured graphs read (the ring base, the wait status).
+// then `flag`; with expert deferral also a layer's deferred row, one per layer parity), and the per-token
+// staging the captured graphs read (the ring base, the wait status).
 #pragma once
 
 #include <chrono>
@@ -42,6 +43,11 @@ class DoorbellHost {
   const std::int32_t* ids() const noexcept { return memory_.host<const std::int32_t>(kIds); }
   const float* weights() const noexcept { return memory_.host<const float>(weights_offset_); }
   float* answer() const noexcept { return memory_.host<float>(answer_offset_); }
+  // Layer l's deferred row is deferred(l % 2): the GPU reads it after the answer to ring l + 1, so the host
+  // may write the next one, l + 1's, while that is pending.
+  float* deferred(int parity) const noexcept {
+    return memory_.host<float>(deferred_offset_) + static_cast<std::size_t>(parity) * n_;
+  }
 
   // Publishes answer() to the GPU: everything written before this call is visible before `flag` moves.
   void answer_ready(int ring) noexcept;
@@ -61,7 +67,7 @@ class DoorbellHost {
   static constexpr std::size_t kSeq = 0, kFlag = 64, kRingBase = 128, kStatus = 192, kIds = 256;
 
   int n_, k_;
-  std::size_t weights_offset_, x_offset_, answer_offset_;
+  std::size_t weights_offset_, x_offset_, answer_offset_, deferred_offset_;
   PinnedMapped memory_;
 };
 

@@ -61,14 +61,7 @@ void project_batch(const DeviceTensor& stack, const kernels::MatrixBatch& batch,
 
 void route_and_publish(const DeviceTensor& router, const float* x, const Q8Scratch& q8, int k,
                        const kernels::RouteTargets& out, const kernels::RoutePublish& publish, cudaStream_t stream) {
-  kernels::RouterMatrix w;
-  w.quantized = !router.is_float;
-  w.kind = router.float_kind;
-  w.w = router.data;
-  w.form = router.form;
-  w.planes = router.planes;
-  w.n_expert = static_cast<int>(router.rows);
-  w.cols = static_cast<int>(router.cols);
+  const kernels::RouterMatrix w{weight_matrix(router), static_cast<int>(router.rows), static_cast<int>(router.cols)};
   const kernels::RouterInput input{x, q8.xq, q8.dx, q8.sums};
   STRATA_CUDA_TRY(kernels::route_publish(w, input, k, out, publish, stream));
 }

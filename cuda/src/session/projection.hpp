@@ -18,6 +18,11 @@
 
 namespace strata {
 
+// `t` as the kernels that run a GEMV's row dots in their own launch take it.
+inline kernels::WeightMatrix weight_matrix(const DeviceTensor& t) {
+  return {t.is_float, t.float_kind, t.data, t.form, t.planes};
+}
+
 // One weight and where its output goes.
 struct Product {
   const DeviceTensor* w;

@@ -7,12 +7,45 @@
 
 namespace strata {
 
-RingAnswerer::RingAnswerer(cpu::ExpertPool& pool, DoorbellHost& bell, ExpertCache* cache)
-    : pool_(pool), bell_(bell), cache_(cache), rows_(static_cast<std::size_t>(bell.k()) * bell.n()), held_(bell.k()) {}
+RingAnswerer::RingAnswerer(cpu::ExpertPool& pool, DoorbellHost& bell, ExpertCache* cache, ExpertDeferral deferral)
+    : pool_(pool),
+      bell_(bell),
+      cache_(cache),
+      deferral_(deferral),
+      rows_(static_cast<std::size_t>(bell.k()) * bell.n()),
+      held_(bell.k()),
+      now_(bell.k()),
+      later_(bell.k()),
+      deferred_x_(deferral.experts > 0 ? bell.n() : 0),
+      deferred_weights_(deferral.experts > 0 ? bell.k() : 0),
+      deferred_ids_(deferral.experts > 0 ? bell.k() : 0) {}
+
+void RingAnswerer::sum_rows(const std::uint8_t* skip, float* out) const {
+  const int n = bell_.n(), k = bell_.k();
+  std::fill(out, out + n, 0.0f);
+  for (int j = 0; j < k; ++j) {
+    if (skip[j]) continue;
+    const float* row = rows_.data() + static_cast<std::size_t>(j) * n;
+    for (int i = 0; i < n; ++i) out[i] += row[i];
+  }
+}
+
+// Layer l's deferred experts, weighted by l's own routing weights, into deferred row l % 2; written before the
+// answer to ring l + 1, whose flag the GPU waits for before it reads the row.
+void RingAnswerer::answer_deferred(ExchangeStats& stats) {
+  const auto start = std::chrono::steady_clock::now();
+  pool_.run_layer(deferred_layer_, deferred_x_.data(), deferred_ids_.data(), deferred_weights_.data(),
+                  later_.data(), bell_.k(), rows_.data());
+  sum_rows(later_.data(), bell_.deferred(deferred_layer_ % 2));
+  stats.pool_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 void RingAnswerer::answer(int layer, int ring, std::chrono::nanoseconds timeout, ExchangeStats& stats) {
   using clock = std::chrono::steady_clock;
   const int n = bell_.n(), k = bell_.k();
+  // A token cut short leaves its due layer behind: only the layer just before this one is due now.
+  if (deferred_layer_ >= 0 && deferred_layer_ == layer - 1) answer_deferred(stats);
+  deferred_layer_ = -1;
   if (static_cast<int>(stats.hits.size()) <= layer) {
     stats.hits.resize(layer + 1, 0);
     stats.misses.resize(layer + 1, 0);
@@ -41,13 +74,23 @@ void RingAnswerer::answer(int layer, int ring, std::chrono::nanoseconds timeout,
   if (cache_) cache_->note_routed(layer, ids, k);  // after the skips: the map changes only between tokens
   stats.hits[layer] += held;
   stats.misses[layer] += k - held;
-  pool_.run_layer(layer, bell_.x(), ids, bell_.weights(), held_.data(), k, rows_.data());
-  float* answer = bell_.answer();
-  std::fill(answer, answer + n, 0.0f);
-  for (int j = 0; j < k; ++j) {
+  // Deferred: the last `experts` of the pool's slots (moe_route orders them by descending weight).
+  const bool defers = deferral_.defers(layer, cache_);
+  std::copy(held_.begin(), held_.end(), now_.begin());
+  std::fill(later_.begin(), later_.end(), std::uint8_t{1});
+  for (int j = k - 1, left = defers ? deferral_.experts : 0; j >= 0 && left > 0; --j) {
     if (held_[j]) continue;
-    const float* row = rows_.data() + static_cast<std::size_t>(j) * n;
-    for (int i = 0; i < n; ++i) answer[i] += row[i];
+    now_[j] = 1;
+    later_[j] = 0;
+    --left;
+  }
+  pool_.run_layer(layer, bell_.x(), ids, bell_.weights(), now_.data(), k, rows_.data());
+  sum_rows(now_.data(), bell_.answer());
+  if (defers) {
+    std::copy(bell_.x(), bell_.x() + n, deferred_x_.begin());
+    std::copy(ids, ids + k, deferred_ids_.begin());
+    std::copy(bell_.weights(), bell_.weights() + k, deferred_weights_.begin());
+    deferred_layer_ = layer;
   }
   bell_.answer_ready(ring);
   const auto done = clock::now();

@@ -1,12 +1,13 @@
 // The host loop's one job per MoE layer: wait for the GPU's ring, compute the routed experts the VRAM cache
-// does not hold on the CPU pool, hand their combined row back (the GPU adds the cached ones). Allocates once, at
-// construction.
+// does not hold on the CPU pool, hand their combined row back (the GPU adds the cached ones); with expert
+// deferral, the deferred ones after the answer, into their own row. Allocates once, at construction.
 #pragma once
 
 #include <chrono>
 #include <vector>
 
 #include "doorbell_host.hpp"
+#include "expert_deferral.hpp"
 #include "strata/expert_cache.hpp"
 #include "strata/expert_pool.hpp"
 
@@ -22,20 +23,33 @@ struct ExchangeStats {
 class RingAnswerer {
  public:
   // `cache` may be null (the pool computes every routed expert); it must outlive the answerer.
-  RingAnswerer(cpu::ExpertPool& pool, DoorbellHost& bell, ExpertCache* cache = nullptr);
+  RingAnswerer(cpu::ExpertPool& pool, DoorbellHost& bell, ExpertCache* cache = nullptr,
+               ExpertDeferral deferral = {});
 
   // Waits for `ring` from MoE layer `layer`, answers it with sum_j weights[j] * expert_ids[j](x) over the j
-  // the cache does not hold, and tells the cache the routing; a layer the cache holds whole never rings and is
-  // only counted.
+  // the cache does not hold (and, where the layer defers, the pool does not defer), and tells the cache the
+  // routing; a layer the cache holds whole never rings and is only counted. Layer - 1's deferred experts are
+  // computed first, into their row, while the GPU works towards this ring.
   // Throws strata::Error naming the layer when the GPU does not ring within `timeout`.
   void answer(int layer, int ring, std::chrono::nanoseconds timeout, ExchangeStats& stats);
 
  private:
+  void answer_deferred(ExchangeStats& stats);
+  void sum_rows(const std::uint8_t* skip, float* out) const;  // out = the rows_ of the slots not skipped
+
   cpu::ExpertPool& pool_;
   DoorbellHost& bell_;
   ExpertCache* cache_;  // told each token's routing (its replacement learns from it)
+  ExpertDeferral deferral_;
   std::vector<float> rows_;      // [k][n]: the pool's weighted expert rows
-  std::vector<std::uint8_t> held_;  // [k]: the cache holds routed slot j (the pool skips it)
+  std::vector<std::uint8_t> held_;  // [k]: the cache holds routed slot j
+  std::vector<std::uint8_t> now_;   // [k]: the answer skips slot j (held or deferred)
+  std::vector<std::uint8_t> later_;  // [k]: the deferred row skips slot j (all but the deferred)
+  // The layer whose deferred experts are due (-1: none) with its request: once it is answered the GPU may
+  // publish the next layer's into the doorbell, so the deferred experts read this copy.
+  int deferred_layer_ = -1;
+  std::vector<float> deferred_x_, deferred_weights_;
+  std::vector<std::int32_t> deferred_ids_;
 };
 
 }  // namespace strata

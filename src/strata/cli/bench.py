@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from strata.cli.help import ShowDefaults
 from strata.errors import InvalidArgument
-from strata.options import KV, Mode
+from strata.options import KV, Mode, check_defer_experts
 
 if TYPE_CHECKING:
     import numpy as np
@@ -143,16 +143,17 @@ def decode(engine: GpuEngine, prompt: list[int], tokens: int) -> dict[str, float
 
 
 def run_modes(model: Any, modes: list[Mode], prompt_tokens: int, tokens: int, context: int | None, kv: KV,
-              rng: np.random.Generator, kv_streaming: bool = False) -> dict[str, dict[str, float]]:
-    """decode() on a fresh session of each mode in turn, KV in format `kv`, streamed or not (one session in VRAM
-    at a time)."""
+              rng: np.random.Generator, kv_streaming: bool = False,
+              defer_experts: int = 0) -> dict[str, dict[str, float]]:
+    """decode() on a fresh session of each mode in turn, KV in format `kv`, streamed or not, `defer_experts`
+    deferred (one session in VRAM at a time)."""
     g = model.info.geometry
     prompt = prompt_ids(g, prompt_tokens, rng)
     if context is None:
         context = min(g.context_length, prompt_tokens + tokens + 1)
     results = {}
     for mode in modes:
-        session = model.session(context, kv=kv, mode=mode, kv_streaming=kv_streaming)
+        session = model.session(context, kv=kv, mode=mode, kv_streaming=kv_streaming, defer_experts=defer_experts)
         try:
             results[mode.value] = decode(session.engine, prompt, tokens)
         finally:
@@ -222,7 +223,7 @@ def report(result: Mapping[str, Any]) -> list[str]:
     ms = 1e3
     lines = [f"model {result['model']}: {result['arch']}, {result['n_layer']} layers; prompt {result['prompt_tokens']} "
              f"tokens, {result['tokens']} decoded greedily; kv {result['kv']}"
-             f"{' streamed' if result.get('kv_streaming') else ''}",
+             f"{' streamed' if result.get('kv_streaming') else ''}; defer experts {result.get('defer_experts', 0)}",
              f"machine limit {1 / limit_s:8.1f} tok/s = {limit_s * ms:.3f} ms/token:",
              f"  routed experts  {limit['routed_bytes'] / 1e9:7.3f} GB/token at host read "
              f"{limit['read_bandwidth'] / 1e9:.1f} GB/s (CPU pool, measured) = {limit['routed_seconds'] * ms:.3f} ms",
@@ -244,9 +245,9 @@ def report(result: Mapping[str, Any]) -> list[str]:
 
 def run(model: Any, *, model_path: str, modes: list[Mode | str], prompt_tokens: int, tokens: int,
         context: int | None = None, kv: KV | str = KV.INT8, json_path: str | None = None,
-        prompt_lengths: tuple[int, ...] = (), kv_streaming: bool = False) -> dict[str, Any]:
+        prompt_lengths: tuple[int, ...] = (), kv_streaming: bool = False, defer_experts: int = 0) -> dict[str, Any]:
     """Bench a loaded model: prints the report, returns (and with `json_path` writes) the numbers; with
-    `prompt_lengths`, the prompt path's speed at each length too (prompt_speed)."""
+    `prompt_lengths`, the prompt path's speed at each length too (prompt_speed, exact: deferral is decode-only)."""
     import numpy as np
 
     from strata.runtime.expert_cache import describe
@@ -261,13 +262,15 @@ def run(model: Any, *, model_path: str, modes: list[Mode | str], prompt_tokens: 
     if any(n < 1 for n in prompt_lengths):
         raise InvalidArgument(f"--prompt-lengths must be >= 1 token each, got {list(prompt_lengths)}")
     g = model.info.geometry
+    check_defer_experts(defer_experts, g.n_expert_used)  # before the bandwidth measurement
     tensors = file_tensors(model.file)
     limit = machine_limit(g, tensors, model.pool.read_bandwidth(READ_BANDWIDTH_BYTES), model.cache_slots)
-    results = run_modes(model, modes, prompt_tokens, tokens, context, kv, np.random.default_rng(), kv_streaming)
+    results = run_modes(model, modes, prompt_tokens, tokens, context, kv, np.random.default_rng(), kv_streaming,
+                        defer_experts)
     for m in results.values():
         m["fraction_of_limit"] = limit.seconds / m["seconds_per_token"]
     result = {"model": model_path, "arch": g.arch, "n_layer": g.n_layer, "prompt_tokens": prompt_tokens,
-              "tokens": tokens, "kv": kv.value, "kv_streaming": kv_streaming,
+              "tokens": tokens, "kv": kv.value, "kv_streaming": kv_streaming, "defer_experts": defer_experts,
               "expert_cache": describe(g, tensors, model.cache_slots), "cache_slots": model.cache_slots,
               "limit": {**asdict(limit), "seconds": limit.seconds}, "modes": results}
     print("\n".join(report(result)))
@@ -315,7 +318,7 @@ def file_tensors_of(model: Any) -> Tensors:
 
 
 def register(commands) -> None:
-    from strata.cli.session import add_placement_arguments
+    from strata.cli.session import add_deferral_argument, add_placement_arguments
 
     sub = commands.add_parser(
         "bench", help="decode speed of the GPU engine vs this machine's limit (`bench pool`: the CPU pool alone)",
@@ -332,6 +335,7 @@ def register(commands) -> None:
     sub.add_argument("--kv", choices=KV.values(), default=KV.INT8.value, help="KV cache format")
     sub.add_argument("--kv-streaming", action="store_true",
                      help="the attention KV in page-locked host memory, a VRAM window of what QSA selects")
+    add_deferral_argument(sub)
     sub.add_argument("--json", metavar="PATH", default=None, help="also write the numbers as JSON")
     sub.add_argument("--prompt-lengths", default="512,4096", metavar="TOKENS",
                      help="prompt path speed at these prompt lengths, beside stepping them (0: none)")
@@ -361,7 +365,8 @@ def handle(args) -> int:
         raise InvalidArgument(f"--prompt-lengths takes token counts such as 512,4096, "
                               f"got {args.prompt_lengths!r}") from None
     options = {"model_path": str(path), "modes": modes, "prompt_tokens": args.prompt_tokens, "tokens": args.tokens,
-               "context": args.context, "kv": args.kv, "prompt_lengths": lengths, "kv_streaming": args.kv_streaming}
+               "context": args.context, "kv": args.kv, "prompt_lengths": lengths, "kv_streaming": args.kv_streaming,
+               "defer_experts": args.defer_experts}
     if args.cache_shares is None:
         with load(str(path), **placement(args)) as model:
             run(model, **options, json_path=args.json)

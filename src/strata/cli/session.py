@@ -45,7 +45,16 @@ def add_engine_arguments(sub: argparse.ArgumentParser) -> None:
                           "(gpu engine, qwen4exp): long contexts on little VRAM")
     sub.add_argument("--mode", choices=Mode.values(), default=Mode.TOKEN_GRAPH.value, action=_Given,
                      help="how the gpu engine launches a token: one CUDA graph, a graph per layer, or uncaptured")
+    add_deferral_argument(sub)
     add_placement_arguments(sub, _Given)
+
+
+def add_deferral_argument(sub: argparse.ArgumentParser) -> None:
+    """--defer-experts D: expert deferral (docs/session.md), on either engine."""
+    sub.add_argument("--defer-experts", type=int, default=0, metavar="D",
+                     help="of each layer's routed experts, apply the D lightest one layer late so the CPU pool "
+                          "computes them while the GPU runs the next layer: faster decoding, no longer exact "
+                          "(0: exact; below the model's routed experts per token)")
 
 
 def add_placement_arguments(sub: argparse.ArgumentParser, action: type[argparse.Action] | str = "store") -> None:
@@ -117,10 +126,12 @@ def opened_model(args: argparse.Namespace) -> Iterator:
 
 
 def new_session(model, args: argparse.Namespace):
-    """A Session on `model` of `--context` tokens (and, on the gpu engine, `--kv`, `--kv-streaming` and `--mode`)."""
+    """A Session on `model` of `--context` tokens with `--defer-experts` (and, on the gpu engine, `--kv`,
+    `--kv-streaming` and `--mode`)."""
     if args.engine != "gpu":
-        return model.session(args.context)
-    return model.session(args.context, args.kv, args.mode, kv_streaming=args.kv_streaming)
+        return model.session(args.context, defer_experts=args.defer_experts)
+    return model.session(args.context, args.kv, args.mode, kv_streaming=args.kv_streaming,
+                         defer_experts=args.defer_experts)
 
 
 @contextmanager

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from strata.errors import InvalidArgument
-from strata.options import KV
+from strata.options import KV, check_defer_experts
 from strata.reference import kv_formats
 from strata.reference.attention import AttentionShape, KvState, gated_attention
 from strata.reference.gdn import GdnShape, GdnState, gdn_forward
@@ -20,6 +21,23 @@ from strata.reference.qsa import IndexerShape, IndexerState, qsa_select
 from strata.reference.weights import FileWeights, Weights
 
 
+def _written(streams: np.ndarray, inj: np.ndarray | None, y: np.ndarray) -> np.ndarray:
+    """A block output y [T, n] written back: with hyper-connections by the injection weights inj [T, hc], else
+    added to the one stream."""
+    return hc_write(streams, inj, y) if inj is not None else (streams + y[:, None, :]).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """A layer's deferred expert row [T, n] and that layer's own FFN write-back weights (None: one stream)."""
+
+    inj: np.ndarray | None
+    row: np.ndarray
+
+    def added_to(self, streams: np.ndarray) -> np.ndarray:
+        return _written(streams, self.inj, self.row)
+
+
 class Reference:
     """Token-stateful float oracle: `forward(ids)` continues the sequence; `reset()` starts a new one.
 
@@ -27,12 +45,16 @@ class Reference:
     (GGUF-named float32 arrays, numpy shape = reversed ggml ne). With `activation_quant`, every weight product
     uses strata.quant.matvec (the q8_32 activation contract of docs/forms.md); with `kv` (a strata.KV), the
     attention caches hold their rows as a session's cache of that format does (strata.reference.kv_formats),
-    else as computed (float32).
+    else as computed (float32). With `defer_experts` d > 0, the d routed experts of lowest weight of every layer
+    but the last reach the streams one layer late, as the GPU engine's decode token applies them
+    (docs/session.md, "Expert deferral"): layer l's deferred row is added with l's own write-back weights
+    just before layer l + 1's MoE output. It applies to every token forward() runs (this oracle has no
+    separate prompt path).
     """
 
     def __init__(self, model_file: Any = None, *, geometry: Any = None,
                  weights: Mapping[str, np.ndarray] | None = None, activation_quant: bool = False,
-                 kv: KV | str | None = None):
+                 kv: KV | str | None = None, defer_experts: int = 0):
         if (model_file is None) == (geometry is None or weights is None):
             raise InvalidArgument("Reference wants either a model file or both geometry= and weights=")
         if model_file is not None:
@@ -52,6 +74,7 @@ class Reference:
             raise InvalidArgument(f"kv={self._kv.value}: head_dim {g.head_dim} is not a multiple of "
                                   f"{kv_formats.GROUP} (KV groups)")
         self._ple_shape = g.ple
+        self.defer_experts = check_defer_experts(defer_experts, g.n_expert_used)
         self.reset()
 
     def _indexer_shape(self, layer: int) -> IndexerShape | None:
@@ -105,9 +128,10 @@ class Reference:
             streams = np.repeat(hidden[:, None, :], g.hc_count, axis=1)
         else:
             streams = hidden[:, None, :]
+        deferred: Deferred | None = None
         for layer in range(g.n_layer):
             d: dict[str, Any] = {}
-            streams = self._layer(layer, streams, ids, positions, cos, sin, d)
+            streams, deferred = self._layer(layer, streams, ids, positions, cos, sin, d, deferred)
             dumps.append(d)
         logits = self._head(streams)
         self.n_past += ids.size
@@ -125,7 +149,8 @@ class Reference:
         return gated_attention(self.weights, layer, x, st["kv"], self._attn_shape, cos, sin, g.rms_eps, selected)
 
     def _layer(self, layer: int, streams: np.ndarray, ids: np.ndarray, positions: np.ndarray, cos: np.ndarray,
-               sin: np.ndarray, d: dict[str, Any]) -> np.ndarray:
+               sin: np.ndarray, d: dict[str, Any], earlier: Deferred | None) -> tuple[np.ndarray, Deferred | None]:
+        """The streams after `layer`, and what it defers to the next layer; `earlier`: the layer before's."""
         g, w, st = self.geometry, self.weights, self.state[layer]
         b = f"blk.{layer}."
         if "ple" in st:
@@ -144,10 +169,13 @@ class Reference:
             x, inj = hc_read(w, b + "hc_ffn", streams, g.rms_eps)
         else:
             x = rms_norm(streams[:, 0], w.get(b + "post_attention_norm.weight"), g.rms_eps).astype(np.float32)
-        y, d["router_ids"], d["router_weights"] = moe_forward(w, layer, x, g.n_expert_used, g.expert_ff)
-        streams = hc_write(streams, inj, y) if self.is_hc else (streams + y[:, None, :]).astype(np.float32)
+        defer = self.defer_experts if layer + 1 < g.n_layer else 0  # the last layer has none to hide behind
+        y, d["router_ids"], d["router_weights"], late = moe_forward(w, layer, x, g.n_expert_used, g.expert_ff, defer)
+        if earlier is not None:
+            streams = earlier.added_to(streams)
+        streams = _written(streams, inj if self.is_hc else None, y)
         d["streams_after_ffn"] = streams
-        return streams
+        return streams, Deferred(inj if self.is_hc else None, late) if defer else None
 
     def _head(self, streams: np.ndarray) -> np.ndarray:
         g, w = self.geometry, self.weights

@@ -34,13 +34,16 @@ def _swiglu(weights: Weights, gate: str, up: str, down: str, x: np.ndarray, expe
     return weights.matmul(down, h, expert)
 
 
-def moe_forward(weights: Weights, layer: int, x: np.ndarray, top_k: int,
-                expert_ff: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """MoE block of `layer` on x [T, n]: (out [T, n] float32, router ids [T, k], router weights [T, k])."""
+def moe_forward(weights: Weights, layer: int, x: np.ndarray, top_k: int, expert_ff: int,
+                defer: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """MoE block of `layer` on x [T, n]: (out [T, n] float32, router ids [T, k], router weights [T, k],
+    deferred [T, n] float32). The `defer` routed experts of lowest weight (the last ids) are left out of `out`
+    and summed, with their own weights, into `deferred` (expert deferral, docs/session.md)."""
     b = f"blk.{layer}."
     ids, w = route(weights.matmul(b + "ffn_gate_inp.weight", x), top_k)
     merged = weights.has(b + "ffn_gate_up_exps.weight")
     out = np.zeros(x.shape, dtype=np.float64)
+    deferred = np.zeros(x.shape, dtype=np.float64)
     for t in range(x.shape[0]):
         xt = x[t:t + 1]
         for j in range(top_k):
@@ -51,8 +54,8 @@ def moe_forward(weights: Weights, layer: int, x: np.ndarray, top_k: int,
             else:
                 y = _swiglu(weights, b + "ffn_gate_exps.weight", b + "ffn_up_exps.weight",
                             b + "ffn_down_exps.weight", xt, e)
-            out[t] += float(w[t, j]) * y[0]
+            (deferred if j >= top_k - defer else out)[t] += float(w[t, j]) * y[0]
     shared = _swiglu(weights, b + "ffn_gate_shexp.weight", b + "ffn_up_shexp.weight", b + "ffn_down_shexp.weight", x)
     shared_gate = sigmoid(weights.matmul(b + "ffn_gate_inp_shexp.weight", x)[:, 0])
     out += shared_gate[:, None] * shared
-    return out.astype(np.float32), ids, w
+    return out.astype(np.float32), ids, w, deferred.astype(np.float32)

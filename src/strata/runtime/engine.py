@@ -2,7 +2,8 @@
 
 The native session runs one token per `step` (all layers on the GPU, routed experts on the CPU pool, the
 sampler on the device) and keeps every id it was fed, so the repetition penalty's history lives there; this
-side only checks that the caller's history agrees, and hands the PLE layer each token's n-gram table rows.
+side only checks that the caller's history agrees, and hands the PLE layer each token's n-gram table rows where
+the native session does not gather them itself (a table type strata.runtime.ple_rows.NATIVE_ROW_TYPES lacks).
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ class Graphs:
 
 
 class GpuEngine:
-    """strata.generation.Engine over a DecodeSession (`native`), with `ple` rows when the model has PLE and
-    `snapshots` state slots (the native session's) for prefix reuse."""
+    """strata.generation.Engine over a DecodeSession (`native`), with `ple` rows when the model has PLE and the
+    session does not gather them, and `snapshots` state slots (the native session's) for prefix reuse."""
 
     def __init__(self, native: Any, ple: PleRows | None = None, snapshots: int = 0):
         self.native, self.ple, self.snapshots = native, ple, snapshots

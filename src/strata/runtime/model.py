@@ -20,7 +20,7 @@ from strata.errors import InvalidArgument, OutOfMemory
 from strata.format import ModelFile, inspect
 from strata.generation import Session, session_context
 from strata.models import Geometry
-from strata.options import KV, Mode
+from strata.options import KV, Mode, check_defer_experts
 from strata.progress import ByteProgress
 from strata.runtime import expert_cache as cache_plan
 from strata.runtime import prompt as prompt_plan
@@ -79,7 +79,7 @@ class Model:
 
     def session(self, context: int | None = None, kv: KV | str = KV.INT8, mode: Mode | str = Mode.TOKEN_GRAPH,
                 timeout: float = 5.0, snapshots: int = DEFAULT_SNAPSHOTS, prompt_chunk: int | None = None,
-                prompt_cpu: bool = True, kv_streaming: bool = False) -> Session:
+                prompt_cpu: bool = True, kv_streaming: bool = False, defer_experts: int = 0) -> Session:
         """A generation session on the GPU: `context` tokens (default min(context_length, 4096)) of KV in
         format `kv`; `mode` says how a token is launched (strata.Mode); `timeout` bounds every wait on the CPU
         pool; `snapshots` states are kept for prefix reuse (the turn boundaries a conversation rolls back to).
@@ -87,13 +87,17 @@ class Model:
         while it does not fit; 0: token by token) where the model has a prompt path; with `prompt_cpu`, the CPU
         pool computes a share of a small chunk's routed experts beside the staging. With `kv_streaming`, the
         attention layers' KV lives in page-locked host memory and VRAM holds only the QSA blocks each token reads
-        (docs/session.md, "KV streaming"; qwen4exp's indexed attention only). The native session is
+        (docs/session.md, "KV streaming"; qwen4exp's indexed attention only). With `defer_experts` d > 0 (below
+        n_expert_used), the CPU pool's d lightest routed experts of every layer but the last reach the streams one
+        layer late, computed while the GPU runs the next layer: faster, no longer exact (docs/session.md, "Expert
+        deferral"; token by token only, the prompt path stays exact). The native session is
         `session.engine.native`."""
         g = self.info.geometry
         kv, mode = KV.parse(kv), Mode.parse(mode)
         if not timeout > 0:
             raise InvalidArgument(f"timeout must be > 0 seconds, got {timeout}")
         context = session_context(context, g.context_length)
+        check_defer_experts(defer_experts, g.n_expert_used)
         from strata import _native  # the extension is optional for `import strata`; a session needs it
 
         if not 0 <= snapshots <= _native.MAX_SNAPSHOTS:
@@ -113,11 +117,13 @@ class Model:
             chunk = prompt_plan.fitting_chunk(g, context, free - (plan.vram_total - resident), prompt_chunk, kv,
                                               kv_streaming)
         ple = PleRows(self.file, g) if g.ple_layers else None
+        gather = ple.native() if ple is not None else None  # the session gathers the rows itself where it can
         native = _native.DecodeSession(self.weights, self.pool.native, native_geometry(g), context=context,
                                        kv=kv, mode=mode, device=self.device, timeout=timeout, snapshots=snapshots,
                                        cache=self.cache, prompt_chunk=chunk, staging=self.staging,
-                                       prompt_cpu=prompt_cpu, kv_streaming=kv_streaming)
-        return Session(GpuEngine(native, ple, snapshots), self.tokenizer)
+                                       prompt_cpu=prompt_cpu, kv_streaming=kv_streaming,
+                                       defer_experts=defer_experts, ple=gather)
+        return Session(GpuEngine(native, ple if gather is None else None, snapshots), self.tokenizer)
 
     def _vram_room(self) -> tuple[int, int]:
         """(the VRAM the model holds: dense weights, expert cache, prompt staging; what is free for a session beside

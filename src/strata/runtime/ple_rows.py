@@ -3,17 +3,23 @@
 The table (per_layer_token_embd, ~320M rows in the released model) stays memory-mapped: per token only its
 ple_n_heads hashed rows are read from the page cache, dequantized on the host and handed to the session.
 The hash and the EOS cut are strata.reference.ple's, so the GPU engine reads exactly the rows the reference does.
+For the table types a converter writes (NATIVE_ROW_TYPES) the decode session runs the same gather natively on its
+host loop (`PleRows.native`, strata/ple_gather.hpp); this path serves every other type.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from gguf import GGMLQuantizationType as T
 
+from strata import _native
 from strata.errors import FormatError, InvalidArgument
 from strata.models import Geometry
 from strata.quant import dequantize_raw
 
 TABLE = "per_layer_token_embd.weight"
+# The table types the native gather reads, as strata._native.PleGather names them.
+NATIVE_ROW_TYPES = {T.F32: "f32", T.F16: "f16", T.BF16: "bf16", T.Q8_0: "q8_0"}
 
 
 class PleRows:
@@ -39,6 +45,16 @@ class PleRows:
     def reset(self) -> None:
         """An empty sequence: the ids before it read as EOS."""
         self.previous = np.full(self.shape.ngram - 1, self.shape.eos, dtype=np.int64)
+
+    def native(self) -> _native.PleGather | None:
+        """The same gather in the native core, from the ids seen so far, for a decode session to run on its host
+        loop (it keeps the state from then on); None for a table type it does not read, which stays here."""
+        row_type = NATIVE_ROW_TYPES.get(self.ggml_type)
+        if row_type is None:
+            return None
+        gather = _native.PleGather(self.table, row_type, self.shape)
+        gather.previous = self.previous
+        return gather
 
     def rows(self, token: int) -> np.ndarray:
         """float32 [ple_n_heads, ple_head_dim]: the rows of `token` appended after the ids seen so far."""

@@ -126,21 +126,29 @@ struct RoutePublishOutputs {
 void route_publish(int device, const HostTensor& router, const float* x, int replays, int k,
                    const std::int32_t* slot_of, bool ring, int ring_base, const RoutePublishOutputs& out);
 
-// Host destinations of hc_read's results.
+// Host destinations of hc_read's and hc_read_fused's results (each writes the ones it names).
 struct HcReadOutputs {
-  float* normed = nullptr;  // [streams * n] the grouped-normalised streams Hn
+  float* normed = nullptr;  // hc_read: [streams * n] the grouped-normalised streams Hn
+  float* rms = nullptr;     // hc_read_fused: [streams] each stream's inverse RMS (Hn_k = h_k rms_k norm_k)
   float* low = nullptr;     // [rank] silu(W_down Hn / streams)
   float* x = nullptr;       // [n] the block input
   float* inj = nullptr;     // [streams] 2 sigmoid(W_inj Hn / streams); untouched without an inject weight
+  Q8Host x_q8;              // hc_read_fused, where given: x's q8_32 form [n] as hc_read_up_mix wrote it beside x
 };
 
-// The whole hyper-connection read (docs/models/qwen4exp.md §3(a)) of h [streams][n] as a decode step
-// chains it on the device: grouped RMSNorm by norm [streams * n] -> q8_32 -> down GEMV -> silu(/streams) ->
-// q8_32 -> up GEMV -> sigmoid-gated mean over the streams; with `inject`, inject GEMV -> 2 sigmoid(/streams).
-// down [rank][streams * n], up [streams * n][rank], inject [streams][streams * n] (may be null: the final
-// mixer); float forms take the float32 activation instead of q8_32.
+// The whole hyper-connection read (docs/models/qwen4exp.md §3(a)) of h [streams][n] chained on the device as the
+// decode step's fallback and the prompt path run it: grouped RMSNorm by norm [streams * n] -> q8_32 -> down GEMV
+// -> silu(/streams) -> q8_32 -> up GEMV -> sigmoid-gated mean over the streams; with `inject`, inject GEMV ->
+// 2 sigmoid(/streams). down [rank][streams * n], up [streams * n][rank], inject [streams][streams * n] (may be
+// null: the final mixer); float forms take the float32 activation instead of q8_32.
 void hc_read(int device, const float* h, const float* norm, int streams, int n, float eps, const HostTensor& down,
              const HostTensor& up, const HostTensor* inject, const HcReadOutputs& out);
+
+// The same read fused as the decode step runs it (kernels/hc_read.cuh): hc_read_down, then hc_read_up_mix (with
+// x's q8_32 form where out.x_q8 asks for it). InvalidArgument where hc_read_fusable refuses the shape or the
+// weights' forms (the decode program chains the eight kernels there).
+void hc_read_fused(int device, const float* h, const float* norm, int streams, int n, float eps,
+                   const HostTensor& down, const HostTensor& up, const HostTensor* inject, const HcReadOutputs& out);
 
 // hc_mix alone: x [rows][n] = the sigmoid-gated mean over the streams of up and normed [rows][streams][n].
 void hc_mix(int device, const float* up, const float* normed, float* x, int rows, int streams, int n);
