@@ -23,13 +23,12 @@ struct IntDot {
         bias_(_mm256_set1_epi8(static_cast<char>(f.code_bias))) {}
 
   template <bool Biased>
-  XBlock x_block(const int8_t* xq) const {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  XBlock x_operand(__m256i xq) const {
+    return xq;
   }
 
   template <CodeKind K, bool Biased>
-  __m256i block(const uint8_t* codes, const XBlock& xq) const {
-    const __m256i u = unpack_codes<K>(codes);
+  __m256i codes_dot(__m256i u, const XBlock& xq) const {
     __m256i pairs;
     if constexpr (!Biased) {
       pairs = _mm256_maddubs_epi16(u, xq);  // codes are the values

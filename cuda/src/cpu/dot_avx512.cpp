@@ -30,15 +30,13 @@ struct IntDot {
   }
 
   template <bool Biased>
-  XBlock x_block(const int8_t* xq_ptr) const {
-    const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq_ptr));
+  XBlock x_operand(__m256i xq) const {
     if constexpr (!Biased) return {xq, _mm256_setzero_si256()};
     return {xq, _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias_, xq)};
   }
 
   template <CodeKind K, bool Biased>
-  __m256i block(const uint8_t* codes, const XBlock& x) const {
-    __m256i u = unpack_codes<K>(codes);
+  __m256i codes_dot(__m256i u, const XBlock& x) const {
     if constexpr (K == CodeKind::k4Codebook) u = _mm256_shuffle_epi8(lut_, u);
     const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x.xq);
     if constexpr (!Biased) return dot;

@@ -1,15 +1,15 @@
 // The body of the row-dot kernels, included by dot_avx2.cpp and dot_avx512.cpp inside an anonymous
 // namespace (each copy compiled with its own ISA flags: no inline function may be shared between them, or
 // the linker could hand the AVX2 machine the AVX-512 copy). The includer defines `IntDot`, built from a
-// QuantForm (its codebook table and code bias as block() wants them):
-//   using XBlock = ...;  one 32-element block of x as block() takes it
-//   template <bool Biased> XBlock x_block(const int8_t* xq) const;
-//     loads the block once for every weight row of a pass, with whatever of the product depends on x alone.
-//   template <CodeKind K, bool Biased> __m256i block(const uint8_t* codes, const XBlock& x) const;
-//     8 int32 lanes, lane i = Σ v * xq over elements 4i..4i+3 of the 32-element block, v the weight's
-//     signed integer value (docs/forms.md), EXACT: the code bias is removed in the integer domain, never
-//     through float group sums, whose cancellation against large biased products costs accuracy.
-//     Biased is false only for forms with code_bias 0 and no codebook.
+// QuantForm (its codebook table and code bias as codes_dot() wants them):
+//   using XBlock = ...;  32 bytes of x as codes_dot() takes them
+//   template <bool Biased> XBlock x_operand(__m256i xq) const;
+//     made once for every weight row of a pass, with whatever of the product depends on x alone.
+//   template <CodeKind K, bool Biased> __m256i codes_dot(__m256i u, const XBlock& x) const;
+//     u: 32 codes as unpack_codes leaves them, x: the 32 activation bytes they meet. 8 int32 lanes,
+//     lane i = Σ v * xq over bytes 4i..4i+3, v the weight's signed integer value (docs/forms.md), EXACT: the code
+//     bias is removed in the integer domain, never through float group sums, whose cancellation against large
+//     biased products costs accuracy. Biased is false only for forms with code_bias 0 and no codebook.
 // Needs <immintrin.h>, <cstring>, <utility>, "dot.hpp" and code_unpack.inl included before.
 
 inline float horizontal_sum(__m256 v) {
@@ -118,25 +118,64 @@ float row_scales(const MatrixRows& m, int64_t row, const QuantizedVector& x, flo
   return horizontal_sum(off);
 }
 
+// Lanes 0..3 scale sc[i], lanes 4..7 sc[j].
+inline __m256 two_scales(const float* sc, int64_t i, int64_t j) {
+  return _mm256_set_m128(_mm_broadcast_ss(sc + j), _mm_broadcast_ss(sc + i));
+}
+
 // The scale of each lane of block b's dot: one group (G == 32), or lanes 0..3 group 2b and 4..7 group 2b+1.
 template <int G>
 inline __m256 block_scales(const float* sc, int64_t b) {
   if constexpr (G == 32) return _mm256_broadcast_ss(sc + b);
-  return _mm256_set_m128(_mm_broadcast_ss(sc + 2 * b + 1), _mm_broadcast_ss(sc + 2 * b));
+  return two_scales(sc, 2 * b, 2 * b + 1);
 }
 
 // Bytes of one 32-element block of codes.
 template <CodeKind K>
 constexpr int64_t kBlockBytes = K == CodeKind::k2 ? 8 : K == CodeKind::k8 ? 32 : 16;
 
+inline __m256i load_x(const int8_t* xq, int64_t b) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32));
+}
+
 // acc.v[I] += (block b of row I's codes . x block b) * row I's scales of block b, for each row I of a pass.
 template <CodeKind K, bool Biased, int G, int N, size_t... I>
 inline RowSums<N> add_block(RowSums<N> acc, const IntDot& dot, const uint8_t* const* codes, const float* const* sc,
                             const int8_t* xq, int64_t b, std::index_sequence<I...>) {
-  const typename IntDot::XBlock xb = dot.template x_block<Biased>(xq + b * 32);
-  ((acc.v[I] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot.template block<K, Biased>(codes[I] + b * kBlockBytes<K>, xb)),
-                               block_scales<G>(sc[I], b), acc.v[I])),
+  const typename IntDot::XBlock xb = dot.template x_operand<Biased>(load_x(xq, b));
+  ((acc.v[I] = _mm256_fmadd_ps(
+        _mm256_cvtepi32_ps(dot.template codes_dot<K, Biased>(unpack_codes<K>(codes[I] + b * kBlockBytes<K>), xb)),
+        block_scales<G>(sc[I], b), acc.v[I])),
    ...);
+  return acc;
+}
+
+// 4-bit codes take blocks b and b + 1 together (unpack_pair): lanes 0..3 of each dot are block b's, 4..7 block
+// b + 1's, each lane the same elements of its block as in add_block. With one scale a block (G == 32) the lo and
+// hi dots add in int32 (exact) before their one conversion; with two (G == 16) the halves are groups of their own.
+template <CodeKind K>
+constexpr bool kPaired = K == CodeKind::k4 || K == CodeKind::k4Codebook;
+
+template <CodeKind K, bool Biased, int G, int N, size_t... I>
+inline RowSums<N> add_pair(RowSums<N> acc, const IntDot& dot, const uint8_t* const* codes, const float* const* sc,
+                           const int8_t* xq, int64_t b, std::index_sequence<I...>) {
+  const __m256i x0 = load_x(xq, b), x1 = load_x(xq, b + 1);
+  const typename IntDot::XBlock x_lo = dot.template x_operand<Biased>(_mm256_permute2x128_si256(x0, x1, 0x20));
+  const typename IntDot::XBlock x_hi = dot.template x_operand<Biased>(_mm256_permute2x128_si256(x0, x1, 0x31));
+  (
+      [&] {
+        const CodePair u = unpack_pair(codes[I] + b * kBlockBytes<K>);
+        const __m256i lo = dot.template codes_dot<K, Biased>(u.lo, x_lo);
+        const __m256i hi = dot.template codes_dot<K, Biased>(u.hi, x_hi);
+        if constexpr (G == 32) {
+          acc.v[I] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)), two_scales(sc[I], b, b + 1),
+                                     acc.v[I]);
+        } else {
+          acc.v[I] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), two_scales(sc[I], 2 * b, 2 * b + 2), acc.v[I]);
+          acc.v[I] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), two_scales(sc[I], 2 * b + 1, 2 * b + 3), acc.v[I]);
+        }
+      }(),
+      ...);
   return acc;
 }
 
@@ -150,7 +189,8 @@ inline RowSums<N> add_rows(RowSums<N> acc, const RowSums<N>& more, std::index_se
 // Phase B over rows r .. r + N - 1 in one pass over the blocks: y[i] = scale * (Σ_g sc[g] * Σ_{i in g} v_i xq_i
 // + offset) of row r + i. A pass loads each x block once for its rows, and on rows of few blocks (a down
 // matrix of 16-20) spreads its fixed costs over them. Each row keeps its own two accumulators (block 2j into
-// the first, 2j + 1 into the second) and its own horizontal sum, so a row's result is the same bits whatever
+// the first, 2j + 1 into the second; 4-bit codes: the pair 2j, 2j + 1 into the first, an odd count's last block
+// into the second) and its own horizontal sum, so a row's result is the same bits whatever
 // pass it runs in, N = 1 included.
 template <CodeKind K, bool Biased, int G, int N>
 void rows_pass(const MatrixRows& m, int64_t r, const QuantizedVector& x, const IntDot& dot, float scale, float* y) {
@@ -174,9 +214,14 @@ void rows_pass(const MatrixRows& m, int64_t r, const QuantizedVector& x, const I
     if (b * kBlockBytes<K> % 64 == 0)
       for (int i = 0; i < N; ++i)
         _mm_prefetch(reinterpret_cast<const char*>(codes[i] + b * kBlockBytes<K> + kPrefetchAhead), _MM_HINT_T0);
-    acc0 = add_block<K, Biased, G, N>(acc0, dot, codes, sc, x.xq, b, kRows);
-    if (b + 1 < n_blocks)  // n_blocks may be odd
-      acc1 = add_block<K, Biased, G, N>(acc1, dot, codes, sc, x.xq, b + 1, kRows);
+    if constexpr (kPaired<K>) {
+      if (b + 1 < n_blocks) acc0 = add_pair<K, Biased, G, N>(acc0, dot, codes, sc, x.xq, b, kRows);
+      else acc1 = add_block<K, Biased, G, N>(acc1, dot, codes, sc, x.xq, b, kRows);  // n_blocks may be odd
+    } else {
+      acc0 = add_block<K, Biased, G, N>(acc0, dot, codes, sc, x.xq, b, kRows);
+      if (b + 1 < n_blocks)  // n_blocks may be odd
+        acc1 = add_block<K, Biased, G, N>(acc1, dot, codes, sc, x.xq, b + 1, kRows);
+    }
   }
   const RowSums<N> sums = add_rows<N>(acc0, acc1, kRows);
   if constexpr (N == 1) {
