@@ -6,8 +6,9 @@
 # CUDA calls, racecheck shared-memory races, synccheck barriers that not every thread of a block reaches. TEST_FILEs
 # default to every file holding a GPU test; ARGS after `--` go to compute-sanitizer (e.g. --print-limit 20).
 # Logs: OUTDIR/TOOL/FILE.log, the sanitizer's report and pytest's output together. One SANITIZE line per (tool,
-# file), again all together last: the ERROR SUMMARY count, pytest's tally and pass, fail (a test failed or the
-# sanitizer reported an error), timeout, or none (no GPU test ran). Exit status 1 if any failed or timed out.
+# file), again all together last: the errors the sanitizer counted (its ERROR or RACECHECK SUMMARY), pytest's
+# tally and pass, fail (a test failed or the sanitizer reported an error), timeout, or none (no GPU test ran).
+# Exit status 1 if any failed or timed out.
 # The sanitizer slows kernels 10-100x, so a test that fails with 0 errors may have run into one of its own waits'
 # timeouts: its log says which. compute-sanitizer is $COMPUTE_SANITIZER, else the one on PATH, else the CUDA
 # toolkit's ($CUDA_HOME, $CUDA_PATH, nvcc's toolkit, /usr/local/cuda*).
@@ -67,8 +68,12 @@ for tool in ${tools//,/ }; do
     timeout --kill-after=30 "$timeout_s" "$sanitizer" --tool "$tool" --target-processes all "${sanitizer_args[@]}" \
       python3 -m pytest -q -p no:cacheprovider -m gpu "$file" >"$log" 2>&1
     rc=$?
-    reports=$(grep -c 'ERROR SUMMARY:' "$log")
-    errors=$(grep -Eo 'ERROR SUMMARY: [0-9]+' "$log" | awk '{n += $3} END {print n + 0}')
+    # memcheck and synccheck end a process's report with "ERROR SUMMARY: N errors", racecheck with
+    # "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)"
+    reports=$(grep -cE '(ERROR|RACECHECK) SUMMARY:' "$log")
+    errors=$({ grep -Eo 'ERROR SUMMARY: [0-9]+' "$log" | grep -Eo '[0-9]+$'
+               grep -Eo 'RACECHECK SUMMARY: .*\([0-9]+ error' "$log" | grep -Eo '\([0-9]+' | tr -d '('; } \
+             | awk '{n += $1} END {print n + 0}')
     tally=$(grep -v '^=========' "$log" | grep -E '[0-9]+ (passed|failed|errors?|skipped|deselected)' | tail -n 1 \
             | sed -E 's/^[= ]+|[= ]+$//g')
     if ((rc == 124 || rc == 137)); then
