@@ -64,9 +64,9 @@ __device__ __forceinline__ Staged carve(unsigned char* smem, int cols) {
           reinterpret_cast<std::int32_t*>(smem + cols + sizeof(float) * blocks)};
 }
 
-// value(i) for i < cols into s as rows of form F read it, kStageBatch 32-column blocks per warp at a time, their
-// loads and their quantization's shuffle chains in flight together; q8_32 through quantize_q8_32's own device
-// code (q8_32_blocks.cuh). Ends in a CTA barrier.
+// value(i) for i < cols into s as rows of form F read it, one 32-column block per warp at a time with
+// kStageBatch blocks' loads in flight; q8_32 through quantize_q8_32's own device code (q8_32_blocks.cuh). Ends
+// in a CTA barrier.
 template <class F, class Value>
 __device__ __forceinline__ void stage(const Staged& s, int cols, const Value& value) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, blocks = cols / kCodeBlock;
@@ -77,22 +77,12 @@ __device__ __forceinline__ void stage(const Staged& s, int cols, const Value& va
       const int b = first + u * kWarps;
       v[u] = b < blocks ? value(b * kCodeBlock + lane) : 0.0f;
     }
-    if constexpr (kQuantRows<F>) {
-      long at[kStageBatch];
-      unsigned live = 0;  // alike for the whole warp
 #pragma unroll
-      for (int u = 0; u < kStageBatch; ++u) {
-        const int b = first + u * kWarps;
-        at[u] = static_cast<long>(b) * kCodeBlock + lane;
-        if (b < blocks) live |= 1u << u;
-      }
-      store_q8_32_blocks<kStageBatch>(v, Q8Blocks{s.xq, s.dx, s.sums}, at, live);
-    } else {
-#pragma unroll
-      for (int u = 0; u < kStageBatch; ++u) {
-        const int b = first + u * kWarps;
-        if (b < blocks) s.x[b * kCodeBlock + lane] = v[u];
-      }
+    for (int u = 0; u < kStageBatch; ++u) {
+      const int b = first + u * kWarps;
+      if (b >= blocks) break;  // alike for the whole warp: store_q8_32's shuffles see every lane
+      if constexpr (kQuantRows<F>) store_q8_32(v[u], Q8Blocks{s.xq, s.dx, s.sums}, b * kCodeBlock + lane);
+      else s.x[b * kCodeBlock + lane] = v[u];
     }
   }
   __syncthreads();
