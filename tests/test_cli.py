@@ -137,6 +137,15 @@ def test_bench_pool_mix_limits_the_rows_to_the_headline_and_those_mixes(tmp_path
     assert "unknown mix Q9_K" in capsys.readouterr().err
 
 
+def test_bench_pool_hot_times_every_row_cache_resident_too(tmp_path, capsys):
+    out = tmp_path / "pool.json"
+    assert cli.main(["bench", "pool", "--quick", "-k", "2", "--isa", "avx2", "--mix", "Q4_K+Q4_0", "--hot",
+                     "--json", str(out)]) == 0
+    assert "hot GB/s" in capsys.readouterr().out
+    rows = json.loads(out.read_text())["layers"]
+    assert rows and all(r["hot_gb_per_s"] > 0 for r in rows)  # NaN fails too
+
+
 def test_bench_pool_groups_quick_runs_and_writes_json(tmp_path, capsys):
     out = tmp_path / "groups.json"
     assert cli.main(["bench", "pool", "--groups", "--quick", "--isa", "avx2", "--json", str(out)]) == 0

@@ -2,7 +2,8 @@
 
 Expert sets are large enough to defeat the caches (``n_expert`` experts per layer, several layers, ids
 drawn at random per job), so every job streams its k experts from DRAM; float experts (F16, BF16, F32, as
-converters write them) beside the quantized forms. The read bandwidth comes from the pool's own workers
+converters write them) beside the quantized forms. `--hot` times each row again with the same k experts every
+job, resident in the last-level cache: where that rate is near the DRAM one, the kernels, not the memory, bound it. The read bandwidth comes from the pool's own workers
 reading a first-touched buffer (cuda/src/cpu/read_bandwidth.cpp).
 """
 
@@ -71,14 +72,19 @@ def synthetic_experts(ggml_type: T, rows: int, cols: int, n_expert: int, rng: np
     return q
 
 
-def time_jobs(pool: ExpertPool, n_layers: int, n_expert: int, k: int, jobs: int, rng: np.random.Generator) -> np.ndarray:
-    """Seconds per run_layer call, ids drawn at random per job (two warm-up jobs not counted)."""
+def time_jobs(pool: ExpertPool, n_layers: int, n_expert: int, k: int, jobs: int, rng: np.random.Generator,
+              hot: bool = False) -> np.ndarray:
+    """Seconds per run_layer call, ids drawn at random per job (two warm-up jobs not counted). `hot`: the same k
+    experts of layer 0 every job, which stay in the last-level cache: the kernels' own ceiling, not the memory's."""
     x = rng.standard_normal(pool.n_embd, dtype=np.float32)
     weights = np.full(k, 1.0 / k, np.float32)
     skip = np.zeros(k, np.uint8)
     out = np.empty((k, pool.n_embd), np.float32)
-    plans = [(int(rng.integers(n_layers)), rng.choice(n_expert, k, replace=False).astype(np.int32))
-             for _ in range(jobs + 2)]
+    if hot:
+        plans = [(0, np.arange(k, dtype=np.int32))] * (jobs + 2)
+    else:
+        plans = [(int(rng.integers(n_layers)), rng.choice(n_expert, k, replace=False).astype(np.int32))
+                 for _ in range(jobs + 2)]
     times = []
     for layer, ids in plans:
         t0 = time.perf_counter()
@@ -104,9 +110,10 @@ def thread_sweep(max_threads: int) -> list[int]:
 
 
 def run(quick: bool = False, k: int = 10, isa: str | None = None, json_path: str | None = None,
-        mixes: list[str] | None = None) -> dict:
+        mixes: list[str] | None = None, hot: bool = False) -> dict:
     """Runs the benchmark, prints a table and RESULT lines, returns (and optionally writes) the numbers.
-    `mixes` (names of MIXES or IQ_MIXES) limits the rows to those mixes; the headline row always runs."""
+    `mixes` (names of MIXES or IQ_MIXES) limits the rows to those mixes; the headline row always runs. `hot` also
+    times each row with its k experts cache-resident (time_jobs), the "hot GB/s" column."""
     unknown = sorted(set(mixes or ()) - set(MIXES) - set(IQ_MIXES))
     if unknown:
         raise InvalidArgument(f"bench pool: unknown mix {', '.join(unknown)}; "
@@ -132,7 +139,7 @@ def run(quick: bool = False, k: int = 10, isa: str | None = None, json_path: str
     bw_all = result["read_bw"][n_all]
 
     print(f"\n{'shape':10s} {'mix':10s} {'down':7s} {'thr':>4s} {'MB/job':>7s} {'med us':>8s} {'p90 us':>8s} "
-          f"{'GB/s':>6s} {'%bw':>5s} {'lat/bound':>9s}")
+          f"{'GB/s':>6s} {'%bw':>5s} {'lat/bound':>9s}" + (f" {'hot GB/s':>8s}" if hot else ""))
     for shape, (n_embd, ff) in SHAPES.items():
         for mix, (gate_type, down_type) in {**MIXES, **IQ_MIXES}.items():
             if mixes and mix not in mixes and (shape, mix) != HEADLINE:
@@ -154,13 +161,17 @@ def run(quick: bool = False, k: int = 10, isa: str | None = None, json_path: str
                            "threads": pool.threads,
                            "smt": smt, "isa": pool.isa, "job_bytes": job_bytes,
                            "median_s": float(np.median(times)), "p90_s": float(np.percentile(times, 90))}
+                    if hot:
+                        hot_s = float(np.median(time_jobs(pool, scale.n_layers, n_expert, k, scale.jobs, rng, True)))
+                        row["hot_gb_per_s"] = job_bytes / hot_s / 1e9
                 row["gb_per_s"] = job_bytes / row["median_s"] / 1e9
                 row["fraction_of_read_bw"] = row["gb_per_s"] / bw_all
                 row["latency_over_bound"] = row["median_s"] / (job_bytes / (bw_all * 1e9))
                 result["layers"].append(row)
                 print(f"{shape:10s} {mix:10s} {row['down_form']:7s} {row['threads']:4d}{'s' if smt else ' '}"
                       f"{job_bytes / 1e6:7.1f} {row['median_s'] * 1e6:8.0f} {row['p90_s'] * 1e6:8.0f} "
-                      f"{row['gb_per_s']:6.1f} {100 * row['fraction_of_read_bw']:5.1f} {row['latency_over_bound']:9.2f}")
+                      f"{row['gb_per_s']:6.1f} {100 * row['fraction_of_read_bw']:5.1f} {row['latency_over_bound']:9.2f}"
+                      + (f" {row['hot_gb_per_s']:8.1f}" if hot else ""))
             del gate, down
 
     head = next(r for r in result["layers"]
@@ -187,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
     pool.add_argument("--mix", action="append", default=None, metavar="MIX",
                       help=f"only this expert mix (repeatable; the headline row always runs): "
                            f"{', '.join([*MIXES, *IQ_MIXES])}")
+    pool.add_argument("--hot", action="store_true",
+                      help="also time each row with the same k experts every job (cache-resident): the kernels' "
+                           "own ceiling beside the memory's")
     pool.add_argument("--groups", action="store_true",
                       help="time run_groups instead: a prompt chunk's rows grouped by expert (bench_pool_groups)")
     pool.set_defaults(handler=handle, command="bench pool")
@@ -197,5 +211,5 @@ def handle(args: argparse.Namespace) -> int:
     if args.groups:
         bench_pool_groups.run(synthetic_experts, quick=args.quick, isa=args.isa, json_path=args.json)
     else:
-        run(quick=args.quick, k=args.k, isa=args.isa, json_path=args.json, mixes=args.mix)
+        run(quick=args.quick, k=args.k, isa=args.isa, json_path=args.json, mixes=args.mix, hot=args.hot)
     return 0
