@@ -16,6 +16,7 @@ from gguf import GGMLQuantizationType as T
 from pool_reference import check_product
 from test_pool import FLOATS, ISAS, TYPES
 
+import strata
 from strata.quant import repack
 from strata.quant.synthetic import random_blocks
 
@@ -45,3 +46,20 @@ def test_a_row_is_the_same_bits_in_every_pass(rng, ggml_type, isa):
             differ = np.flatnonzero(got.view(np.uint32) != one_by_one.view(np.uint32))
             assert differ.size == 0, (
                 f"{ggml_type.name}, {cols} columns, {isa}: rows {differ[:8]} of {n} rows a call differ from one a call")
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_time_expert_rows_times_the_rows_it_is_asked_for(rng, isa):
+    """benchmarks/bench_pool_kernels.py's timer: more calls take longer, and bad sizes are refused by name."""
+    cols, rows, n_expert = 640, 64, 3
+    q = repack(random_blocks(T.Q4_0, n_expert * rows * cols, rng), T.Q4_0, (cols, n_expert * rows))
+    x = rng.standard_normal(cols, dtype=np.float32)
+    few = _native_check.time_expert_rows(isa, q, n_expert, x, rows, 10)
+    many = _native_check.time_expert_rows(isa, q, n_expert, x, rows, 1000)
+    assert 0 < few < many, (few, many)
+    with pytest.raises(strata.InvalidArgument, match="rows must be in 1..64"):
+        _native_check.time_expert_rows(isa, q, n_expert, x, rows + 1, 10)
+    with pytest.raises(strata.InvalidArgument, match="calls must be >= 1"):
+        _native_check.time_expert_rows(isa, q, n_expert, x, rows, 0)
+    with pytest.raises(strata.InvalidArgument, match="x has 639 entries"):
+        _native_check.time_expert_rows(isa, q, n_expert, x[:-1], rows, 10)

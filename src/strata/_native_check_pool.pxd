@@ -13,3 +13,5 @@ cdef extern from "strata/check/pool_check.hpp" nogil:
     void cpp_expert_hidden "strata::pool_check::expert_hidden"(
         Isa isa, const ExpertMatrix& gate, const ExpertMatrix& up, int64_t expert, const float* x,
         float* h) except +raise_strata_error
+    double cpp_time_rows "strata::pool_check::time_rows"(
+        Isa isa, const ExpertMatrix& m, const float* x, int64_t rows, int64_t calls) except +raise_strata_error

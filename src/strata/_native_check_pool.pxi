@@ -1,16 +1,20 @@
 # The CPU pool's kernels on one expert (strata::pool_check): each half of an expert's product, computed by the
-# code a layer job runs, for the tests that check it against the numpy reference.
+# code a layer job runs, for the tests that check it against the numpy reference; the row kernels timed alone.
 from strata._native cimport expert_matrix, pool_isa
-from strata._native_check_pool cimport cpp_expert_hidden, cpp_expert_matvec
+from strata._native_check_pool cimport cpp_expert_hidden, cpp_expert_matvec, cpp_time_rows
 from strata._native_pool cimport ExpertMatrix, Isa
 
 
-cdef ExpertMatrix _one_expert(q, str what, list keep) except *:
+cdef ExpertMatrix _experts(q, int n_expert, str what, list keep) except *:
     from strata.runtime.pool import matrix_spec
 
-    spec, arrays = matrix_spec(q, 1, what)
+    spec, arrays = matrix_spec(q, n_expert, what)
     keep += arrays
     return expert_matrix(spec)
+
+
+cdef ExpertMatrix _one_expert(q, str what, list keep) except *:
+    return _experts(q, 1, what, keep)
 
 
 def expert_matvec(str isa, q, x, int rows_per_call=0):
@@ -46,3 +50,20 @@ def expert_hidden(str isa, gate, up, x):
     with nogil:
         cpp_expert_hidden(chosen, g, u, 0, &xv[0], &hv[0])
     return h
+
+
+def time_expert_rows(str isa, q, int n_expert, x, long rows, long calls) -> float:
+    """Seconds of `calls` runs of the pool's row kernels for `isa` over rows 0..rows-1 of an expert of `q` (which
+    holds `n_expert` experts, expert-major, as ExpertPool.set_layer takes them), call c on expert c % n_expert,
+    on this thread alone: one expert stays in the core's caches (the kernels' own speed), many stream from
+    memory. x goes in as a layer job gives it."""
+    keep = []
+    cdef ExpertMatrix m = _experts(q, n_expert, "time_expert_rows", keep)
+    cdef Isa chosen = pool_isa(isa)
+    cdef const float[::1] xv = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    if xv.shape[0] != m.cols:
+        raise InvalidArgument(f"time_expert_rows: x has {xv.shape[0]} entries, the matrix has {m.cols} columns")
+    cdef double seconds
+    with nogil:
+        seconds = cpp_time_rows(chosen, m, &xv[0], rows, calls)
+    return seconds

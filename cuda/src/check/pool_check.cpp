@@ -1,7 +1,9 @@
 #include "strata/check/pool_check.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
+#include <vector>
 
 #include "../cpu/activation.hpp"
 #include "../cpu/expert_hidden.hpp"
@@ -48,6 +50,22 @@ void expert_hidden(cpu::Isa isa, const cpu::ExpertMatrix& gate, const cpu::Exper
   cpu::expert_hidden(cpu::matrix_kernel(resolved, gate), cpu::expert_rows(gate, expert),
                      cpu::matrix_kernel(resolved, up), cpu::expert_rows(up, expert), 0, gate.rows,
                      cpu::Activation{x, xq.row(0)}, h);
+}
+
+double time_rows(cpu::Isa isa, const cpu::ExpertMatrix& m, const float* x, int64_t rows, int64_t calls) {
+  check_matrix(m, 0, "time_rows");
+  STRATA_EXPECTS(rows >= 1 && rows <= m.rows, InvalidArgument,
+                 "time_rows: rows must be in 1.." + std::to_string(m.rows) + ", found " + std::to_string(rows));
+  STRATA_EXPECTS(calls >= 1, InvalidArgument, "time_rows: calls must be >= 1, found " + std::to_string(calls));
+  cpu::QuantizedRows xq(1, m.cols);
+  if (!m.is_float) cpu::quantize_blocks(x, 0, m.cols / 32, xq.row(0));
+  const cpu::RowsKernel kernel = cpu::matrix_kernel(cpu::resolve_isa(isa), m);
+  const cpu::Activation activation{x, xq.row(0)};
+  std::vector<float> y(static_cast<size_t>(rows));
+  kernel(cpu::expert_rows(m, 0), 0, rows, activation, 1.0f, y.data());  // the code and expert 0 warm
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t c = 0; c < calls; ++c) kernel(cpu::expert_rows(m, c % m.n_expert), 0, rows, activation, 1.0f, y.data());
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 }  // namespace strata::pool_check

@@ -1,5 +1,5 @@
 // The CPU pool's kernels on one expert, outside a layer job, so tests can check each half of an expert's
-// product against the numpy reference. Host-only header, no CUDA.
+// product against the numpy reference, and a benchmark can time the row kernels alone. Host-only header, no CUDA.
 #pragma once
 
 #include <cstdint>
@@ -18,5 +18,10 @@ void expert_matvec(cpu::Isa isa, const cpu::ExpertMatrix& m, int64_t expert, con
 // h [gate.rows] = silu(gate x) * up x of expert `expert`, computed by the code a layer job runs (bit for bit).
 void expert_hidden(cpu::Isa isa, const cpu::ExpertMatrix& gate, const cpu::ExpertMatrix& up, int64_t expert,
                    const float* x, float* h);
+
+// Seconds that `calls` runs of the row kernels of `isa` take over rows [0, rows) of m's experts, call c on expert
+// c % m.n_expert, x quantized once as a layer job gives it, on the caller's thread alone: with one expert the
+// rows stay in the core's caches (the kernels' own speed), with many the calls stream through memory.
+double time_rows(cpu::Isa isa, const cpu::ExpertMatrix& m, const float* x, int64_t rows, int64_t calls);
 
 }  // namespace strata::pool_check
