@@ -20,6 +20,14 @@ void check_matrix(const cpu::ExpertMatrix& m, int64_t expert, const char* what) 
                      std::to_string(m.n_expert - 1));
 }
 
+// x as a layer job gives it: quantized to q8_32 only when a matrix that reads it is quantized, so a float
+// kernel that read the q8_32 form would fail the checks.
+cpu::QuantizedRows job_input(const float* x, int64_t cols, bool quantized) {
+  cpu::QuantizedRows xq(1, cols);
+  if (quantized) cpu::quantize_blocks(x, 0, cols / 32, xq.row(0));
+  return xq;
+}
+
 }  // namespace
 
 void expert_matvec(cpu::Isa isa, const cpu::ExpertMatrix& m, int64_t expert, const float* x, float* y,
@@ -27,11 +35,8 @@ void expert_matvec(cpu::Isa isa, const cpu::ExpertMatrix& m, int64_t expert, con
   check_matrix(m, expert, "expert_matvec");
   STRATA_EXPECTS(rows_per_call >= 0, InvalidArgument,
                  "expert_matvec: rows_per_call must be >= 0 (0 = all rows), found " + std::to_string(rows_per_call));
-  const cpu::Isa resolved = cpu::resolve_isa(isa);
-  // As a layer job: x quantized only for a quantized matrix, so a float kernel that read q would fail the checks.
-  cpu::QuantizedRows xq(1, m.cols);
-  if (!m.is_float) cpu::quantize_blocks(x, 0, m.cols / 32, xq.row(0));
-  const cpu::RowsKernel kernel = cpu::matrix_kernel(resolved, m);
+  cpu::QuantizedRows xq = job_input(x, m.cols, !m.is_float);
+  const cpu::RowsKernel kernel = cpu::matrix_kernel(cpu::resolve_isa(isa), m);
   const int64_t step = rows_per_call == 0 ? m.rows : rows_per_call;
   for (int64_t r0 = 0; r0 < m.rows; r0 += step)
     kernel(cpu::expert_rows(m, expert), r0, std::min(m.rows, r0 + step), cpu::Activation{x, xq.row(0)}, 1.0f, y + r0);
@@ -45,8 +50,7 @@ void expert_hidden(cpu::Isa isa, const cpu::ExpertMatrix& gate, const cpu::Exper
                  "expert_hidden: gate is " + std::to_string(gate.rows) + " x " + std::to_string(gate.cols) +
                      ", up " + std::to_string(up.rows) + " x " + std::to_string(up.cols) + "; they must agree");
   const cpu::Isa resolved = cpu::resolve_isa(isa);
-  cpu::QuantizedRows xq(1, gate.cols);
-  if (!gate.is_float || !up.is_float) cpu::quantize_blocks(x, 0, gate.cols / 32, xq.row(0));
+  cpu::QuantizedRows xq = job_input(x, gate.cols, !gate.is_float || !up.is_float);
   cpu::expert_hidden(cpu::matrix_kernel(resolved, gate), cpu::expert_rows(gate, expert),
                      cpu::matrix_kernel(resolved, up), cpu::expert_rows(up, expert), 0, gate.rows,
                      cpu::Activation{x, xq.row(0)}, h);
@@ -57,8 +61,7 @@ double time_rows(cpu::Isa isa, const cpu::ExpertMatrix& m, const float* x, int64
   STRATA_EXPECTS(rows >= 1 && rows <= m.rows, InvalidArgument,
                  "time_rows: rows must be in 1.." + std::to_string(m.rows) + ", found " + std::to_string(rows));
   STRATA_EXPECTS(calls >= 1, InvalidArgument, "time_rows: calls must be >= 1, found " + std::to_string(calls));
-  cpu::QuantizedRows xq(1, m.cols);
-  if (!m.is_float) cpu::quantize_blocks(x, 0, m.cols / 32, xq.row(0));
+  cpu::QuantizedRows xq = job_input(x, m.cols, !m.is_float);
   const cpu::RowsKernel kernel = cpu::matrix_kernel(cpu::resolve_isa(isa), m);
   const cpu::Activation activation{x, xq.row(0)};
   std::vector<float> y(static_cast<size_t>(rows));
