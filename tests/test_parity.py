@@ -27,18 +27,30 @@ from strata.reference import Reference  # noqa: E402
 
 SEQ, SPLIT = 56, 37
 WORST, MEDIAN = 1e-3, 1e-4
+DRAWS = 12
 
 
-def _check_qsa_dumps(dumps: list[dict], seed: int) -> None:
-    """QSA really dropped blocks, and no exact score tie decided a selection (that would test torch.topk)."""
-    dropped = False
+def _qsa_cut_tie(dumps: list[dict]) -> bool:
+    """Whether an exact score tie sat at some QSA row's top-k cut, so that tie-breaking chose its blocks.
+
+    A block that every indexer head meets with q.k <= 0 scores exactly 0 (relu per head), so a row with fewer
+    positive blocks than its budget ties at 0: a legitimate draw (CI met one), but one whose selection
+    torch.topk's tie order decides (docs/models/qwen4exp.md, section 5), which parity does not test.
+    """
     for d in dumps:
         for blocks, scores in zip(d.get("qsa_blocks", []), d.get("qsa_scores", [])):
             keep = len(blocks)
-            dropped |= keep < len(scores)
             if 0 < keep < len(scores):
                 ordered = np.sort(scores)[::-1]
-                assert ordered[keep - 1] != ordered[keep], f"exact QSA score tie at the top-k cut (seed={seed})"
+                if ordered[keep - 1] == ordered[keep]:
+                    return True
+    return False
+
+
+def _check_qsa_dropped(dumps: list[dict], seed: int) -> None:
+    """QSA really dropped blocks (else the layers ran dense attention and selection went untested)."""
+    dropped = any(len(blocks) < len(scores)
+                  for d in dumps for blocks, scores in zip(d.get("qsa_blocks", []), d.get("qsa_scores", [])))
     assert dropped or not any("qsa_blocks" in d for d in dumps), f"no QSA row dropped a block (seed={seed})"
 
 
@@ -55,27 +67,37 @@ def test_reference_matches_transformers_on_other_qwen4exp_geometries(options: di
     _check_parity("qwen4exp", 0, options, rng, tmp_path)
 
 
-def _check_parity(arch: str, config: int, options: dict, rng: np.random.Generator, tmp_path: Path) -> None:
-    seed = int(rng.integers(2**31))
-    model = random_model(arch, config, seed, **options)
-    path = save_and_convert(model, tmp_path, "f32")
+def _draw_without_cut_tie(arch: str, config: int, options: dict, rng: np.random.Generator,
+                          tmp_path: Path) -> tuple[int, torch.nn.Module, np.ndarray, np.ndarray, list[dict]]:
+    """(seed, model, ids, the reference's logits, its dumps) for a random model and prompt whose QSA
+    selections no exact score tie decides (_qsa_cut_tie). None of 120 draws here had one (30 of each qwen4exp
+    geometry), so DRAWS in a row all tied would mean a broken model, not bad luck."""
+    for draw in range(DRAWS):
+        seed = int(rng.integers(2**31))
+        model = random_model(arch, config, seed, **options)
+        path = save_and_convert(model, tmp_path / f"draw{draw}", "f32")
+        ids = rng.integers(0, VOCAB, SEQ)
+        ids[rng.choice(SEQ, 4, replace=False)] = EOS     # PLE n-gram resets (qwen4exp), plain tokens elsewhere
+        ids[SPLIT - 1:SPLIT + 1] = EOS                   # two EOS in a row, straddling the chunk boundary
+        with inspect(path) as model_file:
+            g = model_file.geometry
+            if options:
+                assert {g.qsa_ratio(layer) for layer in g.attention_layers} == {options["ratio"]}
+                assert g.indexer_top_k == options["budget"]
+                assert g.gdn_sigmoid_gate == (options.get("output_gate", "sigmoid") == "sigmoid")
+            ref = Reference(model_file)
+            prompt, dumps = ref.forward(ids[:SPLIT], dump=True)
+            steps = [ref.forward(ids[i:i + 1]) for i in range(SPLIT, SEQ)]   # the stateful decode path
+        if not _qsa_cut_tie(dumps):
+            return seed, model, ids, np.concatenate([prompt, *steps]), dumps
+        print(f"seed={seed}: an exact QSA score tie at a top-k cut, drawing again")
+    raise AssertionError(f"{DRAWS} draws in a row had an exact QSA score tie at a top-k cut")
 
-    ids = rng.integers(0, VOCAB, SEQ)
-    ids[rng.choice(SEQ, 4, replace=False)] = EOS     # PLE n-gram resets (qwen4exp), plain tokens elsewhere
-    ids[SPLIT - 1:SPLIT + 1] = EOS                   # two EOS in a row, straddling the chunk boundary
+
+def _check_parity(arch: str, config: int, options: dict, rng: np.random.Generator, tmp_path: Path) -> None:
+    seed, model, ids, got, dumps = _draw_without_cut_tie(arch, config, options, rng, tmp_path)
     with torch.no_grad():
         expected = model(torch.tensor(ids)[None]).logits[0].numpy()
-
-    with inspect(path) as model_file:
-        g = model_file.geometry
-        if options:
-            assert {g.qsa_ratio(layer) for layer in g.attention_layers} == {options["ratio"]}
-            assert g.indexer_top_k == options["budget"]
-            assert g.gdn_sigmoid_gate == (options.get("output_gate", "sigmoid") == "sigmoid")
-        ref = Reference(model_file)
-        prompt, dumps = ref.forward(ids[:SPLIT], dump=True)
-        steps = [ref.forward(ids[i:i + 1]) for i in range(SPLIT, SEQ)]   # the stateful decode path
-    got = np.concatenate([prompt, *steps])
 
     assert np.isfinite(got).all(), f"non-finite logits (seed={seed})"
     rel = np.abs(got - expected).max(axis=1) / np.abs(expected).max(axis=1)
@@ -86,4 +108,4 @@ def _check_parity(arch: str, config: int, options: dict, rng: np.random.Generato
     top = np.sort(expected, axis=1)[:, -2:]
     clear = (top[:, 1] - top[:, 0]) > 2 * WORST * np.abs(expected).max(axis=1)
     assert (got.argmax(axis=1) == expected.argmax(axis=1))[clear].all(), f"argmax differs (seed={seed})"
-    _check_qsa_dumps(dumps, seed)
+    _check_qsa_dropped(dumps, seed)
