@@ -123,6 +123,30 @@ inline __m256 two_scales(const float* sc, int64_t i, int64_t j) {
   return _mm256_set_m128(_mm_broadcast_ss(sc + j), _mm_broadcast_ss(sc + i));
 }
 
+// Phase A of a form with one scale a group and no mins (Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4: kPlainF16 / kPlainF32
+// below): the products row_scales makes for them, sc[g] = d_g * dx_g, without its general form's branches and
+// set-up, which on a down row (16-20 groups) cost as much as a third of the row. No offset (row_scales' is 0).
+template <bool F32Scales>
+inline void plain_scales(const MatrixRows& m, int64_t row, const QuantizedVector& x, float* sc) {
+  constexpr int kBytes = F32Scales ? 4 : 2;
+  const int64_t n = m.cols / 32;
+  const uint8_t* d = m.d + row * n * kBytes;
+  int64_t g = 0;
+  for (; g + 8 <= n; g += 8) _mm256_storeu_ps(sc + g, _mm256_mul_ps(load_scales8(d + g * kBytes, F32Scales),
+                                                                     _mm256_loadu_ps(x.dx + g)));
+  if (g + 4 <= n) {
+    const uint8_t* at = d + g * kBytes;
+    const __m128 dg = F32Scales ? _mm_loadu_ps(reinterpret_cast<const float*>(at))
+                                : _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at)));
+    _mm_storeu_ps(sc + g, _mm_mul_ps(dg, _mm_loadu_ps(x.dx + g)));
+    g += 4;
+  }
+  for (; g < n; ++g) sc[g] = load_scale(d + g * kBytes, F32Scales) * x.dx[g];
+}
+
+// How a kernel makes a row's scales: row_scales for any form, or plain_scales for the plain ones.
+enum ScalePlan { kAnyScales, kPlainF16, kPlainF32 };
+
 // The scale of each lane of block b's dot: one group (G == 32), or lanes 0..3 group 2b and 4..7 group 2b+1.
 template <int G>
 inline __m256 block_scales(const float* sc, int64_t b) {
@@ -139,9 +163,12 @@ inline __m256i load_x(const int8_t* xq, int64_t b) {
 }
 
 // acc.v[I] += (block b of row I's codes . x block b) * row I's scales of block b, for each row I of a pass.
+// add_block and add_pair are the loop's body: always inlined (out of line, the accumulators go through memory and
+// every step pays a call; GCC's own choice varied between a kernel's instantiations).
 template <CodeKind K, bool Biased, int G, int N, size_t... I>
-inline RowSums<N> add_block(RowSums<N> acc, const IntDot& dot, const uint8_t* const* codes, const float* const* sc,
-                            const int8_t* xq, int64_t b, std::index_sequence<I...>) {
+[[gnu::always_inline]] inline RowSums<N> add_block(RowSums<N> acc, const IntDot& dot, const uint8_t* const* codes,
+                                                   const float* const* sc, const int8_t* xq, int64_t b,
+                                                   std::index_sequence<I...>) {
   const typename IntDot::XBlock xb = dot.template x_operand<Biased>(load_x(xq, b));
   ((acc.v[I] = _mm256_fmadd_ps(
         _mm256_cvtepi32_ps(dot.template codes_dot<K, Biased>(unpack_codes<K>(codes[I] + b * kBlockBytes<K>), xb)),
@@ -156,26 +183,30 @@ inline RowSums<N> add_block(RowSums<N> acc, const IntDot& dot, const uint8_t* co
 template <CodeKind K>
 constexpr bool kPaired = K == CodeKind::k4 || K == CodeKind::k4Codebook;
 
+// One row's share of add_pair: acc + its blocks b, b + 1 against the pass's x operands.
+template <CodeKind K, bool Biased, int G>
+[[gnu::always_inline]] inline __m256 pair_term(__m256 acc, const IntDot& dot, const uint8_t* codes, const float* sc,
+                                               int64_t b, const typename IntDot::XBlock& x_lo,
+                                               const typename IntDot::XBlock& x_hi) {
+  const CodePair u = unpack_pair(codes + b * kBlockBytes<K>);
+  const __m256i lo = dot.template codes_dot<K, Biased>(u.lo, x_lo);
+  const __m256i hi = dot.template codes_dot<K, Biased>(u.hi, x_hi);
+  if constexpr (G == 32) {
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)), two_scales(sc, b, b + 1), acc);
+  } else {
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), two_scales(sc, 2 * b, 2 * b + 2), acc);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), two_scales(sc, 2 * b + 1, 2 * b + 3), acc);
+  }
+}
+
 template <CodeKind K, bool Biased, int G, int N, size_t... I>
-inline RowSums<N> add_pair(RowSums<N> acc, const IntDot& dot, const uint8_t* const* codes, const float* const* sc,
-                           const int8_t* xq, int64_t b, std::index_sequence<I...>) {
+[[gnu::always_inline]] inline RowSums<N> add_pair(RowSums<N> acc, const IntDot& dot, const uint8_t* const* codes,
+                                                  const float* const* sc, const int8_t* xq, int64_t b,
+                                                  std::index_sequence<I...>) {
   const __m256i x0 = load_x(xq, b), x1 = load_x(xq, b + 1);
   const typename IntDot::XBlock x_lo = dot.template x_operand<Biased>(_mm256_permute2x128_si256(x0, x1, 0x20));
   const typename IntDot::XBlock x_hi = dot.template x_operand<Biased>(_mm256_permute2x128_si256(x0, x1, 0x31));
-  (
-      [&] {
-        const CodePair u = unpack_pair(codes[I] + b * kBlockBytes<K>);
-        const __m256i lo = dot.template codes_dot<K, Biased>(u.lo, x_lo);
-        const __m256i hi = dot.template codes_dot<K, Biased>(u.hi, x_hi);
-        if constexpr (G == 32) {
-          acc.v[I] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)), two_scales(sc[I], b, b + 1),
-                                     acc.v[I]);
-        } else {
-          acc.v[I] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), two_scales(sc[I], 2 * b, 2 * b + 2), acc.v[I]);
-          acc.v[I] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), two_scales(sc[I], 2 * b + 1, 2 * b + 3), acc.v[I]);
-        }
-      }(),
-      ...);
+  ((acc.v[I] = pair_term<K, Biased, G>(acc.v[I], dot, codes[I], sc[I], b, x_lo, x_hi)), ...);
   return acc;
 }
 
@@ -192,7 +223,7 @@ inline RowSums<N> add_rows(RowSums<N> acc, const RowSums<N>& more, std::index_se
 // the first, 2j + 1 into the second; 4-bit codes: the pair 2j, 2j + 1 into the first, an odd count's last block
 // into the second) and its own horizontal sum, so a row's result is the same bits whatever
 // pass it runs in, N = 1 included.
-template <CodeKind K, bool Biased, int G, int N>
+template <CodeKind K, bool Biased, int G, ScalePlan Plan, int N>
 void rows_pass(const MatrixRows& m, int64_t r, const QuantizedVector& x, const IntDot& dot, float scale, float* y) {
   const int64_t n_blocks = m.cols / 32;
   alignas(32) float scales[N][kMaxCols / 16 + 8];
@@ -200,7 +231,8 @@ void rows_pass(const MatrixRows& m, int64_t r, const QuantizedVector& x, const I
   const uint8_t* codes[N];
   const float* sc[N];
   for (int i = 0; i < N; ++i) {
-    offset[i] = row_scales<G>(m, r + i, x, scales[i]);
+    if constexpr (Plan == kAnyScales) offset[i] = row_scales<G>(m, r + i, x, scales[i]);
+    else plain_scales<Plan == kPlainF32>(m, r + i, x, scales[i]);
     codes[i] = m.codes + (r + i) * n_blocks * kBlockBytes<K>;
     sc[i] = scales[i];
   }
@@ -234,20 +266,22 @@ void rows_pass(const MatrixRows& m, int64_t r, const QuantizedVector& x, const I
 }
 
 // The row loop: passes of four rows, then two, then one.
-template <CodeKind K, bool Biased, int G>
+template <CodeKind K, bool Biased, int G, ScalePlan Plan = kAnyScales>
 void rows_dot(const MatrixRows& m, int64_t row0, int64_t row1, const Activation& activation, float scale, float* y) {
   const IntDot dot(*m.form);
   int64_t r = row0;
-  for (; r + 4 <= row1; r += 4) rows_pass<K, Biased, G, 4>(m, r, activation.q, dot, scale, y + (r - row0));
+  for (; r + 4 <= row1; r += 4) rows_pass<K, Biased, G, Plan, 4>(m, r, activation.q, dot, scale, y + (r - row0));
   if (r + 2 <= row1) {
-    rows_pass<K, Biased, G, 2>(m, r, activation.q, dot, scale, y + (r - row0));
+    rows_pass<K, Biased, G, Plan, 2>(m, r, activation.q, dot, scale, y + (r - row0));
     r += 2;
   }
-  if (r < row1) rows_pass<K, Biased, G, 1>(m, r, activation.q, dot, scale, y + (r - row0));
+  if (r < row1) rows_pass<K, Biased, G, Plan, 1>(m, r, activation.q, dot, scale, y + (r - row0));
 }
 
 template <CodeKind K, bool Biased>
 RowsKernel pick_group(const QuantForm& f) {
+  if (!f.has_sub_scales && !f.has_mins && f.group_size == 32)
+    return f.scale_f32 ? &rows_dot<K, Biased, 32, kPlainF32> : &rows_dot<K, Biased, 32, kPlainF16>;
   return f.group_size == 16 ? &rows_dot<K, Biased, 16> : &rows_dot<K, Biased, 32>;
 }
 
