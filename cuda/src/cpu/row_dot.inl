@@ -72,6 +72,29 @@ inline __m256 uint8x8_to_float(const uint8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
+// sc[g] = d_g * dx_b(g) of a form with one scale a group (super == group, no sub-scales): row_scales' first part
+// for such forms, and the whole of phase A for the plain ones (no mins: Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4), whose
+// kernels call it alone (ScalePlan below) instead of row_scales with its general form's branches and set-up,
+// which on a down row (16-20 groups) cost as much as a third of the row.
+template <int G, bool F32Scales>
+inline void plain_scales(const MatrixRows& m, int64_t row, const QuantizedVector& x, float* sc) {
+  constexpr int kBytes = F32Scales ? 4 : 2;
+  const int64_t n = m.cols / G;
+  const uint8_t* d = m.d + row * n * kBytes;
+  const float* dxg = G == 16 ? x.dx16 : x.dx;
+  int64_t g = 0;
+  for (; g + 8 <= n; g += 8) _mm256_storeu_ps(sc + g, _mm256_mul_ps(load_scales8(d + g * kBytes, F32Scales),
+                                                                     _mm256_loadu_ps(dxg + g)));
+  if (g + 4 <= n) {
+    const uint8_t* at = d + g * kBytes;
+    const __m128 dg = F32Scales ? _mm_loadu_ps(reinterpret_cast<const float*>(at))
+                                : _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at)));
+    _mm_storeu_ps(sc + g, _mm_mul_ps(dg, _mm_loadu_ps(dxg + g)));
+    g += 4;
+  }
+  for (; g < n; ++g) sc[g] = load_scale(d + g * kBytes, F32Scales) * dxg[g];
+}
+
 // Phase A of a row: sc[g] = d_S * s_g * dx_b(g) for every group g, and the returned offset
 // Σ_g mins_S * sm_g * dx_b(g) * Σ_{i in g} xq_i (zero for forms without mins).
 template <int G>
@@ -84,21 +107,17 @@ float row_scales(const MatrixRows& m, int64_t row, const QuantizedVector& x, flo
   const float* xs = G == 16 ? x.xs16 : x.xs32;
   __m256 off = _mm256_setzero_ps();
   if (!f.has_sub_scales) {  // super == group: one scale (and min) per group
-    const uint16_t* mins = f.has_mins ? m.mins + row * n_super : nullptr;
+    if (f.scale_f32) plain_scales<G, true>(m, row, x, sc);
+    else plain_scales<G, false>(m, row, x, sc);
+    if (!f.has_mins) return 0.0f;
+    const uint16_t* mins = m.mins + row * n_super;
     int64_t g = 0;
     for (; g + 8 <= n_groups; g += 8) {
-      const __m256 dg = load_scales8(d + g * scale_bytes, f.scale_f32);
-      _mm256_storeu_ps(sc + g, _mm256_mul_ps(dg, _mm256_loadu_ps(dxg + g)));
-      if (mins) {
-        const __m256 mg = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mins + g)));
-        off = _mm256_fmadd_ps(mg, _mm256_loadu_ps(xs + g), off);
-      }
+      const __m256 mg = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(mins + g)));
+      off = _mm256_fmadd_ps(mg, _mm256_loadu_ps(xs + g), off);
     }
     float tail = 0.0f;
-    for (; g < n_groups; ++g) {
-      sc[g] = load_scale(d + g * scale_bytes, f.scale_f32) * dxg[g];
-      if (mins) tail += _cvtsh_ss(mins[g]) * xs[g];
-    }
+    for (; g < n_groups; ++g) tail += _cvtsh_ss(mins[g]) * xs[g];
     return horizontal_sum(off) + tail;
   }
   // super == 256 with sub-scales: 8 or 16 groups per super-block, 8 at a time.
@@ -121,27 +140,6 @@ float row_scales(const MatrixRows& m, int64_t row, const QuantizedVector& x, flo
 // Lanes 0..3 scale sc[i], lanes 4..7 sc[j].
 inline __m256 two_scales(const float* sc, int64_t i, int64_t j) {
   return _mm256_set_m128(_mm_broadcast_ss(sc + j), _mm_broadcast_ss(sc + i));
-}
-
-// Phase A of a form with one scale a group and no mins (Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4: kPlainF16 / kPlainF32
-// below): the products row_scales makes for them, sc[g] = d_g * dx_g, without its general form's branches and
-// set-up, which on a down row (16-20 groups) cost as much as a third of the row. No offset (row_scales' is 0).
-template <bool F32Scales>
-inline void plain_scales(const MatrixRows& m, int64_t row, const QuantizedVector& x, float* sc) {
-  constexpr int kBytes = F32Scales ? 4 : 2;
-  const int64_t n = m.cols / 32;
-  const uint8_t* d = m.d + row * n * kBytes;
-  int64_t g = 0;
-  for (; g + 8 <= n; g += 8) _mm256_storeu_ps(sc + g, _mm256_mul_ps(load_scales8(d + g * kBytes, F32Scales),
-                                                                     _mm256_loadu_ps(x.dx + g)));
-  if (g + 4 <= n) {
-    const uint8_t* at = d + g * kBytes;
-    const __m128 dg = F32Scales ? _mm_loadu_ps(reinterpret_cast<const float*>(at))
-                                : _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at)));
-    _mm_storeu_ps(sc + g, _mm_mul_ps(dg, _mm_loadu_ps(x.dx + g)));
-    g += 4;
-  }
-  for (; g < n; ++g) sc[g] = load_scale(d + g * kBytes, F32Scales) * x.dx[g];
 }
 
 // How a kernel makes a row's scales: row_scales for any form, or plain_scales for the plain ones.
@@ -232,7 +230,7 @@ void rows_pass(const MatrixRows& m, int64_t r, const QuantizedVector& x, const I
   const float* sc[N];
   for (int i = 0; i < N; ++i) {
     if constexpr (Plan == kAnyScales) offset[i] = row_scales<G>(m, r + i, x, scales[i]);
-    else plain_scales<Plan == kPlainF32>(m, r + i, x, scales[i]);
+    else plain_scales<G, Plan == kPlainF32>(m, r + i, x, scales[i]);
     codes[i] = m.codes + (r + i) * n_blocks * kBlockBytes<K>;
     sc[i] = scales[i];
   }
