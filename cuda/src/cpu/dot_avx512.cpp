@@ -44,6 +44,31 @@ struct IntDot {
     return _mm256_sub_epi32(dot, x.bias_xq);
   }
 
+  // The two halves of a block pair together: Σ bias xq is made once for both.
+  struct XPair {
+    __m256i lo, hi, bias_xq;
+  };
+
+  template <CodeKind K, bool Biased>
+  XPair pair_operand(__m256i xq_lo, __m256i xq_hi) const {
+    if constexpr (!Biased) return {xq_lo, xq_hi, _mm256_setzero_si256()};
+    const __m256i bias_lo = _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias_, xq_lo);
+    return {xq_lo, xq_hi, _mm256_dpbusd_epi32(bias_lo, bias_, xq_hi)};
+  }
+
+  // codes_dot(u_lo, lo) + codes_dot(u_hi, hi) lane by lane: the second vpdpbusd accumulates onto the first, and
+  // one subtraction takes both halves' bias.
+  template <CodeKind K, bool Biased>
+  __m256i pair_dot(__m256i u_lo, __m256i u_hi, const XPair& x) const {
+    if constexpr (K == CodeKind::k4Codebook) {
+      u_lo = _mm256_shuffle_epi8(lut_, u_lo);
+      u_hi = _mm256_shuffle_epi8(lut_, u_hi);
+    }
+    const __m256i dot = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u_lo, x.lo), u_hi, x.hi);
+    if constexpr (!Biased) return dot;
+    return _mm256_sub_epi32(dot, x.bias_xq);
+  }
+
  private:
   __m256i lut_, bias_;
 };

@@ -10,6 +10,10 @@
 //     lane i = Σ v * xq over bytes 4i..4i+3, v the weight's signed integer value (docs/forms.md), EXACT: the code
 //     bias is removed in the integer domain, never through float group sums, whose cancellation against large
 //     biased products costs accuracy. Biased is false only for forms with code_bias 0 and no codebook.
+//   struct XPair;  template <CodeKind K, bool Biased> XPair pair_operand(__m256i xq_lo, __m256i xq_hi) const;
+//   template <CodeKind K, bool Biased> __m256i pair_dot(__m256i u_lo, __m256i u_hi, const XPair& x) const;
+//     4-bit codes two blocks at a time (add_pair): lane i = codes_dot(u_lo, x_lo)[i] + codes_dot(u_hi, x_hi)[i],
+//     exact; the pair's x operand made once for every row of a pass.
 // Needs <immintrin.h>, <cstring>, <utility>, "dot.hpp" and code_unpack.inl included before.
 
 inline float horizontal_sum(__m256 v) {
@@ -181,20 +185,26 @@ template <CodeKind K, bool Biased, int G, int N, size_t... I>
 template <CodeKind K>
 constexpr bool kPaired = K == CodeKind::k4 || K == CodeKind::k4Codebook;
 
-// One row's share of add_pair: acc + its blocks b, b + 1 against the pass's x operands.
-template <CodeKind K, bool Biased, int G>
+// One row's share of add_pair with one scale a block (G == 32): the halves' exact dot in one (pair_dot), one
+// conversion.
+template <CodeKind K, bool Biased>
+[[gnu::always_inline]] inline __m256 pair_term(__m256 acc, const IntDot& dot, const uint8_t* codes, const float* sc,
+                                               int64_t b, const typename IntDot::XPair& x) {
+  const CodePair u = unpack_pair(codes + b * kBlockBytes<K>);
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot.template pair_dot<K, Biased>(u.lo, u.hi, x)), two_scales(sc, b, b + 1),
+                         acc);
+}
+
+// With two scales a block (G == 16) each half's lanes are groups of their own: a dot and a conversion each.
+template <CodeKind K, bool Biased>
 [[gnu::always_inline]] inline __m256 pair_term(__m256 acc, const IntDot& dot, const uint8_t* codes, const float* sc,
                                                int64_t b, const typename IntDot::XBlock& x_lo,
                                                const typename IntDot::XBlock& x_hi) {
   const CodePair u = unpack_pair(codes + b * kBlockBytes<K>);
-  const __m256i lo = dot.template codes_dot<K, Biased>(u.lo, x_lo);
-  const __m256i hi = dot.template codes_dot<K, Biased>(u.hi, x_hi);
-  if constexpr (G == 32) {
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi)), two_scales(sc, b, b + 1), acc);
-  } else {
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), two_scales(sc, 2 * b, 2 * b + 2), acc);
-    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), two_scales(sc, 2 * b + 1, 2 * b + 3), acc);
-  }
+  const __m256i dot_lo = dot.template codes_dot<K, Biased>(u.lo, x_lo);
+  const __m256i dot_hi = dot.template codes_dot<K, Biased>(u.hi, x_hi);
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_lo), two_scales(sc, 2 * b, 2 * b + 2), acc);
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_hi), two_scales(sc, 2 * b + 1, 2 * b + 3), acc);
 }
 
 template <CodeKind K, bool Biased, int G, int N, size_t... I>
@@ -202,9 +212,14 @@ template <CodeKind K, bool Biased, int G, int N, size_t... I>
                                                   const float* const* sc, const int8_t* xq, int64_t b,
                                                   std::index_sequence<I...>) {
   const __m256i x0 = load_x(xq, b), x1 = load_x(xq, b + 1);
-  const typename IntDot::XBlock x_lo = dot.template x_operand<Biased>(_mm256_permute2x128_si256(x0, x1, 0x20));
-  const typename IntDot::XBlock x_hi = dot.template x_operand<Biased>(_mm256_permute2x128_si256(x0, x1, 0x31));
-  ((acc.v[I] = pair_term<K, Biased, G>(acc.v[I], dot, codes[I], sc[I], b, x_lo, x_hi)), ...);
+  const __m256i lo = _mm256_permute2x128_si256(x0, x1, 0x20), hi = _mm256_permute2x128_si256(x0, x1, 0x31);
+  if constexpr (G == 32) {
+    const typename IntDot::XPair x = dot.template pair_operand<K, Biased>(lo, hi);
+    ((acc.v[I] = pair_term<K, Biased>(acc.v[I], dot, codes[I], sc[I], b, x)), ...);
+  } else {
+    const typename IntDot::XBlock x_lo = dot.template x_operand<Biased>(lo), x_hi = dot.template x_operand<Biased>(hi);
+    ((acc.v[I] = pair_term<K, Biased>(acc.v[I], dot, codes[I], sc[I], b, x_lo, x_hi)), ...);
+  }
   return acc;
 }
 
