@@ -1,6 +1,7 @@
 // Row-dot kernels for AVX-512 VNNI (256-bit vectors, AVX512VL): vpdpbusd multiplies u8 codes by s8
 // activations and sums each four products into int32 without saturation. The code bias (and, for codebook
-// forms, the +128 that makes the table unsigned) is subtracted in int32 by a second vpdpbusd of the bias.
+// forms, the +128 that makes the table unsigned) comes off in int32: each dot starts from -Σ bias xq, a vpdpbusd of
+// the bias made once per x block for all the rows of a pass.
 #include <immintrin.h>
 
 #include <cstring>
@@ -14,9 +15,10 @@ namespace {
 #include "code_unpack.inl"
 
 struct IntDot {
-  // Σ bias xq depends on x alone: a pass computes it once per block for all its rows.
+  // A dot starts from -Σ bias xq, which depends on x alone: a pass makes it once per block for all its rows, and
+  // vpdpbusd accumulates Σ u xq onto it, so Σ (u - bias) xq (exact in int32) costs no subtraction a row.
   struct XBlock {
-    __m256i xq, bias_xq;
+    __m256i xq, start;
   };
 
   // The codebook path looks up codebook[c] + 128 (unsigned), so its bias is 128.
@@ -32,44 +34,42 @@ struct IntDot {
   template <bool Biased>
   XBlock x_operand(__m256i xq) const {
     if constexpr (!Biased) return {xq, _mm256_setzero_si256()};
-    return {xq, _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias_, xq)};
+    return {xq, minus_bias_dot(_mm256_setzero_si256(), xq)};
   }
 
   template <CodeKind K, bool Biased>
   __m256i codes_dot(__m256i u, const XBlock& x) const {
     if constexpr (K == CodeKind::k4Codebook) u = _mm256_shuffle_epi8(lut_, u);
-    const __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, x.xq);
-    if constexpr (!Biased) return dot;
-    // Σ (u - bias) xq = Σ u xq - Σ bias xq, both exact in int32.
-    return _mm256_sub_epi32(dot, x.bias_xq);
+    return _mm256_dpbusd_epi32(x.start, u, x.xq);
   }
 
-  // The two halves of a block pair together: Σ bias xq is made once for both.
+  // The two halves of a block pair together, from one start: -Σ bias xq over both.
   struct XPair {
-    __m256i lo, hi, bias_xq;
+    __m256i lo, hi, start;
   };
 
   template <CodeKind K, bool Biased>
   XPair pair_operand(__m256i xq_lo, __m256i xq_hi) const {
     if constexpr (!Biased) return {xq_lo, xq_hi, _mm256_setzero_si256()};
-    const __m256i bias_lo = _mm256_dpbusd_epi32(_mm256_setzero_si256(), bias_, xq_lo);
-    return {xq_lo, xq_hi, _mm256_dpbusd_epi32(bias_lo, bias_, xq_hi)};
+    return {xq_lo, xq_hi, minus_bias_dot(_mm256_dpbusd_epi32(_mm256_setzero_si256(), bias_, xq_lo), xq_hi)};
   }
 
-  // codes_dot(u_lo, lo) + codes_dot(u_hi, hi) lane by lane: the second vpdpbusd accumulates onto the first, and
-  // one subtraction takes both halves' bias.
+  // codes_dot(u_lo, lo) + codes_dot(u_hi, hi) lane by lane: the second vpdpbusd accumulates onto the first.
   template <CodeKind K, bool Biased>
   __m256i pair_dot(__m256i u_lo, __m256i u_hi, const XPair& x) const {
     if constexpr (K == CodeKind::k4Codebook) {
       u_lo = _mm256_shuffle_epi8(lut_, u_lo);
       u_hi = _mm256_shuffle_epi8(lut_, u_hi);
     }
-    const __m256i dot = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u_lo, x.lo), u_hi, x.hi);
-    if constexpr (!Biased) return dot;
-    return _mm256_sub_epi32(dot, x.bias_xq);
+    return _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(x.start, u_lo, x.lo), u_hi, x.hi);
   }
 
  private:
+  // -(partial + Σ bias xq).
+  __m256i minus_bias_dot(__m256i partial, __m256i xq) const {
+    return _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(partial, bias_, xq));
+  }
+
   __m256i lut_, bias_;
 };
 
