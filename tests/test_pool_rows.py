@@ -14,7 +14,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from pool_reference import check_product
-from test_pool import FLOATS, ISAS, TYPES
+from test_pool import FLOATS, ISAS, SUPPORT, TYPES
 
 import strata
 from strata.quant import repack
@@ -46,6 +46,42 @@ def test_a_row_is_the_same_bits_in_every_pass(rng, ggml_type, isa):
             differ = np.flatnonzero(got.view(np.uint32) != one_by_one.view(np.uint32))
             assert differ.size == 0, (
                 f"{ggml_type.name}, {cols} columns, {isa}: rows {differ[:8]} of {n} rows a call differ from one a call")
+
+
+def _same_bits(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    assert np.all(np.isfinite(got)), f"unwritten rows: {what}"
+    differ = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+    assert differ.size == 0, f"{what}: rows {differ[:8]} differ, e.g. {got[differ[:2]]} against {want[differ[:2]]}"
+
+
+@pytest.mark.skipif(not SUPPORT["avx2"], reason="CPU lacks AVX2+FMA+F16C")
+@pytest.mark.parametrize("ggml_type", QUANTIZED, ids=lambda t: t.name)
+def test_the_avx512_kernels_source_matches_avx2_bit_for_bit(rng, ggml_type):
+    """The AVX-512 kernels' IntDot (int_dot_vnni.inl) with vpdpbusd emulated, on any AVX2 CPU: both ISAs make the
+    same exact int32 dots and share the rest (row_dot.inl), so their rows agree to the bit, in every pass."""
+    for cols in columns(ggml_type):
+        q = repack(random_blocks(ggml_type, ROWS * cols, rng), ggml_type, (cols, ROWS))
+        x = rng.standard_normal(cols, dtype=np.float32) * np.float32(rng.uniform(0.1, 10))
+        for n in (0, 1, 3):
+            _same_bits(_native_check.emulated_vnni_matvec(q, x, rows_per_call=n),
+                       _native_check.expert_matvec("avx2", q, x, rows_per_call=n),
+                       f"{ggml_type.name}, {cols} columns, {n} rows a call, emulated VNNI against AVX2")
+
+
+@pytest.mark.skipif(not SUPPORT["avx512"], reason="CPU lacks AVX-512 VNNI")
+@pytest.mark.parametrize("ggml_type", [T.Q4_0, T.Q4_K, T.Q8_0, T.IQ4_NL, T.Q6_K], ids=lambda t: t.name)
+def test_the_vpdpbusd_emulation_matches_the_instruction(rng, ggml_type):
+    cols = columns(ggml_type)[-1]
+    q = repack(random_blocks(ggml_type, ROWS * cols, rng), ggml_type, (cols, ROWS))
+    x = rng.standard_normal(cols, dtype=np.float32)
+    _same_bits(_native_check.emulated_vnni_matvec(q, x), _native_check.expert_matvec("avx512", q, x),
+               f"{ggml_type.name}, emulated VNNI against the instruction")
+
+
+def test_the_emulated_kernels_refuse_a_float_matrix(rng):
+    w = rng.standard_normal((4, 64), dtype=np.float32)
+    with pytest.raises(strata.InvalidArgument, match="quantized forms only"):
+        _native_check.emulated_vnni_matvec(w, rng.standard_normal(64, dtype=np.float32))
 
 
 @pytest.mark.parametrize("isa", ISAS)

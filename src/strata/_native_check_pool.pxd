@@ -10,6 +10,8 @@ cdef extern from "strata/check/pool_check.hpp" nogil:
     void cpp_expert_matvec "strata::pool_check::expert_matvec"(
         Isa isa, const ExpertMatrix& m, int64_t expert, const float* x, float* y,
         int64_t rows_per_call) except +raise_strata_error
+    void cpp_emulated_vnni_matvec "strata::pool_check::emulated_vnni_matvec"(
+        const ExpertMatrix& m, int64_t expert, const float* x, float* y, int64_t rows_per_call) except +raise_strata_error
     void cpp_expert_hidden "strata::pool_check::expert_hidden"(
         Isa isa, const ExpertMatrix& gate, const ExpertMatrix& up, int64_t expert, const float* x,
         float* h) except +raise_strata_error

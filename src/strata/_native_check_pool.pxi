@@ -1,7 +1,8 @@
 # The CPU pool's kernels on one expert (strata::pool_check): each half of an expert's product, computed by the
 # code a layer job runs, for the tests that check it against the numpy reference; the row kernels timed alone.
 from strata._native cimport expert_matrix, pool_isa
-from strata._native_check_pool cimport cpp_expert_hidden, cpp_expert_matvec, cpp_time_rows
+from strata._native_check_pool cimport (cpp_emulated_vnni_matvec, cpp_expert_hidden, cpp_expert_matvec,
+                                        cpp_time_rows)
 from strata._native_pool cimport ExpertMatrix, Isa
 
 
@@ -22,16 +23,31 @@ def expert_matvec(str isa, q, x, int rows_per_call=0):
     makes it) with the pool's row kernels for `isa` ("avx2", "avx512" or "auto"); x goes in as a layer job
     gives it (float32 to a float form, q8_32 to a quantized one). The kernel runs on consecutive ranges of
     `rows_per_call` rows (0: all rows in one call). y is poisoned (NaN) before the run."""
+    return _matvec(isa, q, x, rows_per_call, "expert_matvec")
+
+
+def emulated_vnni_matvec(q, x, int rows_per_call=0):
+    """expert_matvec with the AVX-512 kernels' own source built for AVX2, vpdpbusd emulated: their integer logic
+    on a CPU without AVX-512 (quantized forms only)."""
+    return _matvec(None, q, x, rows_per_call, "emulated_vnni_matvec")
+
+
+def _matvec(isa, q, x, int rows_per_call, str what):
+    """expert_matvec's run, through the kernels of `isa`, or the emulated VNNI ones where isa is None."""
     keep = []
-    cdef ExpertMatrix m = _one_expert(q, "expert_matvec", keep)
-    cdef Isa chosen = pool_isa(isa)
+    cdef ExpertMatrix m = _one_expert(q, what, keep)
+    cdef Isa chosen = pool_isa("auto" if isa is None else isa)
+    cdef bint emulated = isa is None
     cdef const float[::1] xv = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     if xv.shape[0] != m.cols:
-        raise InvalidArgument(f"expert_matvec: x has {xv.shape[0]} entries, the matrix has {m.cols} columns")
+        raise InvalidArgument(f"{what}: x has {xv.shape[0]} entries, the matrix has {m.cols} columns")
     y = np.full(m.rows, np.nan, np.float32)
     cdef float[::1] yv = y
     with nogil:
-        cpp_expert_matvec(chosen, m, 0, &xv[0], &yv[0], rows_per_call)
+        if emulated:
+            cpp_emulated_vnni_matvec(m, 0, &xv[0], &yv[0], rows_per_call)
+        else:
+            cpp_expert_matvec(chosen, m, 0, &xv[0], &yv[0], rows_per_call)
     return y
 
 

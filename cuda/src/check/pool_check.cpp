@@ -9,6 +9,7 @@
 #include "../cpu/expert_hidden.hpp"
 #include "../cpu/expert_layout.hpp"
 #include "strata/error.hpp"
+#include "vnni_emulated.hpp"
 
 namespace strata::pool_check {
 namespace {
@@ -28,18 +29,34 @@ cpu::QuantizedRows job_input(const float* x, int64_t cols, bool quantized) {
   return xq;
 }
 
+// y = W x of `expert` through `kernel` on consecutive ranges of rows_per_call rows (0: all in one call).
+void run_rows(cpu::RowsKernel kernel, const cpu::ExpertMatrix& m, int64_t expert, const float* x, float* y,
+              int64_t rows_per_call, const char* what) {
+  STRATA_EXPECTS(rows_per_call >= 0, InvalidArgument,
+                 std::string(what) + ": rows_per_call must be >= 0 (0 = all rows), found " +
+                     std::to_string(rows_per_call));
+  cpu::QuantizedRows xq = job_input(x, m.cols, !m.is_float);
+  const int64_t step = rows_per_call == 0 ? m.rows : rows_per_call;
+  for (int64_t r0 = 0; r0 < m.rows; r0 += step)
+    kernel(cpu::expert_rows(m, expert), r0, std::min(m.rows, r0 + step), cpu::Activation{x, xq.row(0)}, 1.0f, y + r0);
+}
+
 }  // namespace
 
 void expert_matvec(cpu::Isa isa, const cpu::ExpertMatrix& m, int64_t expert, const float* x, float* y,
                    int64_t rows_per_call) {
   check_matrix(m, expert, "expert_matvec");
-  STRATA_EXPECTS(rows_per_call >= 0, InvalidArgument,
-                 "expert_matvec: rows_per_call must be >= 0 (0 = all rows), found " + std::to_string(rows_per_call));
-  cpu::QuantizedRows xq = job_input(x, m.cols, !m.is_float);
-  const cpu::RowsKernel kernel = cpu::matrix_kernel(cpu::resolve_isa(isa), m);
-  const int64_t step = rows_per_call == 0 ? m.rows : rows_per_call;
-  for (int64_t r0 = 0; r0 < m.rows; r0 += step)
-    kernel(cpu::expert_rows(m, expert), r0, std::min(m.rows, r0 + step), cpu::Activation{x, xq.row(0)}, 1.0f, y + r0);
+  run_rows(cpu::matrix_kernel(cpu::resolve_isa(isa), m), m, expert, x, y, rows_per_call, "expert_matvec");
+}
+
+void emulated_vnni_matvec(const cpu::ExpertMatrix& m, int64_t expert, const float* x, float* y,
+                          int64_t rows_per_call) {
+  check_matrix(m, expert, "emulated_vnni_matvec");
+  STRATA_EXPECTS(!m.is_float, InvalidArgument,
+                 "emulated_vnni_matvec: a float matrix has no integer kernel; quantized forms only");
+  STRATA_EXPECTS(cpu::cpu_has_avx2(), InvalidArgument,
+                 "emulated_vnni_matvec: the emulated kernels are built for AVX2 + FMA + F16C, which this CPU lacks");
+  run_rows(emulated_vnni_kernel(m.form), m, expert, x, y, rows_per_call, "emulated_vnni_matvec");
 }
 
 void expert_hidden(cpu::Isa isa, const cpu::ExpertMatrix& gate, const cpu::ExpertMatrix& up, int64_t expert,

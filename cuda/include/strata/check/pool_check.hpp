@@ -15,6 +15,11 @@ namespace strata::pool_check {
 void expert_matvec(cpu::Isa isa, const cpu::ExpertMatrix& m, int64_t expert, const float* x, float* y,
                    int64_t rows_per_call = 0);
 
+// expert_matvec with the AVX-512 kernels' source, vpdpbusd emulated (cuda/src/check/vnni_emulated.cpp), on any
+// AVX2 CPU: quantized forms only; InvalidArgument without AVX2.
+void emulated_vnni_matvec(const cpu::ExpertMatrix& m, int64_t expert, const float* x, float* y,
+                          int64_t rows_per_call = 0);
+
 // h [gate.rows] = silu(gate x) * up x of expert `expert`, computed by the code a layer job runs (bit for bit).
 void expert_hidden(cpu::Isa isa, const cpu::ExpertMatrix& gate, const cpu::ExpertMatrix& up, int64_t expert,
                    const float* x, float* h);
