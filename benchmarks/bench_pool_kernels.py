@@ -1,6 +1,7 @@
 """The CPU pool's row kernels alone, on one thread: ns per 32-element block of one weight row, per form and row width.
 
-    python benchmarks/bench_pool_kernels.py [--isa avx512] [--quick] [--json PATH]
+    python benchmarks/bench_pool_kernels.py [--isa avx512] [--quick] [--forms Q4_K,Q4_0] [--widths 2560,640]
+                                            [--cached-only] [--repeat N] [--json PATH]
 
 Each form runs on rows as wide as the expert shapes' (2560 and 640: qwen4exp's gate/up and down; 2048 and 512:
 qwen3next's), in calls of a layer job's work item (32 rows of a gate/up matrix, 64 of a down one). "cached": the
@@ -9,7 +10,8 @@ phase B (its blocks) together. "streamed": every call a new item of a >= 1 GiB s
 rate with the kernel's arithmetic in the way, against the pool's one-worker read test (`strata bench pool`).
 A form a width cannot hold takes llama-quantize's fallback (bench pool's fitting_type), as its down would.
 The pool streams ~7 GB/s a worker when 15 share the memory (docs/performance.md): a form whose cached rate is
-near that is bound by its arithmetic there.
+near that is bound by its arithmetic there. On a noisy machine, --repeat N times every case N times, round-robin,
+and keeps each case's best, so that a slow spell does not land on one form alone.
 """
 
 from __future__ import annotations
@@ -44,38 +46,48 @@ def seconds_per_call(isa: str, q, n_expert: int, x: np.ndarray, rows: int, min_s
     return min(_native_check.time_expert_rows(isa, q, n_expert, x, rows, calls) / calls for _ in range(3))
 
 
-def run(isa: str = "auto", quick: bool = False, json_path: str | None = None) -> list[dict]:
+def run(isa: str = "auto", quick: bool = False, json_path: str | None = None, forms: list[T] | None = None,
+        widths: list[int] | None = None, cached_only: bool = False, repeat: int = 1) -> list[dict]:
     rng = np.random.default_rng(0)
     min_seconds = 0.005 if quick else 0.05
     stream_bytes = STREAM_BYTES >> 6 if quick else STREAM_BYTES
-    results = []
-    print(f"{'form':8s} {'cols':>5s} {'rows':>4s} {'B/block':>7s} {'cached ns/blk':>13s} {'cached GB/s':>11s} "
-          f"{'streamed GB/s':>13s}")
-    for ggml_type in FORMS:
-        for cols in WIDTHS:
+    cases = []
+    for ggml_type in forms or FORMS:
+        for cols in widths or WIDTHS:
             rows = item_rows(cols)
             x = rng.standard_normal(cols).astype(np.float32)
             one = synthetic_experts(ggml_type, rows, cols, 1, rng)
             item_bytes = sum(a.nbytes for a in _planes(one))
-            n_stream = max(2, stream_bytes // item_bytes)
-            many = synthetic_experts(ggml_type, rows, cols, n_stream, rng)
             blocks = rows * cols // 32
-            cached = seconds_per_call(isa, one, 1, x, rows, min_seconds)
-            streamed = seconds_per_call(isa, many, n_stream, x, rows, min_seconds)
             row = {"form": fitting_type(ggml_type, cols).name, "cols": cols, "rows": rows,
-                   "bytes_per_block": item_bytes / blocks, "cached_ns_per_block": cached / blocks * 1e9,
-                   "cached_gb_per_s": item_bytes / cached / 1e9, "streamed_gb_per_s": item_bytes / streamed / 1e9}
-            results.append(row)
-            print(f"{row['form']:8s} {cols:5d} {rows:4d} {row['bytes_per_block']:7.1f} "
-                  f"{row['cached_ns_per_block']:13.2f} {row['cached_gb_per_s']:11.1f} {row['streamed_gb_per_s']:13.1f}",
-                  flush=True)
+                   "bytes_per_block": item_bytes / blocks, "cached_ns_per_block": float("inf"),
+                   "cached_gb_per_s": 0.0, "streamed_gb_per_s": None}
+            cases.append((row, x, one, ggml_type, item_bytes, blocks))
+    for _ in range(repeat):
+        for row, x, one, _, item_bytes, blocks in cases:
+            cached = seconds_per_call(isa, one, 1, x, row["rows"], min_seconds)
+            row["cached_ns_per_block"] = min(row["cached_ns_per_block"], cached / blocks * 1e9)
+            row["cached_gb_per_s"] = item_bytes / (row["cached_ns_per_block"] * blocks * 1e-9) / 1e9
+    print(f"{'form':8s} {'cols':>5s} {'rows':>4s} {'B/block':>7s} {'cached ns/blk':>13s} {'cached GB/s':>11s} "
+          f"{'streamed GB/s':>13s}")
+    for row, x, _, ggml_type, item_bytes, _ in cases:
+        if not cached_only:
+            n_stream = max(2, stream_bytes // item_bytes)
+            many = synthetic_experts(ggml_type, row["rows"], row["cols"], n_stream, rng)
+            streamed = seconds_per_call(isa, many, n_stream, x, row["rows"], min_seconds)
+            row["streamed_gb_per_s"] = item_bytes / streamed / 1e9
             del many
+        streamed_text = "-" if row["streamed_gb_per_s"] is None else f"{row['streamed_gb_per_s']:.1f}"
+        print(f"{row['form']:8s} {row['cols']:5d} {row['rows']:4d} {row['bytes_per_block']:7.1f} "
+              f"{row['cached_ns_per_block']:13.2f} {row['cached_gb_per_s']:11.1f} {streamed_text:>13s}", flush=True)
+    results = [case[0] for case in cases]
     for row in results:
+        streamed_text = "" if row["streamed_gb_per_s"] is None else f", {row['streamed_gb_per_s']:.1f} GB/s streamed"
         print(f"RESULT pool_kernel {row['form']} cols={row['cols']}: {row['cached_ns_per_block']:.2f} ns/block cached, "
-              f"{row['cached_gb_per_s']:.1f} GB/s cached, {row['streamed_gb_per_s']:.1f} GB/s streamed")
+              f"{row['cached_gb_per_s']:.1f} GB/s cached{streamed_text}")
     if json_path:
         with open(json_path, "w") as f:
-            json.dump({"isa": isa, "time": time.time(), "rows": results}, f, indent=1)
+            json.dump({"isa": isa, "time": time.time(), "repeat": repeat, "rows": results}, f, indent=1)
     return results
 
 
@@ -89,9 +101,37 @@ def main() -> None:
     parser.add_argument("--isa", choices=("auto", "avx2", "avx512"), default="auto",
                         help="kernel ISA (default: the best the CPU has)")
     parser.add_argument("--quick", action="store_true", help="short runs over a 16 MiB set (a smoke run)")
+    parser.add_argument("--forms", type=_forms, default=None, metavar="Q4_K,Q4_0",
+                        help=f"forms to run (default: {','.join(t.name for t in FORMS)})")
+    parser.add_argument("--widths", type=_widths, default=None, metavar="2560,640",
+                        help=f"row widths to run (default: {','.join(map(str, WIDTHS))})")
+    parser.add_argument("--cached-only", action="store_true", help="skip the streamed runs")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="time every case N times, round-robin, and keep each one's best (default: 1)")
     parser.add_argument("--json", metavar="PATH", default=None, help="also write the numbers as JSON")
     args = parser.parse_args()
-    run(args.isa, args.quick, args.json)
+    if args.repeat < 1:
+        parser.error(f"--repeat must be >= 1, found {args.repeat}")
+    run(args.isa, args.quick, args.json, args.forms, args.widths, args.cached_only, args.repeat)
+
+
+def _forms(text: str) -> list[T]:
+    """--forms: comma-separated GGML type names."""
+    try:
+        return [T[name.strip().upper()] for name in text.split(",")]
+    except KeyError as e:
+        raise argparse.ArgumentTypeError(f"unknown GGML type {e.args[0]!r}") from None
+
+
+def _widths(text: str) -> list[int]:
+    """--widths: comma-separated row widths, multiples of 32."""
+    try:
+        widths = [int(w) for w in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"widths must be integers, found {text!r}") from None
+    if any(w <= 0 or w % 32 for w in widths):
+        raise argparse.ArgumentTypeError(f"widths must be positive multiples of 32, found {text!r}")
+    return widths
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@ the numpy reference (tests/pool_reference.py states the bound). Outputs are pois
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES
@@ -99,3 +102,18 @@ def test_time_expert_rows_times_the_rows_it_is_asked_for(rng, isa):
         _native_check.time_expert_rows(isa, q, n_expert, x, rows, 0)
     with pytest.raises(strata.InvalidArgument, match="x has 639 entries"):
         _native_check.time_expert_rows(isa, q, n_expert, x[:-1], rows, 10)
+
+
+@pytest.mark.skipif(not SUPPORT["avx2"], reason="CPU lacks AVX2+FMA+F16C")
+def test_bench_pool_kernels_runs_the_cases_it_is_asked_for(capsys):
+    """benchmarks/bench_pool_kernels.py's filters and repeats: one row per form and width asked for, a fitting
+    fallback where the width cannot hold the form, no streamed run with cached_only."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_pool_kernels.py"
+    spec = importlib.util.spec_from_file_location("bench_pool_kernels", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.run("avx2", quick=True, forms=[T.Q4_K, T.Q4_0], widths=[256, 96], cached_only=True, repeat=2)
+    assert [(r["form"], r["cols"]) for r in rows] == [("Q4_K", 256), ("Q5_0", 96), ("Q4_0", 256), ("Q4_0", 96)]
+    for r in rows:
+        assert 0 < r["cached_ns_per_block"] < 1e6 and r["cached_gb_per_s"] > 0 and r["streamed_gb_per_s"] is None, r
+    assert capsys.readouterr().out.count("RESULT pool_kernel") == 4
