@@ -8,6 +8,9 @@ qwen3next's), in calls of a layer job's work item (32 rows of a gate/up matrix, 
 same rows every call, so they stay in the core's L1/L2: the kernel's own cost, phase A (a row's scales) and
 phase B (its blocks) together. "streamed": every call a new item of a >= 1 GiB set, walked in order: one core's
 rate with the kernel's arithmetic in the way, against the pool's one-worker read test (`strata bench pool`).
+"gapped": the same, but each item followed by one that is not read, so that every call starts where no prefetch
+of the call before reached: a pool worker's lot when 15 share a layer job's queue and its next item is rarely
+the one after its last.
 A form a width cannot hold takes llama-quantize's fallback (bench pool's fitting_type), as its down would.
 The pool streams ~7 GB/s a worker when 15 share the memory (docs/performance.md): a form whose cached rate is
 near that is bound by its arithmetic there. On a noisy machine, --repeat N times every case N times, round-robin,
@@ -61,7 +64,7 @@ def run(isa: str = "auto", quick: bool = False, json_path: str | None = None, fo
             blocks = rows * cols // 32
             row = {"form": fitting_type(ggml_type, cols).name, "cols": cols, "rows": rows,
                    "bytes_per_block": item_bytes / blocks, "cached_ns_per_block": float("inf"),
-                   "cached_gb_per_s": 0.0, "streamed_gb_per_s": None}
+                   "cached_gb_per_s": 0.0, "streamed_gb_per_s": None, "gapped_gb_per_s": None}
             cases.append((row, x, one, ggml_type, item_bytes, blocks))
     for _ in range(repeat):
         for row, x, one, _, item_bytes, blocks in cases:
@@ -69,20 +72,22 @@ def run(isa: str = "auto", quick: bool = False, json_path: str | None = None, fo
             row["cached_ns_per_block"] = min(row["cached_ns_per_block"], cached / blocks * 1e9)
             row["cached_gb_per_s"] = item_bytes / (row["cached_ns_per_block"] * blocks * 1e-9) / 1e9
     print(f"{'form':8s} {'cols':>5s} {'rows':>4s} {'B/block':>7s} {'cached ns/blk':>13s} {'cached GB/s':>11s} "
-          f"{'streamed GB/s':>13s}")
+          f"{'streamed GB/s':>13s} {'gapped GB/s':>11s}")
     for row, x, _, ggml_type, item_bytes, _ in cases:
         if not cached_only:
-            n_stream = max(2, stream_bytes // item_bytes)
-            many = synthetic_experts(ggml_type, row["rows"], row["cols"], n_stream, rng)
-            streamed = seconds_per_call(isa, many, n_stream, x, row["rows"], min_seconds)
-            row["streamed_gb_per_s"] = item_bytes / streamed / 1e9
-            del many
-        streamed_text = "-" if row["streamed_gb_per_s"] is None else f"{row['streamed_gb_per_s']:.1f}"
+            for key, spacing in (("streamed_gb_per_s", 1), ("gapped_gb_per_s", 2)):
+                n_stream = max(2, stream_bytes // (spacing * item_bytes))
+                many = synthetic_experts(ggml_type, spacing * row["rows"], row["cols"], n_stream, rng)
+                row[key] = item_bytes / seconds_per_call(isa, many, n_stream, x, row["rows"], min_seconds) / 1e9
+                del many
+        rates = ["-" if row[key] is None else f"{row[key]:.1f}" for key in ("streamed_gb_per_s", "gapped_gb_per_s")]
         print(f"{row['form']:8s} {row['cols']:5d} {row['rows']:4d} {row['bytes_per_block']:7.1f} "
-              f"{row['cached_ns_per_block']:13.2f} {row['cached_gb_per_s']:11.1f} {streamed_text:>13s}", flush=True)
+              f"{row['cached_ns_per_block']:13.2f} {row['cached_gb_per_s']:11.1f} {rates[0]:>13s} {rates[1]:>11s}",
+              flush=True)
     results = [case[0] for case in cases]
     for row in results:
-        streamed_text = "" if row["streamed_gb_per_s"] is None else f", {row['streamed_gb_per_s']:.1f} GB/s streamed"
+        streamed_text = "" if cached_only else (f", {row['streamed_gb_per_s']:.1f} GB/s streamed, "
+                                                f"{row['gapped_gb_per_s']:.1f} GB/s gapped")
         print(f"RESULT pool_kernel {row['form']} cols={row['cols']}: {row['cached_ns_per_block']:.2f} ns/block cached, "
               f"{row['cached_gb_per_s']:.1f} GB/s cached{streamed_text}")
     if json_path:
@@ -105,7 +110,7 @@ def main() -> None:
                         help=f"forms to run (default: {','.join(t.name for t in FORMS)})")
     parser.add_argument("--widths", type=_widths, default=None, metavar="2560,640",
                         help=f"row widths to run (default: {','.join(map(str, WIDTHS))})")
-    parser.add_argument("--cached-only", action="store_true", help="skip the streamed runs")
+    parser.add_argument("--cached-only", action="store_true", help="skip the streamed and gapped runs")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="time every case N times, round-robin, and keep each one's best (default: 1)")
     parser.add_argument("--json", metavar="PATH", default=None, help="also write the numbers as JSON")

@@ -107,7 +107,7 @@ def test_time_expert_rows_times_the_rows_it_is_asked_for(rng, isa):
 @pytest.mark.skipif(not SUPPORT["avx2"], reason="CPU lacks AVX2+FMA+F16C")
 def test_bench_pool_kernels_runs_the_cases_it_is_asked_for(capsys):
     """benchmarks/bench_pool_kernels.py's filters and repeats: one row per form and width asked for, a fitting
-    fallback where the width cannot hold the form, no streamed run with cached_only."""
+    fallback where the width cannot hold the form, no streamed or gapped run with cached_only, both without."""
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_pool_kernels.py"
     spec = importlib.util.spec_from_file_location("bench_pool_kernels", script)
     bench = importlib.util.module_from_spec(spec)
@@ -115,5 +115,8 @@ def test_bench_pool_kernels_runs_the_cases_it_is_asked_for(capsys):
     rows = bench.run("avx2", quick=True, forms=[T.Q4_K, T.Q4_0], widths=[256, 96], cached_only=True, repeat=2)
     assert [(r["form"], r["cols"]) for r in rows] == [("Q4_K", 256), ("Q5_0", 96), ("Q4_0", 256), ("Q4_0", 96)]
     for r in rows:
-        assert 0 < r["cached_ns_per_block"] < 1e6 and r["cached_gb_per_s"] > 0 and r["streamed_gb_per_s"] is None, r
+        assert 0 < r["cached_ns_per_block"] < 1e6 and r["cached_gb_per_s"] > 0, r
+        assert r["streamed_gb_per_s"] is None and r["gapped_gb_per_s"] is None, r
     assert capsys.readouterr().out.count("RESULT pool_kernel") == 4
+    rows = bench.run("avx2", quick=True, forms=[T.Q8_0], widths=[64], repeat=1)
+    assert rows[0]["streamed_gb_per_s"] > 0 and rows[0]["gapped_gb_per_s"] > 0, rows
