@@ -5,7 +5,7 @@
 // Unpacks one 32-element block of codes (docs/forms.md packing) into 32 bytes in element order.
 template <CodeKind K>
 inline __m256i unpack_codes(const uint8_t* codes) {
-  if constexpr (K == CodeKind::k8) {
+  if constexpr (K == CodeKind::k8 || K == CodeKind::k8Wide) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
   } else if constexpr (K == CodeKind::k2) {
     uint64_t packed;

@@ -15,8 +15,10 @@ constexpr int64_t kMaxCols = 16384;
 // How far ahead of the bytes it reads every row kernel prefetches.
 constexpr int64_t kPrefetchAhead = 4096;
 
-// How a form's codes become integers: 2-bit, 4-bit, 4-bit through a 16-entry codebook, 8-bit.
-enum class CodeKind { k2, k4, k4Codebook, k8 };
+// How a form's codes become integers: 2-bit, 4-bit, 4-bit through a 16-entry codebook, 8-bit below 128 (every
+// widened form: Q5_*, Q6_K, Q3_K), 8-bit over the whole byte (Q8_0: v + 128), which AVX2's maddubs cannot take
+// unsigned (its int16 pairs would saturate).
+enum class CodeKind { k2, k4, k4Codebook, k8, k8Wide };
 
 // One expert's matrix: pointers to its row 0 in every plane.
 struct MatrixRows {

@@ -23,7 +23,7 @@ struct IntDot {
     return _mm_xor_si128(codebook_table(f), _mm_set1_epi8(static_cast<char>(0x80)));
   }
 
-  template <bool Biased>
+  template <CodeKind K, bool Biased>
   XBlock x_operand(__m256i xq) const {
     if constexpr (!Biased) return {xq, _mm256_setzero_si256()};
     return {xq, minus_bias_dot(_mm256_setzero_si256(), xq)};

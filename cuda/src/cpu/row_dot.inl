@@ -3,7 +3,7 @@
 // the linker could hand the AVX2 machine the AVX-512 copy). The includer defines `IntDot`, built from a
 // QuantForm (its codebook table and code bias as codes_dot() wants them):
 //   using XBlock = ...;  32 bytes of x as codes_dot() takes them
-//   template <bool Biased> XBlock x_operand(__m256i xq) const;
+//   template <CodeKind K, bool Biased> XBlock x_operand(__m256i xq) const;
 //     made once for every weight row of a pass, with whatever of the product depends on x alone.
 //   template <CodeKind K, bool Biased> __m256i codes_dot(__m256i u, const XBlock& x) const;
 //     u: 32 codes as unpack_codes leaves them, x: the 32 activation bytes they meet. 8 int32 lanes,
@@ -158,7 +158,7 @@ inline __m256 block_scales(const float* sc, int64_t b) {
 
 // Bytes of one 32-element block of codes.
 template <CodeKind K>
-constexpr int64_t kBlockBytes = K == CodeKind::k2 ? 8 : K == CodeKind::k8 ? 32 : 16;
+constexpr int64_t kBlockBytes = K == CodeKind::k2 ? 8 : K == CodeKind::k8 || K == CodeKind::k8Wide ? 32 : 16;
 
 inline __m256i load_x(const int8_t* xq, int64_t b) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32));
@@ -171,7 +171,7 @@ template <CodeKind K, bool Biased, int G, int N, size_t... I>
 [[gnu::always_inline]] inline RowSums<N> add_block(RowSums<N> acc, const IntDot& dot, const uint8_t* const* codes,
                                                    const float* const* sc, const int8_t* xq, int64_t b,
                                                    std::index_sequence<I...>) {
-  const typename IntDot::XBlock xb = dot.template x_operand<Biased>(load_x(xq, b));
+  const typename IntDot::XBlock xb = dot.template x_operand<K, Biased>(load_x(xq, b));
   ((acc.v[I] = _mm256_fmadd_ps(
         _mm256_cvtepi32_ps(dot.template codes_dot<K, Biased>(unpack_codes<K>(codes[I] + b * kBlockBytes<K>), xb)),
         block_scales<G>(sc[I], b), acc.v[I])),
@@ -217,7 +217,8 @@ template <CodeKind K, bool Biased, int G, int N, size_t... I>
     const typename IntDot::XPair x = dot.template pair_operand<K, Biased>(lo, hi);
     ((acc.v[I] = pair_term<K, Biased>(acc.v[I], dot, codes[I], sc[I], b, x)), ...);
   } else {
-    const typename IntDot::XBlock x_lo = dot.template x_operand<Biased>(lo), x_hi = dot.template x_operand<Biased>(hi);
+    const typename IntDot::XBlock x_lo = dot.template x_operand<K, Biased>(lo);
+    const typename IntDot::XBlock x_hi = dot.template x_operand<K, Biased>(hi);
     ((acc.v[I] = pair_term<K, Biased>(acc.v[I], dot, codes[I], sc[I], b, x_lo, x_hi)), ...);
   }
   return acc;
@@ -305,6 +306,7 @@ RowsKernel pick_bias(const QuantForm& f) {
 
 RowsKernel pick_kernel(const QuantForm& f) {
   if (f.code_bits == 2) return pick_bias<CodeKind::k2>(f);
-  if (f.code_bits == 8) return pick_bias<CodeKind::k8>(f);
+  // A symmetric form's codes stay below twice its bias, an unbiased one's below 32 (docs/forms.md).
+  if (f.code_bits == 8) return f.code_bias > 64 ? pick_bias<CodeKind::k8Wide>(f) : pick_bias<CodeKind::k8>(f);
   return f.codebook != Codebook::None ? pick_group<CodeKind::k4Codebook, true>(f) : pick_bias<CodeKind::k4>(f);
 }
