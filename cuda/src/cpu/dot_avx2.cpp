@@ -49,17 +49,16 @@ struct IntDot {
     }
   }
 
-  // The two halves of a block pair together. Plain 4-bit codes (u <= 15) meet x unsigned, biased or not: u0 x0 +
-  // u1 x1 <= 2 * 15 * 128 and the two halves' sum (7680) stay far inside maddubs' int16, and the bias comes
-  // off in int32 as Σ bias xq, made here once for every row of the pass. Codebook values (|v| up to 128) keep
-  // the sign trick, a half at a time.
+  // The two halves of a block pair together: plain 4-bit codes (u <= 15) add the halves' int16 pairs before one
+  // madd (their sum, at most 2 * 2 * 15 * 128 = 7680, stays inside int16) and lose the bias of both at once;
+  // codebook values keep the sign trick, a half at a time.
   struct XPair {
     __m256i lo, hi, bias_xq;
   };
 
   template <CodeKind K, bool Biased>
   XPair pair_operand(__m256i xq_lo, __m256i xq_hi) const {
-    if constexpr (K != CodeKind::k4 || !Biased) return {xq_lo, xq_hi, _mm256_setzero_si256()};
+    if constexpr (!Biased || !kUnsigned<K>) return {xq_lo, xq_hi, _mm256_setzero_si256()};
     const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(bias_, xq_lo), _mm256_maddubs_epi16(bias_, xq_hi));
     return {xq_lo, xq_hi, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1))};
   }
