@@ -35,6 +35,12 @@ def columns(ggml_type: T) -> tuple[int, ...]:
     return (32, 544, 640) if GGML_QUANT_SIZES[ggml_type][0] == 32 else (256, 768, 2560)
 
 
+def _same_bits(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    assert np.all(np.isfinite(got)), f"unwritten rows: {what}"
+    differ = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
+    assert differ.size == 0, f"{what}: rows {differ[:8]} differ, e.g. {got[differ[:2]]} against {want[differ[:2]]}"
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("ggml_type", QUANTIZED, ids=lambda t: t.name)
 def test_a_row_is_the_same_bits_in_every_pass(rng, ggml_type, isa):
@@ -44,17 +50,8 @@ def test_a_row_is_the_same_bits_in_every_pass(rng, ggml_type, isa):
         one_by_one = _native_check.expert_matvec(isa, q, x, rows_per_call=1)
         check_product(one_by_one, q, x, 1.0, f"{ggml_type.name}, {cols} columns, {isa}, one row a call")
         for n in (*range(2, 10), 0):
-            got = _native_check.expert_matvec(isa, q, x, rows_per_call=n)
-            assert np.all(np.isfinite(got)), f"unwritten rows: {ggml_type.name}, {cols} columns, {n} rows a call"
-            differ = np.flatnonzero(got.view(np.uint32) != one_by_one.view(np.uint32))
-            assert differ.size == 0, (
-                f"{ggml_type.name}, {cols} columns, {isa}: rows {differ[:8]} of {n} rows a call differ from one a call")
-
-
-def _same_bits(got: np.ndarray, want: np.ndarray, what: str) -> None:
-    assert np.all(np.isfinite(got)), f"unwritten rows: {what}"
-    differ = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
-    assert differ.size == 0, f"{what}: rows {differ[:8]} differ, e.g. {got[differ[:2]]} against {want[differ[:2]]}"
+            _same_bits(_native_check.expert_matvec(isa, q, x, rows_per_call=n), one_by_one,
+                       f"{ggml_type.name}, {cols} columns, {isa}, {n} rows a call against one a call")
 
 
 @pytest.mark.skipif(not SUPPORT["avx2"], reason="CPU lacks AVX2+FMA+F16C")
