@@ -3,8 +3,9 @@
 Expert sets are large enough to defeat the caches (``n_expert`` experts per layer, several layers, ids
 drawn at random per job), so every job streams its k experts from DRAM; float experts (F16, BF16, F32, as
 converters write them) beside the quantized forms. `--hot` times each row again with the same k experts every
-job, resident in the last-level cache: where that rate is near the DRAM one, the kernels, not the memory, bound it. The read bandwidth comes from the pool's own workers
-reading a first-touched buffer (cuda/src/cpu/read_bandwidth.cpp).
+job, resident in the last-level cache: where that rate is near the DRAM one, the kernels, not the memory, bound
+it. The read bandwidth comes from the pool's own workers reading a first-touched buffer
+(cuda/src/cpu/read_bandwidth.cpp).
 """
 
 from __future__ import annotations
