@@ -12,18 +12,18 @@ struct ModelGeometry {
   int n_head = 0, n_head_kv = 0, head_dim = 0, rope_dim = 0;
   double rope_theta = 0.0;
   float rms_eps = 1e-6f;
-  int ssm_k_heads = 0, ssm_v_heads = 0, ssm_head_k_dim = 0, ssm_head_v_dim = 0, ssm_conv_kernel = 0;
-  bool gdn_tiled_heads = false;     // value head h reads key head h % ssm_k_heads (else h / (v_heads / k_heads))
+  int ssm_n_k_heads = 0, ssm_n_v_heads = 0, ssm_head_k_dim = 0, ssm_head_v_dim = 0, ssm_conv_kernel = 0;
+  bool gdn_tiled_heads = false;     // value head h reads key head h % ssm_n_k_heads (else h / (v_heads / k_heads))
   bool gdn_interleaved_ba = false;  // b and a come from one ssm_ba projection, interleaved per key head
   bool gdn_sigmoid_gate = false;    // output gate sigmoid(z) (else silu(z))
   int n_expert = 0, n_expert_used = 0, expert_ff = 0, shared_ff = 0;
   int hc_count = 0, hc_rank = 0;  // 0: one residual stream with pre-norms
-  int indexer_heads = 0, indexer_head_dim = 0, indexer_budget = 0;  // 0: no QSA indexer
+  int indexer_n_heads = 0, indexer_head_dim = 0, indexer_top_k = 0;  // 0: no QSA indexer
   std::vector<int> compress_ratios;  // per layer: QSA block tokens (used on indexed attention layers)
   int ple_layer = -1, ple_ngram = 0, ple_conv_kernel = 0, ple_n_heads = 0, ple_head_dim = 0;
 
   int attention_layers() const;
-  int conv_channels() const { return 2 * ssm_k_heads * ssm_head_k_dim + ssm_v_heads * ssm_head_v_dim; }
+  int conv_channels() const { return 2 * ssm_n_k_heads * ssm_head_k_dim + ssm_n_v_heads * ssm_head_v_dim; }
   int streams() const { return hc_count > 0 ? hc_count : 1; }
   // Normalised gated rows the PLE conv keeps from earlier tokens: dilation (the n-gram order) * (kernel - 1).
   int ple_history() const { return ple_layer >= 0 ? ple_ngram * (ple_conv_kernel - 1) : 0; }

@@ -52,7 +52,7 @@ kernels::EmbedTable embed_table(const DeviceTensor& t) {
 // allocation and the memory plan (DecodeProgram::scratch_bytes) both read. `sample_bytes`: the sampler's.
 void carve_scratch(Carver& c, const ModelGeometry& g, int context, std::size_t sample_bytes, DecodeScratch& s) {
   const RowWidths w = row_widths(g);
-  const int n = w.n, hc = w.hc, width = w.width, hv = g.ssm_v_heads, value_dim = w.value_dim, conv = w.conv;
+  const int n = w.n, hc = w.hc, width = w.width, hv = g.ssm_n_v_heads, value_dim = w.value_dim, conv = w.conv;
   const int heads_dim = w.heads_dim, kv_dim = w.kv_dim, max_cols = w.max_cols;
   const int rope_half = g.rope_dim / 2;
   // QSA scratch for the smallest block of any layer: the most blocks a context has, and the most kept.
@@ -60,11 +60,11 @@ void carve_scratch(Carver& c, const ModelGeometry& g, int context, std::size_t s
   for (int l = 0; l < static_cast<int>(g.compress_ratios.size()); ++l) {
     if (g.recurrent[l] || g.indexer_head_dim == 0) continue;
     const int ratio = g.compress_ratios[l];
-    STRATA_EXPECTS(ratio >= 1 && g.indexer_budget >= ratio, InvalidArgument,
+    STRATA_EXPECTS(ratio >= 1 && g.indexer_top_k >= ratio, InvalidArgument,
                    "layer " + std::to_string(l) + ": QSA block of " + std::to_string(ratio) + " tokens with a budget "
-                       "of " + std::to_string(g.indexer_budget) + " tokens; the budget must hold one block or more");
+                       "of " + std::to_string(g.indexer_top_k) + " tokens; the budget must hold one block or more");
     max_blocks = std::max(max_blocks, context / ratio);
-    keep_blocks = std::max(keep_blocks, g.indexer_budget / ratio);
+    keep_blocks = std::max(keep_blocks, g.indexer_top_k / ratio);
   }
   const kernels::AttentionShape attention = attention_shape(g);
   const std::size_t attention_partials =
@@ -99,7 +99,7 @@ void carve_scratch(Carver& c, const ModelGeometry& g, int context, std::size_t s
   s.v_ = c.take<float>(kv_dim);
   s.q_ = c.take<float>(heads_dim);
   s.attn_ = c.take<float>(heads_dim);
-  s.iq_ = c.take<float>(g.indexer_heads * g.indexer_head_dim);
+  s.iq_ = c.take<float>(g.indexer_n_heads * g.indexer_head_dim);
   s.ik_ = c.take<float>(g.indexer_head_dim);
   s.scores_ = c.take<float>(max_blocks);
   s.selected_ = c.take<int>(keep_blocks);

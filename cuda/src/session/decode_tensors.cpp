@@ -51,8 +51,8 @@ class Resolver {
 };
 
 void resolve_gdn(const Resolver& r, const std::string& p, const ModelGeometry& g, LayerTensors& t) {
-  const long n = g.n_embd, hv = g.ssm_v_heads;
-  const long key_dim = static_cast<long>(g.ssm_k_heads) * g.ssm_head_k_dim, value_dim = hv * g.ssm_head_v_dim;
+  const long n = g.n_embd, hv = g.ssm_n_v_heads;
+  const long key_dim = static_cast<long>(g.ssm_n_k_heads) * g.ssm_head_k_dim, value_dim = hv * g.ssm_head_v_dim;
   const long conv = 2 * key_dim + value_dim;
   t.ssm_in = r.optional_matrix(p + "ssm_in.weight", conv + value_dim, n);
   if (!t.ssm_in) {
@@ -81,7 +81,8 @@ void resolve_attention(const Resolver& r, const std::string& p, const ModelGeome
   t.q_norm = r.vector(p + "attn_q_norm.weight", hd);
   t.k_norm = r.vector(p + "attn_k_norm.weight", hd);
   if (g.indexer_head_dim > 0) {
-    t.index_q = r.optional_matrix(p + "indexer.q_proj.weight", static_cast<long>(g.indexer_heads) * g.indexer_head_dim, n);
+    t.index_q =
+        r.optional_matrix(p + "indexer.q_proj.weight", static_cast<long>(g.indexer_n_heads) * g.indexer_head_dim, n);
     if (t.index_q) {
       t.index_k = r.matrix(p + "indexer.k_proj.weight", g.indexer_head_dim, n);
       t.index_q_norm = r.vector(p + "indexer.q_norm.weight", g.indexer_head_dim);

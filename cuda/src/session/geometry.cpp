@@ -35,8 +35,8 @@ void check_geometry(const ModelGeometry& g) {
     positive(g.head_dim, "head_dim");
   }
   if (g.attention_layers() < g.n_layer) {
-    positive(g.ssm_k_heads, "ssm_k_heads");
-    positive(g.ssm_v_heads, "ssm_v_heads");
+    positive(g.ssm_n_k_heads, "ssm_n_k_heads");
+    positive(g.ssm_n_v_heads, "ssm_n_v_heads");
     positive(g.ssm_conv_kernel, "ssm_conv_kernel");
   }
   STRATA_EXPECTS(g.hc_count == 0 || g.hc_rank > 0, InvalidArgument, "model geometry: hc_rank must be > 0");

@@ -26,8 +26,8 @@ inline RowWidths row_widths(const ModelGeometry& g) {
   w.n = g.n_embd;
   w.hc = std::max(g.hc_count, 1);
   w.width = w.hc * w.n;
-  w.value_dim = g.ssm_v_heads * g.ssm_head_v_dim;
-  w.conv = 2 * g.ssm_k_heads * g.ssm_head_k_dim + w.value_dim;
+  w.value_dim = g.ssm_n_v_heads * g.ssm_head_v_dim;
+  w.conv = 2 * g.ssm_n_k_heads * g.ssm_head_k_dim + w.value_dim;
   w.heads_dim = g.n_head * g.head_dim;
   w.kv_dim = g.n_head_kv * g.head_dim;
   w.ple_width = g.ple_n_heads * g.ple_head_dim;
@@ -37,8 +37,8 @@ inline RowWidths row_widths(const ModelGeometry& g) {
 
 inline kernels::GdnShape gdn_shape(const ModelGeometry& g) {
   kernels::GdnShape shape;
-  shape.n_k_heads = g.ssm_k_heads;
-  shape.n_v_heads = g.ssm_v_heads;
+  shape.n_k_heads = g.ssm_n_k_heads;
+  shape.n_v_heads = g.ssm_n_v_heads;
   shape.head_k_dim = g.ssm_head_k_dim;
   shape.head_v_dim = g.ssm_head_v_dim;
   shape.conv_kernel = g.ssm_conv_kernel;
@@ -60,7 +60,7 @@ inline kernels::PleShape ple_shape(const ModelGeometry& g) {
 // The QSA indexer of layer `layer` (an indexed attention layer) in a sequence of `context` tokens.
 inline kernels::IndexerShape indexer_shape(const ModelGeometry& g, int layer, int context) {
   const int ratio = g.compress_ratios.at(layer);
-  return {g.indexer_heads, g.indexer_head_dim, ratio, g.indexer_budget / ratio, g.rope_dim, context / ratio,
+  return {g.indexer_n_heads, g.indexer_head_dim, ratio, g.indexer_top_k / ratio, g.rope_dim, context / ratio,
           g.rms_eps};
 }
 

@@ -56,7 +56,7 @@ void carve(Carver& c, const ModelGeometry& g, int chunk, int context, KvStorage 
            PromptScratch& s) {
   const std::size_t T = chunk;
   const RowWidths w = row_widths(g);
-  const int n = w.n, hc = w.hc, width = w.width, hv = g.ssm_v_heads, value_dim = w.value_dim, conv = w.conv;
+  const int n = w.n, hc = w.hc, width = w.width, hv = g.ssm_n_v_heads, value_dim = w.value_dim, conv = w.conv;
   const int heads_dim = w.heads_dim, kv_dim = w.kv_dim, ple_width = w.ple_width, max_cols = w.max_cols;
   const std::size_t pairs = T * g.n_expert_used, ff = g.expert_ff;
   // The QSA selections of every query of the chunk, and the chunk kernels' scratch, for the largest indexer.
@@ -86,13 +86,13 @@ void carve(Carver& c, const ModelGeometry& g, int chunk, int context, KvStorage 
   s.alpha_ = c.take<float>(T * hv);
   s.conv_out_ = c.take<float>(T * conv);
   s.core_ = c.take<float>(T * value_dim);
-  s.gdn_scratch_ = c.take<float>(g.ssm_v_heads > 0 ? kernels::gdn_chunk_scratch_floats(gdn_shape(g), chunk) : 0);
+  s.gdn_scratch_ = c.take<float>(g.ssm_n_v_heads > 0 ? kernels::gdn_chunk_scratch_floats(gdn_shape(g), chunk) : 0);
   s.qg_ = c.take<float>(T * 2 * heads_dim);
   s.k_ = c.take<float>(T * kv_dim);
   s.v_ = c.take<float>(T * kv_dim);
   s.q_ = c.take<float>(T * heads_dim);
   s.attn_ = c.take<float>(T * heads_dim);
-  s.iq_ = c.take<float>(T * g.indexer_heads * g.indexer_head_dim);
+  s.iq_ = c.take<float>(T * g.indexer_n_heads * g.indexer_head_dim);
   s.ik_ = c.take<float>(T * g.indexer_head_dim);
   s.qsa_scratch_ = c.take<float>(qsa_scratch);
   s.selected_ = c.take<int>(T * keep_blocks);
@@ -285,7 +285,7 @@ void PromptProgram::mixer_gdn(int layer, int rows, cudaStream_t s) const {
   args.qkv_stride = static_cast<int>(qkv_stride);
   args.z_stride = static_cast<int>(z_stride);
   args.beta_stride = static_cast<int>(beta_stride);
-  args.alpha_stride = g_.ssm_v_heads;
+  args.alpha_stride = g_.ssm_n_v_heads;
   args.conv_out_stride = conv;
   args.out_stride = value_dim;
   args.scratch = gdn_scratch_;
@@ -318,7 +318,7 @@ void PromptProgram::mixer_attention(int layer, int rows, int position, cudaStrea
   const bool streamed = seq_.kv_streaming;  // every attention layer of a streaming session (session_layout.cpp)
   const kernels::PagedKv kv = streamed ? stream_in(layer, position, s) : seq_.kv[layer];
   const int heads_dim = g_.n_head * g_.head_dim, kv_dim = g_.n_head_kv * g_.head_dim;
-  const int iq_dim = g_.indexer_heads * g_.indexer_head_dim;
+  const int iq_dim = g_.indexer_n_heads * g_.indexer_head_dim;
   if (t.index_q) {
     project_rows(x_, rows, {{t.q, qg_}, {t.k, k_}, {t.v, v_}, {t.index_q, iq_}, {t.index_k, ik_}}, s);
   } else {

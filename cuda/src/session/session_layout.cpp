@@ -61,7 +61,7 @@ SessionLayout plan_session(const ModelGeometry& g, int context, KvStorage kv, in
   b.layout.kv_pages = pages;
   for (int l = 0; l < g.n_layer; ++l) {
     if (g.recurrent[l]) {
-      b.add("gdn state", l, kFloat * g.ssm_v_heads * g.ssm_head_k_dim * g.ssm_head_v_dim);
+      b.add("gdn state", l, kFloat * g.ssm_n_v_heads * g.ssm_head_k_dim * g.ssm_head_v_dim);
       b.add("gdn conv history", l, kFloat * (g.ssm_conv_kernel - 1) * g.conv_channels());
       continue;
     }
@@ -77,7 +77,7 @@ SessionLayout plan_session(const ModelGeometry& g, int context, KvStorage kv, in
       b.add("indexer raw keys", l, kFloat * cells * g.indexer_head_dim, home);  // f32, as kernels/qsa.cuh keeps them
       b.add("indexer block keys", l, kFloat * blocks * g.indexer_head_dim);
       if (kv_streaming) {
-        const int slots = kv_window_slots(g.indexer_budget / ratio);
+        const int slots = kv_window_slots(g.indexer_top_k / ratio);
         b.layout.window_slots = slots;
         b.add("kv window", l, kv_window_bytes(kv_key_codes(kv), kv_value_codes(kv), g.n_head_kv, g.head_dim, ratio,
                                               slots, static_cast<int>(cells)));
