@@ -75,7 +75,7 @@ def fit(session: Session, history: list[dict[str, str]], room: int, template_opt
     """Drop the oldest turns (never a system message) until the conversation and `room` tokens for the answer
     fit the session's context; returns how many messages were dropped, -1 if the last message alone does not."""
     def tokens() -> int:
-        return len(session.codec.encode(session.render(history, template_options), special=True))
+        return len(session.chat_ids(history, template_options))
 
     dropped = 0
     while tokens() + room > session.engine.context:
