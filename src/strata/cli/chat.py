@@ -112,10 +112,13 @@ def converse(session: Session, lines: Iterable[str], out: TextIO, prompt: str = 
                 if dropped:
                     out.write(f"(the context is full: the oldest {dropped} message(s) were dropped)\n")
                 answer = []
-                for piece in session.chat(history, template_options=options, **generate):
-                    answer.append(piece.text)
-                    out.write(piece.text)
-                    out.flush()
+                try:
+                    for piece in session.chat(history, template_options=options, **generate):
+                        answer.append(piece.text)
+                        out.write(piece.text)
+                        out.flush()
+                except KeyboardInterrupt:  # Ctrl-C ends the answer, not the conversation
+                    pass
                 out.write("\n")
                 history.append({"role": "assistant", "content": "".join(answer)})
         out.write(prompt)

@@ -64,22 +64,42 @@ def _checked_number(name: str, value: Any) -> float:
 
 @dataclass
 class _Interrupt:
-    """SIGINT during a generate only raises a flag; the loop stops at the next token boundary."""
+    """SIGINT while the session computes only raises a flag: the call stops at the next token boundary, the
+    session holding what the caller was given, and then raises KeyboardInterrupt. While a piece is with the
+    caller (`paused`), Ctrl-C is the caller's own, as anywhere else in the program."""
 
     requested: bool = False
-    previous: object = field(default=None)
+    previous: Any = field(default=None)
+    installed: bool = False
 
     def __enter__(self) -> _Interrupt:
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handle)
+        self._install()
         return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._uninstall()
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        self._uninstall()
+        try:
+            yield
+        finally:
+            self._install()
+
+    def _install(self) -> None:
+        # only the main thread takes signals; a handler Python did not install (None) cannot be put back
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not None:
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+            self.installed = True
+
+    def _uninstall(self) -> None:
+        if self.installed:
+            signal.signal(signal.SIGINT, self.previous)
+            self.installed = False
 
     def _handle(self, signum: int, frame: object) -> None:
         self.requested = True
-
-    def __exit__(self, *exc: object) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
 
 
 @dataclass(frozen=True)
@@ -101,7 +121,9 @@ class Session:
     state snapshot before the first difference where the engine keeps snapshots); `chat(messages)` renders
     the conversation and streams like `stream`. Whatever the caller received is what the session holds: the
     last token of a call (also one left early, by `break`, an exception or Ctrl-C) is fed at the start of the
-    next. One call at a time; a new call from the thread that left an earlier one unfinished closes it.
+    next. Ctrl-C while the session computes ends the call at the next token boundary and then raises
+    KeyboardInterrupt to the caller. One call at a time; a new call from the thread that left an earlier one
+    unfinished closes it.
     """
 
     def __init__(self, engine: Engine, codec: TextCodec):
@@ -392,7 +414,9 @@ class Session:
                         break
                     stats.generated_tokens += 1
                     new, stopped = text.push(unfed)
-                    yield self._piece(unfed, new, request)
+                    piece = self._piece(unfed, new, request)
+                    with interrupt.paused():
+                        yield piece
                     stats.finish_reason = (
                         "stop" if stopped else "interrupted" if interrupt.requested
                         else "length" if request.max_tokens is not None and stats.generated_tokens >= request.max_tokens
@@ -410,3 +434,5 @@ class Session:
                 self._pending = [] if unfed is None else [unfed]
                 stats.decode_seconds = time.perf_counter() - start
                 self._open = None
+        if interrupt.requested:  # the session is consistent and the signal handler is the caller's again
+            raise KeyboardInterrupt
