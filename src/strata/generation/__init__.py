@@ -8,7 +8,6 @@ reference engine samples its numpy logits. Everything above that line lives here
 
 from __future__ import annotations
 
-import numbers
 import signal
 import threading
 import time
@@ -22,6 +21,7 @@ import numpy as np
 
 from strata.chat import render_chat, render_chat_segments
 from strata.errors import FormatError, InvalidArgument, StrataError
+from strata.generation.arguments import checked_flag, checked_integer, checked_number
 from strata.generation.prefix import Snapshots, common_prefix
 from strata.generation.records import FINISH_REASONS, Completion, Engine, Piece, Stats, TextCodec, Usage
 from strata.generation.text import TextStream
@@ -47,19 +47,6 @@ def session_context(context: int | None, context_length: int) -> int:
     if not 1 <= context <= context_length:
         raise InvalidArgument(f"context {context} is outside 1..{context_length} (the model's context_length)")
     return context
-
-
-def checked_integer(name: str, value: Any) -> int:
-    """`value` as an int, or InvalidArgument naming `name` (a bool, a float or a string is not one)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise InvalidArgument(f"{name} must be an integer, got {value!r:.80}")
-    return int(value)
-
-
-def _checked_number(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InvalidArgument(f"{name} must be a number, got {value!r:.80}")
-    return float(value)
 
 
 @dataclass
@@ -181,17 +168,14 @@ class Session:
 
     # --------------------------------------------------------------------------------------------- calls
 
-    def generate(self, prompt: str | Sequence[int], max_tokens: int | None = 256, *, temperature: float = 0.0,
-                 top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
-                 seed: int | None = None, stop: str | Sequence[str] = (), logprobs: int | None = None,
-                 special: bool = False) -> Iterator[Piece]:
+    def generate(self, prompt: str | Sequence[int], max_tokens: int | None = 256, *, special: bool = False,
+                 **sampling: Any) -> Iterator[Piece]:
         """Stream the continuation of the sequence with `prompt` (text, or token ids) appended. `max_tokens`
-        None runs until EOS or the context; `seed` None or -1 draws a random one; `stop` is a string or strings;
-        `logprobs` asks for that many alternatives per token; `special` reads control tokens written in the text
-        (else it is plain text)."""
-        request = self._request(max_tokens, dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                                                 repeat_penalty=repeat_penalty, seed=seed, stop=stop,
-                                                 logprobs=logprobs))
+        None runs until EOS or the context; `special` reads control tokens written in the text (else it is plain
+        text). The sampling options (SAMPLING_OPTIONS): temperature (0: greedy), top_k (0: off), top_p, min_p,
+        repeat_penalty (1: off), seed (None or -1: a random one), stop (a string or strings), logprobs (that many
+        alternatives per token); any other name is refused."""
+        request = self._request(max_tokens, sampling)
         ids = self._ids(prompt, special)
         self._close_abandoned()  # its last token is part of the sequence this call continues
         return self._start(self.tokens + ids, request)
@@ -231,9 +215,7 @@ class Session:
         become control tokens: the messages and the template options (tools, their descriptions) are text, so
         a message cannot end its turn or forge another. `special=True` reads control tokens written in them too,
         for a caller who put them there on purpose (a conversation rendered by the caller's own rules)."""
-        if not isinstance(special, bool):
-            raise InvalidArgument(f"special must be True or False, got {special!r:.80}")
-        if special:
+        if checked_flag("special", special):
             return self._ids(self.render(messages, template_options), special=True)
         segments = render_chat_segments(self._template(), messages, getattr(self.codec, "control_tokens", ()),
                                         **self._template_values(template_options))
@@ -249,7 +231,7 @@ class Session:
         if unknown:
             raise InvalidArgument(f"unknown option {', '.join(map(repr, unknown))}; the sampling options are "
                                   f"{', '.join(SAMPLING_OPTIONS)}")
-        numbers_given = {name: _checked_number(name, options[name])
+        numbers_given = {name: checked_number(name, options[name])
                          for name in ("temperature", "top_p", "min_p", "repeat_penalty") if name in options}
         if "top_k" in options:
             numbers_given["top_k"] = checked_integer("top_k", options["top_k"])
@@ -273,8 +255,7 @@ class Session:
                         logprobs)
 
     def _ids(self, prompt: str | Sequence[int], special: bool) -> list[int]:
-        if not isinstance(special, bool):
-            raise InvalidArgument(f"special must be True or False, got {special!r:.80}")
+        checked_flag("special", special)
         if isinstance(prompt, str):
             ids = self.codec.encode(prompt, special=True) if special else self.codec.encode(prompt)
         elif isinstance(prompt, Iterable) and not isinstance(prompt, (bytes, bytearray, Mapping)):
