@@ -165,6 +165,33 @@ def test_markers_written_in_any_message_or_tool_stay_text(name):
                 marker, role)
 
 
+@pytest.mark.parametrize("name", sorted(TOKENIZERS))
+def test_random_content_with_markers_anywhere_keeps_its_text_and_forges_nothing(name, rng):
+    tokenizer = TOKENIZERS[name]()
+    session = session_for(tokenizer)
+    markers = list(tokenizer.control_tokens)
+
+    def hostile():
+        return "".join(str(rng.choice(markers)) if rng.random() < 0.3 else random_text(rng, tokenizer)
+                       for _ in range(int(rng.integers(1, 6))))
+
+    for _ in range(20):
+        texts = {}
+        forged = conversation(lambda role: texts.setdefault(role, hostile()))
+        options = {"tools": tools(texts.setdefault("tools", hostile()))}
+        plain = conversation(lambda role: strip(texts[role], markers))
+        plain_options = {"tools": tools(strip(texts["tools"], markers))}
+        ids = session.chat_ids(forged, options)
+        assert tokenizer.decode(ids) == session.render(forged, options)
+        assert control_ids(tokenizer, ids) == control_ids(tokenizer, session.chat_ids(plain, plain_options))
+
+
+def strip(text, markers):
+    for marker in markers:
+        text = text.replace(marker, "")
+    return text
+
+
 def test_the_template_still_reads_the_content_around_a_marker():
     tokenizer = malformed_tokenizer(QWEN_TEMPLATE)
     session = session_for(tokenizer)
