@@ -150,20 +150,56 @@ def test_one_call_at_a_time_across_threads():
     assert run(session, "q", max_tokens=1)[0] == "a"
 
 
-def test_ctrl_c_stops_at_a_token_boundary_and_the_session_stays_usable():
-    class InterruptingEngine(ScriptedEngine):
-        def feed(self, ids, params, u, seen):
-            token = super().feed(ids, params, u, seen)
-            if len(self.fed) == 3:
-                os.kill(os.getpid(), signal.SIGINT)  # as if the user pressed Ctrl-C mid-token
-            return token
+class InterruptingEngine(ScriptedEngine):
+    """Sends SIGINT to this process while its `at`-th feed computes, as if the user pressed Ctrl-C mid-token."""
 
-    engine = InterruptingEngine([ord(c) for c in "abcdefgh"])
+    def __init__(self, script, at):
+        super().__init__(script)
+        self.at = at
+
+    def feed(self, ids, params, u, seen):
+        token = super().feed(ids, params, u, seen)
+        if len(self.fed) == self.at:
+            os.kill(os.getpid(), signal.SIGINT)
+        return token
+
+
+def test_ctrl_c_stops_at_a_token_boundary_then_raises_and_the_session_stays_usable():
+    engine = InterruptingEngine([ord(c) for c in "abcdefgh"], at=3)
     session = Session(engine, CharCodec())
-    text, _ = run(session, "q")
+    shown = []
+    with pytest.raises(KeyboardInterrupt):
+        for piece in session.generate("q"):
+            shown.append(piece.text)
+    text = "".join(shown)
     assert text == "abc" and session.stats.finish_reason == "interrupted"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # What was shown is what the session holds: the prompt and the three tokens, the last one still to feed.
+    assert CharCodec().decode(session.tokens) == "qabc"
     assert run(session, "r", max_tokens=2)[0] == "de"
+    assert CharCodec().decode(engine.fed[-2]) == "cr"
+
+
+@pytest.mark.parametrize("call", ["generate", "complete", "chat_complete"])
+def test_ctrl_c_propagates_from_every_call(call):
+    session = Session(InterruptingEngine([ord(c) for c in "abcdefgh"], at=2), TurnCodec())
+    argument = [{"role": "user", "content": "q"}] if call == "chat_complete" else "q"
+    with pytest.raises(KeyboardInterrupt):
+        result = getattr(session, call)(argument)
+        list(result) if call == "generate" else None
+    assert session.stats.finish_reason == "interrupted" and session.stats.generated_tokens == 2
+    assert CharCodec().decode(session.tokens).endswith("ab")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_while_the_caller_holds_a_piece_is_the_callers():
+    session = Session(ScriptedEngine([ord(c) for c in "abcdefgh"]), CharCodec())
+    stream = session.generate("q")
+    assert next(stream).text == "a"
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)  # between tokens: the stream is suspended, the program's handler runs
+    stream.close()
+    assert session.stats.finish_reason == "cancelled" and CharCodec().decode(session.tokens) == "qa"
 
 
 def test_bad_arguments_are_named():
@@ -306,3 +342,17 @@ def test_the_chat_loop_keeps_the_history_and_obeys_its_commands():
     assert text.count("> ") == 5 and "A\n" in text and "B\n" in text and "(conversation cleared)" in text
     assert engine.prompts == ["<user>hi<assistant>$", "<user>hi<assistant>A<user>again<assistant>$",
                               "<user>new<assistant>$"]
+
+
+def test_ctrl_c_in_the_chat_loop_ends_the_answer_and_the_conversation_goes_on():
+    import io
+
+    from strata.cli.chat import converse
+
+    engine = InterruptingEngine([ord("A"), ord("B"), ord("C"), ord("D"), 0], at=2)
+    out = io.StringIO()
+    session = Session(engine, ChatCodec())
+    converse(session, ["hi\n", "again\n"], out)
+    assert "AB\n" in out.getvalue() and out.getvalue().count("> ") == 3
+    # The second turn carries the interrupted answer as it was shown.
+    assert CharCodec().decode(session.tokens).startswith("<user>hi<assistant>AB<user>again<assistant>$CD")

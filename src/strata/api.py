@@ -8,16 +8,21 @@ import os
 from types import TracebackType
 from typing import Any
 
-from strata.errors import InvalidArgument
+from strata.errors import InvalidArgument, StrataError
 from strata.format import ModelFile, inspect
 from strata.generation import Session, session_context
+from strata.generation.arguments import checked_integer
 
 ENGINES = ("gpu", "reference")
+# strata.Model.session's options that only the GPU engine has: refused by name on the reference
+GPU_SESSION_OPTIONS = ("mode", "timeout", "prompt_chunk", "prompt_cpu", "kv_streaming")
 
 
 def load(path: str | os.PathLike[str], *, engine: str = "gpu", **options: Any):
     """Open the GGUF at `path` for `engine`: a strata.Model ("gpu"; options: device, threads, cache_dir,
     progress, expert_cache, cache_policy, vram_limit, prompt) or a ReferenceModel ("reference"). Both have `session(...)`, `tokenizer` and `close()`."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidArgument(f"path must be a file path (str or os.PathLike), got {type(path).__name__}")
     if engine == "gpu":
         from strata.runtime.model import load as load_on_gpu
 
@@ -26,7 +31,7 @@ def load(path: str | os.PathLike[str], *, engine: str = "gpu", **options: Any):
         if options:
             raise InvalidArgument(f"the reference engine takes no {', '.join(sorted(options))} option")
         return ReferenceModel(inspect(path))
-    raise InvalidArgument(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    raise InvalidArgument(f"unknown engine {engine!r:.80}; choose one of {', '.join(ENGINES)}")
 
 
 class ReferenceModel:
@@ -34,24 +39,38 @@ class ReferenceModel:
 
     def __init__(self, file: ModelFile):
         self.file = file
+        self.closed = False
 
     @property
     def tokenizer(self):
         """The file's tokenizer (strata.format.Tokenizer): encode, decode, count, the chat template."""
         return self.file.tokenizer()
 
-    def session(self, context: int | None = None, snapshots: int | None = None, defer_experts: int = 0) -> Session:
-        """A generation session of `context` tokens (default min(context_length, 4096)) on the reference; with
-        `defer_experts`, expert deferral as the GPU engine's (docs/session.md, "Expert deferral")."""
+    def session(self, context: int | None = None, *, kv: Any = None, snapshots: int | None = None,
+                defer_experts: int = 0, **gpu_options: Any) -> Session:
+        """A generation session of `context` tokens (default min(context_length, 4096)) on the reference. With
+        `kv`, the attention caches hold their rows in that format, as a GPU session's (default: as computed);
+        `snapshots` states are kept for prefix reuse (default 4); with `defer_experts`, expert deferral as the
+        GPU engine's (docs/session.md, "Expert deferral"). The GPU engine's other options are refused by name."""
         from strata.reference import Reference
         from strata.reference.engine import SNAPSHOTS, ReferenceEngine
 
+        for name in gpu_options:
+            if name in GPU_SESSION_OPTIONS:
+                raise InvalidArgument(f"{name}: the reference engine's session has no such option (GPU engine only)")
+            raise InvalidArgument(f"unknown session option {name!r}; the reference engine's session takes context, "
+                                  "kv, snapshots and defer_experts")
+        if self.closed:
+            raise StrataError("this model is closed: it opens no new sessions")
         context = session_context(context, self.file.geometry.context_length)
-        engine = ReferenceEngine(Reference(self.file, defer_experts=defer_experts), context,
-                                 SNAPSHOTS if snapshots is None else snapshots)
-        return Session(engine, self.tokenizer)
+        snapshots = SNAPSHOTS if snapshots is None else checked_integer("snapshots", snapshots)
+        if snapshots < 0:
+            raise InvalidArgument(f"snapshots must be >= 0, got {snapshots}")
+        reference = Reference(self.file, kv=kv, defer_experts=defer_experts)  # kv: a strata.KV or its name
+        return Session(ReferenceEngine(reference, context, snapshots), self.tokenizer)
 
     def close(self) -> None:
+        self.closed = True
         self.file.close()
 
     def __enter__(self) -> ReferenceModel:

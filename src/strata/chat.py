@@ -3,12 +3,18 @@
 The template comes from the model file, i.e. from whoever made it, so it runs in jinja2's
 ImmutableSandboxedEnvironment, as transformers does: it can format strings and walk the messages, but not
 reach Python internals or mutate what it is given. A template that tries is refused with FormatError.
+
+What the messages (and the template's other values: tools, their descriptions) say is text, never control
+tokens: `render_chat_segments` tells the template's own markers from the same text written in a message, so a
+message cannot end its turn or forge another (`hi<|im_end|><|im_start|>system...` stays text).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import re
+import secrets
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -56,6 +62,11 @@ def _check_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping) or "role" not in message:
             raise InvalidArgument(f"message {i} must be a mapping with a 'role' key, got {message!r:.80}")
+        if not isinstance(message["role"], str):
+            raise InvalidArgument(f"message {i}'s role must be a string, got {message['role']!r:.80}")
+        if not isinstance(message.get("content"), (str, list, type(None))):
+            raise InvalidArgument(f"message {i}'s content must be a string, a list of parts or None, got "
+                                  f"{type(message['content']).__name__}")
         checked.append(dict(message))
     return checked
 
@@ -70,20 +81,77 @@ def render_chat(
     **extra: Any,
 ) -> str:
     """The prompt text for `messages`. Extra keyword arguments (tools, enable_thinking, ...) reach the template."""
+    return _render(template, _check_messages(messages), add_generation_prompt=add_generation_prompt,
+                   bos_token=bos_token, eos_token=eos_token, **extra)
+
+
+def render_chat_segments(
+    template: str,
+    messages: Sequence[Mapping[str, Any]],
+    markers: Collection[str],
+    *,
+    add_generation_prompt: bool = True,
+    bos_token: str = "",
+    eos_token: str = "",
+    **extra: Any,
+) -> list[tuple[str, bool]]:
+    """The prompt for `messages` as (text, is_marker) segments, in order, joining to `render_chat`'s text.
+
+    `markers` are the texts of the vocabulary's control tokens. A marker segment is one the template wrote
+    itself; everything else, including a marker's text written in a message or in a value of `extra`, is in the
+    plain segments. Each value the caller gave reaches the template with its markers swapped for a token of
+    this call (a random nonce, so no message can spell it), which the rendered text turns back into the marker's
+    text, now known to be the caller's."""
+    markers = sorted({m for m in markers if m}, key=len, reverse=True)  # longest first: leftmost-longest match
+    if not markers:
+        return [(render_chat(template, messages, add_generation_prompt=add_generation_prompt, bos_token=bos_token,
+                             eos_token=eos_token, **extra), False)]
+    written = re.compile("|".join(map(re.escape, markers)))
+    nonce = secrets.token_hex(8)
+    swapped = re.compile(f"Q{nonce}M([0-9]+)E")
+    index = {marker: i for i, marker in enumerate(markers)}
+
+    def protect(value: Any) -> Any:
+        if isinstance(value, str):
+            return written.sub(lambda m: f"Q{nonce}M{index[m.group()]}E", value)
+        if isinstance(value, Mapping):
+            return {protect(k): protect(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [protect(v) for v in value]
+        return value
+
+    text = _render(template, protect(_check_messages(messages)), add_generation_prompt=add_generation_prompt,
+                   bos_token=bos_token, eos_token=eos_token, **protect(extra))
+    segments: list[tuple[str, bool]] = []
+    plain: list[str] = []
+    at = 0
+    for match in re.finditer(f"{swapped.pattern}|{written.pattern}", text):
+        plain.append(text[at:match.start()])
+        at = match.end()
+        if match.group(1) is not None:
+            plain.append(markers[int(match.group(1))])
+        else:
+            segments += [("".join(plain), False), (match.group(), True)]
+            plain = []
+    plain.append(text[at:])
+    segments.append(("".join(plain), False))
+    if any(nonce in piece for piece, _ in segments):
+        raise FormatError("chat template changed message text that holds a control token's text beyond recognition; "
+                          "it cannot be kept as text")
+    return [(piece, marker) for piece, marker in segments if piece]
+
+
+def _render(template: str, messages: list[dict[str, Any]], **values: Any) -> str:
     if not template:
         raise FormatError("the model file carries no chat template (tokenizer.chat_template)")
     compiled = _compile(template)
     try:
-        return compiled.render(
-            messages=_check_messages(messages),
-            add_generation_prompt=add_generation_prompt,
-            bos_token=bos_token,
-            eos_token=eos_token,
-            **extra,
-        )
+        return compiled.render(messages=messages, **values)
     except SecurityError as error:
         raise FormatError(f"chat template tried to leave its sandbox and was stopped: {error}") from None
     except TemplateRaised as error:
         raise InvalidArgument(f"chat template refused the messages: {error}") from None
     except jinja2.TemplateError as error:
         raise FormatError(f"chat template failed to render: {error}") from None
+    except (TypeError, ValueError, KeyError, IndexError) as error:  # values the template cannot take, e.g. str + None
+        raise InvalidArgument(f"chat template could not render the messages: {type(error).__name__}: {error}") from None

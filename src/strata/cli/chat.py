@@ -75,7 +75,7 @@ def fit(session: Session, history: list[dict[str, str]], room: int, template_opt
     """Drop the oldest turns (never a system message) until the conversation and `room` tokens for the answer
     fit the session's context; returns how many messages were dropped, -1 if the last message alone does not."""
     def tokens() -> int:
-        return len(session.codec.encode(session.render(history, template_options), special=True))
+        return len(session.chat_ids(history, template_options))
 
     dropped = 0
     while tokens() + room > session.engine.context:
@@ -112,10 +112,13 @@ def converse(session: Session, lines: Iterable[str], out: TextIO, prompt: str = 
                 if dropped:
                     out.write(f"(the context is full: the oldest {dropped} message(s) were dropped)\n")
                 answer = []
-                for piece in session.chat(history, template_options=options, **generate):
-                    answer.append(piece.text)
-                    out.write(piece.text)
-                    out.flush()
+                try:
+                    for piece in session.chat(history, template_options=options, **generate):
+                        answer.append(piece.text)
+                        out.write(piece.text)
+                        out.flush()
+                except KeyboardInterrupt:  # Ctrl-C ends the answer, not the conversation
+                    pass
                 out.write("\n")
                 history.append({"role": "assistant", "content": "".join(answer)})
         out.write(prompt)

@@ -20,13 +20,17 @@ def register(commands) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
+    interrupted = False
     with session.opened(args) as opened:
-        for piece in opened.generate(args.prompt, **session.sampling(args)):
-            print(piece.text, end="", flush=True)
+        try:
+            for piece in opened.generate(args.prompt, **session.sampling(args)):
+                print(piece.text, end="", flush=True)
+        except KeyboardInterrupt:  # at a token boundary, or while a piece was printed: the answer ends there
+            interrupted = True
         print()
         stats = opened.stats
         engine = args.engine if args.engine == "reference" else f"{args.engine} ({args.mode}, kv {args.kv})"
         print(f"[{stats.generated_tokens} tokens, {stats.decode_tokens_per_second:.2f} tok/s decode, "
               f"prompt {stats.prompt_tokens} tokens in {stats.prefill_seconds:.2f} s, "
-              f"ended by {stats.finish_reason}; engine: {engine}]", file=sys.stderr)
-    return INTERRUPTED if stats.finish_reason == "interrupted" else 0
+              f"ended by {'interrupted' if interrupted else stats.finish_reason}; engine: {engine}]", file=sys.stderr)
+    return INTERRUPTED if interrupted else 0

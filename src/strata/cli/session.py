@@ -83,7 +83,7 @@ def add_arguments(sub: argparse.ArgumentParser) -> None:
 
 def sampling(args: argparse.Namespace) -> dict:
     return {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
-            "repeat_penalty": args.repeat_penalty, "seed": None if args.seed < 0 else args.seed, "stop": args.stop,
+            "repeat_penalty": args.repeat_penalty, "seed": args.seed, "stop": args.stop,
             "max_tokens": args.max_tokens or None}
 
 
@@ -130,7 +130,7 @@ def new_session(model, args: argparse.Namespace):
     `--kv-streaming` and `--mode`)."""
     if args.engine != "gpu":
         return model.session(args.context, defer_experts=args.defer_experts)
-    return model.session(args.context, args.kv, args.mode, kv_streaming=args.kv_streaming,
+    return model.session(args.context, kv=args.kv, mode=args.mode, kv_streaming=args.kv_streaming,
                          defer_experts=args.defer_experts)
 
 

@@ -38,7 +38,10 @@ class Tokenizer:
         self.special_ids: dict[str, list[int]] = special_ids(kv)
         self.chat_template: str | None = kv.get(K.CHAT_TEMPLATE)
         self.pre: str = kv.get(K.PRE, "default")
-        self._hf = _build(self.tokens, kv[K.MERGES], kv.get(K.TOKEN_TYPE), self.pre)
+        types = kv.get(K.TOKEN_TYPE)
+        # the texts `encode(..., special=True)` reads as control tokens (a chat template's markers)
+        self.control_tokens: tuple[str, ...] = tuple(self.tokens[i] for i, t in enumerate(types or ()) if t == CONTROL)
+        self._hf = _build(self.tokens, kv[K.MERGES], types, self.pre)
         self._encoding = threading.Lock()  # the HF tokenizer's special-token switch is one flag for all callers
 
     @property

@@ -1,5 +1,5 @@
 """Generation over any decode engine: streamed and whole answers, stop conditions, prefix reuse across calls,
-Ctrl-C at a token boundary.
+Ctrl-C at a token boundary, chats whose messages are text.
 
 An engine appends token ids to its sequence and returns the next token, sampled by its own rules from a
 uniform draw u (strata.sampling); the GPU session samples on the device and returns only the id, the
@@ -12,15 +12,16 @@ import signal
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from strata.chat import render_chat
+from strata.chat import render_chat, render_chat_segments
 from strata.errors import FormatError, InvalidArgument, StrataError
+from strata.generation.arguments import checked_flag, checked_integer, checked_number
 from strata.generation.prefix import Snapshots, common_prefix
 from strata.generation.records import FINISH_REASONS, Completion, Engine, Piece, Stats, TextCodec, Usage
 from strata.generation.text import TextStream
@@ -28,6 +29,10 @@ from strata.sampling import SamplingParams
 
 MAX_LOGPROBS = 20  # the most alternatives a position reports (OpenAI's limit)
 DEFAULT_CONTEXT = 4096
+RANDOM_SEED = -1  # seed=-1, as on the command line: a fresh random seed (as None)
+SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "stop", "logprobs")
+# what Session.render gives the template itself: template_options cannot replace them
+RESERVED_TEMPLATE_VALUES = ("messages", "add_generation_prompt", "bos_token", "eos_token")
 
 __all__ = ["FINISH_REASONS", "Completion", "Engine", "Piece", "Session", "Stats", "TextCodec", "Usage",
            "session_context"]
@@ -36,7 +41,9 @@ __all__ = ["FINISH_REASONS", "Completion", "Engine", "Piece", "Session", "Stats"
 def session_context(context: int | None, context_length: int) -> int:
     """The context a session holds: `context`, default min(context_length, 4096); refused outside the model's.
     Every engine's session is sized by this one rule."""
-    context = min(context_length, DEFAULT_CONTEXT) if context is None else int(context)
+    if context is None:
+        context = min(context_length, DEFAULT_CONTEXT)
+    context = checked_integer("context", context)
     if not 1 <= context <= context_length:
         raise InvalidArgument(f"context {context} is outside 1..{context_length} (the model's context_length)")
     return context
@@ -44,22 +51,42 @@ def session_context(context: int | None, context_length: int) -> int:
 
 @dataclass
 class _Interrupt:
-    """SIGINT during a generate only raises a flag; the loop stops at the next token boundary."""
+    """SIGINT while the session computes only raises a flag: the call stops at the next token boundary, the
+    session holding what the caller was given, and then raises KeyboardInterrupt. While a piece is with the
+    caller (`paused`), Ctrl-C is the caller's own, as anywhere else in the program."""
 
     requested: bool = False
-    previous: object = field(default=None)
+    previous: Any = field(default=None)
+    installed: bool = False
 
     def __enter__(self) -> _Interrupt:
-        if threading.current_thread() is threading.main_thread():
-            self.previous = signal.signal(signal.SIGINT, self._handle)
+        self._install()
         return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._uninstall()
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        self._uninstall()
+        try:
+            yield
+        finally:
+            self._install()
+
+    def _install(self) -> None:
+        # only the main thread takes signals; a handler Python did not install (None) cannot be put back
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not None:
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+            self.installed = True
+
+    def _uninstall(self) -> None:
+        if self.installed:
+            signal.signal(signal.SIGINT, self.previous)
+            self.installed = False
 
     def _handle(self, signum: int, frame: object) -> None:
         self.requested = True
-
-    def __exit__(self, *exc: object) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
 
 
 @dataclass(frozen=True)
@@ -81,7 +108,9 @@ class Session:
     state snapshot before the first difference where the engine keeps snapshots); `chat(messages)` renders
     the conversation and streams like `stream`. Whatever the caller received is what the session holds: the
     last token of a call (also one left early, by `break`, an exception or Ctrl-C) is fed at the start of the
-    next. One call at a time; a new call from the thread that left an earlier one unfinished closes it.
+    next. Ctrl-C while the session computes ends the call at the next token boundary and then raises
+    KeyboardInterrupt to the caller. One call at a time; a new call from the thread that left an earlier one
+    unfinished closes it.
     """
 
     def __init__(self, engine: Engine, codec: TextCodec):
@@ -139,14 +168,14 @@ class Session:
 
     # --------------------------------------------------------------------------------------------- calls
 
-    def generate(self, prompt: str | Sequence[int], max_tokens: int | None = 256, *, temperature: float = 0.0,
-                 top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
-                 seed: int | None = None, stop: str | Sequence[str] = (), logprobs: int | None = None,
-                 special: bool = False) -> Iterator[Piece]:
+    def generate(self, prompt: str | Sequence[int], max_tokens: int | None = 256, *, special: bool = False,
+                 **sampling: Any) -> Iterator[Piece]:
         """Stream the continuation of the sequence with `prompt` (text, or token ids) appended. `max_tokens`
-        None runs until EOS or the context; `stop` is a string or strings; `logprobs` asks for that many
-        alternatives per token; `special` reads control tokens written in the text (else it is plain text)."""
-        request = self._request(max_tokens, temperature, top_k, top_p, min_p, repeat_penalty, seed, stop, logprobs)
+        None runs until EOS or the context; `special` reads control tokens written in the text (else it is plain
+        text). The sampling options (SAMPLING_OPTIONS): temperature (0: greedy), top_k (0: off), top_p, min_p,
+        repeat_penalty (1: off), seed (None or -1: a random one), stop (a string or strings), logprobs (that many
+        alternatives per token); any other name is refused."""
+        request = self._request(max_tokens, sampling)
         ids = self._ids(prompt, special)
         self._close_abandoned()  # its last token is part of the sequence this call continues
         return self._start(self.tokens + ids, request)
@@ -155,7 +184,7 @@ class Session:
                **sampling: Any) -> Iterator[Piece]:
         """Stream the answer to `prompt`, the whole sequence (text, or token ids): the part the session already
         holds is not fed again. Keyword arguments as `generate`."""
-        request = self._request(max_tokens, **sampling)
+        request = self._request(max_tokens, sampling)
         return self._start(self._ids(prompt, special), request)
 
     def complete(self, prompt: str | Sequence[int], max_tokens: int | None = 256, **kwargs: Any) -> Completion:
@@ -163,11 +192,12 @@ class Session:
         return self._collect(self.stream(prompt, max_tokens, **kwargs))
 
     def chat(self, messages: Sequence[Mapping[str, Any]], max_tokens: int | None = 256, *,
-             template_options: Mapping[str, Any] | None = None, **kwargs: Any) -> Iterator[Piece]:
+             template_options: Mapping[str, Any] | None = None, special: bool = False, **kwargs: Any
+             ) -> Iterator[Piece]:
         """Stream the assistant's answer to `messages` rendered with the model's chat template (with
-        `template_options` such as tools or enable_thinking). Callers pass the whole conversation each turn;
-        the session feeds only what it has not seen."""
-        return self.stream(self.render(messages, template_options), max_tokens, special=True, **kwargs)
+        `template_options` such as tools or enable_thinking), encoded as `chat_ids`. Callers pass the whole
+        conversation each turn; the session feeds only what it has not seen."""
+        return self.stream(self.chat_ids(messages, template_options, special=special), max_tokens, **kwargs)
 
     def chat_complete(self, messages: Sequence[Mapping[str, Any]], max_tokens: int | None = 256,
                       **kwargs: Any) -> Completion:
@@ -177,38 +207,90 @@ class Session:
     def render(self, messages: Sequence[Mapping[str, Any]], template_options: Mapping[str, Any] | None = None
                ) -> str:
         """The prompt text of `messages` under the model's chat template, ready for the assistant's turn."""
-        template = getattr(self.codec, "chat_template", None)
-        if not template:
-            raise FormatError("the model file carries no chat template (tokenizer.chat_template)")
-        return render_chat(template, messages, add_generation_prompt=True, bos_token=self._special("bos"),
-                           eos_token=self._special("eos"), **dict(template_options or {}))
+        return render_chat(self._template(), messages, **self._template_values(template_options))
+
+    def chat_ids(self, messages: Sequence[Mapping[str, Any]], template_options: Mapping[str, Any] | None = None,
+                 *, special: bool = False) -> list[int]:
+        """The token ids of `render(messages, template_options)`. Only the markers the template writes itself
+        become control tokens: the messages and the template options (tools, their descriptions) are text, so
+        a message cannot end its turn or forge another. `special=True` reads control tokens written in them too,
+        for a caller who put them there on purpose (a conversation rendered by the caller's own rules)."""
+        if checked_flag("special", special):
+            return self._ids(self.render(messages, template_options), special=True)
+        segments = render_chat_segments(self._template(), messages, getattr(self.codec, "control_tokens", ()),
+                                        **self._template_values(template_options))
+        ids = [i for text, marker in segments for i in self._encode(text, marker)]
+        if not ids:
+            raise InvalidArgument("the rendered conversation is empty")
+        return ids
 
     # ---------------------------------------------------------------------------------------- internals
 
-    def _request(self, max_tokens: int | None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                 min_p: float = 0.0, repeat_penalty: float = 1.0, seed: int | None = None,
-                 stop: str | Sequence[str] = (), logprobs: int | None = None) -> _Request:
-        params = SamplingParams(temperature, top_k, top_p, min_p, repeat_penalty)
-        if max_tokens is not None and max_tokens < 1:
+    def _request(self, max_tokens: int | None, options: Mapping[str, Any]) -> _Request:
+        unknown = sorted(set(options) - set(SAMPLING_OPTIONS))
+        if unknown:
+            raise InvalidArgument(f"unknown option {', '.join(map(repr, unknown))}; the sampling options are "
+                                  f"{', '.join(SAMPLING_OPTIONS)}")
+        numbers_given = {name: checked_number(name, options[name])
+                         for name in ("temperature", "top_p", "min_p", "repeat_penalty") if name in options}
+        if "top_k" in options:
+            numbers_given["top_k"] = checked_integer("top_k", options["top_k"])
+        params = SamplingParams(**numbers_given)
+        if max_tokens is not None and checked_integer("max_tokens", max_tokens) < 1:
             raise InvalidArgument(f"max_tokens must be >= 1 (or None: until EOS or the context), got {max_tokens}")
-        stops = (stop,) if isinstance(stop, str) else tuple(stop)
+        stop = options.get("stop", ())
+        stops = (stop,) if isinstance(stop, str) else tuple(stop) if isinstance(stop, Iterable) else (None,)
         if not all(isinstance(s, str) for s in stops):
-            raise InvalidArgument(f"stop must be a string or a list of strings, got {stop!r}")
+            raise InvalidArgument(f"stop must be a string or a list of strings, got {stop!r:.80}")
+        seed = options.get("seed")
+        if seed is not None and checked_integer("seed", seed) < RANDOM_SEED:
+            raise InvalidArgument(f"seed must be >= 0 (or -1 or None: a random one), got {seed}")
+        logprobs = options.get("logprobs")
         if logprobs is not None:
-            if not 0 <= logprobs <= MAX_LOGPROBS:
+            if not 0 <= checked_integer("logprobs", logprobs) <= MAX_LOGPROBS:
                 raise InvalidArgument(f"logprobs must be in 0..{MAX_LOGPROBS}, got {logprobs}")
             if not hasattr(self.engine, "logprobs"):
                 raise InvalidArgument("this engine does not report log-probabilities")
-        return _Request(params, max_tokens, tuple(s for s in stops if s), seed, logprobs)
+        return _Request(params, max_tokens, tuple(s for s in stops if s), None if seed == RANDOM_SEED else seed,
+                        logprobs)
 
     def _ids(self, prompt: str | Sequence[int], special: bool) -> list[int]:
+        checked_flag("special", special)
         if isinstance(prompt, str):
             ids = self.codec.encode(prompt, special=True) if special else self.codec.encode(prompt)
+        elif isinstance(prompt, Iterable) and not isinstance(prompt, (bytes, bytearray, Mapping)):
+            ids = [checked_integer("prompt's token id", t) for t in prompt]
         else:
-            ids = [int(t) for t in prompt]
+            raise InvalidArgument(f"prompt must be text or a list of token ids, got {type(prompt).__name__}")
         if not ids:
             raise InvalidArgument("the prompt is empty")
+        vocab = len(getattr(self.codec, "tokens", ()) or ())
+        if vocab and not all(0 <= t < vocab for t in ids):
+            bad = next(t for t in ids if not 0 <= t < vocab)
+            raise InvalidArgument(f"prompt token id {bad} is outside the vocabulary 0..{vocab - 1}")
         return ids
+
+    def _encode(self, text: str, marker: bool) -> list[int]:
+        return self.codec.encode(text, special=True) if marker else self.codec.encode(text)
+
+    def _template(self) -> str:
+        template = getattr(self.codec, "chat_template", None)
+        if not template:
+            raise FormatError("the model file carries no chat template (tokenizer.chat_template)")
+        return template
+
+    def _template_values(self, template_options: Mapping[str, Any] | None) -> dict[str, Any]:
+        """What the template is rendered with: the turn's opening, the model's BOS and EOS, and the options."""
+        if template_options is not None and not isinstance(template_options, Mapping):
+            raise InvalidArgument(f"template_options must be a mapping of names to values, got "
+                                  f"{type(template_options).__name__}")
+        options = dict(template_options or {})
+        bad = [k for k in options if not isinstance(k, str) or k in RESERVED_TEMPLATE_VALUES]
+        if bad:
+            raise InvalidArgument(f"template_options cannot set {bad[0]!r}: the names must be strings other than "
+                                  f"{', '.join(RESERVED_TEMPLATE_VALUES)}")
+        return {"add_generation_prompt": True, "bos_token": self._special("bos"), "eos_token": self._special("eos"),
+                **options}
 
     def _special(self, name: str) -> str:
         ids = getattr(self.codec, "special_ids", {}).get(name) or []
@@ -313,7 +395,9 @@ class Session:
                         break
                     stats.generated_tokens += 1
                     new, stopped = text.push(unfed)
-                    yield self._piece(unfed, new, request)
+                    piece = self._piece(unfed, new, request)
+                    with interrupt.paused():
+                        yield piece
                     stats.finish_reason = (
                         "stop" if stopped else "interrupted" if interrupt.requested
                         else "length" if request.max_tokens is not None and stats.generated_tokens >= request.max_tokens
@@ -331,3 +415,5 @@ class Session:
                 self._pending = [] if unfed is None else [unfed]
                 stats.decode_seconds = time.perf_counter() - start
                 self._open = None
+        if interrupt.requested:  # the session is consistent and the signal handler is the caller's again
+            raise KeyboardInterrupt

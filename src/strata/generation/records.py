@@ -35,8 +35,9 @@ class TextCodec(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
     @property
     def eos_ids(self) -> list[int]: ...
-    # A model's tokenizer also carries `chat_template` (str | None), `tokens` (the vocabulary) and
-    # `encode(text, special=True)`, which reads control tokens written in the text (rendered chat templates).
+    # A model's tokenizer also carries `chat_template` (str | None), `tokens` (the vocabulary), `control_tokens`
+    # (their texts: a chat template's markers) and `encode(text, special=True)`, which reads control tokens
+    # written in the text.
 
 
 @dataclass(frozen=True)

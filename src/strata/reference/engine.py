@@ -33,6 +33,13 @@ class ReferenceEngine:
         self._logits = self.reference.forward(list(ids))[-1]
         return sample(self._logits, params, u, seen)
 
+    def score(self, ids: Sequence[int], seen: Sequence[int]) -> np.ndarray:
+        """Append `ids` to the sequence and return float32 [len(ids), n_vocab]: row i the logits after ids[i], as
+        the GPU engine's score. Nothing is sampled."""
+        logits = np.asarray(self.reference.forward(list(ids)), dtype=np.float32)
+        self._logits = logits[-1]
+        return logits
+
     def prefill(self, ids: Sequence[int], seen: Sequence[int]) -> None:
         """Append `ids` to the sequence; no token is sampled."""
         self._logits = self.reference.forward(list(ids))[-1]

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from types import TracebackType
 
 from strata.devices import free_memory
-from strata.errors import InvalidArgument, OutOfMemory
+from strata.errors import InvalidArgument, OutOfMemory, StrataError
 from strata.format import ModelFile, inspect
 from strata.generation import Session, session_context
+from strata.generation.arguments import checked_flag, checked_integer, checked_number
 from strata.models import Geometry
 from strata.options import KV, Mode, check_defer_experts
 from strata.progress import ByteProgress
@@ -77,7 +78,7 @@ class Model:
         """The file's tokenizer (strata.format.Tokenizer): encode, decode, count, the chat template."""
         return self.file.tokenizer()
 
-    def session(self, context: int | None = None, kv: KV | str = KV.INT8, mode: Mode | str = Mode.TOKEN_GRAPH,
+    def session(self, context: int | None = None, *, kv: KV | str = KV.INT8, mode: Mode | str = Mode.TOKEN_GRAPH,
                 timeout: float = 5.0, snapshots: int = DEFAULT_SNAPSHOTS, prompt_chunk: int | None = None,
                 prompt_cpu: bool = True, kv_streaming: bool = False, defer_experts: int = 0) -> Session:
         """A generation session on the GPU: `context` tokens (default min(context_length, 4096)) of KV in
@@ -91,16 +92,23 @@ class Model:
         n_expert_used), the CPU pool's d lightest routed experts of every layer but the last reach the streams one
         layer late, computed while the GPU runs the next layer: faster, no longer exact (docs/session.md, "Expert
         deferral"; token by token only, the prompt path stays exact). The native session is
-        `session.engine.native`."""
+        `session.engine.native`. Every option after `context` is keyword-only, as on the reference engine."""
+        if self.weights is None:
+            raise StrataError("this model is closed: it opens no new sessions")
         g = self.info.geometry
         kv, mode = KV.parse(kv), Mode.parse(mode)
-        if not timeout > 0:
+        if not checked_number("timeout", timeout) > 0:
             raise InvalidArgument(f"timeout must be > 0 seconds, got {timeout}")
         context = session_context(context, g.context_length)
         check_defer_experts(defer_experts, g.n_expert_used)
+        checked_flag("prompt_cpu", prompt_cpu)
+        checked_flag("kv_streaming", kv_streaming)
+        if prompt_chunk is not None and checked_integer("prompt_chunk", prompt_chunk) < 0:
+            raise InvalidArgument(f"prompt_chunk must be >= 0 (0: token by token; None: the default), "
+                                  f"got {prompt_chunk}")
         from strata import _native  # the extension is optional for `import strata`; a session needs it
 
-        if not 0 <= snapshots <= _native.MAX_SNAPSHOTS:
+        if not 0 <= checked_integer("snapshots", snapshots) <= _native.MAX_SNAPSHOTS:
             raise InvalidArgument(f"snapshots must be in 0..{_native.MAX_SNAPSHOTS}, got {snapshots}")
         tensors = file_tensors(self.file)
         resident, free = self._vram_room()

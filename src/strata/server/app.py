@@ -176,10 +176,9 @@ class Server:
     def _prompt_ids(self, call: Call) -> list[int]:
         if call.kind == "chat":
             try:
-                text = self.pool.sessions[0].render(call.messages, call.template_options)
+                ids = self.pool.sessions[0].chat_ids(call.messages, call.template_options)  # messages as text
             except (InvalidArgument, FormatError) as error:
                 raise BadRequest(str(error), "messages", "invalid_value") from None
-            ids = self.codec.encode(text, special=True)
         elif isinstance(call.prompt, str):
             ids = self.codec.encode(call.prompt)
         else:
