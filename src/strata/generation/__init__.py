@@ -24,10 +24,10 @@ from strata.errors import FormatError, InvalidArgument, StrataError
 from strata.generation.prefix import Snapshots, common_prefix
 from strata.generation.records import FINISH_REASONS, Completion, Engine, Piece, Stats, TextCodec, Usage
 from strata.generation.text import TextStream
+from strata.options import DEFAULT_CONTEXT
 from strata.sampling import SamplingParams
 
 MAX_LOGPROBS = 20  # the most alternatives a position reports (OpenAI's limit)
-DEFAULT_CONTEXT = 4096
 
 __all__ = ["FINISH_REASONS", "Completion", "Engine", "Piece", "Session", "Stats", "TextCodec", "Usage",
            "session_context"]
