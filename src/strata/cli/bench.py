@@ -271,7 +271,7 @@ def run(model: Any, *, model_path: str, modes: list[Mode | str], prompt_tokens: 
         m["fraction_of_limit"] = limit.seconds / m["seconds_per_token"]
     result = {"model": model_path, "arch": g.arch, "n_layer": g.n_layer, "prompt_tokens": prompt_tokens,
               "tokens": tokens, "kv": kv.value, "kv_streaming": kv_streaming, "defer_experts": defer_experts,
-              "expert_cache": describe(g, tensors, model.cache_slots), "cache_slots": model.cache_slots,
+              "expert_cache": describe(g, tensors, model.cache_slots, model.cache_bytes), "cache_slots": model.cache_slots,
               "limit": {**asdict(limit), "seconds": limit.seconds}, "modes": results}
     print("\n".join(report(result)))
     if prompt_lengths:
