@@ -24,6 +24,14 @@ cdef extern from "strata/ple_gather.hpp" nogil:
         int64_t eos
         vector[uint64_t] multipliers, head_sizes, head_offsets
 
+    cdef cppclass CppPleNgrams "strata::PleNgrams":
+        CppPleNgrams(PleHash hash) except +raise_strata_error
+        int n_heads()
+        void next(int64_t token, uint64_t* rows)
+        void reset()
+        const vector[int64_t]& previous()
+        void set_previous(const vector[int64_t]& ids) except +raise_strata_error
+
     cdef cppclass CppPleGather "strata::PleGather":
         CppPleGather(const PleTable& table, PleHash hash) except +raise_strata_error
         int n_heads()
