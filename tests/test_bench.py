@@ -138,7 +138,8 @@ def test_run_decodes_each_mode_and_writes_json(tiny, tmp_path, capsys):
 
     g = tiny.geometry
     model = SimpleNamespace(info=SimpleNamespace(geometry=g), file=tiny, session=fake_session,
-                            pool=SimpleNamespace(read_bandwidth=lambda nbytes: 30e9), cache_slots=[2] * g.n_layer)
+                            pool=SimpleNamespace(read_bandwidth=lambda nbytes: 30e9), cache_slots=[2] * g.n_layer,
+                            cache_bytes=3 << 20)
     out = tmp_path / "bench.json"
     result = bench.run(model, model_path="tiny.gguf", modes=Mode.values(), prompt_tokens=4, tokens=8, kv="Q4",
                        json_path=str(out), defer_experts=1)

@@ -58,34 +58,37 @@ def test_expert_bytes_are_what_the_pool_holds(tiny, pool):
     assert per_expert == [pool.layer_bytes(layer) for layer in range(tiny.geometry.n_layer)]
 
 
-def test_the_plan_bounds_what_the_native_cache_allocates(tiny, pool, rng):
+def test_the_plan_counts_what_the_native_cache_allocates(tiny, pool, rng):
     g, tensors = tiny.geometry, file_tensors(tiny)
     per_expert = expert_cache.expert_bytes(g, tensors)
     for _ in range(6):
         slots = [int(s) for s in rng.integers(0, g.n_expert + 1, g.n_layer)]
         native = _native.ExpertCache.bytes_for(pool.native, slots)
-        planned = expert_cache.cache_bytes(g, tensors, slots)
-        assert sum(s * b for s, b in zip(slots, per_expert)) <= native <= planned, slots
-        assert planned - native <= sum(expert_cache.layer_slack(g) for s in slots if s), slots
+        planned = expert_cache.cache_bytes(pool, slots)
+        assert sum(s * b for s, b in zip(slots, per_expert)) <= native == planned, slots
+        # per layer: the layers' figures add up to the whole cache's (slots_for prices one layer at a time)
+        assert sum(expert_cache.cache_bytes(pool, [0] * layer + [s]) for layer, s in enumerate(slots)) == planned
 
 
-def test_slots_fill_the_budget_evenly_and_never_pass_it(tiny):
-    g, tensors = tiny.geometry, file_tensors(tiny)
-    everything = expert_cache.cache_bytes(g, tensors, [g.n_expert] * g.n_layer)
-    assert expert_cache.slots_for(g, tensors, everything) == [g.n_expert] * g.n_layer
-    assert expert_cache.slots_for(g, tensors, 10 * everything) == [g.n_expert] * g.n_layer
-    assert expert_cache.slots_for(g, tensors, 0) == [0] * g.n_layer
+def test_slots_fill_the_budget_evenly_and_never_pass_it(tiny, pool):
+    g = tiny.geometry
+    everything = expert_cache.cache_bytes(pool, [g.n_expert] * g.n_layer)
+    assert expert_cache.slots_for(pool, g.n_layer, everything) == [g.n_expert] * g.n_layer
+    assert expert_cache.slots_for(pool, g.n_layer, 10 * everything) == [g.n_expert] * g.n_layer
+    assert expert_cache.slots_for(pool, g.n_layer, 0) == [0] * g.n_layer
+    assert expert_cache.holds_every_expert(pool, [g.n_expert] * g.n_layer)
+    assert not expert_cache.holds_every_expert(pool, [g.n_expert] * (g.n_layer - 1) + [g.n_expert - 1])
     previous = [0] * g.n_layer
     for budget in range(0, everything + 1, max(1, everything // 97)):
-        slots = expert_cache.slots_for(g, tensors, budget)
-        assert expert_cache.cache_bytes(g, tensors, slots) <= budget, (budget, slots)
+        slots = expert_cache.slots_for(pool, g.n_layer, budget)
+        assert expert_cache.cache_bytes(pool, slots) <= budget, (budget, slots)
         assert max(slots) - min(slots) <= 1 and slots == sorted(slots, reverse=True), (budget, slots)
         assert all(a >= b for a, b in zip(slots, previous)), (budget, slots, previous)  # more budget, never fewer
         # no slot more would fit: what is left is less than one expert of the next layer to get one
         if min(slots) < g.n_expert:
             grown = list(slots)
             grown[grown.index(min(grown))] += 1
-            assert expert_cache.cache_bytes(g, tensors, grown) > budget, (budget, slots)
+            assert expert_cache.cache_bytes(pool, grown) > budget, (budget, slots)
         previous = slots
 
 
@@ -100,8 +103,9 @@ def test_the_memory_plan_counts_the_cache(tiny):
 
 def test_describe_says_how_much_is_held(tiny):
     g, tensors = tiny.geometry, file_tensors(tiny)
-    line = expert_cache.describe(g, tensors, [g.n_expert // 2] * g.n_layer)
+    line = expert_cache.describe(g, tensors, [g.n_expert // 2] * g.n_layer, 3 << 29)
     assert f"{g.n_expert // 2 * g.n_layer} of {g.n_expert * g.n_layer} routed experts in VRAM (50%)" in line
+    assert line.endswith(", 1.50 GiB")
 
 
 def test_the_command_line_passes_the_placement_to_load():

@@ -21,7 +21,7 @@ ALLOWED: dict[str, set[str]] = {
     "models": {"errors"},
     "format": {"errors", "models"},
     "quant": {"errors", "models"},
-    "generation": {"errors", "chat", "sampling"},
+    "generation": {"errors", "options", "chat", "sampling"},
     "reference": {"errors", "options", "models", "format", "quant", "sampling"},
     "runtime": {"errors", "options", "devices", "progress", "native", "models", "format", "quant", "sampling",
                 "generation"},

@@ -1,6 +1,6 @@
 """src/strata/_native.pyi matches the compiled strata._native: the same public names, the same methods and
 properties on each class, and the same parameters (names, kinds, which have defaults) on every function and
-method whose signature the extension exposes."""
+method whose signature the extension exposes. The binding's sources mirror the core's headers."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ import pytest
 
 from strata import _native
 
-STUB = Path(__file__).resolve().parents[1] / "src" / "strata" / "_native.pyi"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "strata"
+STUB = PACKAGE / "_native.pyi"
+HEADERS = ROOT / "cuda" / "include" / "strata"
 
 
 def stub_tree() -> ast.Module:
@@ -73,3 +76,23 @@ def test_class_members_and_method_signatures_match(cls):
         if isinstance(item, ast.FunctionDef) and item.name != "__init__" and not is_property:
             got = native_parameters(getattr(native, item.name), method=True)
             assert stub_parameters(item, method=True) == got, f"{cls}.{item.name}"
+
+
+def test_the_binding_mirrors_the_cores_headers():
+    """libstrata/<header>.pxd declares strata/<header>.hpp, binding/<header>.pxi binds a declared header and is
+    included by its extension (check/: the test hooks'), and the package's top level keeps only the extensions'
+    own files."""
+    declared = set()
+    for pxd in (PACKAGE / "libstrata").rglob("*.pxd"):
+        if pxd.name != "__init__.pxd":
+            header = pxd.relative_to(PACKAGE / "libstrata").with_suffix(".hpp").as_posix()
+            assert (HEADERS / header).is_file(), pxd
+            assert f'cdef extern from "strata/{header}"' in pxd.read_text(), pxd
+            declared.add(header)
+    for pxi in (PACKAGE / "binding").rglob("*.pxi"):
+        relative = pxi.relative_to(PACKAGE / "binding")
+        assert relative.with_suffix(".hpp").as_posix() in declared, pxi
+        extension = "_native_check.pyx" if relative.parts[0] == "check" else "_native.pyx"
+        assert f'include "binding/{relative.as_posix()}"' in (PACKAGE / extension).read_text(), pxi
+    top_level = {p.name for p in PACKAGE.iterdir() if p.suffix in (".pyx", ".pxd", ".pxi", ".pyi", ".hpp")}
+    assert top_level == {"_native.pyx", "_native.pxd", "_native.pyi", "_native_check.pyx"}

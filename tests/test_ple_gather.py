@@ -1,6 +1,7 @@
 """The native PLE row gather (strata/ple_gather.hpp, strata._native.PleGather) on the CPU: bit for bit the rows
 strata.runtime.ple_rows.PleRows gives (rows and rows_for), for every table type it reads, on random sequences
-with EOS cuts and on wrapping uint64 hashes; its state through reset and a snapshot's restore; its refusals."""
+with EOS cuts and on wrapping uint64 hashes; its state through reset and a snapshot's restore; its refusals. The
+hash both run (strata._native.PleNgrams) against the reference's numpy oracle."""
 
 from __future__ import annotations
 
@@ -83,6 +84,39 @@ def test_native_state_resets_and_restores_as_the_python_state(rng):
     assert same_bits(native.rows_for(ids), python.rows_for(ids))
     with pytest.raises(InvalidArgument, match="3 previous ids given, the n-gram context keeps 2"):
         native.previous = [1, 2, 3]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_native_hash_picks_the_reference_rows(seed):
+    """strata::PleNgrams (the runtime's one copy of the hash) against strata.reference.ple's numpy oracle, token by
+    token and a prompt at once, across EOS cuts, a reset and a restored state; odd seeds wrap every product."""
+    rng = np.random.default_rng(seed)
+    g = wrapping(tiny(), rng) if seed % 2 else tiny()
+    ngrams = _native.PleNgrams(g.ple)
+    ids = ids_with_eos(g, rng, 40)
+    expected = ngram_rows(ngram_context(ngrams.previous, np.array(ids), g.ple_eos), g.ple)
+    assert expected.shape == (40, g.ple.n_heads) and (expected < g.ple_rows).all()
+    got = np.stack([ngrams.indices(token) for token in ids[:25]])
+    assert got.dtype == np.int64 and np.array_equal(got, expected[:25])
+    saved = ngrams.previous
+    assert np.array_equal(saved, ids[25 - (g.ple_ngram - 1):25])
+    assert np.array_equal(ngrams.indices_for(ids[25:]), expected[25:])
+    ngrams.previous = saved  # a snapshot's restore: the same rows again
+    assert np.array_equal(ngrams.indices_for(np.array(ids[25:])), expected[25:])
+    assert ngrams.indices_for([]).shape == (0, g.ple.n_heads)
+    ngrams.reset()
+    assert ngrams.previous.tolist() == [g.ple_eos] * (g.ple_ngram - 1)
+    assert np.array_equal(ngrams.indices_for(ids), expected)
+
+
+def test_the_native_hash_refuses_a_shape_it_cannot_run():
+    shape = tiny().ple
+    with pytest.raises(InvalidArgument, match="layer_multipliers: 2 values for ngram_size 3"):
+        _native.PleNgrams(dataclasses.replace(shape, multipliers=shape.multipliers[:2]))
+    with pytest.raises(InvalidArgument, match="head_vocab_sizes: head 1 has no rows"):
+        _native.PleNgrams(dataclasses.replace(shape, head_sizes=(shape.head_sizes[0], 0) + shape.head_sizes[2:]))
+    with pytest.raises(InvalidArgument, match="3 previous ids given, the n-gram context keeps 2"):
+        _native.PleNgrams(shape).previous = [1, 2, 3]
 
 
 @pytest.mark.parametrize("ggml_type", [T.Q4_0, T.Q5_0, T.Q4_1])

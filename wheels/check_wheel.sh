@@ -15,8 +15,10 @@ if (( size_mib > MAX_WHEEL_MIB )); then
   echo "wheel is ${size_mib} MiB, over the ${MAX_WHEEL_MIB} MiB budget" >&2; exit 1
 fi
 
-# The test hooks (strata._native_check, strata_check, the binding sources) are for development builds only.
-hooks=$(python -m zipfile -l "$wheel" | awk '{print $1}' | grep -E '_native_check|\.(pyx|pxd|pxi)$' || true)
+# The test hooks (strata._native_check, strata_check, the binding sources: the .pyx, strata/libstrata/ and
+# strata/binding/ with their check/ folders) are for development builds only.
+hooks=$(python -m zipfile -l "$wheel" | awk '{print $1}' \
+  | grep -E '_native_check|/check/|strata/(libstrata|binding)/|\.(pyx|pxd|pxi|hpp)$' || true)
 if [[ -n "$hooks" ]]; then
   echo "the wheel holds test hooks or binding sources:" >&2; echo "$hooks" >&2; exit 1
 fi

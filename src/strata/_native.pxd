@@ -1,15 +1,18 @@
 # The extension types and C-level helpers of strata._native that other modules cimport (the test hooks'
 # strata._native_check takes the production objects and converts arguments the same way). Definitions live
-# in _native.pyx and its .pxi files.
+# in _native.pyx's binding/<header>.pxi files.
 from libcpp.memory cimport unique_ptr
 
-from strata._native_forms cimport FloatKind, QuantForm, QuantPlanes
-from strata._native_ple cimport CppPleGather
-from strata._native_pool cimport CppExpertPool, ExpertMatrix, Isa
-from strata._native_session cimport (
-    CppDecodeSession, CppExpertCache, CppExpertStaging, DecodeMode, KvStorage, ModelGeometry, SessionLayout,
-)
-from strata._native_weights cimport CppDeviceWeights, HostTensor
+from strata.libstrata.decode_session cimport CppDecodeSession, DecodeMode
+from strata.libstrata.device_weights cimport CppDeviceWeights, HostTensor
+from strata.libstrata.expert_cache cimport CppExpertCache
+from strata.libstrata.expert_pool cimport CppExpertPool, ExpertMatrix, Isa
+from strata.libstrata.expert_staging cimport CppExpertStaging
+from strata.libstrata.forms cimport FloatKind, QuantForm, QuantPlanes
+from strata.libstrata.geometry cimport ModelGeometry
+from strata.libstrata.kv_format cimport KvStorage
+from strata.libstrata.ple_gather cimport CppPleGather
+from strata.libstrata.session_layout cimport SessionLayout
 
 
 cdef class CpuExpertPool:

@@ -1,5 +1,6 @@
 """The choices a session is opened with, each defined once: how KV is stored (architecture.md, 'KV formats'),
-how a token's GPU work is launched, and how many routed experts a layer defers."""
+how a token's GPU work is launched, and how many routed experts a layer defers; and every default a session or a
+load takes, so that the API's signatures, the command line and the plan cannot disagree."""
 
 from __future__ import annotations
 
@@ -67,3 +68,14 @@ def check_defer_experts(value: int, n_expert_used: int) -> int:
         raise InvalidArgument(f"defer_experts must be in 0..{n_expert_used - 1} (below the {n_expert_used} "
                               f"routed experts of a token), got {value!r}")
     return int(value)
+
+
+# The defaults, each named once: strata.load's and Model.session's signatures, the command line and the memory
+# plan's default session all read these.
+DEFAULT_CONTEXT = 4096          # tokens a session holds unless asked (at most the model's context_length)
+DEFAULT_KV = KV.INT8
+DEFAULT_MODE = Mode.TOKEN_GRAPH
+DEFAULT_TIMEOUT = 5.0           # seconds any wait on the CPU pool may take
+DEFAULT_SNAPSHOTS = 2           # a conversation's last two turn boundaries (strata.generation rolls back to them)
+DEFAULT_EXPERT_CACHE = "auto"   # the VRAM expert cache's budget (strata.runtime.expert_cache)
+DEFAULT_CACHE_POLICY = "lfru"   # its replacement policy

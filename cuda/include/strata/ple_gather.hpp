@@ -1,7 +1,9 @@
 // The PLE layer's n-gram table rows of each new token, gathered on the host (docs/models/qwen4exp.md §3(d)):
 // strata.reference.ple's hash over the last ngram-1 ids (EOS-cut), the rows read from the memory-mapped table
 // and widened to float32, bit for bit as strata.runtime.ple_rows.PleRows gives them. The decode session runs it
-// on its host loop while the GPU works on the layers below the PLE layer (docs/session.md). Host-only header.
+// on its host loop while the GPU works on the layers below the PLE layer (docs/session.md). PleNgrams is the
+// runtime's one copy of the hash: PleGather reads its rows by it, and PleRows (the table types read in Python)
+// takes its row indices from it. Host-only header.
 #pragma once
 
 #include <cstddef>
@@ -32,19 +34,19 @@ struct PleHash {
   std::vector<std::uint64_t> head_sizes, head_offsets;  // [(ngram - 1) * heads_per_ngram]
 };
 
-class PleGather {
+// A sequence's n-gram state under a hash: the last ngram-1 ids (EOS before the sequence) and the table rows of
+// each token appended to it.
+class PleNgrams {
  public:
-  // Throws InvalidArgument naming the field where the hash and the table disagree (a head reaching past the
-  // table's rows, a row that is not head_dim values of its type). `table.data` must outlive the gather.
-  PleGather(const PleTable& table, PleHash hash);
+  // Throws InvalidArgument naming the field of `hash` that is off (ngram, multipliers, heads, a head of 0 rows).
+  explicit PleNgrams(PleHash hash);
 
   int n_heads() const noexcept { return static_cast<int>(hash_.head_sizes.size()); }
-  int head_dim() const noexcept { return table_.head_dim; }
-  int width() const noexcept { return n_heads() * head_dim(); }
+  const PleHash& hash() const noexcept { return hash_; }
 
-  // The rows of `token` appended after the ids seen so far, which it then joins: float32 [n_heads][head_dim]
-  // into `out`. Allocates nothing: it runs on the host loop.
-  void rows(std::int64_t token, float* out);
+  // The table rows of `token` appended after the ids seen so far, which it then joins: n_heads() row indices
+  // into `rows`. Allocates nothing: it runs on the host loop.
+  void next(std::int64_t token, std::uint64_t* rows);
 
   // An empty sequence: the ids before it read as EOS.
   void reset();
@@ -54,11 +56,37 @@ class PleGather {
   void set_previous(const std::vector<std::int64_t>& ids);
 
  private:
+  PleHash hash_;
+  std::vector<std::int64_t> previous_;
+};
+
+class PleGather {
+ public:
+  // Throws InvalidArgument naming the field where the hash and the table disagree (a head reaching past the
+  // table's rows, a row that is not head_dim values of its type). `table.data` must outlive the gather.
+  PleGather(const PleTable& table, PleHash hash);
+
+  int n_heads() const noexcept { return ngrams_.n_heads(); }
+  int head_dim() const noexcept { return table_.head_dim; }
+  int width() const noexcept { return n_heads() * head_dim(); }
+
+  // The rows of `token` appended after the ids seen so far, which it then joins: float32 [n_heads][head_dim]
+  // into `out`. Allocates nothing: it runs on the host loop.
+  void rows(std::int64_t token, float* out);
+
+  // An empty sequence: the ids before it read as EOS.
+  void reset() { ngrams_.reset(); }
+
+  // The last ngram-1 ids, oldest first: what a state snapshot keeps; set_previous takes ngram-1 of them back.
+  const std::vector<std::int64_t>& previous() const noexcept { return ngrams_.previous(); }
+  void set_previous(const std::vector<std::int64_t>& ids) { ngrams_.set_previous(ids); }
+
+ private:
   void widen(std::uint64_t row, float* out) const;
 
   PleTable table_;
-  PleHash hash_;
-  std::vector<std::int64_t> previous_;
+  PleNgrams ngrams_;
+  std::vector<std::uint64_t> rows_;  // the token's row indices, sized once
 };
 
 }  // namespace strata

@@ -54,7 +54,8 @@ std::size_t row_bytes_of(PleRowType type, int head_dim) {
   throw InvalidArgument("per_layer_token_embd.weight: unknown row type " + std::to_string(static_cast<int>(type)));
 }
 
-void check(const PleTable& t, const PleHash& h) {
+// The table's own fields, before the hash's (so a file whose table and hash are both off names the table first).
+const PleTable& checked(const PleTable& t) {
   const std::string table = "per_layer_token_embd.weight: ";
   STRATA_EXPECTS(t.data != nullptr && t.rows >= 1 && t.head_dim >= 1, InvalidArgument,
                  table + "no rows mapped (" + std::to_string(t.rows) + " rows of " + std::to_string(t.head_dim) +
@@ -65,6 +66,10 @@ void check(const PleTable& t, const PleHash& h) {
   STRATA_EXPECTS(t.row_bytes == expected, InvalidArgument,
                  table + "rows of " + std::to_string(t.row_bytes) + " bytes; " + std::to_string(t.head_dim) +
                      " values of its type take " + std::to_string(expected));
+  return t;
+}
+
+void check_hash(const PleHash& h) {
   STRATA_EXPECTS(h.ngram >= 2 && h.heads_per_ngram >= 1, InvalidArgument,
                  "ple: ngram_size " + std::to_string(h.ngram) + " and heads_per_ngram " +
                      std::to_string(h.heads_per_ngram) + "; a table gather needs ngram >= 2 and one head or more");
@@ -75,10 +80,19 @@ void check(const PleTable& t, const PleHash& h) {
   STRATA_EXPECTS(h.head_sizes.size() == heads && h.head_offsets.size() == heads, InvalidArgument,
                  "ple.head_vocab_sizes / head_offsets: " + std::to_string(h.head_sizes.size()) + " / " +
                      std::to_string(h.head_offsets.size()) + " values, expected " + std::to_string(heads));
-  const auto rows = static_cast<std::uint64_t>(t.rows);
   for (std::size_t i = 0; i < heads; ++i) {
+    STRATA_EXPECTS(h.head_sizes[i] >= 1, InvalidArgument,
+                   "ple.head_vocab_sizes: head " + std::to_string(i) + " has no rows");
+  }
+}
+
+// Every head's rows inside the table.
+void check_reach(const PleTable& t, const PleHash& h) {
+  const std::string table = "per_layer_token_embd.weight: ";
+  const auto rows = static_cast<std::uint64_t>(t.rows);
+  for (std::size_t i = 0; i < h.head_sizes.size(); ++i) {
     const std::uint64_t size = h.head_sizes[i], offset = h.head_offsets[i];
-    STRATA_EXPECTS(size >= 1 && offset <= rows && size <= rows - offset, InvalidArgument,
+    STRATA_EXPECTS(offset <= rows && size <= rows - offset, InvalidArgument,
                    table + "head " + std::to_string(i) + " reads rows " + std::to_string(offset) + " + [0, " +
                        std::to_string(size) + "), past the table's " + std::to_string(rows) + " rows");
   }
@@ -86,22 +100,22 @@ void check(const PleTable& t, const PleHash& h) {
 
 }  // namespace
 
-PleGather::PleGather(const PleTable& table, PleHash hash) : table_(table), hash_(std::move(hash)) {
-  check(table_, hash_);
+PleNgrams::PleNgrams(PleHash hash) : hash_(std::move(hash)) {
+  check_hash(hash_);
   reset();
 }
 
-void PleGather::reset() { previous_.assign(hash_.ngram - 1, hash_.eos); }
+void PleNgrams::reset() { previous_.assign(hash_.ngram - 1, hash_.eos); }
 
-void PleGather::set_previous(const std::vector<std::int64_t>& ids) {
+void PleNgrams::set_previous(const std::vector<std::int64_t>& ids) {
   STRATA_EXPECTS(ids.size() == previous_.size(), InvalidArgument,
                  "ple: " + std::to_string(ids.size()) + " previous ids given, the n-gram context keeps " +
                      std::to_string(previous_.size()));
   previous_ = ids;
 }
 
-void PleGather::rows(std::int64_t token, float* out) {
-  const int back = hash_.ngram - 1, dim = table_.head_dim;
+void PleNgrams::next(std::int64_t token, std::uint64_t* rows) {
+  const int back = hash_.ngram - 1;
   // c0 = token, c_s = the id s places before it; from the nearest EOS predecessor on, every c_s reads as EOS
   // (a token's own EOS cuts nothing). Products wrap modulo 2^64, as the reference's masked ints do.
   std::uint64_t mixed = static_cast<std::uint64_t>(token) * hash_.multipliers[0];
@@ -112,11 +126,21 @@ void PleGather::rows(std::int64_t token, float* out) {
     cut = cut || before == hash_.eos;
     mixed ^= static_cast<std::uint64_t>(cut ? hash_.eos : before) * hash_.multipliers[s];
     for (int j = 0; j < hash_.heads_per_ngram; ++j, ++head) {
-      widen(mixed % hash_.head_sizes[head] + hash_.head_offsets[head], out + static_cast<std::size_t>(head) * dim);
+      rows[head] = mixed % hash_.head_sizes[head] + hash_.head_offsets[head];
     }
   }
   std::copy(previous_.begin() + 1, previous_.end(), previous_.begin());
   previous_.back() = token;
+}
+
+PleGather::PleGather(const PleTable& table, PleHash hash)
+    : table_(checked(table)), ngrams_(std::move(hash)), rows_(ngrams_.n_heads()) {
+  check_reach(table_, ngrams_.hash());
+}
+
+void PleGather::rows(std::int64_t token, float* out) {
+  ngrams_.next(token, rows_.data());
+  for (int head = 0; head < n_heads(); ++head) widen(rows_[head], out + static_cast<std::size_t>(head) * head_dim());
 }
 
 // Row `row` as float32, as strata.quant.dequantize gives it: Q8_0 as float(d) * float(code), one rounding.

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from strata.cli.help import ShowDefaults
 from strata.errors import InvalidArgument
-from strata.options import KV, Mode, check_defer_experts
+from strata.options import DEFAULT_KV, KV, Mode, check_defer_experts
 
 if TYPE_CHECKING:
     import numpy as np
@@ -244,7 +244,7 @@ def report(result: Mapping[str, Any]) -> list[str]:
 
 
 def run(model: Any, *, model_path: str, modes: list[Mode | str], prompt_tokens: int, tokens: int,
-        context: int | None = None, kv: KV | str = KV.INT8, json_path: str | None = None,
+        context: int | None = None, kv: KV | str = DEFAULT_KV, json_path: str | None = None,
         prompt_lengths: tuple[int, ...] = (), kv_streaming: bool = False, defer_experts: int = 0) -> dict[str, Any]:
     """Bench a loaded model: prints the report, returns (and with `json_path` writes) the numbers; with
     `prompt_lengths`, the prompt path's speed at each length too (prompt_speed, exact: deferral is decode-only)."""
@@ -271,7 +271,7 @@ def run(model: Any, *, model_path: str, modes: list[Mode | str], prompt_tokens: 
         m["fraction_of_limit"] = limit.seconds / m["seconds_per_token"]
     result = {"model": model_path, "arch": g.arch, "n_layer": g.n_layer, "prompt_tokens": prompt_tokens,
               "tokens": tokens, "kv": kv.value, "kv_streaming": kv_streaming, "defer_experts": defer_experts,
-              "expert_cache": describe(g, tensors, model.cache_slots), "cache_slots": model.cache_slots,
+              "expert_cache": describe(g, tensors, model.cache_slots, model.cache_bytes), "cache_slots": model.cache_slots,
               "limit": {**asdict(limit), "seconds": limit.seconds}, "modes": results}
     print("\n".join(report(result)))
     if prompt_lengths:
@@ -332,7 +332,7 @@ def register(commands) -> None:
     sub.add_argument("--prompt-tokens", type=int, default=16, help="random prompt tokens first (default 16)")
     sub.add_argument("--mode", choices=[*Mode.values(), "all"], default="all", help="session mode(s) to measure")
     sub.add_argument("--context", type=int, default=None, help="session context (default: prompt + tokens)")
-    sub.add_argument("--kv", choices=KV.values(), default=KV.INT8.value, help="KV cache format")
+    sub.add_argument("--kv", choices=KV.values(), default=DEFAULT_KV.value, help="KV cache format")
     sub.add_argument("--kv-streaming", action="store_true",
                      help="the attention KV in page-locked host memory, a VRAM window of what QSA selects")
     add_deferral_argument(sub)

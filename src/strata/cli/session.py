@@ -9,7 +9,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from strata.errors import StrataError
-from strata.options import KV, Mode
+from strata.options import (
+    DEFAULT_CACHE_POLICY, DEFAULT_CONTEXT, DEFAULT_EXPERT_CACHE, DEFAULT_KV, DEFAULT_MODE, KV, Mode,
+)
 
 # options the reference engine has no use for
 GPU_ONLY = ("kv", "kv_streaming", "mode", "expert_cache", "cache_policy", "vram_limit")
@@ -37,13 +39,13 @@ def add_engine_arguments(sub: argparse.ArgumentParser) -> None:
                      help="gpu: the decode session on GPU 0 plus the CPU expert pool; reference: the numpy oracle "
                           "on the CPU (exact, slow: small models; no GPU needed)")
     sub.add_argument("--context", type=int, default=None,
-                     help="tokens the session holds (default: the model's, at most 4096)")
-    sub.add_argument("--kv", choices=KV.values(), default=KV.INT8.value, action=_Given,
+                     help=f"tokens the session holds (default: the model's, at most {DEFAULT_CONTEXT})")
+    sub.add_argument("--kv", choices=KV.values(), default=DEFAULT_KV.value, action=_Given,
                      help="KV cache format (gpu engine)")
     sub.add_argument("--kv-streaming", nargs=0, default=False, action=_GivenFlag,
                      help="keep the attention KV in page-locked host memory and only what QSA selects in VRAM "
                           "(gpu engine, qwen4exp): long contexts on little VRAM")
-    sub.add_argument("--mode", choices=Mode.values(), default=Mode.TOKEN_GRAPH.value, action=_Given,
+    sub.add_argument("--mode", choices=Mode.values(), default=DEFAULT_MODE.value, action=_Given,
                      help="how the gpu engine launches a token: one CUDA graph, a graph per layer, or uncaptured")
     add_deferral_argument(sub)
     add_placement_arguments(sub, _Given)
@@ -59,10 +61,10 @@ def add_deferral_argument(sub: argparse.ArgumentParser) -> None:
 
 def add_placement_arguments(sub: argparse.ArgumentParser, action: type[argparse.Action] | str = "store") -> None:
     """Where the gpu engine puts the routed experts: the VRAM cache's budget and a cap on VRAM."""
-    sub.add_argument("--expert-cache", default="auto", action=action,
+    sub.add_argument("--expert-cache", default=DEFAULT_EXPERT_CACHE, action=action,
                      help="VRAM for routed experts (gpu engine): auto (what the GPU has free beside the session), "
                           "a size such as 24G, or 0 (every routed expert on the CPU)")
-    sub.add_argument("--cache-policy", choices=["lfru", "static"], default="lfru", action=action,
+    sub.add_argument("--cache-policy", choices=["lfru", "static"], default=DEFAULT_CACHE_POLICY, action=action,
                      help="whether routing replaces the experts a partial cache holds (lfru) or not (static)")
     sub.add_argument("--vram-limit", default=None, action=action,
                      help="cap the VRAM the model and its session take, as on a smaller card (e.g. 16G)")

@@ -25,10 +25,10 @@ from strata.generation.arguments import checked_flag, checked_integer, checked_n
 from strata.generation.prefix import Snapshots, common_prefix
 from strata.generation.records import FINISH_REASONS, Completion, Engine, Piece, Stats, TextCodec, Usage
 from strata.generation.text import TextStream
+from strata.options import DEFAULT_CONTEXT
 from strata.sampling import SamplingParams
 
 MAX_LOGPROBS = 20  # the most alternatives a position reports (OpenAI's limit)
-DEFAULT_CONTEXT = 4096
 RANDOM_SEED = -1  # seed=-1, as on the command line: a fresh random seed (as None)
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "stop", "logprobs")
 # what Session.render gives the template itself: template_options cannot replace them

@@ -12,17 +12,14 @@ layer and token, "static" never replaces (docs/expert_cache.md).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from strata.errors import InvalidArgument
-from strata.models import Geometry, Role, tensor_specs
-from strata.runtime.plan import GIB, tensor_bytes
+from strata.models import Geometry, Role
+from strata.runtime.plan import GIB, Tensors, specs_of, tensor_bytes
 
-Tensors = Mapping[str, tuple[int, tuple[int, ...]]]  # name -> (ggml_type, ne)
 Budget = str | int
 
-ALIGN = 256  # the native cache starts every plane and map on a 256-byte boundary
-PLANES_PER_LAYER = 3 * 5  # gate, up and down, each at most five planes (docs/forms.md)
 # lfru's admission: 3 misses within 16 tokens. On the locality trace (benchmarks/bench_expert_policy.py) it keeps
 # 62-75 % hits where 2 within 32 keeps 66-80 %, and under uniform routing it copies 4-7 experts per token instead
 # of 16, which the CPU pool pays for in host reads (docs/expert_cache.md).
@@ -52,7 +49,7 @@ def parse_budget(budget: Budget) -> int | None:
 def expert_bytes(g: Geometry, tensors: Tensors) -> list[int]:
     """Canonical bytes of one routed expert (gate, up and down, every plane) of each layer; 0 for a layer
     without routed experts."""
-    specs = tensor_specs(g)
+    specs = specs_of(g)
     per_layer = [0] * g.n_layer
     for name, (ggml_type, ne) in tensors.items():
         spec = specs.get(name)
@@ -61,53 +58,64 @@ def expert_bytes(g: Geometry, tensors: Tensors) -> list[int]:
     return [b // g.n_expert for b in per_layer]
 
 
-def layer_slack(g: Geometry) -> int:
-    """Bytes a layer's cache takes beyond its experts' at most: the map, and each plane rounded up to ALIGN."""
-    return (PLANES_PER_LAYER + 1) * ALIGN + 4 * g.n_expert
+def cache_bytes(pool, slots: list[int]) -> int:
+    """VRAM the native cache of `slots` per layer over `pool` (a strata.runtime.pool.ExpertPool with every layer
+    registered) allocates: the native figure, maps and plane alignment included."""
+    from strata import _native
+
+    return _native.ExpertCache.bytes_for(pool.native, list(slots))
 
 
-def cache_bytes(g: Geometry, tensors: Tensors, slots: list[int]) -> int:
-    """VRAM the native cache of `slots` per layer allocates, at most."""
-    return sum(s * b + layer_slack(g) for s, b in zip(slots, expert_bytes(g, tensors)) if s)
+def moe_layers(pool, n_layer: int) -> list[int]:
+    """The layers of `pool` that hold routed experts."""
+    return [layer for layer in range(n_layer) if pool.n_expert(layer)]
 
 
-def holds_every_expert(g: Geometry, tensors: Tensors, slots: list[int]) -> bool:
-    """Whether `slots` per layer hold every routed expert of every layer that has them."""
-    return slots == [g.n_expert if b else 0 for b in expert_bytes(g, tensors)]
+def holds_every_expert(pool, slots: list[int]) -> bool:
+    """Whether `slots` per layer hold every routed expert of every layer of `pool` that has them."""
+    return slots == [pool.n_expert(layer) for layer in range(len(slots))]
 
 
-def slots_for(g: Geometry, tensors: Tensors, budget: int) -> list[int]:
-    """Slots per layer for `budget` bytes: the same count for every MoE layer, then one slot more for each of the
-    first layers while the budget holds it; never more than a layer's n_expert and never over the budget."""
-    per_expert = expert_bytes(g, tensors)
-    moe = [layer for layer, b in enumerate(per_expert) if b]
-    slots = [0] * g.n_layer
+def slots_for(pool, n_layer: int, budget: int) -> list[int]:
+    """Slots per layer of `n_layer` for `budget` bytes of a cache over `pool`: the same count for every MoE layer,
+    then one slot more for each of the first layers while the budget holds it; never more than a layer's n_expert
+    and never over the budget (by the native cache's own figure, cache_bytes)."""
+    moe = moe_layers(pool, n_layer)
+    slots = [0] * n_layer
     if not moe:
         return slots
+    n_expert = min(pool.n_expert(layer) for layer in moe)
 
     def cost(count: int, layer: int) -> int:  # what a layer of `count` slots takes (cache_bytes, one layer)
-        return count * per_expert[layer] + layer_slack(g) if count else 0
+        return cache_bytes(pool, [0] * layer + [count]) if count else 0
 
-    usable = budget - len(moe) * layer_slack(g)
-    even = min(g.n_expert, max(0, usable // sum(per_expert[layer] for layer in moe)))
-    left = budget - sum(cost(even, layer) for layer in moe)
+    def even_cost(count: int) -> int:
+        return sum(cost(count, layer) for layer in moe)
+
+    lo, hi = 0, n_expert  # the most slots every MoE layer can have: a layer's bytes grow with its slots
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if even_cost(mid) <= budget else (lo, mid - 1)
+    even = lo
+    left = budget - even_cost(even)
     for layer in moe:
         slots[layer] = even
+    if even == n_expert:
+        return slots
     for layer in moe:
         grow = cost(even + 1, layer) - cost(even, layer)
-        if even < g.n_expert and grow <= left:
+        if grow <= left:
             slots[layer] += 1
             left -= grow
     return slots
 
 
-def describe(g: Geometry, tensors: Tensors, slots: list[int]) -> str:
-    """One line: how much of the routed experts the cache holds, and its bytes."""
+def describe(g: Geometry, tensors: Tensors, slots: list[int], nbytes: int) -> str:
+    """One line: how much of the routed experts the cache of `slots` holds, and its `nbytes` (cache_bytes)."""
     held = sum(slots)
     total = g.n_expert * sum(1 for b in expert_bytes(g, tensors) if b)
     share = held / total if total else 0.0
-    return (f"expert cache: {held} of {total} routed experts in VRAM ({share:.0%}), "
-            f"{cache_bytes(g, tensors, slots) / GIB:.2f} GiB")
+    return f"expert cache: {held} of {total} routed experts in VRAM ({share:.0%}), {nbytes / GIB:.2f} GiB"
 
 
 def policy_options(policy: str) -> dict:

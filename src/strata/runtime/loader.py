@@ -11,8 +11,9 @@ import numpy as np
 
 from strata.errors import InvalidArgument
 from strata.format import ModelFile
-from strata.models import Role, tensor_specs
+from strata.models import Role
 from strata.quant import QuantTensor, cache, dequantize, repack
+from strata.runtime.plan import specs_of
 from strata.runtime.pool import ExpertPool
 
 Held = QuantTensor | np.ndarray
@@ -26,7 +27,7 @@ def gpu_refusals(model: ModelFile) -> list[str]:
     load and the session check when they get there."""
     from strata.quant import form_for
 
-    specs = tensor_specs(model.geometry)
+    specs = specs_of(model.geometry)
     refusals = []
     for name, info in model.tensors.items():
         if name in specs and specs[name].role is Role.ROW_GATHERED and form_for(info.ggml_type).name not in EMBED_FORMS:
@@ -39,7 +40,7 @@ def gpu_refusals(model: ModelFile) -> list[str]:
 
 def dense_names(model: ModelFile) -> list[str]:
     """The tensors that go to VRAM, in file order."""
-    specs = tensor_specs(model.geometry)
+    specs = specs_of(model.geometry)
     return [name for name in model.tensors if name in specs and specs[name].role in _IN_VRAM]
 
 
@@ -47,7 +48,7 @@ def repacked(model: ModelFile, names: list[str], progress: Progress | None = Non
     """(name, canonical form) for each of `names`, reporting GGUF bytes done out of the total. Elementwise
     tensors come as float32 whatever the file stores (a PLE conv kernel may be F16, a community file may quantize
     anything 2-D): the decode program reads them elementwise, not through a GEMV."""
-    specs = tensor_specs(model.geometry)
+    specs = specs_of(model.geometry)
     total = sum(model.tensors[name].nbytes for name in names)
     done = 0
     for name in names:
@@ -104,7 +105,7 @@ def split_gate_up(merged: Held, n_expert: int) -> tuple[Held, Held]:
 def load_experts(file: ModelFile, pool: ExpertPool, progress: Progress | None = None) -> None:
     """Every layer's routed experts repacked and registered with the CPU pool, layer by layer."""
     g = file.geometry
-    specs = tensor_specs(g)
+    specs = specs_of(g)
     per_layer: list[list[str]] = [[] for _ in range(g.n_layer)]
     for name in file.tensors:
         spec = specs.get(name)

@@ -21,7 +21,10 @@ from strata.format import ModelFile, inspect
 from strata.generation import Session, session_context
 from strata.generation.arguments import checked_flag, checked_integer, checked_number
 from strata.models import Geometry
-from strata.options import KV, Mode, check_defer_experts
+from strata.options import (
+    DEFAULT_CACHE_POLICY, DEFAULT_EXPERT_CACHE, DEFAULT_KV, DEFAULT_MODE, DEFAULT_SNAPSHOTS, DEFAULT_TIMEOUT, KV, Mode,
+    check_defer_experts,
+)
 from strata.progress import ByteProgress
 from strata.runtime import expert_cache as cache_plan
 from strata.runtime import prompt as prompt_plan
@@ -29,8 +32,9 @@ from strata.runtime.engine import GpuEngine
 from strata.runtime.geometry import native_geometry
 from strata.runtime.host import available_ram_bytes
 from strata.runtime.loader import load_experts, upload_dense
+from strata.runtime.placement import ExpertPlacement, place_experts
 from strata.runtime.plan import (
-    DEFAULT_SNAPSHOTS, GIB, MemoryPlan, can_stream, check_fits, file_tensors, kv_page_tokens, largest_context,
+    GIB, MemoryPlan, can_stream, check_fits, file_tensors, kv_page_tokens, largest_context,
     memory_plan,
 )
 from strata.runtime.ple_rows import PleRows
@@ -70,16 +74,16 @@ class Model:
     @property
     def prompt_path(self) -> bool:
         """Whether sessions run prompts in chunks: the staging exists, or the cache holds every routed expert."""
-        return self.staging is not None or cache_plan.holds_every_expert(self.info.geometry, file_tensors(self.file),
-                                                                         self.cache_slots)
+        return self.staging is not None or (self.cache is not None
+                                            and cache_plan.holds_every_expert(self.pool, self.cache_slots))
 
     @property
     def tokenizer(self):
         """The file's tokenizer (strata.format.Tokenizer): encode, decode, count, the chat template."""
         return self.file.tokenizer()
 
-    def session(self, context: int | None = None, *, kv: KV | str = KV.INT8, mode: Mode | str = Mode.TOKEN_GRAPH,
-                timeout: float = 5.0, snapshots: int = DEFAULT_SNAPSHOTS, prompt_chunk: int | None = None,
+    def session(self, context: int | None = None, *, kv: KV | str = DEFAULT_KV, mode: Mode | str = DEFAULT_MODE,
+                timeout: float = DEFAULT_TIMEOUT, snapshots: int = DEFAULT_SNAPSHOTS, prompt_chunk: int | None = None,
                 prompt_cpu: bool = True, kv_streaming: bool = False, defer_experts: int = 0) -> Session:
         """A generation session on the GPU: `context` tokens (default min(context_length, 4096)) of KV in
         format `kv`; `mode` says how a token is launched (strata.Mode); `timeout` bounds every wait on the CPU
@@ -139,7 +143,7 @@ class Model:
         resident = self.info.plan.vram["dense weights"] + self.cache_bytes + self.staging_bytes
         return resident, vram_free(self.device, self.vram_limit, resident)
 
-    def largest_context(self, kv: KV | str = KV.INT8, kv_streaming: bool = False,
+    def largest_context(self, kv: KV | str = DEFAULT_KV, kv_streaming: bool = False,
                         snapshots: int = DEFAULT_SNAPSHOTS) -> int:
         """The longest context (whole KV pages, at most the model's) a session in `kv`, streamed or not, with
         `snapshots` state slots can open now: what the GPU has free beside the model (within vram_limit), by the
@@ -164,12 +168,13 @@ class Model:
         self.close()
 
 
-def describe(file: ModelFile) -> ModelInfo:
+def describe(file: ModelFile, plan: MemoryPlan | None = None) -> ModelInfo:
+    """The model's facts, with `plan` its memory plan with the smallest session where the caller has it already."""
     return ModelInfo(
         arch=file.arch,
         geometry=file.geometry,
         tensor_types=dict(Counter(info.ggml_type.name for info in file.tensors.values())),
-        plan=memory_plan(file.geometry, file_tensors(file), kv_page_tokens(), KV.INT8),
+        plan=plan or memory_plan(file.geometry, file_tensors(file), kv_page_tokens(), DEFAULT_KV),
         warnings=tuple(file.warnings),
     )
 
@@ -181,57 +186,24 @@ def vram_free(device: int, vram_limit: int | None, placed: int) -> int:
     return free if vram_limit is None else min(free, vram_limit - placed)
 
 
-def cache_budget(file: ModelFile, info: ModelInfo, budget: cache_plan.Budget, device: int,
-                 vram_limit: int | None) -> int:
-    """Bytes for the expert cache once the dense weights are in VRAM: "auto" leaves room for the default session
-    (with its prompt chunk), the prompt path's staging unless the cache can hold every expert, and a reserve; an
-    explicit budget must leave room for the smallest session (info.plan's)."""
-    g, tensors = file.geometry, file_tensors(file)
-    dense = info.plan.vram["dense weights"]
-    asked = cache_plan.parse_budget(budget)
-    free = vram_free(device, vram_limit, dense)
-    everything = cache_plan.cache_bytes(g, tensors, [g.n_expert] * g.n_layer)
-    if asked is None:
-        context = session_context(None, g.context_length)
-        chunk = min(prompt_plan.DEFAULT_CHUNK, context)
-        session = memory_plan(g, tensors, context, KV.INT8, prompt_chunk=chunk).vram_total - dense
-        room = free - session - cache_plan.RESERVE_BYTES
-        if room >= everything:
-            return everything
-        return max(0, room - prompt_plan.staging_bytes(g, tensors))
-    smallest = info.plan.vram_total - dense
-    asked = min(asked, everything)
-    if asked > free - smallest:
-        raise OutOfMemory(f"expert_cache of {asked / GIB:.2f} GiB does not fit: GPU {device} has {free / GIB:.2f} GiB "
-                          f"free for the model after its dense weights and the smallest session needs "
-                          f"{smallest / GIB:.2f} GiB; at most {max(0, free - smallest) / GIB:.2f} GiB fits "
-                          "(or expert_cache='auto')")
-    return asked
-
-
-def prompt_staging(info: ModelInfo, tensors, pool: ExpertPool, device: int, vram_limit: int | None, cache,
-                   progress: bool):
-    """The prompt path's staging of a whole layer per buffer where it fits beside the dense weights, `cache` and
-    the smallest session with the smallest chunk, else None (said on stderr with `progress`)."""
-    g = info.geometry
-    dense = info.plan.vram["dense weights"]
-    need = prompt_plan.staging_bytes(g, tensors)
-    smallest = memory_plan(g, tensors, kv_page_tokens(), KV.INT8, prompt_chunk=prompt_plan.MIN_CHUNK).vram_total
-    free = vram_free(device, vram_limit, dense + (cache.bytes if cache is not None else 0))
-    if need > free - (smallest - dense):
+def prompt_staging(placed: ExpertPlacement, pool: ExpertPool, device: int, n_expert: int, progress: bool):
+    """The prompt path's staging of a whole layer (`n_expert`) per buffer as `placed` says, else None (said on
+    stderr with `progress`)."""
+    need, free = placed.staging_bytes / GIB, placed.staging_free / GIB
+    if not placed.staged:
         if progress:
-            print(f"load: no prompt path: its staging needs {need / GIB:.2f} GiB, {free / GIB:.2f} GiB are free "
+            print(f"load: no prompt path: its staging needs {need:.2f} GiB, {free:.2f} GiB are free "
                   "beside the smallest session; prompts step token by token", file=sys.stderr)
         return None
     if progress:
-        print(f"load: prompt staging {need / GIB:.2f} GiB (2 x {g.n_expert} experts)", file=sys.stderr)
-    return prompt_plan.build_staging(pool, device, g.n_expert)
+        print(f"load: prompt staging {need:.2f} GiB (2 x {n_expert} experts)", file=sys.stderr)
+    return prompt_plan.build_staging(pool, device, n_expert)
 
 
 def load(path: str | os.PathLike[str], *, device: int = 0, threads: int | None = None,
          cache_dir: str | os.PathLike[str] | None = None, progress: bool = True,
-         expert_cache: cache_plan.Budget = "auto", vram_limit: cache_plan.Budget | None = None,
-         cache_policy: str = "lfru", prompt: bool = True) -> Model:
+         expert_cache: cache_plan.Budget = DEFAULT_EXPERT_CACHE, vram_limit: cache_plan.Budget | None = None,
+         cache_policy: str = DEFAULT_CACHE_POLICY, prompt: bool = True) -> Model:
     """Validate, plan and load the GGUF at `path` onto GPU `device` and the host's CPU pool.
 
     `cache_dir` keeps the repacked dense weights for the next load; `threads` sets the pool's workers
@@ -244,18 +216,18 @@ def load(path: str | os.PathLike[str], *, device: int = 0, threads: int | None =
     worth of experts of VRAM, and is left out (prompts step token by token) where the smallest session would
     not fit beside it.
     """
-    cache_plan.parse_budget(expert_cache)  # a bad budget or policy is refused before the long work
+    budget = cache_plan.parse_budget(expert_cache)  # a bad budget or policy is refused before the long work
     cache_plan.policy_options(cache_policy)
     limit = None if vram_limit is None else cache_plan.parse_budget(vram_limit)
     if vram_limit is not None and limit is None:
         raise InvalidArgument("vram_limit must be a byte count or a size such as '24G', not 'auto'")
     file = inspect(path)
     try:
-        info = describe(file)
-        g, tensors = info.geometry, file_tensors(file)
-        # The model with its smallest session must fit before anything is allocated.
-        check_fits(g, tensors, kv_page_tokens(), KV.INT8, vram_free=vram_free(device, limit, 0), device=device,
-                   host_available=available_ram_bytes())
+        g, tensors = file.geometry, file_tensors(file)
+        # The model with its smallest session must fit before anything is allocated: the one plan of the load.
+        smallest = check_fits(g, tensors, kv_page_tokens(), DEFAULT_KV, vram_free=vram_free(device, limit, 0),
+                              device=device, host_available=available_ram_bytes())
+        info = describe(file, smallest)
         dense_cache = None if cache_dir is None else os.path.join(cache_dir, os.path.basename(file.path) + ".dense")
         weights = upload_dense(file, device, dense_cache, ByteProgress("load: dense weights") if progress else None)
         # run_groups' rows: the prompt path gives the pool a share of chunks below 2 * n_expert routed rows.
@@ -263,15 +235,16 @@ def load(path: str | os.PathLike[str], *, device: int = 0, threads: int | None =
                           max_rows=2 * g.n_expert if prompt else 0)
         try:
             load_experts(file, pool, ByteProgress("load: routed experts") if progress else None)
-            budget = cache_budget(file, info, expert_cache, device, limit)
-            slots = cache_plan.slots_for(g, tensors, budget)
+            # The exact figures read the pool's planes, so the experts' placement is decided once they are in it.
+            placed = place_experts(g, tensors, info.plan, pool, budget,
+                                   vram_free(device, limit, info.plan.vram["dense weights"]), device, prompt)
+            slots = placed.cache_slots
             if progress:
-                print(f"load: {cache_plan.describe(g, tensors, slots)}, policy {cache_policy}", file=sys.stderr)
+                line = cache_plan.describe(g, tensors, slots, placed.cache_bytes)
+                print(f"load: {line}, policy {cache_policy}", file=sys.stderr)
             cache = cache_plan.build(pool, slots, device, cache_plan.expert_bytes(g, tensors),
                                      ByteProgress("load: expert cache") if progress else None, cache_policy)
-            staging = None
-            if prompt and not cache_plan.holds_every_expert(g, tensors, slots):
-                staging = prompt_staging(info, tensors, pool, device, limit, cache, progress)
+            staging = prompt_staging(placed, pool, device, g.n_expert, progress) if placed.wants_staging else None
         except BaseException:
             pool.close()
             raise

@@ -8,13 +8,14 @@ smaller KV format).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from strata.errors import InvalidArgument, OutOfMemory
-from strata.models import Geometry, Role, tensor_specs
-from strata.options import KV
+from strata.models import Geometry, Role, TensorSpec, tensor_specs
+from strata.options import DEFAULT_KV, DEFAULT_SNAPSHOTS, KV
 from strata.quant import form_for
 from strata.quant.forms import FLOAT_DTYPES
 from strata.quant.tensor import plane_layout
@@ -47,9 +48,16 @@ def file_tensors(file) -> dict[str, tuple[int, tuple[int, ...]]]:
     return {name: (info.ggml_type, info.ne) for name, info in file.tensors.items()}
 
 
+@functools.lru_cache(maxsize=4)
+def specs_of(g: Geometry) -> Mapping[str, TensorSpec]:
+    """The spec (layer, role) of every tensor a file of `g` may hold, derived once per geometry: the plan, the
+    expert cache's figures and the loader all place tensors by these roles."""
+    return tensor_specs(g)
+
+
 def bytes_by_role(g: Geometry, tensors: Tensors) -> dict[Role, int]:
     """Canonical bytes of the tensors of each role (tensors without a role are not loaded, so not counted)."""
-    specs = tensor_specs(g)
+    specs = specs_of(g)
     out = dict.fromkeys(Role, 0)
     for name, (ggml_type, ne) in tensors.items():
         if name in specs:
@@ -89,7 +97,6 @@ _PARTS = {
     "ple history": "PLE conv history", "residual streams": "residual streams",
     "state snapshots": "state snapshots",
 }
-DEFAULT_SNAPSHOTS = 2  # a conversation's last two turn boundaries (strata.generation rolls back to them)
 
 
 _STREAMED_PARTS = {"kv keys": "KV host copy", "kv values": "KV host copy", "indexer raw keys": "QSA raw indexer keys",
@@ -146,7 +153,7 @@ def pinned_bytes(g: Geometry) -> int:
     return FLOAT32 * (g.n_embd * (1 + g.n_expert_used) + 2 * g.n_expert_used) + 64 * 1024
 
 
-def prompt_scratch_bytes(g: Geometry, chunk: int, context: int, kv: KV | str = KV.INT8,
+def prompt_scratch_bytes(g: Geometry, chunk: int, context: int, kv: KV | str = DEFAULT_KV,
                          kv_streaming: bool = False) -> int:
     """A session's prompt path scratch for chunks of `chunk` tokens (0: no prompt path), as the native session
     sizes it; under KV streaming it holds one attention layer's whole KV in `kv` while a chunk runs it."""
@@ -157,7 +164,7 @@ def prompt_scratch_bytes(g: Geometry, chunk: int, context: int, kv: KV | str = K
     return _native.prompt_scratch_bytes(native_geometry(g), chunk, context, KV.parse(kv).value, kv_streaming)
 
 
-def memory_plan(g: Geometry, tensors: Tensors, context: int, kv: KV | str = KV.INT8,
+def memory_plan(g: Geometry, tensors: Tensors, context: int, kv: KV | str = DEFAULT_KV,
                 snapshots: int = DEFAULT_SNAPSHOTS, expert_cache: int = 0, prompt_staging: int = 0,
                 prompt_chunk: int = 0, *, kv_streaming: bool = False) -> MemoryPlan:
     """The plan for a model whose tensors are {name: (ggml_type, ne)} with `expert_cache` bytes of routed experts

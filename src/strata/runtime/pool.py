@@ -127,8 +127,8 @@ class ExpertPool:
         return list(self._weights.values())
 
     def n_expert(self, layer: int) -> int:
-        """Experts registered for `layer`."""
-        return self._n_expert[layer]
+        """Experts registered for `layer` (0: none)."""
+        return self._n_expert.get(layer, 0)
 
     def layer_bytes(self, layer: int) -> int:
         """Weight bytes of one expert of ``layer`` (gate + up + down, every plane)."""

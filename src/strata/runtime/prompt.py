@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from strata.errors import InvalidArgument
 from strata.models import Geometry
-from strata.options import KV
-from strata.runtime.expert_cache import Tensors, expert_bytes, layer_slack
+from strata.options import DEFAULT_KV, KV
+from strata.runtime.expert_cache import moe_layers
 from strata.runtime.plan import prompt_scratch_bytes
 
-BUFFERS = 2
 # Every chunk of a few hundred tokens or more touches nearly every expert of every layer, so its PCIe copies cost
 # about the same whatever its size: the longest chunk that fits amortizes them best.
 DEFAULT_CHUNK = 4096
@@ -27,14 +26,19 @@ MIN_CHUNK = 64
 PROMPT_MIN_TOKENS = 8
 
 
-def staging_bytes(g: Geometry, tensors: Tensors, slots: int | None = None) -> int:
-    """VRAM the staging of `slots` experts per buffer (default: a whole layer's) allocates, at most."""
-    slots = g.n_expert if slots is None else slots
-    per_expert = max(expert_bytes(g, tensors), default=0)
-    return BUFFERS * (slots * per_expert + layer_slack(g)) if per_expert else 0
+def staging_bytes(pool, n_layer: int, slots: int | None = None) -> int:
+    """VRAM the native staging of `slots` experts per buffer (default: a whole layer's) over `pool` (a
+    strata.runtime.pool.ExpertPool of `n_layer` layers) allocates: the native figure; 0 without routed experts."""
+    from strata import _native
+
+    moe = moe_layers(pool, n_layer)
+    if not moe:
+        return 0
+    whole_layer = max(pool.n_expert(layer) for layer in moe)
+    return _native.ExpertStaging.bytes_for(pool.native, whole_layer if slots is None else slots)
 
 
-def fitting_chunk(g: Geometry, context: int, vram_free: int, asked: int | None = None, kv: KV = KV.INT8,
+def fitting_chunk(g: Geometry, context: int, vram_free: int, asked: int | None = None, kv: KV = DEFAULT_KV,
                   kv_streaming: bool = False) -> int:
     """The prompt chunk for a session of `context` tokens in `kv` (with or without KV streaming): `asked`
     (default DEFAULT_CHUNK) and at most the context, halved while its scratch exceeds `vram_free`; 0 when not

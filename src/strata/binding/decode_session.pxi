@@ -1,0 +1,212 @@
+# One sequence decoding on the GPU and the CPU pool, and the scratch it needs
+# (strata/decode_session.hpp).
+from strata.libstrata.decode_session cimport (
+    DecodeOptions, DecodeStats, SamplingValues, TokenLogprobs, cpp_decode_scratch_bytes,
+    cpp_prompt_scratch_bytes, cpp_sampler_workspace_bytes,
+)
+
+_DECODE_MODES = {Mode.UNCAPTURED: DecodeMode.kUncaptured, Mode.LAYER_GRAPHS: DecodeMode.kLayerGraphs,
+                 Mode.TOKEN_GRAPH: DecodeMode.kTokenGraph}
+
+
+cdef DecodeMode decode_mode(object mode) except *:
+    return _DECODE_MODES[Mode.parse(mode)]
+
+
+def decode_scratch_bytes(dict geometry, int context, size_t sampler_bytes) -> int:
+    """Device bytes of a decode session's scratch for `context` tokens beside the sampler's `sampler_bytes`
+    (strata/decode_session.hpp)."""
+    cdef ModelGeometry g = model_geometry(geometry)
+    cdef size_t nbytes
+    with nogil:
+        nbytes = cpp_decode_scratch_bytes(g, context, sampler_bytes)
+    return nbytes
+
+
+def prompt_scratch_bytes(dict geometry, int chunk, int context, kv="int8", bint kv_streaming=False) -> int:
+    """Device bytes of a session's prompt path scratch for chunks of `chunk` tokens and `context` tokens of KV
+    in `kv`, with or without KV streaming (strata/decode_session.hpp)."""
+    cdef ModelGeometry g = model_geometry(geometry)
+    cdef KvStorage storage = kv_storage(kv)
+    cdef size_t nbytes
+    with nogil:
+        nbytes = cpp_prompt_scratch_bytes(g, chunk, context, storage, kv_streaming)
+    return nbytes
+
+
+def sampler_workspace_bytes(int n_vocab) -> int:
+    """The GPU sampler's workspace for `n_vocab` ids on the current device (CudaError without one)."""
+    return cpp_sampler_workspace_bytes(n_vocab)
+
+
+cdef SamplingValues sampling_values(tuple params) except *:
+    """params = (temperature, top_k, top_p, min_p, repeat_penalty)."""
+    cdef SamplingValues v
+    v.temperature, v.top_k, v.top_p, v.min_p, v.repeat_penalty = params
+    return v
+
+
+cdef class DecodeSession:
+    """One sequence decoding on the GPU and the CPU expert pool (strata/decode_session.hpp).
+
+    Keeps `weights`, `pool`, `cache`, `staging` and `ple` alive while it lives. `step` feeds one token and returns
+    the sampled next one; `feed` runs a prompt through the prompt path (chunks of `prompt_chunk` tokens, 0: none).
+    The experts `cache` (an ExpertCache, or None) holds run on the GPU; the prompt path computes the others from
+    `staging` (an ExpertStaging). With `defer_experts` d > 0, the pool's d lightest routed experts of a layer
+    reach the streams a layer late (docs/session.md, "Expert deferral"). With `ple` (a PleGather) the session
+    gathers every token's PLE rows itself, on its host loop, and keeps the gather's n-gram state with its own
+    (reset, snapshot, restore): step and feed then take None for ple_rows.
+    """
+
+    def __cinit__(self, DeviceWeights weights, CpuExpertPool pool, dict geometry, *, int context, kv,
+                  mode=Mode.TOKEN_GRAPH, int device=0, double timeout=5.0, int snapshots=0,
+                  ExpertCache cache=None, int prompt_chunk=0, ExpertStaging staging=None, bint prompt_cpu=True,
+                  bint kv_streaming=False, int defer_experts=0, PleGather ple=None):
+        cdef ModelGeometry g = model_geometry(geometry)
+        cdef DecodeOptions o
+        o.device, o.context, o.timeout_seconds, o.snapshots = device, context, timeout, snapshots
+        o.prompt_chunk, o.prompt_cpu, o.kv_streaming = prompt_chunk, prompt_cpu, kv_streaming
+        o.defer_experts = defer_experts
+        o.kv = kv_storage(kv)
+        o.mode = decode_mode(mode)
+        cdef CppExpertPool* native_pool = pool.native()
+        cdef CppExpertCache* native_cache = cache.cache.get() if cache is not None else NULL
+        cdef CppExpertStaging* native_staging = staging.staging.get() if staging is not None else NULL
+        cdef CppPleGather* native_ple = ple.gather.get() if ple is not None else NULL
+        self.weights, self.pool, self.cache, self.staging, self.ple = weights, pool, cache, staging, ple
+        self.n_vocab = g.n_vocab
+        self.ple_width = g.ple_n_heads * g.ple_head_dim if g.ple_layer >= 0 else 0
+        with nogil:
+            self.session.reset(new CppDecodeSession(weights.weights.get()[0], native_pool[0], g, o, native_cache,
+                                                    native_staging, native_ple))
+
+    def __dealloc__(self):
+        with nogil:
+            self.session.reset()
+
+    cdef CppDecodeSession* native(self) except NULL:
+        if not self.session:
+            raise InvalidArgument("the decode session is closed")
+        return self.session.get()
+
+    def step(self, int token, ple_rows, tuple params, double u, bint sample=True) -> int:
+        """Feed `token`; with `sample`, the next token for the draw u under params = (temperature, top_k,
+        top_p, min_p, repeat_penalty), else -1. ple_rows: float32 [ple heads, ple head dim], or None (a model
+        without PLE, or a session that gathers them)."""
+        cdef CppDecodeSession* s = self.native()
+        cdef SamplingValues v = sampling_values(params)
+        cdef const float[::1] rows
+        cdef const float* rows_ptr = NULL
+        if ple_rows is not None:
+            rows = np.ascontiguousarray(ple_rows, dtype=np.float32).reshape(-1)
+            if rows.shape[0] != self.ple_width:
+                raise InvalidArgument(f"ple_rows has {rows.shape[0]} values; this model's PLE rows hold "
+                                      f"{self.ple_width}")
+            rows_ptr = &rows[0]
+        cdef int out
+        with nogil:
+            out = s.step(token, rows_ptr, v, u, sample)
+        return out
+
+    def feed(self, tokens, ple_rows, tuple params, double u, bint sample=True, logits=None) -> int:
+        """Feed the ids `tokens` through the prompt path; with `sample`, the next token as step() samples it,
+        else -1. ple_rows: float32 [len(tokens), ple heads, ple head dim] or None. `logits` (a C-contiguous
+        float32 array [len(tokens), n_vocab], or None) receives every position's logits."""
+        cdef CppDecodeSession* s = self.native()
+        cdef SamplingValues v = sampling_values(params)
+        cdef const int[::1] ids = np.ascontiguousarray(tokens, dtype=np.intc).reshape(-1)
+        if ids.shape[0] == 0:
+            raise InvalidArgument("feed() needs at least one token id")
+        cdef const float[::1] rows
+        cdef const float* rows_ptr = NULL
+        if ple_rows is not None:
+            rows = np.ascontiguousarray(ple_rows, dtype=np.float32).reshape(-1)
+            if rows.shape[0] != self.ple_width * ids.shape[0]:
+                raise InvalidArgument(f"ple_rows has {rows.shape[0]} values; {ids.shape[0]} tokens of this model's "
+                                      f"PLE rows hold {self.ple_width * ids.shape[0]}")
+            rows_ptr = &rows[0]
+        cdef float[:, ::1] every
+        cdef float* logits_ptr = NULL
+        if logits is not None:
+            every = logits
+            if every.shape[0] != ids.shape[0] or every.shape[1] != self.n_vocab:
+                raise InvalidArgument(f"logits has shape ({every.shape[0]}, {every.shape[1]}); {ids.shape[0]} "
+                                      f"tokens of this model's logits are ({ids.shape[0]}, {self.n_vocab})")
+            logits_ptr = &every[0, 0]
+        cdef int out
+        with nogil:
+            out = s.feed(&ids[0], ids.shape[0], rows_ptr, v, u, sample, logits_ptr)
+        return out
+
+    @property
+    def prompt_chunk(self) -> int:
+        return self.native().prompt_chunk()
+
+    def logits(self):
+        """float32 [n_vocab] of the last step."""
+        cdef CppDecodeSession* s = self.native()
+        out = np.empty(self.n_vocab, np.float32)
+        cdef float[::1] view = out
+        with nogil:
+            s.logits(&view[0])
+        return out
+
+    def reset(self) -> None:
+        cdef CppDecodeSession* s = self.native()
+        with nogil:
+            s.reset()
+
+    def logprobs(self, int token, int n):
+        """(log p(token), [(id, log p)] of the n most likely ids) at the last step's position, computed on the
+        device as strata.sampling.log_probabilities defines them."""
+        cdef CppDecodeSession* s = self.native()
+        cdef TokenLogprobs out
+        with nogil:
+            out = s.logprobs(token, n)
+        return out.token, [(out.ids[i], out.values[i]) for i in range(n)]
+
+    def snapshot(self, int slot) -> None:
+        """Keep the sequence so far (its recurrent state and position) in slot `slot`."""
+        cdef CppDecodeSession* s = self.native()
+        with nogil:
+            s.snapshot(slot)
+
+    def restore(self, int slot) -> None:
+        """Back to the sequence kept in slot `slot`."""
+        cdef CppDecodeSession* s = self.native()
+        with nogil:
+            s.restore(slot)
+
+    @property
+    def position(self) -> int:
+        return self.native().position()
+
+    @property
+    def context(self) -> int:
+        return self.native().context()
+
+    @property
+    def mode(self) -> Mode:
+        cdef DecodeMode mode = self.native().mode()
+        return next(m for m, native in _DECODE_MODES.items() if native == mode)
+
+    @property
+    def captured(self) -> bool:
+        return self.native().captured()
+
+    def stats(self) -> dict:
+        cdef DecodeStats st = self.native().stats()
+        return {"tokens": st.tokens, "seconds": st.seconds, "ring_wait_seconds": st.ring_wait_seconds,
+                "pool_seconds": st.pool_seconds, "rings": st.rings, "gpu_pre_seconds": st.gpu_pre_seconds,
+                "gpu_post_seconds": st.gpu_post_seconds, "expert_hits": list(st.expert_hits),
+                "expert_misses": list(st.expert_misses), "expert_copies": list(st.expert_copies),
+                "expert_copy_bytes": st.expert_copy_bytes, "prompt_tokens": st.prompt_tokens,
+                "prompt_chunks": st.prompt_chunks, "prompt_seconds": st.prompt_seconds,
+                "prompt_staged_experts": st.prompt_staged_experts,
+                "prompt_cached_experts": st.prompt_cached_experts, "prompt_pooled_experts": st.prompt_pooled_experts,
+                "prompt_staged_bytes": st.prompt_staged_bytes, "kv_stream_bytes": st.kv_stream_bytes,
+                "ple_seconds": st.ple_seconds}
+
+    def close(self) -> None:
+        with nogil:
+            self.session.reset()

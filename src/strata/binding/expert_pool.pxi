@@ -1,0 +1,167 @@
+# The CPU expert pool (strata::cpu::ExpertPool). strata.runtime.pool lays the weights out and owns the arrays;
+# this binding only passes addresses and sizes, which the native side validates.
+from libc.stdint cimport int32_t, uint8_t, uintptr_t
+
+from strata.libstrata.expert_pool cimport ExpertMatrix, Isa, PoolOptions, cpp_cpu_has_avx2, cpp_cpu_has_avx512_vnni
+from strata.libstrata.forms cimport FloatKind
+
+_ISAS = {"auto": Isa.kAuto, "avx2": Isa.kAvx2, "avx512": Isa.kAvx512}
+
+
+def cpu_isa_support() -> dict:
+    """Which CPU pool kernels this machine runs: {"avx2": bool, "avx512": bool} (AVX-512 means F/BW/VL/VNNI)."""
+    return {"avx2": bool(cpp_cpu_has_avx2()), "avx512": bool(cpp_cpu_has_avx512_vnni())}
+
+
+cdef Isa pool_isa(str isa) except *:
+    if isa not in _ISAS:
+        raise InvalidArgument(f"isa must be one of {sorted(_ISAS)}, found {isa!r}")
+    return _ISAS[isa]
+
+
+cdef ExpertMatrix expert_matrix(dict spec) except *:
+    """A matrix spec of strata.runtime.pool.matrix_spec: form, n_expert, rows, cols, planes {name: (address,
+    nbytes)} (a float form's elements in "codes")."""
+    from strata.quant.forms import FLOAT_DTYPES
+
+    cdef ExpertMatrix m
+    form = spec["form"]
+    m.is_float = form.is_float
+    if form.is_float:
+        m.float_kind = <FloatKind>_FLOAT_KINDS[FLOAT_DTYPES[form.float_kind]]
+    else:
+        m.form = quant_form(form)
+    m.n_expert = spec["n_expert"]
+    m.rows = spec["rows"]
+    m.cols = spec["cols"]
+    planes = spec["planes"]
+    for name in _PLANES:
+        address, nbytes = planes.get(name) or (0, 0)
+        if name == "codes":
+            m.codes.data = <const void*><uintptr_t>address; m.codes.nbytes = nbytes
+        elif name == "d":
+            m.d.data = <const void*><uintptr_t>address; m.d.nbytes = nbytes
+        elif name == "sub_scales":
+            m.sub_scales.data = <const void*><uintptr_t>address; m.sub_scales.nbytes = nbytes
+        elif name == "mins":
+            m.mins.data = <const void*><uintptr_t>address; m.mins.nbytes = nbytes
+        else:
+            m.sub_mins.data = <const void*><uintptr_t>address; m.sub_mins.nbytes = nbytes
+    return m
+
+
+cdef class CpuExpertPool:
+    """Native pool of pinned workers computing routed experts. Use strata.runtime.pool.ExpertPool, which owns the
+    weights. Construction starts the workers and close() (or destruction) joins them, both without the GIL."""
+
+    def __cinit__(self, long n_embd, long expert_ff, int max_k, int threads=0, bint smt=False,
+                  bint pin_caller=True, str isa="auto", int spin_us=3000, int max_rows=0):
+        cdef PoolOptions options
+        options.threads = threads
+        options.smt = smt
+        options.pin_caller = pin_caller
+        options.isa = pool_isa(isa)
+        options.spin_us = spin_us
+        options.max_rows = max_rows
+        with nogil:
+            self.pool.reset(new CppExpertPool(n_embd, expert_ff, max_k, options))
+        self.n_embd, self.expert_ff, self.max_k, self.max_rows = n_embd, expert_ff, max_k, max_rows
+
+    def __dealloc__(self):
+        with nogil:
+            self.pool.reset()
+
+    cdef CppExpertPool* native(self) except NULL:
+        if not self.pool:
+            raise InvalidArgument("the expert pool was not created")
+        return self.pool.get()
+
+    def set_layer(self, int layer, dict gate, dict up, dict down):
+        """Registers one layer's experts: each matrix a dict of form fields, shape and plane (address, nbytes)."""
+        cdef CppExpertPool* pool = self.native()
+        cdef ExpertMatrix g = expert_matrix(gate), u = expert_matrix(up), d = expert_matrix(down)
+        with nogil:
+            pool.set_layer(layer, g, u, d)
+
+    def run_layer(self, int layer, x, ids, weights, skip, out):
+        """out[j] = weights[j] * expert ids[j] (x) for every j with skip[j] == 0; other rows of out untouched."""
+        cdef CppExpertPool* pool = self.native()
+        cdef const float[::1] xv = x
+        cdef const int32_t[::1] iv = ids
+        cdef const float[::1] wv = weights
+        cdef const uint8_t[::1] sv = skip
+        cdef float[:, ::1] ov = out
+        cdef int k = iv.shape[0]
+        if xv.shape[0] != self.n_embd:
+            raise InvalidArgument(f"run_layer: x has {xv.shape[0]} entries, n_embd is {self.n_embd}")
+        if wv.shape[0] != k or sv.shape[0] != k or ov.shape[0] != k or ov.shape[1] != self.n_embd:
+            raise InvalidArgument(
+                f"run_layer: ids has {k} entries; weights {wv.shape[0]}, skip {sv.shape[0]} and out "
+                f"{ov.shape[0]}x{ov.shape[1]} must be {k}, {k} and {k}x{self.n_embd}")
+        if k == 0:
+            return
+        with nogil:
+            pool.run_layer(layer, &xv[0], &iv[0], &wv[0], &sv[0], k, &ov[0, 0])
+
+    def run_groups(self, int layer, x, experts, begin, out=None):
+        """out[r] = expert experts[g] (x[r]), unweighted, for every row r in begin[g]..begin[g+1]-1: x is
+        [begin[-1], n_embd] float32, experts [groups] int32, begin [groups + 1] int32 from 0. Returns out (made
+        here unless given: [begin[-1], n_embd] float32)."""
+        cdef CppExpertPool* pool = self.native()
+        cdef const float[:, ::1] xv = x
+        cdef const int32_t[::1] ev = experts
+        cdef const int[::1] bv = begin
+        cdef int groups = ev.shape[0]
+        if bv.shape[0] != groups + 1:
+            raise InvalidArgument(f"run_groups: experts has {groups} entries, so begin must have {groups + 1}, "
+                                  f"found {bv.shape[0]}")
+        cdef long rows = bv[groups]
+        if xv.shape[0] != rows or xv.shape[1] != self.n_embd:
+            raise InvalidArgument(f"run_groups: x is {xv.shape[0]}x{xv.shape[1]}, begin[-1] and n_embd ask for "
+                                  f"{rows}x{self.n_embd}")
+        if out is None:
+            out = np.empty((rows, self.n_embd), np.float32)
+        cdef float[:, ::1] ov = out
+        if ov.shape[0] != rows or ov.shape[1] != self.n_embd:
+            raise InvalidArgument(f"run_groups: out is {ov.shape[0]}x{ov.shape[1]}, must be {rows}x{self.n_embd}")
+        # Empty x and out have no first element to point at; the native side reads neither when rows is 0.
+        cdef const float* xp = &xv[0, 0] if rows > 0 else NULL
+        cdef float* op = &ov[0, 0] if rows > 0 else NULL
+        cdef const int32_t* ep = &ev[0] if groups > 0 else NULL
+        with nogil:
+            pool.run_groups(layer, xp, ep, &bv[0], groups, op)
+        return out
+
+    def read_bandwidth(self, long nbytes, int reps=5) -> float:
+        """Best bytes/s of all workers reading an nbytes buffer (each worker its own first-touched slice)."""
+        cdef CppExpertPool* pool = self.native()
+        cdef double bw
+        with nogil:
+            bw = pool.read_bandwidth(nbytes, reps)
+        return bw
+
+    def close(self):
+        """Stops the workers and restores the constructing thread's CPU affinity."""
+        cdef CppExpertPool* pool = self.native()
+        with nogil:
+            pool.close()
+
+    @property
+    def threads(self) -> int:
+        return self.native().threads()
+
+    @property
+    def isa(self) -> str:
+        return "avx512" if self.native().isa() == Isa.kAvx512 else "avx2"
+
+    @property
+    def worker_cpus(self) -> list:
+        return [tuple(c) for c in self.native().worker_cpus()]
+
+    @property
+    def caller_cpus(self) -> tuple:
+        return tuple(self.native().caller_cpus())
+
+    @property
+    def parked_workers(self) -> int:
+        return self.native().parked_workers()

@@ -1,0 +1,1 @@
+# The test hooks' headers (cuda/include/strata/check) as Cython declarations, one .pxd per header.
