@@ -195,6 +195,7 @@ def test_the_gpu_rates_are_positive_finite_and_sane():
     assert 1e10 < copy < 1e14, copy  # HBM traffic: 10 GB/s .. 100 TB/s
     assert 1e-7 < trip < 1e-3, trip  # a bus round trip: over 100 ns, far under a millisecond
     assert math.isfinite(upload) and math.isfinite(copy) and math.isfinite(trip)
+    assert upload < copy  # the host link is slower than the GPU's own memory, PCIe and C2C alike
 
 
 def test_run_decodes_each_mode_and_writes_json(tiny, tmp_path, capsys, native_rates):
