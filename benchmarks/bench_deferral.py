@@ -20,8 +20,8 @@ import time
 import numpy as np
 
 import strata
-from strata.cli import bench
-from strata.cli.bench import prompt_ids
+from strata.bench.decode import prompt_ids
+from strata.bench.default_model import bench_model, cache_dir
 from strata.sampling import SamplingParams
 
 PROMPT_TOKENS = 16
@@ -78,7 +78,7 @@ def main() -> None:
     if args.model is None:
         from strata.synth import synthesize
 
-        args.model = str(bench.bench_model(bench.cache_dir(), synthesize))
+        args.model = str(bench_model(cache_dir(), synthesize))
     rows = []
     with strata.load(args.model, expert_cache=0, progress=False) as model:
         g = model.info.geometry

@@ -25,8 +25,8 @@ import time
 import numpy as np
 
 import strata
-from strata.cli import bench
-from strata.cli.bench import prompt_ids
+from strata.bench.decode import prompt_ids
+from strata.bench.default_model import bench_model, cache_dir
 from strata.runtime.engine import per_token_timing
 from strata.sampling import SamplingParams
 
@@ -75,7 +75,7 @@ def main() -> None:
     if args.model is None:
         from strata.synth import synthesize
 
-        args.model = str(bench.bench_model(bench.cache_dir(), synthesize))
+        args.model = str(bench_model(cache_dir(), synthesize))
     rows = []
     with strata.load(args.model, expert_cache=0, progress=False) as model:
         g = model.info.geometry
@@ -84,7 +84,7 @@ def main() -> None:
                 context = min(depths[-1], g.context_length)
                 session = model.session(context, kv=kv, snapshots=0, kv_streaming=stream == "on")
                 engine = session.engine
-                vram = session_vram(model, context, kv, stream == "on", engine.native.prompt_chunk)
+                vram = session_vram(model, context, kv, stream == "on", engine.prompt_chunk)
                 rng = np.random.default_rng(0)
                 history: list[int] = []
                 built = 0.0

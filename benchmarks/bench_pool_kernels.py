@@ -27,7 +27,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from strata import _native_check
-from strata.cli.bench_pool import synthetic_experts
+from strata.bench.pool_experts import synthetic_experts
 from strata.quant.forms import fitting_type
 from strata.runtime.pool import matrix_spec
 

@@ -17,7 +17,8 @@ import json
 import numpy as np
 
 import strata
-from strata.cli import bench
+from strata.bench.prompt import prompt_report, prompt_speed
+from strata.bench.run import run
 from strata.options import KV
 
 SMALL = 256  # lengths past this touch every expert: the pool's share does not apply there
@@ -31,12 +32,13 @@ def main() -> None:
     args = parser.parse_args()
     lengths = tuple(int(n) for n in args.lengths.split(","))
     with strata.load(args.model, expert_cache=0, progress=False) as model:
-        result = bench.run(model, model_path=args.model, modes=["token_graph"], prompt_tokens=16, tokens=64,
-                           prompt_lengths=lengths)
+        result = run(model, model_path=args.model, modes=["token_graph"], prompt_tokens=16, tokens=64, emit=print,
+                     prompt_lengths=lengths)
         model.session = functools.partial(model.session, prompt_cpu=False)
-        alone = bench.prompt_speed(model, [n for n in lengths if n < SMALL], KV.INT8, np.random.default_rng(1))
+        alone = prompt_speed(model, [n for n in lengths if n < SMALL], KV.INT8, np.random.default_rng(1),
+                             result["rates"]["pcie_upload"])
     print("without the pool's share")
-    print("\n".join(bench.prompt_report(alone)))
+    print("\n".join(prompt_report(alone)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({**result, "prompt_without_cpu": alone}, f, indent=1)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import openai
 
-from strata.cli.bench import bench_model, cache_dir
+from strata.bench.default_model import bench_model, cache_dir
 from strata.api import load
 from strata.server import Server
 from strata.server.background import serving

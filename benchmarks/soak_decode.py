@@ -170,12 +170,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = window_sizes(args.tokens, args.window)
     bounds = Bounds(round(args.host_bound * MIB), round(args.device_bound * MIB))
     import strata
-    from strata.cli import bench
+    from strata.bench.default_model import bench_model, cache_dir
 
     if args.model is None:
         from strata.synth import synthesize
 
-        args.model = str(bench.bench_model(bench.cache_dir(), synthesize))
+        args.model = str(bench_model(cache_dir(), synthesize))
     with strata.load(args.model, expert_cache=args.expert_cache, progress=False) as model:
         session = model.session(args.tokens, kv=args.kv, mode=args.mode, snapshots=0)
         record = {"model": args.model, "mode": args.mode, "kv": args.kv, "expert_cache": args.expert_cache,

@@ -1,7 +1,9 @@
-"""`strata bench` on the CPU: the limit arithmetic, the cache rules, the report, a run over a fake session."""
+"""strata.bench on the CPU: the rates, the limit arithmetic, the cache rules, the report, a run over a fake session;
+on the GPU: the native rate measurements."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -11,12 +13,24 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from strata.cli import bench
+from strata import _native
+from strata.bench import rates as bench_rates
+from strata.bench.decode import prompt_ids
+from strata.bench.default_model import bench_model, cache_dir
+from strata.bench.limit import machine_limit
+from strata.bench.prompt import prompt_report, prompt_speed
+from strata.bench.rates import Rates
+from strata.bench.report import report
+from strata.bench.run import run
 from strata.errors import InvalidArgument
 from strata.format import inspect
+from strata.generation import Session
 from strata.options import KV, Mode
 from strata.runtime.engine import GpuEngine
 from strata.synth import synthesize
+
+# The GPU box's rates (docs/performance.md), given: the limit's arithmetic on known numbers.
+RATES = Rates(host_read=20e9, pcie_upload=55e9, hbm_copy=4.2e12, doorbell_round_trip=3.1e-6)
 
 
 @pytest.fixture(scope="module")
@@ -39,33 +53,33 @@ def test_limit_matches_a_hand_computation(tiny):
     routed = g.n_layer * g.n_expert_used * per_expert
     dense = 4 * sum(math.prod(t.ne) for name, t in tiny.tensors.items()
                     if "_exps." not in name and name not in ("per_layer_token_embd.weight", "token_embd.weight"))
-    limit = bench.machine_limit(g, _tensors(tiny), read_bandwidth=20e9)
+    limit = machine_limit(g, _tensors(tiny), RATES)
     assert (limit.routed_bytes, limit.dense_bytes) == (routed, dense)
     expected = routed / 20e9 + dense / 4.2e12 + g.n_layer * 3.1e-6
     assert math.isclose(limit.seconds, expected, rel_tol=1e-12), (limit, expected)  # same sums, other order
     with pytest.raises(InvalidArgument, match="read bandwidth must be > 0"):
-        bench.machine_limit(g, _tensors(tiny), 0.0)
+        machine_limit(g, _tensors(tiny), dataclasses.replace(RATES, host_read=0.0))
 
 
 def test_the_limit_moves_cached_experts_to_hbm_and_drops_their_doorbells(tiny):
     g = tiny.geometry
-    pool_only = bench.machine_limit(g, _tensors(tiny), read_bandwidth=20e9)
+    pool_only = machine_limit(g, _tensors(tiny), RATES)
     slots = [g.n_expert] + [g.n_expert // 2] * (g.n_layer - 1)  # the first layer whole, the others half
-    cached = bench.machine_limit(g, _tensors(tiny), read_bandwidth=20e9, slots=slots)
+    cached = machine_limit(g, _tensors(tiny), RATES, slots=slots)
     per_layer = pool_only.routed_bytes / g.n_layer
     held = per_layer * (1 + (g.n_layer - 1) / 2)
     assert math.isclose(cached.cached_bytes, held, abs_tol=1) and cached.routed_bytes + cached.cached_bytes == \
         pool_only.routed_bytes
     assert cached.dense_bytes == pool_only.dense_bytes + cached.cached_bytes
     assert math.isclose(cached.doorbell_seconds, (g.n_layer - 1) * 3.1e-6)
-    everything = bench.machine_limit(g, _tensors(tiny), 20e9, slots=[g.n_expert] * g.n_layer)
+    everything = machine_limit(g, _tensors(tiny), RATES, slots=[g.n_expert] * g.n_layer)
     assert everything.routed_bytes == 0 and everything.doorbell_seconds == 0
 
 
 def test_cache_dir_rules(tmp_path):
-    assert bench.cache_dir({"STRATA_CACHE": "/c", "XDG_CACHE_HOME": "/x"}) == Path("/c")
-    assert bench.cache_dir({"XDG_CACHE_HOME": "/x"}) == Path("/x/strata")
-    assert bench.cache_dir({"STRATA_CACHE": "", "XDG_CACHE_HOME": ""}) == Path.home() / ".cache" / "strata"
+    assert cache_dir({"STRATA_CACHE": "/c", "XDG_CACHE_HOME": "/x"}) == Path("/c")
+    assert cache_dir({"XDG_CACHE_HOME": "/x"}) == Path("/x/strata")
+    assert cache_dir({"STRATA_CACHE": "", "XDG_CACHE_HOME": ""}) == Path.home() / ".cache" / "strata"
 
 
 def test_bench_model_is_written_under_a_temp_name_then_reused(tmp_path, capsys):
@@ -77,13 +91,13 @@ def test_bench_model_is_written_under_a_temp_name_then_reused(tmp_path, capsys):
         Path(path).write_bytes(b"GGUF model")
 
     cache = tmp_path / "cache"
-    path = bench.bench_model(cache, fake_synth)
+    path = bench_model(cache, fake_synth)
     assert path == cache / "qwen4exp-bench-16L.gguf" and path.read_bytes() == b"GGUF model"
     (written, arch, kwargs) = calls[0]
     assert written != path and written.parent == cache and arch == "qwen4exp"
     assert kwargs["preset"] == "bench" and kwargs["n_layer"] == 16
     assert "synthesizing the default benchmark model" in capsys.readouterr().err
-    assert bench.bench_model(cache, fake_synth) == path and len(calls) == 1  # reused, not synthesized again
+    assert bench_model(cache, fake_synth) == path and len(calls) == 1  # reused, not synthesized again
     assert sorted(p.name for p in cache.iterdir()) == [path.name]
 
 
@@ -93,13 +107,13 @@ def test_an_interrupted_synth_leaves_nothing_that_would_be_reused(tmp_path):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        bench.bench_model(tmp_path, failing_synth)
+        bench_model(tmp_path, failing_synth)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_prompt_ids_avoid_the_ple_eos(tiny, rng):
     g = tiny.geometry
-    ids = bench.prompt_ids(g, 2000, rng)
+    ids = prompt_ids(g, 2000, rng)
     assert len(ids) == 2000 and g.ple_eos not in ids and 0 <= min(ids) and max(ids) < g.n_vocab
 
 
@@ -129,21 +143,79 @@ class TimedFakeSession:
         self.closed = True
 
 
-def test_run_decodes_each_mode_and_writes_json(tiny, tmp_path, capsys):
+@pytest.fixture
+def native_rates(monkeypatch):
+    """The native measurements of GPU 3 at the GPU box's rates; each records the device it was asked about."""
+    asked = []
+
+    def rate(value):
+        return lambda device, *args: asked.append(device) or value
+
+    monkeypatch.setattr(_native, "pinned_upload_rate", rate(55e9))
+    monkeypatch.setattr(_native, "device_copy_rate", rate(4.2e12))
+    monkeypatch.setattr(_native, "doorbell_round_trip", rate(3.1e-6))
+    return asked
+
+
+def test_rates_are_measured_by_the_pool_and_on_the_models_gpu(native_rates):
+    pool = SimpleNamespace(read_bandwidth=lambda nbytes: nbytes / 1e-2)  # a buffer read in 10 ms
+    rates = bench_rates.measure(pool, 3)
+    assert rates == Rates(bench_rates.READ_BANDWIDTH_BYTES / 1e-2, 55e9, 4.2e12, 3.1e-6)
+    assert native_rates == [3, 3, 3]
+
+
+@pytest.mark.parametrize("field", [f.name for f in dataclasses.fields(Rates)])
+@pytest.mark.parametrize("wrong", [0.0, -1.0, math.nan, math.inf])
+def test_rates_refuse_a_measurement_that_is_not_positive_and_finite(field, wrong):
+    with pytest.raises(InvalidArgument, match=r"must be > 0 (bytes/)?s and finite, got"):
+        dataclasses.replace(RATES, **{field: wrong})
+
+
+def test_rates_refuse_a_measurement_of_zero_from_the_gpu(monkeypatch, native_rates):
+    monkeypatch.setattr(_native, "doorbell_round_trip", lambda device, rounds: 0.0)
+    with pytest.raises(InvalidArgument, match="doorbell round trip must be > 0 s and finite, got 0.0"):
+        bench_rates.measure(SimpleNamespace(read_bandwidth=lambda nbytes: 30e9), 0)
+
+
+def test_the_native_measurements_refuse_empty_sizes_before_looking_for_a_gpu():
+    with pytest.raises(InvalidArgument, match="pinned_upload_rate: bytes must be >= 1, got 0"):
+        _native.pinned_upload_rate(0, 0)
+    with pytest.raises(InvalidArgument, match="device_copy_rate: reps must be >= 1, got 0"):
+        _native.device_copy_rate(0, 1 << 20, 0)
+    with pytest.raises(InvalidArgument, match="doorbell_round_trip: rounds must be >= 1, got 0"):
+        _native.doorbell_round_trip(0, 0)
+
+
+@pytest.mark.gpu
+def test_the_gpu_rates_are_positive_finite_and_sane():
+    upload = _native.pinned_upload_rate(0, 64 << 20, 3)
+    copy = _native.device_copy_rate(0, 64 << 20, 3)
+    trip = _native.doorbell_round_trip(0, 200)
+    assert 1e8 < upload < 1e12, upload  # PCIe or NVLink-C2C: 0.1 GB/s .. 1 TB/s
+    assert 1e10 < copy < 1e14, copy  # HBM traffic: 10 GB/s .. 100 TB/s
+    assert 1e-7 < trip < 1e-3, trip  # a bus round trip: over 100 ns, far under a millisecond
+    assert math.isfinite(upload) and math.isfinite(copy) and math.isfinite(trip)
+    assert upload < copy  # the host link is slower than the GPU's own memory, PCIe and C2C alike
+
+
+def test_run_decodes_each_mode_and_writes_json(tiny, tmp_path, capsys, native_rates):
     opened = []
 
     def fake_session(context, kv, mode, kv_streaming=False, defer_experts=0):
         opened.append((context, kv, mode, defer_experts))
-        return SimpleNamespace(engine=GpuEngine(TimedFakeSession(mode.value)))
+        return Session(GpuEngine(TimedFakeSession(mode.value)), codec=None)
 
     g = tiny.geometry
-    model = SimpleNamespace(info=SimpleNamespace(geometry=g), file=tiny, session=fake_session,
+    model = SimpleNamespace(info=SimpleNamespace(geometry=g), file=tiny, session=fake_session, device=1,
                             pool=SimpleNamespace(read_bandwidth=lambda nbytes: 30e9), cache_slots=[2] * g.n_layer,
                             cache_bytes=3 << 20)
     out = tmp_path / "bench.json"
-    result = bench.run(model, model_path="tiny.gguf", modes=Mode.values(), prompt_tokens=4, tokens=8, kv="Q4",
-                       json_path=str(out), defer_experts=1)
+    result = run(model, model_path="tiny.gguf", modes=Mode.values(), prompt_tokens=4, tokens=8, kv="Q4",
+                 json_path=str(out), defer_experts=1, emit=print)
     assert opened == [(13, KV.Q4, mode, 1) for mode in Mode]
+    assert native_rates == [1, 1, 1] and result["rates"] == dataclasses.asdict(dataclasses.replace(RATES,
+                                                                                                   host_read=30e9))
+    assert result["limit"]["hbm_copy_rate"] == 4.2e12 and result["limit"]["doorbell_round_trip"] == 3.1e-6
     assert result["kv"] == "q4" and result["defer_experts"] == 1
     for mode in Mode.values():
         m = result["modes"][mode]
@@ -156,6 +228,21 @@ def test_run_decodes_each_mode_and_writes_json(tiny, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "machine limit" in text and "measured device copy" in text and "token_graph" in text and "kv q4" in text
     assert "defer experts 1" in text
+    assert "30.0 GB/s (CPU pool, measured here)" in text and "4.2 TB/s (measured device copy, measured here)" in text
+    assert f"{g.n_layer} ringing layers x 3.1 us (round trip measured here)" in text
+
+
+def test_the_report_says_the_rates_it_divided_by(tiny):
+    g = tiny.geometry
+    limit = machine_limit(g, _tensors(tiny), dataclasses.replace(RATES, hbm_copy=3.0e12, doorbell_round_trip=5e-6),
+                          slots=[g.n_expert] + [0] * (g.n_layer - 1))
+    result = {"model": "m.gguf", "arch": g.arch, "n_layer": g.n_layer, "prompt_tokens": 4, "tokens": 8, "kv": "int8",
+              "expert_cache": "cache", "limit": {**dataclasses.asdict(limit), "seconds": limit.seconds}, "modes": {}}
+    text = "\n".join(report(result))
+    assert "at HBM 3.0 TB/s (measured device copy, measured here)" in text
+    assert f"{g.n_layer - 1} ringing layers x 5.0 us (round trip measured here) = " \
+           f"{(g.n_layer - 1) * 5e-3:.3f} ms" in text
+    assert "at host read 20.0 GB/s (CPU pool, measured here)" in text
 
 
 @pytest.mark.parametrize(("kwargs", "fragment"), [
@@ -166,32 +253,34 @@ def test_run_decodes_each_mode_and_writes_json(tiny, tmp_path, capsys):
 def test_run_argument_errors(kwargs, fragment):
     args = {"modes": ["token_graph"], "prompt_tokens": 4, "tokens": 8, **kwargs}
     with pytest.raises(InvalidArgument, match=fragment):
-        bench.run(SimpleNamespace(), model_path="m.gguf", **args)
+        run(SimpleNamespace(), model_path="m.gguf", emit=print, **args)
 
 
 def test_run_refuses_a_deferral_beyond_the_routed_experts_before_measuring(tiny):
     g = tiny.geometry
     model = SimpleNamespace(info=SimpleNamespace(geometry=g))  # no pool: the refusal comes first
     with pytest.raises(InvalidArgument, match=rf"defer_experts must be in 0..{g.n_expert_used - 1} "):
-        bench.run(model, model_path="m.gguf", modes=["token_graph"], prompt_tokens=4, tokens=8,
-                  defer_experts=g.n_expert_used)
+        run(model, model_path="m.gguf", modes=["token_graph"], prompt_tokens=4, tokens=8,
+            defer_experts=g.n_expert_used, emit=print)
 
 
-class FakePromptEngine:
-    """A GPU engine whose native session feeds prompts in fixed time per token and stages fixed bytes."""
+class FakePromptNative:
+    """A native session that feeds prompts in fixed time per token, steps in fixed time per token, and stages
+    fixed bytes per token fed."""
 
     def __init__(self, chunk: int):
-        self.native = SimpleNamespace(prompt_chunk=chunk, feed=self._feed)
-        self.ple, self.position, self.fed, self.closed = None, 0, [], False
+        self.prompt_chunk, self.position, self.fed, self.closed = chunk, 0, [], False
 
-    def _feed(self, ids, rows, params, u):
+    def feed(self, ids, rows, params, u, sample=True):
         self.fed.append(len(ids))
         self.position = len(ids)
         time.sleep(1e-4 * len(ids))
         return 1
 
-    def prefill(self, ids, seen):
-        time.sleep(1e-3 * len(ids))
+    def step(self, token, rows, params, u, sample=True):
+        self.position += 1
+        time.sleep(1e-3)
+        return 1 if sample else -1
 
     def reset(self):
         self.position = 0
@@ -207,27 +296,33 @@ def test_prompt_speed_times_every_length_beside_stepping(tiny):
     engines = []
 
     def fake_session(context, kv, snapshots, prompt_chunk=None, kv_streaming=False):
-        engines.append(FakePromptEngine(0 if prompt_chunk == 0 else 64))
-        return SimpleNamespace(engine=engines[-1])
+        engines.append(FakePromptNative(0 if prompt_chunk == 0 else 64))
+        return Session(GpuEngine(engines[-1]), codec=None)
 
     model = SimpleNamespace(info=SimpleNamespace(geometry=tiny.geometry), session=fake_session)
-    rows = bench.prompt_speed(model, [8, 100], KV.INT8, np.random.default_rng(0))
+    rows = prompt_speed(model, [8, 100], KV.INT8, np.random.default_rng(0), upload_rate=55e9)
     chunked, stepped = engines
     assert chunked.fed == [64, 8, 100] and all(e.closed for e in engines)  # a warm-up, then each length
+    assert stepped.fed == [] and stepped.position == 64  # stepped token by token: the first 64 of 100
     assert [r["tokens"] for r in rows] == [8, 100] and all(r["chunk"] == 64 for r in rows)
     for r in rows:
         assert r["staged_bytes"] == 55_000_000 * r["tokens"]
         assert math.isclose(r["pcie_floor_seconds"], 1e-3 * r["tokens"])
         assert math.isclose(r["fraction_of_limit"], r["pcie_floor_seconds"] / r["seconds"])
         assert r["tokens_per_second"] > r["stepped_tokens_per_second"]  # 0.1 ms per token fed, 1 ms stepped
-    text = "\n".join(bench.prompt_report(rows))
+    text = "\n".join(prompt_report(rows))
     assert "ttft" in text and "PCIe floor" in text and "chunk 64" in text
+    assert "PCIe 55.0 GB/s measured here" in text
 
 
 def test_prompt_speed_refuses_a_model_without_a_prompt_path(tiny):
+    natives = []
+
     def no_prompt_path(context, kv, snapshots, prompt_chunk=None, kv_streaming=False):
-        return SimpleNamespace(engine=FakePromptEngine(0))
+        natives.append(FakePromptNative(0))
+        return Session(GpuEngine(natives[-1]), codec=None)
 
     model = SimpleNamespace(info=SimpleNamespace(geometry=tiny.geometry), session=no_prompt_path)
     with pytest.raises(InvalidArgument, match="no prompt path"):
-        bench.prompt_speed(model, [8], KV.INT8, np.random.default_rng(0))
+        prompt_speed(model, [8], KV.INT8, np.random.default_rng(0), upload_rate=55e9)
+    assert natives and all(n.closed for n in natives)

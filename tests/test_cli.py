@@ -8,6 +8,7 @@ import pytest
 
 from strata import _native, cli
 from strata.convert.tokenizer_meta import CHATML_TEMPLATE
+from strata.errors import InvalidArgument
 
 
 def test_doctor_reports_the_machine(capsys):
@@ -215,6 +216,24 @@ def test_bench_argument_shapes():
         cli.parse_args(["bench", "pool", "--tokens", "5"])  # a model-bench option is not a pool option
     with pytest.raises(SystemExit):
         cli.parse_args(["bench", "--mode", "fast"])
+
+
+def test_bench_list_options_parse_or_name_the_option():
+    from strata.cli.bench import cache_shares, prompt_lengths
+
+    assert prompt_lengths("512,4096") == (512, 4096) and prompt_lengths("0") == () and prompt_lengths("8,0,2") == (8, 2)
+    assert cache_shares("0,25,100") == [0.0, 0.25, 1.0] and cache_shares("12.5") == [0.125]
+    with pytest.raises(InvalidArgument, match="--prompt-lengths takes token counts such as 512,4096, got '512,x'"):
+        prompt_lengths("512,x")
+    with pytest.raises(InvalidArgument, match="--cache-shares takes percentages such as 0,50,100, got '50%'"):
+        cache_shares("50%")
+
+
+def test_bench_refuses_a_wrong_list_option_before_synthesizing(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr("strata.cli.session.require_gpu", lambda hint: None)  # as on a GPU machine
+    monkeypatch.setenv("STRATA_CACHE", str(tmp_path / "cache"))
+    assert cli.main(["bench", "--prompt-lengths", "many"]) == 1
+    assert "--prompt-lengths takes token counts" in capsys.readouterr().err and not (tmp_path / "cache").exists()
 
 
 def test_bench_without_a_gpu_is_one_line_and_synthesizes_nothing(no_gpu, tmp_path, monkeypatch, capsys):

@@ -182,6 +182,23 @@ def test_score_returns_every_positions_logits_through_the_prompt_path(tiny_qwen4
         GpuEngine(FakeDecodeSession()).score([1], [1])
 
 
+def test_feed_prompt_path_takes_the_path_below_its_threshold_and_says_the_chunk(tiny_qwen4exp, rng):
+    g = tiny_qwen4exp.geometry
+    native = FakeDecodeSession(context=64, prompt_chunk=16)
+    engine = GpuEngine(native, PleRows(tiny_qwen4exp, g))
+    ids = ids_with_eos(g, rng)[:PROMPT_MIN_TOKENS - 5]  # feed() would step these one by one
+    token = engine.feed_prompt_path(ids, SamplingParams(), 0.5, ids)
+    assert engine.prompt_chunk == 16 and token == len(ids) * 7 % 512 and native.steps == []
+    (fed, rows, _, u, sample), = native.feeds
+    assert fed == ids and u == 0.5 and sample and rows.shape == (len(ids), g.ple.n_heads, g.ple.head_dim)
+    with pytest.raises(StrataError, match="history"):
+        engine.feed_prompt_path([1, 2], SamplingParams(), 0.5, [1, 2])  # the session holds ids already
+    stepping = GpuEngine(FakeDecodeSession())
+    assert stepping.prompt_chunk == 0
+    with pytest.raises(InvalidArgument, match="feed_prompt_path\\(\\) needs the prompt path"):
+        stepping.feed_prompt_path([1], SamplingParams(), 0.0, [1])
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_ple_rows_of_a_whole_prompt_are_the_rows_token_by_token(tiny_qwen4exp, seed):
     g = tiny_qwen4exp.geometry

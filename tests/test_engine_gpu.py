@@ -112,6 +112,8 @@ def test_strata_bench_writes_json(tiny_model, tmp_path, capsys):
     for mode, m in result["modes"].items():
         assert math.isfinite(m["tokens_per_second"]) and m["tokens_per_second"] > 0, (mode, m)
     assert result["limit"]["seconds"] > 0
+    assert sorted(result["rates"]) == ["doorbell_round_trip", "hbm_copy", "host_read", "pcie_upload"]
+    assert all(math.isfinite(v) and v > 0 for v in result["rates"].values()), result["rates"]
 
 
 def test_a_converted_checkpoint_runs_from_the_cli(tmp_path, capsys):

@@ -27,8 +27,9 @@ ALLOWED: dict[str, set[str]] = {
                 "generation"},
     "convert": {"errors", "models", "format", "quant", "progress"},
     "synth": {"errors", "models", "format", "quant", "progress", "convert"},
+    "bench": {"errors", "options", "native", "models", "quant", "sampling", "generation", "runtime", "synth"},
     "cli": {"errors", "options", "devices", "progress", "native", "models", "format", "quant", "sampling",
-            "generation", "chat", "reference", "runtime", "convert", "synth", "api", "server", "strata"},
+            "generation", "chat", "reference", "runtime", "convert", "synth", "api", "server", "bench", "strata"},
     "api": {"errors", "format", "generation", "reference", "runtime"},
     "server": {"errors", "generation"},
     "strata": {"errors", "options", "devices", "generation", "runtime", "api"},  # src/strata/__init__.py

@@ -1,190 +1,13 @@
-"""CPU expert pool benchmark: effective GB/s of routed-expert bytes per layer job vs the machine's read bandwidth.
-
-Expert sets are large enough to defeat the caches (``n_expert`` experts per layer, several layers, ids
-drawn at random per job), so every job streams its k experts from DRAM; float experts (F16, BF16, F32, as
-converters write them) beside the quantized forms. `--hot` times each row again with the same k experts every
-job, resident in the last-level cache: where that rate is near the DRAM one, the kernels, not the memory, bound
-it. The read bandwidth comes from the pool's own workers reading a first-touched buffer
-(cuda/src/cpu/read_bandwidth.cpp).
-"""
+"""`strata bench pool`: the CPU expert pool benchmark (strata.bench.pool; with --groups, strata.bench.pool_groups),
+parsed apart from `strata bench [MODEL]`."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import time
-from dataclasses import dataclass
 
-import numpy as np
-from gguf import GGMLQuantizationType as T
-
-from strata.cli import bench_pool_groups
+from strata.bench import pool as pool_bench
+from strata.bench import pool_groups
 from strata.cli.help import ShowDefaults
-from strata.errors import InvalidArgument
-from strata.quant import QuantTensor, form_for
-from strata.quant.forms import FLOAT_DTYPES, fitting_type, float_form_of
-from strata.runtime.plan import tensor_bytes
-from strata.runtime.pool import ExpertPool, ExpertWeight, default_threads, physical_cores
-from strata.synth.blocks import fill_float
-
-SHAPES = {"qwen4exp": (2560, 640), "qwen3next": (2048, 512)}  # (n_embd, expert_ff)
-# gate/up type, down type; a down whose rows are not whole 256-blocks takes llama-quantize's fallback type.
-# F16 and BF16 are what llama.cpp's converter writes by default; F32 streams the most bytes a weight.
-# Q4_K+Q6_K is llama-quantize's Q4_K_M expert mix (down one step wider).
-MIXES = {"Q4_K": (T.Q4_K, T.Q4_K), "Q2_K": (T.Q2_K, T.Q2_K), "Q8_0": (T.Q8_0, T.Q8_0), "Q4_K+Q4_0": (T.Q4_K, T.Q4_0),
-         "Q4_K+Q6_K": (T.Q4_K, T.Q6_K),
-         "F16": (T.F16, T.F16), "BF16": (T.BF16, T.BF16), "F32": (T.F32, T.F32), "BF16+Q8_0": (T.BF16, T.Q8_0)}
-# The lattice i-quants and the ternary types, one mix per distinct CPU kernel and scale plane: IQ3_XXS and IQ1_S
-# run IQ2_XXS's, IQ2_S and IQ1_M IQ2_XS's (the codebook is a runtime table), TQ1_0 TQ2_0's.
-IQ_MIXES = {t.name: (t, t) for t in (T.IQ2_XXS, T.IQ2_XS, T.IQ3_S, T.TQ2_0)}
-HEADLINE = ("qwen4exp", "Q4_K")
-
-
-@dataclass
-class Scale:
-    n_expert: int
-    n_layers: int
-    jobs: int
-    read_bytes: int
-    set_bytes: int  # the most expert bytes per configuration: float experts get fewer experts, never fewer than k
-
-
-BOX = Scale(n_expert=128, n_layers=4, jobs=60, read_bytes=2 << 30, set_bytes=6 << 30)
-QUICK = Scale(n_expert=16, n_layers=2, jobs=10, read_bytes=128 << 20, set_bytes=256 << 20)
-
-
-def synthetic_experts(ggml_type: T, rows: int, cols: int, n_expert: int, rng: np.random.Generator) -> ExpertWeight:
-    """Random planes of ``n_expert`` experts in ``ggml_type``'s form; finite, moderate scales (no denormals)."""
-    ggml_type = fitting_type(ggml_type, cols)
-    form = form_for(ggml_type)
-    if form.is_float:  # random sign and mantissa under one exponent: weights in ±[2^-6, 2^-5)
-        raw = np.frombuffer(rng.bytes(rows * n_expert * cols * FLOAT_DTYPES[form.float_kind].itemsize), np.uint8).copy()
-        fill_float(raw, ggml_type, 2.0**-6)
-        return raw.view(FLOAT_DTYPES[form.float_kind]).reshape(rows * n_expert, cols)
-    q = QuantTensor.empty(form, rows * n_expert, cols)
-    q.codes[...] = np.frombuffer(rng.bytes(q.codes.size), np.uint8).reshape(q.codes.shape)
-    q.d[...] = rng.uniform(1e-3, 1e-2, q.d.shape).astype(q.d.dtype)
-    if q.sub_scales is not None:
-        q.sub_scales[...] = rng.integers(-32, 32, q.sub_scales.shape, dtype=np.int8)
-    if q.mins is not None:
-        q.mins[...] = rng.uniform(-1e-2, 1e-2, q.mins.shape).astype(np.float16)
-    if q.sub_mins is not None:
-        q.sub_mins[...] = rng.integers(0, 64, q.sub_mins.shape, dtype=np.uint8)
-    return q
-
-
-def time_jobs(pool: ExpertPool, n_layers: int, n_expert: int, k: int, jobs: int, rng: np.random.Generator,
-              hot: bool = False) -> np.ndarray:
-    """Seconds per run_layer call, ids drawn at random per job (two warm-up jobs not counted). `hot`: the same k
-    experts of layer 0 every job, which stay in the last-level cache: the kernels' own ceiling, not the memory's."""
-    x = rng.standard_normal(pool.n_embd, dtype=np.float32)
-    weights = np.full(k, 1.0 / k, np.float32)
-    skip = np.zeros(k, np.uint8)
-    out = np.empty((k, pool.n_embd), np.float32)
-    if hot:
-        plans = [(0, np.arange(k, dtype=np.int32))] * (jobs + 2)
-    else:
-        plans = [(int(rng.integers(n_layers)), rng.choice(n_expert, k, replace=False).astype(np.int32))
-                 for _ in range(jobs + 2)]
-    times = []
-    for layer, ids in plans:
-        t0 = time.perf_counter()
-        pool.run_layer(layer, x, ids, weights, skip, out)
-        times.append(time.perf_counter() - t0)
-    return np.array(times[2:])
-
-
-def form_name(w: ExpertWeight) -> str:
-    return float_form_of(w).name if isinstance(w, np.ndarray) else w.form.name
-
-
-def experts_per_layer(scale: Scale, types: tuple[T, T], n_embd: int, ff: int, k: int) -> int:
-    """scale.n_expert, fewer where the set would pass scale.set_bytes (float experts are 2-4 bytes a weight)."""
-    gate_type, down_type = types
-    per_expert = (tensor_bytes(fitting_type(gate_type, n_embd), (n_embd, 2 * ff))
-                  + tensor_bytes(fitting_type(down_type, ff), (ff, n_embd)))
-    return max(k, min(scale.n_expert, scale.set_bytes // (per_expert * scale.n_layers)))
-
-
-def thread_sweep(max_threads: int) -> list[int]:
-    return sorted({n for n in (1, 2, 4, 8, 12, max_threads) if n <= max_threads})
-
-
-def run(quick: bool = False, k: int = 10, isa: str | None = None, json_path: str | None = None,
-        mixes: list[str] | None = None, hot: bool = False) -> dict:
-    """Runs the benchmark, prints a table and RESULT lines, returns (and optionally writes) the numbers.
-    `mixes` (names of MIXES or IQ_MIXES) limits the rows to those mixes; the headline row always runs. `hot` also
-    times each row with its k experts cache-resident (time_jobs), the "hot GB/s" column."""
-    unknown = sorted(set(mixes or ()) - set(MIXES) - set(IQ_MIXES))
-    if unknown:
-        raise InvalidArgument(f"bench pool: unknown mix {', '.join(unknown)}; "
-                              f"known: {', '.join([*MIXES, *IQ_MIXES])}")
-    scale = QUICK if quick else BOX
-    rng = np.random.default_rng()
-    n_all = default_threads()
-    cores = physical_cores()
-    smt_possible = any(len(cpus) > 1 for cpus, _ in cores[1:])
-    result: dict = {"physical_cores": len(cores), "workers_all": n_all, "k": k, "n_expert": scale.n_expert,
-                    "n_layers": scale.n_layers, "set_bytes": scale.set_bytes, "read_bw": {}, "layers": []}
-
-    print(f"{len(cores)} physical cores, workers 1..{n_all}; read bandwidth ({scale.read_bytes >> 20} MiB):")
-    for n in thread_sweep(n_all):
-        with ExpertPool(64, 64, 1, threads=n, isa=isa) as pool:
-            result["read_bw"][n] = pool.read_bandwidth(scale.read_bytes) / 1e9
-        print(f"  {n:3d} workers: {result['read_bw'][n]:7.1f} GB/s")
-    if smt_possible:
-        with ExpertPool(64, 64, 1, smt=True, isa=isa) as pool:
-            result["read_bw_smt"] = pool.read_bandwidth(scale.read_bytes) / 1e9
-            result["smt_workers"] = pool.threads
-        print(f"  {result['smt_workers']:3d} workers (SMT siblings too): {result['read_bw_smt']:7.1f} GB/s")
-    bw_all = result["read_bw"][n_all]
-
-    print(f"\n{'shape':10s} {'mix':10s} {'down':7s} {'thr':>4s} {'MB/job':>7s} {'med us':>8s} {'p90 us':>8s} "
-          f"{'GB/s':>6s} {'%bw':>5s} {'lat/bound':>9s}" + (f" {'hot GB/s':>8s}" if hot else ""))
-    for shape, (n_embd, ff) in SHAPES.items():
-        for mix, (gate_type, down_type) in {**MIXES, **IQ_MIXES}.items():
-            if mixes and mix not in mixes and (shape, mix) != HEADLINE:
-                continue
-            n_expert = experts_per_layer(scale, (gate_type, down_type), n_embd, ff, k)
-            gate = [synthetic_experts(gate_type, ff, n_embd, n_expert, rng) for _ in range(2 * scale.n_layers)]
-            down = [synthetic_experts(down_type, n_embd, ff, n_expert, rng) for _ in range(scale.n_layers)]
-            sweep = thread_sweep(n_all) if (shape, mix) == HEADLINE else [n_all]
-            variants = [(n, False) for n in sweep]
-            if (shape, mix) == HEADLINE and smt_possible:
-                variants.append((0, True))
-            for n, smt in variants:
-                with ExpertPool(n_embd, ff, k, threads=n or None, smt=smt, isa=isa) as pool:
-                    for layer in range(scale.n_layers):
-                        pool.set_layer(layer, gate[2 * layer], gate[2 * layer + 1], down[layer], n_expert)
-                    job_bytes = pool.layer_bytes(0) * k
-                    times = time_jobs(pool, scale.n_layers, n_expert, k, scale.jobs, rng)
-                    row = {"shape": shape, "mix": mix, "down_form": form_name(down[0]), "n_expert": n_expert,
-                           "threads": pool.threads,
-                           "smt": smt, "isa": pool.isa, "job_bytes": job_bytes,
-                           "median_s": float(np.median(times)), "p90_s": float(np.percentile(times, 90))}
-                    if hot:
-                        hot_s = float(np.median(time_jobs(pool, scale.n_layers, n_expert, k, scale.jobs, rng, True)))
-                        row["hot_gb_per_s"] = job_bytes / hot_s / 1e9
-                row["gb_per_s"] = job_bytes / row["median_s"] / 1e9
-                row["fraction_of_read_bw"] = row["gb_per_s"] / bw_all
-                row["latency_over_bound"] = row["median_s"] / (job_bytes / (bw_all * 1e9))
-                result["layers"].append(row)
-                print(f"{shape:10s} {mix:10s} {row['down_form']:7s} {row['threads']:4d}{'s' if smt else ' '}"
-                      f"{job_bytes / 1e6:7.1f} {row['median_s'] * 1e6:8.0f} {row['p90_s'] * 1e6:8.0f} "
-                      f"{row['gb_per_s']:6.1f} {100 * row['fraction_of_read_bw']:5.1f} {row['latency_over_bound']:9.2f}"
-                      + (f" {row['hot_gb_per_s']:8.1f}" if hot else ""))
-            del gate, down
-
-    head = next(r for r in result["layers"]
-                if (r["shape"], r["mix"]) == HEADLINE and r["threads"] == n_all and not r["smt"])
-    print(f"RESULT read_bw_all_workers_gbps={bw_all:.1f} read_bw_1_worker_gbps={result['read_bw'][1]:.1f}")
-    print(f"RESULT pool_qwen4exp_q4k_k{k}_gbps={head['gb_per_s']:.1f} fraction_of_read_bw="
-          f"{head['fraction_of_read_bw']:.3f} latency_over_bound={head['latency_over_bound']:.2f} "
-          f"median_us={head['median_s'] * 1e6:.0f} p90_us={head['p90_s'] * 1e6:.0f}")
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(result, f, indent=1)
-    return result
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -198,19 +21,21 @@ def build_parser() -> argparse.ArgumentParser:
     pool.add_argument("--json", metavar="PATH", default=None, help="also write the numbers as JSON")
     pool.add_argument("--mix", action="append", default=None, metavar="MIX",
                       help=f"only this expert mix (repeatable; the headline row always runs): "
-                           f"{', '.join([*MIXES, *IQ_MIXES])}")
+                           f"{', '.join([*pool_bench.MIXES, *pool_bench.IQ_MIXES])}")
     pool.add_argument("--hot", action="store_true",
                       help="also time each row with the same k experts every job (cache-resident): the kernels' "
                            "own ceiling beside the memory's")
     pool.add_argument("--groups", action="store_true",
-                      help="time run_groups instead: a prompt chunk's rows grouped by expert (bench_pool_groups)")
+                      help="time run_groups instead: a prompt chunk's rows grouped by expert "
+                           "(strata.bench.pool_groups)")
     pool.set_defaults(handler=handle, command="bench pool")
     return pool
 
 
 def handle(args: argparse.Namespace) -> int:
     if args.groups:
-        bench_pool_groups.run(synthetic_experts, quick=args.quick, isa=args.isa, json_path=args.json)
+        pool_groups.run(print, quick=args.quick, isa=args.isa, json_path=args.json)
     else:
-        run(quick=args.quick, k=args.k, isa=args.isa, json_path=args.json, mixes=args.mix, hot=args.hot)
+        pool_bench.run(print, quick=args.quick, k=args.k, isa=args.isa, json_path=args.json, mixes=args.mix,
+                       hot=args.hot)
     return 0

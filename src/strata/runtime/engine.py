@@ -73,10 +73,24 @@ class GpuEngine:
     def mode(self) -> Mode:
         return Mode.parse(self.native.mode)
 
+    @property
+    def prompt_chunk(self) -> int:
+        """Tokens per chunk of this session's prompt path; 0: none, every id steps."""
+        return self.native.prompt_chunk
+
     def feed(self, ids: Sequence[int], params: SamplingParams, u: float, seen: Sequence[int]) -> int:
         """Step every id; only the last one samples (the earlier ones only fill the state)."""
         sampling = (params.temperature, params.top_k, params.top_p, params.min_p, params.repeat_penalty)
         return self._step(ids, seen, sampling, u, sample=True)
+
+    def feed_prompt_path(self, ids: Sequence[int], params: SamplingParams, u: float, seen: Sequence[int]) -> int:
+        """feed() through the prompt path however few the ids (feed() steps fewer than PROMPT_MIN_TOKENS): what a
+        benchmark of the path times at every length."""
+        if not self.native.prompt_chunk:
+            raise InvalidArgument("feed_prompt_path() needs the prompt path: this session has none (prompt_chunk 0)")
+        self._check_history(ids, seen)
+        sampling = (params.temperature, params.top_k, params.top_p, params.min_p, params.repeat_penalty)
+        return self._feed_chunks(ids, sampling, u, sample=True)
 
     def prefill(self, ids: Sequence[int], seen: Sequence[int]) -> None:
         """Step every id; nothing is sampled."""
@@ -92,14 +106,18 @@ class GpuEngine:
 
     def _step(self, ids: Sequence[int], seen: Sequence[int], sampling: tuple, u: float, sample: bool) -> int:
         self._check_history(ids, seen)
-        if self.native.prompt_chunk and len(ids) >= PROMPT_MIN_TOKENS:  # the prompt path, chunk by chunk
-            rows = self.ple.rows_for(ids) if self.ple is not None else None
-            return self.native.feed(ids, rows, sampling, u, sample=sample)
+        if self.native.prompt_chunk and len(ids) >= PROMPT_MIN_TOKENS:
+            return self._feed_chunks(ids, sampling, u, sample)
         token = -1
         for i, token_id in enumerate(ids):
             rows = self.ple.rows(int(token_id)) if self.ple is not None else None
             token = self.native.step(int(token_id), rows, sampling, u, sample=sample and i == len(ids) - 1)
         return token
+
+    def _feed_chunks(self, ids: Sequence[int], sampling: tuple, u: float, sample: bool) -> int:
+        """The prompt path, chunk by chunk."""
+        rows = self.ple.rows_for(ids) if self.ple is not None else None
+        return self.native.feed(ids, rows, sampling, u, sample=sample)
 
     def score(self, ids: Sequence[int], seen: Sequence[int]) -> np.ndarray:
         """Feed `ids` through the prompt path and return float32 [len(ids), n_vocab]: row i the logits after ids[i]

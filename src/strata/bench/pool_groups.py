@@ -1,4 +1,4 @@
-"""`strata bench pool --groups`: the pool's grouped route (run_groups) on a prompt chunk's routed rows.
+"""The CPU expert pool's grouped route (run_groups) on a prompt chunk's routed rows.
 
 Every expert of a layer gets the same number of rows (the benchmark model: 512 experts x 80 rows, gate/up
 Q4_K, down Q4_0, 2560 x 640), so each call streams the whole layer's expert weights once. Reported: GB/s of
@@ -7,15 +7,15 @@ those weights and rows/s, beside the pool's own read bandwidth (the bound the we
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from strata.runtime.pool import ExpertPool, ExpertWeight, default_threads
+from strata.bench.pool_experts import synthetic_experts
+from strata.bench.records import Emit, write_json
+from strata.runtime.pool import ExpertPool, default_threads
 
 N_EMBD, FF = 2560, 640
 GATE_UP, DOWN = T.Q4_K, T.Q4_0
@@ -33,14 +33,8 @@ BOX = GroupScale(n_expert=512, rows_per_expert=80, calls=5, read_bytes=2 << 30)
 QUICK = GroupScale(n_expert=8, rows_per_expert=80, calls=2, read_bytes=128 << 20)
 
 
-# (ggml type, rows, cols, n_expert, rng) -> random experts: bench_pool's synthetic_experts, passed in (bench_pool
-# calls this module, so importing it back would be a cycle).
-MakeExperts = Callable[[T, int, int, int, np.random.Generator], ExpertWeight]
-
-
-def run(synthetic_experts: MakeExperts, quick: bool = False, isa: str | None = None,
-        json_path: str | None = None) -> dict:
-    """Times run_groups over one layer of every expert; prints a table and RESULT lines, returns the numbers."""
+def run(emit: Emit, quick: bool = False, isa: str | None = None, json_path: str | None = None) -> dict:
+    """Times run_groups over one layer of every expert; emits a table and RESULT lines, returns the numbers."""
     scale = QUICK if quick else BOX
     rng = np.random.default_rng()
     rows = scale.n_expert * scale.rows_per_expert
@@ -67,14 +61,13 @@ def run(synthetic_experts: MakeExperts, quick: bool = False, isa: str | None = N
                   "weight_bytes": weight_bytes, "read_bw_gbps": read_bw, "median_s": median,
                   "gb_per_s": weight_bytes / median / 1e9, "rows_per_s": rows / median}
     result["fraction_of_read_bw"] = result["gb_per_s"] / read_bw
-    print(f"run_groups: {scale.n_expert} experts x {scale.rows_per_expert} rows, {GATE_UP.name} gate/up, "
+    emit(f"run_groups: {scale.n_expert} experts x {scale.rows_per_expert} rows, {GATE_UP.name} gate/up, "
           f"{DOWN.name} down, {N_EMBD} x {FF}, {result['threads']} workers ({result['isa']})")
-    print(f"  weights {weight_bytes / 1e6:.0f} MB per call, median {median * 1e3:.1f} ms: "
+    emit(f"  weights {weight_bytes / 1e6:.0f} MB per call, median {median * 1e3:.1f} ms: "
           f"{result['gb_per_s']:.1f} GB/s ({100 * result['fraction_of_read_bw']:.0f} % of the pool's read "
           f"bandwidth {read_bw:.1f} GB/s), {result['rows_per_s']:.0f} rows/s")
-    print(f"RESULT pool_groups_q4k_q4_0_gbps={result['gb_per_s']:.1f} rows_per_s={result['rows_per_s']:.0f} "
+    emit(f"RESULT pool_groups_q4k_q4_0_gbps={result['gb_per_s']:.1f} rows_per_s={result['rows_per_s']:.0f} "
           f"read_bw_gbps={read_bw:.1f} fraction_of_read_bw={result['fraction_of_read_bw']:.3f}")
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(json_path, result)
     return result

@@ -1,0 +1,68 @@
+"""Greedy decode speed of GPU sessions, per session mode, and where each token's time goes."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from strata.options import KV, Mode
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from strata.generation import Session
+    from strata.models import Geometry
+
+
+def prompt_ids(g: Geometry, n: int, rng: np.random.Generator) -> list[int]:
+    """`n` random token ids, none of them the PLE's EOS (which would cut the n-gram context)."""
+    if not g.ple_layers:
+        return [int(t) for t in rng.integers(0, g.n_vocab, n)]
+    ids = rng.integers(0, g.n_vocab - 1, n)  # one id fewer, then shifted past EOS
+    return [int(t) + int(t >= g.ple_eos) for t in ids]
+
+
+def decode(session: Session, prompt: list[int], tokens: int) -> dict[str, float]:
+    """Greedy decode of `tokens` after `prompt` on a GPU session; seconds per decoded token and its native
+    breakdown. The tokens go through the engine's feed (strata.generation.Engine), not Session.generate: a
+    benchmark decodes exactly `tokens`, past any EOS the model samples."""
+    from strata.runtime.engine import STAGES, per_token_timing
+    from strata.sampling import SamplingParams
+
+    greedy = SamplingParams()
+    session.reset()
+    engine = session.engine
+    history = list(prompt)
+    token = engine.feed(prompt, greedy, 0.0, history)
+    before = session.engine_stats
+    start = time.perf_counter()
+    for _ in range(tokens):
+        history.append(token)
+        token = engine.feed([token], greedy, 0.0, history)
+    wall = time.perf_counter() - start
+    after = session.engine_stats
+    timing = per_token_timing({key: after[key] - before[key] for key in after if key.endswith("seconds")}, tokens,
+                              seconds=wall)
+    seconds = wall / tokens
+    hits, misses, copies = (sum(after[key]) - sum(before[key])
+                            for key in ("expert_hits", "expert_misses", "expert_copies"))
+    return {"seconds_per_token": seconds, "tokens_per_second": 1.0 / seconds,
+            **{f"{stage}_seconds": timing[stage] for stage in STAGES}, "host_other_seconds": timing["host"],
+            "expert_hit_rate": hits / max(hits + misses, 1), "expert_copies_per_token": copies / tokens}
+
+
+def run_modes(model: Any, modes: list[Mode], prompt_tokens: int, tokens: int, context: int | None, kv: KV,
+              rng: np.random.Generator, kv_streaming: bool = False,
+              defer_experts: int = 0) -> dict[str, dict[str, float]]:
+    """decode() on a fresh session (Model.session) of each mode in turn, KV in format `kv`, streamed or not,
+    `defer_experts` deferred (one session in VRAM at a time)."""
+    g = model.info.geometry
+    prompt = prompt_ids(g, prompt_tokens, rng)
+    if context is None:
+        context = min(g.context_length, prompt_tokens + tokens + 1)
+    results = {}
+    for mode in modes:
+        with model.session(context, kv=kv, mode=mode, kv_streaming=kv_streaming,
+                           defer_experts=defer_experts) as session:
+            results[mode.value] = decode(session, prompt, tokens)
+    return results

@@ -1,0 +1,49 @@
+"""The human-readable lines of a model bench (strata.bench.run) and of its expert cache sweep."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+MS = 1e3
+
+
+def report(result: Mapping[str, Any]) -> list[str]:
+    """The lines of a bench result (see strata.bench.run.run)."""
+    limit = result["limit"]
+    limit_s = limit["seconds"]
+    lines = [f"model {result['model']}: {result['arch']}, {result['n_layer']} layers; prompt {result['prompt_tokens']} "
+             f"tokens, {result['tokens']} decoded greedily; kv {result['kv']}"
+             f"{' streamed' if result.get('kv_streaming') else ''}; defer experts {result.get('defer_experts', 0)}",
+             f"machine limit {1 / limit_s:8.1f} tok/s = {limit_s * MS:.3f} ms/token:",
+             f"  routed experts  {limit['routed_bytes'] / 1e9:7.3f} GB/token at host read "
+             f"{limit['read_bandwidth'] / 1e9:.1f} GB/s (CPU pool, measured here) = "
+             f"{limit['routed_seconds'] * MS:.3f} ms",
+             f"  dense weights   {limit['dense_bytes'] / 1e9:7.3f} GB/token at HBM "
+             f"{limit['hbm_copy_rate'] / 1e12:.1f} TB/s (measured device copy, measured here) = "
+             f"{limit['dense_seconds'] * MS:.3f} ms",
+             f"  doorbells       {limit['ringing_layers']} ringing layers x "
+             f"{limit['doorbell_round_trip'] * 1e6:.1f} us (round trip measured here) = "
+             f"{limit['doorbell_seconds'] * MS:.3f} ms",
+             f"  {result['expert_cache']} (of the dense bytes, {limit['cached_bytes'] / 1e9:.3f} GB/token)",
+             f"{'mode':13s} {'tok/s':>8s} {'ms/tok':>8s} {'ring wait':>10s} {'pool':>8s} {'gpu pre':>8s} "
+             f"{'gpu post':>8s} {'host/other':>10s} {'of limit':>8s} {'hits':>6s}"]
+    for mode, m in result["modes"].items():
+        lines.append(f"{mode:13s} {m['tokens_per_second']:8.2f} {m['seconds_per_token'] * MS:8.3f} "
+                     f"{m['ring_wait_seconds'] * MS:10.3f} {m['pool_seconds'] * MS:8.3f} "
+                     f"{m['gpu_pre_seconds'] * MS:8.3f} {m['gpu_post_seconds'] * MS:8.3f} "
+                     f"{m['host_other_seconds'] * MS:10.3f} {m['fraction_of_limit']:8.1%} {m['expert_hit_rate']:6.1%}")
+    lines.append("(breakdown columns in ms per token; gpu pre/post only in mode uncaptured)")
+    return lines
+
+
+def sweep_report(results: list[Mapping[str, Any]], policy: str) -> list[str]:
+    """The summary lines of an expert cache sweep (see strata.bench.run.cache_sweep): a line per share and mode."""
+    lines = [f"{'cached':>7s} {'slots':>6s} {'mode':13s} {'tok/s':>8s} {'hits':>6s} {'copies':>7s} "
+             f"{'limit tok/s':>11s} {'of limit':>8s}   (policy {policy})"]
+    for r in results:
+        for mode, m in r["modes"].items():
+            lines.append(f"{r['share']:7.0%} {r['cache_slots'][0]:6d} {mode:13s} {m['tokens_per_second']:8.2f} "
+                         f"{m['expert_hit_rate']:6.1%} {m['expert_copies_per_token']:7.2f} "
+                         f"{1 / r['limit']['seconds']:11.1f} {m['fraction_of_limit']:8.1%}")
+    return lines
