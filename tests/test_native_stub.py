@@ -44,7 +44,7 @@ def public_names() -> set[str]:
         obj = getattr(_native, name)
         if name.startswith("_"):
             continue
-        if getattr(obj, "__module__", None) == _native.__name__ or isinstance(obj, (int, float, str)):
+        if getattr(obj, "__module__", None) == _native.__name__ or isinstance(obj, (int, float, str, tuple)):
             names.add(name)
     return names
 
@@ -96,3 +96,4 @@ def test_the_binding_mirrors_the_cores_headers():
         assert f'include "binding/{relative.as_posix()}"' in (PACKAGE / extension).read_text(), pxi
     top_level = {p.name for p in PACKAGE.iterdir() if p.suffix in (".pyx", ".pxd", ".pxi", ".pyi", ".hpp")}
     assert top_level == {"_native.pyx", "_native.pxd", "_native.pyi", "_native_check.pyx"}
+

@@ -10,6 +10,7 @@ from strata.options import KV, Mode
 
 KV_PAGE_TOKENS: int
 MAX_SNAPSHOTS: int
+GEOMETRY_FIELDS: tuple[str, ...]
 
 def device_count() -> int: ...
 def device_info(index: int) -> dict[str, Any]: ...
