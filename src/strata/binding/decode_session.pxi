@@ -195,17 +195,9 @@ cdef class DecodeSession:
         return self.native().captured()
 
     def stats(self) -> dict:
+        """The session's sums since construction or reset: every field of strata::DecodeStats, by its C++ name."""
         cdef DecodeStats st = self.native().stats()
-        return {"tokens": st.tokens, "seconds": st.seconds, "ring_wait_seconds": st.ring_wait_seconds,
-                "pool_seconds": st.pool_seconds, "rings": st.rings, "gpu_pre_seconds": st.gpu_pre_seconds,
-                "gpu_post_seconds": st.gpu_post_seconds, "expert_hits": list(st.expert_hits),
-                "expert_misses": list(st.expert_misses), "expert_copies": list(st.expert_copies),
-                "expert_copy_bytes": st.expert_copy_bytes, "prompt_tokens": st.prompt_tokens,
-                "prompt_chunks": st.prompt_chunks, "prompt_seconds": st.prompt_seconds,
-                "prompt_staged_experts": st.prompt_staged_experts,
-                "prompt_cached_experts": st.prompt_cached_experts, "prompt_pooled_experts": st.prompt_pooled_experts,
-                "prompt_staged_bytes": st.prompt_staged_bytes, "kv_stream_bytes": st.kv_stream_bytes,
-                "ple_seconds": st.ple_seconds}
+        return st
 
     def close(self) -> None:
         with nogil:

@@ -40,7 +40,8 @@ cdef extern from "strata/decode_session.hpp" nogil:
         float repeat_penalty
         int top_k
 
-    cdef cppclass DecodeStats "strata::DecodeStats":
+    # A struct, so Cython converts it to a dict keyed by the C++ field names.
+    cdef struct DecodeStats "strata::DecodeStats":
         long tokens
         double seconds, ring_wait_seconds, pool_seconds
         long rings
