@@ -2,7 +2,7 @@
 # (strata/decode_session.hpp).
 from strata.libstrata.decode_session cimport (
     DecodeOptions, DecodeStats, SamplingValues, TokenLogprobs, cpp_decode_scratch_bytes,
-    cpp_prompt_scratch_bytes, cpp_sampler_workspace_bytes,
+    cpp_prompt_prefetch_rows, cpp_prompt_scratch_bytes, cpp_sampler_workspace_bytes,
 )
 
 _DECODE_MODES = {Mode.UNCAPTURED: DecodeMode.kUncaptured, Mode.LAYER_GRAPHS: DecodeMode.kLayerGraphs,
@@ -11,6 +11,12 @@ _DECODE_MODES = {Mode.UNCAPTURED: DecodeMode.kUncaptured, Mode.LAYER_GRAPHS: Dec
 
 cdef DecodeMode decode_mode(object mode) except *:
     return _DECODE_MODES[Mode.parse(mode)]
+
+
+def prompt_prefetch_rows(dict geometry) -> int:
+    """The prompt path's rows rule (strata/decode_session.hpp): a chunk of at least this many routed rows copies
+    whole layers ahead; a smaller one may give the CPU pool a share, which needs a pool of this many max_rows."""
+    return cpp_prompt_prefetch_rows(model_geometry(geometry))
 
 
 def decode_scratch_bytes(dict geometry, int context, size_t sampler_bytes) -> int:

@@ -54,6 +54,7 @@ cdef extern from "strata/decode_session.hpp" nogil:
         long kv_stream_bytes
         double ple_seconds
 
+    int cpp_prompt_prefetch_rows "strata::prompt_prefetch_rows"(const ModelGeometry& geometry)
     size_t cpp_decode_scratch_bytes "strata::decode_scratch_bytes"(
         const ModelGeometry& geometry, int context, size_t sampler_bytes) except +raise_strata_error
     size_t cpp_prompt_scratch_bytes "strata::prompt_scratch_bytes"(

@@ -21,3 +21,11 @@ def native_geometry(g: Geometry) -> dict[str, Any]:
     }
     return {name: core_form[name] if name in core_form else getattr(g, name) for name in _native.GEOMETRY_FIELDS}
 
+
+def prompt_prefetch_rows(g: Geometry) -> int:
+    """The native prompt path's rows rule for g (strata::prompt_prefetch_rows): a chunk of at least this many
+    routed rows copies whole layers ahead; a smaller one may give the CPU pool a share, which needs a pool of
+    this many max_rows."""
+    from strata import _native  # the extension is optional for `import strata`; the rule is the core's
+
+    return _native.prompt_prefetch_rows(native_geometry(g))
