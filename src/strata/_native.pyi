@@ -8,6 +8,7 @@ import numpy.typing as npt
 
 from strata.options import KV, Mode
 
+# The core's limits and field names (binding/session_layout.pxi, logprobs.pxi, geometry.pxi)
 KV_PAGE_TOKENS: int
 MAX_SNAPSHOTS: int
 MAX_LOGPROBS: int
@@ -19,7 +20,7 @@ def driver_version() -> int: ...
 def runtime_version() -> int: ...
 def self_test(device: int) -> float: ...
 
-# CPU expert pool (binding/expert_pool.pxi, cpu_topology.pxi)
+# The CPU expert pool (binding/expert_pool.pxi, cpu_topology.pxi)
 def cpu_isa_support() -> dict[str, bool]: ...
 def cpu_physical_cores() -> list[tuple[tuple[int, ...], int]]: ...
 
@@ -60,7 +61,8 @@ class DeviceWeights:
     @property
     def nbytes(self) -> int: ...
 
-# Geometry, session layout, decode session (binding/geometry.pxi ... decode_session.pxi)
+# The session's headers (binding/<header>.pxi): geometry, kv_format, session_layout, expert_policy, expert_cache,
+# expert_staging, logprobs, decode_session
 def session_layout(geometry: dict[str, Any], context: int, kv: KV | str, snapshots: int = 0,
                    kv_streaming: bool = False) -> dict[str, Any]: ...
 def prompt_prefetch_rows(geometry: dict[str, Any]) -> int: ...
