@@ -44,7 +44,7 @@ def public_names() -> set[str]:
         obj = getattr(_native, name)
         if name.startswith("_"):
             continue
-        if getattr(obj, "__module__", None) == _native.__name__ or isinstance(obj, (int, float, str)):
+        if getattr(obj, "__module__", None) == _native.__name__ or isinstance(obj, (int, float, str, tuple)):
             names.add(name)
     return names
 
@@ -96,3 +96,16 @@ def test_the_binding_mirrors_the_cores_headers():
         assert f'include "binding/{relative.as_posix()}"' in (PACKAGE / extension).read_text(), pxi
     top_level = {p.name for p in PACKAGE.iterdir() if p.suffix in (".pyx", ".pxd", ".pxi", ".pyi", ".hpp")}
     assert top_level == {"_native.pyx", "_native.pxd", "_native.pyi", "_native_check.pyx"}
+
+
+def test_the_limits_python_states_are_the_cores():
+    """generation sits below the extension (docs/layout.md), so its logprobs limit is its own statement; the
+    server takes generation's, and both must be the session's."""
+    from strata import generation
+    from strata.models import released
+    from strata.runtime.geometry import native_geometry, prompt_prefetch_rows
+    from strata.server import requests
+
+    assert generation.MAX_LOGPROBS == requests.MAX_LOGPROBS == _native.MAX_LOGPROBS
+    g = released("qwen4exp")
+    assert prompt_prefetch_rows(g) == _native.prompt_prefetch_rows(native_geometry(g)) == 2 * g.n_expert

@@ -1,6 +1,7 @@
 """The memory plan: sizes from first principles, canonical bytes equal to real repacks, clear refusals."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -129,6 +130,33 @@ def test_the_session_arena_layout_is_aligned_disjoint_and_per_layer_kind():
     with pytest.raises(strata.InvalidArgument, match="model geometry: missing hc_rank; unknown hc_ranks"):
         _native.session_layout({**{k: v for k, v in native_geometry(g).items() if k != "hc_rank"}, "hc_ranks": 1},
                                16, "int8")
+
+
+@pytest.mark.parametrize("arch", ["qwen4exp", "qwen3next", "qwen35moe"])
+def test_the_native_geometry_is_the_models_geometry_under_the_cores_field_names(arch):
+    from strata import _native
+
+    g = released(arch)
+    n = native_geometry(g)
+    assert tuple(n) == _native.GEOMETRY_FIELDS
+    core_form = {"compress_ratios", "ple_layer", "ple_n_heads"}  # what the core holds in its own form
+    assert {name: n[name] for name in n.keys() - core_form} == {name: getattr(g, name) for name in n.keys() - core_form}
+    assert n["ple_layer"] == (g.ple_layers[0] if g.ple_layers else -1)
+    assert n["ple_n_heads"] == (g.ple.n_heads if g.ple else 0)
+    assert n["compress_ratios"] == ([g.qsa_ratio(layer) for layer in range(g.n_layer)] if g.qsa_block else [])
+
+
+@pytest.mark.parametrize(("field", "value", "expected"), [
+    ("n_layer", "48", "int"), ("rms_eps", "1e-6", "float"), ("recurrent", 3, "list"),
+    ("compress_ratios", [4, None], "list"), ("n_embd", 1 << 40, "int"),
+])
+def test_a_geometry_field_that_does_not_convert_is_named(field, value, expected):
+    from strata import _native
+
+    geometry = {**native_geometry(released("qwen4exp")), field: value}
+    message = f"model geometry: {field}: {expected} expected, got {value!r}"
+    with pytest.raises(strata.InvalidArgument, match=re.escape(message)):
+        _native.session_layout(geometry, 16, "int8")
 
 
 @pytest.mark.parametrize("kv", list(KV))

@@ -75,6 +75,12 @@ struct DecodeStats {
   double ple_seconds = 0.0;  // the session's own PLE gather (step and feed): the host hashing and reading rows
 };
 
+// The prompt path's rows rule: a chunk of at least this many routed rows (tokens * n_expert_used) copies whole
+// layers ahead, since it touches most of a layer's experts (twice the experts: 1 - e^-2 = 86 % of them for
+// uniform routing); a smaller one may give the CPU pool a share, which needs the pool to take this many rows
+// (cpu::PoolOptions::max_rows).
+inline int prompt_prefetch_rows(const ModelGeometry& g) { return 2 * g.n_expert; }
+
 // Device bytes of a decode session's scratch for `context` tokens of KV (rounded up to whole pages, as the
 // session's arena rounds them): its per-token buffers, the RoPE tables and the sampler's `sampler_bytes`
 // (sampler_workspace_bytes). The memory plan counts this; the session allocates exactly this.

@@ -6,9 +6,11 @@
 
 #include <cuda_runtime.h>
 
+#include "strata/logprobs.hpp"
+
 namespace strata::kernels {
 
-constexpr int kMaxLogprobs = 20;
+using strata::kMaxLogprobs;
 
 struct Logprobs {
   double token = 0.0;              // log p(token)

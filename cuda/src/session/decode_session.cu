@@ -195,7 +195,7 @@ struct DecodeSession::Impl {
   // against the staging's PCIe rate, both measured (0: no CPU share, or a pool without the rows for it).
   double cpu_share(cpu::ExpertPool& pool, const ExpertStaging* staging) const {
     if (!options.prompt_cpu || !staging || staging->copy_rate() <= 0.0 ||
-        pool.max_rows() < 2 * g.n_expert) {
+        pool.max_rows() < prompt_prefetch_rows(g)) {
       return 0.0;
     }
     const double host = pool.read_bandwidth(std::int64_t{1} << 28, 2);

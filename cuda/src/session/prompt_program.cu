@@ -31,10 +31,12 @@ constexpr int kMaxChunk = 8192;
 // 64 MB of scratch, and the head's product reads its tile of the weight once per block.
 constexpr int kLogitRows = 64;
 
-// A chunk touches most of a layer's experts once its routed rows are twice the experts (1 - e^-2 = 86 % of them
-// for uniform routing): then copying the whole next layer ahead, beside this one's work, beats waiting for its
-// routing to copy only what it touches.
-bool prefetches_layers(const ModelGeometry& g, int rows) { return rows * g.n_expert_used >= 2 * g.n_expert; }
+// A chunk touches most of a layer's experts once its routed rows reach prompt_prefetch_rows (decode_session.hpp):
+// then copying the whole next layer ahead, beside this one's work, beats waiting for its routing to copy only
+// what it touches.
+bool prefetches_layers(const ModelGeometry& g, int rows) {
+  return rows * g.n_expert_used >= prompt_prefetch_rows(g);
+}
 
 // The pinned block the host stages a chunk in, as byte offsets: tokens then positions (one copy up), the
 // routed ids (down), the route arrays (up), the PLE rows (up).
@@ -180,8 +182,8 @@ PromptProgram::PromptProgram(const DecodeProgram& decode, const ModelGeometry& g
       host_((check_chunk(chunk), host_layout(g, chunk).total)),
       pool_(cpu_share > 0.0 && cpu_share < 1.0 ? pool : nullptr),
       cpu_share_(cpu_share),
-      // The chunks the CPU serves are those below prefetches_layers: fewer than 2 * n_expert routed rows.
-      cpu_rows_max_(pool_ ? std::min(2 * g.n_expert, chunk * g.n_expert_used) : 0),
+      // The chunks the CPU serves are those below prefetches_layers: fewer than prompt_prefetch_rows routed rows.
+      cpu_rows_max_(pool_ ? std::min(prompt_prefetch_rows(g), chunk * g.n_expert_used) : 0),
       cpu_io_(sizeof(float) * std::max<std::size_t>(1, static_cast<std::size_t>(g.n_embd) *
                                                       (std::min(chunk, cpu_rows_max_) + 2 * cpu_rows_max_))),
       prefetched_buffer_(g.n_layer, -1),

@@ -2,7 +2,7 @@
 # (strata/decode_session.hpp).
 from strata.libstrata.decode_session cimport (
     DecodeOptions, DecodeStats, SamplingValues, TokenLogprobs, cpp_decode_scratch_bytes,
-    cpp_prompt_scratch_bytes, cpp_sampler_workspace_bytes,
+    cpp_prompt_prefetch_rows, cpp_prompt_scratch_bytes, cpp_sampler_workspace_bytes,
 )
 
 _DECODE_MODES = {Mode.UNCAPTURED: DecodeMode.kUncaptured, Mode.LAYER_GRAPHS: DecodeMode.kLayerGraphs,
@@ -11,6 +11,12 @@ _DECODE_MODES = {Mode.UNCAPTURED: DecodeMode.kUncaptured, Mode.LAYER_GRAPHS: Dec
 
 cdef DecodeMode decode_mode(object mode) except *:
     return _DECODE_MODES[Mode.parse(mode)]
+
+
+def prompt_prefetch_rows(dict geometry) -> int:
+    """The prompt path's rows rule (strata/decode_session.hpp): a chunk of at least this many routed rows copies
+    whole layers ahead; a smaller one may give the CPU pool a share, which needs a pool of this many max_rows."""
+    return cpp_prompt_prefetch_rows(model_geometry(geometry))
 
 
 def decode_scratch_bytes(dict geometry, int context, size_t sampler_bytes) -> int:
@@ -195,17 +201,9 @@ cdef class DecodeSession:
         return self.native().captured()
 
     def stats(self) -> dict:
+        """The session's sums since construction or reset: every field of strata::DecodeStats, by its C++ name."""
         cdef DecodeStats st = self.native().stats()
-        return {"tokens": st.tokens, "seconds": st.seconds, "ring_wait_seconds": st.ring_wait_seconds,
-                "pool_seconds": st.pool_seconds, "rings": st.rings, "gpu_pre_seconds": st.gpu_pre_seconds,
-                "gpu_post_seconds": st.gpu_post_seconds, "expert_hits": list(st.expert_hits),
-                "expert_misses": list(st.expert_misses), "expert_copies": list(st.expert_copies),
-                "expert_copy_bytes": st.expert_copy_bytes, "prompt_tokens": st.prompt_tokens,
-                "prompt_chunks": st.prompt_chunks, "prompt_seconds": st.prompt_seconds,
-                "prompt_staged_experts": st.prompt_staged_experts,
-                "prompt_cached_experts": st.prompt_cached_experts, "prompt_pooled_experts": st.prompt_pooled_experts,
-                "prompt_staged_bytes": st.prompt_staged_bytes, "kv_stream_bytes": st.kv_stream_bytes,
-                "ple_seconds": st.ple_seconds}
+        return st
 
     def close(self) -> None:
         with nogil:

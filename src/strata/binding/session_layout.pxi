@@ -1,6 +1,6 @@
 # The session's arena layout (strata/session_layout.hpp): the memory plan reads it.
 from strata.libstrata.session_layout cimport (
-    LayoutRegion, Place, SessionLayout, cpp_plan_session, kKvPageTokens, kMaxSnapshots,
+    Place, SessionLayout, cpp_plan_session, kKvPageTokens, kMaxSnapshots,
 )
 
 KV_PAGE_TOKENS = kKvPageTokens  # tokens per KV page: sessions hold whole pages

@@ -40,7 +40,8 @@ cdef extern from "strata/decode_session.hpp" nogil:
         float repeat_penalty
         int top_k
 
-    cdef cppclass DecodeStats "strata::DecodeStats":
+    # A struct, so Cython converts it to a dict keyed by the C++ field names.
+    cdef struct DecodeStats "strata::DecodeStats":
         long tokens
         double seconds, ring_wait_seconds, pool_seconds
         long rings
@@ -53,6 +54,7 @@ cdef extern from "strata/decode_session.hpp" nogil:
         long kv_stream_bytes
         double ple_seconds
 
+    int cpp_prompt_prefetch_rows "strata::prompt_prefetch_rows"(const ModelGeometry& geometry)
     size_t cpp_decode_scratch_bytes "strata::decode_scratch_bytes"(
         const ModelGeometry& geometry, int context, size_t sampler_bytes) except +raise_strata_error
     size_t cpp_prompt_scratch_bytes "strata::prompt_scratch_bytes"(

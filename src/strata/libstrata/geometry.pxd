@@ -1,10 +1,11 @@
-# Declarations of the model geometry the core reads (cuda/include/strata/geometry.hpp).
+# Declarations of the model geometry the core reads (cuda/include/strata/geometry.hpp). A struct, so Cython
+# converts it from a dict of its fields and to one: the field names here are the C++ names.
 from libcpp cimport bool as cbool
 from libcpp.vector cimport vector
 
 
 cdef extern from "strata/geometry.hpp" nogil:
-    cdef cppclass ModelGeometry "strata::ModelGeometry":
+    cdef struct ModelGeometry "strata::ModelGeometry":
         int n_layer, n_embd, n_vocab
         vector[cbool] recurrent
         int n_head, n_head_kv, head_dim, rope_dim

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-MAX_LOGPROBS = 20
+from strata.generation import MAX_LOGPROBS
 
 
 class BadRequest(Exception):
