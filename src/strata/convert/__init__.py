@@ -19,7 +19,7 @@ from strata.convert import tokenizer_meta
 from strata.convert.encode import encode, out_type, tensor_type
 from strata.convert.file_type import file_type_metadata
 from strata.convert.gguf_stream import GGUFStream
-from strata.convert.hf_config import geometry_fields, load_text_config, unread_metadata
+from strata.convert.hf_config import converter_metadata, geometry_fields, load_text_config
 from strata.convert.naming import general_metadata
 from strata.convert.safetensors_reader import Checkpoint
 from strata.convert.tensor_map import HFSource, tensor_source
@@ -74,7 +74,7 @@ def convert(hf_dir: str | Path, out_path: str | Path, outtype: str = "f32",
         vocab = tokenizer_meta.from_hf_dir(arch, hf_dir, g.n_vocab, cfg) or tokenizer_meta.byte_level(
             g.n_vocab, eos[-1] if isinstance(eos, list) else eos)
         # the keys of llama.cpp's converter, in its order: general, architecture, encoding, tokenizer
-        kv = [*general_metadata(hf_dir, arch, plan), *models.metadata_for(g), *unread_metadata(arch, cfg),
+        kv = [*general_metadata(hf_dir, arch, plan), *models.metadata_for(g), *converter_metadata(arch, cfg),
               *file_type_metadata((ne, t) for _, ne, t in plan), *vocab]
         src = HFSource(ckpt, g)
         with GGUFStream(out_path, arch, kv, plan, progress) as out:
