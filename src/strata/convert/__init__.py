@@ -57,10 +57,11 @@ def _write_tensor(out: GGUFStream, name: str, pieces: Iterator[np.ndarray]) -> N
 
 
 def convert(hf_dir: str | Path, out_path: str | Path, outtype: str = "f32",
-            progress: Callable[[int, int], None] | None = None) -> Path:
+            progress: Callable[[int, int], None] | None = None, overwrite: bool = False) -> Path:
     """Convert a transformers checkpoint directory to a GGUF at `out_path`; returns the path.
 
     outtype is one of f32, f16, bf16, q8_0 (norms, router and conv weights stay F32, as llama.cpp does).
+    `out_path` must not exist, or be a regular file and `overwrite`; a symbolic link, FIFO or device is refused.
     """
     hf_dir, out_path = Path(hf_dir), Path(out_path)
     otype = out_type(outtype)
@@ -77,7 +78,7 @@ def convert(hf_dir: str | Path, out_path: str | Path, outtype: str = "f32",
         kv = [*general_metadata(hf_dir, arch, plan), *models.metadata_for(g), *converter_metadata(arch, cfg),
               *file_type_metadata((ne, t) for _, ne, t in plan), *vocab]
         src = HFSource(ckpt, g)
-        with GGUFStream(out_path, arch, kv, plan, progress) as out:
+        with GGUFStream(out_path, arch, kv, plan, progress, overwrite) as out:
             for s in specs:
                 _write_tensor(out, s.name, tensor_source(src, s.name))
     finally:
