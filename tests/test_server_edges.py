@@ -6,7 +6,6 @@ chat template given on the command line or a warning when there is none."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -246,8 +245,20 @@ def test_a_fault_of_the_model_is_a_server_error_streamed_or_not(tok):
             events = [line[6:] for line in response.read().decode().splitlines() if line.startswith("data: ")]
         assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["type"] == "server_error"
         assert "choices" in json.loads(events[0])
-        status, metrics = 0, urllib.request.urlopen(url.removesuffix("/v1") + "/metrics", timeout=10).read()
+        with urllib.request.urlopen(url.removesuffix("/v1") + "/metrics", timeout=10) as response:
+            metrics = response.read()
         assert b'strata_requests_total{endpoint="/v1/chat/completions",status="500"} 3' in metrics
+
+
+def test_arguments_the_session_refuses_stay_a_client_error_streamed_or_not(tok):
+    """An engine without log-probabilities refuses logprobs before it computes anything: 400, not 500."""
+    server = Server([echo_session(tok, CONTEXT)], "echo")
+    with serving(server) as url, client(url) as api:
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as refused:
+                api.chat.completions.create(model="echo", messages=HELLO, logprobs=True, stream=stream)
+            assert "log-probabilities" in refused.value.body["message"]
+        assert api.chat.completions.create(model="echo", messages=HELLO).choices[0].message.content == "hello"
 
 
 # ----------------------------------------------------------------------------------------- `strata serve`
