@@ -133,6 +133,7 @@ class Server:
             return self._refuse(endpoint, BadRequest(str(error), code="rate_limit_exceeded", status=429))
         run = Run(session, call, ids, self.executor)
         head = self._head(call)
+        watcher = asyncio.create_task(self._watch(request, run))
         if call.stream:
             pieces = run.pieces()
             try:  # the prompt runs before the first event: a request or model that fails there gets its status
@@ -140,9 +141,10 @@ class Server:
             except (Refused, StrataError) as error:
                 await self._let_go(run, lease)
                 return self._refuse(endpoint, self._failure(error))
+            finally:
+                watcher.cancel()  # from here the streaming response notices a client that hangs up
             return StreamingResponse(self._events(run, lease, head, endpoint, pieces, first),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        watcher = asyncio.create_task(self._watch(request, run))
         try:
             pieces = [piece async for piece in run.pieces()]
         except (Refused, StrataError) as error:
@@ -177,7 +179,7 @@ class Server:
             if call.include_usage:
                 yield self._data({**head, "choices": [], "usage": self._usage(run.stats)})
             status = 200
-        except StrataError as error:  # the model failed after the answer began: the status is sent, the error is not
+        except StrataError as error:  # the model failed after the answer began, its 200 sent: the last event says so
             status = 500
             yield self._data(self._failure(error).body())
         finally:
@@ -206,7 +208,8 @@ class Server:
 
     @staticmethod
     async def _watch(request: Request, run: Run) -> None:
-        """A client that hangs up on a whole (not streamed) answer cancels it at the next token boundary."""
+        """A client that hangs up on a whole answer, or before a stream's first event, cancels it at the next token
+        boundary."""
         while not await request.is_disconnected():
             await asyncio.sleep(DISCONNECT_POLL_SECONDS)
         run.cancelled.set()
