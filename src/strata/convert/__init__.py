@@ -75,7 +75,7 @@ def convert(hf_dir: str | Path, out_path: str | Path, outtype: str = "f32",
         vocab = tokenizer_meta.from_hf_dir(arch, hf_dir, g.n_vocab, cfg) or tokenizer_meta.byte_level(
             g.n_vocab, eos[-1] if isinstance(eos, list) else eos)
         # the keys of llama.cpp's converter, in its order: general, architecture, encoding, tokenizer
-        kv = [*general_metadata(hf_dir, arch, plan), *models.metadata_for(g), *converter_metadata(arch, cfg),
+        kv = [*general_metadata(hf_dir, arch, plan), *models.metadata_for(g), *converter_metadata(arch, cfg, g),
               *file_type_metadata((ne, t) for _, ne, t in plan), *vocab]
         src = HFSource(ckpt, g)
         with GGUFStream(out_path, arch, kv, plan, progress, overwrite) as out:
