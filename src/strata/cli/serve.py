@@ -21,7 +21,7 @@ def register(commands) -> None:
                               formatter_class=ShowDefaults)
     session_options.add_engine_arguments(sub)
     sub.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    sub.add_argument("--port", type=int, default=8000, help="port to listen on")
+    sub.add_argument("--port", type=int, default=8000, help="port to listen on (taken before the model loads)")
     sub.add_argument("--api-key", default=os.environ.get(API_KEY_VARIABLE),
                      help=f"require 'Authorization: Bearer KEY' on every request (default: ${API_KEY_VARIABLE}, "
                           "which keeps the key out of the process list; none: no key)")
