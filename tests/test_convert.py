@@ -259,6 +259,35 @@ def test_output_passes_strata_format_inspect(checkpoint, tmp_path):
         m.tokenizer()
 
 
+def test_qwen4exp_layer_types_are_written_per_layer_beside_the_interval(checkpoint, tmp_path):
+    """qwen4exp carries its layer types as {arch}.attention.recurrent_layers (one bool per block, what the
+    converter exporting them writes) as well as the interval; the other architectures the interval only."""
+    arch, hf_dir, _, seed, model = checkpoint
+    _, fields = _read(convert(hf_dir, tmp_path / "m.gguf"))
+    key = f"{arch}.attention.recurrent_layers"
+    assert f"{arch}.full_attention_interval" in fields
+    if arch != "qwen4exp":
+        assert key not in fields
+        return
+    assert value_type(fields[key]) == "array[bool]"
+    written = [bool(fields[key].parts[i][0]) for i in fields[key].data]
+    assert written == [t == "linear_attention" for t in model.config.layer_types], f"seed {seed}"
+
+
+def test_an_irregular_qwen4exp_layout_is_written_once_as_the_list(tmp_path, caplog):
+    from hf_models import CONFIGS, hf_model, save_and_convert
+
+    hidden, types = CONFIGS[0]  # attention on layers 2 and 4: no interval reproduces it
+    path = save_and_convert(hf_model("qwen4exp", hidden, types), tmp_path, "f32")
+    assert "Duplicated key" not in caplog.text  # gguf-py keeps the last of a key written twice, and says so
+    reader = gguf.GGUFReader(path)
+    names = [f.name for f in reader.fields.values()]
+    assert names.count("qwen4exp.attention.recurrent_layers") == 1
+    assert "qwen4exp.full_attention_interval" not in names
+    field = reader.fields["qwen4exp.attention.recurrent_layers"]
+    assert [bool(field.parts[i][0]) for i in field.data] == [t == "linear_attention" for t in types]
+
+
 def test_sharded_bf16_checkpoint_widens_exactly(tmp_path):
     """bf16 shards + index json: the F32 output equals the bf16 values widened (exact, no rounding)."""
     seed = int(np.random.default_rng().integers(2**31))

@@ -76,6 +76,10 @@ def raw(url: str, path: str, body: bytes | None, method: str = "POST", headers: 
     (b'{"messages": [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", '
      b'"arguments": "{not json"}}]}]}', "messages[0]", "invalid_value"),
     (b'{"messages": [{"role": "assistant", "content": "", "tool_calls": 7}]}', "messages[0]", "invalid_type"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"messages": []}}',
+     "chat_template_kwargs", "invalid_value"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"add_generation_prompt": false, '
+     b'"template": "x"}}', "chat_template_kwargs", "invalid_value"),
 ])
 def test_a_bad_chat_request_is_a_400_that_names_the_field(url, body, param, code):
     status, answer = raw(url, "/v1/chat/completions", body)

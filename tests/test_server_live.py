@@ -104,6 +104,25 @@ def test_a_continued_conversation_reuses_its_prefix(model):
         assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
 
 
+def test_interleaved_conversations_each_resume_on_their_own_session(model):
+    """Two conversations sharing a system prompt, one request at a time on two sessions: each turn after a
+    conversation's first resumes from what its session holds; neither evicts the other."""
+    system = {"role": "system", "content": "You are terse."}
+    conversations = {"a": [system], "b": [system]}
+    server = Server([model.session(CONTEXT), model.session(CONTEXT)], "tiny")
+    cached: dict[str, list[int]] = {"a": [], "b": []}
+    with serving(server) as url, client(url) as api:
+        for turn in range(3):
+            for name, messages in conversations.items():
+                messages.append({"role": "user", "content": f"{name} turn {turn}"})
+                answer = api.chat.completions.create(model="tiny", messages=messages, max_tokens=3, temperature=0)
+                messages.append({"role": "assistant", "content": answer.choices[0].message.content})
+                cached[name].append(answer.usage.prompt_tokens_details.cached_tokens)
+    for name, counts in cached.items():
+        assert counts[0] == 0 and all(c > 0 for c in counts[1:]), (name, counts)
+    assert all(session.tokens for session in server.pool.sessions)
+
+
 def test_sampling_seed_logprobs_and_usage(model, tok):
     server = Server([model.session(CONTEXT)], "tiny")
     with serving(server) as url, client(url) as api:

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TextIO
 
+from strata.cli import chat_template
 from strata.cli import session as session_options
 from strata.cli.help import ShowDefaults
 
@@ -29,6 +30,7 @@ def register(commands) -> None:
                      help="the chat template's enable_thinking (default: the template's own)")
     sub.add_argument("--template-option", action="append", default=[], metavar="KEY=JSON",
                      help="another value for the chat template, e.g. tools='[...]' (repeatable)")
+    chat_template.add_arguments(sub)
     sub.set_defaults(handler=handle)
 
 
@@ -63,7 +65,13 @@ def terminal_lines(prompt: str) -> Iterator[str]:
 
 
 def handle(args: argparse.Namespace) -> int:
+    from strata.errors import StrataError
+
+    template = chat_template.chosen(args)
     with session_options.opened(args) as session:
+        if not chat_template.install(template, [session]):
+            raise StrataError(f"{args.model} carries no chat template; give one with --chat-template (a built-in "
+                              "such as chatml, or Jinja text) or --chat-template-file")
         interactive = sys.stdin.isatty()
         lines = terminal_lines("> ") if interactive else sys.stdin
         converse(session, lines, sys.stdout, prompt="" if interactive else "> ", system=args.system,

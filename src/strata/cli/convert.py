@@ -11,7 +11,9 @@ def register(commands) -> None:
     sub = commands.add_parser("convert", help="a transformers checkpoint directory -> GGUF (llama.cpp layout)",
                               formatter_class=ShowDefaults)
     sub.add_argument("hf_dir", help="directory written by save_pretrained (config.json + *.safetensors)")
-    sub.add_argument("out", help="the .gguf file to write")
+    sub.add_argument("out", help="the .gguf file to write (a new name, or a regular file with --force; a "
+                                 "symbolic link, FIFO or device is refused)")
+    sub.add_argument("--force", action="store_true", help="replace the file at OUT if there is one")
     sub.add_argument("--outtype", default="f32", choices=["f32", "f16", "bf16", "q8_0"])
     sub.set_defaults(handler=handle)
 
@@ -20,5 +22,6 @@ def handle(args: argparse.Namespace) -> int:
     from strata.convert import convert
     from strata.progress import ByteProgress
 
-    print(convert(args.hf_dir, args.out, outtype=args.outtype, progress=ByteProgress("convert")))
+    print(convert(args.hf_dir, args.out, outtype=args.outtype, progress=ByteProgress("convert"),
+                  overwrite=args.force))
     return 0

@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from strata.cli import chat_template
 from strata.cli import session as session_options
 from strata.cli.help import ShowDefaults
 from strata.errors import InvalidArgument, StrataError
@@ -20,7 +21,7 @@ def register(commands) -> None:
                               formatter_class=ShowDefaults)
     session_options.add_engine_arguments(sub)
     sub.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    sub.add_argument("--port", type=int, default=8000, help="port to listen on")
+    sub.add_argument("--port", type=int, default=8000, help="port to listen on (taken before the model loads)")
     sub.add_argument("--api-key", default=os.environ.get(API_KEY_VARIABLE),
                      help=f"require 'Authorization: Bearer KEY' on every request (default: ${API_KEY_VARIABLE}, "
                           "which keeps the key out of the process list; none: no key)")
@@ -28,6 +29,9 @@ def register(commands) -> None:
                      help="conversations held at once, each with its own state (memory allowing)")
     sub.add_argument("--queue", type=int, default=16, help="requests that may wait; more are answered 429")
     sub.add_argument("--name", default=None, help="the model's name in /v1/models (default: the file's stem)")
+    sub.add_argument("--max-body", type=int, default=None, metavar="BYTES",
+                     help="request bodies larger are refused (413) unread (default: the server's, 8 MiB)")
+    chat_template.add_arguments(sub)
     sub.set_defaults(handler=handle)
 
 
@@ -37,23 +41,37 @@ def handle(args: argparse.Namespace) -> int:
     except ImportError:
         raise StrataError("the server needs its extra packages: pip install 'strata-moe[server]'") from None
     from strata.server import Server
+    from strata.server.background import listening
 
-    if args.sessions < 1 or args.queue < 0:
-        raise InvalidArgument(f"--sessions must be >= 1 and --queue >= 0, got {args.sessions} and {args.queue}")
-    with session_options.opened_model(args) as model:
-        sessions = []
-        try:
-            for _ in range(args.sessions):
-                sessions.append(session_options.new_session(model, args))
-            server = Server(sessions, args.name or Path(args.model).stem, api_key=args.api_key,
-                            max_waiting=args.queue)
-            print(f"strata serve: {args.model} on http://{args.host}:{args.port}/v1 ({args.engine} engine, "
-                  f"{args.sessions} session(s) of {sessions[0].engine.context} tokens)", file=sys.stderr)
+    if args.sessions < 1 or args.queue < 0 or (args.max_body is not None and args.max_body < 1):
+        raise InvalidArgument(f"--sessions and --max-body must be >= 1 and --queue >= 0, got {args.sessions}, "
+                              f"{args.max_body} and {args.queue}")
+    template = chat_template.chosen(args)
+    sock = listening(args.host, args.port)  # before the model loads: a busy port is said at once
+    try:
+        with session_options.opened_model(args) as model:
+            sessions = []
             try:
-                uvicorn.run(server.app(), host=args.host, port=args.port, log_level="warning")
+                for _ in range(args.sessions):
+                    sessions.append(session_options.new_session(model, args))
+                if not chat_template.install(template, sessions):
+                    print(f"strata serve: {args.model} carries no chat template: /v1/chat/completions answers 400 "
+                          "until one is given (--chat-template, --chat-template-file); /v1/completions works",
+                          file=sys.stderr)
+                limits = {} if args.max_body is None else {"max_body_bytes": args.max_body}
+                server = Server(sessions, args.name or Path(args.model).stem, api_key=args.api_key,
+                                max_waiting=args.queue, **limits)
+                print(f"strata serve: {args.model} on http://{args.host}:{args.port}/v1 ({args.engine} engine, "
+                      f"{args.sessions} session(s) of {sessions[0].engine.context} tokens)", file=sys.stderr)
+                try:
+                    uvicorn.Server(uvicorn.Config(server.app(), log_level="warning")).run(sockets=[sock])
+                except KeyboardInterrupt:
+                    pass  # uvicorn raises the Ctrl-C it stopped on again once it has shut down: the stop asked for
+                finally:
+                    server.close()
             finally:
-                server.close()
-        finally:
-            for session in sessions:
-                session.close()
+                for session in sessions:
+                    session.close()
+    finally:
+        sock.close()
     return 0

@@ -13,7 +13,9 @@ TENSOR_CLASSES = ("experts", "expert-down", "dense", "embeddings", "ple")
 def register(commands) -> None:
     sub = commands.add_parser("synth", help="a GGUF with well-formed random weights, of any geometry",
                               formatter_class=ShowDefaults)
-    sub.add_argument("out", help="the .gguf file to write")
+    sub.add_argument("out", help="the .gguf file to write (a new name, or a regular file with --force; a "
+                                 "symbolic link, FIFO or device is refused)")
+    sub.add_argument("--force", action="store_true", help="replace the file at OUT if there is one")
     sub.add_argument("--arch", default="qwen4exp", choices=list(ARCHITECTURES))
     sub.add_argument("--preset", default="tiny", choices=["tiny", "bench", "full"])
     sub.add_argument("--layers", type=int, default=None, help="layer count (default: the preset's)")
@@ -34,6 +36,6 @@ def handle(args: argparse.Namespace) -> int:
     if types:
         types = {**vars(default_types(args.preset)), **types}
     out = synthesize(args.out, args.arch, preset=args.preset, n_layer=args.layers, types=types or None,
-                     seed=args.seed, progress=ByteProgress("synth"), full_ple=args.full_ple)
+                     seed=args.seed, progress=ByteProgress("synth"), full_ple=args.full_ple, overwrite=args.force)
     print(out)
     return 0

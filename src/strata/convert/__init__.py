@@ -19,7 +19,7 @@ from strata.convert import tokenizer_meta
 from strata.convert.encode import encode, out_type, tensor_type
 from strata.convert.file_type import file_type_metadata
 from strata.convert.gguf_stream import GGUFStream
-from strata.convert.hf_config import geometry_fields, load_text_config, unread_metadata
+from strata.convert.hf_config import converter_metadata, geometry_fields, load_text_config
 from strata.convert.naming import general_metadata
 from strata.convert.safetensors_reader import Checkpoint
 from strata.convert.tensor_map import HFSource, tensor_source
@@ -57,10 +57,11 @@ def _write_tensor(out: GGUFStream, name: str, pieces: Iterator[np.ndarray]) -> N
 
 
 def convert(hf_dir: str | Path, out_path: str | Path, outtype: str = "f32",
-            progress: Callable[[int, int], None] | None = None) -> Path:
+            progress: Callable[[int, int], None] | None = None, overwrite: bool = False) -> Path:
     """Convert a transformers checkpoint directory to a GGUF at `out_path`; returns the path.
 
     outtype is one of f32, f16, bf16, q8_0 (norms, router and conv weights stay F32, as llama.cpp does).
+    `out_path` must not exist, or be a regular file and `overwrite`; a symbolic link, FIFO or device is refused.
     """
     hf_dir, out_path = Path(hf_dir), Path(out_path)
     otype = out_type(outtype)
@@ -74,10 +75,10 @@ def convert(hf_dir: str | Path, out_path: str | Path, outtype: str = "f32",
         vocab = tokenizer_meta.from_hf_dir(arch, hf_dir, g.n_vocab, cfg) or tokenizer_meta.byte_level(
             g.n_vocab, eos[-1] if isinstance(eos, list) else eos)
         # the keys of llama.cpp's converter, in its order: general, architecture, encoding, tokenizer
-        kv = [*general_metadata(hf_dir, arch, plan), *models.metadata_for(g), *unread_metadata(arch, cfg),
+        kv = [*general_metadata(hf_dir, arch, plan), *models.metadata_for(g), *converter_metadata(arch, cfg, g),
               *file_type_metadata((ne, t) for _, ne, t in plan), *vocab]
         src = HFSource(ckpt, g)
-        with GGUFStream(out_path, arch, kv, plan, progress) as out:
+        with GGUFStream(out_path, arch, kv, plan, progress, overwrite) as out:
             for s in specs:
                 _write_tensor(out, s.name, tensor_source(src, s.name))
     finally:

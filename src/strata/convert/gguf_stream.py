@@ -17,6 +17,7 @@ from typing import Any
 import gguf
 import numpy as np
 
+from strata.convert.output_path import EndingSignals, check_target
 from strata.errors import InvalidArgument
 
 Progress = Callable[[int, int], None]
@@ -53,21 +54,23 @@ def _add_metadata(writer: gguf.GGUFWriter, kv: Iterable[tuple[str, Any, gguf.GGU
 class GGUFStream:
     """An open GGUF file with its layout fixed; fill tensors with `write` (thread-safe), then leave the `with`
     block. The file is written under a temporary name beside `path` and renamed to it only when complete, so an
-    interrupted write never leaves a half-written model at `path`."""
+    interrupted write (an exception, Ctrl-C, SIGTERM, SIGHUP) never leaves a half-written model at `path`, nor
+    the temporary file. `path` must be free, or a regular file and `overwrite` (strata.convert.output_path)."""
 
     def __init__(self, path: str | Path, arch: str, kv: Iterable[tuple[str, Any, gguf.GGUFValueType]],
                  tensors: Sequence[tuple[str, Sequence[int], gguf.GGMLQuantizationType]],
-                 progress: Progress | None = None):
-        self.final = Path(path)
-        if self.final.is_dir():
-            raise InvalidArgument(f"{self.final} is a directory; name the .gguf file to write")
+                 progress: Progress | None = None, overwrite: bool = False):
+        self.final, self.overwrite = Path(path), overwrite
+        check_target(self.final, overwrite)
         self.path = self.final.with_name(f"{self.final.name}.partial-{os.getpid()}")
         self._fd = -1
+        self._signals = EndingSignals()
         try:
             self._lay_out(arch, kv, tensors)
-        except BaseException:
+        except BaseException as error:
             self.close()
             self.path.unlink(missing_ok=True)
+            self._signals.release(error)
             raise
         self._progress = progress
         self._done = 0
@@ -124,7 +127,10 @@ class GGUFStream:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close()
-        if exc_type is None:
-            os.replace(self.path, self.final)
-        else:
+        try:
+            if exc_type is None:
+                check_target(self.final, self.overwrite)  # the name may have been taken while writing
+                os.replace(self.path, self.final)
+        finally:
             self.path.unlink(missing_ok=True)  # never leave a half-written model behind
+            self._signals.release(exc)

@@ -1,8 +1,8 @@
 """From a transformers config.json (plus the PLE int64 buffers) to a strata Geometry.
 
 This is the converter's half of llama.cpp's `set_gguf_parameters`: which HF field feeds which
-hyperparameter. The GGUF keys themselves come from `strata.models.metadata_for`, but for the few that strata
-never reads (`unread_metadata`).
+hyperparameter. The GGUF keys themselves come from `strata.models.metadata_for`, but for the few that only the
+converter writes (`converter_metadata`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import gguf
 
 from strata.convert.safetensors_reader import Checkpoint
 from strata.errors import FormatError, InvalidArgument
-from strata.models import variant
-from strata.models.common import OUTPUT_GATES
+from strata.models import Geometry, variant
+from strata.models.common import OUTPUT_GATES, attention_interval
 
 # transformers model_type (outer or text) -> GGUF architecture
 MODEL_TYPES = {
@@ -168,15 +168,19 @@ def _qwen4exp_fields(cfg: dict[str, Any], ckpt: Checkpoint, fields: dict[str, An
     )
 
 
-def unread_metadata(arch: str, cfg: dict[str, Any]) -> list[tuple[str, Any, gguf.GGUFValueType]]:
-    """Keys llama.cpp's converter writes from config.json that strata's engines never read: the dense FFN size a
-    MoE config still carries (qwen3next), and qwen4exp's PLE stand-in for image placeholder tokens."""
+def converter_metadata(arch: str, cfg: dict[str, Any], g: Geometry) -> list[tuple[str, Any, gguf.GGUFValueType]]:
+    """Keys llama.cpp's converter writes from config.json beyond those of strata.models.metadata_for: the dense
+    FFN size a MoE config still carries (qwen3next) and qwen4exp's PLE stand-in for image placeholder tokens,
+    which strata's engines never read; and qwen4exp's layer types as a per-layer list beside the interval (the
+    list is read first; where no interval reproduces them, metadata_for writes the list alone)."""
     U32 = gguf.GGUFValueType.UINT32
     items = []
     if cfg.get("intermediate_size") is not None:
         items.append((f"{arch}.feed_forward_length", int(cfg["intermediate_size"]), U32))
     if arch == "qwen4exp" and cfg.get("ple_layer_ids") and cfg.get("image_token_id") is not None:
         items.append((f"{arch}.ple.image_token_id", int(cfg["image_token_id"]), U32))
+    if arch == "qwen4exp" and cfg.get("layer_types") is not None and attention_interval(g) is not None:
+        items.append((f"{arch}.attention.recurrent_layers", list(g.recurrent), gguf.GGUFValueType.BOOL))
     return items
 
 

@@ -12,7 +12,9 @@ from typing import Any
 
 import gguf
 
+from strata.chat_templates import CHATML_TEMPLATE
 from strata.errors import FormatError, InvalidArgument
+from strata.format.tokenizer import byte_chars
 
 KV = list[tuple[str, Any, gguf.GGUFValueType]]
 T = gguf.GGUFValueType
@@ -21,37 +23,6 @@ K = gguf.Keys.Tokenizer
 PRE_TOKENIZER = {"qwen3next": "qwen2", "qwen35moe": "qwen35", "qwen4exp": "qwen35"}
 EOS_TEXT = "<|endoftext|>"
 TURN_START, TURN_END = "<|im_start|>", "<|im_end|>"
-# ChatML, the turn format of the Qwen templates, for vocabularies made here; tools as the Qwen templates render
-# them (offered in the system turn, called in <tool_call> tags, answered in <tool_response> tags of a user turn).
-CHATML_TEMPLATE = (
-    "{% if tools %}<|im_start|>system\n"
-    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}"
-    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n<tools>\n"
-    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>\n\n"
-    "For each function call, return a json object with function name and arguments within <tool_call></tool_call>"
-    " XML tags.<|im_end|>\n{% endif %}"
-    "{% for m in messages %}"
-    "{% if m['role'] == 'system' and tools and loop.first %}"
-    "{% elif m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response><|im_end|>\n"
-    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
-    "{% for call in m['tool_calls'] or [] %}\n<tool_call>\n"
-    "{\"name\": \"{{ call['function']['name'] }}\", \"arguments\": {{ call['function']['arguments'] | tojson }}}"
-    "\n</tool_call>{% endfor %}<|im_end|>\n{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
-def _byte_chars() -> list[str]:
-    """GPT-2's byte -> printable character map, byte order (bytes that print as themselves keep their char)."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return [chars[b] for b in range(256)]
 
 
 def _kv(pre: str, tokens: list[str], types: list[int], merges: list[str], special: dict[str, int],
@@ -88,7 +59,7 @@ def byte_level(n_vocab: int, eos_id: int | None = None, chat: bool = False) -> K
     if not 0 <= eos < n_vocab:
         raise InvalidArgument(f"eos id {eos} is outside the vocabulary of {n_vocab}")
     types = [int(gguf.TokenType.NORMAL)] * n_vocab
-    tokens: list[str | None] = [*_byte_chars(), *([None] * (n_vocab - 256))]
+    tokens: list[str | None] = [*byte_chars(), *([None] * (n_vocab - 256))]
     special = {"bos": eos, "eos": eos}
     if eos >= 256:  # below 256 the id is a byte token and stays one
         tokens[eos] = EOS_TEXT
@@ -99,7 +70,7 @@ def byte_level(n_vocab: int, eos_id: int | None = None, chat: bool = False) -> K
             tokens[i], types[i] = text, int(gguf.TokenType.CONTROL)
         special["eot"] = sorted(free)[1]
     # Grow tokens breadth-first, each an existing token plus one byte: all distinct, every merge valid.
-    chars = _byte_chars()
+    chars = byte_chars()
     grown = ((left, c) for left in _grow_from(tokens) for c in chars)
     merges: list[str] = []
     for i in range(256, n_vocab):

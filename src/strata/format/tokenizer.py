@@ -74,6 +74,32 @@ class Tokenizer:
             raise FormatError(f"decode: token id {bad[0]} is outside the vocabulary 0..{len(self.tokens) - 1}")
         return self._hf.decode(list(ids), skip_special_tokens=False)
 
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes one token stands for, whole: a piece of a UTF-8 character stays the byte it is (its decoded
+        text would be U+FFFD), so two tokens never read alike. A control token is its text's UTF-8."""
+        if not 0 <= token < len(self.tokens):
+            raise FormatError(f"token id {token} is outside the vocabulary 0..{len(self.tokens) - 1}")
+        text = self.tokens[token]
+        if all(c in _BYTE_OF_CHAR for c in text):
+            return bytes(_BYTE_OF_CHAR[c] for c in text)
+        return text.encode()
+
+
+def byte_chars() -> list[str]:
+    """GPT-2's byte -> printable character map, byte order (bytes that print as themselves keep their char)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return [chars[b] for b in range(256)]
+
+
+_BYTE_OF_CHAR = {c: b for b, c in enumerate(byte_chars())}
+
 
 def _build(tokens: Sequence[str], merges: Sequence[str], types: Sequence[int] | None, pre: str) -> Any:
     from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers

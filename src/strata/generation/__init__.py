@@ -333,18 +333,25 @@ class Session:
         return Completion("".join(p.text for p in got), tuple(p.token for p in got), s.finish_reason,
                           Usage(s.prompt_tokens, s.generated_tokens, s.cached_tokens), tuple(got))
 
+    def resumable(self, prompt: Sequence[int]) -> int:
+        """How many leading ids of `prompt` (a whole sequence, as `stream` takes it) this session would not feed
+        again: what it holds of them, else its latest snapshot before they part (0: it would start over)."""
+        keep = min(common_prefix(self._history, prompt), len(prompt) - 1)
+        if keep < len(self._history):
+            best = self._snapshots.best(keep)
+            return 0 if best is None else best[1]
+        return keep
+
     def _reuse(self, target: list[int]) -> int:
         """Bring the engine to the longest prefix of `target` it can hold (at least one token short of it, so
         that feeding the rest yields the next token); returns that prefix's length."""
-        keep = min(common_prefix(self._history, target), len(target) - 1)
+        keep = self.resumable(target)
         if keep < len(self._history):
             best = self._snapshots.best(keep)
             if best is None:
                 self.engine.reset()
-                keep = 0
             else:
-                slot, keep = best
-                self.engine.restore(slot)
+                self.engine.restore(best[0])
             del self._history[keep:]
             self._snapshots.forget_after(keep)
         self._pending = []

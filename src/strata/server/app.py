@@ -23,14 +23,15 @@ from strata.errors import FormatError, InvalidArgument, StrataError
 from strata.generation import Piece, Session, Stats
 from strata.server.metrics import Metrics
 from strata.server.pool import QueueFull, SessionPool
-from strata.server.requests import BadRequest, Call, parse_chat, parse_completion
-from strata.server.runner import Run
+from strata.server.requests import BadRequest, Call, check_model, parse_chat, parse_completion
+from strata.server.runner import Refused, Run
 from strata.server.tools import ToolCallStream, split_tool_calls
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length", "interrupted": "stop",
           "cancelled": "stop", "error": "stop"}
 CLIENT_GONE = 499  # the status nginx logs for a client that closed the connection first
 DISCONNECT_POLL_SECONDS = 0.05
+MAX_BODY_BYTES = 8 << 20  # a request body larger is refused (413) before it is read whole
 
 
 def compute_thread(cpus: set[int] | None) -> ThreadPoolExecutor:
@@ -44,16 +45,25 @@ def compute_thread(cpus: set[int] | None) -> ThreadPoolExecutor:
 
 
 class Server:
-    """The routes over `sessions` (one request at a time on each) serving the model called `model_name`."""
+    """The routes over `sessions` (one request at a time on each) serving the model called `model_name`; request
+    bodies over `max_body_bytes` are refused unread."""
 
     def __init__(self, sessions: Sequence[Session], model_name: str, *, api_key: str | None = None,
-                 max_waiting: int = 16):
+                 max_waiting: int = 16, max_body_bytes: int = MAX_BODY_BYTES):
         if not sessions:
             raise InvalidArgument("the server needs at least one session")
+        if max_body_bytes < 1:
+            raise InvalidArgument(f"max_body_bytes must be >= 1, got {max_body_bytes}")
         self.pool = SessionPool(sessions, max_waiting)
-        self.model_name, self.api_key = model_name, api_key
+        self.model_name, self.api_key, self.max_body_bytes = model_name, api_key, max_body_bytes
         self.codec = sessions[0].codec
         self.context = sessions[0].engine.context
+        # A token stands for at most this many characters of text: a longer text cannot fit the context, which
+        # is known without tokenizing it.
+        tokens = getattr(self.codec, "tokens", None)
+        self.max_token_chars = max(map(len, tokens)) if tokens else None
+        token_bytes = getattr(self.codec, "token_bytes", None)
+        self.token_bytes = token_bytes or (lambda token: self.codec.decode([token]).encode())
         self.executor = compute_thread(os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None)
         self.metrics = Metrics()
         self.created = int(time.time())
@@ -66,6 +76,7 @@ class Server:
         routes = [Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
                   Route("/v1/completions", self.completions, methods=["POST"]),
                   Route("/v1/models", self.models, methods=["GET"]),
+                  Route("/v1/models/{model:path}", self.model, methods=["GET"]),
                   Route("/health", self.health, methods=["GET"]),
                   Route("/metrics", self.metrics_text, methods=["GET"])]
         return Starlette(routes=routes, exception_handlers={404: self._not_found, 405: self._not_allowed,
@@ -82,8 +93,19 @@ class Server:
     async def models(self, request: Request) -> Response:
         if (refused := self._refused(request)) is not None:
             return refused
-        return JSONResponse({"object": "list", "data": [{"id": self.model_name, "object": "model",
-                                                         "created": self.created, "owned_by": "strata"}]})
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: Request) -> Response:
+        if (refused := self._refused(request)) is not None:
+            return refused
+        try:
+            check_model({"model": request.path_params["model"]}, self.model_name)
+        except BadRequest as error:
+            return JSONResponse(error.body(), status_code=error.status)
+        return JSONResponse(self._model_card())
+
+    def _model_card(self) -> dict[str, Any]:
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "strata"}
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok", "sessions": len(self.pool.sessions), "busy": self.pool.busy,
@@ -99,87 +121,126 @@ class Server:
     async def _generate(self, request: Request, endpoint: str, parse) -> Response:
         try:
             self._authorize(request)
-            call = parse(await self._json(request))
-            ids = self._prompt_ids(call)
+            body = await self._body(request)
+            # parsing, rendering and tokenizing take time in proportion to the body: off the event loop, so that
+            # /health and the other streams go on meanwhile
+            call, ids = await anyio.to_thread.run_sync(self._prepare, body, parse)
             lease = self.pool.lease(ids)
             session = await lease.__aenter__()
         except BadRequest as error:
-            self.metrics.answered(endpoint, error.status)
-            return JSONResponse(error.body(), status_code=error.status, headers=self._headers(error))
+            return self._refuse(endpoint, error)
         except QueueFull as error:
-            self.metrics.answered(endpoint, 429)
-            return JSONResponse(BadRequest(str(error), code="rate_limit_exceeded", status=429).body(),
-                                status_code=429, headers={"Retry-After": "1"})
+            return self._refuse(endpoint, BadRequest(str(error), code="rate_limit_exceeded", status=429))
         run = Run(session, call, ids, self.executor)
-        ident = ("chatcmpl-" if call.kind == "chat" else "cmpl-") + uuid.uuid4().hex
-        if call.stream:
-            return StreamingResponse(self._events(run, lease, ident, endpoint), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+        head = self._head(call)
         watcher = asyncio.create_task(self._watch(request, run))
+        if call.stream:
+            pieces = run.pieces()
+            try:  # the prompt runs before the first event: a request or model that fails there gets its status
+                first = await anext(pieces, None)
+            except (Refused, StrataError) as error:
+                await self._let_go(run, lease)
+                return self._refuse(endpoint, self._failure(error))
+            finally:
+                watcher.cancel()  # from here the streaming response notices a client that hangs up
+            return StreamingResponse(self._events(run, lease, head, endpoint, pieces, first),
+                                     media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         try:
             pieces = [piece async for piece in run.pieces()]
-        except StrataError as error:
-            status = 400 if isinstance(error, (InvalidArgument, FormatError)) else 500
-            self.metrics.answered(endpoint, status)
-            return JSONResponse(BadRequest(str(error), status=status).body(), status_code=status)
+        except (Refused, StrataError) as error:
+            return self._refuse(endpoint, self._failure(error))
         finally:
             watcher.cancel()
-            with anyio.CancelScope(shield=True):
-                await run.finish()
-                await lease.__aexit__(None, None, None)
+            await self._let_go(run, lease)
         status = CLIENT_GONE if run.stats.finish_reason == "cancelled" else 200
         self.metrics.answered(endpoint, status, run.stats)
-        return JSONResponse(self._whole(call, ident, pieces, run.stats))
+        return JSONResponse(self._whole(call, head, pieces, run.stats))
 
-    async def _events(self, run: Run, lease, ident: str, endpoint: str) -> AsyncIterator[str]:
+    async def _events(self, run: Run, lease, head: dict[str, Any], endpoint: str, pieces: AsyncIterator[Piece],
+                      first: Piece | None) -> AsyncIterator[str]:
         call = run.call
         status = CLIENT_GONE  # until the last event is out
         tools = ToolCallStream() if call.kind == "chat" and call.tools else None
         try:
             if call.kind == "chat":
-                yield self._event(ident, call, {"role": "assistant", "content": ""})
-            async for piece in run.pieces():
+                yield self._event(head, call, {"role": "assistant", "content": ""})
+            async for piece in _chained(first, pieces):
                 text = tools.push(piece.text) if tools is not None else piece.text
-                yield self._event(ident, call, self._delta(call, text), logprobs=self._logprobs(call, [piece]))
+                yield self._event(head, call, self._delta(call, text), logprobs=self._logprobs(call, [piece]))
             finish = FINISH[run.stats.finish_reason]
             if tools is not None:
                 rest, calls = tools.finish()
                 if rest:
-                    yield self._event(ident, call, {"content": rest})
+                    yield self._event(head, call, {"content": rest})
                 if calls:
                     finish = "tool_calls"
-                    yield self._event(ident, call, {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]})
-            yield self._event(ident, call, {}, finish=finish)
+                    yield self._event(head, call, {"tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]})
+            yield self._event(head, call, {}, finish=finish)
             if call.include_usage:
-                yield self._data({**self._head(ident, call, chunk=True), "choices": [],
-                                  "usage": self._usage(run.stats)})
+                yield self._data({**head, "choices": [], "usage": self._usage(run.stats)})
             status = 200
-        except StrataError as error:
+        except StrataError as error:  # the model failed after the answer began, its 200 sent: the last event says so
             status = 500
-            yield self._data(BadRequest(str(error), status=500).body())
+            yield self._data(self._failure(error).body())
         finally:
-            with anyio.CancelScope(shield=True):  # the client may be gone: still let go of the session in order
-                await run.finish()
-                await lease.__aexit__(None, None, None)
+            await self._let_go(run, lease)
             self.metrics.answered(endpoint, status, run.stats)
         yield "data: [DONE]\n\n"
 
     @staticmethod
+    async def _let_go(run: Run, lease) -> None:
+        """Stop the run and hand its session back, in order, even where the client is gone."""
+        with anyio.CancelScope(shield=True):
+            await run.finish()
+            await lease.__aexit__(None, None, None)
+
+    def _refuse(self, endpoint: str, error: BadRequest) -> Response:
+        self.metrics.answered(endpoint, error.status)
+        return JSONResponse(error.body(), status_code=error.status, headers=self._headers(error))
+
+    @staticmethod
+    def _failure(error: Exception) -> BadRequest:
+        """A run's error as an answer: refused arguments are the client's (400), the rest the model's or the
+        engine's (500: NaN logits, a CUDA error, ...)."""
+        if isinstance(error, Refused):
+            return BadRequest(str(error), code="invalid_value")
+        return BadRequest(f"the model failed: {error}", code="model_error", status=500)
+
+    @staticmethod
     async def _watch(request: Request, run: Run) -> None:
-        """A client that hangs up on a whole (not streamed) answer cancels it at the next token boundary."""
+        """A client that hangs up on a whole answer, or before a stream's first event, cancels it at the next token
+        boundary."""
         while not await request.is_disconnected():
             await asyncio.sleep(DISCONNECT_POLL_SECONDS)
         run.cancelled.set()
 
     # ---------------------------------------------------------------------------------------------- parts
 
+    def _prepare(self, body: bytes, parse) -> tuple[Call, list[int]]:
+        """The request's call and its prompt's ids (BadRequest names what is wrong); runs on a worker thread."""
+        try:
+            fields = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise BadRequest(f"the request body is not valid JSON ({error})", code="invalid_json") from None
+        call = parse(fields)
+        check_model(fields, self.model_name)
+        return call, self._prompt_ids(call)
+
     def _prompt_ids(self, call: Call) -> list[int]:
+        field = "messages" if call.kind == "chat" else "prompt"
         if call.kind == "chat":
+            if not getattr(self.codec, "chat_template", None):
+                raise BadRequest("the model has no chat template: start the server with --chat-template or "
+                                 "--chat-template-file (/v1/completions takes a prompt as it is)", "messages",
+                                 "chat_template_missing")
+            # the parsed messages' text, which the conversation renders verbatim: a lower bound of its length
+            self._check_length(sum(len(m["content"]) for m in call.messages), field)
             try:
                 ids = self.pool.sessions[0].chat_ids(call.messages, call.template_options)  # messages as text
             except (InvalidArgument, FormatError) as error:
                 raise BadRequest(str(error), "messages", "invalid_value") from None
         elif isinstance(call.prompt, str):
+            self._check_length(len(call.prompt), field)
             ids = self.codec.encode(call.prompt)
         else:
             ids = list(call.prompt)
@@ -187,15 +248,19 @@ class Server:
             if vocab is not None and not all(0 <= t < vocab for t in ids):
                 raise BadRequest(f"prompt token ids must lie in 0..{vocab - 1}", "prompt", "invalid_value")
         if not ids:
-            raise BadRequest("the prompt is empty", "prompt" if call.kind == "completion" else "messages",
-                             "invalid_value")
+            raise BadRequest("the prompt is empty", field, "invalid_value")
         if len(ids) >= self.context:
             raise BadRequest(f"the prompt is {len(ids)} tokens; the context holds {self.context} (at least one more "
-                             "for the answer)", "messages" if call.kind == "chat" else "prompt",
-                             "context_length_exceeded")
+                             "for the answer)", field, "context_length_exceeded")
         return ids
 
-    def _whole(self, call: Call, ident: str, pieces: list[Piece], stats: Stats) -> dict[str, Any]:
+    def _check_length(self, chars: int, field: str) -> None:
+        """Refuse, before tokenizing it, a text of `chars` characters too long to fit the context as any tokens."""
+        if self.max_token_chars is not None and chars >= self.max_token_chars * self.context:
+            raise BadRequest(f"the prompt is {chars} characters; the context holds {self.context} tokens of at "
+                             f"most {self.max_token_chars} characters each", field, "context_length_exceeded")
+
+    def _whole(self, call: Call, head: dict[str, Any], pieces: list[Piece], stats: Stats) -> dict[str, Any]:
         text = "".join(p.text for p in pieces)
         finish = FINISH[stats.finish_reason]
         logprobs = self._logprobs(call, pieces)
@@ -207,23 +272,25 @@ class Server:
             choice = {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}
-        return {**self._head(ident, call, chunk=False), "choices": [choice], "usage": self._usage(stats)}
+        return {**head, "choices": [choice], "usage": self._usage(stats)}
 
-    def _head(self, ident: str, call: Call, chunk: bool) -> dict[str, Any]:
+    def _head(self, call: Call) -> dict[str, Any]:
+        """What every chunk of an answer (or the whole answer) starts with: one id, one time of creation."""
         kind = "chat.completion" if call.kind == "chat" else "text_completion"
-        return {"id": ident, "object": kind + (".chunk" if chunk and call.kind == "chat" else ""),
+        ident = ("chatcmpl-" if call.kind == "chat" else "cmpl-") + uuid.uuid4().hex
+        return {"id": ident, "object": kind + (".chunk" if call.stream and call.kind == "chat" else ""),
                 "created": int(time.time()), "model": self.model_name}
 
     def _delta(self, call: Call, text: str) -> dict[str, Any]:
         return {"content": text} if call.kind == "chat" else {"text": text}
 
-    def _event(self, ident: str, call: Call, delta: dict[str, Any], finish: str | None = None,
+    def _event(self, head: dict[str, Any], call: Call, delta: dict[str, Any], finish: str | None = None,
                logprobs: Any = None) -> str:
         if call.kind == "chat":
             choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
             choice = {"index": 0, "text": delta.get("text", ""), "logprobs": logprobs, "finish_reason": finish}
-        return self._data({**self._head(ident, call, chunk=True), "choices": [choice]})
+        return self._data({**head, "choices": [choice]})
 
     @staticmethod
     def _data(payload: dict[str, Any]) -> str:
@@ -232,10 +299,11 @@ class Server:
     def _logprobs(self, call: Call, pieces: list[Piece]) -> Any:
         if call.logprobs is None:
             return None
-        text = {t: self.codec.decode([t]) for p in pieces for t in (p.token, *(t for t, _ in p.top_logprobs))}
+        raw = {t: self.token_bytes(t) for p in pieces for t in (p.token, *(t for t, _ in p.top_logprobs))}
+        text = {t: _token_text(b) for t, b in raw.items()}
         if call.kind == "chat":
             def entry(token: int, logprob: float) -> dict[str, Any]:
-                return {"token": text[token], "logprob": logprob, "bytes": list(text[token].encode())}
+                return {"token": text[token], "logprob": logprob, "bytes": list(raw[token])}
             return {"content": [{**entry(p.token, p.logprob),
                                  "top_logprobs": [entry(t, lp) for t, lp in p.top_logprobs]} for p in pieces]}
         return {"tokens": [text[p.token] for p in pieces], "token_logprobs": [p.logprob for p in pieces],
@@ -262,16 +330,23 @@ class Server:
             return JSONResponse(error.body(), status_code=error.status, headers=self._headers(error))
         return None
 
-    @staticmethod
-    async def _json(request: Request) -> Any:
-        try:
-            return json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise BadRequest(f"the request body is not valid JSON ({error})", code="invalid_json") from None
+    async def _body(self, request: Request) -> bytes:
+        """The request's body, refused (413) as soon as it is known to be over `max_body_bytes`."""
+        too_large = BadRequest(f"the request body is over {self.max_body_bytes} bytes", code="request_too_large",
+                               status=413)
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise too_large
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > self.max_body_bytes:
+                raise too_large
+        return bytes(body)
 
     @staticmethod
     def _headers(error: BadRequest) -> dict[str, str]:
-        return {"WWW-Authenticate": "Bearer"} if error.status == 401 else {}
+        return {401: {"WWW-Authenticate": "Bearer"}, 429: {"Retry-After": "1"}}.get(error.status, {})
 
     async def _not_found(self, request: Request, exc: Exception) -> Response:
         return JSONResponse(BadRequest(f"no route {request.url.path}", code="not_found", status=404).body(), 404)
@@ -283,3 +358,19 @@ class Server:
     async def _internal(self, request: Request, exc: Exception) -> Response:
         return JSONResponse(BadRequest(f"internal error: {type(exc).__name__}: {exc}", code="internal_error",
                                        status=500).body(), 500)
+
+
+async def _chained(first: Piece | None, rest: AsyncIterator[Piece]) -> AsyncIterator[Piece]:
+    if first is not None:
+        yield first
+    async for piece in rest:
+        yield piece
+
+
+def _token_text(raw: bytes) -> str:
+    """A token's text in logprobs: its UTF-8, or where its bytes are not whole characters OpenAI's spelling of
+    them (bytes:\\xe2\\x80), so that two tokens never read alike."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)

@@ -9,10 +9,30 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from strata.errors import StrataError
+from strata.errors import InvalidArgument, StrataError
 from strata.server.app import Server
 
 STARTUP_SECONDS = 10.0
+
+
+def listening(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port (0: a free port), for a server to listen on; taken before a model loads, so a
+    busy port or an unknown host is said in one line at once. InvalidArgument for a port outside 0..65535,
+    StrataError where it cannot be bound."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise InvalidArgument(f"port must be in 0..65535, got {port!r}")
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    except (socket.gaierror, UnicodeError) as error:
+        raise StrataError(f"cannot listen on {host}:{port}: {getattr(error, 'strerror', None) or error}") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise StrataError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    return sock
 
 
 @contextmanager
@@ -20,13 +40,7 @@ def serving(server: Server, host: str = "127.0.0.1", port: int = 0) -> Iterator[
     """Serve `server` on host:port (0: a free port) for the block; yields the base URL (ends in /v1)."""
     import uvicorn
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-    except OSError as error:
-        sock.close()
-        raise StrataError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+    sock = listening(host, port)
     port = sock.getsockname()[1]
     loop = uvicorn.Server(uvicorn.Config(server.app(), log_level="warning", lifespan="off",
                                          timeout_graceful_shutdown=5))

@@ -1,6 +1,7 @@
-"""The server's sessions: each request takes the free session whose sequence shares the longest prefix with its
-prompt (a conversation that continues goes back to the session that holds it), one request per session at a
-time, a bounded queue of waiting requests in front (a full one is refused at once)."""
+"""The server's sessions: each request takes the free session that can resume the longest prefix of its prompt
+(what it holds of it, or its latest state snapshot before they part: a conversation that continues goes back to
+the session that holds it), an idle empty session before one that would start over and lose its conversation;
+one request per session at a time, a bounded queue of waiting requests in front (a full one is refused at once)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from collections.abc import Sequence
 from contextlib import asynccontextmanager
 
 from strata.generation import Session
-from strata.generation.prefix import common_prefix
 
 
 class QueueFull(Exception):
@@ -40,7 +40,7 @@ class SessionPool:
                 await self._changed.wait_for(lambda: self.free)
             finally:
                 self.waiting -= 1
-            session = max(self.free, key=lambda s: common_prefix(s.tokens, ids))
+            session = max(self.free, key=lambda s: (s.resumable(ids), not s.tokens))
             self.free.remove(session)
         try:
             yield session

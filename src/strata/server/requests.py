@@ -44,11 +44,26 @@ class Call:
         return {**self.sampling, "max_tokens": self.max_tokens, "logprobs": self.logprobs}
 
 
+# OpenAI fields whose values here would change nothing, with the values accepted (a null, an empty or the
+# default value; anything else asks for what the server does not do and is refused by name). Nothing is stored,
+# so neither is metadata; there is one service tier, one modality, no bias, no predicted output.
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "store": (None, False), "metadata": (None, {}), "logit_bias": (None, {}), "service_tier": (None, "auto", "default"),
+    "modalities": (None, ["text"]), "audio": (None,), "prediction": (None,), "functions": (None, []),
+    "function_call": (None, "auto", "none"), "reasoning_effort": (None,), "verbosity": (None,),
+    "web_search_options": (None,), "best_of": (None, 1), "suffix": (None, ""),
+}
+# fields that only identify the caller or a cache (prefix reuse here is automatic): any string, or null
+IDENTIFIERS = ("user", "prompt_cache_key", "safety_identifier")
 COMMON = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p",
-          "repetition_penalty", "seed", "stop", "n", "user", "frequency_penalty", "presence_penalty"}
+          "repetition_penalty", "seed", "stop", "n", "frequency_penalty", "presence_penalty", "logit_bias",
+          "metadata", "store", "service_tier", *IDENTIFIERS}
 CHAT = COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
-                 "parallel_tool_calls", "chat_template_kwargs", "response_format"}
-COMPLETION = COMMON | {"prompt", "logprobs", "echo"}
+                 "parallel_tool_calls", "chat_template_kwargs", "response_format", "modalities", "audio",
+                 "prediction", "functions", "function_call", "reasoning_effort", "verbosity", "web_search_options"}
+COMPLETION = COMMON | {"prompt", "logprobs", "echo", "best_of", "suffix"}
+# the names the chat template is rendered with besides chat_template_kwargs (strata.chat.render_chat's own)
+TEMPLATE_NAMES = {"template", "messages", "add_generation_prompt", "bos_token", "eos_token"}
 
 
 def _number(body: Mapping[str, Any], key: str, default: float, low: float, high: float,
@@ -93,13 +108,20 @@ def _check_fields(body: Any, allowed: set[str]) -> None:
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise BadRequest(f"unknown field(s): {', '.join(unknown)}", unknown[0], "unknown_parameter")
-    if body.get("n", 1) != 1:
+    if body.get("n") not in (None, 1) or isinstance(body.get("n"), bool):
         raise BadRequest("'n' must be 1: the server generates one choice per request", "n", "invalid_value")
     for key in ("frequency_penalty", "presence_penalty"):
         if body.get(key, 0) not in (0, 0.0, None):
             raise BadRequest(f"'{key}' is not supported; use repetition_penalty", key, "unsupported_parameter")
-    if not isinstance(body.get("stream", False), bool):
+    if not isinstance(body.get("stream", False), (bool, type(None))):
         raise BadRequest("'stream' must be true or false", "stream", "invalid_type")
+    for key in set(NEUTRAL) & set(body):
+        if not any(type(body[key]) is type(value) and body[key] == value for value in NEUTRAL[key]):
+            accepted = " or ".join(json.dumps(value) for value in NEUTRAL[key])
+            raise BadRequest(f"'{key}' is not supported here (accepted: {accepted})", key, "unsupported_parameter")
+    for key in IDENTIFIERS:
+        if not isinstance(body.get(key), (str, type(None))):
+            raise BadRequest(f"'{key}' must be a string", key, "invalid_type")
 
 
 def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -175,8 +197,11 @@ def parse_chat(body: Any) -> Call:
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise BadRequest("'chat_template_kwargs' must be an object", "chat_template_kwargs", "invalid_type")
+    if reserved := sorted(TEMPLATE_NAMES & set(kwargs)):
+        raise BadRequest(f"'chat_template_kwargs' may not set {', '.join(reserved)}: the server renders the "
+                         "template with its own", "chat_template_kwargs", "invalid_value")
     top = _integer(body, "top_logprobs", 0, MAX_LOGPROBS)
-    wants = body.get("logprobs", False)
+    wants = False if body.get("logprobs") is None else body["logprobs"]
     if not isinstance(wants, bool):
         raise BadRequest("'logprobs' must be true or false", "logprobs", "invalid_type")
     options = dict(kwargs)
@@ -184,7 +209,7 @@ def parse_chat(body: Any) -> Call:
         options["tools"] = tools
     return Call("chat", messages=[_message(i, m) for i, m in enumerate(messages)], tools=options.get("tools"),
                 max_tokens=_integer(body, "max_completion_tokens", 1) or _integer(body, "max_tokens", 1),
-                stream=body.get("stream", False), include_usage=_include_usage(body),
+                stream=bool(body.get("stream")), include_usage=_include_usage(body),
                 logprobs=(top or 0) if wants else None, sampling=_sampling(body), template_options=options)
 
 
@@ -198,5 +223,16 @@ def parse_completion(body: Any) -> Call:
     if body.get("echo", False):
         raise BadRequest("'echo' is not supported", "echo", "unsupported_parameter")
     return Call("completion", prompt=prompt, max_tokens=_integer(body, "max_tokens", 1) or 16,
-                stream=body.get("stream", False), include_usage=_include_usage(body),
+                stream=bool(body.get("stream")), include_usage=_include_usage(body),
                 logprobs=_integer(body, "logprobs", 0, 5), sampling=_sampling(body))
+
+
+def check_model(body: Mapping[str, Any], served: str) -> None:
+    """A request that names a model names the one served (none named: that one); else 404 model_not_found, as
+    OpenAI answers."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("'model' must be a string", "model", "invalid_type")
+    if model is not None and model != served:
+        raise BadRequest(f"the model {model!r} does not exist; this server serves {served!r}", "model",
+                         "model_not_found", status=404)

@@ -10,10 +10,20 @@ from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import replace
 
+from strata.errors import StrataError
 from strata.generation import Piece, Session, Stats
 from strata.server.requests import Call
 
 _END = object()
+
+
+class Refused(Exception):
+    """The session refused the call's arguments before generating anything (a client error); `error` says why.
+    Any other error of a run is the model's or the engine's (a server error)."""
+
+    def __init__(self, error: StrataError):
+        super().__init__(str(error))
+        self.error = error
 
 
 class Run:
@@ -24,7 +34,10 @@ class Run:
         self._future: asyncio.Future | None = None
 
     def _work(self, emit) -> Stats:
-        stream = self.session.stream(self.ids, **self.call.generate_options())
+        try:
+            stream = self.session.stream(self.ids, **self.call.generate_options())
+        except StrataError as error:
+            raise Refused(error) from None
         try:
             for piece in stream:
                 emit(piece)
@@ -35,7 +48,8 @@ class Run:
         return replace(self.session.stats)
 
     async def pieces(self) -> AsyncIterator[Piece]:
-        """The pieces as they are generated; `stats` is set once they end. Raises what the generation raised."""
+        """The pieces as they are generated; `stats` is set once they end. Raises what the generation raised
+        (Refused: the session refused the arguments)."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         self._future = loop.run_in_executor(self.executor, self._work,

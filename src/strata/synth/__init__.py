@@ -116,12 +116,13 @@ class _Writer:
 def synthesize(path: str | Path, arch: str, preset: str = "tiny", n_layer: int | None = None,
                types: TypeMix | Mapping[str, str] | str | None = None, seed: int = 0,
                progress: Callable[[int, int], None] | None = None, threads: int | None = None,
-               full_ple: bool = False) -> Path:
+               full_ple: bool = False, overwrite: bool = False) -> Path:
     """Write a synthetic GGUF of `arch` at `path`; returns the path.
 
     preset: tiny (seconds, for tests), bench (released width, 16 layers, Q4_K/Q4_0/Q8_0, ~1M-row PLE table)
     or full (the released geometry; its PLE table is ~1M rows unless full_ple). types: a TypeMix, a mapping
-    of its field names, or one type name for everything (forced-F32 tensors stay F32).
+    of its field names, or one type name for everything (forced-F32 tensors stay F32). `path` must not exist,
+    or be a regular file and `overwrite`; a symbolic link, FIFO or device is refused.
     """
     g = presets.geometry(arch, preset, n_layer, full_ple)
     mix = _mix(types, preset)
@@ -132,24 +133,32 @@ def synthesize(path: str | Path, arch: str, preset: str = "tiny", n_layer: int |
           *models.metadata_for(g), *file_type_metadata((ne, t) for _, ne, t in plan),
           *tokenizer_meta.byte_level(g.n_vocab, eos, chat=True)]
     workers = threads or os.cpu_count() or 1
-    with GGUFStream(path, arch, kv, plan, progress) as out, ThreadPoolExecutor(workers) as pool:
-        writer = _Writer(out, seed)
-        futures = []
-        for index, spec in enumerate(specs):
-            t = out.tensors[spec.name]
-            make = values.special(spec.name)
-            if make is not None:
-                futures.append(pool.submit(writer.special, index, spec.name, make))
-                continue
-            scale = blocks.scale_for(t.ggml_type, values.rms(spec.name, spec.ne))
-            unit = gguf.GGML_QUANT_SIZES[t.ggml_type][1] * 8   # whole blocks, and a multiple of 8 bytes
-            step = max(unit, CHUNK_BYTES // unit * unit)
-            for chunk, start in enumerate(range(0, t.nbytes, step)):
-                futures.append(pool.submit(writer.chunk, index, spec.name, chunk, start,
-                                           min(step, t.nbytes - start), scale))
-        for f in futures:
-            f.result()
+    with GGUFStream(path, arch, kv, plan, progress, overwrite) as out, ThreadPoolExecutor(workers) as pool:
+        try:
+            _fill(out, specs, _Writer(out, seed), pool)
+        except BaseException:
+            pool.shutdown(cancel_futures=True)  # an interrupted write stops now, not after every queued chunk
+            raise
     return Path(path)
+
+
+def _fill(out: GGUFStream, specs: list[models.TensorSpec], writer: _Writer, pool: ThreadPoolExecutor) -> None:
+    """Every tensor's data, in chunks spread over `pool`."""
+    futures = []
+    for index, spec in enumerate(specs):
+        t = out.tensors[spec.name]
+        make = values.special(spec.name)
+        if make is not None:
+            futures.append(pool.submit(writer.special, index, spec.name, make))
+            continue
+        scale = blocks.scale_for(t.ggml_type, values.rms(spec.name, spec.ne))
+        unit = gguf.GGML_QUANT_SIZES[t.ggml_type][1] * 8   # whole blocks, and a multiple of 8 bytes
+        step = max(unit, CHUNK_BYTES // unit * unit)
+        for chunk, start in enumerate(range(0, t.nbytes, step)):
+            futures.append(pool.submit(writer.chunk, index, spec.name, chunk, start,
+                                       min(step, t.nbytes - start), scale))
+    for f in futures:
+        f.result()
 
 
 __all__ = ["TypeMix", "synthesize", "tensor_type"]
