@@ -88,9 +88,10 @@ def test_synth_then_info_from_the_command_line(tmp_path, capsys):
 
 
 def test_convert_from_the_command_line(tmp_path, capsys):
-    from test_convert import _model
+    pytest.importorskip("transformers")
+    from support.hf_models import CONFIGS, hf_model
 
-    model = _model("qwen4exp")
+    model = hf_model("qwen4exp", *CONFIGS[0])
     model.save_pretrained(tmp_path / "hf")
     out = tmp_path / "c.gguf"
     assert cli.main(["convert", str(tmp_path / "hf"), str(out), "--outtype", "q8_0"]) == 0
@@ -317,7 +318,7 @@ def test_chat_drops_the_oldest_turns_when_the_context_is_full_and_keeps_the_syst
 
     from strata.cli.chat import converse
     from strata.generation import Session
-    from test_generation import ScriptedEngine, TurnCodec
+    from support.char_engine import CharCodec, ScriptedEngine, TurnCodec
 
     engine = ScriptedEngine([ord("a"), 0] * 10, context=60)
     out = io.StringIO()
@@ -327,13 +328,8 @@ def test_chat_drops_the_oldest_turns_when_the_context_is_full_and_keeps_the_syst
     assert text.startswith("(/exit or Ctrl-D leaves") and "(the context is full: the oldest" in text
     assert "does not fit the session's context of 60 tokens: /reset, or start strata chat with a larger --context" \
         in text
-    prompts = [CharDecode(ids) for ids in engine.fed if len(ids) > 1]
+    prompts = [CharCodec().decode(ids) for ids in engine.fed if len(ids) > 1]
     assert all(p.startswith("<system>be brief") for p in prompts), prompts
-
-
-def CharDecode(ids):
-    return "".join(chr(i) for i in ids)
-
 
 
 def test_a_full_disk_is_one_line_and_leaves_no_file(tmp_path, monkeypatch, capsys):

@@ -15,22 +15,7 @@ from strata.reference import Reference
 from strata.reference.engine import ReferenceEngine
 from strata.sampling import SamplingParams, sample
 from strata.synth import synthesize
-
-
-class ScriptedEngine:
-    """Returns a fixed script of tokens; records what it was fed."""
-
-    def __init__(self, script, context=64):
-        self.script, self.context, self.position, self.fed = list(script), context, 0, []
-
-    def feed(self, ids, params, u, seen):
-        self.fed.append(list(ids))
-        self.position += len(ids)
-        return self.script.pop(0)
-
-    def reset(self):
-        self.position = 0
-        self.fed.clear()
+from support.char_engine import CharCodec, ScriptedEngine, TurnCodec
 
 
 class SnapshotEngine(ScriptedEngine):
@@ -52,18 +37,6 @@ class SnapshotEngine(ScriptedEngine):
     def restore(self, slot):
         self.position = self.saved[slot]
         self.restored.append(slot)
-
-
-class CharCodec:
-    """Token i is chr(i); 0 is EOS."""
-
-    eos_ids = [0]
-
-    def encode(self, text, special=False):
-        return [ord(c) for c in text]
-
-    def decode(self, ids):
-        return "".join(chr(i) for i in ids)
 
 
 def run(session, prompt, **kw):
@@ -236,15 +209,6 @@ def test_chat_renders_the_template_and_starts_over_where_the_conversation_differ
     # This template ends every prompt with "$", so turn two differs from what the engine holds right after
     # "<user>hi<assistant>"; with no snapshot to go back to, the engine starts over (reset clears `fed`).
     assert CharCodec().decode(engine.fed[0]) == "<user>hi<assistant>ok<user>go<assistant>$"
-
-
-class TurnCodec(CharCodec):
-    """A template whose turns end with the EOS the model writes (token 0), as real chat templates do."""
-
-    chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{{ eos_token }}{% endfor %}"
-                     "{% if add_generation_prompt %}<assistant>{% endif %}")
-    tokens = [chr(i) for i in range(256)]
-    special_ids = {"eos": [0]}
 
 
 def test_a_conversation_that_continues_feeds_only_each_turns_new_tokens():
