@@ -19,6 +19,8 @@ from strata.reference.attention import attend
 from strata.reference.ops import rope_tables, sigmoid
 from strata.reference.qsa import IndexerShape, pooled_block_keys
 
+pytestmark = pytest.mark.hooks
+
 EPS = 1e-6
 THETA = 1e7
 ROPE_DIM = 64

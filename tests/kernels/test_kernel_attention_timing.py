@@ -5,6 +5,8 @@ import pytest
 
 import strata
 
+pytestmark = pytest.mark.hooks
+
 
 def test_attention_timing_refuses_impossible_sizes():
     from strata import _native_check

@@ -11,12 +11,14 @@ from gguf import quants
 from support.q8_form import assert_q8_of
 
 import strata
-from strata import _native_check
+from support.hooks import native_check as _native_check
 from strata.quant import dequantize, matvec, repack
 from strata.quant.activation import quantize_activation
 from strata.reference.hc import hc_read, hc_write
 from strata.reference.ops import grouped_rms_norm, sigmoid, silu
 from strata.reference.weights import Weights
+
+pytestmark = pytest.mark.hooks
 
 HC, N, RANK, EPS = 4, 2560, 320, 1e-6
 PREFIX = "blk.0.hc_attn"

@@ -27,11 +27,13 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 import strata
-from strata import _native_check
+from support.hooks import native_check as _native_check
 from strata.quant import QuantTensor, dequantize, matvec, quantize_activation, repack
 from strata.quant.dequant import group_offsets, group_scales, unpack_codes
 from strata.quant.forms import FORMS
 from strata.quant.synthetic import random_blocks
+
+pytestmark = pytest.mark.hooks
 
 QUANT_TYPES = [t for t, f in FORMS.items() if not f.is_float]
 FLOAT_TYPES = [T.F32, T.F16, T.BF16]

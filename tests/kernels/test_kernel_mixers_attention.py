@@ -16,6 +16,8 @@ from strata.reference.attention import attend
 from strata.reference.ops import apply_rope, rms_norm, rope_tables, sigmoid
 from strata.reference.qsa import IndexerShape, block_scores, pooled_block_keys, select_blocks
 
+pytestmark = pytest.mark.hooks
+
 EPS = 1e-6
 THETA = 1e7
 ROPE_DIM = 64

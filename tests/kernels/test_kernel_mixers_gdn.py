@@ -7,6 +7,8 @@ from support.q8_form import assert_q8_of
 from strata.reference.gdn import GdnShape, causal_conv_silu, delta_rule_step
 from strata.reference.ops import l2_normalize, rms_norm, sigmoid, silu, softplus
 
+pytestmark = pytest.mark.hooks
+
 # float32 sums over 128-wide dot products and a few exps per step, against a float64 reference: the error
 # stays near 1e-6 of the output scale; 2e-5 leaves room for the fast exp and several carried steps.
 RTOL = 2e-5

@@ -7,6 +7,8 @@ import pytest
 from strata.reference.gdn import GdnShape, causal_conv_silu
 from test_kernel_mixers_gdn import EPS, LAYOUTS, assert_matches_reference, random_inputs, relative_error
 
+pytestmark = pytest.mark.hooks
+
 # Shapes beyond the models' that take the chunk's other paths: dk 64 and 256 (walkers of 8 and 32 rows a
 # thread), dk 40 (not a multiple of the 8 warps: guarded rows), dv 48 and 96 (a part-filled 32-column tile),
 # conv kernels 3 and 2 (a one-token chunk still reaches into the history, or replaces it whole).

@@ -7,6 +7,8 @@ import pytest
 from strata.reference.ops import grouped_rms_norm, sigmoid
 from strata.reference.ple import dilated_conv_silu
 
+pytestmark = pytest.mark.hooks
+
 EPS = 1e-6
 # float32 sums over 2560-wide rows and a sqrt/exp gate, against float64: ~1e-6; 2e-5 of the output scale.
 RTOL = 2e-5

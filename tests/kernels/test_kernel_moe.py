@@ -8,9 +8,11 @@ import pytest
 
 import strata
 from support.q8_form import assert_q8_of
-from strata import _native_check
+from support.hooks import native_check as _native_check
 from strata.reference.moe import route
 from strata.reference.ops import sigmoid, silu
+
+pytestmark = pytest.mark.hooks
 
 # Router weights: float32 exp(z - max) of a float32 difference (one rounding of up to |z - max| ~ 30, so a
 # relative error of ~30 * 6e-8 in the exp) and a float32 sum of <= 16 terms: 1e-5 relative is ample.

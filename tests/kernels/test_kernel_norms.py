@@ -6,8 +6,10 @@ import pytest
 
 import strata
 from support.q8_form import assert_q8_of
-from strata import _native_check
+from support.hooks import native_check as _native_check
 from strata.reference.ops import apply_rope, grouped_rms_norm, l2_normalize, rms_norm, rope_tables, sigmoid, silu
+
+pytestmark = pytest.mark.hooks
 
 # float32 sums of up to 2560 squares and a few float32 products (fast exp in the gates): well under 1e-5.
 RTOL = 1e-5

@@ -4,8 +4,10 @@ import numpy as np
 import pytest
 
 import strata
-from strata import _native_check
+from support.hooks import native_check as _native_check
 from strata.quant import quantize_activation
+
+pytestmark = pytest.mark.hooks
 
 
 def _check_exact(x: np.ndarray, seed_note: str) -> None:

@@ -5,7 +5,10 @@ import pytest
 
 import strata
 from support.q8_form import assert_q8_of
-from strata import _native, _native_check
+from strata import _native
+from support.hooks import native_check as _native_check
+
+pytestmark = pytest.mark.hooks
 
 # float32 accumulation over up to 10240 squares: relative error well under 1e-5 of the output scale.
 RTOL = 1e-5

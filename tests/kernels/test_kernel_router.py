@@ -15,11 +15,13 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 import strata
-from strata import _native_check
+from support.hooks import native_check as _native_check
 from strata.quant import QuantTensor, dequantize, matvec
 from strata.quant.forms import FORMS
 from strata.reference.moe import route
 from test_kernel_gemv import FLOAT_RTOL, QUANT_RTOL, _row_slice, error_of_terms, random_weight
+
+pytestmark = pytest.mark.hooks
 
 QUANT_TYPES = [t for t, f in FORMS.items() if not f.is_float]
 FLOAT_TYPES = [T.F32, T.F16, T.BF16]

@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 import strata
-from strata import _native_check
+from support.hooks import native_check as _native_check
 from strata.sampling import SamplingParams, sample
+
+pytestmark = pytest.mark.hooks
 
 QWEN_VOCAB = 248320
 

@@ -18,6 +18,8 @@ import pytest
 from strata.errors import InvalidArgument
 from strata.reference import kv_formats as kf
 
+pytestmark = pytest.mark.hooks
+
 FORMATS = ["bf16", "int8", "q4", "k8v4"]
 PAGE = 256  # tokens per page of the host copy (kKvPageTokens)
 RATIO = 4

@@ -22,7 +22,6 @@ from strata.quant.forms import fitting_type
 from strata.quant.synthetic import random_blocks
 
 _native = pytest.importorskip("strata._native")
-pytest.importorskip("strata._native_check")
 
 N_EXPERT, K = 8, 4
 MODELS = {"qwen4exp": (2560, 640), "qwen3next": (2048, 512)}  # (n_embd, expert_ff)
@@ -95,6 +94,7 @@ def check_layer(pool: strata.runtime.pool.ExpertPool, layer: str, shape: str, rn
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("shape", list(MODELS))
 @pytest.mark.parametrize("layer", list(LAYERS))
+@pytest.mark.hooks
 def test_layer_matches_reference(rng, layer, shape, isa):
     with make_pool(layer, shape, isa) as pool:
         check_layer(pool, layer, shape, rng)
@@ -102,6 +102,7 @@ def test_layer_matches_reference(rng, layer, shape, isa):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("layer", [name for name, types in LAYERS.items() if set(types) & set(FLOATS)])
+@pytest.mark.hooks
 def test_float_rows_of_an_odd_block_count(rng, layer, isa):
     with make_pool(layer, "odd", isa) as pool:
         check_layer(pool, layer, "odd", rng)
@@ -110,6 +111,7 @@ def test_float_rows_of_an_odd_block_count(rng, layer, isa):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("threads", [1, None])
 @pytest.mark.parametrize("layer", ["Q4_K", "Q2_K", "Q8_0", "BF16", "BF16+Q8_0"])
+@pytest.mark.hooks
 def test_layer_thread_counts(rng, layer, threads, isa):
     with make_pool(layer, "qwen3next", isa, threads=threads) as pool:
         assert pool.threads == (1 if threads == 1 else strata.runtime.pool.default_threads())

@@ -20,7 +20,6 @@ from strata.quant import repack
 from strata.quant.synthetic import random_blocks
 
 _native = pytest.importorskip("strata._native")
-pytest.importorskip("strata._native_check")
 
 K = 4
 MAX_ROWS = 320
@@ -82,6 +81,7 @@ def check_some_rows_against_numpy(pool: strata.runtime.pool.ExpertPool, layer: s
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("shape", list(MODELS))
 @pytest.mark.parametrize("layer", list(LAYERS))
+@pytest.mark.hooks
 def test_chunk_matches_run_layer_per_token(rng, layer, shape, isa):
     """A chunk of tokens, K experts each, grouped by expert as the prompt path groups them."""
     n_embd, _ = SHAPES[shape]
@@ -106,6 +106,7 @@ def test_chunk_matches_run_layer_per_token(rng, layer, shape, isa):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("threads", [1, None])
 @pytest.mark.parametrize("layer", SWEEP_LAYERS)
+@pytest.mark.hooks
 def test_group_sizes(rng, layer, threads, isa):
     """Empty groups, a single row, a few rows and more rows than one block holds (300), in one call."""
     n_embd, _ = SHAPES["qwen4exp"]
@@ -135,6 +136,7 @@ def test_many_groups_and_repeated_calls(rng, layer, isa):
             assert_bits_equal(out, per_row_run_layer(pool, x, experts, begin), f"seed {WEIGHT_SEED}, {layer}")
 
 
+@pytest.mark.hooks
 def test_the_benchmark_forms(rng):
     """Q4_K gate/up and a Q4_0 down (the benchmark model's experts), a full max_rows call, against numpy."""
     n_embd, ff = SHAPES["qwen4exp"]

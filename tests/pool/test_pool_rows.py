@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
+from support.hooks import native_check as _native_check
 from support.pool_reference import check_product
 from test_pool import FLOATS, ISAS, SUPPORT, TYPES
 
@@ -24,7 +25,8 @@ from strata.quant import repack
 from strata.quant.synthetic import random_blocks
 
 pytest.importorskip("strata._native")
-_native_check = pytest.importorskip("strata._native_check")
+
+pytestmark = pytest.mark.hooks  # the benchmark the last test runs times the hooks too
 
 QUANTIZED = [t for t in TYPES if t not in FLOATS]
 ROWS = 37  # nine passes of four and one of one in a single call

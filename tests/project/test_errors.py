@@ -3,7 +3,7 @@
 import pytest
 
 import strata
-from strata import _native_check
+from support.hooks import native_check as _native_check
 
 
 @pytest.mark.parametrize(
@@ -16,6 +16,7 @@ from strata import _native_check
         ("error", strata.StrataError, Exception, "test: generic error"),
     ],
 )
+@pytest.mark.hooks
 def test_native_errors_map_to_python_classes(kind, exception, compatible, fragment):
     with pytest.raises(exception, match=fragment) as caught:
         _native_check.raise_error(kind)
@@ -24,6 +25,7 @@ def test_native_errors_map_to_python_classes(kind, exception, compatible, fragme
     assert isinstance(caught.value, strata.StrataError)
 
 
+@pytest.mark.hooks
 def test_cuda_error_carries_the_cuda_error_name():
     with pytest.raises(strata.CudaError) as caught:
         _native_check.raise_error("cuda")
@@ -32,6 +34,7 @@ def test_cuda_error_carries_the_cuda_error_name():
     assert "failed" in str(caught.value) and "kernel_check" in str(caught.value)
 
 
+@pytest.mark.hooks
 def test_unknown_kind_is_an_invalid_argument_naming_it():
     with pytest.raises(strata.InvalidArgument, match="unknown kind 'bogus'"):
         _native_check.raise_error("bogus")

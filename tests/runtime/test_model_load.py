@@ -7,7 +7,7 @@ import pytest
 from support.pool_reference import check_expert
 
 import strata
-from strata import _native_check
+from support.hooks import native_check as _native_check
 from strata.runtime import model as model_module
 from strata.devices import Device
 from strata.format import inspect
@@ -61,6 +61,7 @@ def expert_file(request, tmp_path_factory, tiny):
     return path
 
 
+@pytest.mark.hooks
 def test_experts_go_from_the_file_into_the_pool_unchanged(rng, expert_file):
     with inspect(expert_file) as file:
         g = file.geometry
@@ -122,6 +123,7 @@ def test_info_reports_types_and_the_plan(tiny):
 
 
 @pytest.mark.gpu
+@pytest.mark.hooks
 def test_load_puts_every_part_in_place(rng, tiny, tmp_path):
     with load(tiny, threads=1, cache_dir=tmp_path, progress=False) as model:
         g = model.info.geometry

@@ -188,6 +188,7 @@ def test_kv_streaming_is_refused_where_attention_has_no_indexer_and_widens_the_l
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch, streaming", [("qwen4exp", False), ("qwen4exp", True), ("qwen3next", False)])
+@pytest.mark.hooks
 def test_a_reset_arena_holds_an_empty_sequence(arch, streaming):
     from strata import _native_check
 
@@ -206,6 +207,7 @@ def test_a_reset_arena_holds_an_empty_sequence(arch, streaming):
             assert not region.any(), (name, layer)
 
 
+@pytest.mark.hooks
 def test_an_arena_without_a_gpu_names_the_device():
     from strata import _native, _native_check
 

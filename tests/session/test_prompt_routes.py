@@ -7,7 +7,9 @@ import pytest
 
 from strata.errors import InvalidArgument
 
-native_check = pytest.importorskip("strata._native_check")
+from support.hooks import native_check
+
+pytestmark = pytest.mark.hooks
 
 
 def expected(ids: np.ndarray, n_expert: int, cache: list[int], slots: int, prefetched: list[int],

@@ -10,11 +10,14 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 import strata
-from strata import _native, _native_check
+from strata import _native
+from support.hooks import native_check as _native_check
 from strata.options import Mode
 from strata.quant import repack
 from strata.quant.synthetic import random_blocks
 from strata.runtime.pool import ExpertPool
+
+pytestmark = pytest.mark.hooks
 
 N, FF, N_EXPERT, K, LAYERS, TOKENS = 256, 64, 16, 4, 5, 3
 

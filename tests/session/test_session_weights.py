@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import strata
-from strata import _native, _native_check
+from strata import _native
+from support.hooks import native_check as _native_check
 from strata.format import inspect
 from strata.runtime.loader import dense_names, repacked, upload_dense
 from strata.quant import matvec
@@ -29,6 +30,7 @@ def test_dense_names_leave_experts_and_the_ngram_table_on_the_host(model):
 
 
 @pytest.mark.gpu
+@pytest.mark.hooks
 def test_gemv_on_uploaded_weights_matches_the_reference(rng, model):
     held = dict(repacked(model, dense_names(model)))
     weights = upload_dense(model)
@@ -46,6 +48,7 @@ def test_gemv_on_uploaded_weights_matches_the_reference(rng, model):
 
 
 @pytest.mark.gpu
+@pytest.mark.hooks
 def test_a_missing_tensor_and_a_wrong_width_are_named(rng, model):
     weights = upload_dense(model)
     with pytest.raises(strata.InvalidArgument, match="no tensor named blk.0.nope"):
