@@ -13,6 +13,7 @@ from strata.reference import Reference
 from strata.reference.engine import ReferenceEngine
 from strata.sampling import log_probabilities
 from strata.synth import synthesize
+from support.compare import relative_error
 
 # The reference fed a chunk at once and token by token sums in other orders (float64 inner products, float32
 # between layers): test_parity's bound for the same comparison.
@@ -47,10 +48,6 @@ def fresh_logits(model_file, ids) -> np.ndarray:
     return Reference(model_file).forward(list(ids))[-1]
 
 
-def relative(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
-
-
 def random_ids(model_file, rng, n: int) -> list[int]:
     g = model_file.geometry
     eos = set(model_file.tokenizer().eos_ids) | ({g.ple_eos} if g.ple_layers else set())
@@ -69,7 +66,7 @@ def test_each_turn_feeds_only_its_new_tokens_and_matches_a_fresh_session(model_f
             # Only the previous answer's last token (never fed) and the new turn went in: all but the last, then
             # (after a snapshot) the last, whose logits give the answer's first token.
             assert done.usage.cached_tokens == len(conversation) - 7 and engine.fed[start:start + 2] == [6, 1]
-        assert relative(engine._logits, fresh_logits(model_file, session.tokens[:-1])) < BOUND, turn
+        assert relative_error(engine._logits, fresh_logits(model_file, session.tokens[:-1])) < BOUND, turn
         conversation = session.tokens + random_ids(model_file, rng, 6)
 
 
@@ -85,13 +82,13 @@ def test_a_turn_that_diverges_rolls_back_to_the_last_snapshot(model_file, rng):
     done = session.complete(edited, max_tokens=3)
     assert done.usage.cached_tokens == len(first) - 1
     assert engine.fed[start:start + 2] == [len(edited) - len(first), 1]
-    assert relative(engine._logits, fresh_logits(model_file, session.tokens[:-1])) < BOUND
+    assert relative_error(engine._logits, fresh_logits(model_file, session.tokens[:-1])) < BOUND
     # The same prompt again (a retry) feeds one token; one shorter than everything snapshotted starts over.
     assert session.complete(edited, max_tokens=2).usage.cached_tokens == len(edited) - 1
-    assert relative(engine._logits, fresh_logits(model_file, session.tokens[:-1])) < BOUND
+    assert relative_error(engine._logits, fresh_logits(model_file, session.tokens[:-1])) < BOUND
     done = session.complete(first[:4], max_tokens=2)
     assert done.usage.cached_tokens == 0
-    assert relative(engine._logits, fresh_logits(model_file, session.tokens[:-1])) < BOUND
+    assert relative_error(engine._logits, fresh_logits(model_file, session.tokens[:-1])) < BOUND
 
 
 def test_without_snapshots_a_diverging_turn_starts_over(model_file, rng):

@@ -18,6 +18,7 @@ from strata.reference import kv_formats as kf
 from strata.reference.attention import attend
 from strata.reference.ops import rope_tables, sigmoid
 from strata.reference.qsa import IndexerShape, pooled_block_keys
+from support.compare import assert_same_bits
 
 pytestmark = pytest.mark.hooks
 
@@ -69,21 +70,17 @@ def run(inputs, start, kv, indexer=None, gathered=False):
         gathered=gathered)
 
 
-def bits(x):
-    return np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-
-
 def assert_same_state(got, label, qsa):
     """The chunk left exactly what the decode steps left."""
     a, b = got["stepwise"], got["at_once"]
     assert np.array_equal(a["k_bytes"], b["k_bytes"]), f"{label}: k cache bytes differ"
     assert np.array_equal(a["v_bytes"], b["v_bytes"]), f"{label}: v cache bytes differ"
-    assert np.array_equal(bits(a["q"]), bits(b["q"])), f"{label}: q rows differ"
+    assert_same_bits(a["q"], b["q"], f"{label}: q rows")
     if not qsa:
         return
     # Bit patterns, NaN poison included: the cells neither path writes must stay poisoned in both.
-    assert np.array_equal(bits(a["raw_keys"]), bits(b["raw_keys"])), f"{label}: indexer raw keys differ"
-    assert np.array_equal(bits(a["block_keys"]), bits(b["block_keys"])), f"{label}: indexer block keys differ"
+    assert_same_bits(a["raw_keys"], b["raw_keys"], f"{label}: indexer raw keys", poisoned=True)
+    assert_same_bits(a["block_keys"], b["block_keys"], f"{label}: indexer block keys", poisoned=True)
     assert np.array_equal(a["n_selected"], b["n_selected"]), f"{label}: selection counts differ"
     rows = np.nonzero(np.any(a["selected"] != b["selected"], axis=1))[0]
     assert rows.size == 0, f"{label}: selections differ first at chunk row {rows[:1]}"

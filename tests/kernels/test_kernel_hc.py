@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 from gguf import quants
+from support.compare import assert_same_bits
 from support.q8_form import assert_q8_of
 
 import strata
@@ -229,11 +230,6 @@ def test_hc_read_fused_refuses_what_it_lacks(rng):
 
 
 ROWS = [1, 3, 67, 300]  # one token, a few, no multiple of a block or warp, a few hundred
-
-
-def assert_same_bits(got: np.ndarray, want: np.ndarray, what: str) -> None:
-    assert got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32)), (
-        f"{what}: {np.count_nonzero(got.view(np.uint32) != want.view(np.uint32))} elements differ")
 
 
 @pytest.mark.gpu

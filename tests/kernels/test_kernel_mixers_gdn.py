@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from support.compare import relative_error
 from support.q8_form import assert_q8_of
 from strata.reference.gdn import GdnShape, causal_conv_silu, delta_rule_step
 from strata.reference.ops import l2_normalize, rms_norm, sigmoid, silu, softplus
@@ -64,11 +65,6 @@ def random_inputs(rng: np.random.Generator, shape: GdnShape, steps: int) -> dict
         "dt_bias": rng.standard_normal(hv, dtype=f),
         "norm_weight": rng.uniform(0.5, 1.5, shape.head_v_dim).astype(f),
     }
-
-
-def relative_error(got: np.ndarray, want: np.ndarray) -> float:
-    assert np.all(np.isfinite(got)), "NaN or infinity in the GPU output"
-    return float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
 
 
 def assert_matches_reference(shape: GdnShape, inputs: dict, conv_state: np.ndarray, state: np.ndarray,

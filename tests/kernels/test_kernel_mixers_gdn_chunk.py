@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from strata.reference.gdn import GdnShape, causal_conv_silu
-from test_kernel_mixers_gdn import EPS, LAYOUTS, assert_matches_reference, random_inputs, relative_error
+from support.compare import assert_same_bits, relative_error
+from test_kernel_mixers_gdn import EPS, LAYOUTS, assert_matches_reference, random_inputs
 
 pytestmark = pytest.mark.hooks
 
@@ -45,15 +46,6 @@ def rows(inputs: dict, start: int, stop: int) -> dict:
     return {name: value[start:stop] if name in per_token else value for name, value in inputs.items()}
 
 
-def assert_bits_equal(got: np.ndarray, want: np.ndarray, what: str) -> None:
-    """Bit for bit, NaN never passing: the chunk runs each token's arithmetic in gdn_step's order."""
-    assert np.all(np.isfinite(got)), f"{what}: NaN or infinity in the chunk's result"
-    if not np.array_equal(got.view(np.uint32), want.view(np.uint32)):
-        differ = int(np.count_nonzero(got.view(np.uint32) != want.view(np.uint32)))
-        pytest.fail(f"{what}: {differ} of {got.size} floats differ from the steps' (max relative error "
-                    f"{relative_error(got, want):.2e})")
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("start", ["fresh", "carried"])
 @pytest.mark.parametrize("tokens", TOKENS)
@@ -66,9 +58,9 @@ def test_gdn_chunk_matches_steps_and_reference(rng, layout, tokens, start):
     conv_state, state = starting_state(rng, shape, start)
     out, conv_out, got_conv, got_state = run(_native_check.gdn_chunk, shape, inputs, conv_state, state, row_pad=5)
     step_out, step_conv, step_state = run(_native_check.gdn_steps, shape, inputs, conv_state, state)
-    assert_bits_equal(out, step_out, f"{layout} T={tokens} {start}: out")
-    assert_bits_equal(got_conv, step_conv, f"{layout} T={tokens} {start}: conv state")
-    assert_bits_equal(got_state, step_state, f"{layout} T={tokens} {start}: recurrent state")
+    assert_same_bits(out, step_out, f"{layout} T={tokens} {start}: out")
+    assert_same_bits(got_conv, step_conv, f"{layout} T={tokens} {start}: conv state")
+    assert_same_bits(got_state, step_state, f"{layout} T={tokens} {start}: recurrent state")
 
     want_conv_out = causal_conv_silu(conv_state, inputs["qkv"], inputs["conv_weight"])
     err = relative_error(conv_out, want_conv_out)
@@ -92,9 +84,9 @@ def test_gdn_chunks_in_a_row_equal_one_chunk(rng, layout):
     for start, stop in ((0, 64), (64, 66), (66, 333)):
         out, _, conv_state, state = run(_native_check.gdn_chunk, shape, rows(inputs, start, stop), conv_state, state)
         pieces.append(out)
-    assert_bits_equal(np.concatenate(pieces), whole, f"{layout}: out")
-    assert_bits_equal(conv_state, whole_conv, f"{layout}: conv state")
-    assert_bits_equal(state, whole_state, f"{layout}: recurrent state")
+    assert_same_bits(np.concatenate(pieces), whole, f"{layout}: out")
+    assert_same_bits(conv_state, whole_conv, f"{layout}: conv state")
+    assert_same_bits(state, whole_state, f"{layout}: recurrent state")
 
 
 @pytest.mark.gpu

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import strata
+from support.compare import assert_same_bits
 from support.q8_form import assert_q8_of
 from support.hooks import native_check as _native_check
 from strata.reference.moe import route
@@ -61,11 +62,6 @@ def test_route_rejects_bad_sizes_without_a_device(rng):
 
 # Token counts for the rows kernels: one, a few, one that is no multiple of a block or warp, a few hundred.
 ROWS = [1, 3, 67, 300]
-
-
-def assert_same_bits(got: np.ndarray, want: np.ndarray, what: str) -> None:
-    assert got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32)), (
-        f"{what}: {np.count_nonzero(got.view(np.uint32) != want.view(np.uint32))} elements differ")
 
 
 def gate_bound(w: np.ndarray, x: np.ndarray) -> np.ndarray:

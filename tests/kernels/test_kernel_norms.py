@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import strata
+from support.compare import relative_error
 from support.q8_form import assert_q8_of
 from support.hooks import native_check as _native_check
 from strata.reference.ops import apply_rope, grouped_rms_norm, l2_normalize, rms_norm, rope_tables, sigmoid, silu
@@ -14,11 +15,6 @@ pytestmark = pytest.mark.hooks
 # float32 sums of up to 2560 squares and a few float32 products (fast exp in the gates): well under 1e-5.
 RTOL = 1e-5
 EPS = 1e-6
-
-
-def relative_error(got: np.ndarray, want: np.ndarray) -> float:
-    assert np.all(np.isfinite(got)), f"{np.count_nonzero(~np.isfinite(got))} non-finite outputs"
-    return float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
 
 
 @pytest.mark.gpu

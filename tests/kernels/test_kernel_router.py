@@ -15,6 +15,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 import strata
+from support.compare import assert_same_bits
 from support.hooks import native_check as _native_check
 from strata.quant import QuantTensor, dequantize, matvec
 from strata.quant.forms import FORMS
@@ -88,12 +89,6 @@ def random_cache(n_expert: int, n_cached: int, rng: np.random.Generator) -> np.n
     slot_of = np.full(n_expert, -1, np.int32)
     slot_of[rng.choice(n_expert, n_cached, replace=False)] = rng.permutation(n_cached)
     return slot_of
-
-
-def assert_same_bits(got: np.ndarray, want: np.ndarray, what: str) -> None:
-    got, want = np.ascontiguousarray(got), np.ascontiguousarray(want)
-    assert got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32)), (
-        f"{what}: {np.count_nonzero(got.view(np.uint32) != want.view(np.uint32))} of {got.size} differ")
 
 
 def check_router(ggml_type: T, n_expert: int, n: int, k: int, rng: np.random.Generator, ring: bool = True):

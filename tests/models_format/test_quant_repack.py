@@ -15,6 +15,7 @@ from strata.format.types import ACCEPTED_TYPES
 from strata.quant.forms import FORMS
 from strata.quant.synthetic import random_blocks, set_d
 from strata.quant.tensor import QuantTensor
+from support.compare import assert_same_bits
 
 TYPES = list(FORMS)
 QUANTIZED = [t for t in TYPES if not form_for(t).is_float]
@@ -22,14 +23,6 @@ QUANTIZED = [t for t in TYPES if not form_for(t).is_float]
 LATTICE = [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M, T.TQ1_0, T.TQ2_0]
 FINITE_FP16 = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
 FINITE_FP16 = FINITE_FP16[np.isfinite(FINITE_FP16)]  # +-0, subnormals, normals up to +-65504
-
-
-def assert_bits_equal(got: np.ndarray, want: np.ndarray, what: str) -> None:
-    assert got.dtype == np.float32 and want.dtype == np.float32, what
-    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    assert np.isfinite(want).all(), f"{what}: the reference has non-finite values (bad synthetic scales)"
-    diff = np.flatnonzero(got.view(np.uint32).ravel() != want.view(np.uint32).ravel())
-    assert diff.size == 0, f"{what}: {diff.size} elements differ, first at {diff[0]}: {got.ravel()[diff[0]]!r} != {want.ravel()[diff[0]]!r}"
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: t.name)
@@ -40,7 +33,7 @@ def test_dequantize_of_repack_is_bit_exact(ggml_type: T, rng: np.random.Generato
         raw = random_blocks(ggml_type, rows * cols, rng)
         want = gguf.quants.dequantize(raw.reshape(rows, -1), ggml_type).reshape(rows, cols)
         got = dequantize(repack(raw, ggml_type, (cols, rows)))
-        assert_bits_equal(got, want, f"{ggml_type.name} rows={rows} cols={cols}")
+        assert_same_bits(got, want, f"{ggml_type.name} rows={rows} cols={cols}")
 
 
 @pytest.mark.parametrize("ggml_type", LATTICE, ids=lambda t: t.name)
@@ -51,7 +44,7 @@ def test_lattice_types_are_bit_exact_for_every_finite_d(ggml_type: T, rng: np.ra
     raw = random_blocks(ggml_type, 256 * n, rng)
     set_d(raw.reshape(n, -1), ggml_type, rng.permutation(FINITE_FP16))
     want = gguf.quants.dequantize(raw.reshape(n, -1), ggml_type).reshape(n, 256)
-    assert_bits_equal(dequantize(repack(raw, ggml_type, (256, n))), want, f"{ggml_type.name}, every finite d")
+    assert_same_bits(dequantize(repack(raw, ggml_type, (256, n))), want, f"{ggml_type.name}, every finite d")
 
 
 @pytest.mark.parametrize("ggml_type", [T.Q4_0, T.Q8_0, T.Q4_K, T.Q2_K, T.Q6_K, T.MXFP4, T.IQ2_S, T.IQ1_M, T.TQ1_0],
@@ -71,7 +64,7 @@ def test_expert_tensor_and_dequantize_raw_shape(rng: np.random.Generator) -> Non
     raw = random_blocks(T.Q4_K, 512 * 6 * 4, rng)
     got = dequantize_raw(raw, T.Q4_K, ne)
     assert got.shape == (4, 6, 512)
-    assert_bits_equal(got.reshape(24, 512), gguf.quants.dequantize(raw.reshape(24, -1), T.Q4_K), "Q4_K experts")
+    assert_same_bits(got.reshape(24, 512), gguf.quants.dequantize(raw.reshape(24, -1), T.Q4_K), "Q4_K experts")
 
 
 @pytest.mark.parametrize("ggml_type", [T.F32, T.F16, T.BF16], ids=lambda t: t.name)

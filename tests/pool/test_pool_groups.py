@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
+from support.compare import assert_same_bits
 from support.pool_reference import check_expert
 from test_pool import ISAS, LAYERS, MODELS, N_EXPERT, SHAPES, WEIGHT_SEED, expert, layer_weights
 
@@ -49,12 +50,6 @@ def run_groups(pool: strata.runtime.pool.ExpertPool, x: np.ndarray, experts: np.
 
 def sizes_to_begin(sizes: list[int]) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
-
-
-def assert_bits_equal(got: np.ndarray, want: np.ndarray, what: str) -> None:
-    assert np.all(np.isfinite(got)), f"non-finite output (unwritten rows?): {what}"
-    differ = np.flatnonzero(np.any(got.view(np.uint32) != want.view(np.uint32), axis=-1))
-    assert differ.size == 0, f"rows {differ[:8]} differ from run_layer's: {what}"
 
 
 def per_row_run_layer(pool: strata.runtime.pool.ExpertPool, x: np.ndarray, experts: np.ndarray,
@@ -99,7 +94,7 @@ def test_chunk_matches_run_layer_per_token(rng, layer, shape, isa):
         for t in range(tokens):
             pool.run_layer(0, x[t], ids[t], weights[t], out=per_token[t])
         unweighted = (per_token / weights[..., None]).reshape(tokens * K, n_embd)
-        assert_bits_equal(out, unweighted[order], note)
+        assert_same_bits(out, unweighted[order], note)
         check_some_rows_against_numpy(pool, layer, shape, x[order // K], experts, begin, out, rng, 3, note)
 
 
@@ -117,7 +112,7 @@ def test_group_sizes(rng, layer, threads, isa):
     note = f"seed {WEIGHT_SEED}, {layer}, threads {threads}, {isa}"
     with make_pool(layer, "qwen4exp", isa, threads=threads) as pool:
         out = run_groups(pool, x, experts, begin)
-        assert_bits_equal(out, per_row_run_layer(pool, x, experts, begin), note)
+        assert_same_bits(out, per_row_run_layer(pool, x, experts, begin), note)
         check_some_rows_against_numpy(pool, layer, "qwen4exp", x, experts, begin, out, rng, 3, note)
 
 
@@ -133,7 +128,7 @@ def test_many_groups_and_repeated_calls(rng, layer, isa):
             begin = sizes_to_begin(list(rng.integers(0, 10, groups)))
             x = random_x(rng, int(begin[-1]), n_embd)
             out = run_groups(pool, x, experts, begin)
-            assert_bits_equal(out, per_row_run_layer(pool, x, experts, begin), f"seed {WEIGHT_SEED}, {layer}")
+            assert_same_bits(out, per_row_run_layer(pool, x, experts, begin), f"seed {WEIGHT_SEED}, {layer}")
 
 
 @pytest.mark.hooks
@@ -151,7 +146,7 @@ def test_the_benchmark_forms(rng):
     with strata.runtime.pool.ExpertPool(n_embd, ff, 1, isa="avx2", max_rows=MAX_ROWS) as pool:
         pool.set_layer(0, gate, up, down, n_expert=N_EXPERT)
         out = run_groups(pool, x, experts, begin)
-        assert_bits_equal(out, per_row_run_layer(pool, x, experts, begin), "Q4_K/Q4_0")
+        assert_same_bits(out, per_row_run_layer(pool, x, experts, begin), "Q4_K/Q4_0")
         group_of_row = np.repeat(np.arange(N_EXPERT), sizes)
         for r in rng.choice(MAX_ROWS, 4, replace=False):
             e = int(experts[group_of_row[r]])

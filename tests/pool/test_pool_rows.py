@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
+from support.compare import assert_same_bits
 from support.hooks import native_check as _native_check
 from support.pool_reference import check_product
 from test_pool import FLOATS, ISAS, SUPPORT, TYPES
@@ -37,12 +38,6 @@ def columns(ggml_type: T) -> tuple[int, ...]:
     return (32, 544, 640) if GGML_QUANT_SIZES[ggml_type][0] == 32 else (256, 768, 2560)
 
 
-def _same_bits(got: np.ndarray, want: np.ndarray, what: str) -> None:
-    assert np.all(np.isfinite(got)), f"unwritten rows: {what}"
-    differ = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
-    assert differ.size == 0, f"{what}: rows {differ[:8]} differ, e.g. {got[differ[:2]]} against {want[differ[:2]]}"
-
-
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("ggml_type", QUANTIZED, ids=lambda t: t.name)
 def test_a_row_is_the_same_bits_in_every_pass(rng, ggml_type, isa):
@@ -52,7 +47,7 @@ def test_a_row_is_the_same_bits_in_every_pass(rng, ggml_type, isa):
         one_by_one = _native_check.expert_matvec(isa, q, x, rows_per_call=1)
         check_product(one_by_one, q, x, 1.0, f"{ggml_type.name}, {cols} columns, {isa}, one row a call")
         for n in (*range(2, 10), 0):
-            _same_bits(_native_check.expert_matvec(isa, q, x, rows_per_call=n), one_by_one,
+            assert_same_bits(_native_check.expert_matvec(isa, q, x, rows_per_call=n), one_by_one,
                        f"{ggml_type.name}, {cols} columns, {isa}, {n} rows a call against one a call")
 
 
@@ -65,7 +60,7 @@ def test_the_avx512_kernels_source_matches_avx2_bit_for_bit(rng, ggml_type):
         q = repack(random_blocks(ggml_type, ROWS * cols, rng), ggml_type, (cols, ROWS))
         x = rng.standard_normal(cols, dtype=np.float32) * np.float32(rng.uniform(0.1, 10))
         for n in (0, 1, 3):
-            _same_bits(_native_check.emulated_vnni_matvec(q, x, rows_per_call=n),
+            assert_same_bits(_native_check.emulated_vnni_matvec(q, x, rows_per_call=n),
                        _native_check.expert_matvec("avx2", q, x, rows_per_call=n),
                        f"{ggml_type.name}, {cols} columns, {n} rows a call, emulated VNNI against AVX2")
 
@@ -76,7 +71,7 @@ def test_the_vpdpbusd_emulation_matches_the_instruction(rng, ggml_type):
     cols = columns(ggml_type)[-1]
     q = repack(random_blocks(ggml_type, ROWS * cols, rng), ggml_type, (cols, ROWS))
     x = rng.standard_normal(cols, dtype=np.float32)
-    _same_bits(_native_check.emulated_vnni_matvec(q, x), _native_check.expert_matvec("avx512", q, x),
+    assert_same_bits(_native_check.emulated_vnni_matvec(q, x), _native_check.expert_matvec("avx512", q, x),
                f"{ggml_type.name}, emulated VNNI against the instruction")
 
 

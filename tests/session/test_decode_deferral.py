@@ -4,6 +4,7 @@ session without the option; with an expert cache, the layers that ring no doorbe
 
 import numpy as np
 import pytest
+from support.compare import relative_errors
 from support.deferral_models import ROUTED, synthesize_routing
 
 from strata import _native
@@ -63,10 +64,6 @@ def reference_logits(model, ids, defer=0):
     """The reference's logits after each of `ids`, with the GPU's activation quantization."""
     reference = Reference(model.file, activation_quant=True, defer_experts=defer)
     return np.array([reference.forward([int(t)])[-1] for t in ids])
-
-
-def relative_errors(gpu, ref):
-    return np.array([np.max(np.abs(a - b)) / np.max(np.abs(b)) for a, b in zip(gpu, ref)])
 
 
 @pytest.mark.parametrize("defer", [1, 3])

@@ -17,6 +17,7 @@ from strata.runtime.ple_rows import NATIVE_ROW_TYPES, PleRows
 from strata.sampling import SamplingParams, log_probabilities, sample
 from strata.runtime.geometry import native_geometry
 from strata.synth import synthesize
+from support.compare import relative_errors
 
 pytestmark = pytest.mark.gpu
 
@@ -81,10 +82,6 @@ def decode(native, model, prompt, steps, reference=None):
         if reference is not None:
             ref.append(reference.forward([t])[-1])
     return tokens, np.array(gpu), np.array(ref)
-
-
-def relative_errors(gpu, ref):
-    return np.array([np.max(np.abs(g - r)) / np.max(np.abs(r)) for g, r in zip(gpu, ref)])
 
 
 @pytest.mark.parametrize("kv", ["bf16", "int8"])

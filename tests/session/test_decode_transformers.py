@@ -23,6 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from support.compare import relative_errors  # noqa: E402
 from support.hf_models import (MODELS, VOCAB, make_q8_0_exact, model_id, peak_head, random_model,  # noqa: E402
                                save_and_convert)
 from strata.format import inspect  # noqa: E402
@@ -103,10 +104,6 @@ def decisions(dumps: list[dict]) -> list[tuple]:
 def first_flip(quantized: list[tuple], exact: list[tuple]) -> int:
     """The first position where activation quantization changed a discrete choice (len if none)."""
     return next((i for i, (a, b) in enumerate(zip(quantized, exact)) if a != b), len(exact))
-
-
-def relative_errors(got: np.ndarray, expected: np.ndarray) -> np.ndarray:
-    return np.abs(got - expected).max(axis=1) / np.abs(expected).max(axis=1)
 
 
 def smallest_gap(logits: np.ndarray) -> float:

@@ -18,10 +18,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from support.compare import relative_errors  # noqa: E402
 from support.hf_models import (MODELS, VOCAB, make_q8_0_exact, model_id, peak_head, random_model,  # noqa: E402
                                save_and_convert)
 from test_decode_transformers import (GPU_REFERENCE_MEDIAN, GPU_REFERENCE_WORST, QUANT_STEADY,  # noqa: E402
-                                      decisions, first_flip, relative_errors)
+                                      decisions, first_flip)
 
 from strata.format import inspect  # noqa: E402
 from strata.options import KV  # noqa: E402

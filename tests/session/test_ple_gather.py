@@ -10,6 +10,7 @@ import gguf
 import numpy as np
 import pytest
 
+from support.compare import assert_same_bits
 from support.ple_tables import ids_with_eos, table_file
 from strata import _native
 from strata.errors import InvalidArgument
@@ -32,11 +33,6 @@ def wrapping(g, rng: np.random.Generator):
     return dataclasses.replace(g, ple_multipliers=multipliers, n_vocab=1 << 31)
 
 
-def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.dtype == b.dtype == np.float32 and a.shape == b.shape and np.array_equal(a.view(np.uint32),
-                                                                                     b.view(np.uint32))
-
-
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("ggml_type", NATIVE)
 def test_native_rows_are_the_python_rows_bit_for_bit(ggml_type, seed):
@@ -51,15 +47,15 @@ def test_native_rows_are_the_python_rows_bit_for_bit(ggml_type, seed):
     for t, token in enumerate(ids):
         got, want = native.rows(token), python.rows(token)
         assert not np.isnan(got).any()
-        assert same_bits(got, want), f"{ggml_type.name} token {t} ({token}) of {ids}"
+        assert_same_bits(got, want, f"{ggml_type.name} token {t} ({token}) of {ids}", infinities=True)
         assert np.array_equal(native.previous, python.previous)
     # rows_for: one call, then two, as a prompt's chunks come; the float table through the reference hash agrees
     ctx = ngram_context(python.previous, np.array(ids), g.ple_eos)
     expected = floats[ngram_rows(ctx, g.ple)]
-    assert same_bits(native.rows_for(ids[:20]), python.rows_for(ids[:20]))
+    assert_same_bits(native.rows_for(ids[:20]), python.rows_for(ids[:20]), "rows_for, one call", infinities=True)
     got = np.concatenate([native.rows_for(ids[20:21]), native.rows_for(np.array(ids[21:]))])
-    assert same_bits(got, python.rows_for(ids[20:]))
-    assert np.array_equal(got.view(np.uint32), expected[20:].view(np.uint32))
+    assert_same_bits(got, python.rows_for(ids[20:]), "rows_for, two calls", infinities=True)
+    assert_same_bits(got, expected[20:], "rows_for vs the reference hash", infinities=True)
     assert np.array_equal(native.previous, python.previous)
     assert native.rows_for([]).shape == (0, g.ple.n_heads, g.ple_head_dim)
 
@@ -75,12 +71,12 @@ def test_native_state_resets_and_restores_as_the_python_state(rng):
     saved = native.previous
     after = native.rows_for(ids[5:])
     native.previous = saved  # what a snapshot's restore does
-    assert same_bits(native.rows_for(ids[5:]), after)
-    assert same_bits(after, python.rows_for(ids[5:]))
+    assert_same_bits(native.rows_for(ids[5:]), after, "rows after a restore")
+    assert_same_bits(after, python.rows_for(ids[5:]), "rows mid-sequence")
     native.reset()
     assert native.previous.tolist() == [g.ple_eos] * (g.ple_ngram - 1)
     python.reset()
-    assert same_bits(native.rows_for(ids), python.rows_for(ids))
+    assert_same_bits(native.rows_for(ids), python.rows_for(ids), "rows after a reset")
     with pytest.raises(InvalidArgument, match="3 previous ids given, the n-gram context keeps 2"):
         native.previous = [1, 2, 3]
 

@@ -15,7 +15,8 @@ from strata.runtime.model import load
 from strata.runtime.ple_rows import PleRows
 from strata.synth import synthesize
 
-from test_decode_session import CASES, GARBAGE, GREEDY, MEDIAN, STEADY, relative_errors
+from support.compare import relative_errors
+from test_decode_session import CASES, GARBAGE, GREEDY, MEDIAN, STEADY
 
 pytestmark = pytest.mark.gpu
 

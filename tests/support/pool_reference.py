@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from strata.quant import QuantTensor, dequantize, matvec
+from support.compare import relative_error
 
 RTOL = 1e-5
 Weight = QuantTensor | np.ndarray
@@ -30,16 +31,11 @@ def float_bound(cols: int) -> float:
     return d * u / (1 - d * u)
 
 
-def rel_err(got: np.ndarray, want: np.ndarray) -> float:
-    assert np.all(np.isfinite(got)), "non-finite output"
-    return float(np.max(np.abs(got.astype(np.float64) - want)) / max(np.max(np.abs(want)), 1e-30))
-
-
 def check_product(got: np.ndarray, w: Weight, x: np.ndarray, scale: float, what: str) -> None:
     """got == scale * (w x) for one expert's matrix w (as repack makes it) within the bound of its form."""
     assert np.all(np.isfinite(got)), f"non-finite output: {what}"
     if isinstance(w, QuantTensor):
-        assert rel_err(got, np.float32(scale) * matvec(w, x)) < RTOL, what
+        assert relative_error(got, np.float32(scale) * matvec(w, x)) < RTOL, what
         return
     w64, x64 = dequantize(w).astype(np.float64), np.asarray(x, np.float64)
     want = scale * (w64 @ x64)
@@ -66,6 +62,6 @@ def check_expert(isa: str, gate: Weight, up: Weight, down: Weight, x: np.ndarray
     check_product(u, up, x, 1.0, f"up ({what})")
     h = _native_check.expert_hidden(isa, gate, up, x)  # the job's code, bit for bit
     # silu in float32 (native expf) vs float64 here: an ulp or two of each h.
-    assert rel_err(h, silu(g) * u) < RTOL, f"h ({what})"
+    assert relative_error(h, silu(g) * u) < RTOL, f"h ({what})"
     # The reference takes the pool's h, so a quantized down sees the same q8_32 of h on both sides.
     check_product(out, down, h, weight, f"out ({what})")
