@@ -33,14 +33,10 @@ def _native_greedy(model, ids: list[int], n: int) -> list[int]:
     the reference is tests/test_decode_session.py's job, with a tolerance (near-ties of a random tiny model's
     logits can flip a greedy token between two correct implementations).
     """
-    from strata import _native
-    from strata.runtime.ple_rows import PleRows
-    from strata.runtime.geometry import native_geometry
+    from support.native_session import open_native_session, ple_rows
 
-    g = model.info.geometry
-    ple = PleRows(model.file, g).rows if g.ple_layers else (lambda token: None)
-    native = _native.DecodeSession(model.weights, model.pool.native, native_geometry(g), context=256, kv="int8",
-                                   mode="uncaptured", cache=model.cache)
+    ple = ple_rows(model)
+    native = open_native_session(model, context=256, kv="int8", mode="uncaptured", cache=model.cache)
     greedy = (0.0, 0, 1.0, 0.0, 1.0)
     try:
         for i, t in enumerate(ids):

@@ -261,11 +261,11 @@ def test_the_sampler_bound_covers_the_device_figure(n_vocab):
 @pytest.mark.gpu
 @pytest.mark.parametrize("context", [256, 4096])
 def test_a_session_takes_the_vram_its_plan_says(tmp_path, context):
-    from strata import _native
     from strata.devices import free_memory
     from strata.runtime.model import load
     from strata.runtime.plan import file_tensors
     from strata.synth import synthesize
+    from support.native_session import open_native_session
 
     path = tmp_path / "tiny.gguf"
     synthesize(path, "qwen4exp", seed=3)
@@ -274,8 +274,7 @@ def test_a_session_takes_the_vram_its_plan_says(tmp_path, context):
         plan = memory_plan(g, file_tensors(model.file), context, KV.BF16, snapshots=2)
         need = plan.vram_total - plan.vram["dense weights"] - plan.vram["allocation slack"]
         before = free_memory(0)
-        native = _native.DecodeSession(model.weights, model.pool.native, native_geometry(g), context=context,
-                                       kv="bf16", snapshots=2)
+        native = open_native_session(model, context=context, kv="bf16", snapshots=2)
         used = before - free_memory(0)
         native.close()
     # Allocations round up to the driver's 2 MiB pages, and the session's streams take a little: within the plan's

@@ -6,14 +6,13 @@ import numpy as np
 import pytest
 from support.compare import relative_errors
 from support.deferral_models import ROUTED, synthesize_routing
+from support.native_session import open_native_session, ple_rows
 
 from strata import _native
 from strata.errors import InvalidArgument
 from strata.options import Mode
 from strata.reference import Reference
-from strata.runtime.geometry import native_geometry
 from strata.runtime.model import load
-from strata.runtime.ple_rows import PleRows
 
 pytestmark = pytest.mark.gpu
 
@@ -45,14 +44,12 @@ def loaded(request, tmp_path_factory):
 def session(model, mode, defer=None, cache=None):
     """A native session; `defer` None leaves the option out (the session as it was before it existed)."""
     options = {} if defer is None else {"defer_experts": defer}
-    return _native.DecodeSession(model.weights, model.pool.native, native_geometry(model.info.geometry),
-                                 context=64, kv="bf16", mode=mode, cache=cache, **options)
+    return open_native_session(model, context=64, kv="bf16", mode=mode, cache=cache, **options)
 
 
 def forced(native, model, ids):
     """The logits after each of `ids` stepped in turn."""
-    g = model.info.geometry
-    ple = PleRows(model.file, g).rows if g.ple_layers else (lambda token: None)
+    ple = ple_rows(model)
     out = []
     for t in ids:
         native.step(int(t), ple(int(t)), GREEDY, 0.0, sample=False)

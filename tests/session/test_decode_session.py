@@ -15,9 +15,9 @@ from strata.runtime.plan import file_tensors
 from strata.reference import Reference
 from strata.runtime.ple_rows import NATIVE_ROW_TYPES, PleRows
 from strata.sampling import SamplingParams, log_probabilities, sample
-from strata.runtime.geometry import native_geometry
 from strata.synth import synthesize
 from support.compare import relative_errors
+from support.native_session import open_native_session, ple_rows
 
 pytestmark = pytest.mark.gpu
 
@@ -54,17 +54,8 @@ def loaded(request, tmp_path_factory):
     model.close()
 
 
-def ple_rows(model):
-    """Each next token's n-gram table rows (None for a model without PLE), as the GPU engine gathers them."""
-    g = model.info.geometry
-    if not g.ple_layers:
-        return lambda token: None
-    return PleRows(model.file, g).rows
-
-
 def session(model, mode, kv="bf16", context=256, snapshots=0, cache=None, ple=None):
-    return _native.DecodeSession(model.weights, model.pool.native, native_geometry(model.info.geometry),
-                                 context=context, kv=kv, mode=mode, snapshots=snapshots, cache=cache, ple=ple)
+    return open_native_session(model, context=context, kv=kv, mode=mode, snapshots=snapshots, cache=cache, ple=ple)
 
 
 def decode(native, model, prompt, steps, reference=None):

@@ -176,17 +176,13 @@ def gpu_decode(path: Path, prompt: np.ndarray) -> tuple[list[int], np.ndarray, n
     """The native decode session (token graphs, bf16 KV) fed `prompt`, then its own greedy tokens; returns
     (its token after each fed one, its logits, the activation-quantizing reference's logits on the same
     tokens, the first position where that reference's discrete choices differ from the float one's)."""
-    from strata import _native
     from strata.runtime.model import load
-    from strata.runtime.ple_rows import PleRows
-    from strata.runtime.geometry import native_geometry
+    from support.native_session import open_native_session, ple_rows
 
     greedy = (0.0, 0, 1.0, 0.0, 1.0)   # (temperature, top_k, top_p, min_p, repeat_penalty)
     with load(path, progress=False) as model:
-        g = model.info.geometry
-        ple = PleRows(model.file, g).rows if g.ple_layers else (lambda token: None)
-        native = _native.DecodeSession(model.weights, model.pool.native, native_geometry(g),
-                                       context=2 * (PROMPT + GENERATED), kv="bf16", mode="token_graph")
+        ple = ple_rows(model)
+        native = open_native_session(model, context=2 * (PROMPT + GENERATED), kv="bf16", mode="token_graph")
         fed, tokens, logits = [], [], []
         try:
             for i in range(PROMPT + GENERATED):

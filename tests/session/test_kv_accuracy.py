@@ -139,19 +139,15 @@ def test_each_format_stays_close_to_bf16_in_the_reference(fed: Fed) -> None:
 
 def gpu_logits(fed: Fed, formats: list[KV]) -> dict[KV, np.ndarray]:
     """The native session's logits after each fed token (token graphs), one session per format in turn."""
-    from strata import _native
-    from strata.runtime.geometry import native_geometry
     from strata.runtime.model import load
-    from strata.runtime.ple_rows import PleRows
+    from support.native_session import open_native_session, ple_rows
 
     greedy = (0.0, 0, 1.0, 0.0, 1.0)   # (temperature, top_k, top_p, min_p, repeat_penalty)
     out = {}
     with load(fed.path, progress=False) as model:
-        g = model.info.geometry
-        ple = PleRows(model.file, g).rows if g.ple_layers else (lambda token: None)
+        ple = ple_rows(model)
         for kv in formats:
-            native = _native.DecodeSession(model.weights, model.pool.native, native_geometry(g), context=TOKENS,
-                                           kv=kv, mode="token_graph")
+            native = open_native_session(model, context=TOKENS, kv=kv, mode="token_graph")
             try:
                 logits = []
                 for token in fed.ids:

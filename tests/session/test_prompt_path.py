@@ -10,12 +10,12 @@ from strata import _native
 from strata.errors import InvalidArgument
 from strata.options import Mode
 from strata.reference import Reference
-from strata.runtime.geometry import native_geometry
 from strata.runtime.model import load
 from strata.runtime.ple_rows import PleRows
 from strata.synth import synthesize
 
 from support.compare import relative_errors
+from support.native_session import open_native_session
 from test_decode_session import CASES, GARBAGE, GREEDY, MEDIAN, STEADY
 
 pytestmark = pytest.mark.gpu
@@ -38,8 +38,8 @@ def staging(model, slots=None):
 
 
 def session(model, chunk, staged=None, cache=None, kv="bf16", mode=Mode.TOKEN_GRAPH, cpu=True):
-    return _native.DecodeSession(model.weights, model.pool.native, native_geometry(model.info.geometry), context=256,
-                                 kv=kv, mode=mode, prompt_chunk=chunk, staging=staged, cache=cache, prompt_cpu=cpu)
+    return open_native_session(model, context=256, kv=kv, mode=mode, prompt_chunk=chunk, staging=staged, cache=cache,
+                               prompt_cpu=cpu)
 
 
 def prompt_ids(model, rng, n):
