@@ -174,7 +174,7 @@ def test_moe_vectors_must_match_without_a_device(rng):
 
 
 # The routed experts held in VRAM: the cached experts' weighted sum of down rows (kernels/moe.cuh; their slots
-# come with the router, tests/test_kernel_router.py).
+# come with the router, tests/kernels/test_kernel_router.py).
 def cached_sum_case(tokens: int, k: int, n: int, rng: np.random.Generator):
     """rows [tokens, k, n] with NaN in the rows of skipped products, slots [tokens, k] with at least one skip and
     one hit per token, weights [tokens, k]."""

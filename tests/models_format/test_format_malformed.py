@@ -1,6 +1,6 @@
 """The malformed corpus: every case must raise strata.FormatError naming the problem, quickly.
 
-Byte-level cases corrupt one structure of a valid tiny file (tests/malformed.py); model-level cases are
+Byte-level cases corrupt one structure of a valid tiny file (tests/support/malformed.py); model-level cases are
 written whole with a fault injected (missing tensor, bad key, ...); tokenizer cases rewrite the valid file's
 tokenizer metadata, one fault each, and the error must name the key, what was expected and what was found.
 """

@@ -2,7 +2,7 @@
 
 Every canonical form, float and quantized, and layers that mix them; both expert shapes, both ISA paths
 (AVX-512 only where the CPU has it), thread counts 1 and all. The reference applies the same activation
-contract: q8_32 of x and of h for a quantized matrix, float32 x and h for a float one (tests/pool_reference.py
+contract: q8_32 of x and of h for a quantized matrix, float32 x and h for a float one (tests/support/pool_reference.py
 states the bounds).
 """
 

@@ -3,7 +3,7 @@
 Every row must equal what run_layer computes for that token and expert, bit for bit: run_layer scales its
 row by the routing weight, so the tokens here take powers of two (2^0 .. 2^-3), for which weight * row is
 exact and run_layer's row / weight is run_groups' row itself. Rows are checked against the numpy reference too
-(tests/pool_reference.py states its bounds). Outputs are poisoned (NaN) before every run.
+(tests/support/pool_reference.py states its bounds). Outputs are poisoned (NaN) before every run.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ rows_dot runs a row range in passes of four rows, then two, then one, each row i
 summed in the one-row order, so a row's result is the same bits whatever pass it runs in. Every quantized
 form, rows of an odd block count and of one block (the two-block step's guarded half), call sizes 1..9 (each
 leaves its own mix of passes and starts passes on rows of every residue); the one-row calls are checked against
-the numpy reference (tests/pool_reference.py states the bound). Outputs are poisoned (NaN) by the hook.
+the numpy reference (tests/support/pool_reference.py states the bound). Outputs are poisoned (NaN) by the hook.
 """
 
 from __future__ import annotations

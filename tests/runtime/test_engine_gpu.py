@@ -30,7 +30,7 @@ def _native_greedy(model, ids: list[int], n: int) -> list[int]:
     """n greedy tokens after `ids` from a DecodeSession driven directly (no generation.Session, no GpuEngine).
 
     Tokens are compared GPU to GPU: the same kernels give the same logits, so equality is exact. Agreement with
-    the reference is tests/test_decode_session.py's job, with a tolerance (near-ties of a random tiny model's
+    the reference is tests/session/test_decode_session.py's job, with a tolerance (near-ties of a random tiny model's
     logits can flip a greedy token between two correct implementations).
     """
     from support.native_session import open_native_session, ple_rows

@@ -1,6 +1,6 @@
 """The expert cache's plan on the CPU: budgets, slots per layer, the bytes the plan counts against what the native
 cache allocates and the pool holds, and the command-line options that set it. The cache on the GPU is
-tests/test_decode_session.py's."""
+tests/session/test_decode_session.py's."""
 
 from __future__ import annotations
 

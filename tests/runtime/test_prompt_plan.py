@@ -1,6 +1,6 @@
 """The prompt path's plan on the CPU: the staging's bytes against what the native staging allocates, the chunk
 scratch in the memory plan, and a chunk that does not fit halved rather than refused. The path itself on the
-GPU is tests/test_prompt_path.py's."""
+GPU is tests/session/test_prompt_path.py's."""
 
 from __future__ import annotations
 

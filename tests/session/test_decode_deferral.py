@@ -22,7 +22,7 @@ QUANT = {"experts": "q4_k", "expert_down": "q4_0", "dense": "q8_0", "embeddings"
 CASES = {"qwen4exp-f32": ("qwen4exp", FLOAT), "qwen3next-quant": ("qwen3next", QUANT)}
 GREEDY = (0.0, 0, 1.0, 0.0, 1.0)
 STEPS = 24
-# tests/test_decode_session.py's bounds for bf16 KV (its comment says where they come from): deferral adds no
+# tests/session/test_decode_session.py's bounds for bf16 KV (its comment says where they come from): deferral adds no
 # rounding of its own, it moves where a row is added; the pool sums the answered and the deferred rows apart.
 MEDIAN = {"float": 4e-3, "quant": 1.5e-2}
 STEADY, GARBAGE = 0.15, 1.0

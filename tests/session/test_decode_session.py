@@ -163,7 +163,7 @@ def test_a_conversation_reuses_its_prefix_and_a_restored_snapshot_continues_bit_
         return [int(t) for t in rng.integers(0, g.n_vocab, 4 * n) if int(t) not in eos][:n]
 
     # Token by token (prompt_chunk=0): the fresh session steps every id, and the prompt path's tensor-core
-    # products round differently from the GEMVs (tests/test_prompt_path.py bounds that difference).
+    # products round differently from the GEMVs (tests/session/test_prompt_path.py bounds that difference).
     chat = model.session(context=256, kv="bf16", snapshots=2, prompt_chunk=0)
     try:
         first = ids(9)

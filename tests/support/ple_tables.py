@@ -1,5 +1,5 @@
 """Stand-ins for the PLE layer's n-gram table: a ModelFile holding only the table, in any GGUF type, and token
-sequences whose EOS ids cut the n-gram context (tests/test_engine.py, tests/test_ple_gather.py)."""
+sequences whose EOS ids cut the n-gram context (tests/runtime/test_engine.py, tests/session/test_ple_gather.py)."""
 
 from __future__ import annotations
 
