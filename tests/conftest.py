@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from support import hooks
+from support.models import TinyModels
 
 
 def _device_count() -> int:
@@ -35,6 +36,12 @@ def _skip_where_absent(items: list[pytest.Item], marker: str, present: Callable[
         return
     for item in marked:
         item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    """Tiny synthetic model files that several test files load, each written once per session (support.models)."""
+    return TinyModels(tmp_path_factory)
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from strata.generation import Session
 from strata.reference import Reference
 from strata.reference.engine import ReferenceEngine
 from strata.sampling import log_probabilities
-from strata.synth import synthesize
 from support.compare import relative_error
 
 # The reference fed a chunk at once and token by token sums in other orders (float64 inner products, float32
@@ -37,10 +36,8 @@ class CountingEngine(ReferenceEngine):
 
 
 @pytest.fixture(scope="module", params=["qwen4exp", "qwen3next"])
-def model_file(request, tmp_path_factory):
-    path = tmp_path_factory.mktemp("conversation") / f"{request.param}.gguf"
-    synthesize(path, request.param, "tiny", seed=4)
-    with inspect(path) as file:
+def model_file(request, tiny_model):
+    with inspect(tiny_model(request.param, seed=4)) as file:
         yield file
 
 

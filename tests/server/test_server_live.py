@@ -34,10 +34,8 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    path = tmp_path_factory.mktemp("server") / "tiny.gguf"
-    synthesize(path, "qwen3next", "tiny", seed=4)
-    with load(path, engine="reference") as model:
+def model(tiny_model):
+    with load(tiny_model("qwen3next", seed=4), engine="reference") as model:
         yield model
 
 

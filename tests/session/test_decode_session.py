@@ -15,7 +15,6 @@ from strata.runtime.plan import file_tensors
 from strata.reference import Reference
 from strata.runtime.ple_rows import NATIVE_ROW_TYPES, PleRows
 from strata.sampling import SamplingParams, log_probabilities, sample
-from strata.synth import synthesize
 from support.compare import relative_errors
 from support.native_session import open_native_session, ple_rows
 
@@ -45,11 +44,10 @@ GARBAGE = 1.0
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
-def loaded(request, tmp_path_factory):
+def loaded(request, tiny_model):
     arch, types = CASES[request.param]
-    path = tmp_path_factory.mktemp("decode") / f"{request.param}.gguf"
-    synthesize(path, arch, "tiny", types=types, seed=11)
-    model = load(path, progress=False, expert_cache=0)  # the pool answers every routed expert; caches are built below
+    # the pool answers every routed expert; caches are built below
+    model = load(tiny_model(arch, types=types, seed=11), progress=False, expert_cache=0)
     yield request.param, model
     model.close()
 

@@ -12,7 +12,6 @@ from strata.options import Mode
 from strata.reference import Reference
 from strata.runtime.model import load
 from strata.runtime.ple_rows import PleRows
-from strata.synth import synthesize
 
 from support.compare import relative_errors
 from support.native_session import open_native_session
@@ -22,12 +21,10 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))
-def loaded(request, tmp_path_factory):
+def loaded(request, tiny_model):
     arch, types = CASES[request.param]
-    path = tmp_path_factory.mktemp("prompt") / f"{request.param}.gguf"
-    synthesize(path, arch, "tiny", types=types, seed=11)
     # Staging and caches are built per test; prompt=True sizes the pool's rows for its share of small chunks.
-    model = load(path, progress=False, expert_cache=0, prompt=True)
+    model = load(tiny_model(arch, types=types, seed=11), progress=False, expert_cache=0, prompt=True)
     yield request.param, model
     model.close()
 
