@@ -1,13 +1,20 @@
-"""Test configuration: `gpu` tests run only where a CUDA device exists.
+"""Test configuration: `gpu` tests run only where a CUDA device exists, `hooks` tests only where the test hooks
+(strata._native_check) are built.
 
-The decision is made from strata._native.device_count() alone: never by matching error strings, and an
-out-of-memory error inside a GPU test is a failure, not a skip.
+Each decision is made from one fact: strata._native.device_count(), and whether the hooks' module exists
+(support.hooks.available); never by matching error strings, and an out-of-memory error inside a GPU test is a
+failure, not a skip.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
+
+from support import hooks
+from support.models import TinyModels
 
 
 def _device_count() -> int:
@@ -17,14 +24,24 @@ def _device_count() -> int:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not any(item.get_closest_marker("gpu") for item in items):
+    _skip_where_absent(items, "gpu", lambda: _device_count() > 0,
+                      "no CUDA device (strata._native.device_count() == 0)")
+    _skip_where_absent(items, "hooks", hooks.available, hooks.ABSENT)
+
+
+def _skip_where_absent(items: list[pytest.Item], marker: str, present: Callable[[], bool], reason: str) -> None:
+    """Skip the items carrying `marker` unless `present()`, which is asked only when some item carries it."""
+    marked = [item for item in items if item.get_closest_marker(marker)]
+    if not marked or present():
         return
-    if _device_count() > 0:
-        return
-    skip = pytest.mark.skip(reason="no CUDA device (strata._native.device_count() == 0)")
-    for item in items:
-        if item.get_closest_marker("gpu"):
-            item.add_marker(skip)
+    for item in marked:
+        item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
+    """Tiny synthetic model files that several test files load, each written once per session (support.models)."""
+    return TinyModels(tmp_path_factory)
 
 
 @pytest.fixture

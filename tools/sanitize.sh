@@ -5,7 +5,7 @@
 # --timeout seconds (default 300): memcheck reports out-of-bounds, misaligned and freed-memory accesses and failing
 # CUDA calls, racecheck shared-memory races, synccheck barriers that not every thread of a block reaches. TEST_FILEs
 # default to every file holding a GPU test; ARGS after `--` go to compute-sanitizer (e.g. --print-limit 20).
-# Logs: OUTDIR/TOOL/FILE.log, the sanitizer's report and pytest's output together. One SANITIZE line per (tool,
+# Logs: OUTDIR/TOOL/AREA-FILE.log, the sanitizer's report and pytest's output together. One SANITIZE line per (tool,
 # file), again all together last: the errors the sanitizer counted (its ERROR or RACECHECK SUMMARY), pytest's
 # tally and pass, fail (a test failed or the sanitizer reported an error), timeout, or none (no GPU test ran).
 # Exit status 1 if any failed or timed out.
@@ -62,7 +62,7 @@ summary=()
 for tool in ${tools//,/ }; do
   mkdir -p "$out/$tool"
   for file in "${files[@]}"; do
-    name=$(basename "$file" .py)
+    name=${file#tests/}; name=${name%.py}; name=${name//\//-}  # tests/kernels/test_x.py: kernels-test_x
     log="$out/$tool/$name.log"
     # timeout signals its whole process group: the sanitizer and the pytest it runs
     timeout --kill-after=30 "$timeout_s" "$sanitizer" --tool "$tool" --target-processes all "${sanitizer_args[@]}" \

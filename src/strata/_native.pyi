@@ -1,4 +1,4 @@
-# Stubs of the strata._native extension (the production binding). tests/test_native_stub.py checks that every
+# Stubs of the strata._native extension (the production binding). tests/project/test_native_stub.py checks that every
 # name, method and parameter here matches the compiled module.
 from collections.abc import Sequence
 from typing import Any

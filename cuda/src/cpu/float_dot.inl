@@ -17,7 +17,7 @@
 
 // y[r - row0] = scale * (W[r] . x). Four accumulators of kLanes lanes each: independent FMA chains hide the
 // FMA latency, and every row is summed in 4 * kLanes partial sums (>= 32), so each lane's float32 chain is
-// at most cols / 32 FMAs long (the tolerance of tests/test_pool.py rests on that).
+// at most cols / 32 FMAs long (the tolerance of tests/pool/test_pool.py rests on that).
 template <FloatKind K>
 void float_rows_dot(const MatrixRows& m, int64_t row0, int64_t row1, const Activation& activation, float scale,
                     float* y) {

@@ -127,7 +127,7 @@ SESSION_SLACK_BYTES = 16 << 20
 
 def sampler_bound(n_vocab: int) -> int:
     """The GPU sampler's workspace where no device can be asked (its radix sort's size is the device's): its
-    two key arrays, the sort's alternate keys and 256 KiB for its histograms and tile states (tests/test_plan.py
+    two key arrays, the sort's alternate keys and 256 KiB for its histograms and tile states (tests/runtime/test_plan.py
     checks it against the device's figure)."""
     return 3 * SORT_KEY * n_vocab + (256 << 10)
 

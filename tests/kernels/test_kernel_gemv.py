@@ -1,0 +1,244 @@
+"""GPU GEMV for every canonical form (docs/forms.md) vs strata.quant.matvec, the numpy reference of the
+same integer math, on fresh random GGUF blocks; float forms vs float64 numpy. The batched GEMV over a stack of
+matrices (a layer's experts in VRAM) vs the single GEMV, bit for bit, and the same references."""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+import strata
+from support.hooks import native_check as _native_check
+from strata.quant import QuantTensor, dequantize, form_for, matvec, repack
+from strata.quant.forms import FORMS
+from strata.quant.synthetic import random_blocks
+
+pytestmark = pytest.mark.hooks
+
+QUANT_TYPES = [t for t, f in FORMS.items() if not f.is_float]
+FLOAT_TYPES = [T.F32, T.F16, T.BF16]
+# Every bound is relative to max_r sum_j |w_rj x_j|, the size of the terms summed: max |y| alone can be tiny
+# when a row's terms cancel (a 1 x 32 row did, on one seed), and summation-order error scales with the terms.
+# Quantized: integer inner sums are exact on both sides; only the float32 scaling and the order of the sums
+# over blocks differ (numpy: pairwise, GPU: per lane then a warp tree), a few float32 roundings.
+QUANT_RTOL = 2e-6
+# Float weights: fp32 FMA accumulation over up to 10240 products vs a float64 reference.
+FLOAT_RTOL = 1e-5
+
+
+def random_weight(ggml_type: T, rows: int, cols: int, rng: np.random.Generator):
+    return repack(random_blocks(ggml_type, rows * cols, rng), ggml_type, (cols, rows))
+
+
+def error_of_terms(got: np.ndarray, want: np.ndarray, w, x: np.ndarray) -> float:
+    """max |got - want| / max_r sum_j |w_rj x_j| (w: a QuantTensor or float weight, as gemv takes it)."""
+    assert np.all(np.isfinite(got)), f"{np.count_nonzero(~np.isfinite(got))} non-finite outputs"
+    scale = np.max(np.abs(dequantize(w)).astype(np.float64) @ np.abs(x).astype(np.float64))
+    return float(np.max(np.abs(got.astype(np.float64) - want)) / max(scale, 1e-30))
+
+
+def check_quant(ggml_type: T, rows: int, cols: int, rng: np.random.Generator) -> None:
+    q = random_weight(ggml_type, rows, cols, rng)
+    x = rng.standard_normal(cols).astype(np.float32)
+    err = error_of_terms(_native_check.gemv(q, x), matvec(q, x), q, x)
+    assert err < QUANT_RTOL, f"{ggml_type.name} {rows}x{cols}: max error {err:.2e} of max sum |w x|"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ggml_type", QUANT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize(("rows", "cols"), [(1, 256), (7, 512), (33, 2560), (320, 10240)])
+def test_quant_gemv_every_form(rng, ggml_type, rows, cols):
+    check_quant(ggml_type, rows, cols, rng)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q4_0, T.IQ4_NL, T.Q5_1], ids=lambda t: t.name)
+def test_quant_gemv_rank_320_input(rng, ggml_type):
+    """The HC up projection (320 -> 10240): rows narrower than a K-quant super-block."""
+    check_quant(ggml_type, 10240, 320, rng)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q4_K, T.Q6_K, T.Q2_K], ids=lambda t: t.name)
+@pytest.mark.parametrize(("rows", "cols"), [(10240, 2560), (12288, 2560), (2560, 6144), (512, 2560), (2561, 256)])
+def test_quant_gemv_qwen4exp_projections(rng, ggml_type, rows, cols):
+    check_quant(ggml_type, rows, cols, rng)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ggml_type", FLOAT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize(("rows", "cols"), [(1, 32), (7, 33), (48, 2560), (2560, 6144), (10240, 320), (5, 10240)])
+def test_float_gemv(rng, ggml_type, rows, cols):
+    w = random_weight(ggml_type, rows, cols, rng)
+    x = rng.standard_normal(cols).astype(np.float32)
+    want = dequantize(w).astype(np.float64) @ x.astype(np.float64)
+    err = error_of_terms(_native_check.gemv(w, x), want, w, x)
+    assert err < FLOAT_RTOL, f"{ggml_type.name} {rows}x{cols}: max error {err:.2e} of max sum |w x|"
+
+
+def _row_slice(q: QuantTensor, rows: np.ndarray) -> QuantTensor:
+    planes = {name: plane[rows] for name, plane in q.planes().items()}
+    return QuantTensor(q.form, len(rows), q.cols, **planes)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ggml_type", [T.F32, T.Q8_0, T.Q4_K], ids=lambda t: t.name)
+def test_lm_head(rng, ggml_type):
+    """qwen4exp's LM head, 2560 -> 248320: every output finite, a random sample of rows checked."""
+    rows, cols = 248320, 2560
+    w = random_weight(ggml_type, rows, cols, rng)
+    x = rng.standard_normal(cols).astype(np.float32)
+    y = _native_check.gemv(w, x)
+    assert y.shape == (rows,) and np.all(np.isfinite(y))
+    sample = np.sort(np.concatenate([rng.choice(rows - 1, 2048, replace=False), [rows - 1]]))
+    if isinstance(w, np.ndarray):
+        rows_checked = w[sample]
+        want, rtol = rows_checked.astype(np.float64) @ x.astype(np.float64), FLOAT_RTOL
+    else:
+        rows_checked = _row_slice(w, sample)
+        want, rtol = matvec(rows_checked, x), QUANT_RTOL
+    err = error_of_terms(y[sample], want, rows_checked, x)
+    assert err < rtol, f"{ggml_type.name} LM head: max error {err:.2e} of max sum |w x|"
+
+
+@pytest.mark.gpu
+def test_gemv_rejects_wrong_x_length(rng):
+    q = random_weight(T.Q8_0, 4, 64, rng)
+    with pytest.raises(strata.InvalidArgument, match="x has 32 elements, the weight has 64 columns"):
+        _native_check.gemv(q, rng.standard_normal(32).astype(np.float32))
+
+
+@pytest.mark.gpu
+def test_gemv_rejects_unknown_float_dtype(rng):
+    with pytest.raises(strata.InvalidArgument, match="float64"):
+        _native_check.gemv(rng.standard_normal((4, 64)), rng.standard_normal(64).astype(np.float32))
+
+
+def test_every_quant_type_has_a_form():
+    assert {form_for(t).name for t in QUANT_TYPES} >= {"q8_0", "q4_k", "q6_k", "mxfp4", "iq4_xs", "q2_k"}
+
+
+# The batched GEMV over a stack of matrices (gemv_batch, a layer's experts held in VRAM): each written product
+# must be the single-matrix GEMV of its matrix bit for bit (the same kernel loop), and so within the single
+# GEMV's bounds of the numpy reference; a skipped product's row keeps the poison's bits.
+POISON_BITS = np.uint32(0xFFFFFFFF)
+
+
+def matrix_of(stack, m: int, rows: int):
+    """Matrix m of a stack of matrices of `rows` rows each (a QuantTensor or a float array)."""
+    chosen = np.arange(m * rows, (m + 1) * rows)
+    return stack[chosen] if isinstance(stack, np.ndarray) else _row_slice(stack, chosen)
+
+
+def random_slots(n_matrix: int, count: int, rng: np.random.Generator) -> np.ndarray:
+    """count slots in random order: at least one skip (-1) and one matrix used twice, the rest any of -1..n-1."""
+    slots = rng.integers(-1, n_matrix, size=count)
+    slots[rng.permutation(count)[:3]] = [-1, *(2 * [rng.integers(n_matrix)])]
+    return slots.astype(np.int32)
+
+
+def batch_x(cols: int, count: int, x_stride: int, rng: np.random.Generator) -> tuple[np.ndarray, list[np.ndarray]]:
+    """x as gemv_batch takes it (shared for x_stride 0, else [count, x_stride] with random padding), and x_j."""
+    if x_stride == 0:
+        x = rng.standard_normal(cols).astype(np.float32)
+        return x, [x] * count
+    x = rng.standard_normal((count, x_stride)).astype(np.float32)
+    return x, [np.ascontiguousarray(x[j, :cols]) for j in range(count)]
+
+
+def check_batch(stack, n_matrix: int, count: int, x_stride: int, rng: np.random.Generator, *,
+                bitwise: bool = True) -> None:
+    rows = (stack.shape[0] if isinstance(stack, np.ndarray) else stack.rows) // n_matrix
+    cols = stack.shape[1] if isinstance(stack, np.ndarray) else stack.cols
+    quantized = not isinstance(stack, np.ndarray)
+    slots = random_slots(n_matrix, count, rng)
+    x, x_of = batch_x(cols, count, x_stride, rng)
+    y = _native_check.gemv_batch(stack, n_matrix, slots, x)
+    assert y.shape == (count, rows) and y.dtype == np.float32
+    for j, slot in enumerate(slots):
+        note = f"product {j} (slot {slot} of {n_matrix}, {rows}x{cols}, x_stride {x_stride})"
+        if slot < 0:
+            assert np.all(y[j].view(np.uint32) == POISON_BITS), f"skipped {note} was written"
+            continue
+        w = matrix_of(stack, slot, rows)
+        want = matvec(w, x_of[j]) if quantized else dequantize(w).astype(np.float64) @ x_of[j].astype(np.float64)
+        err = error_of_terms(y[j], want, w, x_of[j])
+        rtol = QUANT_RTOL if quantized else FLOAT_RTOL
+        assert err < rtol, f"{note}: max error {err:.2e} of max sum |w x|"
+        if bitwise:
+            single = _native_check.gemv(w, x_of[j])
+            differ = np.count_nonzero(y[j].view(np.uint32) != single.view(np.uint32))
+            assert differ == 0, f"{note}: {differ} rows differ from the single-matrix GEMV's bits"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ggml_type", QUANT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("x_stride", [0, 512, 512 + 64], ids=["x_shared", "x_per_product", "x_padded"])
+def test_quant_gemv_batch_every_form(rng, ggml_type, x_stride):
+    check_batch(random_weight(ggml_type, 5 * 7, 512, rng), 5, 6, x_stride, rng)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ggml_type", FLOAT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize(("cols", "x_stride"), [(512, 0), (512, 512), (512, 516), (33, 0), (33, 35)],
+                         ids=["vec_x_shared", "vec_x_per_product", "vec_x_padded", "scalar_x_shared", "scalar_x_odd"])
+def test_float_gemv_batch(rng, ggml_type, cols, x_stride):
+    check_batch(random_weight(ggml_type, 5 * 7, cols, rng), 5, 6, x_stride, rng)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ggml_type", FLOAT_TYPES, ids=lambda t: t.name)
+def test_float_gemv_batch_unaligned_x_stride(rng, ggml_type):
+    """An x_stride that is no multiple of 4 floats takes the scalar loop for the whole batch: right within the
+    float bound, but summed in another order than the single GEMV's 16-byte loop, so not compared bit for bit."""
+    check_batch(random_weight(ggml_type, 4 * 9, 512, rng), 4, 5, 515, rng, bitwise=False)
+
+
+# The routed experts of one layer (640 x 2560 gate and up, 1280 x 2560 merged gate_up, 2560 x 640 down) in forms
+# the converters give them; the down shape's 640 columns take only the 32-element super-block forms.
+EXPERT_SHAPES = [(640, 2560, 0), (1280, 2560, 0), (2560, 640, 640)]
+EXPERT_CASES = [(t, rows, cols, x_stride) for rows, cols, x_stride in EXPERT_SHAPES
+                for t in [T.Q8_0, T.Q4_K, T.Q6_K, T.IQ4_XS, T.Q2_K, T.MXFP4, T.IQ4_NL, T.Q5_1, T.BF16, T.F16]
+                if FORMS[t].is_float or cols % FORMS[t].super_size == 0]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("ggml_type", "rows", "cols", "x_stride"), EXPERT_CASES,
+                         ids=lambda v: v.name if isinstance(v, T) else str(v))
+def test_gemv_batch_expert_shapes(rng, ggml_type, rows, cols, x_stride):
+    check_batch(random_weight(ggml_type, 24 * rows, cols, rng), 24, 10, x_stride, rng)
+
+
+# Refusals the hook makes before it touches a device: these run without a GPU.
+def test_gemv_batch_refuses_bad_counts_without_a_device(rng):
+    q = random_weight(T.Q8_0, 4 * 8, 256, rng)
+    x = rng.standard_normal(256).astype(np.float32)
+    with pytest.raises(strata.InvalidArgument, match="gemv_quant_batch needs 1 <= count <= 65535 products, got 0"):
+        _native_check.gemv_batch(q, 4, np.zeros(0, np.int32), x)
+    with pytest.raises(strata.InvalidArgument, match="count <= 65535 products, got 65536"):
+        _native_check.gemv_batch(q, 4, np.zeros(65536, np.int32), x)
+
+
+@pytest.mark.parametrize("ggml_type", [T.Q4_K, T.F16], ids=lambda t: t.name)
+def test_gemv_batch_refuses_a_slot_outside_the_stack_without_a_device(rng, ggml_type):
+    stack = random_weight(ggml_type, 4 * 8, 256, rng)
+    hook = "gemv_float_batch" if isinstance(stack, np.ndarray) else "gemv_quant_batch"
+    with pytest.raises(strata.InvalidArgument, match=rf"{hook}: slots\[2\] = 4 lies outside the stack of 4 matrices"):
+        _native_check.gemv_batch(stack, 4, [0, -1, 4, 1], rng.standard_normal(256).astype(np.float32))
+
+
+def test_gemv_batch_refuses_bad_x_strides_without_a_device(rng):
+    q = random_weight(T.Q8_0, 4 * 8, 256, rng)
+    with pytest.raises(strata.InvalidArgument, match=r"at least cols \(256\) and a multiple of 32, got 260"):
+        _native_check.gemv_batch(q, 4, [0, 1], np.zeros((2, 260), np.float32))
+    w = random_weight(T.F32, 2 * 3, 40, rng)
+    with pytest.raises(strata.InvalidArgument,
+                       match=r"gemv_float_batch needs x_stride 0 or at least cols \(40\), got 20"):
+        _native_check.gemv_batch(w, 2, [0, 1], np.zeros((2, 20), np.float32))
+
+
+def test_gemv_batch_refuses_a_stack_of_unequal_matrices(rng):
+    q = random_weight(T.Q8_0, 10, 256, rng)
+    with pytest.raises(strata.InvalidArgument, match="a stack of 10 rows is not 4 matrices of equal rows"):
+        _native_check.gemv_batch(q, 4, [0], rng.standard_normal(256).astype(np.float32))
+    with pytest.raises(strata.InvalidArgument, match=r"x has shape \(3, 256\); expected \(256,\) or \(2, x_stride\)"):
+        _native_check.gemv_batch(q, 5, [0, 1], np.zeros((3, 256), np.float32))

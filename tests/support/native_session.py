@@ -1,0 +1,27 @@
+"""The one way tests open a native decode session (strata._native.DecodeSession) on a model strata.load opened,
+and the PLE rows its steps take, as the GPU engine (strata.runtime) gathers them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from strata import _native
+from strata.runtime.geometry import native_geometry
+from strata.runtime.ple_rows import PleRows
+
+
+def open_native_session(model, *, context: int, kv: str = "bf16", **options) -> _native.DecodeSession:
+    """A session over `model`'s VRAM weights and CPU pool with the geometry the runtime hands the native side;
+    `options` (mode, snapshots, cache, staging, ...) as DecodeSession takes them. The caller closes it."""
+    return _native.DecodeSession(model.weights, model.pool.native, native_geometry(model.info.geometry),
+                                 context=context, kv=kv, **options)
+
+
+def ple_rows(model) -> Callable[[int], np.ndarray | None]:
+    """Each next token's n-gram table rows (None for a model without PLE), as the GPU engine gathers them."""
+    g = model.info.geometry
+    if not g.ple_layers:
+        return lambda token: None
+    return PleRows(model.file, g).rows
