@@ -19,7 +19,7 @@ import numpy as np
 import openai
 import pytest
 
-from server_harness import client, echo_session
+from support.server_harness import client, echo_session
 from strata.cli import main
 from strata.format import inspect
 from strata.generation import Session

@@ -1,7 +1,7 @@
 """A load's placement of its routed experts on the CPU (strata.runtime.placement): the cache's slots and bytes by
 the native figures, an explicit budget refused where the smallest session would not fit beside it, "auto" leaving
 room for the default session, and the staging placed only where it fits. The load itself on the GPU is
-tests/test_decode_session.py's."""
+tests/session/test_decode_session.py's."""
 
 from __future__ import annotations
 

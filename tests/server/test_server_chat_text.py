@@ -1,12 +1,12 @@
 """/v1/chat/completions feeds a chat's messages as text: a message that writes the template's markers cannot
-end its turn or forge a system turn (the server encodes as Session.chat_ids; tests/test_chat_text.py has the
+end its turn or forge a system turn (the server encodes as Session.chat_ids; tests/generation/test_chat_text.py has the
 encoding's own tests)."""
 
 from __future__ import annotations
 
 import pytest
 
-from server_harness import client, echo_session
+from support.server_harness import client, echo_session
 from strata.format import inspect
 from strata.server import Server
 from strata.server.background import serving

@@ -8,7 +8,7 @@ import io
 import pytest
 
 import strata
-from malformed import CHAT_TEMPLATE, tokenizer_metadata
+from support.malformed import CHAT_TEMPLATE, tokenizer_metadata
 from strata.cli.chat import converse
 from strata.convert.tokenizer_meta import CHATML_TEMPLATE, byte_level
 from strata.format.tokenizer import Tokenizer
