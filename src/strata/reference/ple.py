@@ -40,7 +40,7 @@ def ngram_context(previous: np.ndarray, ids: np.ndarray, eos: int) -> np.ndarray
 def ngram_rows(ctx: np.ndarray, shape: PleShape) -> np.ndarray:
     """Table rows [T, (ngram-1)*heads_per_ngram]: order k = 2..ngram hashes c0..c_{k-1} (uint64 XOR of c_s*m_s)."""
     # The runtime runs this hash once, natively (strata::PleNgrams); this numpy copy stays on purpose: the oracle
-    # the native hash is checked against (tests/test_ple_gather.py) must not be the code under test.
+    # the native hash is checked against (tests/session/test_ple_gather.py) must not be the code under test.
     prod = ctx.astype(np.uint64) * np.asarray(shape.multipliers, dtype=np.uint64)[None, :]  # wraps mod 2^64
     sizes = np.asarray(shape.head_sizes, dtype=np.uint64)
     offsets = np.asarray(shape.head_offsets, dtype=np.uint64)
