@@ -275,7 +275,7 @@ def test_qwen4exp_layer_types_are_written_per_layer_beside_the_interval(checkpoi
 
 
 def test_an_irregular_qwen4exp_layout_is_written_once_as_the_list(tmp_path, caplog):
-    from hf_models import CONFIGS, hf_model, save_and_convert
+    from support.hf_models import CONFIGS, hf_model, save_and_convert
 
     hidden, types = CONFIGS[0]  # attention on layers 2 and 4: no interval reproduces it
     path = save_and_convert(hf_model("qwen4exp", hidden, types), tmp_path, "f32")
