@@ -13,10 +13,10 @@
 #include "../runtime/pinned_memory.hpp"
 #include "../runtime/stream.hpp"
 #include "../kernels/sample.cuh"
-#include "decode_program.hpp"
-#include "doorbell_host.hpp"
-#include "prompt_program.hpp"
-#include "ring_answerer.hpp"
+#include "programs/decode_program.hpp"
+#include "exchange/doorbell_host.hpp"
+#include "programs/prompt_program.hpp"
+#include "exchange/ring_answerer.hpp"
 #include "strata/cpu_topology.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"
@@ -25,7 +25,7 @@
 #include "strata/expert_staging.hpp"
 #include "strata/ple_gather.hpp"
 #include "strata/session_arena.hpp"
-#include "token_schedule.hpp"
+#include "programs/token_schedule.hpp"
 
 namespace strata {
 namespace {

@@ -13,9 +13,9 @@
 #include <initializer_list>
 #include <vector>
 
-#include "../runtime/device_buffer.hpp"
-#include "../runtime/pinned_memory.hpp"
-#include "chunk_routes.hpp"
+#include "../../runtime/device_buffer.hpp"
+#include "../../runtime/pinned_memory.hpp"
+#include "../experts/chunk_routes.hpp"
 #include "decode_program.hpp"
 #include "strata/expert_cache.hpp"
 #include "strata/expert_pool.hpp"
