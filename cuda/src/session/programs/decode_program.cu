@@ -216,11 +216,7 @@ void DecodeProgram::begin(cudaStream_t s) const {
   STRATA_CUDA_TRY(kernels::embed_rows(embedding_, &stage_->token, 1, x_, s));
   const int hc = std::max(g_.hc_count, 1);
   STRATA_CUDA_TRY(cudaMemsetAsync(seq_.streams, 0, sizeof(float) * hc * g_.n_embd, s));
-  STRATA_CUDA_TRY(kernels::hc_write(seq_.streams, ones_, 0, x_, 1, hc, g_.n_embd, s));  // every stream = the embedding
-}
-
-void DecodeProgram::add_to_streams(const float* inj, const float* y, int streams, int width, cudaStream_t s) const {
-  STRATA_CUDA_TRY(kernels::hc_write(seq_.streams, inj, 0, y, 1, streams, width, s));
+  add_to_streams(seq_.streams, ones_, 0, x_, 1, hc, g_.n_embd, s);  // every stream = the embedding
 }
 
 void DecodeProgram::hc_read(const HcTensors& t, float* x, float* inj, const Products& readers, cudaStream_t s) const {
@@ -265,28 +261,12 @@ void DecodeProgram::ple(int layer, cudaStream_t s) const {
   args.value = ple_value_;
   args.out = ple_out_;
   STRATA_CUDA_TRY(kernels::ple_step(shape, args, s));
-  add_to_streams(ones_, ple_out_, 1, g_.hc_count * g_.n_embd, s);
-}
-
-Products DecodeProgram::mixer_inputs(int layer) const {
-  const LayerTensors& t = t_.layers[layer];
-  if (!g_.recurrent[layer]) {
-    if (t.index_q) return {{t.q, qg_}, {t.k, k_}, {t.v, v_}, {t.index_q, iq_}, {t.index_k, ik_}};
-    return {{t.q, qg_}, {t.k, k_}, {t.v, v_}};
-  }
-  float* z = qkvz_ + row_widths(g_).conv;
-  const bool interleaved = g_.gdn_interleaved_ba;
-  if (t.ssm_in) {
-    if (interleaved) return {{t.ssm_in, qkvz_}, {t.ba, beta_}};
-    return {{t.ssm_in, qkvz_}, {t.beta, beta_}, {t.alpha, alpha_}};
-  }
-  if (interleaved) return {{t.qkv, qkvz_}, {t.gate, z}, {t.ba, beta_}};
-  return {{t.qkv, qkvz_}, {t.gate, z}, {t.beta, beta_}, {t.alpha, alpha_}};
+  add_to_streams(seq_.streams, ones_, 0, ple_out_, 1, 1, g_.hc_count * g_.n_embd, s);
 }
 
 void DecodeProgram::mixer_gdn(int layer, const Products& inputs, cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
-  float* z = qkvz_ + row_widths(g_).conv;
+  float* z = gdn_z(g_, t, qkvz_, 1);
   project_quantized(x_, inputs, q8_, s, &branches_);
   const Products output{{t.ssm_out, y_}};
   const kernels::GdnShape shape = gdn_shape(g_);
@@ -357,7 +337,8 @@ void DecodeProgram::pre(int layer, cudaStream_t s) const {
   const int n = g_.n_embd;
   if (layer == g_.ple_layer) ple(layer, s);
   // x_ reaches its readers with its q8_32 form in q8_ where they read one: the plain norm and hc_read write it.
-  const Products mixer_in = mixer_inputs(layer);
+  const DecodeScratch& buffers = *this;
+  const Products mixer_in = mixer_inputs(g_, t, layer, 1, buffers);
   if (hc) {
     hc_read(t.hc_attn, x_, inj_attn_, mixer_in, s);
   } else {
@@ -365,13 +346,13 @@ void DecodeProgram::pre(int layer, cudaStream_t s) const {
   }
   if (g_.recurrent[layer]) mixer_gdn(layer, mixer_in, s);
   else mixer_attention(layer, mixer_in, s);
-  const Products shared_in{{t.shared_gate, sh_g_}, {t.shared_up, sh_u_}};
-  const Products ffn_in{{t.router, router_logits_}, {t.shared_gate, sh_g_}, {t.shared_up, sh_u_}};
+  const Products shared_in = shared_inputs(t, buffers);
+  const Products ffn_in = ffn_inputs(t, buffers);
   if (hc) {
-    add_to_streams(inj_attn_, y_, g_.hc_count, n, s);
+    add_to_streams(seq_.streams, inj_attn_, 0, y_, 1, g_.hc_count, n, s);
     hc_read(t.hc_ffn, x_, ffn_injection(layer), ffn_in, s);
   } else {
-    add_to_streams(ones_, y_, 1, n, s);
+    add_to_streams(seq_.streams, ones_, 0, y_, 1, 1, n, s);
     STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t.post_attention_norm, x_, 1, n, g_.rms_eps, s,
                                       q8_for(ffn_in, q8_)));
   }
@@ -434,8 +415,8 @@ void DecodeProgram::post(int layer, cudaStream_t s) const {
   const bool hc = g_.hc_count > 0;
   const int streams = hc ? g_.hc_count : 1;
   // The deferred row with the write-back weights of the layer it belongs to.
-  if (deferred) add_to_streams(hc ? ffn_injection(layer - 1) : ones_, deferred_, streams, n, s);
-  add_to_streams(hc ? ffn_injection(layer) : ones_, y_, streams, n, s);
+  if (deferred) add_to_streams(seq_.streams, hc ? ffn_injection(layer - 1) : ones_, 0, deferred_, 1, streams, n, s);
+  add_to_streams(seq_.streams, hc ? ffn_injection(layer) : ones_, 0, y_, 1, streams, n, s);
 }
 
 void DecodeProgram::enqueue_logprobs(int token, int n, cudaStream_t s) const {

@@ -18,6 +18,7 @@
 #include "../../runtime/device_buffer.hpp"
 #include "../weights/decode_tensors.hpp"
 #include "../exchange/expert_deferral.hpp"
+#include "layer_recipe.hpp"
 #include "projection.hpp"
 #include "../state/sequence_views.hpp"
 #include "strata/expert_cache.hpp"
@@ -136,13 +137,11 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
   // (q8_for): the fused read (kernels/hc_read.cuh) writes it beside x; the eight-kernel chain it falls back to for
   // a form or shape the fusion lacks quantizes x after.
   void hc_read(const HcTensors& t, float* x, float* inj, const Products& readers, cudaStream_t s) const;
-  void add_to_streams(const float* inj, const float* y, int streams, int width, cudaStream_t s) const;
   // Layer `layer`'s FFN injection weights: kept per parity so that post(l + 1) still has layer l's for its
   // deferred row after pre(l + 1) wrote its own.
   float* ffn_injection(int layer) const noexcept { return inj_ffn_ + (layer & 1) * g_.hc_count; }
-  // The products of the mixer's input x_ in layer `layer`; the mixers start with x_'s q8_32 form in q8_ where one of
-  // them reads it (q8_for), and end with the mixer's output y_.
-  Products mixer_inputs(int layer) const;
+  // The mixers of layer `layer` on its input products (mixer_inputs, layer_recipe.hpp): they start with x_'s q8_32
+  // form in q8_ where one of them reads it (q8_for), and end with the mixer's output y_.
   void mixer_gdn(int layer, const Products& inputs, cudaStream_t s) const;
   void mixer_attention(int layer, const Products& inputs, cudaStream_t s) const;
   void ple(int layer, cudaStream_t s) const;

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
-#include <initializer_list>
 #include <string>
 
 #include "../../kernels/embed.cuh"
@@ -16,6 +15,7 @@
 #include "../../kernels/norm.cuh"
 #include "../../kernels/ple.cuh"
 #include "../../kernels/router.cuh"
+#include "layer_recipe.hpp"
 #include "mixer_shapes.hpp"
 #include "scratch_carver.hpp"
 #include "strata/device.hpp"
@@ -207,8 +207,7 @@ PromptProgram::PromptProgram(const DecodeProgram& decode, const ModelGeometry& g
 // y_i = W x_i for every row and product: one q8_32 form of the rows shared by the quantized weights (the same
 // products' columns, as decode's project() shares one), then one tensor-core product per weight that reads each
 // weight tile once per tile of rows.
-void PromptProgram::project_rows(const float* x, int rows, std::initializer_list<Product> products,
-                                 cudaStream_t s) const {
+void PromptProgram::project_rows(const float* x, int rows, const Products& products, cudaStream_t s) const {
   const long cols = products.begin()->w->cols;
   bool quantized = false;
   for (const Product& p : products) {
@@ -219,11 +218,6 @@ void PromptProgram::project_rows(const float* x, int rows, std::initializer_list
   for (const Product& p : products) {
     multiply_rows(*p.w, {rows, static_cast<int>(cols), static_cast<int>(p.w->rows)}, nullptr, x, q8_, p.y, s);
   }
-}
-
-void PromptProgram::add_to_streams(const float* inj, int inj_stride, const float* y, int rows, int streams,
-                                   int width, cudaStream_t s) const {
-  STRATA_CUDA_TRY(kernels::hc_write(streams_, inj, inj_stride, y, rows, streams, width, s));
 }
 
 void PromptProgram::hc_read(const HcTensors& t, const float* streams, int rows, float* x, float* inj,
@@ -254,24 +248,20 @@ void PromptProgram::ple(int layer, int rows, cudaStream_t s) const {
   args.out = ple_out_;
   STRATA_CUDA_TRY(kernels::ple_chunk(shape, args, rows, s));
   const int width = g_.hc_count * g_.n_embd;
-  add_to_streams(ones_, 0, ple_out_, rows, 1, width, s);
+  add_to_streams(streams_, ones_, 0, ple_out_, rows, 1, width, s);
 }
 
-void PromptProgram::mixer_gdn(int layer, int rows, cudaStream_t s) const {
+void PromptProgram::mixer_gdn(int layer, int rows, const Products& inputs, cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
   const RowWidths w = row_widths(g_);
   const int value_dim = w.value_dim, conv = w.conv;
   // qwen3next's merged projection writes rows of [qkv | z]; the split ones write qkv rows, then z rows after
-  // every qkv row.
+  // every qkv row (gdn_z).
   const bool merged = t.ssm_in != nullptr;
   const long qkv_stride = merged ? conv + value_dim : conv, z_stride = merged ? conv + value_dim : value_dim;
-  float* z = merged ? qkvz_ + conv : qkvz_ + static_cast<long>(rows) * conv;
-  const bool interleaved = g_.gdn_interleaved_ba;
-  const long beta_stride = interleaved ? t.ba->rows : t.beta->rows;
-  if (merged && interleaved) project_rows(x_, rows, {{t.ssm_in, qkvz_}, {t.ba, beta_}}, s);
-  else if (merged) project_rows(x_, rows, {{t.ssm_in, qkvz_}, {t.beta, beta_}, {t.alpha, alpha_}}, s);
-  else if (interleaved) project_rows(x_, rows, {{t.qkv, qkvz_}, {t.gate, z}, {t.ba, beta_}}, s);
-  else project_rows(x_, rows, {{t.qkv, qkvz_}, {t.gate, z}, {t.beta, beta_}, {t.alpha, alpha_}}, s);
+  float* z = gdn_z(g_, t, qkvz_, rows);
+  const long beta_stride = g_.gdn_interleaved_ba ? t.ba->rows : t.beta->rows;
+  project_rows(x_, rows, inputs, s);
   const kernels::GdnShape shape = gdn_shape(g_);
   kernels::GdnChunkArgs args;
   static_cast<kernels::GdnStepArgs&>(args) = gdn_layer_args(t, seq_, layer);
@@ -313,17 +303,14 @@ void PromptProgram::stream_out(int layer, const kernels::PagedKv& buffer, int po
   STRATA_CUDA_TRY(kernels::kv_window_reset(window, s));
 }
 
-void PromptProgram::mixer_attention(int layer, int rows, int position, cudaStream_t s) const {
+void PromptProgram::mixer_attention(int layer, int rows, int position, const Products& inputs,
+                                    cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
   const bool streamed = seq_.kv_streaming;  // every attention layer of a streaming session (session_layout.cpp)
   const kernels::PagedKv kv = streamed ? stream_in(layer, position, s) : seq_.kv[layer];
   const int heads_dim = g_.n_head * g_.head_dim, kv_dim = g_.n_head_kv * g_.head_dim;
   const int iq_dim = g_.indexer_n_heads * g_.indexer_head_dim;
-  if (t.index_q) {
-    project_rows(x_, rows, {{t.q, qg_}, {t.k, k_}, {t.v, v_}, {t.index_q, iq_}, {t.index_k, ik_}}, s);
-  } else {
-    project_rows(x_, rows, {{t.q, qg_}, {t.k, k_}, {t.v, v_}}, s);
-  }
+  project_rows(x_, rows, inputs, s);
   const kernels::AttentionShape& attention = decode_.attention_shape();
   kernels::AttentionChunkPrepArgs prep;
   prep.q_gate = qg_;
@@ -554,7 +541,8 @@ void PromptProgram::run(const int* tokens, int n, int position, const float* ple
   }
   STRATA_CUDA_TRY(kernels::embed_rows(decode_.embedding(), tokens_, n, x_, s));
   STRATA_CUDA_TRY(cudaMemsetAsync(streams_, 0, sizeof(float) * width * n, s));
-  add_to_streams(ones_, 0, x_, n, hc, emb, s);  // every stream = the embedding
+  add_to_streams(streams_, ones_, 0, x_, n, hc, emb, s);  // every stream = the embedding
+  const PromptScratch& buffers = *this;
   const bool ahead = staging_ && prefetches_layers(g_, n);
   if (ahead) prefetch_after(-1);
   for (int layer = 0; layer < g_.n_layer; ++layer) {
@@ -564,18 +552,19 @@ void PromptProgram::run(const int* tokens, int n, int position, const float* ple
     const LayerTensors& t = t_.layers[layer];
     const bool streams_hc = g_.hc_count > 0;
     if (layer == g_.ple_layer) ple(layer, n, s);
+    const Products mixer_in = mixer_inputs(g_, t, layer, n, buffers);
     if (streams_hc) hc_read(t.hc_attn, streams_, n, x_, inj_attn_, s);
     else STRATA_CUDA_TRY(kernels::rms_norm(streams_, t.attn_norm, x_, n, emb, g_.rms_eps, s));
-    if (g_.recurrent[layer]) mixer_gdn(layer, n, s);
-    else mixer_attention(layer, n, position, s);
+    if (g_.recurrent[layer]) mixer_gdn(layer, n, mixer_in, s);
+    else mixer_attention(layer, n, position, mixer_in, s);
     if (streams_hc) {
-      add_to_streams(inj_attn_, hc, y_, n, hc, emb, s);
+      add_to_streams(streams_, inj_attn_, hc, y_, n, hc, emb, s);
       hc_read(t.hc_ffn, streams_, n, x_, inj_ffn_, s);
     } else {
-      add_to_streams(ones_, 0, y_, n, 1, emb, s);
+      add_to_streams(streams_, ones_, 0, y_, n, 1, emb, s);
       STRATA_CUDA_TRY(kernels::rms_norm(streams_, t.post_attention_norm, x_, n, emb, g_.rms_eps, s));
     }
-    project_rows(x_, n, {{t.router, router_logits_}, {t.shared_gate, sh_g_}, {t.shared_up, sh_u_}}, s);
+    project_rows(x_, n, ffn_inputs(t, buffers), s);
     STRATA_CUDA_TRY(
         kernels::moe_route(router_logits_, route_ids_, route_weights_, n, g_.n_expert, g_.n_expert_used, s));
     STRATA_CUDA_TRY(kernels::swiglu(sh_g_, sh_u_, sh_h_, n * g_.shared_ff, s));
@@ -583,8 +572,8 @@ void PromptProgram::run(const int* tokens, int n, int position, const float* ple
     STRATA_CUDA_TRY(kernels::shared_expert_gate(t.shared_gate_inp, x_, shared_gate_, n, emb, s));
     routed_experts(layer, n, s);
     STRATA_CUDA_TRY(kernels::moe_combine(routed_, shared_, shared_gate_, y_, n, emb, s));
-    if (streams_hc) add_to_streams(inj_ffn_, hc, y_, n, hc, emb, s);
-    else add_to_streams(ones_, 0, y_, n, 1, emb, s);
+    if (streams_hc) add_to_streams(streams_, inj_ffn_, hc, y_, n, hc, emb, s);
+    else add_to_streams(streams_, ones_, 0, y_, n, 1, emb, s);
   }
   if (logits) all_logits(n, logits, s);
   // The last token's streams are where decode's end() and the next token's layers read the sequence's.

@@ -10,7 +10,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <initializer_list>
 #include <vector>
 
 #include "../../runtime/device_buffer.hpp"
@@ -82,14 +81,13 @@ class PromptProgram : private PromptScratch {
   void reset_stats() noexcept { stats_ = {}; }
 
  private:
-  void project_rows(const float* x, int rows, std::initializer_list<Product> products, cudaStream_t s) const;
+  void project_rows(const float* x, int rows, const Products& products, cudaStream_t s) const;
   void hc_read(const HcTensors& t, const float* streams, int rows, float* x, float* inj, cudaStream_t s) const;
   void all_logits(int n, float* logits, cudaStream_t s) const;
-  void add_to_streams(const float* inj, int inj_stride, const float* y, int rows, int streams, int width,
-                      cudaStream_t s) const;
   void ple(int layer, int rows, cudaStream_t s) const;
-  void mixer_gdn(int layer, int rows, cudaStream_t s) const;
-  void mixer_attention(int layer, int rows, int position, cudaStream_t s) const;
+  // The mixers of layer `layer` over the chunk's rows, on its input products (mixer_inputs, layer_recipe.hpp).
+  void mixer_gdn(int layer, int rows, const Products& inputs, cudaStream_t s) const;
+  void mixer_attention(int layer, int rows, int position, const Products& inputs, cudaStream_t s) const;
   kernels::PagedKv stream_in(int layer, int position, cudaStream_t s) const;
   void stream_out(int layer, const kernels::PagedKv& buffer, int position, int rows, cudaStream_t s) const;
   void routed_experts(int layer, int rows, cudaStream_t s);
