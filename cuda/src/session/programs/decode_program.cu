@@ -219,31 +219,37 @@ void DecodeProgram::begin(cudaStream_t s) const {
   add_to_streams(seq_.streams, ones_, 0, x_, 1, hc, g_.n_embd, s);  // every stream = the embedding
 }
 
-void DecodeProgram::hc_read(const HcTensors& t, float* x, float* inj, const Products& readers, cudaStream_t s) const {
-  const int hc = g_.hc_count, n = g_.n_embd;
-  const kernels::HcReadShape shape{hc, n, g_.hc_rank, g_.rms_eps};
+// The token as the layer recipe's path: one row; each activation's producer writes its q8_32 form where a
+// product reads it, and the GEMVs of one input run side by side (Branches).
+struct DecodeProgram::LayerPath {
+  static constexpr int rows = 1;
+  const DecodeProgram& program;
+  const DecodeScratch& buffers = program;
+
+  const ModelGeometry& geometry() const { return program.g_; }
+  Q8Scratch q8_beside(const Products& readers) const { return q8_for(readers, program.q8_); }
+  void project(const float* x, const Products& products, cudaStream_t s) const {
+    strata::project(x, products, program.q8_, s, &program.branches_);
+  }
+  void quantize_for(const float* x, const Products& readers, cudaStream_t s) const {
+    strata::quantize_for(x, readers, program.q8_, s);
+  }
+  bool hc_read_fused(const float* streams, const HcTensors& t, float* x, float* inj, const Products& readers,
+                     cudaStream_t s) const {
+    return program.hc_read_fused(streams, t, x, inj, readers, s);
+  }
+};
+
+bool DecodeProgram::hc_read_fused(const float* streams, const HcTensors& t, float* x, float* inj,
+                                  const Products& readers, cudaStream_t s) const {
+  const kernels::HcReadShape shape{g_.hc_count, g_.n_embd, g_.hc_rank, g_.rms_eps};
   const kernels::WeightMatrix down = weight_matrix(*t.down), up = weight_matrix(*t.up);
   const kernels::WeightMatrix inject = inj ? weight_matrix(*t.inject) : kernels::WeightMatrix{};
   const kernels::WeightMatrix* p_inject = inj ? &inject : nullptr;
-  if (kernels::hc_read_fusable(shape, down, up, p_inject)) {
-    STRATA_CUDA_TRY(kernels::hc_read_down(shape, seq_.streams, t.norm, down, p_inject, down_, inj, hc_rms_, s));
-    STRATA_CUDA_TRY(kernels::hc_read_up_mix(shape, seq_.streams, t.norm, hc_rms_, down_, up, x, q8_for(readers, q8_),
-                                            s));
-    return;
-  }
-  // The eight-kernel chain, for the shapes and forms the fused read lacks (hc_read.cuh, hc_read_fusable).
-  const float inv_hc = 1.0f / static_cast<float>(hc);
-  STRATA_CUDA_TRY(kernels::rms_norm_grouped(seq_.streams, t.norm, normed_, 1, hc, n, g_.rms_eps, s));
-  if (inj) {
-    project(normed_, {{t.down, down_}, {t.inject, inject_}}, q8_, s, &branches_);
-  } else {
-    project(normed_, {{t.down, down_}}, q8_, s);
-  }
-  STRATA_CUDA_TRY(kernels::scaled_activation(down_, down_, g_.hc_rank, kernels::Activation::Silu, inv_hc, 1.0f, s));
-  project(down_, {{t.up, up_}}, q8_, s);
-  STRATA_CUDA_TRY(kernels::hc_mix(up_, normed_, x, 1, hc, n, s));
-  if (inj) STRATA_CUDA_TRY(kernels::scaled_activation(inject_, inj, hc, kernels::Activation::Sigmoid, inv_hc, 2.0f, s));
-  quantize_for(x, readers, q8_, s);
+  if (!kernels::hc_read_fusable(shape, down, up, p_inject)) return false;
+  STRATA_CUDA_TRY(kernels::hc_read_down(shape, streams, t.norm, down, p_inject, down_, inj, hc_rms_, s));
+  STRATA_CUDA_TRY(kernels::hc_read_up_mix(shape, streams, t.norm, hc_rms_, down_, up, x, q8_for(readers, q8_), s));
+  return true;
 }
 
 void DecodeProgram::ple(int layer, cudaStream_t s) const {
@@ -336,26 +342,18 @@ void DecodeProgram::pre(int layer, cudaStream_t s) const {
   const bool hc = g_.hc_count > 0;
   const int n = g_.n_embd;
   if (layer == g_.ple_layer) ple(layer, s);
-  // x_ reaches its readers with its q8_32 form in q8_ where they read one: the plain norm and hc_read write it.
+  // x_ reaches its readers with its q8_32 form in q8_ where they read one: the read (read_streams) writes it.
   const DecodeScratch& buffers = *this;
   const Products mixer_in = mixer_inputs(g_, t, layer, 1, buffers);
-  if (hc) {
-    hc_read(t.hc_attn, x_, inj_attn_, mixer_in, s);
-  } else {
-    STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t.attn_norm, x_, 1, n, g_.rms_eps, s, q8_for(mixer_in, q8_)));
-  }
+  const LayerPath path{*this};
+  read_streams(path, seq_.streams, t.hc_attn, t.attn_norm, x_, inj_attn_, mixer_in, s);
   if (g_.recurrent[layer]) mixer_gdn(layer, mixer_in, s);
   else mixer_attention(layer, mixer_in, s);
   const Products shared_in = shared_inputs(t, buffers);
   const Products ffn_in = ffn_inputs(t, buffers);
-  if (hc) {
-    add_to_streams(seq_.streams, inj_attn_, 0, y_, 1, g_.hc_count, n, s);
-    hc_read(t.hc_ffn, x_, ffn_injection(layer), ffn_in, s);
-  } else {
-    add_to_streams(seq_.streams, ones_, 0, y_, 1, 1, n, s);
-    STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t.post_attention_norm, x_, 1, n, g_.rms_eps, s,
-                                      q8_for(ffn_in, q8_)));
-  }
+  if (hc) add_to_streams(seq_.streams, inj_attn_, 0, y_, 1, g_.hc_count, n, s);
+  else add_to_streams(seq_.streams, ones_, 0, y_, 1, 1, n, s);
+  read_streams(path, seq_.streams, t.hc_ffn, t.post_attention_norm, x_, ffn_injection(layer), ffn_in, s);
   // Router, then the ring: the host starts on the routed experts the cache lacks while the shared expert and
   // the cached ones run here. One launch: the GEMV, the top k, the cache slots and the publish.
   const CachedLayer* c = cached(layer);
@@ -366,7 +364,7 @@ void DecodeProgram::pre(int layer, cudaStream_t s) const {
   publish.bell = io_.bell;
   publish.ring_base = io_.ring_base;
   publish.ring_offset = layer + 1;
-  // The norm or hc_read wrote x's q8_32 form for every reader of it (ffn_in): the router and the shared expert
+  // The read wrote x's q8_32 form for every reader of it (ffn_in): the router and the shared expert
   // take it as it is.
   route_and_publish(*t.router, x_, q8_, g_.n_expert_used, route, publish, s);
   project_quantized(x_, shared_in, q8_, s, &branches_);
@@ -430,12 +428,7 @@ void DecodeProgram::end_prompt(Sampler sampler, cudaStream_t s) const {
 
 void DecodeProgram::end(Sampler sampler, cudaStream_t s) const {
   const Products head{{t_.head, logits_}};
-  if (g_.hc_count > 0) {
-    hc_read(t_.output_hc, x_, nullptr, head, s);
-  } else {
-    STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t_.output_norm, x_, 1, g_.n_embd, g_.rms_eps, s,
-                                      q8_for(head, q8_)));
-  }
+  read_streams(LayerPath{*this}, seq_.streams, t_.output_hc, t_.output_norm, x_, nullptr, head, s);
   project_quantized(x_, head, q8_, s);
   if (sampler == Sampler::kNone) return;
   // The argmax needs no sort: the host chose it from the values it staged (kernels::picks_argmax).

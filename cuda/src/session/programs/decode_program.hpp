@@ -133,10 +133,12 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
   const kernels::Logprobs* logprobs() const noexcept { return logprobs_; }
 
  private:
-  // x and inj (null: the final mixer) from the streams, and x's q8_32 form in q8_ where one of `readers` reads it
-  // (q8_for): the fused read (kernels/hc_read.cuh) writes it beside x; the eight-kernel chain it falls back to for
-  // a form or shape the fusion lacks quantizes x after.
-  void hc_read(const HcTensors& t, float* x, float* inj, const Products& readers, cudaStream_t s) const;
+  struct LayerPath;  // the token as the layer recipe's path: one row (layer_recipe.hpp)
+  // x and inj (null: the final mixer) from the streams in the fused read's two launches (kernels/hc_read.cuh),
+  // which write x's q8_32 form in q8_ beside it where one of `readers` reads it (q8_for); false, enqueuing
+  // nothing, for a form or shape the fusion lacks (the recipe's chain reads them).
+  bool hc_read_fused(const float* streams, const HcTensors& t, float* x, float* inj, const Products& readers,
+                     cudaStream_t s) const;
   // Layer `layer`'s FFN injection weights: kept per parity so that post(l + 1) still has layer l's for its
   // deferred row after pre(l + 1) wrote its own.
   float* ffn_injection(int layer) const noexcept { return inj_ffn_ + (layer & 1) * g_.hc_count; }

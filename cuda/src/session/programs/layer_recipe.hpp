@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "../../kernels/hc.cuh"
+#include "../../kernels/norm.cuh"
 #include "../weights/decode_tensors.hpp"
 #include "mixer_shapes.hpp"
 #include "projection.hpp"
@@ -57,6 +58,45 @@ Products shared_inputs(const LayerTensors& t, const Buffers& b) {
 template <class Buffers>
 Products ffn_inputs(const LayerTensors& t, const Buffers& b) {
   return {{t.router, b.router_logits_}, {t.shared_gate, b.sh_g_}, {t.shared_up, b.sh_u_}};
+}
+
+// The hyper-connection read as a chain of eight launches over the path's rows: the streams' grouped RMSNorm, the
+// down (and inject) products, their gates, the up product, the mix into x, and inj [rows][hc] (null: the final
+// mixer, which has none). It runs where the path has no fused read for the weights' forms and shapes
+// (kernels/hc_read.cuh); x's q8_32 form for `readers` comes after it, where the path's products read one.
+template <class Path>
+void hc_read_chain(const Path& p, const float* streams, const HcTensors& t, float* x, float* inj,
+                   const Products& readers, cudaStream_t s) {
+  const ModelGeometry& g = p.geometry();
+  const auto& b = p.buffers;
+  const int rows = p.rows, hc = g.hc_count, n = g.n_embd;
+  const float inv_hc = 1.0f / static_cast<float>(hc);
+  STRATA_CUDA_TRY(kernels::rms_norm_grouped(streams, t.norm, b.normed_, rows, hc, n, g.rms_eps, s));
+  if (inj) p.project(b.normed_, {{t.down, b.down_}, {t.inject, b.inject_}}, s);
+  else p.project(b.normed_, {{t.down, b.down_}}, s);
+  STRATA_CUDA_TRY(kernels::scaled_activation(b.down_, b.down_, rows * g.hc_rank, kernels::Activation::Silu, inv_hc,
+                                             1.0f, s));
+  p.project(b.down_, {{t.up, b.up_}}, s);
+  STRATA_CUDA_TRY(kernels::hc_mix(b.up_, b.normed_, x, rows, hc, n, s));
+  if (inj) {
+    STRATA_CUDA_TRY(kernels::scaled_activation(b.inject_, inj, rows * hc, kernels::Activation::Sigmoid, inv_hc, 2.0f,
+                                               s));
+  }
+  p.quantize_for(x, readers, s);
+}
+
+// A block's input x [rows][n] from the streams [rows][hc][n], for its products `readers`: with hyper-connections
+// the read (the path's fused one where it has it, else the chain) with the block's injection weights inj; with
+// one stream its RMSNorm by `norm`, which writes x's q8_32 form where the path asks for it.
+template <class Path>
+void read_streams(const Path& p, const float* streams, const HcTensors& hc, const float* norm, float* x, float* inj,
+                  const Products& readers, cudaStream_t s) {
+  const ModelGeometry& g = p.geometry();
+  if (g.hc_count == 0) {
+    STRATA_CUDA_TRY(kernels::rms_norm(streams, norm, x, p.rows, g.n_embd, g.rms_eps, s, p.q8_beside(readers)));
+    return;
+  }
+  if (!p.hc_read_fused(streams, hc, x, inj, readers, s)) hc_read_chain(p, streams, hc, x, inj, readers, s);
 }
 
 }  // namespace strata

@@ -220,22 +220,23 @@ void PromptProgram::project_rows(const float* x, int rows, const Products& produ
   }
 }
 
-void PromptProgram::hc_read(const HcTensors& t, const float* streams, int rows, float* x, float* inj,
-                            cudaStream_t s) const {
-  const int hc = g_.hc_count, n = g_.n_embd;
-  const float inv_hc = 1.0f / static_cast<float>(hc);
-  STRATA_CUDA_TRY(kernels::rms_norm_grouped(streams, t.norm, normed_, rows, hc, n, g_.rms_eps, s));
-  if (inj) project_rows(normed_, rows, {{t.down, down_}, {t.inject, inject_}}, s);
-  else project_rows(normed_, rows, {{t.down, down_}}, s);
-  STRATA_CUDA_TRY(kernels::scaled_activation(down_, down_, rows * g_.hc_rank, kernels::Activation::Silu, inv_hc,
-                                             1.0f, s));
-  project_rows(down_, rows, {{t.up, up_}}, s);
-  STRATA_CUDA_TRY(kernels::hc_mix(up_, normed_, x, rows, hc, n, s));
-  if (inj) {
-    STRATA_CUDA_TRY(kernels::scaled_activation(inject_, inj, rows * hc, kernels::Activation::Sigmoid, inv_hc, 2.0f,
-                                               s));
+// The chunk as the layer recipe's path: its rows; each product quantizes its input rows itself (project_rows), so
+// no producer writes a q8_32 form beside its floats, and the hyper-connection read is the chain.
+struct PromptProgram::LayerPath {
+  PromptProgram& program;
+  int rows;
+  const PromptScratch& buffers = program;
+
+  const ModelGeometry& geometry() const { return program.g_; }
+  Q8Scratch q8_beside(const Products&) const { return {}; }
+  void project(const float* x, const Products& products, cudaStream_t s) const {
+    program.project_rows(x, rows, products, s);
   }
-}
+  void quantize_for(const float*, const Products&, cudaStream_t) const {}
+  bool hc_read_fused(const float*, const HcTensors&, float*, float*, const Products&, cudaStream_t) const {
+    return false;
+  }
+};
 
 void PromptProgram::ple(int layer, int rows, cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
@@ -504,14 +505,14 @@ void PromptProgram::routed_experts(int layer, int rows, cudaStream_t s) {
 
 // The LM head at every row of the chunk, kLogitRows rows at a time into the scratch block and from there into
 // `logits` ([n][n_vocab] host floats): the final mixer and the head as decode's end() runs them for one token.
-void PromptProgram::all_logits(int n, float* logits, cudaStream_t s) const {
+void PromptProgram::all_logits(int n, float* logits, cudaStream_t s) {
   const int width = std::max(g_.hc_count, 1) * g_.n_embd;
   for (int first = 0; first < n; first += kLogitRows) {
     const int rows = std::min(kLogitRows, n - first);
     const float* streams = streams_ + static_cast<long>(first) * width;
-    if (g_.hc_count > 0) hc_read(t_.output_hc, streams, rows, x_, nullptr, s);
-    else STRATA_CUDA_TRY(kernels::rms_norm(streams, t_.output_norm, x_, rows, g_.n_embd, g_.rms_eps, s));
-    project_rows(x_, rows, {{t_.head, logits_}}, s);
+    const Products head{{t_.head, logits_}};
+    read_streams(LayerPath{*this, rows}, streams, t_.output_hc, t_.output_norm, x_, nullptr, head, s);
+    project_rows(x_, rows, head, s);
     const std::size_t bytes = sizeof(float) * rows * static_cast<std::size_t>(g_.n_vocab);
     STRATA_CUDA_TRY(cudaMemcpyAsync(logits + static_cast<std::size_t>(first) * g_.n_vocab, logits_, bytes,
                                     cudaMemcpyDeviceToHost, s));
@@ -542,7 +543,8 @@ void PromptProgram::run(const int* tokens, int n, int position, const float* ple
   STRATA_CUDA_TRY(kernels::embed_rows(decode_.embedding(), tokens_, n, x_, s));
   STRATA_CUDA_TRY(cudaMemsetAsync(streams_, 0, sizeof(float) * width * n, s));
   add_to_streams(streams_, ones_, 0, x_, n, hc, emb, s);  // every stream = the embedding
-  const PromptScratch& buffers = *this;
+  const LayerPath path{*this, n};
+  const PromptScratch& buffers = path.buffers;
   const bool ahead = staging_ && prefetches_layers(g_, n);
   if (ahead) prefetch_after(-1);
   for (int layer = 0; layer < g_.n_layer; ++layer) {
@@ -553,18 +555,14 @@ void PromptProgram::run(const int* tokens, int n, int position, const float* ple
     const bool streams_hc = g_.hc_count > 0;
     if (layer == g_.ple_layer) ple(layer, n, s);
     const Products mixer_in = mixer_inputs(g_, t, layer, n, buffers);
-    if (streams_hc) hc_read(t.hc_attn, streams_, n, x_, inj_attn_, s);
-    else STRATA_CUDA_TRY(kernels::rms_norm(streams_, t.attn_norm, x_, n, emb, g_.rms_eps, s));
+    read_streams(path, streams_, t.hc_attn, t.attn_norm, x_, inj_attn_, mixer_in, s);
     if (g_.recurrent[layer]) mixer_gdn(layer, n, mixer_in, s);
     else mixer_attention(layer, n, position, mixer_in, s);
-    if (streams_hc) {
-      add_to_streams(streams_, inj_attn_, hc, y_, n, hc, emb, s);
-      hc_read(t.hc_ffn, streams_, n, x_, inj_ffn_, s);
-    } else {
-      add_to_streams(streams_, ones_, 0, y_, n, 1, emb, s);
-      STRATA_CUDA_TRY(kernels::rms_norm(streams_, t.post_attention_norm, x_, n, emb, g_.rms_eps, s));
-    }
-    project_rows(x_, n, ffn_inputs(t, buffers), s);
+    if (streams_hc) add_to_streams(streams_, inj_attn_, hc, y_, n, hc, emb, s);
+    else add_to_streams(streams_, ones_, 0, y_, n, 1, emb, s);
+    const Products ffn_in = ffn_inputs(t, buffers);
+    read_streams(path, streams_, t.hc_ffn, t.post_attention_norm, x_, inj_ffn_, ffn_in, s);
+    project_rows(x_, n, ffn_in, s);
     STRATA_CUDA_TRY(
         kernels::moe_route(router_logits_, route_ids_, route_weights_, n, g_.n_expert, g_.n_expert_used, s));
     STRATA_CUDA_TRY(kernels::swiglu(sh_g_, sh_u_, sh_h_, n * g_.shared_ff, s));

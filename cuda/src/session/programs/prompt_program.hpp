@@ -82,8 +82,8 @@ class PromptProgram : private PromptScratch {
 
  private:
   void project_rows(const float* x, int rows, const Products& products, cudaStream_t s) const;
-  void hc_read(const HcTensors& t, const float* streams, int rows, float* x, float* inj, cudaStream_t s) const;
-  void all_logits(int n, float* logits, cudaStream_t s) const;
+  struct LayerPath;  // the chunk as the layer recipe's path: its rows (layer_recipe.hpp)
+  void all_logits(int n, float* logits, cudaStream_t s);
   void ple(int layer, int rows, cudaStream_t s) const;
   // The mixers of layer `layer` over the chunk's rows, on its input products (mixer_inputs, layer_recipe.hpp).
   void mixer_gdn(int layer, int rows, const Products& inputs, cudaStream_t s) const;
