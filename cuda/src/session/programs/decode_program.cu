@@ -227,9 +227,16 @@ struct DecodeProgram::LayerPath {
   const DecodeScratch& buffers = program;
 
   const ModelGeometry& geometry() const { return program.g_; }
+  const ModelTensors& tensors() const { return program.t_; }
+  float* streams() const { return program.seq_.streams; }
+  const float* ones() const { return program.ones_; }
+  float* ffn_injection(int layer) const { return program.ffn_injection(layer); }
   Q8Scratch q8_beside(const Products& readers) const { return q8_for(readers, program.q8_); }
   void project(const float* x, const Products& products, cudaStream_t s) const {
     strata::project(x, products, program.q8_, s, &program.branches_);
+  }
+  void project_produced(const float* x, const Products& products, cudaStream_t s) const {
+    project_quantized(x, products, program.q8_, s, &program.branches_);
   }
   void quantize_for(const float* x, const Products& readers, cudaStream_t s) const {
     strata::quantize_for(x, readers, program.q8_, s);
@@ -237,6 +244,21 @@ struct DecodeProgram::LayerPath {
   bool hc_read_fused(const float* streams, const HcTensors& t, float* x, float* inj, const Products& readers,
                      cudaStream_t s) const {
     return program.hc_read_fused(streams, t, x, inj, readers, s);
+  }
+  void ple(int layer, cudaStream_t s) const { program.ple(layer, s); }
+  void mixer_gdn(int layer, const Products& inputs, cudaStream_t s) const { program.mixer_gdn(layer, inputs, s); }
+  void mixer_attention(int layer, const Products& inputs, cudaStream_t s) const {
+    program.mixer_attention(layer, inputs, s);
+  }
+  void route(int layer, cudaStream_t s) const { program.route(layer, s); }
+  // The experts the cache holds, while the host computes the others.
+  void beside_routed(int layer, cudaStream_t s) const {
+    if (const CachedLayer* c = program.cached(layer)) program.cached_experts(*c, s);
+  }
+  void routed_rows(int layer, cudaStream_t s) const { program.routed_rows(layer, s); }
+  // Layer - 1's deferred row, which came with this layer's answer, with the write-back weights of its own layer.
+  void late_rows(int layer, cudaStream_t s) const {
+    if (program.takes_deferred(layer)) write_streams(*this, program.ffn_injection(layer - 1), program.deferred_, s);
   }
 };
 
@@ -337,25 +359,13 @@ void DecodeProgram::mixer_attention(int layer, const Products& inputs, cudaStrea
   project_quantized(attn_, output, q8_, s);
 }
 
-void DecodeProgram::pre(int layer, cudaStream_t s) const {
+void DecodeProgram::pre(int layer, cudaStream_t s) const { layer_to_handoff(LayerPath{*this}, layer, s); }
+
+// Router, then the ring: the host starts on the routed experts the cache lacks while the shared expert and the
+// cached ones run here. One launch: the GEMV, the top k, the cache slots and the publish. The read wrote x's q8_32
+// form for every reader of it (ffn_inputs): the router and the shared expert take it as it is.
+void DecodeProgram::route(int layer, cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
-  const bool hc = g_.hc_count > 0;
-  const int n = g_.n_embd;
-  if (layer == g_.ple_layer) ple(layer, s);
-  // x_ reaches its readers with its q8_32 form in q8_ where they read one: the read (read_streams) writes it.
-  const DecodeScratch& buffers = *this;
-  const Products mixer_in = mixer_inputs(g_, t, layer, 1, buffers);
-  const LayerPath path{*this};
-  read_streams(path, seq_.streams, t.hc_attn, t.attn_norm, x_, inj_attn_, mixer_in, s);
-  if (g_.recurrent[layer]) mixer_gdn(layer, mixer_in, s);
-  else mixer_attention(layer, mixer_in, s);
-  const Products shared_in = shared_inputs(t, buffers);
-  const Products ffn_in = ffn_inputs(t, buffers);
-  if (hc) add_to_streams(seq_.streams, inj_attn_, 0, y_, 1, g_.hc_count, n, s);
-  else add_to_streams(seq_.streams, ones_, 0, y_, 1, 1, n, s);
-  read_streams(path, seq_.streams, t.hc_ffn, t.post_attention_norm, x_, ffn_injection(layer), ffn_in, s);
-  // Router, then the ring: the host starts on the routed experts the cache lacks while the shared expert and
-  // the cached ones run here. One launch: the GEMV, the top k, the cache slots and the publish.
   const CachedLayer* c = cached(layer);
   const kernels::RouteTargets route{router_logits_, route_ids_, route_weights_, c ? c->slot_of : nullptr,
                                     cache_slots_, route_ticket_};
@@ -364,15 +374,9 @@ void DecodeProgram::pre(int layer, cudaStream_t s) const {
   publish.bell = io_.bell;
   publish.ring_base = io_.ring_base;
   publish.ring_offset = layer + 1;
-  // The read wrote x's q8_32 form for every reader of it (ffn_in): the router and the shared expert
-  // take it as it is.
   route_and_publish(*t.router, x_, q8_, g_.n_expert_used, route, publish, s);
-  project_quantized(x_, shared_in, q8_, s, &branches_);
-  const Products shared_out{{t.shared_down, shared_}};
-  STRATA_CUDA_TRY(kernels::swiglu(sh_g_, sh_u_, sh_h_, g_.shared_ff, s, q8_for(shared_out, q8_)));
-  project_quantized(sh_h_, shared_out, q8_, s);
-  STRATA_CUDA_TRY(kernels::shared_expert_gate(t.shared_gate_inp, x_, shared_gate_, 1, n, s));
-  if (c) cached_experts(*c, s);
+  const DecodeScratch& buffers = *this;
+  project_quantized(x_, shared_inputs(t, buffers), q8_, s, &branches_);
 }
 
 const CachedLayer* DecodeProgram::cached(int layer) const {
@@ -395,26 +399,20 @@ void DecodeProgram::cached_experts(const CachedLayer& c, cudaStream_t s) const {
   project_batch(c.down, {cache_slots_, k, ff}, ex_hidden_, ex_hidden8_, ex_rows_, s);
 }
 
-void DecodeProgram::post(int layer, cudaStream_t s) const {
-  const int n = g_.n_embd;
+void DecodeProgram::post(int layer, cudaStream_t s) const { layer_from_handoff(LayerPath{*this}, layer, s); }
+
+void DecodeProgram::routed_rows(int layer, cudaStream_t s) const {
   const bool ring = rings(layer);
-  // Layer - 1's deferred row comes with this layer's answer (a deferring layer's next one rings).
-  const bool deferred = layer > 0 && io_.deferral.defers(layer - 1, cache_);
   if (ring) {
+    const bool deferred = takes_deferred(layer);
     STRATA_CUDA_TRY(kernels::doorbell_wait(io_.bell, io_.ring_base, layer + 1, io_.answer_timeout_ns,
                                            io_.wait_status, routed_, s, deferred ? (layer - 1) % 2 : -1,
                                            deferred ? deferred_ : nullptr));
   }
   if (cached(layer)) {
-    STRATA_CUDA_TRY(kernels::moe_cached_sum(ex_rows_, cache_slots_, route_weights_, 1, g_.n_expert_used, n, ring,
-                                            routed_, s));
+    STRATA_CUDA_TRY(kernels::moe_cached_sum(ex_rows_, cache_slots_, route_weights_, 1, g_.n_expert_used, g_.n_embd,
+                                            ring, routed_, s));
   }
-  STRATA_CUDA_TRY(kernels::moe_combine(routed_, shared_, shared_gate_, y_, 1, n, s));
-  const bool hc = g_.hc_count > 0;
-  const int streams = hc ? g_.hc_count : 1;
-  // The deferred row with the write-back weights of the layer it belongs to.
-  if (deferred) add_to_streams(seq_.streams, hc ? ffn_injection(layer - 1) : ones_, 0, deferred_, 1, streams, n, s);
-  add_to_streams(seq_.streams, hc ? ffn_injection(layer) : ones_, 0, y_, 1, streams, n, s);
 }
 
 void DecodeProgram::enqueue_logprobs(int token, int n, cudaStream_t s) const {

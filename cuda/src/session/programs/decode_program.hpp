@@ -1,6 +1,7 @@
 // The GPU work of one decode token as enqueue functions over fixed buffers: begin (staging, embedding),
 // pre[l] (mixer, router, publish, shared expert, the experts the VRAM cache holds), post[l] (wait, combine, write
-// back), end (final mixer, LM head, sampler). A layer whose experts the cache holds whole neither publishes nor
+// back), end (final mixer, LM head, sampler); pre and post are the layer recipe's two halves over one row
+// (layer_recipe.hpp), the doorbell between. A layer whose experts the cache holds whole neither publishes nor
 // waits. Every per-token value is read from device memory, so any part can be captured into a CUDA
 // graph once and replayed (docs/session.md). Enqueue functions never allocate or synchronise.
 #pragma once
@@ -147,6 +148,14 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
   void mixer_gdn(int layer, const Products& inputs, cudaStream_t s) const;
   void mixer_attention(int layer, const Products& inputs, cudaStream_t s) const;
   void ple(int layer, cudaStream_t s) const;
+  // The FFN's router launch (its GEMV, the top k, the cache slots and the doorbell's publish), then the shared
+  // expert's gate and up.
+  void route(int layer, cudaStream_t s) const;
+  // routed_: the host's answer where the layer rings (with layer - 1's deferred row where it brings one), plus the
+  // cached experts' weighted rows.
+  void routed_rows(int layer, cudaStream_t s) const;
+  // Whether layer `layer`'s answer brings layer - 1's deferred row (a deferring layer's next one rings).
+  bool takes_deferred(int layer) const { return layer > 0 && io_.deferral.defers(layer - 1, cache_); }
   const CachedLayer* cached(int layer) const;  // null where the cache holds none of the layer's experts
   void cached_experts(const CachedLayer& c, cudaStream_t s) const;
 

@@ -225,17 +225,40 @@ void PromptProgram::project_rows(const float* x, int rows, const Products& produ
 struct PromptProgram::LayerPath {
   PromptProgram& program;
   int rows;
+  int position = 0;  // the chunk's first (its attention layers' KV and mode)
   const PromptScratch& buffers = program;
 
   const ModelGeometry& geometry() const { return program.g_; }
+  const ModelTensors& tensors() const { return program.t_; }
+  float* streams() const { return program.streams_; }
+  const float* ones() const { return program.ones_; }
+  float* ffn_injection(int) const { return program.inj_ffn_; }
   Q8Scratch q8_beside(const Products&) const { return {}; }
   void project(const float* x, const Products& products, cudaStream_t s) const {
     program.project_rows(x, rows, products, s);
   }
+  void project_produced(const float* x, const Products& products, cudaStream_t s) const { project(x, products, s); }
   void quantize_for(const float*, const Products&, cudaStream_t) const {}
   bool hc_read_fused(const float*, const HcTensors&, float*, float*, const Products&, cudaStream_t) const {
     return false;
   }
+  void ple(int layer, cudaStream_t s) const { program.ple(layer, rows, s); }
+  void mixer_gdn(int layer, const Products& inputs, cudaStream_t s) const {
+    program.mixer_gdn(layer, rows, inputs, s);
+  }
+  void mixer_attention(int layer, const Products& inputs, cudaStream_t s) const {
+    program.mixer_attention(layer, rows, position, inputs, s);
+  }
+  void route(int layer, cudaStream_t s) const {
+    const ModelGeometry& g = geometry();
+    project(buffers.x_, ffn_inputs(tensors().layers[layer], buffers), s);
+    STRATA_CUDA_TRY(kernels::moe_route(buffers.router_logits_, buffers.route_ids_, buffers.route_weights_, rows,
+                                       g.n_expert, g.n_expert_used, s));
+  }
+  // None: the experts the cache holds run in the routing's round trip, grouped with the staged ones.
+  void beside_routed(int, cudaStream_t) const {}
+  void routed_rows(int layer, cudaStream_t s) const { program.routed_experts(layer, rows, s); }
+  void late_rows(int, cudaStream_t) const {}  // the chunk defers no expert
 };
 
 void PromptProgram::ple(int layer, int rows, cudaStream_t s) const {
@@ -543,35 +566,15 @@ void PromptProgram::run(const int* tokens, int n, int position, const float* ple
   STRATA_CUDA_TRY(kernels::embed_rows(decode_.embedding(), tokens_, n, x_, s));
   STRATA_CUDA_TRY(cudaMemsetAsync(streams_, 0, sizeof(float) * width * n, s));
   add_to_streams(streams_, ones_, 0, x_, n, hc, emb, s);  // every stream = the embedding
-  const LayerPath path{*this, n};
-  const PromptScratch& buffers = path.buffers;
+  const LayerPath path{*this, n, position};
   const bool ahead = staging_ && prefetches_layers(g_, n);
   if (ahead) prefetch_after(-1);
   for (int layer = 0; layer < g_.n_layer; ++layer) {
     // The next staged layer's copy is enqueued as this layer starts: its buffer was released by the layer before
     // this one, so the copy stream runs layer after layer while the layers compute.
     if (ahead) prefetch_after(layer);
-    const LayerTensors& t = t_.layers[layer];
-    const bool streams_hc = g_.hc_count > 0;
-    if (layer == g_.ple_layer) ple(layer, n, s);
-    const Products mixer_in = mixer_inputs(g_, t, layer, n, buffers);
-    read_streams(path, streams_, t.hc_attn, t.attn_norm, x_, inj_attn_, mixer_in, s);
-    if (g_.recurrent[layer]) mixer_gdn(layer, n, mixer_in, s);
-    else mixer_attention(layer, n, position, mixer_in, s);
-    if (streams_hc) add_to_streams(streams_, inj_attn_, hc, y_, n, hc, emb, s);
-    else add_to_streams(streams_, ones_, 0, y_, n, 1, emb, s);
-    const Products ffn_in = ffn_inputs(t, buffers);
-    read_streams(path, streams_, t.hc_ffn, t.post_attention_norm, x_, inj_ffn_, ffn_in, s);
-    project_rows(x_, n, ffn_in, s);
-    STRATA_CUDA_TRY(
-        kernels::moe_route(router_logits_, route_ids_, route_weights_, n, g_.n_expert, g_.n_expert_used, s));
-    STRATA_CUDA_TRY(kernels::swiglu(sh_g_, sh_u_, sh_h_, n * g_.shared_ff, s));
-    project_rows(sh_h_, n, {{t.shared_down, shared_}}, s);
-    STRATA_CUDA_TRY(kernels::shared_expert_gate(t.shared_gate_inp, x_, shared_gate_, n, emb, s));
-    routed_experts(layer, n, s);
-    STRATA_CUDA_TRY(kernels::moe_combine(routed_, shared_, shared_gate_, y_, n, emb, s));
-    if (streams_hc) add_to_streams(streams_, inj_ffn_, hc, y_, n, hc, emb, s);
-    else add_to_streams(streams_, ones_, 0, y_, n, 1, emb, s);
+    layer_to_handoff(path, layer, s);
+    layer_from_handoff(path, layer, s);
   }
   if (logits) all_logits(n, logits, s);
   // The last token's streams are where decode's end() and the next token's layers read the sequence's.

@@ -4,6 +4,7 @@
 // that chose it, on the GPU, from the VRAM cache where it holds the expert and otherwise from the staging, which
 // copies the experts from the pool's pinned host planes, the whole next layer ahead when the chunk touches most
 // of it. Host-driven: each MoE layer's routing comes back to the host, which groups it and enqueues the copies.
+// Each layer runs the layer recipe (layer_recipe.hpp) over the chunk's rows, the routing's round trip its hand-off.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -81,8 +82,8 @@ class PromptProgram : private PromptScratch {
   void reset_stats() noexcept { stats_ = {}; }
 
  private:
-  void project_rows(const float* x, int rows, const Products& products, cudaStream_t s) const;
   struct LayerPath;  // the chunk as the layer recipe's path: its rows (layer_recipe.hpp)
+  void project_rows(const float* x, int rows, const Products& products, cudaStream_t s) const;
   void all_logits(int n, float* logits, cudaStream_t s);
   void ple(int layer, int rows, cudaStream_t s) const;
   // The mixers of layer `layer` over the chunk's rows, on its input products (mixer_inputs, layer_recipe.hpp).
