@@ -19,7 +19,6 @@
 #include "../../runtime/device_buffer.hpp"
 #include "../weights/decode_tensors.hpp"
 #include "../exchange/expert_deferral.hpp"
-#include "layer_recipe.hpp"
 #include "projection.hpp"
 #include "../state/sequence_views.hpp"
 #include "strata/expert_cache.hpp"
