@@ -10,7 +10,6 @@
 #include "../../kernels/hc_read.cuh"
 #include "../../kernels/moe.cuh"
 #include "../../kernels/ple.cuh"
-#include "../../kernels/rope.cuh"
 #include "../../kernels/router.cuh"
 #include "strata/device.hpp"
 #include "layer_recipe.hpp"
@@ -24,36 +23,12 @@ namespace {
 // The stage's token lands in the penalty's history at its position.
 __global__ void record_token(const TokenStage* stage, int* seen) { seen[stage->position] = stage->token; }
 
-kernels::EmbedTable embed_table(const DeviceTensor& t) {
-  kernels::EmbedTable table;
-  table.rows = static_cast<int>(t.rows);
-  table.cols = static_cast<int>(t.cols);
-  if (t.is_float) {
-    table.kind = t.float_kind == FloatKind::F32   ? kernels::EmbedKind::F32
-                 : t.float_kind == FloatKind::F16 ? kernels::EmbedKind::F16
-                                                  : kernels::EmbedKind::BF16;
-    table.data = t.data;
-    return table;
-  }
-  const QuantForm& f = t.form;
-  const bool q8_0 = f.code_bits == 8 && f.code_bias == 128 && f.codebook == Codebook::None && f.group_size == 32 &&
-                    f.super_size == 32 && !f.scale_f32 && !f.has_sub_scales && !f.has_mins;
-  STRATA_EXPECTS(q8_0, InvalidArgument,
-                 "token_embd.weight: the GPU embedding gather reads F32, F16, BF16 or Q8_0 rows; this file's type "
-                 "is another quantized form (requantize token_embd to Q8_0)");
-  table.kind = kernels::EmbedKind::Q8_0;
-  table.data = t.planes.codes;
-  table.d = static_cast<const __half*>(t.planes.d);
-  return table;
-}
-
 // The decode scratch of `g` for a context of `context` tokens, carved out of `c` into `s`: the one definition the
 // allocation and the memory plan (DecodeProgram::scratch_bytes) both read. `sample_bytes`: the sampler's.
 void carve_scratch(Carver& c, const ModelGeometry& g, int context, std::size_t sample_bytes, DecodeScratch& s) {
   const RowWidths w = row_widths(g);
   const int n = w.n, hc = w.hc, width = w.width, hv = g.ssm_n_v_heads, value_dim = w.value_dim, conv = w.conv;
   const int heads_dim = w.heads_dim, kv_dim = w.kv_dim, max_cols = w.max_cols;
-  const int rope_half = g.rope_dim / 2;
   // QSA scratch for the smallest block of any layer: the most blocks a context has, and the most kept.
   int max_blocks = 0, keep_blocks = 0;
   for (int l = 0; l < static_cast<int>(g.compress_ratios.size()); ++l) {
@@ -74,9 +49,6 @@ void carve_scratch(Carver& c, const ModelGeometry& g, int context, std::size_t s
   s.q8_.xq = c.take<std::int8_t>(max_cols);
   s.q8_.dx = c.take<float>(max_cols / 32 + 1);
   s.q8_.sums = c.take<std::int32_t>(max_cols / 32 + 1);
-  s.seen_ = c.take<int>(context);
-  s.cos_ = c.take<float>(static_cast<std::size_t>(context) * std::max(rope_half, 1));
-  s.sin_ = c.take<float>(static_cast<std::size_t>(context) * std::max(rope_half, 1));
   s.ones_ = c.take<float>(hc);
   s.x_ = c.take<float>(n);
   s.y_ = c.take<float>(n);
@@ -144,37 +116,31 @@ std::size_t DecodeProgram::scratch_bytes(const ModelGeometry& g, int context, st
   return sizing.used();
 }
 
-DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& g, const SessionArena& arena,
-                             KvStorage kv_storage, const ProgramIo& io, const ExpertCache* cache)
+DecodeProgram::DecodeProgram(const ModelGeometry& g, const ProgramInputs& in, int device, const ProgramIo& io,
+                             const ExpertCache* cache)
     : g_(g),
-      t_(resolve_tensors(weights, g)),
-      embedding_(embed_table(*t_.embedding)),  // refuses a form the gather lacks, before anything is allocated
+      t_(*in.tensors),
+      embedding_(in.embedding),
       io_(io),
       cache_(cache),
-      seq_(sequence_views(g, t_, arena, kv_storage)),
+      seq_(in.sequence),
       context_(seq_.context),
+      attention_(in.attention),
+      cos_(in.rope_cos),
+      sin_(in.rope_sin),
+      seen_(in.history),
       scratch_(0) {
   std::size_t sample_bytes = 0;
   STRATA_CUDA_TRY(kernels::sample_scratch_bytes(g.n_vocab, &sample_bytes));
-  attention_ = strata::attention_shape(g);
-  STRATA_EXPECTS(g.attention_layers() == 0 || kernels::attention_decode_fits(attention_), InvalidArgument,
-                 "attention: " + std::to_string(g.n_head / std::max(g.n_head_kv, 1)) + " query heads per KV head of " +
-                     std::to_string(g.head_dim) + " dims exceed the decode kernel's shared memory and registers");
   Carver sizing(nullptr);
   carve_scratch(sizing, g, context_, sample_bytes, *this);
-  require_free_memory(sizing.used(), weights.device(), "the decode scratch would", "a shorter context needs less");
+  require_free_memory(sizing.used(), device, "the decode scratch would", "a shorter context needs less");
   scratch_ = DeviceBuffer(sizing.used());
   Carver real(scratch_.as<char>());
   carve_scratch(real, g, context_, sample_bytes, *this);
-  const int hc = std::max(g.hc_count, 1), rope_half = g.rope_dim / 2;
+  const int hc = std::max(g.hc_count, 1);
 
-  // Constants: the RoPE tables (float64 on the host) and the unit injection weights of one-stream writes.
-  if (rope_half > 0) {
-    std::vector<float> cos(static_cast<std::size_t>(context_) * rope_half), sin(cos.size());
-    kernels::build_rope_tables(cos.data(), sin.data(), context_, g.rope_dim, g.rope_theta);
-    STRATA_CUDA_TRY(cudaMemcpy(cos_, cos.data(), sizeof(float) * cos.size(), cudaMemcpyHostToDevice));
-    STRATA_CUDA_TRY(cudaMemcpy(sin_, sin.data(), sizeof(float) * sin.size(), cudaMemcpyHostToDevice));
-  }
+  // The unit injection weights of one-stream writes.
   const std::vector<float> ones(hc, 1.0f);
   STRATA_CUDA_TRY(cudaMemcpy(ones_, ones.data(), sizeof(float) * hc, cudaMemcpyHostToDevice));
   // A routed slot the cache does not hold leaves its gate/up rows as an earlier token wrote them; the hidden
@@ -183,28 +149,7 @@ DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& 
   STRATA_CUDA_TRY(cudaMemset(ex_gate_, 0, hidden_bytes));
   STRATA_CUDA_TRY(cudaMemset(ex_up_, 0, hidden_bytes));
   STRATA_CUDA_TRY(cudaMemset(route_ticket_, 0, sizeof(unsigned)));  // every router launch leaves it zero again
-  if (seq_.kv_streaming) {  // the arena's reset zeroed the windows; empty is every slot -1
-    reset_windows(nullptr);
-    STRATA_CUDA_TRY(cudaStreamSynchronize(nullptr));
-  }
   for (int l = 0; l < g.ple_layer; ++l) ple_late_ = ple_late_ || rings(l);
-
-}
-
-void DecodeProgram::reset_windows(cudaStream_t s) const {
-  for (const kernels::KvWindow& w : seq_.window)
-    if (w.slots > 0) STRATA_CUDA_TRY(kernels::kv_window_reset(w, s));
-}
-
-unsigned long long DecodeProgram::stream_bytes() const {
-  unsigned long long total = 0;
-  for (const kernels::KvWindow& w : seq_.window) {
-    if (w.slots == 0) continue;
-    unsigned long long fetched = 0;
-    STRATA_CUDA_TRY(cudaMemcpy(&fetched, w.fetched_bytes, sizeof(fetched), cudaMemcpyDeviceToHost));
-    total += fetched;
-  }
-  return total;
 }
 
 void DecodeProgram::begin(cudaStream_t s) const {

@@ -17,12 +17,12 @@
 #include "../../kernels/qsa.cuh"
 #include "../../kernels/sample.cuh"
 #include "../../runtime/device_buffer.hpp"
-#include "../weights/decode_tensors.hpp"
 #include "../exchange/expert_deferral.hpp"
-#include "projection.hpp"
 #include "../state/sequence_views.hpp"
+#include "../weights/decode_tensors.hpp"
+#include "program_inputs.hpp"
+#include "projection.hpp"
 #include "strata/expert_cache.hpp"
-#include "strata/session_arena.hpp"
 #include "token_schedule.hpp"
 
 namespace strata {
@@ -52,8 +52,7 @@ struct DecodeScratch {
   Q8Scratch q8_;
   TokenStage* stage_ = nullptr;  // device copy
   float* ple_rows_ = nullptr;
-  int* seen_ = nullptr;          // [context] every token fed, for the repetition penalty
-  float *cos_ = nullptr, *sin_ = nullptr, *ones_ = nullptr;
+  float* ones_ = nullptr;
   float *x_ = nullptr, *y_ = nullptr, *normed_ = nullptr, *down_ = nullptr, *up_ = nullptr, *inject_ = nullptr;
   float *inj_attn_ = nullptr, *inj_ffn_ = nullptr;  // inj_ffn_: [2][hc], by layer parity (ffn_injection)
   float* deferred_ = nullptr;  // [n] the layer before's deferred experts, as the host answered them
@@ -80,10 +79,11 @@ struct DecodeScratch {
 
 class DecodeProgram final : public TokenProgram, private DecodeScratch {
  public:
-  // Resolves the tensors and allocates the scratch; the arena holds the sequence state. `cache` (may be null:
-  // every routed expert is the pool's) must outlive the program.
-  DecodeProgram(const DeviceWeights& weights, const ModelGeometry& geometry, const SessionArena& arena,
-                KvStorage kv, const ProgramIo& io, const ExpertCache* cache = nullptr);
+  // Allocates the scratch on `device`; the program reads the model and the sequence through `in`
+  // (program_inputs.hpp), whose tables and sequence outlive it. `cache` (may be null: every routed expert is the
+  // pool's) must outlive the program.
+  DecodeProgram(const ModelGeometry& geometry, const ProgramInputs& in, int device, const ProgramIo& io,
+                const ExpertCache* cache = nullptr);
 
   // Whether layer `layer` rings the doorbell (some of its experts are the pool's).
   bool rings(int layer) const;
@@ -97,8 +97,7 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
   static std::size_t stage_bytes(const ModelGeometry& g);
 
   // Bytes of the device scratch a program of `context` tokens (whole KV pages) allocates beside the sampler's
-  // `sampler_bytes`: what the memory plan counts. Depends on the context (RoPE tables, the penalty's history,
-  // QSA block scores).
+  // `sampler_bytes`: what the memory plan counts. Depends on the context (QSA block scores).
   static std::size_t scratch_bytes(const ModelGeometry& g, int context, std::size_t sampler_bytes);
 
   int layers() const override { return g_.n_layer; }
@@ -108,21 +107,6 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
   void end(Sampler sampler, cudaStream_t s) const override;
 
   const float* logits() const noexcept { return logits_; }
-
-  // KV streaming (docs/session.md): every window emptied, enqueued on `s` (after the arena's reset); the bytes
-  // the windows have fetched from the host copy since then, read from the device (synchronous).
-  void reset_windows(cudaStream_t s) const;
-  unsigned long long stream_bytes() const;
-
-  // What the prompt program (prompt_program.hpp) shares with this one: the tensors, the sequence's state, the
-  // embedding gather, the RoPE tables and the penalty's history of every token fed.
-  const ModelTensors& tensors() const noexcept { return t_; }
-  const SequenceViews& sequence() const noexcept { return seq_; }
-  const kernels::EmbedTable& embedding() const noexcept { return embedding_; }
-  const kernels::AttentionShape& attention_shape() const noexcept { return attention_; }
-  const float* rope_cos() const noexcept { return cos_; }
-  const float* rope_sin() const noexcept { return sin_; }
-  int* history() const noexcept { return seen_; }
 
   // The LM head (and `sampler`) after a prompt left its last token's streams in the arena: the stage's sampling
   // values are copied up first, as begin() copies them for a token.
@@ -159,13 +143,15 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
   void cached_experts(const CachedLayer& c, cudaStream_t s) const;
 
   const ModelGeometry& g_;
-  ModelTensors t_;
+  const ModelTensors& t_;
   kernels::EmbedTable embedding_;  // token_embd as the row gather reads it
   ProgramIo io_;
   const ExpertCache* cache_;
   SequenceViews seq_;
   int context_;
   kernels::AttentionShape attention_;
+  const float *cos_, *sin_;  // the RoPE tables
+  int* seen_;                // the sequence's history of every token fed, for the repetition penalty
   bool ple_late_ = false;
 
   DeviceBuffer scratch_;

@@ -164,13 +164,17 @@ std::size_t PromptProgram::scratch_bytes(const ModelGeometry& g, int chunk, int 
   return sizing.used() + sizeof(float) * std::max(g.hc_count, 1);
 }
 
-PromptProgram::PromptProgram(const DecodeProgram& decode, const ModelGeometry& g, int device, int chunk,
+PromptProgram::PromptProgram(const ModelGeometry& g, const ProgramInputs& in, int device, int chunk,
                              ExpertStaging* staging, const ExpertCache* cache, cpu::ExpertPool* pool,
                              double cpu_share)
-    : decode_(decode),
-      g_(g),
-      t_(decode.tensors()),
-      seq_(decode.sequence()),
+    : g_(g),
+      t_(*in.tensors),
+      seq_(in.sequence),
+      embedding_(in.embedding),
+      attention_(in.attention),
+      rope_cos_(in.rope_cos),
+      rope_sin_(in.rope_sin),
+      history_(in.history),
       chunk_(chunk),
       staging_(staging),
       cache_(cache),
@@ -333,7 +337,7 @@ void PromptProgram::mixer_attention(int layer, int rows, int position, const Pro
   const int heads_dim = g_.n_head * g_.head_dim, kv_dim = g_.n_head_kv * g_.head_dim;
   const int iq_dim = g_.indexer_n_heads * g_.indexer_head_dim;
   project_rows(x_, rows, inputs, s);
-  const kernels::AttentionShape& attention = decode_.attention_shape();
+  const kernels::AttentionShape& attention = attention_;
   kernels::AttentionChunkPrepArgs prep;
   prep.q_gate = qg_;
   prep.k = k_;
@@ -343,8 +347,8 @@ void PromptProgram::mixer_attention(int layer, int rows, int position, const Pro
   prep.v_stride = kv_dim;
   prep.q_norm = t.q_norm;
   prep.k_norm = t.k_norm;
-  prep.rope_cos = decode_.rope_cos();
-  prep.rope_sin = decode_.rope_sin();
+  prep.rope_cos = rope_cos_;
+  prep.rope_sin = rope_sin_;
   prep.positions = positions_;
   prep.q_out = q_;
   STRATA_CUDA_TRY(kernels::attention_prep_chunk(attention, prep, rows, kv, s));
@@ -358,13 +362,13 @@ void PromptProgram::mixer_attention(int layer, int rows, int position, const Pro
   if (t.index_q) {
     const kernels::IndexerShape& shape = seq_.index_shape[layer];
     STRATA_CUDA_TRY(kernels::qsa_append_chunk(shape, seq_.index_cache[layer], ik_, g_.indexer_head_dim, rows,
-                                              t.index_k_norm, decode_.rope_cos(), decode_.rope_sin(), positions_, s));
+                                              t.index_k_norm, rope_cos_, rope_sin_, positions_, s));
     kernels::IndexerSelectChunkArgs select;
     select.q = iq_;
     select.q_stride = iq_dim;
     select.q_norm = t.index_q_norm;
-    select.rope_cos = decode_.rope_cos();
-    select.rope_sin = decode_.rope_sin();
+    select.rope_cos = rope_cos_;
+    select.rope_sin = rope_sin_;
     select.positions = positions_;
     select.scratch = qsa_scratch_;
     select.selected_blocks = selected_;
@@ -554,14 +558,14 @@ void PromptProgram::run(const int* tokens, int n, int position, const float* ple
   for (int i = 0; i < n; ++i) host_positions[i] = position + i;
   STRATA_CUDA_TRY(cudaMemcpyAsync(tokens_, host_tokens, sizeof(int) * 2 * chunk_, cudaMemcpyHostToDevice, s));
   // The penalty's history of every token fed, as decode's begin() records each.
-  STRATA_CUDA_TRY(cudaMemcpyAsync(decode_.history() + position, tokens_, sizeof(int) * n, cudaMemcpyDeviceToDevice, s));
+  STRATA_CUDA_TRY(cudaMemcpyAsync(history_ + position, tokens_, sizeof(int) * n, cudaMemcpyDeviceToDevice, s));
   if (ple_rows) {
     const std::size_t ple_bytes = sizeof(float) * n * g_.ple_n_heads * g_.ple_head_dim;
     float* host_ple = host_.host<float>(host_layout(g_, chunk_).ple);
     std::memcpy(host_ple, ple_rows, ple_bytes);
     STRATA_CUDA_TRY(cudaMemcpyAsync(ple_rows_, host_ple, ple_bytes, cudaMemcpyHostToDevice, s));
   }
-  STRATA_CUDA_TRY(kernels::embed_rows(decode_.embedding(), tokens_, n, x_, s));
+  STRATA_CUDA_TRY(kernels::embed_rows(embedding_, tokens_, n, x_, s));
   STRATA_CUDA_TRY(cudaMemsetAsync(streams_, 0, sizeof(float) * width * n, s));
   add_to_streams(streams_, ones_, 0, x_, n, hc, emb, s);  // every stream = the embedding
   const LayerPath path{*this, n, position};

@@ -16,7 +16,8 @@
 #include "../../runtime/device_buffer.hpp"
 #include "../../runtime/pinned_memory.hpp"
 #include "../experts/chunk_routes.hpp"
-#include "decode_program.hpp"
+#include "program_inputs.hpp"
+#include "projection.hpp"
 #include "strata/expert_cache.hpp"
 #include "strata/expert_pool.hpp"
 #include "strata/expert_staging.hpp"
@@ -57,11 +58,11 @@ struct PromptStats {
 
 class PromptProgram : private PromptScratch {
  public:
-  // A program for chunks of up to `chunk` tokens beside `decode` (whose tensors, state and tables it shares).
-  // `staging` (required when the model has routed experts the cache lacks) and `cache` (may be null) outlive it.
+  // A program for chunks of up to `chunk` tokens of the sequence and model that `in` gives (the decode program
+  // of the same sequence reads the same inputs). `staging` (required when the model has routed experts the cache lacks) and `cache` (may be null) outlive it.
   // With `pool` and a `cpu_share` in (0, 1), a chunk too small to prefetch whole layers has the pool compute
   // that share of the bytes of the experts it touches that the cache lacks, while the staging copies the rest.
-  PromptProgram(const DecodeProgram& decode, const ModelGeometry& geometry, int device, int chunk,
+  PromptProgram(const ModelGeometry& geometry, const ProgramInputs& in, int device, int chunk,
                 ExpertStaging* staging, const ExpertCache* cache, cpu::ExpertPool* pool = nullptr,
                 double cpu_share = 0.0);
 
@@ -99,10 +100,13 @@ class PromptProgram : private PromptScratch {
   void prefetch(int layer);
   void prefetch_after(int layer);
 
-  const DecodeProgram& decode_;
   const ModelGeometry& g_;
   const ModelTensors& t_;
-  const SequenceViews& seq_;
+  SequenceViews seq_;
+  kernels::EmbedTable embedding_;
+  kernels::AttentionShape attention_;
+  const float *rope_cos_, *rope_sin_;
+  int* history_;  // the sequence's every token fed, for the repetition penalty
   int chunk_;
   ExpertStaging* staging_;
   const ExpertCache* cache_;
