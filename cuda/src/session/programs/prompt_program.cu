@@ -29,23 +29,15 @@ constexpr int kMaxChunk = 8192;
 // 64 MB of scratch, and the head's product reads its tile of the weight once per block.
 constexpr int kLogitRows = 64;
 
-// A chunk touches most of a layer's experts once its routed rows are twice the experts (1 - e^-2 = 86 % of them
-// for uniform routing): then copying the whole next layer ahead, beside this one's work, beats waiting for its
-// routing to copy only what it touches.
-bool prefetches_layers(const ModelGeometry& g, int rows) { return rows * g.n_expert_used >= 2 * g.n_expert; }
-
-// The pinned block the host stages a chunk in, as byte offsets: tokens then positions (one copy up), the
-// routed ids (down), the route arrays (up), the PLE rows (up).
+// The pinned block the host stages a chunk in, as byte offsets: tokens then positions (one copy up), the PLE
+// rows (up).
 struct HostLayout {
-  std::size_t tokens = 0, ids = 0, routes = 0, ple = 0, total = 0;
+  std::size_t tokens = 0, ple = 0, total = 0;
 };
 
 HostLayout host_layout(const ModelGeometry& g, int chunk) {
-  const std::size_t pairs = static_cast<std::size_t>(chunk) * g.n_expert_used;
   HostLayout h;
-  h.ids = sizeof(int) * 2 * static_cast<std::size_t>(chunk);
-  h.routes = h.ids + sizeof(int) * pairs;
-  h.ple = h.routes + sizeof(int) * (5 * pairs + 1);  // row tokens, row_of, group slots, group begins
+  h.ple = sizeof(int) * 2 * static_cast<std::size_t>(chunk);
   h.total = h.ple + sizeof(float) * chunk * std::max(g.ple_n_heads * g.ple_head_dim, 1);
   return h;
 }
@@ -176,18 +168,9 @@ PromptProgram::PromptProgram(const ModelGeometry& g, const ProgramInputs& in, in
       rope_sin_(in.rope_sin),
       history_(in.history),
       chunk_(chunk),
-      staging_(staging),
-      cache_(cache),
       scratch_(0),
       host_((check_chunk(chunk), host_layout(g, chunk).total)),
-      pool_(cpu_share > 0.0 && cpu_share < 1.0 ? pool : nullptr),
-      cpu_share_(cpu_share),
-      // The chunks the CPU serves are those below prefetches_layers: fewer than 2 * n_expert routed rows.
-      cpu_rows_max_(pool_ ? std::min(2 * g.n_expert, chunk * g.n_expert_used) : 0),
-      cpu_io_(sizeof(float) * std::max<std::size_t>(1, static_cast<std::size_t>(g.n_embd) *
-                                                      (std::min(chunk, cpu_rows_max_) + 2 * cpu_rows_max_))),
-      prefetched_buffer_(g.n_layer, -1),
-      prefetched_(g.n_layer) {
+      experts_(g, t_, chunk, staging, cache, pool, cpu_share) {
   const std::size_t bytes = scratch_bytes(g, chunk, seq_.context, seq_.kv_storage, seq_.kv_streaming);
   require_free_memory(bytes, device, "the prompt chunk's scratch would", "a smaller prompt chunk needs less");
   scratch_ = DeviceBuffer(bytes);
@@ -199,9 +182,9 @@ PromptProgram::PromptProgram(const ModelGeometry& g, const ProgramInputs& in, in
   STRATA_EXPECTS(g.attention_layers() == 0 || kernels::attention_chunk_fits(attention_shape(g)), InvalidArgument,
                  "attention: " + std::to_string(g.n_head / std::max(g.n_head_kv, 1)) + " query heads per KV head of " +
                      std::to_string(g.head_dim) + " dims exceed the prompt path's attention kernel on this GPU");
-  if (staging_) {
-    STRATA_EXPECTS(staging_->device() == device, InvalidArgument,
-                   "the expert staging is on GPU " + std::to_string(staging_->device()) + ", the session on GPU " +
+  if (staging) {
+    STRATA_EXPECTS(staging->device() == device, InvalidArgument,
+                   "the expert staging is on GPU " + std::to_string(staging->device()) + ", the session on GPU " +
                        std::to_string(device));
   }
 }
@@ -387,145 +370,25 @@ void PromptProgram::mixer_attention(int layer, int rows, int position, const Pro
   project_rows(attn_, rows, {{t.o, y_}}, s);
 }
 
-// One part of the chunk's routes (the rows that read one stack of experts) through its experts, a group of rows
-// per expert: gate and up, SwiGLU, down, each row unweighted (moe_weighted_rows weighs them per token).
-void PromptProgram::expert_rows(const CachedLayer& stacks, const ChunkRoutes::Part& part, cudaStream_t s) const {
-  if (part.rows == 0) return;
-  const long n = g_.n_embd, ff = g_.expert_ff, at = part.first_row;
-  const kernels::MatmulGroups groups{group_slot_ + part.first_group, group_begin_ + part.begin_at, part.groups};
-  const Q8Scratch x8 = kernels::q8_offset(ex_x8_, at * n), h8 = kernels::q8_offset(ex_h8_, at * ff);
-  const kernels::MatmulRows in{part.rows, static_cast<int>(n), static_cast<int>(ff)};
-  multiply_rows(stacks.gate, in, &groups, ex_x_ + at * n, x8, ex_gate_ + at * ff, s);
-  multiply_rows(stacks.up, in, &groups, ex_x_ + at * n, x8, ex_up_ + at * ff, s);
-  STRATA_CUDA_TRY(kernels::swiglu(ex_gate_ + at * ff, ex_up_ + at * ff, ex_hidden_ + at * ff, part.rows * ff, s,
-                                  q8_for(stacks.down, h8)));
-  multiply_rows(stacks.down, {part.rows, static_cast<int>(ff), static_cast<int>(n)}, &groups, ex_hidden_ + at * ff,
-                h8, ex_rows_ + at * n, s);
-}
-
-// The CPU's share of the experts the chunk touches and the cache lacks: cpu_share_ of them, spread evenly over
-// their ids (every expert of a layer has the same bytes), so that the pool reading them from host RAM and the
-// staging copying the rest over PCIe finish together.
-void PromptProgram::choose_cpu_experts(const int* ids, int pairs) {
-  std::vector<char> touched(g_.n_expert, 0);
-  for (int p = 0; p < pairs; ++p) touched[ids[p]] = 1;
-  on_cpu_.assign(g_.n_expert, 0);
-  int seen = 0;
-  for (int e = 0; e < g_.n_expert; ++e) {
-    if (!touched[e] || (!cache_map_.empty() && cache_map_[e] >= 0)) continue;
-    ++seen;
-    // The seen-th uncached expert goes to the CPU when it moves floor(seen * share) up by one.
-    on_cpu_[e] = static_cast<int>(seen * cpu_share_) > static_cast<int>((seen - 1) * cpu_share_);
-  }
-}
-
-// The pool's part of the chunk's routes: its rows of x gathered on the host, run through their experts by the
-// pool's workers, and the unweighted rows copied up into place beside the GPU's.
-void PromptProgram::pool_experts(int layer, cudaStream_t s) {
-  const ChunkRoutes::Part& part = routes_.cpu;
-  const std::size_t n = g_.n_embd;
-  const float* x = cpu_io_.host<float>();
-  float* in = cpu_io_.host<float>(sizeof(float) * n * std::min(chunk_, cpu_rows_max_));
-  float* out = in + n * cpu_rows_max_;
-  for (int r = 0; r < part.rows; ++r) {
-    std::memcpy(in + r * n, x + routes_.row_token[part.first_row + r] * n, sizeof(float) * n);
-  }
-  pool_->run_groups(layer, in, routes_.cpu_experts.data(), routes_.group_begin.data() + part.begin_at, part.groups,
-                    out);
-  STRATA_CUDA_TRY(cudaMemcpyAsync(ex_rows_ + static_cast<long>(part.first_row) * n, out, sizeof(float) * n * part.rows,
-                                  cudaMemcpyHostToDevice, s));
-  stats_.pooled_experts += part.groups;
-}
-
-void PromptProgram::count_staged(int layer, std::size_t experts) {
-  stats_.staged_experts += static_cast<long>(experts);
-  stats_.staged_bytes += experts * staging_->expert_bytes(layer);
-}
-
-// The first layer after `layer` whose experts the cache lacks, if any, prefetched.
-void PromptProgram::prefetch_after(int layer) {
-  for (int next = layer + 1; next < g_.n_layer; ++next) {
-    if (t_.layers[next].router && !(cache_ && cache_->holds_all(next))) {
-      prefetch(next);
-      return;
-    }
-  }
-}
-
-// The experts of `layer` the cache lacks, copied whole into the next staging buffer ahead of its routing.
-void PromptProgram::prefetch(int layer) {
-  if (prefetched_buffer_[layer] >= 0) return;  // fetched ahead already, past a layer the cache holds whole
-  std::vector<int> experts;
-  for (int e = 0; e < g_.n_expert; ++e) {
-    if (!cache_ || cache_->slot_of(layer, e) < 0) experts.push_back(e);
-  }
-  if (experts.empty() || static_cast<int>(experts.size()) > staging_->slots()) return;
-  const int buffer = next_buffer_;
-  next_buffer_ = (next_buffer_ + 1) % ExpertStaging::kBuffers;
-  staging_->fill(buffer, layer, experts);
-  count_staged(layer, experts.size());
-  prefetched_buffer_[layer] = buffer;
-  prefetched_[layer] = std::move(experts);
-}
-
+// Layer `layer`'s routed experts over the chunk's rows (experts/chunk_experts.hpp), on the scratch's rows.
 void PromptProgram::routed_experts(int layer, int rows, cudaStream_t s) {
-  const int k = g_.n_expert_used, pairs = rows * k, n = g_.n_embd;
-  const bool all_cached = cache_ && cache_->holds_all(layer);
-  STRATA_EXPECTS(all_cached || staging_, InvalidArgument,
-                 "the prompt path needs the expert staging for layer " + std::to_string(layer) +
-                     "'s routed experts, which the VRAM cache does not hold");
-  const HostLayout h = host_layout(g_, chunk_);
-  int* host_ids = host_.host<int>(h.ids);
-  int* host_routes = host_.host<int>(h.routes);
-  STRATA_CUDA_TRY(cudaMemcpyAsync(host_ids, route_ids_, sizeof(int) * pairs, cudaMemcpyDeviceToHost, s));
-  const bool cpu_part = pool_ && prefetched_[layer].empty() && pairs <= cpu_rows_max_;
-  if (cpu_part) {  // the chunk's x rows, for the pool's share
-    STRATA_CUDA_TRY(cudaMemcpyAsync(cpu_io_.host<float>(), x_, sizeof(float) * rows * n, cudaMemcpyDeviceToHost, s));
-  }
-  STRATA_CUDA_TRY(cudaStreamSynchronize(s));
-  cache_map_.clear();
-  if (cache_ && layer < cache_->layers() && cache_->slots(layer) > 0) {
-    cache_map_.resize(g_.n_expert);
-    for (int e = 0; e < g_.n_expert; ++e) cache_map_[e] = cache_->slot_of(layer, e);
-  }
-  const int slots = staging_ ? staging_->slots() : 1;
-  on_cpu_.clear();
-  if (cpu_part) choose_cpu_experts(host_ids, pairs);  // after cache_map_: the cache keeps what it holds
-  group_routes(host_ids, rows, k, g_.n_expert, cache_map_, on_cpu_, slots, prefetched_[layer], routes_);
-  std::memcpy(host_routes, routes_.row_token.data(), sizeof(int) * pairs);
-  std::memcpy(host_routes + pairs, routes_.row_of.data(), sizeof(int) * pairs);
-  const std::size_t groups = routes_.group_slot.size(), begins = routes_.group_begin.size();
-  std::memcpy(host_routes + 2 * pairs, routes_.group_slot.data(), sizeof(int) * groups);
-  std::memcpy(host_routes + 3 * pairs, routes_.group_begin.data(), sizeof(int) * begins);
-  STRATA_CUDA_TRY(cudaMemcpyAsync(row_token_, host_routes, sizeof(int) * pairs, cudaMemcpyHostToDevice, s));
-  STRATA_CUDA_TRY(cudaMemcpyAsync(row_of_, host_routes + pairs, sizeof(int) * pairs, cudaMemcpyHostToDevice, s));
-  STRATA_CUDA_TRY(cudaMemcpyAsync(group_slot_, host_routes + 2 * pairs, sizeof(int) * groups, cudaMemcpyHostToDevice,
-                                  s));
-  STRATA_CUDA_TRY(cudaMemcpyAsync(group_begin_, host_routes + 3 * pairs, sizeof(int) * begins, cudaMemcpyHostToDevice,
-                                  s));
-  STRATA_CUDA_TRY(kernels::gather_rows(x_, row_token_, pairs, n, ex_x_, s));
-  quantize(ex_x_, static_cast<long>(pairs) * n, ex_x8_, s);  // unread where the experts' gate and up are float
-  if (routes_.cached_rows > 0) expert_rows(cache_->layer(layer), routes_.cached, s);
-  for (const ChunkRoutes::Fill& fill : routes_.fills) {
-    int buffer = prefetched_buffer_[layer];
-    const CachedLayer* stacks = nullptr;
-    if (buffer < 0) {
-      buffer = next_buffer_;
-      next_buffer_ = (next_buffer_ + 1) % ExpertStaging::kBuffers;
-      stacks = &staging_->fill(buffer, layer, fill.experts);
-      count_staged(layer, fill.experts.size());
-    } else {
-      stacks = &staging_->stacks(buffer);
-    }
-    staging_->await(buffer, s);
-    expert_rows(*stacks, fill.part, s);
-    staging_->release(buffer, s);
-  }
-  if (routes_.cpu.rows > 0) pool_experts(layer, s);  // on the host, while the GPU computes the other parts
-  stats_.cached_experts += routes_.cached_experts;
-  prefetched_buffer_[layer] = -1;
-  prefetched_[layer].clear();
-  STRATA_CUDA_TRY(kernels::moe_weighted_rows(ex_rows_, row_of_, route_weights_, rows, k, n, routed_, s));
+  ChunkExpertRows b;
+  b.x = x_;
+  b.route_ids = route_ids_;
+  b.route_weights = route_weights_;
+  b.row_token = row_token_;
+  b.row_of = row_of_;
+  b.group_slot = group_slot_;
+  b.group_begin = group_begin_;
+  b.ex_x = ex_x_;
+  b.ex_x8 = ex_x8_;
+  b.ex_gate = ex_gate_;
+  b.ex_up = ex_up_;
+  b.ex_hidden = ex_hidden_;
+  b.ex_h8 = ex_h8_;
+  b.ex_rows = ex_rows_;
+  b.routed = routed_;
+  experts_.run(layer, rows, b, s);
 }
 
 // The LM head at every row of the chunk, kLogitRows rows at a time into the scratch block and from there into
@@ -550,8 +413,7 @@ void PromptProgram::run(const int* tokens, int n, int position, const float* ple
   STRATA_EXPECTS(n >= 1 && n <= chunk_, InvalidArgument,
                  "a prompt chunk holds 1.." + std::to_string(chunk_) + " tokens, got " + std::to_string(n));
   const int hc = std::max(g_.hc_count, 1), width = hc * g_.n_embd, emb = g_.n_embd;
-  std::fill(prefetched_buffer_.begin(), prefetched_buffer_.end(), -1);  // a chunk that failed midway left some
-  for (std::vector<int>& experts : prefetched_) experts.clear();
+  const bool ahead = experts_.begin_chunk(n);
   int* host_tokens = host_.host<int>();
   int* host_positions = host_tokens + chunk_;
   std::memcpy(host_tokens, tokens, sizeof(int) * n);
@@ -569,12 +431,11 @@ void PromptProgram::run(const int* tokens, int n, int position, const float* ple
   STRATA_CUDA_TRY(cudaMemsetAsync(streams_, 0, sizeof(float) * width * n, s));
   add_to_streams(streams_, ones_, 0, x_, n, hc, emb, s);  // every stream = the embedding
   const LayerPath path{*this, n, position};
-  const bool ahead = staging_ && prefetches_layers(g_, n);
-  if (ahead) prefetch_after(-1);
+  if (ahead) experts_.prefetch_after(-1);
   for (int layer = 0; layer < g_.n_layer; ++layer) {
     // The next staged layer's copy is enqueued as this layer starts: its buffer was released by the layer before
     // this one, so the copy stream runs layer after layer while the layers compute.
-    if (ahead) prefetch_after(layer);
+    if (ahead) experts_.prefetch_after(layer);
     layer_to_handoff(path, layer, s);
     layer_from_handoff(path, layer, s);
   }
@@ -582,8 +443,25 @@ void PromptProgram::run(const int* tokens, int n, int position, const float* ple
   // The last token's streams are where decode's end() and the next token's layers read the sequence's.
   STRATA_CUDA_TRY(cudaMemcpyAsync(seq_.streams, streams_ + static_cast<long>(n - 1) * width, sizeof(float) * width,
                                   cudaMemcpyDeviceToDevice, s));
-  ++stats_.chunks;
-  stats_.tokens += n;
+  ++chunks_run_;
+  fed_tokens_ += n;
+}
+
+PromptStats PromptProgram::stats() const noexcept {
+  const ChunkExpertStats& e = experts_.stats();
+  PromptStats p;
+  p.tokens = fed_tokens_;
+  p.chunks = chunks_run_;
+  p.staged_experts = e.staged_experts;
+  p.cached_experts = e.cached_experts;
+  p.staged_bytes = e.staged_bytes;
+  p.pooled_experts = e.pooled_experts;
+  return p;
+}
+
+void PromptProgram::reset_stats() noexcept {
+  fed_tokens_ = chunks_run_ = 0;
+  experts_.reset_stats();
 }
 
 }  // namespace strata

@@ -15,7 +15,7 @@
 
 #include "../../runtime/device_buffer.hpp"
 #include "../../runtime/pinned_memory.hpp"
-#include "../experts/chunk_routes.hpp"
+#include "../experts/chunk_experts.hpp"
 #include "program_inputs.hpp"
 #include "projection.hpp"
 #include "strata/expert_cache.hpp"
@@ -50,7 +50,6 @@ struct PromptScratch {
 // Prompt path counters since the session began (DecodeStats reads them).
 struct PromptStats {
   long tokens = 0, chunks = 0;
-  double seconds = 0.0;
   long staged_experts = 0, cached_experts = 0;  // routed (layer, expert) computations, by where the weights were
   std::size_t staged_bytes = 0;                 // bytes the staging copied over PCIe
   long pooled_experts = 0;                      // ... and those the CPU pool computed
@@ -79,8 +78,8 @@ class PromptProgram : private PromptScratch {
   // MoE layer's routing), or, with logits, done.
   void run(const int* tokens, int n, int position, const float* ple_rows, float* logits, cudaStream_t s);
 
-  const PromptStats& stats() const noexcept { return stats_; }
-  void reset_stats() noexcept { stats_ = {}; }
+  PromptStats stats() const noexcept;
+  void reset_stats() noexcept;
 
  private:
   struct LayerPath;  // the chunk as the layer recipe's path: its rows (layer_recipe.hpp)
@@ -93,12 +92,6 @@ class PromptProgram : private PromptScratch {
   kernels::PagedKv stream_in(int layer, int position, cudaStream_t s) const;
   void stream_out(int layer, const kernels::PagedKv& buffer, int position, int rows, cudaStream_t s) const;
   void routed_experts(int layer, int rows, cudaStream_t s);
-  void expert_rows(const CachedLayer& stacks, const ChunkRoutes::Part& part, cudaStream_t s) const;
-  void pool_experts(int layer, cudaStream_t s);
-  void choose_cpu_experts(const int* ids, int pairs);
-  void count_staged(int layer, std::size_t experts);
-  void prefetch(int layer);
-  void prefetch_after(int layer);
 
   const ModelGeometry& g_;
   const ModelTensors& t_;
@@ -108,23 +101,11 @@ class PromptProgram : private PromptScratch {
   const float *rope_cos_, *rope_sin_;
   int* history_;  // the sequence's every token fed, for the repetition penalty
   int chunk_;
-  ExpertStaging* staging_;
-  const ExpertCache* cache_;
   DeviceBuffer scratch_;
-  PinnedMapped host_;            // tokens, PLE rows, routing ids and routes, staged for the copies
-  cpu::ExpertPool* pool_;
-  double cpu_share_;
-  int cpu_rows_max_ = 0;         // the CPU's rows per layer at most: a chunk it serves routes fewer
-  PinnedMapped cpu_io_;          // the chunk's x rows down, the pool's input and output rows
-  std::vector<char> on_cpu_;
+  PinnedMapped host_;            // tokens and positions, PLE rows, staged for the copies
   float* ones_ = nullptr;        // [hc] unit injection weights
-  ChunkRoutes routes_;
-  std::vector<int> cache_map_;
-  // The staging buffer that holds, or is copying, each layer's prefetched experts (-1: none); the next fill.
-  std::vector<int> prefetched_buffer_;
-  std::vector<std::vector<int>> prefetched_;
-  int next_buffer_ = 0;
-  PromptStats stats_;
+  ChunkExperts experts_;         // each MoE layer's routed experts
+  long fed_tokens_ = 0, chunks_run_ = 0;
 };
 
 }  // namespace strata
