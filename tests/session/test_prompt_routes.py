@@ -1,4 +1,4 @@
-"""The prompt path's grouping of a chunk's routing (cuda/src/session/chunk_routes.hpp), on the host: each routed
+"""The prompt path's grouping of a chunk's routing (cuda/src/session/experts/chunk_routes.hpp), on the host: each routed
 expert's (token, choice) pairs become consecutive product rows, the cache's experts first, then the staging's
 fill by fill, and row_of takes each pair back to its row. Checked against a statement of the rules in Python."""
 

@@ -13,7 +13,7 @@
 #include "../kernels/qsa.cuh"
 #include "../kernels/qsa_chunk.cuh"
 #include "../runtime/stream.hpp"
-#include "../session/graph.hpp"
+#include "../session/programs/graph.hpp"
 #include "kernel_check_support.hpp"
 #include "kv_readback.hpp"
 #include "strata/check/kernel_check_attention_chunk.hpp"

@@ -9,7 +9,7 @@
 
 #include "../kernels/gdn_chunk.cuh"
 #include "../runtime/stream.hpp"
-#include "../session/graph.hpp"
+#include "../session/programs/graph.hpp"
 #include "kernel_check_support.hpp"
 #include "strata/check/kernel_check_mixers.hpp"
 

@@ -9,7 +9,7 @@
 #include "../kernels/kv_window.cuh"
 #include "../runtime/pinned_memory.hpp"
 #include "../runtime/stream.hpp"
-#include "../session/graph.hpp"
+#include "../session/programs/graph.hpp"
 #include "kernel_check_support.hpp"
 #include "strata/check/kernel_check_kv_window.hpp"
 #include "strata/kv_window.hpp"

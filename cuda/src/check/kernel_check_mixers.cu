@@ -17,7 +17,7 @@
 #include "../kernels/ple.cuh"
 #include "../kernels/qsa.cuh"
 #include "../runtime/stream.hpp"
-#include "../session/graph.hpp"
+#include "../session/programs/graph.hpp"
 #include "kernel_check_support.hpp"
 #include "kv_readback.hpp"
 #include "strata/check/kernel_check_mixers.hpp"

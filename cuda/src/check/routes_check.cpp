@@ -1,6 +1,6 @@
 #include "strata/check/routes_check.hpp"
 
-#include "../session/chunk_routes.hpp"
+#include "../session/experts/chunk_routes.hpp"
 
 namespace strata::routes_check {
 

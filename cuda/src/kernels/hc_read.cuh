@@ -3,7 +3,7 @@
 //   hc_read_down: the grouped RMSNorm of the raw streams, the down and inject products and their gates,
 //     lo = silu(W_down Hn / hc) [rank], inj = 2 sigmoid(W_inj Hn / hc) [hc], and each stream's inverse RMS;
 //   hc_read_up_mix: up = W_up lo, the block input x = (1/hc) Σ_k sigmoid(up_k) Hn_k [n] and x's q8_32 form,
-//     so that the projections reading x skip their quantization (session/projection.hpp, project_quantized).
+//     so that the projections reading x skip their quantization (session/programs/projection.hpp, project_quantized).
 // Every CTA stages the activation its rows read (Hn, lo) in shared memory, in the form the weight's row dot
 // takes (q8_32, or float32 for float weights), and walks its rows with the GEMVs' own device code
 // (gemv_quant_rows.cuh, gemv_float_rows.cuh): the same arithmetic as the chain, up to summation order.
@@ -44,7 +44,7 @@ bool hc_read_fusable(const HcReadShape& shape, const WeightMatrix& down, const W
 cudaError_t hc_read_down(const HcReadShape& shape, const float* streams, const float* norm, const WeightMatrix& down,
                          const WeightMatrix* inject, float* low, float* inj, float* rms, cudaStream_t stream);
 
-// From hc_read_down's low and rms: x [n] and, where x_q8 asks for it (its readers' rule: session/projection.hpp,
+// From hc_read_down's low and rms: x [n] and, where x_q8 asks for it (its readers' rule: session/programs/projection.hpp,
 // q8_for), x's q8_32 form, quantize_q8_32(x) bit for bit. Shapes or weights hc_read_fusable refuses ->
 // cudaErrorInvalidValue.
 cudaError_t hc_read_up_mix(const HcReadShape& shape, const float* streams, const float* norm, const float* rms,

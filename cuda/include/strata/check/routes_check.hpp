@@ -1,4 +1,4 @@
-// The prompt path's grouping of a chunk's routing (cuda/src/session/chunk_routes.hpp) from outside the core, for
+// The prompt path's grouping of a chunk's routing (cuda/src/session/experts/chunk_routes.hpp) from outside the core, for
 // tests on the host: no device involved.
 #pragma once
 

@@ -6,7 +6,7 @@ from strata.libstrata.check.routes_check cimport ChunkRoutes, cpp_group_routes
 
 
 def group_routes(ids, int n_expert, list cache_slot_of, int staging_slots, list prefetched, list on_cpu=None) -> dict:
-    """The prompt path's grouping of one layer's routing `ids` [tokens, k] (cuda/src/session/chunk_routes.hpp):
+    """The prompt path's grouping of one layer's routing `ids` [tokens, k] (cuda/src/session/experts/chunk_routes.hpp):
     on_cpu: per expert whether the CPU pool computes it. {"row_token", "row_of", "cached_rows", "cached_experts",
     "cpu": (experts, first_row, rows), "fills": [(experts, first_row, rows)], "parts": [(group slots, group
     begins)] of the cache's rows, the CPU's, then each fill's}."""

@@ -9,10 +9,10 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "../kernels/gemv.cuh"
-#include "../kernels/matmul.cuh"
-#include "../kernels/router_publish.cuh"
-#include "../kernels/quantize.cuh"
+#include "../../kernels/gemv.cuh"
+#include "../../kernels/matmul.cuh"
+#include "../../kernels/router_publish.cuh"
+#include "../../kernels/quantize.cuh"
 #include "strata/device_weights.hpp"
 #include "strata/error.hpp"
 

@@ -2,7 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "../runtime/device_buffer.hpp"
+#include "../../runtime/device_buffer.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"
 

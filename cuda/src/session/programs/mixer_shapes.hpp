@@ -3,10 +3,10 @@
 
 #include <algorithm>
 
-#include "../kernels/attention.cuh"
-#include "../kernels/gdn.cuh"
-#include "../kernels/ple.cuh"
-#include "../kernels/qsa.cuh"
+#include "../../kernels/attention.cuh"
+#include "../../kernels/gdn.cuh"
+#include "../../kernels/ple.cuh"
+#include "../../kernels/qsa.cuh"
 #include "strata/geometry.hpp"
 
 namespace strata {

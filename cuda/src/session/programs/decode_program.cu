@@ -5,16 +5,14 @@
 #include <string>
 #include <vector>
 
-#include "../kernels/embed.cuh"
-#include "../kernels/gdn.cuh"
-#include "../kernels/hc.cuh"
-#include "../kernels/hc_read.cuh"
-#include "../kernels/moe.cuh"
-#include "../kernels/norm.cuh"
-#include "../kernels/ple.cuh"
-#include "../kernels/rope.cuh"
-#include "../kernels/router.cuh"
+#include "../../kernels/embed.cuh"
+#include "../../kernels/gdn.cuh"
+#include "../../kernels/hc_read.cuh"
+#include "../../kernels/moe.cuh"
+#include "../../kernels/ple.cuh"
+#include "../../kernels/router.cuh"
 #include "strata/device.hpp"
+#include "layer_recipe.hpp"
 #include "mixer_shapes.hpp"
 #include "scratch_carver.hpp"
 #include "strata/error.hpp"
@@ -25,36 +23,12 @@ namespace {
 // The stage's token lands in the penalty's history at its position.
 __global__ void record_token(const TokenStage* stage, int* seen) { seen[stage->position] = stage->token; }
 
-kernels::EmbedTable embed_table(const DeviceTensor& t) {
-  kernels::EmbedTable table;
-  table.rows = static_cast<int>(t.rows);
-  table.cols = static_cast<int>(t.cols);
-  if (t.is_float) {
-    table.kind = t.float_kind == FloatKind::F32   ? kernels::EmbedKind::F32
-                 : t.float_kind == FloatKind::F16 ? kernels::EmbedKind::F16
-                                                  : kernels::EmbedKind::BF16;
-    table.data = t.data;
-    return table;
-  }
-  const QuantForm& f = t.form;
-  const bool q8_0 = f.code_bits == 8 && f.code_bias == 128 && f.codebook == Codebook::None && f.group_size == 32 &&
-                    f.super_size == 32 && !f.scale_f32 && !f.has_sub_scales && !f.has_mins;
-  STRATA_EXPECTS(q8_0, InvalidArgument,
-                 "token_embd.weight: the GPU embedding gather reads F32, F16, BF16 or Q8_0 rows; this file's type "
-                 "is another quantized form (requantize token_embd to Q8_0)");
-  table.kind = kernels::EmbedKind::Q8_0;
-  table.data = t.planes.codes;
-  table.d = static_cast<const __half*>(t.planes.d);
-  return table;
-}
-
 // The decode scratch of `g` for a context of `context` tokens, carved out of `c` into `s`: the one definition the
 // allocation and the memory plan (DecodeProgram::scratch_bytes) both read. `sample_bytes`: the sampler's.
 void carve_scratch(Carver& c, const ModelGeometry& g, int context, std::size_t sample_bytes, DecodeScratch& s) {
   const RowWidths w = row_widths(g);
   const int n = w.n, hc = w.hc, width = w.width, hv = g.ssm_n_v_heads, value_dim = w.value_dim, conv = w.conv;
   const int heads_dim = w.heads_dim, kv_dim = w.kv_dim, max_cols = w.max_cols;
-  const int rope_half = g.rope_dim / 2;
   // QSA scratch for the smallest block of any layer: the most blocks a context has, and the most kept.
   int max_blocks = 0, keep_blocks = 0;
   for (int l = 0; l < static_cast<int>(g.compress_ratios.size()); ++l) {
@@ -75,9 +49,6 @@ void carve_scratch(Carver& c, const ModelGeometry& g, int context, std::size_t s
   s.q8_.xq = c.take<std::int8_t>(max_cols);
   s.q8_.dx = c.take<float>(max_cols / 32 + 1);
   s.q8_.sums = c.take<std::int32_t>(max_cols / 32 + 1);
-  s.seen_ = c.take<int>(context);
-  s.cos_ = c.take<float>(static_cast<std::size_t>(context) * std::max(rope_half, 1));
-  s.sin_ = c.take<float>(static_cast<std::size_t>(context) * std::max(rope_half, 1));
   s.ones_ = c.take<float>(hc);
   s.x_ = c.take<float>(n);
   s.y_ = c.take<float>(n);
@@ -145,37 +116,31 @@ std::size_t DecodeProgram::scratch_bytes(const ModelGeometry& g, int context, st
   return sizing.used();
 }
 
-DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& g, const SessionArena& arena,
-                             KvStorage kv_storage, const ProgramIo& io, const ExpertCache* cache)
+DecodeProgram::DecodeProgram(const ModelGeometry& g, const ProgramInputs& in, int device, const ProgramIo& io,
+                             const ExpertCache* cache)
     : g_(g),
-      t_(resolve_tensors(weights, g)),
-      embedding_(embed_table(*t_.embedding)),  // refuses a form the gather lacks, before anything is allocated
+      t_(*in.tensors),
+      embedding_(in.embedding),
       io_(io),
       cache_(cache),
-      seq_(sequence_views(g, t_, arena, kv_storage)),
+      seq_(in.sequence),
       context_(seq_.context),
+      attention_(in.attention),
+      cos_(in.rope_cos),
+      sin_(in.rope_sin),
+      seen_(in.history),
       scratch_(0) {
   std::size_t sample_bytes = 0;
   STRATA_CUDA_TRY(kernels::sample_scratch_bytes(g.n_vocab, &sample_bytes));
-  attention_ = strata::attention_shape(g);
-  STRATA_EXPECTS(g.attention_layers() == 0 || kernels::attention_decode_fits(attention_), InvalidArgument,
-                 "attention: " + std::to_string(g.n_head / std::max(g.n_head_kv, 1)) + " query heads per KV head of " +
-                     std::to_string(g.head_dim) + " dims exceed the decode kernel's shared memory and registers");
   Carver sizing(nullptr);
   carve_scratch(sizing, g, context_, sample_bytes, *this);
-  require_free_memory(sizing.used(), weights.device(), "the decode scratch would", "a shorter context needs less");
+  require_free_memory(sizing.used(), device, "the decode scratch would", "a shorter context needs less");
   scratch_ = DeviceBuffer(sizing.used());
   Carver real(scratch_.as<char>());
   carve_scratch(real, g, context_, sample_bytes, *this);
-  const int hc = std::max(g.hc_count, 1), rope_half = g.rope_dim / 2;
+  const int hc = std::max(g.hc_count, 1);
 
-  // Constants: the RoPE tables (float64 on the host) and the unit injection weights of one-stream writes.
-  if (rope_half > 0) {
-    std::vector<float> cos(static_cast<std::size_t>(context_) * rope_half), sin(cos.size());
-    kernels::build_rope_tables(cos.data(), sin.data(), context_, g.rope_dim, g.rope_theta);
-    STRATA_CUDA_TRY(cudaMemcpy(cos_, cos.data(), sizeof(float) * cos.size(), cudaMemcpyHostToDevice));
-    STRATA_CUDA_TRY(cudaMemcpy(sin_, sin.data(), sizeof(float) * sin.size(), cudaMemcpyHostToDevice));
-  }
+  // The unit injection weights of one-stream writes.
   const std::vector<float> ones(hc, 1.0f);
   STRATA_CUDA_TRY(cudaMemcpy(ones_, ones.data(), sizeof(float) * hc, cudaMemcpyHostToDevice));
   // A routed slot the cache does not hold leaves its gate/up rows as an earlier token wrote them; the hidden
@@ -184,28 +149,7 @@ DecodeProgram::DecodeProgram(const DeviceWeights& weights, const ModelGeometry& 
   STRATA_CUDA_TRY(cudaMemset(ex_gate_, 0, hidden_bytes));
   STRATA_CUDA_TRY(cudaMemset(ex_up_, 0, hidden_bytes));
   STRATA_CUDA_TRY(cudaMemset(route_ticket_, 0, sizeof(unsigned)));  // every router launch leaves it zero again
-  if (seq_.kv_streaming) {  // the arena's reset zeroed the windows; empty is every slot -1
-    reset_windows(nullptr);
-    STRATA_CUDA_TRY(cudaStreamSynchronize(nullptr));
-  }
   for (int l = 0; l < g.ple_layer; ++l) ple_late_ = ple_late_ || rings(l);
-
-}
-
-void DecodeProgram::reset_windows(cudaStream_t s) const {
-  for (const kernels::KvWindow& w : seq_.window)
-    if (w.slots > 0) STRATA_CUDA_TRY(kernels::kv_window_reset(w, s));
-}
-
-unsigned long long DecodeProgram::stream_bytes() const {
-  unsigned long long total = 0;
-  for (const kernels::KvWindow& w : seq_.window) {
-    if (w.slots == 0) continue;
-    unsigned long long fetched = 0;
-    STRATA_CUDA_TRY(cudaMemcpy(&fetched, w.fetched_bytes, sizeof(fetched), cudaMemcpyDeviceToHost));
-    total += fetched;
-  }
-  return total;
 }
 
 void DecodeProgram::begin(cudaStream_t s) const {
@@ -216,38 +160,62 @@ void DecodeProgram::begin(cudaStream_t s) const {
   STRATA_CUDA_TRY(kernels::embed_rows(embedding_, &stage_->token, 1, x_, s));
   const int hc = std::max(g_.hc_count, 1);
   STRATA_CUDA_TRY(cudaMemsetAsync(seq_.streams, 0, sizeof(float) * hc * g_.n_embd, s));
-  STRATA_CUDA_TRY(kernels::hc_write(seq_.streams, ones_, 0, x_, 1, hc, g_.n_embd, s));  // every stream = the embedding
+  add_to_streams(seq_.streams, ones_, 0, x_, 1, hc, g_.n_embd, s);  // every stream = the embedding
 }
 
-void DecodeProgram::add_to_streams(const float* inj, const float* y, int streams, int width, cudaStream_t s) const {
-  STRATA_CUDA_TRY(kernels::hc_write(seq_.streams, inj, 0, y, 1, streams, width, s));
-}
+// The token as the layer recipe's path: one row; each activation's producer writes its q8_32 form where a
+// product reads it, and the GEMVs of one input run side by side (Branches).
+struct DecodeProgram::LayerPath {
+  static constexpr int rows = 1;
+  const DecodeProgram& program;
+  const DecodeScratch& buffers = program;
 
-void DecodeProgram::hc_read(const HcTensors& t, float* x, float* inj, const Products& readers, cudaStream_t s) const {
-  const int hc = g_.hc_count, n = g_.n_embd;
-  const kernels::HcReadShape shape{hc, n, g_.hc_rank, g_.rms_eps};
+  const ModelGeometry& geometry() const { return program.g_; }
+  const ModelTensors& tensors() const { return program.t_; }
+  float* streams() const { return program.seq_.streams; }
+  const float* ones() const { return program.ones_; }
+  float* ffn_injection(int layer) const { return program.ffn_injection(layer); }
+  Q8Scratch q8_beside(const Products& readers) const { return q8_for(readers, program.q8_); }
+  void project(const float* x, const Products& products, cudaStream_t s) const {
+    strata::project(x, products, program.q8_, s, &program.branches_);
+  }
+  void project_produced(const float* x, const Products& products, cudaStream_t s) const {
+    project_quantized(x, products, program.q8_, s, &program.branches_);
+  }
+  void quantize_for(const float* x, const Products& readers, cudaStream_t s) const {
+    strata::quantize_for(x, readers, program.q8_, s);
+  }
+  bool hc_read_fused(const float* streams, const HcTensors& t, float* x, float* inj, const Products& readers,
+                     cudaStream_t s) const {
+    return program.hc_read_fused(streams, t, x, inj, readers, s);
+  }
+  void ple(int layer, cudaStream_t s) const { program.ple(layer, s); }
+  void mixer_gdn(int layer, const Products& inputs, cudaStream_t s) const { program.mixer_gdn(layer, inputs, s); }
+  void mixer_attention(int layer, const Products& inputs, cudaStream_t s) const {
+    program.mixer_attention(layer, inputs, s);
+  }
+  void route(int layer, cudaStream_t s) const { program.route(layer, s); }
+  // The experts the cache holds, while the host computes the others.
+  void beside_routed(int layer, cudaStream_t s) const {
+    if (const CachedLayer* c = program.cached(layer)) program.cached_experts(*c, s);
+  }
+  void routed_rows(int layer, cudaStream_t s) const { program.routed_rows(layer, s); }
+  // Layer - 1's deferred row, which came with this layer's answer, with the write-back weights of its own layer.
+  void late_rows(int layer, cudaStream_t s) const {
+    if (program.takes_deferred(layer)) write_streams(*this, program.ffn_injection(layer - 1), program.deferred_, s);
+  }
+};
+
+bool DecodeProgram::hc_read_fused(const float* streams, const HcTensors& t, float* x, float* inj,
+                                  const Products& readers, cudaStream_t s) const {
+  const kernels::HcReadShape shape{g_.hc_count, g_.n_embd, g_.hc_rank, g_.rms_eps};
   const kernels::WeightMatrix down = weight_matrix(*t.down), up = weight_matrix(*t.up);
   const kernels::WeightMatrix inject = inj ? weight_matrix(*t.inject) : kernels::WeightMatrix{};
   const kernels::WeightMatrix* p_inject = inj ? &inject : nullptr;
-  if (kernels::hc_read_fusable(shape, down, up, p_inject)) {
-    STRATA_CUDA_TRY(kernels::hc_read_down(shape, seq_.streams, t.norm, down, p_inject, down_, inj, hc_rms_, s));
-    STRATA_CUDA_TRY(kernels::hc_read_up_mix(shape, seq_.streams, t.norm, hc_rms_, down_, up, x, q8_for(readers, q8_),
-                                            s));
-    return;
-  }
-  // The eight-kernel chain, for the shapes and forms the fused read lacks (hc_read.cuh, hc_read_fusable).
-  const float inv_hc = 1.0f / static_cast<float>(hc);
-  STRATA_CUDA_TRY(kernels::rms_norm_grouped(seq_.streams, t.norm, normed_, 1, hc, n, g_.rms_eps, s));
-  if (inj) {
-    project(normed_, {{t.down, down_}, {t.inject, inject_}}, q8_, s, &branches_);
-  } else {
-    project(normed_, {{t.down, down_}}, q8_, s);
-  }
-  STRATA_CUDA_TRY(kernels::scaled_activation(down_, down_, g_.hc_rank, kernels::Activation::Silu, inv_hc, 1.0f, s));
-  project(down_, {{t.up, up_}}, q8_, s);
-  STRATA_CUDA_TRY(kernels::hc_mix(up_, normed_, x, 1, hc, n, s));
-  if (inj) STRATA_CUDA_TRY(kernels::scaled_activation(inject_, inj, hc, kernels::Activation::Sigmoid, inv_hc, 2.0f, s));
-  quantize_for(x, readers, q8_, s);
+  if (!kernels::hc_read_fusable(shape, down, up, p_inject)) return false;
+  STRATA_CUDA_TRY(kernels::hc_read_down(shape, streams, t.norm, down, p_inject, down_, inj, hc_rms_, s));
+  STRATA_CUDA_TRY(kernels::hc_read_up_mix(shape, streams, t.norm, hc_rms_, down_, up, x, q8_for(readers, q8_), s));
+  return true;
 }
 
 void DecodeProgram::ple(int layer, cudaStream_t s) const {
@@ -265,28 +233,12 @@ void DecodeProgram::ple(int layer, cudaStream_t s) const {
   args.value = ple_value_;
   args.out = ple_out_;
   STRATA_CUDA_TRY(kernels::ple_step(shape, args, s));
-  add_to_streams(ones_, ple_out_, 1, g_.hc_count * g_.n_embd, s);
-}
-
-Products DecodeProgram::mixer_inputs(int layer) const {
-  const LayerTensors& t = t_.layers[layer];
-  if (!g_.recurrent[layer]) {
-    if (t.index_q) return {{t.q, qg_}, {t.k, k_}, {t.v, v_}, {t.index_q, iq_}, {t.index_k, ik_}};
-    return {{t.q, qg_}, {t.k, k_}, {t.v, v_}};
-  }
-  float* z = qkvz_ + row_widths(g_).conv;
-  const bool interleaved = g_.gdn_interleaved_ba;
-  if (t.ssm_in) {
-    if (interleaved) return {{t.ssm_in, qkvz_}, {t.ba, beta_}};
-    return {{t.ssm_in, qkvz_}, {t.beta, beta_}, {t.alpha, alpha_}};
-  }
-  if (interleaved) return {{t.qkv, qkvz_}, {t.gate, z}, {t.ba, beta_}};
-  return {{t.qkv, qkvz_}, {t.gate, z}, {t.beta, beta_}, {t.alpha, alpha_}};
+  add_to_streams(seq_.streams, ones_, 0, ple_out_, 1, 1, g_.hc_count * g_.n_embd, s);
 }
 
 void DecodeProgram::mixer_gdn(int layer, const Products& inputs, cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
-  float* z = qkvz_ + row_widths(g_).conv;
+  float* z = gdn_z(g_, t, qkvz_, 1);
   project_quantized(x_, inputs, q8_, s, &branches_);
   const Products output{{t.ssm_out, y_}};
   const kernels::GdnShape shape = gdn_shape(g_);
@@ -351,32 +303,13 @@ void DecodeProgram::mixer_attention(int layer, const Products& inputs, cudaStrea
   project_quantized(attn_, output, q8_, s);
 }
 
-void DecodeProgram::pre(int layer, cudaStream_t s) const {
+void DecodeProgram::pre(int layer, cudaStream_t s) const { layer_to_handoff(LayerPath{*this}, layer, s); }
+
+// Router, then the ring: the host starts on the routed experts the cache lacks while the shared expert and the
+// cached ones run here. One launch: the GEMV, the top k, the cache slots and the publish. The read wrote x's q8_32
+// form for every reader of it (ffn_inputs): the router and the shared expert take it as it is.
+void DecodeProgram::route(int layer, cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
-  const bool hc = g_.hc_count > 0;
-  const int n = g_.n_embd;
-  if (layer == g_.ple_layer) ple(layer, s);
-  // x_ reaches its readers with its q8_32 form in q8_ where they read one: the plain norm and hc_read write it.
-  const Products mixer_in = mixer_inputs(layer);
-  if (hc) {
-    hc_read(t.hc_attn, x_, inj_attn_, mixer_in, s);
-  } else {
-    STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t.attn_norm, x_, 1, n, g_.rms_eps, s, q8_for(mixer_in, q8_)));
-  }
-  if (g_.recurrent[layer]) mixer_gdn(layer, mixer_in, s);
-  else mixer_attention(layer, mixer_in, s);
-  const Products shared_in{{t.shared_gate, sh_g_}, {t.shared_up, sh_u_}};
-  const Products ffn_in{{t.router, router_logits_}, {t.shared_gate, sh_g_}, {t.shared_up, sh_u_}};
-  if (hc) {
-    add_to_streams(inj_attn_, y_, g_.hc_count, n, s);
-    hc_read(t.hc_ffn, x_, ffn_injection(layer), ffn_in, s);
-  } else {
-    add_to_streams(ones_, y_, 1, n, s);
-    STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t.post_attention_norm, x_, 1, n, g_.rms_eps, s,
-                                      q8_for(ffn_in, q8_)));
-  }
-  // Router, then the ring: the host starts on the routed experts the cache lacks while the shared expert and
-  // the cached ones run here. One launch: the GEMV, the top k, the cache slots and the publish.
   const CachedLayer* c = cached(layer);
   const kernels::RouteTargets route{router_logits_, route_ids_, route_weights_, c ? c->slot_of : nullptr,
                                     cache_slots_, route_ticket_};
@@ -385,15 +318,9 @@ void DecodeProgram::pre(int layer, cudaStream_t s) const {
   publish.bell = io_.bell;
   publish.ring_base = io_.ring_base;
   publish.ring_offset = layer + 1;
-  // The norm or hc_read wrote x's q8_32 form for every reader of it (ffn_in): the router and the shared expert
-  // take it as it is.
   route_and_publish(*t.router, x_, q8_, g_.n_expert_used, route, publish, s);
-  project_quantized(x_, shared_in, q8_, s, &branches_);
-  const Products shared_out{{t.shared_down, shared_}};
-  STRATA_CUDA_TRY(kernels::swiglu(sh_g_, sh_u_, sh_h_, g_.shared_ff, s, q8_for(shared_out, q8_)));
-  project_quantized(sh_h_, shared_out, q8_, s);
-  STRATA_CUDA_TRY(kernels::shared_expert_gate(t.shared_gate_inp, x_, shared_gate_, 1, n, s));
-  if (c) cached_experts(*c, s);
+  const DecodeScratch& buffers = *this;
+  project_quantized(x_, shared_inputs(t, buffers), q8_, s, &branches_);
 }
 
 const CachedLayer* DecodeProgram::cached(int layer) const {
@@ -416,26 +343,20 @@ void DecodeProgram::cached_experts(const CachedLayer& c, cudaStream_t s) const {
   project_batch(c.down, {cache_slots_, k, ff}, ex_hidden_, ex_hidden8_, ex_rows_, s);
 }
 
-void DecodeProgram::post(int layer, cudaStream_t s) const {
-  const int n = g_.n_embd;
+void DecodeProgram::post(int layer, cudaStream_t s) const { layer_from_handoff(LayerPath{*this}, layer, s); }
+
+void DecodeProgram::routed_rows(int layer, cudaStream_t s) const {
   const bool ring = rings(layer);
-  // Layer - 1's deferred row comes with this layer's answer (a deferring layer's next one rings).
-  const bool deferred = layer > 0 && io_.deferral.defers(layer - 1, cache_);
   if (ring) {
+    const bool deferred = takes_deferred(layer);
     STRATA_CUDA_TRY(kernels::doorbell_wait(io_.bell, io_.ring_base, layer + 1, io_.answer_timeout_ns,
                                            io_.wait_status, routed_, s, deferred ? (layer - 1) % 2 : -1,
                                            deferred ? deferred_ : nullptr));
   }
   if (cached(layer)) {
-    STRATA_CUDA_TRY(kernels::moe_cached_sum(ex_rows_, cache_slots_, route_weights_, 1, g_.n_expert_used, n, ring,
-                                            routed_, s));
+    STRATA_CUDA_TRY(kernels::moe_cached_sum(ex_rows_, cache_slots_, route_weights_, 1, g_.n_expert_used, g_.n_embd,
+                                            ring, routed_, s));
   }
-  STRATA_CUDA_TRY(kernels::moe_combine(routed_, shared_, shared_gate_, y_, 1, n, s));
-  const bool hc = g_.hc_count > 0;
-  const int streams = hc ? g_.hc_count : 1;
-  // The deferred row with the write-back weights of the layer it belongs to.
-  if (deferred) add_to_streams(hc ? ffn_injection(layer - 1) : ones_, deferred_, streams, n, s);
-  add_to_streams(hc ? ffn_injection(layer) : ones_, y_, streams, n, s);
 }
 
 void DecodeProgram::enqueue_logprobs(int token, int n, cudaStream_t s) const {
@@ -449,12 +370,7 @@ void DecodeProgram::end_prompt(Sampler sampler, cudaStream_t s) const {
 
 void DecodeProgram::end(Sampler sampler, cudaStream_t s) const {
   const Products head{{t_.head, logits_}};
-  if (g_.hc_count > 0) {
-    hc_read(t_.output_hc, x_, nullptr, head, s);
-  } else {
-    STRATA_CUDA_TRY(kernels::rms_norm(seq_.streams, t_.output_norm, x_, 1, g_.n_embd, g_.rms_eps, s,
-                                      q8_for(head, q8_)));
-  }
+  read_streams(LayerPath{*this}, seq_.streams, t_.output_hc, t_.output_norm, x_, nullptr, head, s);
   project_quantized(x_, head, q8_, s);
   if (sampler == Sampler::kNone) return;
   // The argmax needs no sort: the host chose it from the values it staged (kernels::picks_argmax).

@@ -7,7 +7,7 @@
 #include <string>
 #include <utility>
 
-#include "../runtime/device_buffer.hpp"
+#include "../../runtime/device_buffer.hpp"
 #include "expert_planes.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"

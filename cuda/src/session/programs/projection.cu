@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string>
 
-#include "../kernels/quantize.cuh"
+#include "../../kernels/quantize.cuh"
 #include "strata/error.hpp"
 
 namespace strata {

@@ -4,8 +4,8 @@
 
 #include <numeric>
 
-#include "../runtime/device_buffer.hpp"
-#include "../runtime/pinned_memory.hpp"
+#include "../../runtime/device_buffer.hpp"
+#include "../../runtime/pinned_memory.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"
 

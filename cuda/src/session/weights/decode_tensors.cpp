@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "../kernels/gemv.cuh"
+#include "../../kernels/gemv.cuh"
 #include "strata/error.hpp"
 
 namespace strata {

@@ -1,6 +1,7 @@
 // The GPU work of one decode token as enqueue functions over fixed buffers: begin (staging, embedding),
 // pre[l] (mixer, router, publish, shared expert, the experts the VRAM cache holds), post[l] (wait, combine, write
-// back), end (final mixer, LM head, sampler). A layer whose experts the cache holds whole neither publishes nor
+// back), end (final mixer, LM head, sampler); pre and post are the layer recipe's two halves over one row
+// (layer_recipe.hpp), the doorbell between. A layer whose experts the cache holds whole neither publishes nor
 // waits. Every per-token value is read from device memory, so any part can be captured into a CUDA
 // graph once and replayed (docs/session.md). Enqueue functions never allocate or synchronise.
 #pragma once
@@ -9,19 +10,19 @@
 
 #include <cstddef>
 
-#include "../kernels/attention.cuh"
-#include "../kernels/doorbell.cuh"
-#include "../kernels/embed.cuh"
-#include "../kernels/logprobs.cuh"
-#include "../kernels/qsa.cuh"
-#include "../kernels/sample.cuh"
-#include "../runtime/device_buffer.hpp"
-#include "decode_tensors.hpp"
-#include "expert_deferral.hpp"
+#include "../../kernels/attention.cuh"
+#include "../../kernels/doorbell.cuh"
+#include "../../kernels/embed.cuh"
+#include "../../kernels/logprobs.cuh"
+#include "../../kernels/qsa.cuh"
+#include "../../kernels/sample.cuh"
+#include "../../runtime/device_buffer.hpp"
+#include "../exchange/expert_deferral.hpp"
+#include "../state/sequence_views.hpp"
+#include "../weights/decode_tensors.hpp"
+#include "program_inputs.hpp"
 #include "projection.hpp"
-#include "sequence_views.hpp"
 #include "strata/expert_cache.hpp"
-#include "strata/session_arena.hpp"
 #include "token_schedule.hpp"
 
 namespace strata {
@@ -51,8 +52,7 @@ struct DecodeScratch {
   Q8Scratch q8_;
   TokenStage* stage_ = nullptr;  // device copy
   float* ple_rows_ = nullptr;
-  int* seen_ = nullptr;          // [context] every token fed, for the repetition penalty
-  float *cos_ = nullptr, *sin_ = nullptr, *ones_ = nullptr;
+  float* ones_ = nullptr;
   float *x_ = nullptr, *y_ = nullptr, *normed_ = nullptr, *down_ = nullptr, *up_ = nullptr, *inject_ = nullptr;
   float *inj_attn_ = nullptr, *inj_ffn_ = nullptr;  // inj_ffn_: [2][hc], by layer parity (ffn_injection)
   float* deferred_ = nullptr;  // [n] the layer before's deferred experts, as the host answered them
@@ -79,10 +79,11 @@ struct DecodeScratch {
 
 class DecodeProgram final : public TokenProgram, private DecodeScratch {
  public:
-  // Resolves the tensors and allocates the scratch; the arena holds the sequence state. `cache` (may be null:
-  // every routed expert is the pool's) must outlive the program.
-  DecodeProgram(const DeviceWeights& weights, const ModelGeometry& geometry, const SessionArena& arena,
-                KvStorage kv, const ProgramIo& io, const ExpertCache* cache = nullptr);
+  // Allocates the scratch on `device`; the program reads the model and the sequence through `in`
+  // (program_inputs.hpp), whose tables and sequence outlive it. `cache` (may be null: every routed expert is the
+  // pool's) must outlive the program.
+  DecodeProgram(const ModelGeometry& geometry, const ProgramInputs& in, int device, const ProgramIo& io,
+                const ExpertCache* cache = nullptr);
 
   // Whether layer `layer` rings the doorbell (some of its experts are the pool's).
   bool rings(int layer) const;
@@ -96,8 +97,7 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
   static std::size_t stage_bytes(const ModelGeometry& g);
 
   // Bytes of the device scratch a program of `context` tokens (whole KV pages) allocates beside the sampler's
-  // `sampler_bytes`: what the memory plan counts. Depends on the context (RoPE tables, the penalty's history,
-  // QSA block scores).
+  // `sampler_bytes`: what the memory plan counts. Depends on the context (QSA block scores).
   static std::size_t scratch_bytes(const ModelGeometry& g, int context, std::size_t sampler_bytes);
 
   int layers() const override { return g_.n_layer; }
@@ -108,21 +108,6 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
 
   const float* logits() const noexcept { return logits_; }
 
-  // KV streaming (docs/session.md): every window emptied, enqueued on `s` (after the arena's reset); the bytes
-  // the windows have fetched from the host copy since then, read from the device (synchronous).
-  void reset_windows(cudaStream_t s) const;
-  unsigned long long stream_bytes() const;
-
-  // What the prompt program (prompt_program.hpp) shares with this one: the tensors, the sequence's state, the
-  // embedding gather, the RoPE tables and the penalty's history of every token fed.
-  const ModelTensors& tensors() const noexcept { return t_; }
-  const SequenceViews& sequence() const noexcept { return seq_; }
-  const kernels::EmbedTable& embedding() const noexcept { return embedding_; }
-  const kernels::AttentionShape& attention_shape() const noexcept { return attention_; }
-  const float* rope_cos() const noexcept { return cos_; }
-  const float* rope_sin() const noexcept { return sin_; }
-  int* history() const noexcept { return seen_; }
-
   // The LM head (and `sampler`) after a prompt left its last token's streams in the arena: the stage's sampling
   // values are copied up first, as begin() copies them for a token.
   void end_prompt(Sampler sampler, cudaStream_t s) const;
@@ -132,31 +117,41 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
   const kernels::Logprobs* logprobs() const noexcept { return logprobs_; }
 
  private:
-  // x and inj (null: the final mixer) from the streams, and x's q8_32 form in q8_ where one of `readers` reads it
-  // (q8_for): the fused read (kernels/hc_read.cuh) writes it beside x; the eight-kernel chain it falls back to for
-  // a form or shape the fusion lacks quantizes x after.
-  void hc_read(const HcTensors& t, float* x, float* inj, const Products& readers, cudaStream_t s) const;
-  void add_to_streams(const float* inj, const float* y, int streams, int width, cudaStream_t s) const;
+  struct LayerPath;  // the token as the layer recipe's path: one row (layer_recipe.hpp)
+  // x and inj (null: the final mixer) from the streams in the fused read's two launches (kernels/hc_read.cuh),
+  // which write x's q8_32 form in q8_ beside it where one of `readers` reads it (q8_for); false, enqueuing
+  // nothing, for a form or shape the fusion lacks (the recipe's chain reads them).
+  bool hc_read_fused(const float* streams, const HcTensors& t, float* x, float* inj, const Products& readers,
+                     cudaStream_t s) const;
   // Layer `layer`'s FFN injection weights: kept per parity so that post(l + 1) still has layer l's for its
   // deferred row after pre(l + 1) wrote its own.
   float* ffn_injection(int layer) const noexcept { return inj_ffn_ + (layer & 1) * g_.hc_count; }
-  // The products of the mixer's input x_ in layer `layer`; the mixers start with x_'s q8_32 form in q8_ where one of
-  // them reads it (q8_for), and end with the mixer's output y_.
-  Products mixer_inputs(int layer) const;
+  // The mixers of layer `layer` on its input products (mixer_inputs, layer_recipe.hpp): they start with x_'s q8_32
+  // form in q8_ where one of them reads it (q8_for), and end with the mixer's output y_.
   void mixer_gdn(int layer, const Products& inputs, cudaStream_t s) const;
   void mixer_attention(int layer, const Products& inputs, cudaStream_t s) const;
   void ple(int layer, cudaStream_t s) const;
+  // The FFN's router launch (its GEMV, the top k, the cache slots and the doorbell's publish), then the shared
+  // expert's gate and up.
+  void route(int layer, cudaStream_t s) const;
+  // routed_: the host's answer where the layer rings (with layer - 1's deferred row where it brings one), plus the
+  // cached experts' weighted rows.
+  void routed_rows(int layer, cudaStream_t s) const;
+  // Whether layer `layer`'s answer brings layer - 1's deferred row (a deferring layer's next one rings).
+  bool takes_deferred(int layer) const { return layer > 0 && io_.deferral.defers(layer - 1, cache_); }
   const CachedLayer* cached(int layer) const;  // null where the cache holds none of the layer's experts
   void cached_experts(const CachedLayer& c, cudaStream_t s) const;
 
   const ModelGeometry& g_;
-  ModelTensors t_;
+  const ModelTensors& t_;
   kernels::EmbedTable embedding_;  // token_embd as the row gather reads it
   ProgramIo io_;
   const ExpertCache* cache_;
   SequenceViews seq_;
   int context_;
   kernels::AttentionShape attention_;
+  const float *cos_, *sin_;  // the RoPE tables
+  int* seen_;                // the sequence's history of every token fed, for the repetition penalty
   bool ple_late_ = false;
 
   DeviceBuffer scratch_;

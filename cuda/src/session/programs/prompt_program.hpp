@@ -4,19 +4,20 @@
 // that chose it, on the GPU, from the VRAM cache where it holds the expert and otherwise from the staging, which
 // copies the experts from the pool's pinned host planes, the whole next layer ahead when the chunk touches most
 // of it. Host-driven: each MoE layer's routing comes back to the host, which groups it and enqueues the copies.
+// Each layer runs the layer recipe (layer_recipe.hpp) over the chunk's rows, the routing's round trip its hand-off.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
-#include <initializer_list>
 #include <vector>
 
-#include "../runtime/device_buffer.hpp"
-#include "../runtime/pinned_memory.hpp"
-#include "chunk_routes.hpp"
-#include "decode_program.hpp"
+#include "../../runtime/device_buffer.hpp"
+#include "../../runtime/pinned_memory.hpp"
+#include "../experts/chunk_experts.hpp"
+#include "program_inputs.hpp"
+#include "projection.hpp"
 #include "strata/expert_cache.hpp"
 #include "strata/expert_pool.hpp"
 #include "strata/expert_staging.hpp"
@@ -49,7 +50,6 @@ struct PromptScratch {
 // Prompt path counters since the session began (DecodeStats reads them).
 struct PromptStats {
   long tokens = 0, chunks = 0;
-  double seconds = 0.0;
   long staged_experts = 0, cached_experts = 0;  // routed (layer, expert) computations, by where the weights were
   std::size_t staged_bytes = 0;                 // bytes the staging copied over PCIe
   long pooled_experts = 0;                      // ... and those the CPU pool computed
@@ -57,11 +57,11 @@ struct PromptStats {
 
 class PromptProgram : private PromptScratch {
  public:
-  // A program for chunks of up to `chunk` tokens beside `decode` (whose tensors, state and tables it shares).
-  // `staging` (required when the model has routed experts the cache lacks) and `cache` (may be null) outlive it.
+  // A program for chunks of up to `chunk` tokens of the sequence and model that `in` gives (the decode program
+  // of the same sequence reads the same inputs). `staging` (required when the model has routed experts the cache lacks) and `cache` (may be null) outlive it.
   // With `pool` and a `cpu_share` in (0, 1), a chunk too small to prefetch whole layers has the pool compute
   // that share of the bytes of the experts it touches that the cache lacks, while the staging copies the rest.
-  PromptProgram(const DecodeProgram& decode, const ModelGeometry& geometry, int device, int chunk,
+  PromptProgram(const ModelGeometry& geometry, const ProgramInputs& in, int device, int chunk,
                 ExpertStaging* staging, const ExpertCache* cache, cpu::ExpertPool* pool = nullptr,
                 double cpu_share = 0.0);
 
@@ -78,50 +78,34 @@ class PromptProgram : private PromptScratch {
   // MoE layer's routing), or, with logits, done.
   void run(const int* tokens, int n, int position, const float* ple_rows, float* logits, cudaStream_t s);
 
-  const PromptStats& stats() const noexcept { return stats_; }
-  void reset_stats() noexcept { stats_ = {}; }
+  PromptStats stats() const noexcept;
+  void reset_stats() noexcept;
 
  private:
-  void project_rows(const float* x, int rows, std::initializer_list<Product> products, cudaStream_t s) const;
-  void hc_read(const HcTensors& t, const float* streams, int rows, float* x, float* inj, cudaStream_t s) const;
-  void all_logits(int n, float* logits, cudaStream_t s) const;
-  void add_to_streams(const float* inj, int inj_stride, const float* y, int rows, int streams, int width,
-                      cudaStream_t s) const;
+  struct LayerPath;  // the chunk as the layer recipe's path: its rows (layer_recipe.hpp)
+  void project_rows(const float* x, int rows, const Products& products, cudaStream_t s) const;
+  void all_logits(int n, float* logits, cudaStream_t s);
   void ple(int layer, int rows, cudaStream_t s) const;
-  void mixer_gdn(int layer, int rows, cudaStream_t s) const;
-  void mixer_attention(int layer, int rows, int position, cudaStream_t s) const;
+  // The mixers of layer `layer` over the chunk's rows, on its input products (mixer_inputs, layer_recipe.hpp).
+  void mixer_gdn(int layer, int rows, const Products& inputs, cudaStream_t s) const;
+  void mixer_attention(int layer, int rows, int position, const Products& inputs, cudaStream_t s) const;
   kernels::PagedKv stream_in(int layer, int position, cudaStream_t s) const;
   void stream_out(int layer, const kernels::PagedKv& buffer, int position, int rows, cudaStream_t s) const;
   void routed_experts(int layer, int rows, cudaStream_t s);
-  void expert_rows(const CachedLayer& stacks, const ChunkRoutes::Part& part, cudaStream_t s) const;
-  void pool_experts(int layer, cudaStream_t s);
-  void choose_cpu_experts(const int* ids, int pairs);
-  void count_staged(int layer, std::size_t experts);
-  void prefetch(int layer);
-  void prefetch_after(int layer);
 
-  const DecodeProgram& decode_;
   const ModelGeometry& g_;
   const ModelTensors& t_;
-  const SequenceViews& seq_;
+  SequenceViews seq_;
+  kernels::EmbedTable embedding_;
+  kernels::AttentionShape attention_;
+  const float *rope_cos_, *rope_sin_;
+  int* history_;  // the sequence's every token fed, for the repetition penalty
   int chunk_;
-  ExpertStaging* staging_;
-  const ExpertCache* cache_;
   DeviceBuffer scratch_;
-  PinnedMapped host_;            // tokens, PLE rows, routing ids and routes, staged for the copies
-  cpu::ExpertPool* pool_;
-  double cpu_share_;
-  int cpu_rows_max_ = 0;         // the CPU's rows per layer at most: a chunk it serves routes fewer
-  PinnedMapped cpu_io_;          // the chunk's x rows down, the pool's input and output rows
-  std::vector<char> on_cpu_;
+  PinnedMapped host_;            // tokens and positions, PLE rows, staged for the copies
   float* ones_ = nullptr;        // [hc] unit injection weights
-  ChunkRoutes routes_;
-  std::vector<int> cache_map_;
-  // The staging buffer that holds, or is copying, each layer's prefetched experts (-1: none); the next fill.
-  std::vector<int> prefetched_buffer_;
-  std::vector<std::vector<int>> prefetched_;
-  int next_buffer_ = 0;
-  PromptStats stats_;
+  ChunkExperts experts_;         // each MoE layer's routed experts
+  long fed_tokens_ = 0, chunks_run_ = 0;
 };
 
 }  // namespace strata

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <string>
 
-#include "../runtime/device_buffer.hpp"
+#include "../../runtime/device_buffer.hpp"
 #include "expert_planes.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"

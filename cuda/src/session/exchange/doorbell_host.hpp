@@ -7,8 +7,8 @@
 #include <chrono>
 #include <cstdint>
 
-#include "../kernels/doorbell.cuh"
-#include "../runtime/pinned_memory.hpp"
+#include "../../kernels/doorbell.cuh"
+#include "../../runtime/pinned_memory.hpp"
 
 namespace strata {
 

@@ -3,19 +3,17 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
-#include <initializer_list>
 #include <string>
 
-#include "../kernels/embed.cuh"
-#include "../kernels/gdn.cuh"
-#include "../kernels/attention_chunk.cuh"
-#include "../kernels/gdn_chunk.cuh"
-#include "../kernels/qsa_chunk.cuh"
-#include "../kernels/hc.cuh"
-#include "../kernels/moe.cuh"
-#include "../kernels/norm.cuh"
-#include "../kernels/ple.cuh"
-#include "../kernels/router.cuh"
+#include "../../kernels/embed.cuh"
+#include "../../kernels/gdn.cuh"
+#include "../../kernels/attention_chunk.cuh"
+#include "../../kernels/gdn_chunk.cuh"
+#include "../../kernels/qsa_chunk.cuh"
+#include "../../kernels/moe.cuh"
+#include "../../kernels/ple.cuh"
+#include "../../kernels/router.cuh"
+#include "layer_recipe.hpp"
 #include "mixer_shapes.hpp"
 #include "scratch_carver.hpp"
 #include "strata/device.hpp"
@@ -31,25 +29,15 @@ constexpr int kMaxChunk = 8192;
 // 64 MB of scratch, and the head's product reads its tile of the weight once per block.
 constexpr int kLogitRows = 64;
 
-// A chunk touches most of a layer's experts once its routed rows reach prompt_prefetch_rows (decode_session.hpp):
-// then copying the whole next layer ahead, beside this one's work, beats waiting for its routing to copy only
-// what it touches.
-bool prefetches_layers(const ModelGeometry& g, int rows) {
-  return rows * g.n_expert_used >= prompt_prefetch_rows(g);
-}
-
-// The pinned block the host stages a chunk in, as byte offsets: tokens then positions (one copy up), the
-// routed ids (down), the route arrays (up), the PLE rows (up).
+// The pinned block the host stages a chunk in, as byte offsets: tokens then positions (one copy up), the PLE
+// rows (up).
 struct HostLayout {
-  std::size_t tokens = 0, ids = 0, routes = 0, ple = 0, total = 0;
+  std::size_t tokens = 0, ple = 0, total = 0;
 };
 
 HostLayout host_layout(const ModelGeometry& g, int chunk) {
-  const std::size_t pairs = static_cast<std::size_t>(chunk) * g.n_expert_used;
   HostLayout h;
-  h.ids = sizeof(int) * 2 * static_cast<std::size_t>(chunk);
-  h.routes = h.ids + sizeof(int) * pairs;
-  h.ple = h.routes + sizeof(int) * (5 * pairs + 1);  // row tokens, row_of, group slots, group begins
+  h.ple = sizeof(int) * 2 * static_cast<std::size_t>(chunk);
   h.total = h.ple + sizeof(float) * chunk * std::max(g.ple_n_heads * g.ple_head_dim, 1);
   return h;
 }
@@ -168,26 +156,21 @@ std::size_t PromptProgram::scratch_bytes(const ModelGeometry& g, int chunk, int 
   return sizing.used() + sizeof(float) * std::max(g.hc_count, 1);
 }
 
-PromptProgram::PromptProgram(const DecodeProgram& decode, const ModelGeometry& g, int device, int chunk,
+PromptProgram::PromptProgram(const ModelGeometry& g, const ProgramInputs& in, int device, int chunk,
                              ExpertStaging* staging, const ExpertCache* cache, cpu::ExpertPool* pool,
                              double cpu_share)
-    : decode_(decode),
-      g_(g),
-      t_(decode.tensors()),
-      seq_(decode.sequence()),
+    : g_(g),
+      t_(*in.tensors),
+      seq_(in.sequence),
+      embedding_(in.embedding),
+      attention_(in.attention),
+      rope_cos_(in.rope_cos),
+      rope_sin_(in.rope_sin),
+      history_(in.history),
       chunk_(chunk),
-      staging_(staging),
-      cache_(cache),
       scratch_(0),
       host_((check_chunk(chunk), host_layout(g, chunk).total)),
-      pool_(cpu_share > 0.0 && cpu_share < 1.0 ? pool : nullptr),
-      cpu_share_(cpu_share),
-      // The chunks the CPU serves are those below prefetches_layers: fewer than prompt_prefetch_rows routed rows.
-      cpu_rows_max_(pool_ ? std::min(prompt_prefetch_rows(g), chunk * g.n_expert_used) : 0),
-      cpu_io_(sizeof(float) * std::max<std::size_t>(1, static_cast<std::size_t>(g.n_embd) *
-                                                      (std::min(chunk, cpu_rows_max_) + 2 * cpu_rows_max_))),
-      prefetched_buffer_(g.n_layer, -1),
-      prefetched_(g.n_layer) {
+      experts_(g, t_, chunk, staging, cache, pool, cpu_share) {
   const std::size_t bytes = scratch_bytes(g, chunk, seq_.context, seq_.kv_storage, seq_.kv_streaming);
   require_free_memory(bytes, device, "the prompt chunk's scratch would", "a smaller prompt chunk needs less");
   scratch_ = DeviceBuffer(bytes);
@@ -199,9 +182,9 @@ PromptProgram::PromptProgram(const DecodeProgram& decode, const ModelGeometry& g
   STRATA_EXPECTS(g.attention_layers() == 0 || kernels::attention_chunk_fits(attention_shape(g)), InvalidArgument,
                  "attention: " + std::to_string(g.n_head / std::max(g.n_head_kv, 1)) + " query heads per KV head of " +
                      std::to_string(g.head_dim) + " dims exceed the prompt path's attention kernel on this GPU");
-  if (staging_) {
-    STRATA_EXPECTS(staging_->device() == device, InvalidArgument,
-                   "the expert staging is on GPU " + std::to_string(staging_->device()) + ", the session on GPU " +
+  if (staging) {
+    STRATA_EXPECTS(staging->device() == device, InvalidArgument,
+                   "the expert staging is on GPU " + std::to_string(staging->device()) + ", the session on GPU " +
                        std::to_string(device));
   }
 }
@@ -209,8 +192,7 @@ PromptProgram::PromptProgram(const DecodeProgram& decode, const ModelGeometry& g
 // y_i = W x_i for every row and product: one q8_32 form of the rows shared by the quantized weights (the same
 // products' columns, as decode's project() shares one), then one tensor-core product per weight that reads each
 // weight tile once per tile of rows.
-void PromptProgram::project_rows(const float* x, int rows, std::initializer_list<Product> products,
-                                 cudaStream_t s) const {
+void PromptProgram::project_rows(const float* x, int rows, const Products& products, cudaStream_t s) const {
   const long cols = products.begin()->w->cols;
   bool quantized = false;
   for (const Product& p : products) {
@@ -223,27 +205,46 @@ void PromptProgram::project_rows(const float* x, int rows, std::initializer_list
   }
 }
 
-void PromptProgram::add_to_streams(const float* inj, int inj_stride, const float* y, int rows, int streams,
-                                   int width, cudaStream_t s) const {
-  STRATA_CUDA_TRY(kernels::hc_write(streams_, inj, inj_stride, y, rows, streams, width, s));
-}
+// The chunk as the layer recipe's path: its rows; each product quantizes its input rows itself (project_rows), so
+// no producer writes a q8_32 form beside its floats, and the hyper-connection read is the chain.
+struct PromptProgram::LayerPath {
+  PromptProgram& program;
+  int rows;
+  int position = 0;  // the chunk's first (its attention layers' KV and mode)
+  const PromptScratch& buffers = program;
 
-void PromptProgram::hc_read(const HcTensors& t, const float* streams, int rows, float* x, float* inj,
-                            cudaStream_t s) const {
-  const int hc = g_.hc_count, n = g_.n_embd;
-  const float inv_hc = 1.0f / static_cast<float>(hc);
-  STRATA_CUDA_TRY(kernels::rms_norm_grouped(streams, t.norm, normed_, rows, hc, n, g_.rms_eps, s));
-  if (inj) project_rows(normed_, rows, {{t.down, down_}, {t.inject, inject_}}, s);
-  else project_rows(normed_, rows, {{t.down, down_}}, s);
-  STRATA_CUDA_TRY(kernels::scaled_activation(down_, down_, rows * g_.hc_rank, kernels::Activation::Silu, inv_hc,
-                                             1.0f, s));
-  project_rows(down_, rows, {{t.up, up_}}, s);
-  STRATA_CUDA_TRY(kernels::hc_mix(up_, normed_, x, rows, hc, n, s));
-  if (inj) {
-    STRATA_CUDA_TRY(kernels::scaled_activation(inject_, inj, rows * hc, kernels::Activation::Sigmoid, inv_hc, 2.0f,
-                                               s));
+  const ModelGeometry& geometry() const { return program.g_; }
+  const ModelTensors& tensors() const { return program.t_; }
+  float* streams() const { return program.streams_; }
+  const float* ones() const { return program.ones_; }
+  float* ffn_injection(int) const { return program.inj_ffn_; }
+  Q8Scratch q8_beside(const Products&) const { return {}; }
+  void project(const float* x, const Products& products, cudaStream_t s) const {
+    program.project_rows(x, rows, products, s);
   }
-}
+  void project_produced(const float* x, const Products& products, cudaStream_t s) const { project(x, products, s); }
+  void quantize_for(const float*, const Products&, cudaStream_t) const {}
+  bool hc_read_fused(const float*, const HcTensors&, float*, float*, const Products&, cudaStream_t) const {
+    return false;
+  }
+  void ple(int layer, cudaStream_t s) const { program.ple(layer, rows, s); }
+  void mixer_gdn(int layer, const Products& inputs, cudaStream_t s) const {
+    program.mixer_gdn(layer, rows, inputs, s);
+  }
+  void mixer_attention(int layer, const Products& inputs, cudaStream_t s) const {
+    program.mixer_attention(layer, rows, position, inputs, s);
+  }
+  void route(int layer, cudaStream_t s) const {
+    const ModelGeometry& g = geometry();
+    project(buffers.x_, ffn_inputs(tensors().layers[layer], buffers), s);
+    STRATA_CUDA_TRY(kernels::moe_route(buffers.router_logits_, buffers.route_ids_, buffers.route_weights_, rows,
+                                       g.n_expert, g.n_expert_used, s));
+  }
+  // None: the experts the cache holds run in the routing's round trip, grouped with the staged ones.
+  void beside_routed(int, cudaStream_t) const {}
+  void routed_rows(int layer, cudaStream_t s) const { program.routed_experts(layer, rows, s); }
+  void late_rows(int, cudaStream_t) const {}  // the chunk defers no expert
+};
 
 void PromptProgram::ple(int layer, int rows, cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
@@ -256,24 +257,20 @@ void PromptProgram::ple(int layer, int rows, cudaStream_t s) const {
   args.out = ple_out_;
   STRATA_CUDA_TRY(kernels::ple_chunk(shape, args, rows, s));
   const int width = g_.hc_count * g_.n_embd;
-  add_to_streams(ones_, 0, ple_out_, rows, 1, width, s);
+  add_to_streams(streams_, ones_, 0, ple_out_, rows, 1, width, s);
 }
 
-void PromptProgram::mixer_gdn(int layer, int rows, cudaStream_t s) const {
+void PromptProgram::mixer_gdn(int layer, int rows, const Products& inputs, cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
   const RowWidths w = row_widths(g_);
   const int value_dim = w.value_dim, conv = w.conv;
   // qwen3next's merged projection writes rows of [qkv | z]; the split ones write qkv rows, then z rows after
-  // every qkv row.
+  // every qkv row (gdn_z).
   const bool merged = t.ssm_in != nullptr;
   const long qkv_stride = merged ? conv + value_dim : conv, z_stride = merged ? conv + value_dim : value_dim;
-  float* z = merged ? qkvz_ + conv : qkvz_ + static_cast<long>(rows) * conv;
-  const bool interleaved = g_.gdn_interleaved_ba;
-  const long beta_stride = interleaved ? t.ba->rows : t.beta->rows;
-  if (merged && interleaved) project_rows(x_, rows, {{t.ssm_in, qkvz_}, {t.ba, beta_}}, s);
-  else if (merged) project_rows(x_, rows, {{t.ssm_in, qkvz_}, {t.beta, beta_}, {t.alpha, alpha_}}, s);
-  else if (interleaved) project_rows(x_, rows, {{t.qkv, qkvz_}, {t.gate, z}, {t.ba, beta_}}, s);
-  else project_rows(x_, rows, {{t.qkv, qkvz_}, {t.gate, z}, {t.beta, beta_}, {t.alpha, alpha_}}, s);
+  float* z = gdn_z(g_, t, qkvz_, rows);
+  const long beta_stride = g_.gdn_interleaved_ba ? t.ba->rows : t.beta->rows;
+  project_rows(x_, rows, inputs, s);
   const kernels::GdnShape shape = gdn_shape(g_);
   kernels::GdnChunkArgs args;
   static_cast<kernels::GdnStepArgs&>(args) = gdn_layer_args(t, seq_, layer);
@@ -315,18 +312,15 @@ void PromptProgram::stream_out(int layer, const kernels::PagedKv& buffer, int po
   STRATA_CUDA_TRY(kernels::kv_window_reset(window, s));
 }
 
-void PromptProgram::mixer_attention(int layer, int rows, int position, cudaStream_t s) const {
+void PromptProgram::mixer_attention(int layer, int rows, int position, const Products& inputs,
+                                    cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
   const bool streamed = seq_.kv_streaming;  // every attention layer of a streaming session (session_layout.cpp)
   const kernels::PagedKv kv = streamed ? stream_in(layer, position, s) : seq_.kv[layer];
   const int heads_dim = g_.n_head * g_.head_dim, kv_dim = g_.n_head_kv * g_.head_dim;
   const int iq_dim = g_.indexer_n_heads * g_.indexer_head_dim;
-  if (t.index_q) {
-    project_rows(x_, rows, {{t.q, qg_}, {t.k, k_}, {t.v, v_}, {t.index_q, iq_}, {t.index_k, ik_}}, s);
-  } else {
-    project_rows(x_, rows, {{t.q, qg_}, {t.k, k_}, {t.v, v_}}, s);
-  }
-  const kernels::AttentionShape& attention = decode_.attention_shape();
+  project_rows(x_, rows, inputs, s);
+  const kernels::AttentionShape& attention = attention_;
   kernels::AttentionChunkPrepArgs prep;
   prep.q_gate = qg_;
   prep.k = k_;
@@ -336,8 +330,8 @@ void PromptProgram::mixer_attention(int layer, int rows, int position, cudaStrea
   prep.v_stride = kv_dim;
   prep.q_norm = t.q_norm;
   prep.k_norm = t.k_norm;
-  prep.rope_cos = decode_.rope_cos();
-  prep.rope_sin = decode_.rope_sin();
+  prep.rope_cos = rope_cos_;
+  prep.rope_sin = rope_sin_;
   prep.positions = positions_;
   prep.q_out = q_;
   STRATA_CUDA_TRY(kernels::attention_prep_chunk(attention, prep, rows, kv, s));
@@ -351,13 +345,13 @@ void PromptProgram::mixer_attention(int layer, int rows, int position, cudaStrea
   if (t.index_q) {
     const kernels::IndexerShape& shape = seq_.index_shape[layer];
     STRATA_CUDA_TRY(kernels::qsa_append_chunk(shape, seq_.index_cache[layer], ik_, g_.indexer_head_dim, rows,
-                                              t.index_k_norm, decode_.rope_cos(), decode_.rope_sin(), positions_, s));
+                                              t.index_k_norm, rope_cos_, rope_sin_, positions_, s));
     kernels::IndexerSelectChunkArgs select;
     select.q = iq_;
     select.q_stride = iq_dim;
     select.q_norm = t.index_q_norm;
-    select.rope_cos = decode_.rope_cos();
-    select.rope_sin = decode_.rope_sin();
+    select.rope_cos = rope_cos_;
+    select.rope_sin = rope_sin_;
     select.positions = positions_;
     select.scratch = qsa_scratch_;
     select.selected_blocks = selected_;
@@ -376,157 +370,37 @@ void PromptProgram::mixer_attention(int layer, int rows, int position, cudaStrea
   project_rows(attn_, rows, {{t.o, y_}}, s);
 }
 
-// One part of the chunk's routes (the rows that read one stack of experts) through its experts, a group of rows
-// per expert: gate and up, SwiGLU, down, each row unweighted (moe_weighted_rows weighs them per token).
-void PromptProgram::expert_rows(const CachedLayer& stacks, const ChunkRoutes::Part& part, cudaStream_t s) const {
-  if (part.rows == 0) return;
-  const long n = g_.n_embd, ff = g_.expert_ff, at = part.first_row;
-  const kernels::MatmulGroups groups{group_slot_ + part.first_group, group_begin_ + part.begin_at, part.groups};
-  const Q8Scratch x8 = kernels::q8_offset(ex_x8_, at * n), h8 = kernels::q8_offset(ex_h8_, at * ff);
-  const kernels::MatmulRows in{part.rows, static_cast<int>(n), static_cast<int>(ff)};
-  multiply_rows(stacks.gate, in, &groups, ex_x_ + at * n, x8, ex_gate_ + at * ff, s);
-  multiply_rows(stacks.up, in, &groups, ex_x_ + at * n, x8, ex_up_ + at * ff, s);
-  STRATA_CUDA_TRY(kernels::swiglu(ex_gate_ + at * ff, ex_up_ + at * ff, ex_hidden_ + at * ff, part.rows * ff, s,
-                                  q8_for(stacks.down, h8)));
-  multiply_rows(stacks.down, {part.rows, static_cast<int>(ff), static_cast<int>(n)}, &groups, ex_hidden_ + at * ff,
-                h8, ex_rows_ + at * n, s);
-}
-
-// The CPU's share of the experts the chunk touches and the cache lacks: cpu_share_ of them, spread evenly over
-// their ids (every expert of a layer has the same bytes), so that the pool reading them from host RAM and the
-// staging copying the rest over PCIe finish together.
-void PromptProgram::choose_cpu_experts(const int* ids, int pairs) {
-  std::vector<char> touched(g_.n_expert, 0);
-  for (int p = 0; p < pairs; ++p) touched[ids[p]] = 1;
-  on_cpu_.assign(g_.n_expert, 0);
-  int seen = 0;
-  for (int e = 0; e < g_.n_expert; ++e) {
-    if (!touched[e] || (!cache_map_.empty() && cache_map_[e] >= 0)) continue;
-    ++seen;
-    // The seen-th uncached expert goes to the CPU when it moves floor(seen * share) up by one.
-    on_cpu_[e] = static_cast<int>(seen * cpu_share_) > static_cast<int>((seen - 1) * cpu_share_);
-  }
-}
-
-// The pool's part of the chunk's routes: its rows of x gathered on the host, run through their experts by the
-// pool's workers, and the unweighted rows copied up into place beside the GPU's.
-void PromptProgram::pool_experts(int layer, cudaStream_t s) {
-  const ChunkRoutes::Part& part = routes_.cpu;
-  const std::size_t n = g_.n_embd;
-  const float* x = cpu_io_.host<float>();
-  float* in = cpu_io_.host<float>(sizeof(float) * n * std::min(chunk_, cpu_rows_max_));
-  float* out = in + n * cpu_rows_max_;
-  for (int r = 0; r < part.rows; ++r) {
-    std::memcpy(in + r * n, x + routes_.row_token[part.first_row + r] * n, sizeof(float) * n);
-  }
-  pool_->run_groups(layer, in, routes_.cpu_experts.data(), routes_.group_begin.data() + part.begin_at, part.groups,
-                    out);
-  STRATA_CUDA_TRY(cudaMemcpyAsync(ex_rows_ + static_cast<long>(part.first_row) * n, out, sizeof(float) * n * part.rows,
-                                  cudaMemcpyHostToDevice, s));
-  stats_.pooled_experts += part.groups;
-}
-
-void PromptProgram::count_staged(int layer, std::size_t experts) {
-  stats_.staged_experts += static_cast<long>(experts);
-  stats_.staged_bytes += experts * staging_->expert_bytes(layer);
-}
-
-// The first layer after `layer` whose experts the cache lacks, if any, prefetched.
-void PromptProgram::prefetch_after(int layer) {
-  for (int next = layer + 1; next < g_.n_layer; ++next) {
-    if (t_.layers[next].router && !(cache_ && cache_->holds_all(next))) {
-      prefetch(next);
-      return;
-    }
-  }
-}
-
-// The experts of `layer` the cache lacks, copied whole into the next staging buffer ahead of its routing.
-void PromptProgram::prefetch(int layer) {
-  if (prefetched_buffer_[layer] >= 0) return;  // fetched ahead already, past a layer the cache holds whole
-  std::vector<int> experts;
-  for (int e = 0; e < g_.n_expert; ++e) {
-    if (!cache_ || cache_->slot_of(layer, e) < 0) experts.push_back(e);
-  }
-  if (experts.empty() || static_cast<int>(experts.size()) > staging_->slots()) return;
-  const int buffer = next_buffer_;
-  next_buffer_ = (next_buffer_ + 1) % ExpertStaging::kBuffers;
-  staging_->fill(buffer, layer, experts);
-  count_staged(layer, experts.size());
-  prefetched_buffer_[layer] = buffer;
-  prefetched_[layer] = std::move(experts);
-}
-
+// Layer `layer`'s routed experts over the chunk's rows (experts/chunk_experts.hpp), on the scratch's rows.
 void PromptProgram::routed_experts(int layer, int rows, cudaStream_t s) {
-  const int k = g_.n_expert_used, pairs = rows * k, n = g_.n_embd;
-  const bool all_cached = cache_ && cache_->holds_all(layer);
-  STRATA_EXPECTS(all_cached || staging_, InvalidArgument,
-                 "the prompt path needs the expert staging for layer " + std::to_string(layer) +
-                     "'s routed experts, which the VRAM cache does not hold");
-  const HostLayout h = host_layout(g_, chunk_);
-  int* host_ids = host_.host<int>(h.ids);
-  int* host_routes = host_.host<int>(h.routes);
-  STRATA_CUDA_TRY(cudaMemcpyAsync(host_ids, route_ids_, sizeof(int) * pairs, cudaMemcpyDeviceToHost, s));
-  const bool cpu_part = pool_ && prefetched_[layer].empty() && pairs <= cpu_rows_max_;
-  if (cpu_part) {  // the chunk's x rows, for the pool's share
-    STRATA_CUDA_TRY(cudaMemcpyAsync(cpu_io_.host<float>(), x_, sizeof(float) * rows * n, cudaMemcpyDeviceToHost, s));
-  }
-  STRATA_CUDA_TRY(cudaStreamSynchronize(s));
-  cache_map_.clear();
-  if (cache_ && layer < cache_->layers() && cache_->slots(layer) > 0) {
-    cache_map_.resize(g_.n_expert);
-    for (int e = 0; e < g_.n_expert; ++e) cache_map_[e] = cache_->slot_of(layer, e);
-  }
-  const int slots = staging_ ? staging_->slots() : 1;
-  on_cpu_.clear();
-  if (cpu_part) choose_cpu_experts(host_ids, pairs);  // after cache_map_: the cache keeps what it holds
-  group_routes(host_ids, rows, k, g_.n_expert, cache_map_, on_cpu_, slots, prefetched_[layer], routes_);
-  std::memcpy(host_routes, routes_.row_token.data(), sizeof(int) * pairs);
-  std::memcpy(host_routes + pairs, routes_.row_of.data(), sizeof(int) * pairs);
-  const std::size_t groups = routes_.group_slot.size(), begins = routes_.group_begin.size();
-  std::memcpy(host_routes + 2 * pairs, routes_.group_slot.data(), sizeof(int) * groups);
-  std::memcpy(host_routes + 3 * pairs, routes_.group_begin.data(), sizeof(int) * begins);
-  STRATA_CUDA_TRY(cudaMemcpyAsync(row_token_, host_routes, sizeof(int) * pairs, cudaMemcpyHostToDevice, s));
-  STRATA_CUDA_TRY(cudaMemcpyAsync(row_of_, host_routes + pairs, sizeof(int) * pairs, cudaMemcpyHostToDevice, s));
-  STRATA_CUDA_TRY(cudaMemcpyAsync(group_slot_, host_routes + 2 * pairs, sizeof(int) * groups, cudaMemcpyHostToDevice,
-                                  s));
-  STRATA_CUDA_TRY(cudaMemcpyAsync(group_begin_, host_routes + 3 * pairs, sizeof(int) * begins, cudaMemcpyHostToDevice,
-                                  s));
-  STRATA_CUDA_TRY(kernels::gather_rows(x_, row_token_, pairs, n, ex_x_, s));
-  quantize(ex_x_, static_cast<long>(pairs) * n, ex_x8_, s);  // unread where the experts' gate and up are float
-  if (routes_.cached_rows > 0) expert_rows(cache_->layer(layer), routes_.cached, s);
-  for (const ChunkRoutes::Fill& fill : routes_.fills) {
-    int buffer = prefetched_buffer_[layer];
-    const CachedLayer* stacks = nullptr;
-    if (buffer < 0) {
-      buffer = next_buffer_;
-      next_buffer_ = (next_buffer_ + 1) % ExpertStaging::kBuffers;
-      stacks = &staging_->fill(buffer, layer, fill.experts);
-      count_staged(layer, fill.experts.size());
-    } else {
-      stacks = &staging_->stacks(buffer);
-    }
-    staging_->await(buffer, s);
-    expert_rows(*stacks, fill.part, s);
-    staging_->release(buffer, s);
-  }
-  if (routes_.cpu.rows > 0) pool_experts(layer, s);  // on the host, while the GPU computes the other parts
-  stats_.cached_experts += routes_.cached_experts;
-  prefetched_buffer_[layer] = -1;
-  prefetched_[layer].clear();
-  STRATA_CUDA_TRY(kernels::moe_weighted_rows(ex_rows_, row_of_, route_weights_, rows, k, n, routed_, s));
+  ChunkExpertRows b;
+  b.x = x_;
+  b.route_ids = route_ids_;
+  b.route_weights = route_weights_;
+  b.row_token = row_token_;
+  b.row_of = row_of_;
+  b.group_slot = group_slot_;
+  b.group_begin = group_begin_;
+  b.ex_x = ex_x_;
+  b.ex_x8 = ex_x8_;
+  b.ex_gate = ex_gate_;
+  b.ex_up = ex_up_;
+  b.ex_hidden = ex_hidden_;
+  b.ex_h8 = ex_h8_;
+  b.ex_rows = ex_rows_;
+  b.routed = routed_;
+  experts_.run(layer, rows, b, s);
 }
 
 // The LM head at every row of the chunk, kLogitRows rows at a time into the scratch block and from there into
 // `logits` ([n][n_vocab] host floats): the final mixer and the head as decode's end() runs them for one token.
-void PromptProgram::all_logits(int n, float* logits, cudaStream_t s) const {
+void PromptProgram::all_logits(int n, float* logits, cudaStream_t s) {
   const int width = std::max(g_.hc_count, 1) * g_.n_embd;
   for (int first = 0; first < n; first += kLogitRows) {
     const int rows = std::min(kLogitRows, n - first);
     const float* streams = streams_ + static_cast<long>(first) * width;
-    if (g_.hc_count > 0) hc_read(t_.output_hc, streams, rows, x_, nullptr, s);
-    else STRATA_CUDA_TRY(kernels::rms_norm(streams, t_.output_norm, x_, rows, g_.n_embd, g_.rms_eps, s));
-    project_rows(x_, rows, {{t_.head, logits_}}, s);
+    const Products head{{t_.head, logits_}};
+    read_streams(LayerPath{*this, rows}, streams, t_.output_hc, t_.output_norm, x_, nullptr, head, s);
+    project_rows(x_, rows, head, s);
     const std::size_t bytes = sizeof(float) * rows * static_cast<std::size_t>(g_.n_vocab);
     STRATA_CUDA_TRY(cudaMemcpyAsync(logits + static_cast<std::size_t>(first) * g_.n_vocab, logits_, bytes,
                                     cudaMemcpyDeviceToHost, s));
@@ -539,61 +413,55 @@ void PromptProgram::run(const int* tokens, int n, int position, const float* ple
   STRATA_EXPECTS(n >= 1 && n <= chunk_, InvalidArgument,
                  "a prompt chunk holds 1.." + std::to_string(chunk_) + " tokens, got " + std::to_string(n));
   const int hc = std::max(g_.hc_count, 1), width = hc * g_.n_embd, emb = g_.n_embd;
-  std::fill(prefetched_buffer_.begin(), prefetched_buffer_.end(), -1);  // a chunk that failed midway left some
-  for (std::vector<int>& experts : prefetched_) experts.clear();
+  const bool ahead = experts_.begin_chunk(n);
   int* host_tokens = host_.host<int>();
   int* host_positions = host_tokens + chunk_;
   std::memcpy(host_tokens, tokens, sizeof(int) * n);
   for (int i = 0; i < n; ++i) host_positions[i] = position + i;
   STRATA_CUDA_TRY(cudaMemcpyAsync(tokens_, host_tokens, sizeof(int) * 2 * chunk_, cudaMemcpyHostToDevice, s));
   // The penalty's history of every token fed, as decode's begin() records each.
-  STRATA_CUDA_TRY(cudaMemcpyAsync(decode_.history() + position, tokens_, sizeof(int) * n, cudaMemcpyDeviceToDevice, s));
+  STRATA_CUDA_TRY(cudaMemcpyAsync(history_ + position, tokens_, sizeof(int) * n, cudaMemcpyDeviceToDevice, s));
   if (ple_rows) {
     const std::size_t ple_bytes = sizeof(float) * n * g_.ple_n_heads * g_.ple_head_dim;
     float* host_ple = host_.host<float>(host_layout(g_, chunk_).ple);
     std::memcpy(host_ple, ple_rows, ple_bytes);
     STRATA_CUDA_TRY(cudaMemcpyAsync(ple_rows_, host_ple, ple_bytes, cudaMemcpyHostToDevice, s));
   }
-  STRATA_CUDA_TRY(kernels::embed_rows(decode_.embedding(), tokens_, n, x_, s));
+  STRATA_CUDA_TRY(kernels::embed_rows(embedding_, tokens_, n, x_, s));
   STRATA_CUDA_TRY(cudaMemsetAsync(streams_, 0, sizeof(float) * width * n, s));
-  add_to_streams(ones_, 0, x_, n, hc, emb, s);  // every stream = the embedding
-  const bool ahead = staging_ && prefetches_layers(g_, n);
-  if (ahead) prefetch_after(-1);
+  add_to_streams(streams_, ones_, 0, x_, n, hc, emb, s);  // every stream = the embedding
+  const LayerPath path{*this, n, position};
+  if (ahead) experts_.prefetch_after(-1);
   for (int layer = 0; layer < g_.n_layer; ++layer) {
     // The next staged layer's copy is enqueued as this layer starts: its buffer was released by the layer before
     // this one, so the copy stream runs layer after layer while the layers compute.
-    if (ahead) prefetch_after(layer);
-    const LayerTensors& t = t_.layers[layer];
-    const bool streams_hc = g_.hc_count > 0;
-    if (layer == g_.ple_layer) ple(layer, n, s);
-    if (streams_hc) hc_read(t.hc_attn, streams_, n, x_, inj_attn_, s);
-    else STRATA_CUDA_TRY(kernels::rms_norm(streams_, t.attn_norm, x_, n, emb, g_.rms_eps, s));
-    if (g_.recurrent[layer]) mixer_gdn(layer, n, s);
-    else mixer_attention(layer, n, position, s);
-    if (streams_hc) {
-      add_to_streams(inj_attn_, hc, y_, n, hc, emb, s);
-      hc_read(t.hc_ffn, streams_, n, x_, inj_ffn_, s);
-    } else {
-      add_to_streams(ones_, 0, y_, n, 1, emb, s);
-      STRATA_CUDA_TRY(kernels::rms_norm(streams_, t.post_attention_norm, x_, n, emb, g_.rms_eps, s));
-    }
-    project_rows(x_, n, {{t.router, router_logits_}, {t.shared_gate, sh_g_}, {t.shared_up, sh_u_}}, s);
-    STRATA_CUDA_TRY(
-        kernels::moe_route(router_logits_, route_ids_, route_weights_, n, g_.n_expert, g_.n_expert_used, s));
-    STRATA_CUDA_TRY(kernels::swiglu(sh_g_, sh_u_, sh_h_, n * g_.shared_ff, s));
-    project_rows(sh_h_, n, {{t.shared_down, shared_}}, s);
-    STRATA_CUDA_TRY(kernels::shared_expert_gate(t.shared_gate_inp, x_, shared_gate_, n, emb, s));
-    routed_experts(layer, n, s);
-    STRATA_CUDA_TRY(kernels::moe_combine(routed_, shared_, shared_gate_, y_, n, emb, s));
-    if (streams_hc) add_to_streams(inj_ffn_, hc, y_, n, hc, emb, s);
-    else add_to_streams(ones_, 0, y_, n, 1, emb, s);
+    if (ahead) experts_.prefetch_after(layer);
+    layer_to_handoff(path, layer, s);
+    layer_from_handoff(path, layer, s);
   }
   if (logits) all_logits(n, logits, s);
   // The last token's streams are where decode's end() and the next token's layers read the sequence's.
   STRATA_CUDA_TRY(cudaMemcpyAsync(seq_.streams, streams_ + static_cast<long>(n - 1) * width, sizeof(float) * width,
                                   cudaMemcpyDeviceToDevice, s));
-  ++stats_.chunks;
-  stats_.tokens += n;
+  ++chunks_run_;
+  fed_tokens_ += n;
+}
+
+PromptStats PromptProgram::stats() const noexcept {
+  const ChunkExpertStats& e = experts_.stats();
+  PromptStats p;
+  p.tokens = fed_tokens_;
+  p.chunks = chunks_run_;
+  p.staged_experts = e.staged_experts;
+  p.cached_experts = e.cached_experts;
+  p.staged_bytes = e.staged_bytes;
+  p.pooled_experts = e.pooled_experts;
+  return p;
+}
+
+void PromptProgram::reset_stats() noexcept {
+  fed_tokens_ = chunks_run_ = 0;
+  experts_.reset_stats();
 }
 
 }  // namespace strata

@@ -5,12 +5,12 @@
 
 #include <vector>
 
-#include "../kernels/gdn.cuh"
-#include "../kernels/kv.cuh"
-#include "../kernels/kv_window.cuh"
-#include "../kernels/ple.cuh"
-#include "../kernels/qsa.cuh"
-#include "decode_tensors.hpp"
+#include "../../kernels/gdn.cuh"
+#include "../../kernels/kv.cuh"
+#include "../../kernels/kv_window.cuh"
+#include "../../kernels/ple.cuh"
+#include "../../kernels/qsa.cuh"
+#include "../weights/decode_tensors.hpp"
 #include "strata/geometry.hpp"
 #include "strata/session_arena.hpp"
 

@@ -1,0 +1,273 @@
+#include "runner.hpp"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "../kernels/sample.cuh"
+#include "strata/cpu_topology.hpp"
+#include "strata/error.hpp"
+#include "strata/ple_gather.hpp"
+
+namespace strata {
+namespace {
+
+// The host loop's core: the first physical core, which the pool leaves free of workers (expert_pool.hpp).
+// Empty on a one-core machine, where the loop shares the only core.
+std::vector<int> host_loop_cpus() {
+  const std::vector<cpu::PhysicalCore> cores = cpu::physical_cores();
+  return cores.size() >= 2 ? cores.front().cpus : std::vector<int>{};
+}
+
+// Pins the calling thread to the host loop's core for one step (its ring spins must not share a core with
+// a pool worker) and puts its affinity back afterwards, so the caller's thread is only borrowed.
+class HostLoopPin {
+ public:
+  explicit HostLoopPin(const std::vector<int>& cpus) {
+    if (!cpus.empty()) cpu::pin_current_thread(cpus);
+  }
+  HostLoopPin(const HostLoopPin&) = delete;
+  HostLoopPin& operator=(const HostLoopPin&) = delete;
+  ~HostLoopPin() { saved_.restore(); }
+
+ private:
+  cpu::SavedAffinity saved_;  // constructed before the pin: the caller's own affinity
+};
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+Runner::Runner(cpu::ExpertPool& pool, const ModelGeometry& geometry, const DecodeOptions& options,
+               const ProgramTables& tables, const Sequence& sequence, ExpertCache* cache, ExpertStaging* staging)
+    : g_(geometry),
+      cache_(cache),
+      options_(options),
+      bound_(&sequence),
+      host_cpus_(host_loop_cpus()),
+      bell_(g_.n_embd, g_.n_expert_used),
+      answerer_(pool, bell_, cache, deferral()),
+      stage_(DecodeProgram::stage_bytes(g_)),
+      sampled_(sizeof(int)),
+      program_(g_, tables.inputs(sequence), options.device, program_io(), cache),
+      schedule_(program_, options.mode),
+      ring_timeout_(host_ring_timeout(options.timeout_seconds)) {
+  if (options.prompt_chunk > 0) {
+    prompt_ = std::make_unique<PromptProgram>(g_, tables.inputs(sequence), options.device, options.prompt_chunk,
+                                              staging, cache, &pool, cpu_share(pool, staging));
+  }
+}
+
+ProgramIo Runner::program_io() const {
+  ProgramIo io;
+  io.host_stage = stage_.host<void>();
+  io.bell = bell_.device_view();
+  io.ring_base = bell_.ring_base_device();
+  io.wait_status = bell_.status_device();
+  io.answer_timeout_ns = static_cast<long long>(options_.timeout_seconds * 1e9);
+  io.sampled = sampled_.device<int>();
+  io.deferral = deferral();
+  return io;
+}
+
+void Runner::check_bound(const Sequence& sequence) const {
+  STRATA_EXPECTS(&sequence == bound_, InvalidArgument,
+                 "this runner's programs and graphs read the sequence they were built over; it steps no other");
+}
+
+// The share of a small chunk's staged bytes the pool takes so that both finish together: its host read rate
+// against the staging's PCIe rate, both measured (0: no CPU share, or a pool without the rows for it).
+double Runner::cpu_share(cpu::ExpertPool& pool, const ExpertStaging* staging) const {
+  if (!options_.prompt_cpu || !staging || staging->copy_rate() <= 0.0 ||
+      pool.max_rows() < prompt_prefetch_rows(g_)) {
+    return 0.0;
+  }
+  const double host = pool.read_bandwidth(std::int64_t{1} << 28, 2);
+  return host / (host + staging->copy_rate());
+}
+
+// The cache's replacement between tokens: its map changes here only, ahead of the token on this stream.
+void Runner::refresh_cache() {
+  if (!cache_) return;
+  for (const ExpertMove& move : cache_->between_tokens(stream_.get())) {
+    if (static_cast<int>(stats_.expert_copies.size()) <= move.layer) stats_.expert_copies.resize(g_.n_layer, 0);
+    ++stats_.expert_copies[move.layer];
+    stats_.expert_copy_bytes += static_cast<long>(cache_->expert_bytes(move.layer));
+  }
+}
+
+// `late_ple`: the gather of `late_token`'s PLE rows, after the launch and before any ring is answered (null:
+// none); the GPU copies them up at the PLE layer, behind its wait for a ring below it.
+void Runner::run_token(Sampler sampler, int ring_base, PleGather* late_ple, int late_token) {
+  schedule_.run(sampler, stream_.get(), [this, ring_base, late_ple, late_token](int layer) {
+    if (layer == 0 && late_ple) gather_ple(*late_ple, late_token, stage_.host<float>(kStagePleOffset));
+    answerer_.answer(layer, kernels::ring_at(ring_base, layer + 1), ring_timeout_, exchange_);
+  });
+  bell_.check_answers(ring_base, options_.timeout_seconds);
+  const StageSeconds stages = schedule_.stage_seconds();
+  stats_.gpu_pre_seconds += stages.pre;
+  stats_.gpu_post_seconds += stages.post;
+}
+
+// The session's own gather of `token`'s PLE rows into `out`, timed.
+void Runner::gather_ple(PleGather& ple, int token, float* out) {
+  const auto start = std::chrono::steady_clock::now();
+  ple.rows(token, out);
+  stats_.ple_seconds += seconds_since(start);
+}
+
+int Runner::step(Sequence& sequence, int token, const float* ple_rows, const SamplingValues& sampling, double u,
+                 bool sample) {
+  check_feed(sequence, &token, 1, ple_rows, u);
+  const auto start = std::chrono::steady_clock::now();
+  const HostLoopPin pin(host_cpus_);
+  stage_sampling(sampling, u, token, sequence.position());
+  if (ple_rows) {
+    std::memcpy(stage_.host<char>(kStagePleOffset), ple_rows, sizeof(float) * g_.ple_n_heads * g_.ple_head_dim);
+  }
+  // The session's own gather runs while the GPU works where a ring below the PLE layer orders it before the
+  // rows' copy (DecodeProgram::ple_rows_late), else before the launch.
+  PleGather* ple = sequence.ple();
+  const bool late = ple && program_.ple_rows_late();
+  if (ple && !late) gather_ple(*ple, token, stage_.host<float>(kStagePleOffset));
+  // Ring numbers only move forward over the session's life (modulo 2^32, doorbell.cuh): a flag left from an
+  // earlier token can never pass a wait.
+  const int ring_base = ring_base_of(tokens_run_, g_.n_layer);
+  bell_.begin_token(ring_base);
+  sequence.begin_step();  // broken until the token completes
+  refresh_cache();
+  run_token(sampler_for(sample), ring_base, late ? ple : nullptr, token);
+  sequence.end_step(1);
+  ++tokens_run_;
+  ++stats_.tokens;
+  stats_.seconds += seconds_since(start);
+  stats_.ring_wait_seconds = exchange_.ring_wait_seconds;
+  stats_.pool_seconds = exchange_.pool_seconds;
+  stats_.rings = exchange_.rings;
+  stats_.expert_hits = exchange_.hits;
+  stats_.expert_misses = exchange_.misses;
+  return sample ? *sampled_.host<volatile int>() : -1;
+}
+
+// The checks step() and feed() share, for n tokens from `tokens`.
+void Runner::check_feed(const Sequence& sequence, const int* tokens, int n, const float* ple_rows, double u) const {
+  check_bound(sequence);
+  sequence.check_room(n);
+  for (int i = 0; i < n; ++i) {
+    STRATA_EXPECTS(tokens[i] >= 0 && tokens[i] < g_.n_vocab, InvalidArgument,
+                   "token id " + std::to_string(tokens[i]) + " is outside the vocabulary [0, " +
+                       std::to_string(g_.n_vocab) + ")");
+  }
+  const bool gathers = sequence.ple() != nullptr;
+  STRATA_EXPECTS((ple_rows != nullptr) == (g_.ple_layer >= 0 && !gathers), InvalidArgument,
+                 gathers             ? "this session gathers the PLE rows itself, yet PLE rows were given"
+                 : g_.ple_layer >= 0 ? "this model's PLE layer needs the n-gram table rows of every token"
+                                     : "this model has no PLE layer, yet PLE rows were given");
+  STRATA_EXPECTS(u >= 0.0 && u < 1.0, InvalidArgument, "the draw u must lie in [0, 1), got " + std::to_string(u));
+}
+
+// What the token's end runs, from the sampling values staged for it.
+Sampler Runner::sampler_for(bool sample) const {
+  if (!sample) return Sampler::kNone;
+  return kernels::picks_argmax(stage_.host<TokenStage>()->sampling) ? Sampler::kArgmax : Sampler::kDraw;
+}
+
+void Runner::stage_sampling(const SamplingValues& sampling, double u, int token, int at) {
+  auto* st = stage_.host<TokenStage>();
+  st->sampling = {sampling.temperature, sampling.top_p, sampling.min_p, u, sampling.repeat_penalty,
+                  sampling.top_k, at + 1};
+  st->token = token;
+  st->position = at;
+}
+
+int Runner::feed(Sequence& sequence, const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling,
+                 double u, bool sample, float* all_logits) {
+  STRATA_EXPECTS(prompt_ != nullptr, InvalidArgument,
+                 "this session has no prompt path (it was opened with a prompt chunk of 0 tokens)");
+  check_feed(sequence, tokens, n, ple_rows, u);
+  const auto start = std::chrono::steady_clock::now();
+  sequence.begin_step();  // broken until the prompt completes
+  refresh_cache();
+  const int chunk = prompt_->chunk(), ple_width = g_.ple_n_heads * g_.ple_head_dim;
+  if (PleGather* ple = sequence.ple()) {  // the whole prompt's rows at once, as the caller's would come
+    feed_rows_.resize(static_cast<std::size_t>(n) * ple_width);
+    for (int i = 0; i < n; ++i) {
+      gather_ple(*ple, tokens[i], feed_rows_.data() + static_cast<std::size_t>(i) * ple_width);
+    }
+    ple_rows = feed_rows_.data();
+  }
+  const int position = sequence.position();
+  for (int at = 0; at < n; at += chunk) {
+    const int m = std::min(chunk, n - at);
+    prompt_->run(tokens + at, m, position + at, ple_rows ? ple_rows + static_cast<long>(at) * ple_width : nullptr,
+                 all_logits ? all_logits + static_cast<std::size_t>(at) * g_.n_vocab : nullptr, stream_.get());
+  }
+  stage_sampling(sampling, u, tokens[n - 1], position + n - 1);
+  program_.end_prompt(sampler_for(sample), stream_.get());
+  STRATA_CUDA_TRY(cudaStreamSynchronize(stream_.get()));
+  sequence.end_step(n);
+  const PromptStats& p = prompt_->stats();
+  stats_.prompt_tokens = p.tokens;
+  stats_.prompt_chunks = p.chunks;
+  stats_.prompt_staged_experts = p.staged_experts;
+  stats_.prompt_cached_experts = p.cached_experts;
+  stats_.prompt_pooled_experts = p.pooled_experts;
+  stats_.prompt_staged_bytes = static_cast<long>(p.staged_bytes);
+  stats_.prompt_seconds += seconds_since(start);
+  return sample ? *sampled_.host<volatile int>() : -1;
+}
+
+void Runner::reset(Sequence& sequence) {
+  check_bound(sequence);
+  sequence.reset(stream_.get());
+  stats_ = {};
+  exchange_ = {};
+  if (prompt_) prompt_->reset_stats();
+}
+
+void Runner::snapshot(Sequence& sequence, int slot) {
+  check_bound(sequence);
+  sequence.snapshot(slot, stream_.get());
+}
+
+void Runner::restore(Sequence& sequence, int slot) {
+  check_bound(sequence);
+  sequence.restore(slot, stream_.get());
+}
+
+TokenLogprobs Runner::logprobs(const Sequence& sequence, int token, int n) {
+  check_bound(sequence);
+  STRATA_EXPECTS(!sequence.broken() && sequence.position() > 0, InvalidArgument,
+                 "logprobs come after a completed step");
+  STRATA_EXPECTS(token >= 0 && token < g_.n_vocab, InvalidArgument,
+                 "token id " + std::to_string(token) + " is outside the vocabulary [0, " + std::to_string(g_.n_vocab) +
+                     ")");
+  STRATA_EXPECTS(n >= 0 && n <= kernels::kMaxLogprobs, InvalidArgument,
+                 "logprobs: n must be in 0.." + std::to_string(kernels::kMaxLogprobs) + ", got " + std::to_string(n));
+  program_.enqueue_logprobs(token, n, stream_.get());
+  kernels::Logprobs host;
+  STRATA_CUDA_TRY(cudaMemcpyAsync(&host, program_.logprobs(), sizeof(host), cudaMemcpyDeviceToHost, stream_.get()));
+  STRATA_CUDA_TRY(cudaStreamSynchronize(stream_.get()));
+  return TokenLogprobs{host.token, std::vector<int>(host.ids, host.ids + n),
+                       std::vector<double>(host.values, host.values + n)};
+}
+
+void Runner::logits(float* out) const {
+  STRATA_CUDA_TRY(cudaMemcpy(out, program_.logits(), sizeof(float) * g_.n_vocab, cudaMemcpyDeviceToHost));
+}
+
+// The windows' fetched-bytes counter lives on the device (kernels add to it); read when stats are asked for,
+// never on the token path.
+const DecodeStats& Runner::stats(const Sequence& sequence) {
+  check_bound(sequence);
+  if (sequence.views().kv_streaming) stats_.kv_stream_bytes = static_cast<long>(sequence.kv_stream_bytes());
+  return stats_;
+}
+
+}  // namespace strata

@@ -1,0 +1,88 @@
+// What steps a sequence (docs/architecture.md, "Sequences and the runner"): the decode program and the prompt
+// program over the sequence's inputs, the token schedule of the session's mode, the doorbell and its ring
+// answerer, the pinned stage the host writes before a launch, the stream, and the execution counters. The state
+// it steps is the Sequence's (state/sequence.hpp), passed to every call.
+//
+// Today a runner's programs (and the graphs captured from them) are built over one sequence's device views, so
+// it steps that sequence alone and refuses another (InvalidArgument). That is the seam for more than one: programs
+// that read each row's views from device memory let one runner step R rows per layer, one token each of B
+// sequences or k + 1 tokens of one (docs/architecture.md), without a sequence holding anything of the runner.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "../runtime/pinned_memory.hpp"
+#include "../runtime/stream.hpp"
+#include "exchange/doorbell_host.hpp"
+#include "exchange/ring_answerer.hpp"
+#include "programs/decode_program.hpp"
+#include "programs/program_inputs.hpp"
+#include "programs/prompt_program.hpp"
+#include "programs/token_schedule.hpp"
+#include "state/sequence.hpp"
+#include "strata/decode_session.hpp"
+#include "strata/expert_cache.hpp"
+#include "strata/expert_pool.hpp"
+#include "strata/expert_staging.hpp"
+
+namespace strata {
+
+class Runner {
+ public:
+  // Programs over `tables` and `sequence` (both outlive the runner) in `options`' mode, device and prompt chunk;
+  // `cache` (may be null) and `staging` as DecodeSession takes them.
+  Runner(cpu::ExpertPool& pool, const ModelGeometry& geometry, const DecodeOptions& options,
+         const ProgramTables& tables, const Sequence& sequence, ExpertCache* cache, ExpertStaging* staging);
+
+  // DecodeSession::step and feed on `sequence`: its next position(s) through every layer and the LM head.
+  int step(Sequence& sequence, int token, const float* ple_rows, const SamplingValues& sampling, double u,
+           bool sample);
+  int feed(Sequence& sequence, const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling,
+           double u, bool sample, float* all_logits);
+  TokenLogprobs logprobs(const Sequence& sequence, int token, int n);
+  void logits(float* out) const;  // the last step's or feed's
+
+  // `sequence` emptied (after the stream drains) and the counters started over.
+  void reset(Sequence& sequence);
+  void snapshot(Sequence& sequence, int slot);
+  void restore(Sequence& sequence, int slot);
+
+  int prompt_chunk() const noexcept { return prompt_ ? prompt_->chunk() : 0; }
+  bool captured() const noexcept { return schedule_.captured(); }
+  // The counters, with `sequence`'s streaming windows' fetched bytes read from the device.
+  const DecodeStats& stats(const Sequence& sequence);
+
+ private:
+  void check_bound(const Sequence& sequence) const;
+  void check_feed(const Sequence& sequence, const int* tokens, int n, const float* ple_rows, double u) const;
+  ProgramIo program_io() const;
+  ExpertDeferral deferral() const { return {options_.defer_experts, g_.n_layer}; }
+  double cpu_share(cpu::ExpertPool& pool, const ExpertStaging* staging) const;
+  void refresh_cache();
+  void run_token(Sampler sampler, int ring_base, PleGather* late_ple, int late_token);
+  void gather_ple(PleGather& ple, int token, float* out);
+  Sampler sampler_for(bool sample) const;
+  void stage_sampling(const SamplingValues& sampling, double u, int token, int at);
+
+  ModelGeometry g_;
+  ExpertCache* cache_;
+  DecodeOptions options_;
+  const Sequence* bound_;  // the sequence the programs read
+  std::vector<int> host_cpus_;
+  DoorbellHost bell_;
+  RingAnswerer answerer_;
+  PinnedMapped stage_, sampled_;
+  DecodeProgram program_;
+  TokenSchedule schedule_;
+  std::chrono::nanoseconds ring_timeout_;
+  std::unique_ptr<PromptProgram> prompt_;  // options.prompt_chunk > 0
+  Stream stream_;  // after every buffer: destroyed (and drained) before any of them is freed
+  long tokens_run_ = 0;
+  DecodeStats stats_;
+  ExchangeStats exchange_;
+  std::vector<float> feed_rows_;  // feed(): the prompt's PLE rows, where the session gathers them
+};
+
+}  // namespace strata

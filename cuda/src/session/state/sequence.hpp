@@ -1,0 +1,83 @@
+// One sequence's state (docs/architecture.md, "Sequences and the runner"): its arena (KV, recurrent and conv
+// state, indexer keys, the residual streams), the device views programs read that state through, the penalty's
+// history of every token fed, its position, and its state snapshots with the PLE n-gram state each keeps. What
+// steps a sequence (programs, schedule, doorbell, stream, scratch) is the Runner's (runner.hpp); a sequence holds
+// nothing of it, so one runner's programs can later step several sequences, or k rows of one.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "../../runtime/device_buffer.hpp"
+#include "sequence_views.hpp"
+#include "strata/geometry.hpp"
+#include "strata/ple_gather.hpp"
+#include "strata/session_arena.hpp"
+
+namespace strata {
+
+struct SequenceOptions {
+  int context = 0;            // tokens the sequence may hold (its KV rounds up to whole pages)
+  KvStorage kv = KvStorage::Int8;
+  int snapshots = 0;          // slots of recurrent state for snapshot() / restore()
+  bool kv_streaming = false;  // attention KV in page-locked host memory, a VRAM window of it
+};
+
+class Sequence {
+ public:
+  // Plans and allocates the arena on `device` (OutOfMemory naming the need) and the history, both empty. `ple`
+  // (may be null: the caller passes each token's PLE rows) is the gather whose n-gram state is this sequence's
+  // and outlives it.
+  Sequence(int device, const ModelGeometry& g, const ModelTensors& t, const SequenceOptions& options,
+           PleGather* ple);
+  Sequence(const Sequence&) = delete;
+  Sequence& operator=(const Sequence&) = delete;
+
+  // Device bytes of the history of a sequence of `context` tokens (whole pages): what the memory plan counts.
+  static std::size_t history_bytes(int context);
+
+  const SequenceViews& views() const noexcept { return views_; }
+  int* history() const noexcept { return history_.as<int>(); }
+  PleGather* ple() const noexcept { return ple_; }
+  int position() const noexcept { return position_; }
+  int context() const noexcept { return context_; }
+
+  // Throws unless `n` more tokens fit (InvalidArgument) and the last step completed (Error).
+  void check_room(int n) const;
+  // A step's state changes begin: until end_step, a failure leaves the sequence broken (reset() mends it).
+  void begin_step() noexcept { broken_ = true; }
+  void end_step(int n) noexcept {
+    broken_ = false;
+    position_ += n;
+  }
+  bool broken() const noexcept { return broken_; }
+
+  // An empty sequence: the arena's state zeroed, every streaming window emptied, the n-gram state cleared, the
+  // snapshots forgotten. `s`: the stream that writes the state, drained first.
+  void reset(cudaStream_t s);
+  // The sequence so far kept in slot `slot`, and brought back (what was fed after it is forgotten). `s` drained.
+  void snapshot(int slot, cudaStream_t s);
+  void restore(int slot, cudaStream_t s);
+
+  // KV streaming: the bytes the windows fetched from the host copy since the last reset, read from the device
+  // (synchronous; 0 without streaming).
+  unsigned long long kv_stream_bytes() const;
+
+ private:
+  void empty_windows(cudaStream_t s) const;
+
+  int context_;
+  SessionArena arena_;
+  SequenceViews views_;
+  DeviceBuffer history_;
+  PleGather* ple_;
+  int position_ = 0;
+  bool broken_ = false;
+  std::vector<int> snapshot_position_;                   // per slot; -1: empty
+  std::vector<std::vector<std::int64_t>> ple_saved_;     // per slot: the n-gram state it keeps
+};
+
+}  // namespace strata
