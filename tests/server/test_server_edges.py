@@ -33,10 +33,8 @@ HELLO = [{"role": "user", "content": "hello"}]
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = tmp_path_factory.mktemp("server-edges") / "tiny.gguf"
-    synthesize(path, "qwen3next", "tiny", seed=6)
-    return path
+def tiny(tiny_model):
+    return tiny_model("qwen3next", seed=6)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ from strata.format import inspect
 from strata.generation import Session
 from strata.server import Server
 from strata.server.requests import CHAT, COMPLETION, BadRequest, parse_chat, parse_completion
-from strata.synth import synthesize
 
 FUZZ = settings(max_examples=150, deadline=5000, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -61,10 +60,8 @@ class Letters:
 
 
 @pytest.fixture(scope="module")
-def app(tmp_path_factory):
-    path = tmp_path_factory.mktemp("server-fuzz") / "tiny.gguf"
-    synthesize(path, "qwen3next", "tiny", seed=7)
-    with inspect(path) as file:
+def app(tiny_model):
+    with inspect(tiny_model("qwen3next", seed=7)) as file:
         tok = file.tokenizer()
     server = Server([Session(Letters(), tok)], "letters", max_body_bytes=4096)
     with TestClient(server.app(), base_url="http://127.0.0.1") as test_client:
