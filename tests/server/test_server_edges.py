@@ -129,12 +129,12 @@ def test_rendering_runs_off_the_event_loop(tok):
     """A render that takes a second does not hold up /health, nor another request's answer."""
     rendering = threading.Event()
 
-    class SlowRender(Session):
-        def render(self, messages, template_options=None):
+    class SlowRender(Session):  # the server renders and encodes a chat through chat_ids
+        def chat_ids(self, messages, template_options=None, **options):
             if messages[-1]["content"] == "slow":
                 rendering.set()
                 time.sleep(1.5)
-            return super().render(messages, template_options)
+            return super().chat_ids(messages, template_options, **options)
 
     echo = echo_session(tok, CONTEXT)
     server = Server([SlowRender(echo.engine, tok), echo_session(tok, CONTEXT)], "echo")
