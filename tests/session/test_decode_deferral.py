@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from support.compare import relative_errors
 from support.deferral_models import ROUTED, synthesize_routing
-from support.native_session import open_native_session, ple_rows
+from support.native_session import open_native_session, stepped_logits
 
 from strata import _native
 from strata.errors import InvalidArgument
@@ -20,7 +20,6 @@ FLOAT = {"experts": "q8_0", "expert_down": "q8_0", "dense": "f32", "embeddings":
 QUANT = {"experts": "q4_k", "expert_down": "q4_0", "dense": "q8_0", "embeddings": "q8_0", "ple": "q8_0"}
 # Hyper-connections (the deferred row takes its own layer's injection weights) and one stream (a plain add).
 CASES = {"qwen4exp-f32": ("qwen4exp", FLOAT), "qwen3next-quant": ("qwen3next", QUANT)}
-GREEDY = (0.0, 0, 1.0, 0.0, 1.0)
 STEPS = 24
 # tests/session/test_decode_session.py's bounds for bf16 KV (its comment says where they come from): deferral adds no
 # rounding of its own, it moves where a row is added; the pool sums the answered and the deferred rows apart.
@@ -47,16 +46,6 @@ def session(model, mode, defer=None, cache=None):
     return open_native_session(model, context=64, kv="bf16", mode=mode, cache=cache, **options)
 
 
-def forced(native, model, ids):
-    """The logits after each of `ids` stepped in turn."""
-    ple = ple_rows(model)
-    out = []
-    for t in ids:
-        native.step(int(t), ple(int(t)), GREEDY, 0.0, sample=False)
-        out.append(native.logits())
-    return np.array(out)
-
-
 def reference_logits(model, ids, defer=0):
     """The reference's logits after each of `ids`, with the GPU's activation quantization."""
     reference = Reference(model.file, activation_quant=True, defer_experts=defer)
@@ -73,7 +62,7 @@ def test_deferred_decode_matches_the_deferred_reference_in_every_mode(loaded, de
     assert np.median(relative_errors(ref, reference_logits(model, ids))) > EFFECT * MEDIAN[dense], (name, defer)
     runs = {}
     for mode in Mode:
-        runs[mode] = forced(session(model, mode, defer), model, ids)
+        runs[mode] = stepped_logits(session(model, mode, defer), model, ids)
         assert np.all(np.isfinite(runs[mode])), (name, mode)
         errors = relative_errors(runs[mode], ref)
         print(f"{name} defer {defer} {mode.value}: median {np.median(errors):.2e}, worst {errors.max():.2e}")
@@ -88,8 +77,8 @@ def test_no_deferral_is_the_session_without_the_option_bit_for_bit(loaded, rng):
     name, model = loaded
     ids = rng.integers(0, model.info.geometry.n_vocab, 12)
     for mode in Mode:
-        without = forced(session(model, mode), model, ids)
-        off = forced(session(model, mode, 0), model, ids)
+        without = stepped_logits(session(model, mode), model, ids)
+        off = stepped_logits(session(model, mode, 0), model, ids)
         assert np.array_equal(without.view(np.uint32), off.view(np.uint32)), (name, mode)
 
 
@@ -109,18 +98,18 @@ def test_layers_beside_a_wholly_cached_layer_defer_nothing(loaded, rng):
     ids = rng.integers(0, g.n_vocab, 10)
     # Every layer whole: none rings, so none defers and the token is the exact one.
     whole = expert_cache(model, [g.n_expert] * g.n_layer, rng)
-    exact = forced(session(model, Mode.TOKEN_GRAPH, cache=whole), model, ids)
-    deferred = forced(session(model, Mode.TOKEN_GRAPH, 3, cache=whole), model, ids)
+    exact = stepped_logits(session(model, Mode.TOKEN_GRAPH, cache=whole), model, ids)
+    deferred = stepped_logits(session(model, Mode.TOKEN_GRAPH, 3, cache=whole), model, ids)
     assert np.array_equal(exact.view(np.uint32), deferred.view(np.uint32)), name
     # Layer 1 whole (layer 0 defers nothing: its deferred row would have no wait to order it), layer 2 half: the
     # modes agree bit for bit and the deferring layers move the logits.
     counts = [0, g.n_expert, g.n_expert // 2] + [0] * (g.n_layer - 3)
     cache = expert_cache(model, counts, rng)
-    runs = {mode: forced(session(model, mode, 1, cache=cache), model, ids) for mode in Mode}
+    runs = {mode: stepped_logits(session(model, mode, 1, cache=cache), model, ids) for mode in Mode}
     for mode in (Mode.LAYER_GRAPHS, Mode.TOKEN_GRAPH):
         assert np.array_equal(runs[mode], runs[Mode.UNCAPTURED]), (name, mode)
     assert np.all(np.isfinite(runs[Mode.UNCAPTURED])), name
-    exact = forced(session(model, Mode.TOKEN_GRAPH, cache=cache), model, ids)
+    exact = stepped_logits(session(model, Mode.TOKEN_GRAPH, cache=cache), model, ids)
     assert not np.array_equal(exact, runs[Mode.TOKEN_GRAPH]), name
 
 

@@ -16,7 +16,7 @@ from strata.reference import Reference
 from strata.runtime.ple_rows import NATIVE_ROW_TYPES, PleRows
 from strata.sampling import SamplingParams, log_probabilities, sample
 from support.compare import relative_errors
-from support.native_session import open_native_session, ple_rows
+from support.native_session import GREEDY, open_native_session, ple_rows, stepped_logits
 
 pytestmark = pytest.mark.gpu
 
@@ -28,7 +28,6 @@ BF16_EXPERTS = FLOAT | {"experts": "bf16", "expert_down": "bf16"}
 CASES = {"qwen4exp-f32": ("qwen4exp", FLOAT), "qwen4exp-quant": ("qwen4exp", QUANT),
          "qwen3next-quant": ("qwen3next", QUANT), "qwen35moe-f32": ("qwen35moe", FLOAT),
          "qwen3next-bf16experts": ("qwen3next", BF16_EXPERTS)}
-GREEDY = (0.0, 0, 1.0, 0.0, 1.0)
 # max|logit diff| / max|logit| against the reference, per step. The GPU and numpy agree on every integer inner
 # sum; what differs is float32 summation order (GEMV rows, norms, softmax), the KV cache's rounding (bf16: 8
 # mantissa bits; int8: 1/254 of each 32-group's range) and, where x is requantized to q8_32 before every
@@ -226,16 +225,6 @@ def expert_cache(model, rng, share, policy=None):
     return cache
 
 
-def forced_logits(native, model, ids):
-    """The logits after each of `ids` fed one by one."""
-    ple = ple_rows(model)
-    out = []
-    for t in ids:
-        native.step(int(t), ple(int(t)), GREEDY, 0.0, sample=False)
-        out.append(native.logits())
-    return np.array(out)
-
-
 def own_logits(native, ids):
     """The logits after each of `ids` fed one by one to a session that gathers its PLE rows itself."""
     out = []
@@ -264,7 +253,7 @@ def test_the_sessions_own_ple_gather_gives_the_callers_logits_bit_for_bit(loaded
     ids = [int(t) for t in rng.integers(0, g.n_vocab, 14)]
     ids[4] = ids[5] = g.ple_eos  # two EOS in a row cut the n-gram context
     for mode in Mode:
-        want = forced_logits(session(model, mode, cache=cache), model, ids)
+        want = stepped_logits(session(model, mode, cache=cache), model, ids)
         gather = PleRows(model.file, g).native()
         assert gather is not None, name  # the synth tables are f32 or q8_0
         own = session(model, mode, snapshots=1, cache=cache, ple=gather)
@@ -324,9 +313,9 @@ def test_where_an_expert_runs_moves_the_logits_only_by_rounding(loaded, rng):
     name, model = loaded
     dense = "quant" if name.endswith("quant") else "float"
     ids = rng.integers(0, model.info.geometry.n_vocab, 12)
-    pool = forced_logits(session(model, Mode.TOKEN_GRAPH), model, ids)
+    pool = stepped_logits(session(model, Mode.TOKEN_GRAPH), model, ids)
     for share in (1.0, 0.5, 0.25):
-        cached = forced_logits(session(model, Mode.TOKEN_GRAPH, cache=expert_cache(model, rng, share)), model, ids)
+        cached = stepped_logits(session(model, Mode.TOKEN_GRAPH, cache=expert_cache(model, rng, share)), model, ids)
         assert np.all(np.isfinite(cached)), (name, share)
         errors = relative_errors(cached, pool)
         assert errors[0] < FIRST_STEP[dense], (name, share, errors)
@@ -337,7 +326,7 @@ def test_three_modes_give_identical_logits_with_a_partial_cache(loaded, rng):
     name, model = loaded
     ids = rng.integers(0, model.info.geometry.n_vocab, 10)
     cache = expert_cache(model, rng, 0.5)
-    runs = {mode: forced_logits(session(model, mode, cache=cache), model, ids) for mode in Mode}
+    runs = {mode: stepped_logits(session(model, mode, cache=cache), model, ids) for mode in Mode}
     for mode in (Mode.LAYER_GRAPHS, Mode.TOKEN_GRAPH):
         assert np.array_equal(runs[mode], runs[Mode.UNCAPTURED]), (name, mode)
 
@@ -387,14 +376,14 @@ def test_replacement_moves_experts_without_moving_the_logits(loaded, rng):
     g = model.info.geometry
     dense = "quant" if name.endswith("quant") else "float"
     ids = rng.integers(0, g.n_vocab, 24)
-    pool = forced_logits(session(model, Mode.TOKEN_GRAPH), model, ids)
+    pool = stepped_logits(session(model, Mode.TOKEN_GRAPH), model, ids)
     start = int(rng.integers(1 << 30))
     runs = {}
     for mode in Mode:  # each with a fresh cache of the same start: the copies land one token later, always
         cache = expert_cache(model, np.random.default_rng(start), 0.5, CHURN)
         first = [cache.held(layer) for layer in range(g.n_layer)]
         native = session(model, mode, cache=cache)
-        runs[mode] = forced_logits(native, model, ids)
+        runs[mode] = stepped_logits(native, model, ids)
         stats = native.stats()
         assert sum(stats["expert_copies"]) > 0 and stats["expert_copy_bytes"] > 0, (name, mode, stats)
         moved = [cache.held(layer) for layer in range(g.n_layer)]

@@ -25,3 +25,16 @@ def ple_rows(model) -> Callable[[int], np.ndarray | None]:
     if not g.ple_layers:
         return lambda token: None
     return PleRows(model.file, g).rows
+
+
+GREEDY = (0.0, 0, 1.0, 0.0, 1.0)  # DecodeSession's sampling values of greedy decoding
+
+
+def stepped_logits(native: _native.DecodeSession, model, ids) -> np.ndarray:
+    """The logits after each of `ids`, stepped one by one (none sampled)."""
+    ple = ple_rows(model)
+    out = []
+    for t in ids:
+        native.step(int(t), ple(int(t)), GREEDY, 0.0, sample=False)
+        out.append(native.logits())
+    return np.array(out)
