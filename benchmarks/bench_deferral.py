@@ -25,7 +25,6 @@ from strata.bench.default_model import bench_model, cache_dir
 from strata.sampling import SamplingParams
 
 PROMPT_TOKENS = 16
-GREEDY = (0.0, 0, 1.0, 0.0, 1.0)
 
 
 def forced(model, ids: list[int], defer: int, mode: str) -> tuple[np.ndarray, dict[str, float]]:
@@ -33,16 +32,15 @@ def forced(model, ids: list[int], defer: int, mode: str) -> tuple[np.ndarray, di
     session = model.session(len(ids) + 1, mode=mode, snapshots=0, prompt_chunk=0, defer_experts=defer)
     engine = session.engine
     try:
-        native, ple = engine.native, engine.ple
-        logits = np.empty((len(ids), native.n_vocab), dtype=np.float32)
+        logits = np.empty((len(ids), model.info.geometry.n_vocab), dtype=np.float32)
         seconds = 0.0
         for i, token in enumerate(ids):
-            rows = ple.rows(token) if ple is not None else None
+            seen = ids[: i + 1]
             start = time.perf_counter()
-            native.step(token, rows, GREEDY, 0.0, sample=False)
+            engine.prefill([token], seen)
             seconds += time.perf_counter() - start
-            logits[i] = native.logits()
-        stats = native.stats()
+            logits[i] = engine.logits()
+        stats = engine.stats()
         tokens = len(ids)
         timing = {"tokens_per_second": tokens / seconds, "ms_per_token": 1e3 * seconds / tokens,
                   "ring_wait_ms": 1e3 * stats["ring_wait_seconds"] / tokens,
