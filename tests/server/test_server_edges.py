@@ -192,6 +192,7 @@ def test_a_stream_has_one_id_and_one_time(tok, monkeypatch):
     {"store": False}, {"store": None}, {"metadata": {}}, {"logit_bias": {}}, {"logit_bias": None}, {"n": None},
     {"stream": None}, {"service_tier": "auto"}, {"user": "u1"}, {"prompt_cache_key": "k"}, {"modalities": ["text"]},
     {"parallel_tool_calls": True}, {"logprobs": None}, {"top_logprobs": None}, {"stop": None}, {"seed": None},
+    {"seed": -1},
 ])
 def test_fields_whose_values_change_nothing_are_accepted(tok, extra):
     server = Server([echo_session(tok, CONTEXT)], "echo")

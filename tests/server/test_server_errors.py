@@ -66,6 +66,7 @@ def raw(url: str, path: str, body: bytes | None, method: str = "POST", headers: 
     (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}', "max_tokens", "invalid_value"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2.5}', "max_tokens", "invalid_type"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "seed": true}', "seed", "invalid_type"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "seed": -2}', "seed", "invalid_value"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "n": 3}', "n", "invalid_value"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "stop": [1]}', "stop", "invalid_type"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}', "stream", "invalid_type"),

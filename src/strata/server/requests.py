@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from strata.generation import MAX_LOGPROBS
+from strata.generation import MAX_LOGPROBS, RANDOM_SEED
 
 
 class BadRequest(Exception):
@@ -131,7 +131,7 @@ def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
         "top_k": _integer(body, "top_k", 0) or 0,
         "min_p": _number(body, "min_p", 0.0, 0.0, 0.999999),
         "repeat_penalty": _number(body, "repetition_penalty", 1.0, 0.0, 10.0, low_open=True),
-        "seed": _integer(body, "seed", 0),
+        "seed": _integer(body, "seed", RANDOM_SEED),  # -1: a fresh random seed, as in the API and the CLI
         "stop": _stop(body),
     }
 
