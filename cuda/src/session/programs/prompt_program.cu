@@ -179,6 +179,22 @@ PromptProgram::PromptProgram(const ModelGeometry& g, const ProgramInputs& in, in
   ones_ = real.take<float>(std::max(g.hc_count, 1));
   const std::vector<float> ones(std::max(g.hc_count, 1), 1.0f);
   STRATA_CUDA_TRY(cudaMemcpy(ones_, ones.data(), sizeof(float) * ones.size(), cudaMemcpyHostToDevice));
+  // The scratch's rows the routed experts read and write, fixed for the program's life.
+  expert_rows_.x = x_;
+  expert_rows_.route_ids = route_ids_;
+  expert_rows_.route_weights = route_weights_;
+  expert_rows_.row_token = row_token_;
+  expert_rows_.row_of = row_of_;
+  expert_rows_.group_slot = group_slot_;
+  expert_rows_.group_begin = group_begin_;
+  expert_rows_.ex_x = ex_x_;
+  expert_rows_.ex_x8 = ex_x8_;
+  expert_rows_.ex_gate = ex_gate_;
+  expert_rows_.ex_up = ex_up_;
+  expert_rows_.ex_hidden = ex_hidden_;
+  expert_rows_.ex_h8 = ex_h8_;
+  expert_rows_.ex_rows = ex_rows_;
+  expert_rows_.routed = routed_;
   STRATA_EXPECTS(g.attention_layers() == 0 || kernels::attention_chunk_fits(attention_shape(g)), InvalidArgument,
                  "attention: " + std::to_string(g.n_head / std::max(g.n_head_kv, 1)) + " query heads per KV head of " +
                      std::to_string(g.head_dim) + " dims exceed the prompt path's attention kernel on this GPU");
@@ -370,26 +386,8 @@ void PromptProgram::mixer_attention(int layer, int rows, int position, const Pro
   project_rows(attn_, rows, {{t.o, y_}}, s);
 }
 
-// Layer `layer`'s routed experts over the chunk's rows (experts/chunk_experts.hpp), on the scratch's rows.
-void PromptProgram::routed_experts(int layer, int rows, cudaStream_t s) {
-  ChunkExpertRows b;
-  b.x = x_;
-  b.route_ids = route_ids_;
-  b.route_weights = route_weights_;
-  b.row_token = row_token_;
-  b.row_of = row_of_;
-  b.group_slot = group_slot_;
-  b.group_begin = group_begin_;
-  b.ex_x = ex_x_;
-  b.ex_x8 = ex_x8_;
-  b.ex_gate = ex_gate_;
-  b.ex_up = ex_up_;
-  b.ex_hidden = ex_hidden_;
-  b.ex_h8 = ex_h8_;
-  b.ex_rows = ex_rows_;
-  b.routed = routed_;
-  experts_.run(layer, rows, b, s);
-}
+// Layer `layer`'s routed experts over the chunk's rows (experts/chunk_experts.hpp).
+void PromptProgram::routed_experts(int layer, int rows, cudaStream_t s) { experts_.run(layer, rows, expert_rows_, s); }
 
 // The LM head at every row of the chunk, kLogitRows rows at a time into the scratch block and from there into
 // `logits` ([n][n_vocab] host floats): the final mixer and the head as decode's end() runs them for one token.

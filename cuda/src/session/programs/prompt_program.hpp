@@ -58,7 +58,8 @@ struct PromptStats {
 class PromptProgram : private PromptScratch {
  public:
   // A program for chunks of up to `chunk` tokens of the sequence and model that `in` gives (the decode program
-  // of the same sequence reads the same inputs). `staging` (required when the model has routed experts the cache lacks) and `cache` (may be null) outlive it.
+  // of the same sequence reads the same inputs). `staging` (required when the model has routed experts the cache
+  // lacks) and `cache` (may be null) outlive it.
   // With `pool` and a `cpu_share` in (0, 1), a chunk too small to prefetch whole layers has the pool compute
   // that share of the bytes of the experts it touches that the cache lacks, while the staging copies the rest.
   PromptProgram(const ModelGeometry& geometry, const ProgramInputs& in, int device, int chunk,
@@ -105,6 +106,7 @@ class PromptProgram : private PromptScratch {
   PinnedMapped host_;            // tokens and positions, PLE rows, staged for the copies
   float* ones_ = nullptr;        // [hc] unit injection weights
   ChunkExperts experts_;         // each MoE layer's routed experts
+  ChunkExpertRows expert_rows_;  // ... on these rows of the scratch
   long fed_tokens_ = 0, chunks_run_ = 0;
 };
 
