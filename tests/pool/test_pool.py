@@ -125,3 +125,46 @@ def test_all_skipped_writes_nothing(rng, layer):
         out = np.full((K, 2048), np.nan, np.float32)
         pool.run_layer(0, rng.standard_normal(2048, dtype=np.float32), np.arange(K), np.ones(K), np.ones(K), out)
         assert np.all(np.isnan(out))
+
+
+def rows_summed(rows: np.ndarray, skip: np.ndarray) -> np.ndarray:
+    """The rows not skipped, added in order from zero in float32: the sum run_layer_sum promises bit for bit."""
+    total = np.zeros(rows.shape[1], np.float32)
+    for j in np.flatnonzero(skip == 0):
+        total += rows[j]
+    return total
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("threads", [1, None])
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("layer", ["Q4_K", "Q4_0", "Q8_0", "IQ4_NL", "BF16", "Q4_K+F16", "BF16+Q8_0"])
+@pytest.mark.hooks
+def test_layer_sum_is_the_rows_summed(rng, layer, shape, threads, isa):
+    """The decode loop's job (each participant sums a row range over every expert, no barrier between the gate/up
+    and down items) against run_layer's rows summed in order; repeated jobs with fresh ids and skips, so an item
+    that read an expert's h before it was complete would show."""
+    n_embd, _ = SHAPES[shape]
+    with make_pool(layer, shape, isa, threads=threads) as pool:
+        for job in range(6):
+            x = rng.standard_normal(n_embd, dtype=np.float32) * np.float32(rng.uniform(0.1, 10))
+            ids = rng.choice(N_EXPERT, K, replace=False).astype(np.int32)
+            weights = rng.uniform(0.05, 1.0, K).astype(np.float32)
+            skip = (rng.random(K) < 0.3).astype(np.uint8)
+            rows = np.full((K, n_embd), np.nan, np.float32)
+            pool.run_layer(0, x, ids, weights, skip, rows)
+            got = np.full(n_embd, np.nan, np.float32)
+            pool.run_layer_sum(0, x, ids, weights, skip, got)
+            note = f"seed {WEIGHT_SEED}, {layer}, {shape}, {pool.isa}, job {job}, ids {ids}, skip {skip}"
+            assert np.all(np.isfinite(got)), note
+            np.testing.assert_array_equal(got.view(np.uint32), rows_summed(rows, skip).view(np.uint32), note)
+
+
+@pytest.mark.parametrize("layer", ["Q4_0", "F16"])
+def test_layer_sum_of_nothing_is_zeros(rng, layer):
+    with make_pool(layer, "qwen3next", "avx2") as pool:
+        out = np.full(2048, np.nan, np.float32)
+        pool.run_layer_sum(0, rng.standard_normal(2048, dtype=np.float32), np.arange(K), np.ones(K), np.ones(K), out)
+        assert np.all(out == 0)
+        assert pool.run_layer_sum(0, np.ones(2048, np.float32), np.zeros(0, np.int32), np.zeros(0)).tolist() == \
+            [0.0] * 2048

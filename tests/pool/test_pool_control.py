@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -42,14 +43,34 @@ def test_caller_pinned_to_first_core_and_restored(rng):
             worker_cpus = {c for cpus in pool.worker_cpus for c in cpus}
             assert not worker_cpus & set(cores[0][0]), "a worker shares the host loop's core"
             assert len(pool.worker_cpus) == strata.runtime.pool.default_threads()
+            assert pool.participants == pool.threads + 1, "the pinned caller does not take part in its jobs"
     assert os.sched_getaffinity(0) == before
 
 
 def test_unpinned_caller_keeps_its_affinity():
     before = os.sched_getaffinity(0)
-    with strata.runtime.pool.ExpertPool(N_EMBD, FF, 2, pin_caller=False):
+    with strata.runtime.pool.ExpertPool(N_EMBD, FF, 2, pin_caller=False) as pool:
         assert os.sched_getaffinity(0) == before
+        if before & {c for cpus in pool.worker_cpus for c in cpus}:
+            assert pool.participants == pool.threads, "a caller on a worker's CPU took part in a job"
     assert os.sched_getaffinity(0) == before
+
+
+def test_jobs_from_a_thread_on_the_workers_cpus_match(rng):
+    """The caller pinned apart takes work items; a thread that may run on the workers' CPUs only waits for them:
+    the same bits either way."""
+    gate, up, down = small_layer(rng)
+    x = rng.standard_normal(N_EMBD, dtype=np.float32)
+    ids, weights = np.array([3, 0], np.int32), np.array([0.7, 0.2], np.float32)
+    with strata.runtime.pool.ExpertPool(N_EMBD, FF, 2) as pool:
+        pool.set_layer(0, gate, up, down, n_expert=N_EXPERT)
+        here = pool.run_layer_sum(0, x, ids, weights)
+        there = []
+        worker = threading.Thread(target=lambda: there.append(pool.run_layer_sum(0, x, ids, weights)))
+        worker.start()
+        worker.join()
+        np.testing.assert_array_equal(here.view(np.uint32), there[0].view(np.uint32))
+        assert np.all(np.isfinite(here)) and np.any(here != 0)
 
 
 def test_idle_workers_park_and_wake(rng):
@@ -99,6 +120,14 @@ def test_bad_arguments_are_named(rng):
             pool.run_layer(0, np.ones(N_EMBD), np.array([0, 4]), np.ones(2))
         with pytest.raises(strata.InvalidArgument, match="k must be in 0..2"):
             pool.run_layer(0, np.ones(N_EMBD), np.arange(3), np.ones(3))
+        with pytest.raises(strata.InvalidArgument, match=r"run_layer_sum: layer 0 ids\[0\] = -1 is outside 0..3"):
+            pool.run_layer_sum(0, np.ones(N_EMBD), np.array([-1, 2]), np.ones(2))
+        with pytest.raises(strata.InvalidArgument, match="run_layer_sum: k must be in 0..2"):
+            pool.run_layer_sum(0, np.ones(N_EMBD), np.arange(3), np.ones(3))
+        with pytest.raises(strata.InvalidArgument, match="run_layer_sum: out has 5 entries, n_embd is 256"):
+            pool.run_layer_sum(0, np.ones(N_EMBD), np.arange(2), np.ones(2), out=np.zeros(5, np.float32))
+        with pytest.raises(strata.InvalidArgument, match="run_layer_sum: ids has 2 entries; weights 3"):
+            pool.run_layer_sum(0, np.ones(N_EMBD), np.arange(2), np.ones(3))
 
 
 def test_plane_size_mismatch_names_the_plane(rng):

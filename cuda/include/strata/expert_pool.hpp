@@ -72,6 +72,12 @@ class ExpertPool {
   void run_layer(int layer, const float* x, const int32_t* ids, const float* weights, const uint8_t* skip, int k,
                  float* out);
 
+  // out[:] = the sum over j < k with skip[j] == 0 (null skip: every j) of run_layer's row j, added in order of j
+  // from zero, bit for bit; zeros when every j is skipped. out: n_embd floats. The decode loop's job: the
+  // participants write the sum, a row range each, so nothing sums the k rows after the job.
+  void run_layer_sum(int layer, const float* x, const int32_t* ids, const float* weights, const uint8_t* skip, int k,
+                     float* out);
+
   // The routed experts of a prompt chunk, grouped by expert: for g < groups, rows begin[g] .. begin[g+1]-1 of x
   // (n_embd floats each, row-major, the groups' rows consecutive from row 0) go through expert experts[g] of
   // `layer`: out row r = down(silu(gate x_r) * up x_r), UNWEIGHTED (n_embd floats, row-major, one per row of x).
@@ -95,6 +101,9 @@ class ExpertPool {
   void close() noexcept;
 
   int threads() const;
+  // The threads a job from the calling thread runs on: the workers, and the caller itself where it is pinned
+  // apart from them (the constructing thread, with pin_caller), which takes work items instead of waiting.
+  int participants() const;
   int max_rows() const;  // the rows run_groups takes per call (PoolOptions::max_rows; 0: none)
   Isa isa() const;
   std::vector<std::vector<int>> worker_cpus() const;

@@ -1,11 +1,16 @@
-// The layer job: gate+up row ranges of all k experts spread over every worker, one barrier, then down row
-// ranges. Float matrices read x and h as float32; for quantized ones x is quantized once by the caller and
-// each gate/up work item quantizes the h blocks it produced. A layer quantizes only what one of its matrices
-// reads, decided once at set_layer. run_groups hands its calls to the grouped job (group_job.hpp).
+// The layer job: gate+up row ranges of all k experts spread over every participant (the workers, and the caller
+// where it joins them), then down row ranges, with no barrier between: a down item waits only for the expert
+// whose h it reads, and the gate/up items are claimed expert by expert, so the first experts' down rows run while
+// the last experts' h is still being made. Float matrices read x and h as float32; for quantized ones x is
+// quantized once by the caller and each gate/up work item quantizes the h blocks it produced. A layer quantizes
+// only what one of its matrices reads, decided once at set_layer. run_layer writes each expert's row; the summed
+// job's down items take a row range across every expert and write the sum, so no one sums k rows afterwards.
+// run_groups hands its calls to the grouped job (group_job.hpp).
 #include "strata/expert_pool.hpp"
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 
 #include "activation.hpp"
 #include "dot.hpp"
@@ -18,12 +23,22 @@
 #include "strata/error.hpp"
 #include "worker_team.hpp"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define STRATA_CPU_PAUSE() _mm_pause()
+#else
+#define STRATA_CPU_PAUSE() ((void)0)
+#endif
+
 namespace strata::cpu {
 namespace {
 
 // Rows per work item. Gate/up items are whole q8_32 blocks of h, so the item can quantize what it made.
 constexpr int64_t kGateUpRows = 32;
 constexpr int64_t kDownRows = 64;
+// Rows per down item of the summed job: each reads those rows of all k experts (about 115 KB of the benchmark
+// model's 4-bit down at k = 10), so the 2,560 rows make 160 items, a tail of a few microseconds.
+constexpr int64_t kSumRows = 16;
 // The most rows run_groups may be sized for (PoolOptions::max_rows): its scratch is about
 // 1.75 * (n_embd + ff) + 4 * ff bytes a row.
 constexpr int kMaxGroupRows = 1 << 20;
@@ -49,20 +64,23 @@ struct ExpertPool::Impl {
   std::vector<Activation> h_in;  // one per slot: its row of h and h_q
   std::unique_ptr<GroupJob> group_job;  // run_groups' scratch and job; null when max_rows is 0
 
-  // The job in flight (written by the caller before WorkerTeam::run, read by the workers).
+  // The job in flight (written by the caller before WorkerTeam::run, read by the participants).
   const PoolLayer* layer = nullptr;
   const int32_t* ids = nullptr;
   const float* weights = nullptr;
   float* out = nullptr;
-  std::vector<int> active;  // slots not skipped
+  bool summed = false;      // out is one row, the sum of the experts' rows (else one row per slot)
+  std::vector<int> active;  // slots not skipped, in slot order
   int n_active = 0;
   int64_t gate_up_items = 0, down_items = 0, gate_up_per_slot = 0, down_per_slot = 0;
   alignas(64) std::atomic<int64_t> next_gate_up{0};
   alignas(64) std::atomic<int64_t> next_down{0};
+  std::unique_ptr<std::atomic<int64_t>[]> hidden_done;  // [max_k]: gate/up items finished, per active index
 
   Impl(int64_t n_embd_, int64_t ff_, int max_k_)
       : n_embd(n_embd_), ff(ff_), max_k(max_k_), x_q(1, n_embd_), h_q(max_k_, ff_),
-        h(static_cast<size_t>(max_k_) * ff_), active(max_k_) {
+        h(static_cast<size_t>(max_k_) * ff_), active(max_k_),
+        hidden_done(std::make_unique<std::atomic<int64_t>[]>(max_k_)) {
     x_in.q = x_q.row(0);
     for (int j = 0; j < max_k; ++j) h_in.push_back({h.data() + j * ff, h_q.row(j)});
     gate_up_per_slot = (ff + kGateUpRows - 1) / kGateUpRows;
@@ -70,28 +88,58 @@ struct ExpertPool::Impl {
   }
 
   void gate_up_item(int64_t item) {
-    const int slot = active[item / gate_up_per_slot];
+    const int64_t a = item / gate_up_per_slot;
+    const int slot = active[a];
     const int64_t r0 = (item % gate_up_per_slot) * kGateUpRows, r1 = std::min(ff, r0 + kGateUpRows);
     const int64_t e = ids[slot];
     float* hs = h.data() + slot * ff;
     expert_hidden(layer->gate_kernel, expert_rows(layer->gate, e), layer->up_kernel, expert_rows(layer->up, e), r0,
                   r1, x_in, hs + r0);
     if (layer->quantize_h) quantize_blocks(hs, r0 / 32, r1 / 32, h_in[slot].q);
+    hidden_done[a].fetch_add(1, std::memory_order_release);
+  }
+
+  // Returns once active expert a's h (and its q8_32) is complete. Every gate/up item is claimed before any
+  // down item, by a participant that finishes it without waiting on anything: the wait always ends.
+  void await_hidden(int64_t a) const {
+    while (hidden_done[a].load(std::memory_order_acquire) < gate_up_per_slot) STRATA_CPU_PAUSE();
   }
 
   void down_item(int64_t item) {
-    const int slot = active[item / down_per_slot];
+    const int64_t a = item / down_per_slot;
+    const int slot = active[a];
     const int64_t r0 = (item % down_per_slot) * kDownRows, r1 = std::min(n_embd, r0 + kDownRows);
+    await_hidden(a);
     layer->down_kernel(expert_rows(layer->down, ids[slot]), r0, r1, h_in[slot], weights[slot],
                        out + slot * n_embd + r0);
   }
 
-  static void layer_job(void* context, int /*worker*/) {
+  // Rows [r0, r1) of the experts' sum, added in slot order from zero: the same sums, bit for bit, as adding
+  // run_layer's rows one after another.
+  void down_sum_item(int64_t item) {
+    const int64_t r0 = item * kSumRows, r1 = std::min(n_embd, r0 + kSumRows);
+    float sum[kSumRows] = {}, part[kSumRows];
+    for (int64_t a = 0; a < n_active; ++a) {
+      const int slot = active[a];
+      await_hidden(a);
+      layer->down_kernel(expert_rows(layer->down, ids[slot]), r0, r1, h_in[slot], weights[slot], part);
+      for (int64_t r = 0; r < r1 - r0; ++r) sum[r] += part[r];
+    }
+    std::copy(sum, sum + (r1 - r0), out + r0);
+  }
+
+  static void layer_job(void* context, int /*participant*/) {
     auto& p = *static_cast<Impl*>(context);
     for (int64_t i; (i = p.next_gate_up.fetch_add(1, std::memory_order_relaxed)) < p.gate_up_items;) p.gate_up_item(i);
-    p.team->barrier();  // every h is complete and quantized
-    for (int64_t i; (i = p.next_down.fetch_add(1, std::memory_order_relaxed)) < p.down_items;) p.down_item(i);
+    for (int64_t i; (i = p.next_down.fetch_add(1, std::memory_order_relaxed)) < p.down_items;) {
+      if (p.summed) p.down_sum_item(i);
+      else p.down_item(i);
+    }
   }
+
+  // Checks the call and sets up the job; false when no slot is left to compute.
+  bool prepare(int index, const char* what, const float* x_, const int32_t* ids_, const float* weights_,
+               const uint8_t* skip, int k, float* out_, bool summed_);
 
   const PoolLayer& registered(int index, const char* what) const {
     STRATA_EXPECTS(team != nullptr, InvalidArgument, std::string(what) + ": the expert pool is closed");
@@ -175,33 +223,47 @@ void ExpertPool::set_layer(int layer, const ExpertMatrix& gate, const ExpertMatr
   l.set = true;
 }
 
+bool ExpertPool::Impl::prepare(int index, const char* what, const float* x_, const int32_t* ids_,
+                               const float* weights_, const uint8_t* skip, int k, float* out_, bool summed_) {
+  const PoolLayer& l = registered(index, what);
+  STRATA_EXPECTS(k >= 0 && k <= max_k, InvalidArgument,
+                 std::string(what) + ": k must be in 0.." + str(max_k) + " (max_k), found " + str(k));
+  int count = 0;
+  for (int j = 0; j < k; ++j) {
+    if (skip != nullptr && skip[j] != 0) continue;
+    STRATA_EXPECTS(ids_[j] >= 0 && ids_[j] < l.gate.n_expert, InvalidArgument,
+                   std::string(what) + ": layer " + str(index) + " ids[" + str(j) + "] = " + str(ids_[j]) +
+                       " is outside 0.." + str(l.gate.n_expert - 1));
+    active[count++] = j;
+  }
+  if (count == 0) return false;
+  if (l.quantize_x) quantize_blocks(x_, 0, n_embd / 32, x_in.q);
+  x_in.f32 = x_;
+  layer = &l;
+  ids = ids_;
+  weights = weights_;
+  out = out_;
+  summed = summed_;
+  n_active = count;
+  gate_up_items = count * gate_up_per_slot;
+  down_items = summed ? (n_embd + kSumRows - 1) / kSumRows : count * down_per_slot;
+  for (int a = 0; a < count; ++a) hidden_done[a].store(0, std::memory_order_relaxed);
+  next_gate_up.store(0, std::memory_order_relaxed);
+  next_down.store(0, std::memory_order_relaxed);
+  return true;
+}
+
 void ExpertPool::run_layer(int layer, const float* x, const int32_t* ids, const float* weights, const uint8_t* skip,
                            int k, float* out) {
   Impl& p = *impl_;
-  const PoolLayer& l = p.registered(layer, "run_layer");
-  STRATA_EXPECTS(k >= 0 && k <= p.max_k, InvalidArgument,
-                 "run_layer: k must be in 0.." + str(p.max_k) + " (max_k), found " + str(k));
-  int n_active = 0;
-  for (int j = 0; j < k; ++j) {
-    if (skip != nullptr && skip[j] != 0) continue;
-    STRATA_EXPECTS(ids[j] >= 0 && ids[j] < l.gate.n_expert, InvalidArgument,
-                   "run_layer: layer " + str(layer) + " ids[" + str(j) + "] = " + str(ids[j]) + " is outside 0.." +
-                       str(l.gate.n_expert - 1));
-    p.active[n_active++] = j;
-  }
-  if (n_active == 0) return;
-  if (l.quantize_x) quantize_blocks(x, 0, p.n_embd / 32, p.x_in.q);
-  p.x_in.f32 = x;
-  p.layer = &l;
-  p.ids = ids;
-  p.weights = weights;
-  p.out = out;
-  p.n_active = n_active;
-  p.gate_up_items = n_active * p.gate_up_per_slot;
-  p.down_items = n_active * p.down_per_slot;
-  p.next_gate_up.store(0, std::memory_order_relaxed);
-  p.next_down.store(0, std::memory_order_relaxed);
-  p.team->run(&Impl::layer_job, &p);
+  if (p.prepare(layer, "run_layer", x, ids, weights, skip, k, out, false)) p.team->run(&Impl::layer_job, &p);
+}
+
+void ExpertPool::run_layer_sum(int layer, const float* x, const int32_t* ids, const float* weights,
+                               const uint8_t* skip, int k, float* out) {
+  Impl& p = *impl_;
+  if (p.prepare(layer, "run_layer_sum", x, ids, weights, skip, k, out, true)) p.team->run(&Impl::layer_job, &p);
+  else std::fill(out, out + p.n_embd, 0.0f);
 }
 
 void ExpertPool::run_groups(int layer, const float* x, const int32_t* experts, const int* begin, int groups,
@@ -247,6 +309,7 @@ LayerMatrices ExpertPool::layer_matrices(int layer) const {
 int ExpertPool::max_rows() const { return impl_->group_job ? impl_->group_job->max_rows() : 0; }
 
 int ExpertPool::threads() const { return static_cast<int>(impl_->worker_cpus.size()); }
+int ExpertPool::participants() const { return impl_->team ? impl_->team->participants() : 0; }
 Isa ExpertPool::isa() const { return impl_->isa; }
 std::vector<std::vector<int>> ExpertPool::worker_cpus() const { return impl_->worker_cpus; }
 std::vector<int> ExpertPool::caller_cpus() const { return impl_->caller_cpus; }

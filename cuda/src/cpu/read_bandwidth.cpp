@@ -1,4 +1,5 @@
-// The pool's read test: the host's read ceiling, measured by the workers that run the expert jobs.
+// The pool's read test: the host's read ceiling, measured by the team that runs the expert jobs (the workers, and
+// the caller where it joins them).
 //
 // What the GPU box rewards (16-core Xeon, one NUMA node; a probe of 4/8/16 streams x 16/32/64-byte loads x
 // prefetch x huge pages, 2026-12-01): huge pages above all (85 -> 114-148 GB/s at 15 workers, as the expert
@@ -51,7 +52,7 @@ struct ReadJob {
   bool prefetch = false;
   uint64_t (*read)(const uint8_t*, int64_t, bool) = nullptr;
   alignas(64) std::atomic<int64_t> next{0};
-  std::vector<uint64_t> sinks;  // one per worker, so the reads cannot be optimised away
+  std::vector<uint64_t> sinks;  // one per participant, so the reads cannot be optimised away
 };
 
 // Workers claim chunks as the pool's jobs claim their work items, so a slower core (one that also serves
@@ -74,14 +75,15 @@ double measure_read_bandwidth(WorkerTeam& team, Isa isa, int64_t bytes, int reps
                      ", reps=" + std::to_string(reps));
   ReadJob job;
   // Whole huge pages per chunk where the buffer holds a few per worker.
-  job.chunk = bytes / team.size() >= 2 * kHugePage ? kHugePage : 64 * 1024;
+  job.chunk = bytes / team.max_participants() >= 2 * kHugePage ? kHugePage : 64 * 1024;
   job.chunks = bytes / job.chunk;
-  STRATA_EXPECTS(job.chunks >= team.size(), InvalidArgument, "read_bandwidth: buffer too small for the workers");
+  STRATA_EXPECTS(job.chunks >= team.max_participants(), InvalidArgument,
+                 "read_bandwidth: buffer too small for the workers");
   const size_t total = static_cast<size_t>(job.chunk) * job.chunks;
   ReadBuffer buffer(total);
   job.base = buffer.data();
   job.read = isa == Isa::kAvx512 ? &read_slice_avx512 : &read_slice_avx2;
-  job.sinks.assign(team.size(), 0);
+  job.sinks.assign(team.max_participants(), 0);
   job.touch = true;
   team.run(&read_job, &job);
   job.touch = false;

@@ -91,17 +91,41 @@ cdef class CpuExpertPool:
         cdef const float[::1] wv = weights
         cdef const uint8_t[::1] sv = skip
         cdef float[:, ::1] ov = out
-        cdef int k = iv.shape[0]
-        if xv.shape[0] != self.n_embd:
-            raise InvalidArgument(f"run_layer: x has {xv.shape[0]} entries, n_embd is {self.n_embd}")
-        if wv.shape[0] != k or sv.shape[0] != k or ov.shape[0] != k or ov.shape[1] != self.n_embd:
-            raise InvalidArgument(
-                f"run_layer: ids has {k} entries; weights {wv.shape[0]}, skip {sv.shape[0]} and out "
-                f"{ov.shape[0]}x{ov.shape[1]} must be {k}, {k} and {k}x{self.n_embd}")
+        cdef int k = self.checked_request("run_layer", xv, iv, wv, sv)
+        if ov.shape[0] != k or ov.shape[1] != self.n_embd:
+            raise InvalidArgument(f"run_layer: out is {ov.shape[0]}x{ov.shape[1]}, must be {k}x{self.n_embd}")
         if k == 0:
             return
         with nogil:
             pool.run_layer(layer, &xv[0], &iv[0], &wv[0], &sv[0], k, &ov[0, 0])
+
+    def run_layer_sum(self, int layer, x, ids, weights, skip, out):
+        """out = the sum of run_layer's rows j with skip[j] == 0, in order of j (zeros when every j is skipped)."""
+        cdef CppExpertPool* pool = self.native()
+        cdef const float[::1] xv = x
+        cdef const int32_t[::1] iv = ids
+        cdef const float[::1] wv = weights
+        cdef const uint8_t[::1] sv = skip
+        cdef float[::1] ov = out
+        cdef int k = self.checked_request("run_layer_sum", xv, iv, wv, sv)
+        if ov.shape[0] != self.n_embd:
+            raise InvalidArgument(f"run_layer_sum: out has {ov.shape[0]} entries, n_embd is {self.n_embd}")
+        cdef const int32_t* ip = &iv[0] if k > 0 else NULL
+        cdef const float* wp = &wv[0] if k > 0 else NULL
+        cdef const uint8_t* sp = &sv[0] if k > 0 else NULL
+        with nogil:
+            pool.run_layer_sum(layer, &xv[0], ip, wp, sp, k, &ov[0])
+
+    def checked_request(self, str what, const float[::1] x, const int32_t[::1] ids, const float[::1] weights,
+                        const uint8_t[::1] skip):
+        """k, once x, ids, weights and skip agree on n_embd and k."""
+        cdef int k = ids.shape[0]
+        if x.shape[0] != self.n_embd:
+            raise InvalidArgument(f"{what}: x has {x.shape[0]} entries, n_embd is {self.n_embd}")
+        if weights.shape[0] != k or skip.shape[0] != k:
+            raise InvalidArgument(f"{what}: ids has {k} entries; weights {weights.shape[0]} and skip "
+                                  f"{skip.shape[0]} must have {k}")
+        return k
 
     def run_groups(self, int layer, x, experts, begin, out=None):
         """out[r] = expert experts[g] (x[r]), unweighted, for every row r in begin[g]..begin[g+1]-1: x is
@@ -149,6 +173,10 @@ cdef class CpuExpertPool:
     @property
     def threads(self) -> int:
         return self.native().threads()
+
+    @property
+    def participants(self) -> int:
+        return self.native().participants()
 
     @property
     def isa(self) -> str:

@@ -48,11 +48,14 @@ cdef extern from "strata/expert_pool.hpp" namespace "strata::cpu" nogil:
                        const ExpertMatrix& down) except +raise_strata_error
         void run_layer(int layer, const float* x, const int32_t* ids, const float* weights, const uint8_t* skip,
                        int k, float* out) except +raise_strata_error
+        void run_layer_sum(int layer, const float* x, const int32_t* ids, const float* weights,
+                           const uint8_t* skip, int k, float* out) except +raise_strata_error
         void run_groups(int layer, const float* x, const int32_t* experts, const int* begin, int groups,
                         float* out) except +raise_strata_error
         double read_bandwidth(int64_t nbytes, int reps) except +raise_strata_error
         void close()
         int threads()
+        int participants()
         Isa isa()
         vector[vector[int]] worker_cpus()
         vector[int] caller_cpus()

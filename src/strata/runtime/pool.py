@@ -64,6 +64,15 @@ def default_threads(smt: bool = False) -> int:
     return max(1, sum(len(cpus) if smt else 1 for cpus, _ in workers))
 
 
+def routed_request(x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
+                   skip: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """x, ids, weights and skip (none skipped when None) as the native pool's jobs take them."""
+    ids = np.ascontiguousarray(ids, dtype=np.int32)
+    skip = np.zeros(ids.shape[0], np.uint8) if skip is None else np.ascontiguousarray(skip, dtype=np.uint8)
+    return (np.ascontiguousarray(x, dtype=np.float32), ids, np.ascontiguousarray(weights, dtype=np.float32),
+            skip)
+
+
 class ExpertPool:
     """Pinned CPU workers computing routed experts: ``out[j] = w[j] * down(silu(gate x) * up x)`` of expert ``ids[j]``.
 
@@ -98,13 +107,20 @@ class ExpertPool:
                   skip: np.ndarray | None = None, out: np.ndarray | None = None) -> np.ndarray:
         """Computes every routed expert not in ``skip`` into its row of ``out`` ([k, n_embd] float32); skipped rows
         are left untouched. Blocks until done; with ``out`` given, allocates nothing per call."""
-        ids = np.ascontiguousarray(ids, dtype=np.int32)
-        k = ids.shape[0]
-        skip = np.zeros(k, np.uint8) if skip is None else np.ascontiguousarray(skip, dtype=np.uint8)
+        request = routed_request(x, ids, weights, skip)
         if out is None:
-            out = np.empty((k, self.n_embd), np.float32)
-        self._native.run_layer(layer, np.ascontiguousarray(x, dtype=np.float32), ids,
-                               np.ascontiguousarray(weights, dtype=np.float32), skip, out)
+            out = np.empty((request[1].shape[0], self.n_embd), np.float32)
+        self._native.run_layer(layer, *request, out)
+        return out
+
+    def run_layer_sum(self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
+                      skip: np.ndarray | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        """The sum of run_layer's rows not in ``skip``, added in order from zero, bit for bit, into ``out``
+        ([n_embd] float32; zeros when every row is skipped): what the decode loop hands the GPU. Blocks until done;
+        with ``out`` given, allocates nothing per call."""
+        if out is None:
+            out = np.empty(self.n_embd, np.float32)
+        self._native.run_layer_sum(layer, *routed_request(x, ids, weights, skip), out)
         return out
 
     def run_groups(self, layer: int, x: np.ndarray, experts: np.ndarray, begin: np.ndarray,
@@ -142,6 +158,12 @@ class ExpertPool:
     @property
     def threads(self) -> int:
         return self._native.threads
+
+    @property
+    def participants(self) -> int:
+        """Threads a job from this thread runs on: the workers, and this thread where it is pinned apart from them
+        (``pin_caller``), which then takes work items instead of waiting for them."""
+        return self._native.participants
 
     @property
     def isa(self) -> str:

@@ -12,7 +12,6 @@ RingAnswerer::RingAnswerer(cpu::ExpertPool& pool, DoorbellHost& bell, ExpertCach
       bell_(bell),
       cache_(cache),
       deferral_(deferral),
-      rows_(static_cast<std::size_t>(bell.k()) * bell.n()),
       held_(bell.k()),
       now_(bell.k()),
       later_(bell.k()),
@@ -20,23 +19,12 @@ RingAnswerer::RingAnswerer(cpu::ExpertPool& pool, DoorbellHost& bell, ExpertCach
       deferred_weights_(deferral.experts > 0 ? bell.k() : 0),
       deferred_ids_(deferral.experts > 0 ? bell.k() : 0) {}
 
-void RingAnswerer::sum_rows(const std::uint8_t* skip, float* out) const {
-  const int n = bell_.n(), k = bell_.k();
-  std::fill(out, out + n, 0.0f);
-  for (int j = 0; j < k; ++j) {
-    if (skip[j]) continue;
-    const float* row = rows_.data() + static_cast<std::size_t>(j) * n;
-    for (int i = 0; i < n; ++i) out[i] += row[i];
-  }
-}
-
 // Layer l's deferred experts, weighted by l's own routing weights, into deferred row l % 2; written before the
 // answer to ring l + 1, whose flag the GPU waits for before it reads the row.
 void RingAnswerer::answer_deferred(ExchangeStats& stats) {
   const auto start = std::chrono::steady_clock::now();
-  pool_.run_layer(deferred_layer_, deferred_x_.data(), deferred_ids_.data(), deferred_weights_.data(),
-                  later_.data(), bell_.k(), rows_.data());
-  sum_rows(later_.data(), bell_.deferred(deferred_layer_ % 2));
+  pool_.run_layer_sum(deferred_layer_, deferred_x_.data(), deferred_ids_.data(), deferred_weights_.data(),
+                      later_.data(), bell_.k(), bell_.deferred(deferred_layer_ % 2));
   stats.pool_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
@@ -84,8 +72,7 @@ void RingAnswerer::answer(int layer, int ring, std::chrono::nanoseconds timeout,
     later_[j] = 0;
     --left;
   }
-  pool_.run_layer(layer, bell_.x(), ids, bell_.weights(), now_.data(), k, rows_.data());
-  sum_rows(now_.data(), bell_.answer());
+  pool_.run_layer_sum(layer, bell_.x(), ids, bell_.weights(), now_.data(), k, bell_.answer());
   if (defers) {
     std::copy(bell_.x(), bell_.x() + n, deferred_x_.begin());
     std::copy(ids, ids + k, deferred_ids_.begin());

@@ -35,13 +35,11 @@ class RingAnswerer {
 
  private:
   void answer_deferred(ExchangeStats& stats);
-  void sum_rows(const std::uint8_t* skip, float* out) const;  // out = the rows_ of the slots not skipped
 
   cpu::ExpertPool& pool_;
   DoorbellHost& bell_;
   ExpertCache* cache_;  // told each token's routing (its replacement learns from it)
   ExpertDeferral deferral_;
-  std::vector<float> rows_;      // [k][n]: the pool's weighted expert rows
   std::vector<std::uint8_t> held_;  // [k]: the cache holds routed slot j
   std::vector<std::uint8_t> now_;   // [k]: the answer skips slot j (held or deferred)
   std::vector<std::uint8_t> later_;  // [k]: the deferred row skips slot j (all but the deferred)
