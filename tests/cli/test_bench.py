@@ -245,6 +245,30 @@ def test_the_report_says_the_rates_it_divided_by(tiny):
     assert "at host read 20.0 GB/s (CPU pool, measured here)" in text
 
 
+def test_the_report_sets_each_term_beside_its_bound(tiny):
+    g = tiny.geometry
+    limit = machine_limit(g, _tensors(tiny), RATES)
+    mode = {"tokens_per_second": 100.0, "seconds_per_token": 0.01, "ring_wait_seconds": 0.002, "pool_seconds": 0.007,
+            "gpu_pre_seconds": 0.0, "gpu_post_seconds": 0.0, "host_other_seconds": 0.001,
+            "fraction_of_limit": limit.seconds / 0.01, "expert_hit_rate": 0.0}
+    result = {"model": "m.gguf", "arch": g.arch, "n_layer": g.n_layer, "prompt_tokens": 4, "tokens": 8, "kv": "int8",
+              "expert_cache": "none", "limit": {**dataclasses.asdict(limit), "seconds": limit.seconds},
+              "modes": {"token_graph": mode}}
+    text = " ".join(" ".join(report(result)).split())  # the columns' padding aside
+    assert "token_graph: each term beside its bound" in text
+    assert f"gpu before the rings 2.000 ms bound {limit.dense_seconds * 1e3:.3f} ms (dense bytes at HBM) " \
+           f"{limit.dense_seconds / 0.002:.1%} of it; {2000 / g.n_layer:.1f} us per ringing layer" in text
+    assert f"pool 7.000 ms bound {limit.routed_seconds * 1e3:.3f} ms (routed bytes at host read)" in text
+    assert f"token 10.000 ms bound {limit.seconds * 1e3:.3f} ms (the limit)" in text
+    # Every expert in VRAM: no layer rings, the whole token is the GPU's.
+    cached = machine_limit(g, _tensors(tiny), RATES, slots=[g.n_expert] * g.n_layer)
+    result["limit"] = {**dataclasses.asdict(cached), "seconds": cached.seconds}
+    text = " ".join(" ".join(report(result)).split())
+    assert "gpu before the rings" not in text
+    assert f"gpu, the whole token 10.000 ms bound {cached.dense_seconds * 1e3:.3f} ms (dense and cached bytes at " \
+           "HBM)" in text
+
+
 @pytest.mark.parametrize(("kwargs", "fragment"), [
     ({"modes": ["fast"]}, "unknown session mode"),
     ({"tokens": 0}, "--tokens must be >= 1"),

@@ -103,7 +103,8 @@ def run(emit: Emit, quick: bool = False, k: int = 10, isa: str | None = None, js
     for n in thread_sweep(n_all):
         with ExpertPool(64, 64, 1, threads=n, isa=isa) as pool:
             result["read_bw"][n] = pool.read_bandwidth(scale.read_bytes) / 1e9
-        emit(f"  {n:3d} workers: {result['read_bw'][n]:7.1f} GB/s")
+            caller = " + the caller" if pool.participants > pool.threads else ""
+        emit(f"  {n:3d} workers{caller}: {result['read_bw'][n]:7.1f} GB/s")
     if smt_possible:
         with ExpertPool(64, 64, 1, smt=True, isa=isa) as pool:
             result["read_bw_smt"] = pool.read_bandwidth(scale.read_bytes) / 1e9
@@ -111,7 +112,8 @@ def run(emit: Emit, quick: bool = False, k: int = 10, isa: str | None = None, js
         emit(f"  {result['smt_workers']:3d} workers (SMT siblings too): {result['read_bw_smt']:7.1f} GB/s")
     bw_all = result["read_bw"][n_all]
 
-    emit(f"\n{'shape':10s} {'mix':10s} {'down':7s} {'thr':>4s} {'MB/job':>7s} {'med us':>8s} {'p90 us':>8s} "
+    emit("\n(thr: the threads a job runs on, the workers and the caller where it takes part)")
+    emit(f"{'shape':10s} {'mix':10s} {'down':7s} {'thr':>4s} {'MB/job':>7s} {'med us':>8s} {'p90 us':>8s} "
           f"{'GB/s':>6s} {'%bw':>5s} {'lat/bound':>9s}" + (f" {'hot GB/s':>8s}" if hot else ""))
     for shape, (n_embd, ff) in SHAPES.items():
         for mix, (gate_type, down_type) in {**MIXES, **IQ_MIXES}.items():
@@ -131,7 +133,7 @@ def run(emit: Emit, quick: bool = False, k: int = 10, isa: str | None = None, js
                     job_bytes = pool.layer_bytes(0) * k
                     times = time_jobs(pool, scale.n_layers, n_expert, k, scale.jobs, rng)
                     row = {"shape": shape, "mix": mix, "down_form": form_name(down[0]), "n_expert": n_expert,
-                           "threads": pool.threads,
+                           "threads": pool.threads, "participants": pool.participants,
                            "smt": smt, "isa": pool.isa, "job_bytes": job_bytes,
                            "median_s": float(np.median(times)), "p90_s": float(np.percentile(times, 90))}
                     if hot:
@@ -141,7 +143,7 @@ def run(emit: Emit, quick: bool = False, k: int = 10, isa: str | None = None, js
                 row["fraction_of_read_bw"] = row["gb_per_s"] / bw_all
                 row["latency_over_bound"] = row["median_s"] / (job_bytes / (bw_all * 1e9))
                 result["layers"].append(row)
-                emit(f"{shape:10s} {mix:10s} {row['down_form']:7s} {row['threads']:4d}{'s' if smt else ' '}"
+                emit(f"{shape:10s} {mix:10s} {row['down_form']:7s} {row['participants']:4d}{'s' if smt else ' '}"
                       f"{job_bytes / 1e6:7.1f} {row['median_s'] * 1e6:8.0f} {row['p90_s'] * 1e6:8.0f} "
                       f"{row['gb_per_s']:6.1f} {100 * row['fraction_of_read_bw']:5.1f} {row['latency_over_bound']:9.2f}"
                       + (f" {row['hot_gb_per_s']:8.1f}" if hot else ""))

@@ -34,6 +34,33 @@ def report(result: Mapping[str, Any]) -> list[str]:
                      f"{m['gpu_pre_seconds'] * MS:8.3f} {m['gpu_post_seconds'] * MS:8.3f} "
                      f"{m['host_other_seconds'] * MS:10.3f} {m['fraction_of_limit']:8.1%} {m['expert_hit_rate']:6.1%}")
     lines.append("(breakdown columns in ms per token; gpu pre/post only in mode uncaptured)")
+    for mode, m in result["modes"].items():
+        lines += bound_lines(mode, m, limit)
+    return lines
+
+
+def bound_lines(mode: str, m: Mapping[str, float], limit: Mapping[str, Any]) -> list[str]:
+    """Each term of a mode's token beside the bound the machine sets it (ms per token): the GPU's work before the
+    rings beside the dense bytes at the HBM rate (per ringing layer too), the pool beside the routed bytes at the
+    read rate, the host and the rest beside the doorbells' round trips, the token beside the limit. With no layer
+    ringing (every routed expert in VRAM) the whole token is the GPU's: it stands beside the dense bytes."""
+    ringing = limit["ringing_layers"]
+
+    def term(name: str, seconds: float, bound: float, of: str) -> str:
+        share = f"{bound / seconds:6.1%} of it" if seconds > 0 else ""
+        return f"  {name:22s} {seconds * MS:8.3f} ms   bound {bound * MS:7.3f} ms ({of}) {share}"
+
+    lines = [f"{mode}: each term beside its bound"]
+    if ringing:
+        per_layer = m["ring_wait_seconds"] / ringing * 1e6
+        lines += [term("gpu before the rings", m["ring_wait_seconds"], limit["dense_seconds"],
+                       "dense bytes at HBM") + f"; {per_layer:.1f} us per ringing layer",
+                  term("pool", m["pool_seconds"], limit["routed_seconds"], "routed bytes at host read"),
+                  term("host and other", m["host_other_seconds"], limit["doorbell_seconds"], "doorbell round trips")]
+    else:
+        lines.append(term("gpu, the whole token", m["seconds_per_token"], limit["dense_seconds"],
+                          "dense and cached bytes at HBM"))
+    lines.append(term("token", m["seconds_per_token"], limit["seconds"], "the limit"))
     return lines
 
 
