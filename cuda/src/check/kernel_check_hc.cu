@@ -147,7 +147,10 @@ void hc_read_fused(int device, const float* h, const float* norm, int streams, i
   DeviceBuffer d_norm = upload(norm, floats(width));
   GuardedOutput d_rms(floats(streams)), d_low(floats(rank)), d_inj(floats(streams)), d_x(floats(n));
   const GuardedQ8 d_x_q8(out.x_q8, n);
-  STRATA_CUDA_TRY(kernels::hc_read_down(shape, d_h.as<float>(), d_norm.as<float>(), w_down, p_inject,
+  DeviceBuffer d_hn(floats(width)), d_hn_q(width), d_hn_dx(floats(width / 32)), d_hn_sums(width / 32 * 4);
+  const kernels::HcReadStage stage{d_hn.as<float>(), {d_hn_q.as<std::int8_t>(), d_hn_dx.as<float>(),
+                                                      d_hn_sums.as<std::int32_t>()}};
+  STRATA_CUDA_TRY(kernels::hc_read_down(shape, d_h.as<float>(), d_norm.as<float>(), w_down, p_inject, stage,
                                         d_low.data<float>(), inject ? d_inj.data<float>() : nullptr,
                                         d_rms.data<float>(), nullptr));
   STRATA_CUDA_TRY(kernels::hc_read_up_mix(shape, d_h.as<float>(), d_norm.as<float>(), d_rms.data<float>(),

@@ -2,6 +2,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <tuple>
+#include <utility>
 
 #include "gemv_float_rows.cuh"
 #include "gemv_quant_rows.cuh"
@@ -88,16 +90,17 @@ __device__ __forceinline__ void stage(const Staged& s, int cols, const Value& va
   __syncthreads();
 }
 
-// This slot's part of row `row`'s dot with the staged activation (the caller sums the slots).
-template <class F>
-__device__ __forceinline__ float row_dot(const Matrix& m, long row, int cols, int slot, int slots, const Staged& s) {
+// This slot's part of row `row`'s dot with the activation (the caller sums the slots): its q8_32 form for a
+// quantized weight, its floats for a float one, staged in shared memory (SharedQ8, SharedF32) or in global
+// memory (GlobalQ8, GlobalF32).
+template <class F, class Q8, class F32>
+__device__ __forceinline__ float row_dot(const Matrix& m, long row, int cols, int slot, int slots, const Q8& q8,
+                                         const F32& f32) {
   if constexpr (kQuantRows<F>) {
-    return quant_row_partial<typename F::Shape>(m.planes, row, true, cols, m.code_bias, m.book,
-                                                SharedQ8{s.xq, s.dx, s.sums}, slot, slots);
+    return quant_row_partial<typename F::Shape>(m.planes, row, true, cols, m.code_bias, m.book, q8, slot, slots);
   } else {
     using T = typename F::Element;
-    return float_row_partial<T, F::kVec>(static_cast<const T*>(m.data) + row * cols, cols, SharedF32{s.x}, slot,
-                                         slots);
+    return float_row_partial<T, F::kVec>(static_cast<const T*>(m.data) + row * cols, cols, f32, slot, slots);
   }
 }
 
@@ -132,18 +135,30 @@ struct DownPart {
   float post = 1.0f;
 };
 
-struct DownArgs {
+// The streams and where hc_read_stage leaves Hn for the down launches: float32 where a float weight reads it,
+// q8_32 where a quantized one does.
+struct StageArgs {
   const float* streams;
   const float* norm;
   int hc, n;
   float eps;
+  float* hn;
+  Q8Blocks hn_q8;
+  float* rms;
+  const char* weights[2];  // the bulk of the down launches' weight bytes (codes, or a float form's elements),
+  long weight_bytes[2];    // which the stage asks L2 for while it reduces and quantizes
+};
+
+struct DownArgs {
+  const float* hn;
+  Q8Blocks hn_q8;
+  int hc, n;
   DownPart part[2];  // the launch's rows: part[0]'s, then part[1]'s
-  float* rms;        // null: another launch writes it
 };
 
 // Each stream's inverse RMS into inv_rms[hc], reduced in the same order by every CTA (so every CTA's Hn is the
 // one hc_read_up_mix rebuilds from rms). A warp walks its blocks in order, so it meets each stream once.
-__device__ __forceinline__ void inverse_rms(const DownArgs& a, float* inv_rms) {
+__device__ __forceinline__ void inverse_rms(const StageArgs& a, float* inv_rms) {
   __shared__ float partial[kMaxStreams][kWarps];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, blocks = a.hc * a.n / kCodeBlock;
   if (lane < a.hc) partial[lane][warp] = 0.0f;
@@ -181,10 +196,27 @@ __device__ __forceinline__ void inverse_rms(const DownArgs& a, float* inv_rms) {
   __syncthreads();
 }
 
+// Hn = the grouped RMSNorm of the streams, made once for every CTA of the down launches: warp w of CTA c makes
+// block 32c + w, its floats and its q8_32 form as norm.cu's grouped rms_norm and quantize_q8_32 make them. Every
+// CTA reduces the streams' RMS itself (they are 40 KB in L2 at the released width): no launch waits for another.
+__global__ void __launch_bounds__(kThreads) hc_read_stage_kernel(StageArgs a) {
+  __shared__ float inv_rms[kMaxStreams];
+  const int thread = blockIdx.x * blockDim.x + threadIdx.x, threads = gridDim.x * blockDim.x;
+  for (int w = 0; w < 2; ++w) prefetch(a.weights[w], a.weight_bytes[w], thread, threads);
+  inverse_rms(a, inv_rms);
+  if (blockIdx.x == 0 && threadIdx.x < a.hc) a.rms[threadIdx.x] = inv_rms[threadIdx.x];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, block = blockIdx.x * kWarps + warp;
+  if (block >= a.hc * a.n / kCodeBlock) return;  // alike for the whole warp: store_q8_32's shuffles see every lane
+  const int i = block * kCodeBlock + lane;
+  const float v = a.streams[i] * inv_rms[i / a.n] * a.norm[i];
+  if (a.hn) a.hn[i] = v;
+  store_q8_32(v, a.hn_q8, i);
+}
+
+// kDownRows rows per CTA, kWarpsPerRow warps a row, reading Hn from global memory (L2: hc_read_stage just wrote
+// it) as the GEMVs read their activations.
 template <class F>
 __global__ void __launch_bounds__(kThreads) hc_read_down_kernel(DownArgs a) {
-  extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ float inv_rms[kMaxStreams];
   __shared__ float row_partial[kWarps];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, width = a.hc * a.n;
   const int row = blockIdx.x * kDownRows + warp / kWarpsPerRow;  // in the launch: part[0]'s rows, then part[1]'s
@@ -193,15 +225,8 @@ __global__ void __launch_bounds__(kThreads) hc_read_down_kernel(DownArgs a) {
   const int part_row = first_part ? row : row - a.part[0].rows;
   const bool live = part_row < part.rows;
   const int slot = warp % kWarpsPerRow * 32 + lane, slots = kWarpsPerRow * 32;
-  if (live) prefetch_row<F>(part.m, part_row, width, slot, slots);
-
-  inverse_rms(a, inv_rms);
-  if (a.rms && blockIdx.x == 0 && threadIdx.x < a.hc) a.rms[threadIdx.x] = inv_rms[threadIdx.x];
-  const Staged s = carve(smem, width);
-  // Hn as norm.cu's grouped rms_norm computes it; the streams are in L1 since inverse_rms read them.
-  stage<F>(s, width, [&](int i) { return a.streams[i] * inv_rms[i / a.n] * a.norm[i]; });
-
-  float acc = live ? row_dot<F>(part.m, part_row, width, slot, slots, s) : 0.0f;
+  const GlobalQ8 q8{a.hn_q8.xq, a.hn_q8.dx, a.hn_q8.sums};
+  float acc = live ? row_dot<F>(part.m, part_row, width, slot, slots, q8, GlobalF32{a.hn}) : 0.0f;
   acc = warp_sum(acc);
   if (lane == 0) row_partial[warp] = acc;
   __syncthreads();
@@ -237,7 +262,7 @@ __global__ void __launch_bounds__(kThreads) hc_read_up_mix_kernel(UpArgs a) {
   const Staged s = carve(smem, a.rank);
   stage<F>(s, a.rank, [&](int i) { return a.low[i]; });  // as project() would quantize lo
 
-  float up = row_dot<F>(a.up, row, a.rank, slot, lanes, s);
+  float up = row_dot<F>(a.up, row, a.rank, slot, lanes, SharedQ8{s.xq, s.dx, s.sums}, SharedF32{s.x});
   for (int offset = lanes / 2; offset > 0; offset >>= 1) up += __shfl_xor_sync(0xffffffffu, up, offset);
   const float normed = a.streams[row] * a.rms[k] * a.norm[row];
   float sum = 0.0f;  // hc_mix's sum, stream by stream, from each stream's first lane
@@ -296,12 +321,20 @@ bool same_form(const WeightMatrix& a, const WeightMatrix& b) {
          f.has_sub_scales == g.has_sub_scales && f.has_mins == g.has_mins;
 }
 
+// Where the bulk of `w`'s rows x cols weight bytes lie: a quantized form's codes, a float form's elements.
+std::pair<const char*, long> bulk_bytes(const WeightMatrix& w, int rows, int cols) {
+  if (!w.is_float) {
+    return {reinterpret_cast<const char*>(w.planes.codes), static_cast<long>(rows) * cols * w.form.code_bits / 8};
+  }
+  const long element = w.kind == FloatKind::F32 ? 4 : 2;
+  return {static_cast<const char*>(w.data), static_cast<long>(rows) * cols * element};
+}
+
 // One hc_read_down launch over args' parts, all of `w`'s form.
 cudaError_t launch_down(const WeightMatrix& w, DownArgs args, cudaStream_t stream) {
   const int rows = args.part[0].rows + args.part[1].rows;
   const unsigned grid = static_cast<unsigned>((rows + kDownRows - 1) / kDownRows);
-  const std::size_t bytes = staged_bytes(w, args.hc * args.n);
-  visit_form(w, [&](auto form) { hc_read_down_kernel<decltype(form)><<<grid, kThreads, bytes, stream>>>(args); });
+  visit_form(w, [&](auto form) { hc_read_down_kernel<decltype(form)><<<grid, kThreads, 0, stream>>>(args); });
   return cudaGetLastError();
 }
 
@@ -315,11 +348,26 @@ bool hc_read_fusable(const HcReadShape& shape, const WeightMatrix& down, const W
 }
 
 cudaError_t hc_read_down(const HcReadShape& shape, const float* streams, const float* norm, const WeightMatrix& down,
-                         const WeightMatrix* inject, float* low, float* inj, float* rms, cudaStream_t stream) {
+                         const WeightMatrix* inject, const HcReadStage& stage, float* low, float* inj, float* rms,
+                         cudaStream_t stream) {
   const int width = shape.streams * shape.n;
-  if (!shape_fits(shape) || !weight_fits(down, width) || (inject && (!inj || !weight_fits(*inject, width))))
+  if (!shape_fits(shape) || !weight_fits(down, width) || (inject && (!inj || !weight_fits(*inject, width))) || !rms)
     return cudaErrorInvalidValue;
-  DownArgs args{streams, norm, shape.streams, shape.n, shape.eps, {}, rms};
+  const bool reads_floats = down.is_float || (inject && inject->is_float);
+  const bool reads_q8 = !down.is_float || (inject && !inject->is_float);
+  if ((reads_floats && !stage.hn) || (reads_q8 && !stage.hn_q8.xq)) return cudaErrorInvalidValue;
+  StageArgs staged{streams, norm, shape.streams, shape.n, shape.eps, reads_floats ? stage.hn : nullptr,
+                   reads_q8 ? stage.hn_q8 : Q8Blocks{}, rms, {}, {}};
+  const WeightMatrix* read[2] = {&down, inject};
+  for (int w = 0; w < 2; ++w) {
+    if (read[w]) std::tie(staged.weights[w], staged.weight_bytes[w]) = bulk_bytes(*read[w], w == 0 ? shape.rank :
+                                                                                    shape.streams, width);
+  }
+  const unsigned stage_grid = static_cast<unsigned>((width / kCodeBlock + kWarps - 1) / kWarps);
+  hc_read_stage_kernel<<<stage_grid, kThreads, 0, stream>>>(staged);
+  const cudaError_t staging = cudaGetLastError();
+  if (staging != cudaSuccess) return staging;
+  DownArgs args{staged.hn, staged.hn_q8, shape.streams, shape.n, {}};
   args.part[0] = {matrix(down), shape.rank, low, Activation::Silu, 1.0f};
   if (!inject) return launch_down(down, args, stream);
   const DownPart injection{matrix(*inject), shape.streams, inj, Activation::Sigmoid, 2.0f};
@@ -330,7 +378,6 @@ cudaError_t hc_read_down(const HcReadShape& shape, const float* streams, const f
   const cudaError_t first = launch_down(down, args, stream);
   if (first != cudaSuccess) return first;
   args.part[0] = injection;
-  args.rms = nullptr;
   return launch_down(*inject, args, stream);
 }
 

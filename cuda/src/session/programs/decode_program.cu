@@ -213,7 +213,9 @@ bool DecodeProgram::hc_read_fused(const float* streams, const HcTensors& t, floa
   const kernels::WeightMatrix inject = inj ? weight_matrix(*t.inject) : kernels::WeightMatrix{};
   const kernels::WeightMatrix* p_inject = inj ? &inject : nullptr;
   if (!kernels::hc_read_fusable(shape, down, up, p_inject)) return false;
-  STRATA_CUDA_TRY(kernels::hc_read_down(shape, streams, t.norm, down, p_inject, down_, inj, hc_rms_, s));
+  // Hn where the chain keeps it: normed_ and the q8_32 scratch, which hc_read_up_mix then fills with x's form.
+  const kernels::HcReadStage stage{normed_, q8_};
+  STRATA_CUDA_TRY(kernels::hc_read_down(shape, streams, t.norm, down, p_inject, stage, down_, inj, hc_rms_, s));
   STRATA_CUDA_TRY(kernels::hc_read_up_mix(shape, streams, t.norm, hc_rms_, down_, up, x, q8_for(readers, q8_), s));
   return true;
 }
