@@ -6,6 +6,7 @@
 #include "gemv_float_rows.cuh"
 #include "gemv_quant_rows.cuh"
 #include "hc_gates.cuh"
+#include "launch.cuh"
 #include "q8_32_blocks.cuh"
 #include "quant_shapes.cuh"
 #include "reduce.cuh"
@@ -183,6 +184,8 @@ __device__ __forceinline__ void inverse_rms(const DownArgs& a, float* inv_rms) {
 
 template <class F>
 __global__ void __launch_bounds__(kThreads) hc_read_down_kernel(DownArgs a) {
+  await_producers();
+  release_consumers();
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float inv_rms[kMaxStreams];
   __shared__ float row_partial[kWarps];
@@ -227,6 +230,8 @@ struct UpArgs {
 // W_up; then the CTA's 32 x as one q8_32 block where x_q8 asks for it.
 template <class F>
 __global__ void __launch_bounds__(kThreads) hc_read_up_mix_kernel(UpArgs a) {
+  await_producers();
+  release_consumers();
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float block_x[kWarps];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -253,13 +258,13 @@ __global__ void __launch_bounds__(kThreads) hc_read_up_mix_kernel(UpArgs a) {
   if (warp == 0) store_q8_32(block_x[lane], a.x_q8, static_cast<long>(blockIdx.x) * kWarps + lane);
 }
 
-// Calls launch(F{}) for the form F of `w`; false where the GEMVs read no such form.
-template <class Launch>
-bool visit_form(const WeightMatrix& w, Launch&& launch) {
+// Calls visit(F{}) for the form F of `w`; false where the GEMVs read no such form.
+template <class Visit>
+bool visit_form(const WeightMatrix& w, Visit&& visit) {
   if (w.is_float) {
     auto wide = [&](auto element) {
       using T = decltype(element);
-      launch(FloatRows<T, 16 / sizeof(T)>{});
+      visit(FloatRows<T, 16 / sizeof(T)>{});
       return true;
     };
     switch (w.kind) {
@@ -269,7 +274,7 @@ bool visit_form(const WeightMatrix& w, Launch&& launch) {
     }
     return false;
   }
-  return KnownShapes::visit(w.form, [&](auto shape) { launch(QuantRows<decltype(shape)>{}); });
+  return KnownShapes::visit(w.form, [&](auto shape) { visit(QuantRows<decltype(shape)>{}); });
 }
 
 // A weight of `cols` columns the kernels take: a known form, aligned planes, an activation that fits.
@@ -301,8 +306,11 @@ cudaError_t launch_down(const WeightMatrix& w, DownArgs args, cudaStream_t strea
   const int rows = args.part[0].rows + args.part[1].rows;
   const unsigned grid = static_cast<unsigned>((rows + kDownRows - 1) / kDownRows);
   const std::size_t bytes = staged_bytes(w, args.hc * args.n);
-  visit_form(w, [&](auto form) { hc_read_down_kernel<decltype(form)><<<grid, kThreads, bytes, stream>>>(args); });
-  return cudaGetLastError();
+  cudaError_t status = cudaSuccess;
+  visit_form(w, [&](auto form) {
+    status = launch(hc_read_down_kernel<decltype(form)>, grid, kThreads, bytes, stream, args);
+  });
+  return status;
 }
 
 }  // namespace
@@ -341,8 +349,11 @@ cudaError_t hc_read_up_mix(const HcReadShape& shape, const float* streams, const
   const UpArgs args{streams, norm, rms, low, shape.streams, shape.n, shape.rank, matrix(up), x, x_q8};
   const unsigned grid = static_cast<unsigned>(shape.n / kWarps);
   const std::size_t bytes = staged_bytes(up, shape.rank);
-  visit_form(up, [&](auto form) { hc_read_up_mix_kernel<decltype(form)><<<grid, kThreads, bytes, stream>>>(args); });
-  return cudaGetLastError();
+  cudaError_t status = cudaSuccess;
+  visit_form(up, [&](auto form) {
+    status = launch(hc_read_up_mix_kernel<decltype(form)>, grid, kThreads, bytes, stream, args);
+  });
+  return status;
 }
 
 }  // namespace strata::kernels
