@@ -2,8 +2,10 @@
 //
 // A decoded token runs many small kernels, each a few microseconds of work behind a launch's ramp. With PDL the
 // next kernel in the stream is launched while the one before still runs: its CTAs become resident and block in
-// griddepcontrol.wait until that kernel has completed and its writes are visible, which hides the ramp. Inside
-// stream capture the graph gets programmatic edges instead.
+// griddepcontrol.wait until that kernel has completed and its writes are visible, which hides the ramp. It works
+// in stream capture too: the graph's edges between such kernels are programmatic. The device is asked for PDL by
+// its compute capability, so a >= 9.0 device must run code built for >= 9.0 (the default architectures' SASS, or
+// their PTX): PTX of an older architecture, JIT-compiled there, would have no wait.
 //
 // THE RULE: every kernel launched through launch() calls await_producers() as its very first statement,
 // unconditionally, in every thread, before any global-memory read or write and before any early return; then
