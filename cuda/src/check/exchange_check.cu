@@ -6,6 +6,7 @@
 #include <string>
 
 #include "../kernels/doorbell.cuh"
+#include "../kernels/launch.cuh"
 #include "../runtime/device_buffer.hpp"
 #include "../runtime/stream.hpp"
 #include "../session/exchange/doorbell_host.hpp"
@@ -25,10 +26,14 @@ using kernel_check::support::upload;
 // token's `first_base`, modulo 2^32).
 __global__ void token_factor(const int* __restrict__ ring_base, int first_base, int n_layer,
                              float* __restrict__ factor) {
+  kernels::await_producers();
+  kernels::release_consumers();
   *factor = static_cast<float>((static_cast<unsigned>(*ring_base) - static_cast<unsigned>(first_base)) / n_layer + 1);
 }
 
 __global__ void scale(const float* __restrict__ x, const float* __restrict__ factor, int n, float* __restrict__ out) {
+  kernels::await_producers();
+  kernels::release_consumers();
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) out[i] = x[i] * *factor;
 }
 
@@ -57,14 +62,13 @@ class ExchangeProgram final : public TokenProgram {
   int layers() const override { return n_layer_; }
 
   void begin(cudaStream_t s) const override {
-    token_factor<<<1, 1, 0, s>>>(bell_.ring_base_device(), first_base_, n_layer_, factor_.as<float>());
-    STRATA_CUDA_TRY(cudaGetLastError());
+    STRATA_CUDA_TRY(kernels::launch(token_factor, 1, 1, 0, s, bell_.ring_base_device(), first_base_, n_layer_,
+                                    factor_.as<float>()));
   }
 
   void pre(int layer, cudaStream_t s) const override {
-    scale<<<8, 256, 0, s>>>(x_.as<float>() + static_cast<long>(layer) * n_, factor_.as<float>(), n_,
-                            scaled_.as<float>());
-    STRATA_CUDA_TRY(cudaGetLastError());
+    STRATA_CUDA_TRY(kernels::launch(scale, 8, 256, 0, s, x_.as<float>() + static_cast<long>(layer) * n_,
+                                    factor_.as<float>(), n_, scaled_.as<float>()));
     if (layer == faults_.never_ring_layer) return;
     STRATA_CUDA_TRY(kernels::doorbell_publish(bell_.device_view(), scaled_.as<float>(),
                                               ids_.as<int>() + static_cast<long>(layer) * k_,

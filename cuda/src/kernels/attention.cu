@@ -2,6 +2,7 @@
 
 #include "attention.cuh"
 #include "attention_rows.cuh"
+#include "launch.cuh"
 #include "reduce.cuh"
 
 namespace strata::kernels {
@@ -15,6 +16,8 @@ constexpr int kMergeThreads = 128;
 constexpr size_t kMaxSplitSmem = 48 * 1024;  // the default dynamic shared memory limit: no opt-in needed
 
 __global__ void attention_prep_kernel(AttentionShape shape, AttentionPrepArgs args, PagedKv kv) {
+  await_producers();
+  release_consumers();
   extern __shared__ float row[];
   const PrepTokenRows rows{args.q_gate, args.k, args.v, args.q_out};
   attention_prep_head(shape, blockIdx.x, *args.position, rows, args.q_norm, args.k_norm, args.rope_cos,
@@ -48,6 +51,8 @@ __device__ __forceinline__ DecodeSpans decode_spans(const AttentionDecodeArgs& a
 template <int kLanes>
 __global__ void __launch_bounds__(kDecodeThreads) attention_split_kernel(AttentionShape shape,
                                                                           AttentionDecodeArgs args, PagedKv kv) {
+  await_producers();
+  release_consumers();
   constexpr int kTile = kDecodeThreads / kLanes;
   constexpr int kOut = kSplitHeads * 4 * kSplitRuns * kLanes / kDecodeThreads;  // outputs per thread, at most
   extern __shared__ float4 shared4[];
@@ -152,6 +157,8 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_split_kernel(Attenti
 // One block per q head: the active spans' partials combined, normalised, rotated back and gated (and quantized
 // where asked: head_dim is whole blocks).
 __global__ void attention_merge_kernel(AttentionShape shape, AttentionDecodeArgs args, PagedKv kv) {
+  await_producers();
+  release_consumers();
   __shared__ float a[kMaxHeadDim];
   const int d = shape.head_dim, h = blockIdx.x;
   const AttentionPartials partials{args.partial_max, args.partial_sum, args.partial_acc};
@@ -174,8 +181,8 @@ cudaError_t attention_prep(const AttentionShape& shape, const AttentionPrepArgs&
                            cudaStream_t stream) {
   if (!valid_attention(shape, kv)) return cudaErrorInvalidValue;
   const size_t smem = static_cast<size_t>(shape.head_dim) * sizeof(float);
-  attention_prep_kernel<<<shape.n_head + 2 * shape.n_head_kv, kPrepThreads, smem, stream>>>(shape, args, kv);
-  return cudaGetLastError();
+  return launch(attention_prep_kernel, shape.n_head + 2 * shape.n_head_kv, kPrepThreads, smem, stream, shape, args,
+                kv);
 }
 
 bool attention_decode_fits(const AttentionShape& shape) {
@@ -196,14 +203,10 @@ cudaError_t attention_decode(const AttentionShape& shape, const AttentionDecodeA
   const int chunks = (shape.n_head / shape.n_head_kv + kSplitHeads - 1) / kSplitHeads;
   const dim3 grid(shape.n_head_kv * chunks, kDecodeSplits);
   const size_t smem = split_smem_bytes(shape);
-  if (split_lanes(shape.head_dim) == 8)
-    attention_split_kernel<8><<<grid, kDecodeThreads, smem, stream>>>(shape, args, kv);
-  else
-    attention_split_kernel<16><<<grid, kDecodeThreads, smem, stream>>>(shape, args, kv);
-  const cudaError_t launched = cudaGetLastError();
+  auto* split = split_lanes(shape.head_dim) == 8 ? attention_split_kernel<8> : attention_split_kernel<16>;
+  const cudaError_t launched = launch(split, grid, kDecodeThreads, smem, stream, shape, args, kv);
   if (launched != cudaSuccess) return launched;
-  attention_merge_kernel<<<shape.n_head, kMergeThreads, 0, stream>>>(shape, args, kv);
-  return cudaGetLastError();
+  return launch(attention_merge_kernel, shape.n_head, kMergeThreads, 0, stream, shape, args, kv);
 }
 
 }  // namespace strata::kernels

@@ -5,6 +5,7 @@
 
 #include "attention_chunk.cuh"
 #include "attention_rows.cuh"
+#include "launch.cuh"
 #include "reduce.cuh"
 
 namespace strata::kernels {
@@ -26,6 +27,8 @@ constexpr int kMaxSplits = kDecodeSplits;
 // Block (b, t) is block b of token t's prep (attention_prep_head): the same code and block size as
 // attention_prep, so the same cells and q rows.
 __global__ void attention_prep_chunk_kernel(AttentionShape shape, AttentionChunkPrepArgs args, PagedKv kv) {
+  await_producers();
+  release_consumers();
   extern __shared__ float row[];
   const int t = blockIdx.y;
   const PrepTokenRows rows{args.q_gate + t * args.q_gate_stride, args.k + t * args.k_stride,
@@ -227,6 +230,8 @@ __device__ __forceinline__ void load_tile(const PagedKv& kv, bool value, const l
 template <int kDims, int kRows, class Tiles>
 __global__ void __launch_bounds__(kChunkThreads)
     attention_chunk_kernel(AttentionShape shape, AttentionChunkArgs args, int tokens, int tile_queries, PagedKv kv) {
+  await_producers();
+  release_consumers();
   static_assert(kDims * kRows <= kAccumulators, "each thread holds at most kAccumulators output sums");
   extern __shared__ float4 shared_vec[];  // float4: the q rows and K tile are read as float4
   __shared__ TileSlots slots;
@@ -348,6 +353,8 @@ __global__ void __launch_bounds__(kChunkThreads)
 // Block (head, query): the query's spans merged, rotated back and gated, as attention_decode's merge does.
 __global__ void attention_chunk_merge_kernel(AttentionShape shape, AttentionChunkArgs args, int tokens, int spans,
                                              PagedKv kv) {
+  await_producers();
+  release_consumers();
   __shared__ float a[kMaxHeadDim];
   const int d = shape.head_dim, h = blockIdx.x, t = blockIdx.y;
   const long parts = static_cast<long>(tokens) * shape.n_head * spans;
@@ -439,8 +446,7 @@ cudaError_t attention_prep_chunk(const AttentionShape& shape, const AttentionChu
     return cudaErrorInvalidValue;
   const size_t smem = static_cast<size_t>(shape.head_dim) * sizeof(float);
   const dim3 grid(shape.n_head + 2 * shape.n_head_kv, tokens);
-  attention_prep_chunk_kernel<<<grid, kPrepThreads, smem, stream>>>(shape, args, kv);
-  return cudaGetLastError();
+  return launch(attention_prep_chunk_kernel, grid, kPrepThreads, smem, stream, shape, args, kv);
 }
 
 int attention_chunk_spans(const AttentionShape& shape, int tokens, bool gathered) {
@@ -479,12 +485,10 @@ cudaError_t attention_chunk(const AttentionShape& shape, const AttentionChunkArg
                                                static_cast<int>(smem));
   if (set != cudaSuccess) return set;
   const dim3 grid((tokens + queries - 1) / queries, shape.n_head_kv, spans);
-  k.kernel<<<grid, kChunkThreads, smem, stream>>>(shape, args, tokens, queries, kv);
-  const cudaError_t launched = cudaGetLastError();
+  const cudaError_t launched = launch(k.kernel, grid, kChunkThreads, smem, stream, shape, args, tokens, queries, kv);
   if (launched != cudaSuccess || spans == 1) return launched;
   const dim3 heads(shape.n_head, tokens);
-  attention_chunk_merge_kernel<<<heads, kMergeThreads, 0, stream>>>(shape, args, tokens, spans, kv);
-  return cudaGetLastError();
+  return launch(attention_chunk_merge_kernel, heads, kMergeThreads, 0, stream, shape, args, tokens, spans, kv);
 }
 
 }  // namespace strata::kernels

@@ -1,5 +1,6 @@
 #include "doorbell.cuh"
 #include "doorbell_ring.cuh"
+#include "launch.cuh"
 
 namespace strata::kernels {
 namespace {
@@ -10,6 +11,8 @@ constexpr unsigned kPollSleepNs = 200;  // between polls: keeps PCIe traffic low
 __global__ void doorbell_publish_kernel(Doorbell bell, const float* __restrict__ x, const int* __restrict__ ids,
                                         const float* __restrict__ weights, const int* __restrict__ ring_base,
                                         int ring_offset) {
+  await_producers();
+  release_consumers();
   publish_x(bell, x, threadIdx.x, blockDim.x);
   for (int i = threadIdx.x; i < bell.k; i += blockDim.x) {
     bell.ids[i] = ids[i];
@@ -30,6 +33,8 @@ __device__ __forceinline__ unsigned long long global_timer_ns() {
 __global__ void doorbell_wait_kernel(Doorbell bell, const int* __restrict__ ring_base, int ring_offset,
                                      long long timeout_ns, int* status, float* __restrict__ answer_out,
                                      const float* deferred_in, float* __restrict__ deferred_out) {
+  await_producers();
+  release_consumers();
   __shared__ int answered;
   if (threadIdx.x == 0) {
     const int expected = ring_at(*ring_base, ring_offset);
@@ -57,8 +62,7 @@ __global__ void doorbell_wait_kernel(Doorbell bell, const int* __restrict__ ring
 cudaError_t doorbell_publish(const Doorbell& bell, const float* x, const int* ids, const float* weights,
                              const int* ring_base, int ring_offset, cudaStream_t stream) {
   if (bell.n <= 0 || bell.k < 0 || bell.x == nullptr || bell.seq == nullptr) return cudaErrorInvalidValue;
-  doorbell_publish_kernel<<<1, kDoorbellThreads, 0, stream>>>(bell, x, ids, weights, ring_base, ring_offset);
-  return cudaGetLastError();
+  return launch(doorbell_publish_kernel, 1, kDoorbellThreads, 0, stream, bell, x, ids, weights, ring_base, ring_offset);
 }
 
 cudaError_t doorbell_wait(const Doorbell& bell, const int* ring_base, int ring_offset, long long timeout_ns,
@@ -69,9 +73,8 @@ cudaError_t doorbell_wait(const Doorbell& bell, const int* ring_base, int ring_o
     return cudaErrorInvalidValue;
   }
   const float* deferred_in = deferred_out ? bell.deferred + static_cast<long>(deferred_row) * bell.n : nullptr;
-  doorbell_wait_kernel<<<1, kDoorbellThreads, 0, stream>>>(bell, ring_base, ring_offset, timeout_ns, status,
-                                                           answer_out, deferred_in, deferred_out);
-  return cudaGetLastError();
+  return launch(doorbell_wait_kernel, 1, kDoorbellThreads, 0, stream, bell, ring_base, ring_offset, timeout_ns, status,
+                answer_out, deferred_in, deferred_out);
 }
 
 }  // namespace strata::kernels

@@ -2,6 +2,7 @@
 #include <math.h>
 
 #include "embed.cuh"
+#include "launch.cuh"
 
 namespace strata::kernels {
 namespace {
@@ -9,6 +10,8 @@ namespace {
 constexpr int kEmbedThreads = 256;
 
 __global__ void embed_rows_kernel(EmbedTable table, const int* __restrict__ ids, float* __restrict__ out) {
+  await_producers();
+  release_consumers();
   const int id = ids[blockIdx.x];
   const long cols = table.cols;
   float* dst = out + blockIdx.x * cols;
@@ -38,8 +41,7 @@ cudaError_t embed_rows(const EmbedTable& table, const int* ids, int n_ids, float
   if (n_ids <= 0 || table.rows <= 0 || table.cols <= 0 || table.data == nullptr ||
       (table.kind == EmbedKind::Q8_0 && (table.cols % 32 != 0 || table.d == nullptr)))
     return cudaErrorInvalidValue;
-  embed_rows_kernel<<<n_ids, kEmbedThreads, 0, stream>>>(table, ids, out);
-  return cudaGetLastError();
+  return launch(embed_rows_kernel, n_ids, kEmbedThreads, 0, stream, table, ids, out);
 }
 
 }  // namespace strata::kernels

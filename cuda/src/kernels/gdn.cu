@@ -1,5 +1,6 @@
 #include "gdn.cuh"
 #include "gdn_token.cuh"
+#include "launch.cuh"
 #include "norm.cuh"
 #include "quantize.cuh"
 
@@ -13,6 +14,8 @@ constexpr int kConvThreads = 256;
 // silu(depthwise causal conv) of this token per channel, then the history shifts by one row.
 __global__ void gdn_conv_kernel(const float* __restrict__ qkv, const float* __restrict__ weight,
                                 float* __restrict__ history, float* __restrict__ out, int channels, int kernel) {
+  await_producers();
+  release_consumers();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= channels) return;
   float window[kMaxConvKernel];
@@ -27,6 +30,8 @@ __global__ void gdn_conv_kernel(const float* __restrict__ qkv, const float* __re
 // dk rows: every thread loads its rows of the state once, in one batch, and the warps' partial sums meet in
 // shared memory. The head's gated RMSNorm needs all dv outputs and runs after (rms_norm_gated).
 __global__ void __launch_bounds__(kHeadThreads) gdn_head_kernel(GdnShape shape, GdnStepArgs args) {
+  await_producers();
+  release_consumers();
   extern __shared__ float shared[];
   const int dk = shape.head_k_dim, dv = shape.head_v_dim, hk = shape.n_k_heads;
   const int h = blockIdx.x;
@@ -64,12 +69,14 @@ __global__ void __launch_bounds__(kHeadThreads) gdn_head_kernel(GdnShape shape, 
 cudaError_t gdn_step(const GdnShape& shape, const GdnStepArgs& args, cudaStream_t stream) {
   if (!shape_supported(shape)) return cudaErrorInvalidValue;
   const int channels = shape.conv_channels();
-  gdn_conv_kernel<<<(channels + kConvThreads - 1) / kConvThreads, kConvThreads, 0, stream>>>(
-      args.qkv, args.conv_weight, args.conv_state, args.conv_out, channels, shape.conv_kernel);
+  const cudaError_t convolved = launch(gdn_conv_kernel, (channels + kConvThreads - 1) / kConvThreads, kConvThreads, 0,
+                                      stream, args.qkv, args.conv_weight, args.conv_state, args.conv_out, channels,
+                                      shape.conv_kernel);
+  if (convolved != cudaSuccess) return convolved;
   const size_t smem = static_cast<size_t>(2 * shape.head_k_dim + kHeadWarps * kTileColumns) * sizeof(float);
   const dim3 grid(shape.n_v_heads, (shape.head_v_dim + kTileColumns - 1) / kTileColumns);
-  gdn_head_kernel<<<grid, kHeadThreads, smem, stream>>>(shape, args);
-  if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  const cudaError_t stepped = launch(gdn_head_kernel, grid, kHeadThreads, smem, stream, shape, args);
+  if (stepped != cudaSuccess) return stepped;
   // The gated norm writes out's q8_32 form when each head is whole blocks; otherwise a quantize follows it.
   const bool heads_in_blocks = shape.head_v_dim % kQ8Block == 0;
   const Gate gate = shape.sigmoid_gate ? Gate::Sigmoid : Gate::Silu;

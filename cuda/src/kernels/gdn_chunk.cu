@@ -2,6 +2,7 @@
 
 #include "gdn_chunk.cuh"
 #include "gdn_token.cuh"
+#include "launch.cuh"
 #include "norm.cuh"
 
 namespace strata::kernels {
@@ -60,6 +61,8 @@ __device__ __forceinline__ const float* rows_of(const float* first, float (&regi
 // Channel c of token t: the same conv as the step's, its window reaching back through the chunk's own raw rows
 // and, for the first K-1 tokens, into the history the chunk started with.
 __global__ void gdn_chunk_conv_kernel(GdnShape shape, GdnChunkArgs args) {
+  await_producers();
+  release_consumers();
   const int channels = shape.conv_channels(), kernel = shape.conv_kernel;
   const int t = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c >= channels) return;
@@ -75,6 +78,8 @@ __global__ void gdn_chunk_conv_kernel(GdnShape shape, GdnChunkArgs args) {
 // The history left behind: the last K-1 raw rows, older history rows where the chunk is shorter than that. Runs
 // after the conv read the old history. Rising j is safe in place: row j takes old row T + j, never yet written.
 __global__ void gdn_chunk_history_kernel(GdnShape shape, GdnChunkArgs args) {
+  await_producers();
+  release_consumers();
   const int channels = shape.conv_channels(), kernel = shape.conv_kernel;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= channels) return;
@@ -89,6 +94,8 @@ __global__ void gdn_chunk_history_kernel(GdnShape shape, GdnChunkArgs args) {
 // One CTA per (token, k-head), with the step's block size so the sums of squares match: the normalised q and k,
 // and the gates of v-heads kh * r .. kh * r + r - 1 (a split of the v-heads over the CTAs, whatever the map).
 __global__ void __launch_bounds__(kHeadThreads) gdn_chunk_prep_kernel(GdnShape shape, GdnChunkArgs args) {
+  await_producers();
+  release_consumers();
   const int t = blockIdx.x, kh = blockIdx.y;
   const int dk = shape.head_k_dim, hk = shape.n_k_heads, ratio = shape.n_v_heads / hk;
   const Scratch scratch = carve(shape, args.scratch, args.tokens);
@@ -114,6 +121,8 @@ __global__ void __launch_bounds__(kHeadThreads) gdn_chunk_prep_kernel(GdnShape s
 // and v tile arrive by cp.async kAhead tokens early, in a ring of kSlots slots.
 template <int R, bool kFull>
 __global__ void __launch_bounds__(kHeadThreads) gdn_chunk_walk_kernel(GdnShape shape, GdnChunkArgs args) {
+  await_producers();
+  release_consumers();
   extern __shared__ __align__(16) float shared[];
   const int dk = shape.head_k_dim, dv = shape.head_v_dim, hk = shape.n_k_heads, tokens = args.tokens;
   const int h = blockIdx.x, kh = k_head_of(shape, h);
@@ -202,8 +211,7 @@ template <int R, bool kFull>
 cudaError_t launch_walk(const GdnShape& shape, const GdnChunkArgs& args, cudaStream_t stream) {
   const std::size_t smem = (kSlots * slot_floats(shape.head_k_dim) + 4 * kHeadThreads) * sizeof(float);
   const dim3 grid(shape.n_v_heads, (shape.head_v_dim + kTileColumns - 1) / kTileColumns);
-  gdn_chunk_walk_kernel<R, kFull><<<grid, kHeadThreads, smem, stream>>>(shape, args);
-  return cudaGetLastError();
+  return launch(gdn_chunk_walk_kernel<R, kFull>, grid, kHeadThreads, smem, stream, shape, args);
 }
 
 // The walk with exactly the rows dk needs where it is a whole multiple of kHeadWarps (every real model: no row
@@ -236,10 +244,13 @@ cudaError_t gdn_chunk(const GdnShape& shape, const GdnChunkArgs& args, cudaStrea
   if (!shape_supported(shape) || args.tokens < 1 || !args.scratch || !strides_fit(shape, args))
     return cudaErrorInvalidValue;
   const int channels = shape.conv_channels(), channel_blocks = (channels + kConvThreads - 1) / kConvThreads;
-  gdn_chunk_conv_kernel<<<dim3(args.tokens, channel_blocks), kConvThreads, 0, stream>>>(shape, args);
-  gdn_chunk_history_kernel<<<channel_blocks, kConvThreads, 0, stream>>>(shape, args);
-  gdn_chunk_prep_kernel<<<dim3(args.tokens, shape.n_k_heads), kHeadThreads, 0, stream>>>(shape, args);
-  if (const cudaError_t status = cudaGetLastError(); status != cudaSuccess) return status;
+  cudaError_t status = launch(gdn_chunk_conv_kernel, dim3(args.tokens, channel_blocks), kConvThreads, 0, stream, shape,
+                              args);
+  if (status == cudaSuccess)
+    status = launch(gdn_chunk_history_kernel, channel_blocks, kConvThreads, 0, stream, shape, args);
+  if (status == cudaSuccess)
+    status = launch(gdn_chunk_prep_kernel, dim3(args.tokens, shape.n_k_heads), kHeadThreads, 0, stream, shape, args);
+  if (status != cudaSuccess) return status;
   if (const cudaError_t status = walk(shape, args, stream); status != cudaSuccess) return status;
   return rms_norm_gated_rows(args.out, args.out_stride, args.z, args.z_stride, args.norm_weight, args.out,
                              args.tokens, shape.n_v_heads, shape.head_v_dim, shape.eps,

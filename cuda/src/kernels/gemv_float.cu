@@ -3,6 +3,7 @@
 #include "gemv.cuh"
 #include "gemv_float_rows.cuh"
 #include "gemv_rows.cuh"
+#include "launch.cuh"
 #include "reduce.cuh"
 
 namespace strata::kernels {
@@ -14,6 +15,8 @@ template <class T, int Vec, bool Batched>
 __global__ void __launch_bounds__(kRowsPerCta * 32)
 gemv_float_kernel(const T* __restrict__ w, int rows, int cols, const int* __restrict__ slots, int x_stride,
                   const float* __restrict__ x, float* __restrict__ y, int split) {
+  await_producers();
+  release_consumers();
   if constexpr (Batched) {
     const int slot = batch_slot(slots);
     if (slot < 0) return;
@@ -40,14 +43,15 @@ cudaError_t gemv_float_batch(FloatKind kind, const void* w, int rows, int cols, 
   const int split = row_split(rows);
   const dim3 grid = gemv_grid(rows, split, batch.count);
   // The single matrix's kernel when the batch is one product of matrix 0, so gemv_float pays nothing for batches.
+  cudaError_t status = cudaSuccess;
   const bool known = visit_float_rows(kind, w, cols, batch.x_stride, x, [&](auto path) {
     using P = decltype(path);
     using T = typename P::Element;
     auto* kernel = batch.slots != nullptr ? gemv_float_kernel<T, P::kVec, true> : gemv_float_kernel<T, P::kVec, false>;
-    kernel<<<grid, kRowsPerCta * 32, 0, stream>>>(static_cast<const T*>(w), rows, cols, batch.slots, batch.x_stride, x,
-                                                  y, split);
+    status = launch(kernel, grid, kRowsPerCta * 32, 0, stream, static_cast<const T*>(w), rows, cols, batch.slots,
+                    batch.x_stride, x, y, split);
   });
-  return known ? cudaGetLastError() : cudaErrorInvalidValue;
+  return known ? status : cudaErrorInvalidValue;
 }
 
 cudaError_t gemv_float(FloatKind kind, const void* w, int rows, int cols, const float* x, float* y,

@@ -4,6 +4,7 @@
 #include "gemv_quant_rows.cuh"
 #include "gemv_rows.cuh"
 #include "int8_dot.cuh"
+#include "launch.cuh"
 #include "quant_shapes.cuh"
 #include "reduce.cuh"
 
@@ -19,6 +20,8 @@ __global__ void __launch_bounds__(kRowsPerCta * 32)
 gemv_quant_kernel(QuantPlanes p, int rows, int cols, int code_bias, ValueTable book, const int* __restrict__ slots,
                   int x_stride, const std::int8_t* __restrict__ xq, const float* __restrict__ dx,
                   const std::int32_t* __restrict__ xsums, float* __restrict__ y, int split) {
+  await_producers();
+  release_consumers();
   long first_row = 0;
   if constexpr (Batched) {
     const int slot = batch_slot(slots);
@@ -43,24 +46,27 @@ gemv_quant_kernel(QuantPlanes p, int rows, int cols, int code_bias, ValueTable b
 
 // The single matrix's kernel when the batch is one product of matrix 0, so gemv_quant pays nothing for batches.
 template <class S>
-void launch_shape(dim3 grid, cudaStream_t stream, const QuantPlanes& planes, int rows, int cols, int code_bias,
-                  const ValueTable& book, const MatrixBatch& batch, const std::int8_t* xq, const float* dx,
-                  const std::int32_t* xsums, float* y, int split) {
+cudaError_t launch_shape(dim3 grid, cudaStream_t stream, const QuantPlanes& planes, int rows, int cols, int code_bias,
+                         const ValueTable& book, const MatrixBatch& batch, const std::int8_t* xq, const float* dx,
+                         const std::int32_t* xsums, float* y, int split) {
   auto* kernel = batch.slots != nullptr ? gemv_quant_kernel<S, true> : gemv_quant_kernel<S, false>;
-  kernel<<<grid, kRowsPerCta * 32, 0, stream>>>(planes, rows, cols, code_bias, book, batch.slots, batch.x_stride, xq,
-                                                dx, xsums, y, split);
+  return launch(kernel, grid, kRowsPerCta * 32, 0, stream, planes, rows, cols, code_bias, book, batch.slots,
+                batch.x_stride, xq, dx, xsums, y, split);
 }
 
-// Launches the kernel of the shape `form` matches; false if it matches none.
-bool launch(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, const MatrixBatch& batch,
-            const std::int8_t* xq, const float* dx, const std::int32_t* xsums, float* y, cudaStream_t stream) {
+// Launches the kernel of the shape `form` matches; cudaErrorInvalidValue if it matches none.
+cudaError_t launch_form(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, const MatrixBatch& batch,
+                        const std::int8_t* xq, const float* dx, const std::int32_t* xsums, float* y,
+                        cudaStream_t stream) {
   const int split = row_split(rows);
   const dim3 grid = gemv_grid(rows, split, batch.count);
   const ValueTable book = value_table(codebook_values(form.codebook));
-  return KnownShapes::visit(form, [&](auto shape) {
-    launch_shape<decltype(shape)>(grid, stream, planes, rows, cols, form.code_bias, book, batch, xq, dx, xsums, y,
-                                  split);
+  cudaError_t status = cudaErrorInvalidValue;
+  KnownShapes::visit(form, [&](auto shape) {
+    status = launch_shape<decltype(shape)>(grid, stream, planes, rows, cols, form.code_bias, book, batch, xq, dx,
+                                           xsums, y, split);
   });
+  return status;
 }
 
 }  // namespace
@@ -84,8 +90,7 @@ cudaError_t gemv_quant_batch(const QuantForm& form, const QuantPlanes& planes, i
   const cudaError_t operands = gemv_quant_operands(form, planes, rows, cols, xq);
   if (operands != cudaSuccess) return operands;
   if (!valid_batch(batch) || batch.x_stride % kBlock != 0) return cudaErrorInvalidValue;
-  if (!launch(form, planes, rows, cols, batch, xq, dx, xsums, y, stream)) return cudaErrorInvalidValue;
-  return cudaGetLastError();
+  return launch_form(form, planes, rows, cols, batch, xq, dx, xsums, y, stream);
 }
 
 cudaError_t gemv_quant(const QuantForm& form, const QuantPlanes& planes, int rows, int cols,

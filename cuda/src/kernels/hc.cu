@@ -1,5 +1,6 @@
 #include "hc.cuh"
 #include "hc_gates.cuh"
+#include "launch.cuh"
 
 namespace strata::kernels {
 namespace {
@@ -13,6 +14,8 @@ __device__ __forceinline__ long element_index() { return static_cast<long>(block
 
 // No __restrict__: out may alias in.
 __global__ void activation_kernel(const float* in, float* out, int n, Activation act, float pre, float post) {
+  await_producers();
+  release_consumers();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   out[i] = hc_activation(in[i], act, pre, post);
@@ -21,6 +24,8 @@ __global__ void activation_kernel(const float* in, float* out, int n, Activation
 // One thread per element of x [rows][n]; it reads its column of every stream of its row.
 __global__ void mix_kernel(const float* __restrict__ up, const float* __restrict__ normed, float* __restrict__ x,
                            int streams, int n, long elements) {
+  await_producers();
+  release_consumers();
   const long at = element_index();
   if (at >= elements) return;
   const long first = at / n * streams * n + at % n;  // row r's stream 0, column i
@@ -35,6 +40,8 @@ __global__ void mix_kernel(const float* __restrict__ up, const float* __restrict
 // One thread per element of the streams h [rows][streams][n]; a row's y and inj are read by all its streams.
 __global__ void write_kernel(float* __restrict__ h, const float* __restrict__ inj, int inj_stride,
                              const float* __restrict__ y, int streams, int n, long elements) {
+  await_producers();
+  release_consumers();
   const long at = element_index();
   if (at >= elements) return;
   const long row = at / (static_cast<long>(streams) * n);
@@ -48,24 +55,21 @@ __global__ void write_kernel(float* __restrict__ h, const float* __restrict__ in
 cudaError_t scaled_activation(const float* in, float* out, int n, Activation act, float pre, float post,
                               cudaStream_t stream) {
   if (n <= 0 || (act != Activation::Sigmoid && act != Activation::Silu)) return cudaErrorInvalidValue;
-  activation_kernel<<<blocks_for(n), kThreads, 0, stream>>>(in, out, n, act, pre, post);
-  return cudaGetLastError();
+  return launch(activation_kernel, blocks_for(n), kThreads, 0, stream, in, out, n, act, pre, post);
 }
 
 cudaError_t hc_mix(const float* up, const float* normed, float* x, int rows, int streams, int n,
                    cudaStream_t stream) {
   if (rows <= 0 || streams <= 0 || n <= 0) return cudaErrorInvalidValue;
   const long elements = static_cast<long>(rows) * n;
-  mix_kernel<<<blocks_for(elements), kThreads, 0, stream>>>(up, normed, x, streams, n, elements);
-  return cudaGetLastError();
+  return launch(mix_kernel, blocks_for(elements), kThreads, 0, stream, up, normed, x, streams, n, elements);
 }
 
 cudaError_t hc_write(float* h, const float* inj, int inj_stride, const float* y, int rows, int streams, int n,
                      cudaStream_t stream) {
   if (rows <= 0 || streams <= 0 || n <= 0 || inj_stride < 0) return cudaErrorInvalidValue;
   const long elements = static_cast<long>(rows) * streams * n;
-  write_kernel<<<blocks_for(elements), kThreads, 0, stream>>>(h, inj, inj_stride, y, streams, n, elements);
-  return cudaGetLastError();
+  return launch(write_kernel, blocks_for(elements), kThreads, 0, stream, h, inj, inj_stride, y, streams, n, elements);
 }
 
 }  // namespace strata::kernels

@@ -8,6 +8,7 @@
 #include "gemv_float_rows.cuh"
 #include "gemv_quant_rows.cuh"
 #include "hc_gates.cuh"
+#include "launch.cuh"
 #include "q8_32_blocks.cuh"
 #include "quant_shapes.cuh"
 #include "reduce.cuh"
@@ -200,6 +201,8 @@ __device__ __forceinline__ void inverse_rms(const StageArgs& a, float* inv_rms) 
 // block 32c + w, its floats and its q8_32 form as norm.cu's grouped rms_norm and quantize_q8_32 make them. Every
 // CTA reduces the streams' RMS itself (they are 40 KB in L2 at the released width): no launch waits for another.
 __global__ void __launch_bounds__(kThreads) hc_read_stage_kernel(StageArgs a) {
+  await_producers();
+  release_consumers();
   __shared__ float inv_rms[kMaxStreams];
   const int thread = blockIdx.x * blockDim.x + threadIdx.x, threads = gridDim.x * blockDim.x;
   for (int w = 0; w < 2; ++w) prefetch(a.weights[w], a.weight_bytes[w], thread, threads);
@@ -217,6 +220,8 @@ __global__ void __launch_bounds__(kThreads) hc_read_stage_kernel(StageArgs a) {
 // it) as the GEMVs read their activations.
 template <class F>
 __global__ void __launch_bounds__(kThreads) hc_read_down_kernel(DownArgs a) {
+  await_producers();
+  release_consumers();
   __shared__ float row_partial[kWarps];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, width = a.hc * a.n;
   const int row = blockIdx.x * kDownRows + warp / kWarpsPerRow;  // in the launch: part[0]'s rows, then part[1]'s
@@ -252,6 +257,8 @@ struct UpArgs {
 // W_up; then the CTA's 32 x as one q8_32 block where x_q8 asks for it.
 template <class F>
 __global__ void __launch_bounds__(kThreads) hc_read_up_mix_kernel(UpArgs a) {
+  await_producers();
+  release_consumers();
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ float block_x[kWarps];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -278,13 +285,13 @@ __global__ void __launch_bounds__(kThreads) hc_read_up_mix_kernel(UpArgs a) {
   if (warp == 0) store_q8_32(block_x[lane], a.x_q8, static_cast<long>(blockIdx.x) * kWarps + lane);
 }
 
-// Calls launch(F{}) for the form F of `w`; false where the GEMVs read no such form.
-template <class Launch>
-bool visit_form(const WeightMatrix& w, Launch&& launch) {
+// Calls visit(F{}) for the form F of `w`; false where the GEMVs read no such form.
+template <class Visit>
+bool visit_form(const WeightMatrix& w, Visit&& visit) {
   if (w.is_float) {
     auto wide = [&](auto element) {
       using T = decltype(element);
-      launch(FloatRows<T, 16 / sizeof(T)>{});
+      visit(FloatRows<T, 16 / sizeof(T)>{});
       return true;
     };
     switch (w.kind) {
@@ -294,7 +301,7 @@ bool visit_form(const WeightMatrix& w, Launch&& launch) {
     }
     return false;
   }
-  return KnownShapes::visit(w.form, [&](auto shape) { launch(QuantRows<decltype(shape)>{}); });
+  return KnownShapes::visit(w.form, [&](auto shape) { visit(QuantRows<decltype(shape)>{}); });
 }
 
 // A weight of `cols` columns the kernels take: a known form, aligned planes, an activation that fits.
@@ -334,8 +341,11 @@ std::pair<const char*, long> bulk_bytes(const WeightMatrix& w, int rows, int col
 cudaError_t launch_down(const WeightMatrix& w, DownArgs args, cudaStream_t stream) {
   const int rows = args.part[0].rows + args.part[1].rows;
   const unsigned grid = static_cast<unsigned>((rows + kDownRows - 1) / kDownRows);
-  visit_form(w, [&](auto form) { hc_read_down_kernel<decltype(form)><<<grid, kThreads, 0, stream>>>(args); });
-  return cudaGetLastError();
+  cudaError_t status = cudaSuccess;
+  visit_form(w, [&](auto form) {
+    status = launch(hc_read_down_kernel<decltype(form)>, grid, kThreads, 0, stream, args);
+  });
+  return status;
 }
 
 }  // namespace
@@ -364,8 +374,7 @@ cudaError_t hc_read_down(const HcReadShape& shape, const float* streams, const f
                                                                                     shape.streams, width);
   }
   const unsigned stage_grid = static_cast<unsigned>((width / kCodeBlock + kWarps - 1) / kWarps);
-  hc_read_stage_kernel<<<stage_grid, kThreads, 0, stream>>>(staged);
-  const cudaError_t staging = cudaGetLastError();
+  const cudaError_t staging = launch(hc_read_stage_kernel, stage_grid, kThreads, 0, stream, staged);
   if (staging != cudaSuccess) return staging;
   DownArgs args{staged.hn, staged.hn_q8, shape.streams, shape.n, {}};
   args.part[0] = {matrix(down), shape.rank, low, Activation::Silu, 1.0f};
@@ -388,8 +397,11 @@ cudaError_t hc_read_up_mix(const HcReadShape& shape, const float* streams, const
   const UpArgs args{streams, norm, rms, low, shape.streams, shape.n, shape.rank, matrix(up), x, x_q8};
   const unsigned grid = static_cast<unsigned>(shape.n / kWarps);
   const std::size_t bytes = staged_bytes(up, shape.rank);
-  visit_form(up, [&](auto form) { hc_read_up_mix_kernel<decltype(form)><<<grid, kThreads, bytes, stream>>>(args); });
-  return cudaGetLastError();
+  cudaError_t status = cudaSuccess;
+  visit_form(up, [&](auto form) {
+    status = launch(hc_read_up_mix_kernel<decltype(form)>, grid, kThreads, bytes, stream, args);
+  });
+  return status;
 }
 
 }  // namespace strata::kernels

@@ -2,6 +2,7 @@
 
 #include "attention_rows.cuh"
 #include "kv_window.cuh"
+#include "launch.cuh"
 
 namespace strata::kernels {
 namespace {
@@ -98,6 +99,8 @@ __device__ __forceinline__ int block_prefix_count(bool flag, int* warp_counts, i
 }
 
 __global__ void window_reset_kernel(KvWindow w) {
+  await_producers();
+  release_consumers();
   const int stride = gridDim.x * blockDim.x, blocks = w.blocks();
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < blocks || i < w.slots; i += stride) {
     if (i < blocks) w.slot_of[i] = -1;
@@ -115,6 +118,8 @@ __global__ void window_reset_kernel(KvWindow w) {
 // One block. The evicted slot is the minimum of (stamp, slot) over all slots. Only thread 0 uses the new clock
 // value (threads that read the clock after it advanced it use nothing read from it).
 __global__ void __launch_bounds__(kClaimThreads) window_claim_kernel(KvWindow w, const int* position) {
+  await_producers();
+  release_consumers();
   __shared__ unsigned long long warp_best[kClaimThreads / 32];
   const int p = *position;
   if (p < 0 || p >= w.context()) return;
@@ -153,6 +158,8 @@ __global__ void __launch_bounds__(kClaimThreads) window_claim_kernel(KvWindow w,
 // Dynamic shared memory: 2 * slots words, the slots this token does not need and their ages.
 __global__ void __launch_bounds__(kPlanThreads)
     window_plan_kernel(KvWindow w, const int* selected, const int* n_selected, const int* position) {
+  await_producers();
+  release_consumers();
   extern __shared__ unsigned spare[];
   __shared__ int warp_counts[32];
   const int p = *position;
@@ -227,6 +234,8 @@ __global__ void __launch_bounds__(kPlanThreads)
 // The planned blocks' rows, host -> window: one warp per segment (half, kv head, codes or scales) of a block. The
 // grid is fixed (graphs replay it) and most of it finds nothing to do.
 __global__ void __launch_bounds__(kCopyThreads) window_copy_kernel(KvWindow w) {
+  await_producers();
+  release_consumers();
   const int copies = *w.n_copies;
   const PagedKv window = w.window();
   const int per_block = row_segments(w.host), lane = threadIdx.x & 31;
@@ -256,14 +265,12 @@ cudaError_t kv_window_reset(const KvWindow& w, cudaStream_t stream) {
   if (!valid_window(w)) return cudaErrorInvalidValue;
   const int items = max(w.blocks(), w.slots);
   const int grid = min((items + kResetThreads - 1) / kResetThreads, 1024);
-  window_reset_kernel<<<grid, kResetThreads, 0, stream>>>(w);
-  return cudaGetLastError();
+  return launch(window_reset_kernel, grid, kResetThreads, 0, stream, w);
 }
 
 cudaError_t kv_window_claim(const KvWindow& w, const int* position, cudaStream_t stream) {
   if (!valid_window(w) || position == nullptr) return cudaErrorInvalidValue;
-  window_claim_kernel<<<1, kClaimThreads, 0, stream>>>(w, position);
-  return cudaGetLastError();
+  return launch(window_claim_kernel, 1, kClaimThreads, 0, stream, w, position);
 }
 
 cudaError_t kv_window_fill(const KvWindow& w, const int* selected_blocks, const int* n_selected, const int* position,
@@ -271,11 +278,10 @@ cudaError_t kv_window_fill(const KvWindow& w, const int* selected_blocks, const 
   if (!valid_window(w) || w.slots < w.keep_blocks + 2 || selected_blocks == nullptr || n_selected == nullptr ||
       position == nullptr)
     return cudaErrorInvalidValue;
-  window_plan_kernel<<<1, kPlanThreads, 2 * sizeof(int) * w.slots, stream>>>(w, selected_blocks, n_selected, position);
-  const cudaError_t planned = cudaGetLastError();
+  const cudaError_t planned = launch(window_plan_kernel, 1, kPlanThreads, 2 * sizeof(int) * w.slots, stream, w,
+                                     selected_blocks, n_selected, position);
   if (planned != cudaSuccess) return planned;
-  window_copy_kernel<<<kCopyBlocks, kCopyThreads, 0, stream>>>(w);
-  return cudaGetLastError();
+  return launch(window_copy_kernel, kCopyBlocks, kCopyThreads, 0, stream, w);
 }
 
 }  // namespace strata::kernels

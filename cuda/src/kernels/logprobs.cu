@@ -2,6 +2,8 @@
 
 #include <cfloat>
 
+#include "launch.cuh"
+
 namespace strata::kernels {
 namespace {
 
@@ -47,6 +49,8 @@ __device__ double block_sum_double(double v) {
 
 __global__ void __launch_bounds__(kThreads) logprobs_kernel(const float* __restrict__ logits, int vocab, int token,
                                                             int n, Logprobs* __restrict__ out) {
+  await_producers();
+  release_consumers();
   Best best{-FLT_MAX, 0x7fffffff};
   for (int i = threadIdx.x; i < vocab; i += blockDim.x)
     if (before(logits[i], i, best.value, best.id)) best = Best{logits[i], i};
@@ -79,8 +83,7 @@ cudaError_t logprobs(const float* logits, int vocab, int token, int n, Logprobs*
       n > kMaxLogprobs) {
     return cudaErrorInvalidValue;
   }
-  logprobs_kernel<<<1, kThreads, 0, stream>>>(logits, vocab, token, n, out);
-  return cudaGetLastError();
+  return launch(logprobs_kernel, 1, kThreads, 0, stream, logits, vocab, token, n, out);
 }
 
 }  // namespace strata::kernels

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "launch.cuh"
 #include "matmul.cuh"
 #include "matmul_tiles.cuh"
 
@@ -195,6 +196,8 @@ __device__ __forceinline__ void multiply_stage(const FloatStage& stage, WarpAccu
 
 template <class T, bool Vec>
 __global__ void __launch_bounds__(kMatmulThreads, 2) matmul_float_kernel(FloatMatmulArgs<T> args) {
+  await_producers();
+  release_consumers();
   const RowTile tile = find_row_tile(args.x_rows, args.groups, args.rows);
   if (tile.count <= 0) return;
   __shared__ FloatStage stages[2];
@@ -219,8 +222,8 @@ __global__ void __launch_bounds__(kMatmulThreads, 2) matmul_float_kernel(FloatMa
 }
 
 template <class T>
-cudaError_t launch(const void* w, int rows, int cols, const MatmulRows& x_rows, const MatmulGroups* groups,
-                   const float* x, float* y, cudaStream_t stream) {
+cudaError_t launch_typed(const void* w, int rows, int cols, const MatmulRows& x_rows, const MatmulGroups* groups,
+                         const float* x, float* y, cudaStream_t stream) {
   FloatMatmulArgs<T> args;
   args.w = static_cast<const T*>(w);
   args.rows = rows, args.cols = cols;
@@ -233,17 +236,16 @@ cudaError_t launch(const void* w, int rows, int cols, const MatmulRows& x_rows, 
                    reinterpret_cast<std::uintptr_t>(w) % (kChunk * sizeof(T)) == 0 &&
                    reinterpret_cast<std::uintptr_t>(x) % 16 == 0;
   auto* kernel = vec ? matmul_float_kernel<T, true> : matmul_float_kernel<T, false>;
-  kernel<<<grid, kMatmulThreads, 0, stream>>>(args);
-  return cudaGetLastError();
+  return launch(kernel, grid, kMatmulThreads, 0, stream, args);
 }
 
 cudaError_t launch_kind(FloatKind kind, const void* w, int rows, int cols, const MatmulRows& x_rows,
                         const MatmulGroups* groups, const float* x, float* y, cudaStream_t stream) {
   if (!valid_rows(rows, cols, x_rows, groups)) return cudaErrorInvalidValue;
   switch (kind) {
-    case FloatKind::F32: return launch<float>(w, rows, cols, x_rows, groups, x, y, stream);
-    case FloatKind::F16: return launch<__half>(w, rows, cols, x_rows, groups, x, y, stream);
-    case FloatKind::BF16: return launch<__nv_bfloat16>(w, rows, cols, x_rows, groups, x, y, stream);
+    case FloatKind::F32: return launch_typed<float>(w, rows, cols, x_rows, groups, x, y, stream);
+    case FloatKind::F16: return launch_typed<__half>(w, rows, cols, x_rows, groups, x, y, stream);
+    case FloatKind::BF16: return launch_typed<__nv_bfloat16>(w, rows, cols, x_rows, groups, x, y, stream);
   }
   return cudaErrorInvalidValue;
 }

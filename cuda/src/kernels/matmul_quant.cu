@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "int8_dot.cuh"
+#include "launch.cuh"
 #include "matmul.cuh"
 #include "matmul_tiles.cuh"
 #include "quant_shapes.cuh"
@@ -246,6 +247,8 @@ __device__ __forceinline__ void multiply_block(const Stage<S>& stage, const Valu
 
 template <class S>
 __global__ void __launch_bounds__(kMatmulThreads, 2) matmul_quant_kernel(QuantMatmulArgs args) {
+  await_producers();
+  release_consumers();
   const RowTile tile = find_row_tile(args.x_rows, args.groups, args.rows);
   if (tile.count <= 0) return;
   constexpr int kDepth = kStages<S>;
@@ -278,9 +281,9 @@ __global__ void __launch_bounds__(kMatmulThreads, 2) matmul_quant_kernel(QuantMa
                 args.x_rows.y_stride, args.y);
 }
 
-cudaError_t launch(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, const MatmulRows& x_rows,
-                   const MatmulGroups* groups, const std::int8_t* xq, const float* dx, float* y,
-                   cudaStream_t stream) {
+cudaError_t launch_form(const QuantForm& form, const QuantPlanes& planes, int rows, int cols,
+                        const MatmulRows& x_rows, const MatmulGroups* groups, const std::int8_t* xq, const float* dx,
+                        float* y, cudaStream_t stream) {
   if (!valid_rows(rows, cols, x_rows, groups) || form.super_size <= 0 || cols % form.super_size != 0 ||
       x_rows.x_stride % kCodeBlock != 0) {
     return cudaErrorInvalidValue;
@@ -299,10 +302,11 @@ cudaError_t launch(const QuantForm& form, const QuantPlanes& planes, int rows, i
   if (groups != nullptr) args.groups = *groups;
   args.xq = xq, args.dx = dx, args.y = y;
   const dim3 grid = matmul_grid(rows, x_rows, groups);
-  const bool known = KnownShapes::visit(form, [&](auto shape) {
-    matmul_quant_kernel<decltype(shape)><<<grid, kMatmulThreads, 0, stream>>>(args);
+  cudaError_t status = cudaErrorInvalidValue;
+  KnownShapes::visit(form, [&](auto shape) {
+    status = launch(matmul_quant_kernel<decltype(shape)>, grid, kMatmulThreads, 0, stream, args);
   });
-  return known ? cudaGetLastError() : cudaErrorInvalidValue;
+  return status;
 }
 
 }  // namespace
@@ -312,13 +316,13 @@ bool matmul_quant_supports(const QuantForm& form) { return KnownShapes::contains
 cudaError_t matmul_quant(const QuantForm& form, const QuantPlanes& planes, int rows, int cols,
                          const MatmulRows& x_rows, const std::int8_t* xq, const float* dx, float* y,
                          cudaStream_t stream) {
-  return launch(form, planes, rows, cols, x_rows, nullptr, xq, dx, y, stream);
+  return launch_form(form, planes, rows, cols, x_rows, nullptr, xq, dx, y, stream);
 }
 
 cudaError_t matmul_quant_grouped(const QuantForm& form, const QuantPlanes& stack, int rows, int cols,
                                  const MatmulRows& x_rows, const MatmulGroups& groups, const std::int8_t* xq,
                                  const float* dx, float* y, cudaStream_t stream) {
-  return launch(form, stack, rows, cols, x_rows, &groups, xq, dx, y, stream);
+  return launch_form(form, stack, rows, cols, x_rows, &groups, xq, dx, y, stream);
 }
 
 }  // namespace strata::kernels

@@ -1,3 +1,4 @@
+#include "launch.cuh"
 #include "moe.cuh"
 #include "q8_32_blocks.cuh"
 #include "reduce.cuh"
@@ -16,6 +17,8 @@ __device__ __forceinline__ long element_index() { return static_cast<long>(block
 // One CTA per row of x.
 __global__ void gate_kernel(const float* __restrict__ w, const float* __restrict__ x, float* __restrict__ gate,
                             int n) {
+  await_producers();
+  release_consumers();
   const float* row = x + static_cast<long>(blockIdx.x) * n;
   float sum = 0.0f;
   for (int i = threadIdx.x; i < n; i += blockDim.x) sum = fmaf(w[i], row[i], sum);
@@ -25,6 +28,8 @@ __global__ void gate_kernel(const float* __restrict__ w, const float* __restrict
 
 __global__ void swiglu_kernel(const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ h,
                               int n, Q8Blocks h_q8) {
+  await_producers();
+  release_consumers();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;  // with h_q8, whole warps leave together: n is a multiple of 32
   const float v = g[i] * sigmoid(g[i]) * u[i];
@@ -35,6 +40,8 @@ __global__ void swiglu_kernel(const float* __restrict__ g, const float* __restri
 // No __restrict__ on routed/out: they may alias.
 __global__ void combine_kernel(const float* routed, const float* __restrict__ shared,
                                const float* __restrict__ gate, float* out, int n, long elements) {
+  await_producers();
+  release_consumers();
   const long at = element_index();
   if (at < elements) out[at] = fmaf(gate[at / n], shared[at], routed[at]);
 }
@@ -57,6 +64,8 @@ __device__ __forceinline__ float weighted_row_sum(const float* rows, const float
 __global__ void cached_sum_kernel(const float* rows, const int* __restrict__ slots,
                                   const float* __restrict__ weights, int k, int n, bool accumulate, float* out,
                                   long elements) {
+  await_producers();
+  release_consumers();
   const long at = element_index();
   if (at >= elements) return;
   const long first = at / n * k;
@@ -67,6 +76,8 @@ __global__ void cached_sum_kernel(const float* rows, const int* __restrict__ slo
 
 __global__ void weighted_rows_kernel(const float* rows, const int* __restrict__ row_of,
                                      const float* __restrict__ weights, int k, int n, float* out, long elements) {
+  await_producers();
+  release_consumers();
   const long at = element_index();
   if (at >= elements) return;
   const long first = at / n * k;
@@ -76,6 +87,8 @@ __global__ void weighted_rows_kernel(const float* rows, const int* __restrict__ 
 
 __global__ void gather_kernel(const float* __restrict__ src, const int* __restrict__ index, int n,
                               float* __restrict__ dst, long elements) {
+  await_producers();
+  release_consumers();
   const long at = element_index();
   if (at < elements) dst[at] = src[static_cast<long>(index[at / n]) * n + at % n];
 }
@@ -87,47 +100,42 @@ unsigned blocks_for(long n) { return static_cast<unsigned>((n + kElementThreads 
 
 cudaError_t shared_expert_gate(const float* w, const float* x, float* gate, int rows, int n, cudaStream_t stream) {
   if (rows <= 0 || n <= 0) return cudaErrorInvalidValue;
-  gate_kernel<<<rows, kDotThreads, 0, stream>>>(w, x, gate, n);
-  return cudaGetLastError();
+  return launch(gate_kernel, rows, kDotThreads, 0, stream, w, x, gate, n);
 }
 
 cudaError_t swiglu(const float* g, const float* u, float* h, int n, cudaStream_t stream, const Q8Blocks& h_q8) {
   if (n <= 0 || (h_q8.xq != nullptr && n % kQ8Block != 0)) return cudaErrorInvalidValue;
-  swiglu_kernel<<<blocks_for(n), kElementThreads, 0, stream>>>(g, u, h, n, h_q8);
-  return cudaGetLastError();
+  return launch(swiglu_kernel, blocks_for(n), kElementThreads, 0, stream, g, u, h, n, h_q8);
 }
 
 cudaError_t moe_combine(const float* routed, const float* shared, const float* gate, float* out, int rows, int n,
                         cudaStream_t stream) {
   if (rows <= 0 || n <= 0) return cudaErrorInvalidValue;
   const long elements = static_cast<long>(rows) * n;
-  combine_kernel<<<blocks_for(elements), kElementThreads, 0, stream>>>(routed, shared, gate, out, n, elements);
-  return cudaGetLastError();
+  return launch(combine_kernel, blocks_for(elements), kElementThreads, 0, stream, routed, shared, gate, out, n,
+                elements);
 }
 
 cudaError_t moe_cached_sum(const float* rows, const int* slots, const float* weights, int tokens, int k, int n,
                            bool accumulate, float* out, cudaStream_t stream) {
   if (tokens <= 0 || k <= 0 || n <= 0) return cudaErrorInvalidValue;
   const long elements = static_cast<long>(tokens) * n;
-  cached_sum_kernel<<<blocks_for(elements), kElementThreads, 0, stream>>>(rows, slots, weights, k, n, accumulate,
-                                                                          out, elements);
-  return cudaGetLastError();
+  return launch(cached_sum_kernel, blocks_for(elements), kElementThreads, 0, stream, rows, slots, weights, k, n,
+                accumulate, out, elements);
 }
 
 cudaError_t moe_weighted_rows(const float* rows, const int* row_of, const float* weights, int tokens, int k, int n,
                               float* out, cudaStream_t stream) {
   if (tokens <= 0 || k <= 0 || n <= 0) return cudaErrorInvalidValue;
   const long elements = static_cast<long>(tokens) * n;
-  weighted_rows_kernel<<<blocks_for(elements), kElementThreads, 0, stream>>>(rows, row_of, weights, k, n, out,
-                                                                             elements);
-  return cudaGetLastError();
+  return launch(weighted_rows_kernel, blocks_for(elements), kElementThreads, 0, stream, rows, row_of, weights, k, n,
+                out, elements);
 }
 
 cudaError_t gather_rows(const float* src, const int* index, int m, int n, float* dst, cudaStream_t stream) {
   if (m <= 0 || n <= 0) return cudaErrorInvalidValue;
   const long elements = static_cast<long>(m) * n;
-  gather_kernel<<<blocks_for(elements), kElementThreads, 0, stream>>>(src, index, n, dst, elements);
-  return cudaGetLastError();
+  return launch(gather_kernel, blocks_for(elements), kElementThreads, 0, stream, src, index, n, dst, elements);
 }
 
 }  // namespace strata::kernels

@@ -1,3 +1,4 @@
+#include "launch.cuh"
 #include "norm.cuh"
 #include "q8_32_blocks.cuh"
 #include "reduce.cuh"
@@ -28,6 +29,8 @@ Slices packed(int cols) { return {1, cols, cols}; }
 template <Kind K>
 __global__ void norm_kernel(const float* x, const float* __restrict__ z, const float* __restrict__ w, float* y,
                             int cols, int w_slices, Slices at, float eps, Q8Blocks y_q8) {  // y may alias x
+  await_producers();
+  release_consumers();
   const long slice = blockIdx.x;
   const long row = slice / at.per_row, part = slice % at.per_row;
   const float* xs = x + row * at.x_stride + part * cols;
@@ -53,14 +56,14 @@ __global__ void norm_kernel(const float* x, const float* __restrict__ z, const f
 }
 
 template <Kind K>
-cudaError_t launch(const float* x, const float* z, const float* w, float* y, long slices, int cols, int w_slices,
+cudaError_t run_norm(const float* x, const float* z, const float* w, float* y, long slices, int cols, int w_slices,
                    Slices at, float eps, int threads, cudaStream_t stream, const Q8Blocks& y_q8 = {}) {
   if (slices <= 0 || cols <= 0 || w_slices <= 0) return cudaErrorInvalidValue;
   if (y_q8.xq != nullptr && (cols % kQ8Block != 0 || at.x_stride != static_cast<long>(at.per_row) * cols))
     return cudaErrorInvalidValue;  // a q8_32 form is of packed slices of whole blocks
   if (cols >= 2048) threads = kWideThreads;
-  norm_kernel<K><<<static_cast<unsigned>(slices), threads, 0, stream>>>(x, z, w, y, cols, w_slices, at, eps, y_q8);
-  return cudaGetLastError();
+  return launch(norm_kernel<K>, static_cast<unsigned>(slices), threads, 0, stream, x, z, w, y, cols, w_slices, at, eps,
+                y_q8);
 }
 
 // The gated norm of `rows` rows of `heads` heads, with y's q8_32 form where asked (packed rows only).
@@ -71,22 +74,22 @@ cudaError_t gated(const float* x, int x_stride, const float* z, int z_stride, co
   const long slices = static_cast<long>(rows) * heads;
   const Slices at{heads, x_stride, z_stride};
   if (gate == Gate::Sigmoid)
-    return launch<Kind::GatedSigmoid>(x, z, w, y, slices, head_dim, 1, at, eps, kHeadThreads, stream, y_q8);
-  return launch<Kind::GatedSilu>(x, z, w, y, slices, head_dim, 1, at, eps, kHeadThreads, stream, y_q8);
+    return run_norm<Kind::GatedSigmoid>(x, z, w, y, slices, head_dim, 1, at, eps, kHeadThreads, stream, y_q8);
+  return run_norm<Kind::GatedSilu>(x, z, w, y, slices, head_dim, 1, at, eps, kHeadThreads, stream, y_q8);
 }
 
 }  // namespace
 
 cudaError_t rms_norm(const float* x, const float* w, float* y, int rows, int cols, float eps, cudaStream_t stream,
                      const Q8Blocks& y_q8) {
-  return launch<Kind::Rms>(x, nullptr, w, y, rows, cols, 1, packed(cols), eps, kNormThreads, stream, y_q8);
+  return run_norm<Kind::Rms>(x, nullptr, w, y, rows, cols, 1, packed(cols), eps, kNormThreads, stream, y_q8);
 }
 
 cudaError_t rms_norm_grouped(const float* x, const float* w, float* y, int rows, int groups, int cols, float eps,
                              cudaStream_t stream) {
   if (rows <= 0 || groups <= 0) return cudaErrorInvalidValue;
-  return launch<Kind::Rms>(x, nullptr, w, y, static_cast<long>(rows) * groups, cols, groups, packed(cols), eps,
-                           kNormThreads, stream);
+  return run_norm<Kind::Rms>(x, nullptr, w, y, static_cast<long>(rows) * groups, cols, groups, packed(cols), eps,
+                             kNormThreads, stream);
 }
 
 cudaError_t rms_norm_gated(const float* x, const float* z, const float* w, float* y, int heads, int head_dim,
@@ -100,7 +103,7 @@ cudaError_t rms_norm_gated_rows(const float* x, int x_stride, const float* z, in
 }
 
 cudaError_t l2_norm(const float* x, float* y, int heads, int head_dim, float eps, cudaStream_t stream) {
-  return launch<Kind::L2>(x, nullptr, nullptr, y, heads, head_dim, 1, packed(head_dim), eps, kHeadThreads, stream);
+  return run_norm<Kind::L2>(x, nullptr, nullptr, y, heads, head_dim, 1, packed(head_dim), eps, kHeadThreads, stream);
 }
 
 }  // namespace strata::kernels

@@ -1,3 +1,4 @@
+#include "launch.cuh"
 #include "ple.cuh"
 #include "reduce.cuh"
 
@@ -75,6 +76,8 @@ __device__ __forceinline__ PleStepArgs token_args(const PleShape& shape, PleStep
 // One block per stream h: its key/query norms and gate, then for each of its n channels the normed gated
 // value, the dilated conv over the history and the history shift (each channel owned by one thread).
 __global__ void ple_step_kernel(PleShape shape, PleStepArgs args) {
+  await_producers();
+  release_consumers();
   const int n = shape.width, h = blockIdx.x, rows = shape.history_rows();
   const long base = static_cast<long>(h) * n;
   const StreamGate g = stream_gate(shape, args, base);
@@ -96,6 +99,8 @@ __global__ void ple_step_kernel(PleShape shape, PleStepArgs args) {
 // inside it recomputes that token's gate (the same code, so the same bits as ple_step's) instead of waiting on
 // another block. The history is left alone: ple_history_kernel advances it after every block has read it.
 __global__ void ple_chunk_kernel(PleShape shape, PleStepArgs args) {
+  await_producers();
+  release_consumers();
   const int n = shape.width, h = blockIdx.x % shape.streams, t = blockIdx.x / shape.streams;
   const int rows = shape.history_rows();
   const long base = static_cast<long>(h) * n, channels = static_cast<long>(shape.streams) * n;
@@ -122,6 +127,8 @@ __global__ void ple_chunk_kernel(PleShape shape, PleStepArgs args) {
 // One block per stream: history row r becomes the row `tokens` later in [old history | the chunk's normed
 // rows], in ascending r, so an old row is read before it is overwritten (each channel owned by one thread).
 __global__ void ple_history_kernel(PleShape shape, PleStepArgs args, int tokens) {
+  await_producers();
+  release_consumers();
   const int n = shape.width, rows = shape.history_rows();
   const long base = static_cast<long>(blockIdx.x) * n, channels = static_cast<long>(shape.streams) * n;
   for (int r = 0; r < rows; ++r) {
@@ -147,17 +154,15 @@ bool valid(const PleShape& shape) {
 
 cudaError_t ple_step(const PleShape& shape, const PleStepArgs& args, cudaStream_t stream) {
   if (!valid(shape)) return cudaErrorInvalidValue;
-  ple_step_kernel<<<shape.streams, kPleThreads, 0, stream>>>(shape, args);
-  return cudaGetLastError();
+  return launch(ple_step_kernel, shape.streams, kPleThreads, 0, stream, shape, args);
 }
 
 cudaError_t ple_chunk(const PleShape& shape, const PleStepArgs& args, int tokens, cudaStream_t stream) {
   if (!valid(shape) || tokens <= 0 || static_cast<long>(shape.streams) * tokens > kMaxBlocks)
     return cudaErrorInvalidValue;
-  ple_chunk_kernel<<<shape.streams * tokens, kPleThreads, 0, stream>>>(shape, args);
-  if (const cudaError_t launched = cudaGetLastError(); launched != cudaSuccess) return launched;
-  ple_history_kernel<<<shape.streams, kPleThreads, 0, stream>>>(shape, args, tokens);
-  return cudaGetLastError();
+  const cudaError_t launched = launch(ple_chunk_kernel, shape.streams * tokens, kPleThreads, 0, stream, shape, args);
+  if (launched != cudaSuccess) return launched;
+  return launch(ple_history_kernel, shape.streams, kPleThreads, 0, stream, shape, args, tokens);
 }
 
 }  // namespace strata::kernels

@@ -1,3 +1,4 @@
+#include "launch.cuh"
 #include "qsa.cuh"
 #include "qsa_rows.cuh"
 
@@ -12,6 +13,8 @@ constexpr int kMaxScoreBlocks = 1056;
 __global__ void qsa_append_kernel(IndexerShape shape, IndexerCache cache, const float* __restrict__ kraw,
                                   const float* __restrict__ k_norm, const float* __restrict__ rope_cos,
                                   const float* __restrict__ rope_sin, const int* __restrict__ position) {
+  await_producers();
+  release_consumers();
   extern __shared__ float shared[];
   const int p = *position;
   qsa_store_raw_key(shape, cache, p, kraw);
@@ -21,6 +24,8 @@ __global__ void qsa_append_kernel(IndexerShape shape, IndexerCache cache, const 
 
 // Every block prepares the normed, roped query in shared memory, then one warp scores one block key.
 __global__ void qsa_score_kernel(IndexerShape shape, IndexerCache cache, IndexerSelectArgs args) {
+  await_producers();
+  release_consumers();
   extern __shared__ float q[];
   const int p = *args.position;
   const int n_blocks = (p + 1) / shape.ratio;
@@ -36,6 +41,8 @@ __global__ void qsa_score_kernel(IndexerShape shape, IndexerCache cache, Indexer
 }
 
 __global__ void qsa_top_blocks_kernel(IndexerShape shape, IndexerSelectArgs args) {
+  await_producers();
+  release_consumers();
   qsa_select_top((*args.position + 1) / shape.ratio, shape.keep_blocks, args.scores, args.selected_blocks,
                  args.n_selected);
 }
@@ -47,8 +54,8 @@ cudaError_t qsa_append(const IndexerShape& shape, const IndexerCache& cache, con
                        cudaStream_t stream) {
   if (!valid_indexer_append(shape)) return cudaErrorInvalidValue;
   const size_t smem = 2 * static_cast<size_t>(shape.head_dim) * sizeof(float);
-  qsa_append_kernel<<<1, kAppendThreads, smem, stream>>>(shape, cache, kraw, k_norm, rope_cos, rope_sin, position);
-  return cudaGetLastError();
+  return launch(qsa_append_kernel, 1, kAppendThreads, smem, stream, shape, cache, kraw, k_norm, rope_cos, rope_sin,
+                position);
 }
 
 cudaError_t qsa_select(const IndexerShape& shape, const IndexerCache& cache, const IndexerSelectArgs& args,
@@ -57,15 +64,13 @@ cudaError_t qsa_select(const IndexerShape& shape, const IndexerCache& cache, con
   const int warps = kScoreThreads / 32;
   const int grid = min((shape.max_blocks + warps - 1) / warps, kMaxScoreBlocks);
   const size_t smem = static_cast<size_t>(shape.n_heads) * shape.head_dim * sizeof(float);
-  qsa_score_kernel<<<grid, kScoreThreads, smem, stream>>>(shape, cache, args);
-  const cudaError_t launched = cudaGetLastError();
+  const cudaError_t launched = launch(qsa_score_kernel, grid, kScoreThreads, smem, stream, shape, cache, args);
   return launched != cudaSuccess ? launched : qsa_top_blocks(shape, args, stream);
 }
 
 cudaError_t qsa_top_blocks(const IndexerShape& shape, const IndexerSelectArgs& args, cudaStream_t stream) {
   if (shape.ratio <= 0 || shape.keep_blocks <= 0) return cudaErrorInvalidValue;
-  qsa_top_blocks_kernel<<<1, kSelectThreads, 0, stream>>>(shape, args);
-  return cudaGetLastError();
+  return launch(qsa_top_blocks_kernel, 1, kSelectThreads, 0, stream, shape, args);
 }
 
 }  // namespace strata::kernels

@@ -1,5 +1,6 @@
 #include <algorithm>
 
+#include "launch.cuh"
 #include "qsa_chunk.cuh"
 #include "qsa_rows.cuh"
 
@@ -17,6 +18,8 @@ __global__ void qsa_append_chunk_kernel(IndexerShape shape, IndexerCache cache, 
                                         long kraw_stride, int tokens, const float* __restrict__ k_norm,
                                         const float* __restrict__ rope_cos, const float* __restrict__ rope_sin,
                                         const int* __restrict__ positions) {
+  await_producers();
+  release_consumers();
   extern __shared__ float shared[];
   const int r = shape.ratio, first = positions[0], last = first + tokens - 1;
   const int block = first / r + static_cast<int>(blockIdx.x);
@@ -33,6 +36,8 @@ __device__ __forceinline__ bool keeps_all(const IndexerShape& shape, int n_block
 
 // One block per query: its scoring query, as qsa_score_kernel prepares it, into the scratch rows.
 __global__ void qsa_chunk_query_kernel(IndexerShape shape, IndexerSelectChunkArgs args) {
+  await_producers();
+  release_consumers();
   extern __shared__ float q[];
   const int t = blockIdx.x, p = args.positions[t];
   if (keeps_all(shape, (p + 1) / shape.ratio)) return;  // uniform over the block
@@ -45,6 +50,8 @@ __global__ void qsa_chunk_query_kernel(IndexerShape shape, IndexerSelectChunkArg
 // block key as qsa_score_kernel does, so the scores, and with them the selections, are qsa_select's.
 __global__ void qsa_chunk_select_kernel(IndexerShape shape, IndexerCache cache, IndexerSelectChunkArgs args,
                                         int tokens) {
+  await_producers();
+  release_consumers();
   extern __shared__ float q[];
   const int width = shape.n_heads * shape.head_dim;
   float* scores = args.scratch + static_cast<long>(tokens) * width + static_cast<long>(blockIdx.x) * shape.max_blocks;
@@ -78,9 +85,8 @@ cudaError_t qsa_append_chunk(const IndexerShape& shape, const IndexerCache& cach
   // The chunk's tokens touch at most (tokens - 1) / ratio + 2 QSA blocks, wherever it starts.
   const int grid = (tokens - 1) / shape.ratio + 2;
   const size_t smem = 2 * static_cast<size_t>(shape.head_dim) * sizeof(float);
-  qsa_append_chunk_kernel<<<grid, kAppendThreads, smem, stream>>>(shape, cache, kraw, kraw_stride, tokens, k_norm,
-                                                                  rope_cos, rope_sin, positions);
-  return cudaGetLastError();
+  return launch(qsa_append_chunk_kernel, grid, kAppendThreads, smem, stream, shape, cache, kraw, kraw_stride, tokens,
+                k_norm, rope_cos, rope_sin, positions);
 }
 
 std::size_t qsa_select_chunk_scratch_floats(const IndexerShape& shape, int tokens) {
@@ -98,12 +104,10 @@ cudaError_t qsa_select_chunk(const IndexerShape& shape, const IndexerCache& cach
       cache.block_keys == nullptr)
     return cudaErrorInvalidValue;
   const size_t smem = static_cast<size_t>(shape.n_heads) * shape.head_dim * sizeof(float);
-  qsa_chunk_query_kernel<<<tokens, kScoreThreads, smem, stream>>>(shape, args);
-  const cudaError_t launched = cudaGetLastError();
+  const cudaError_t launched = launch(qsa_chunk_query_kernel, tokens, kScoreThreads, smem, stream, shape, args);
   if (launched != cudaSuccess) return launched;
-  qsa_chunk_select_kernel<<<std::min(tokens, kSelectSlots), kSelectThreads, smem, stream>>>(shape, cache, args,
-                                                                                             tokens);
-  return cudaGetLastError();
+  return launch(qsa_chunk_select_kernel, std::min(tokens, kSelectSlots), kSelectThreads, smem, stream, shape, cache,
+                args, tokens);
 }
 
 }  // namespace strata::kernels

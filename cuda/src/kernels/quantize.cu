@@ -1,3 +1,4 @@
+#include "launch.cuh"
 #include "q8_32_blocks.cuh"
 #include "quantize.cuh"
 
@@ -8,6 +9,8 @@ constexpr int kQuantizeThreads = 256;  // 8 blocks of 32 per CTA, one warp each
 
 // One warp per 32-element block, one element per lane.
 __global__ void quantize_q8_32_kernel(const float* __restrict__ x, Q8Blocks q8, long n) {
+  await_producers();
+  release_consumers();
   const long at = static_cast<long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (at >= n) return;  // whole warps leave together: n is a multiple of 32
   store_q8_32(x[at], q8, at);
@@ -20,8 +23,8 @@ cudaError_t quantize_q8_32(const float* x, std::int8_t* xq, float* dx, std::int3
   if (n <= 0 || n % kQ8Block != 0 || xq == nullptr) return cudaErrorInvalidValue;
   const long threads = n;  // one thread per element
   const long grid = (threads + kQuantizeThreads - 1) / kQuantizeThreads;
-  quantize_q8_32_kernel<<<static_cast<unsigned>(grid), kQuantizeThreads, 0, stream>>>(x, {xq, dx, sums}, n);
-  return cudaGetLastError();
+  return launch(quantize_q8_32_kernel, static_cast<unsigned>(grid), kQuantizeThreads, 0, stream, x,
+                Q8Blocks{xq, dx, sums}, n);
 }
 
 }  // namespace strata::kernels

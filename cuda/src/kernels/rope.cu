@@ -1,5 +1,6 @@
 #include <cmath>
 
+#include "launch.cuh"
 #include "rope.cuh"
 
 namespace strata::kernels {
@@ -11,6 +12,8 @@ constexpr int kRopeThreads = 128;
 __global__ void rope_neox_kernel(float* __restrict__ x, const std::int32_t* __restrict__ positions,
                                  const float* __restrict__ cos_table, const float* __restrict__ sin_table,
                                  int heads, int head_dim, int half) {
+  await_producers();
+  release_consumers();
   const long token = blockIdx.x / heads;
   float* xh = x + static_cast<long>(blockIdx.x) * head_dim;
   const long row = static_cast<long>(positions[token]) * half;
@@ -40,9 +43,8 @@ cudaError_t rope_neox(float* x, const std::int32_t* positions, const float* cos_
                       int tokens, int heads, int head_dim, int rope_dim, cudaStream_t stream) {
   if (tokens <= 0 || heads <= 0 || rope_dim <= 0 || rope_dim % 2 != 0 || rope_dim > head_dim)
     return cudaErrorInvalidValue;
-  rope_neox_kernel<<<static_cast<unsigned>(tokens) * heads, kRopeThreads, 0, stream>>>(
-      x, positions, cos_table, sin_table, heads, head_dim, rope_dim / 2);
-  return cudaGetLastError();
+  return launch(rope_neox_kernel, static_cast<unsigned>(tokens) * heads, kRopeThreads, 0, stream, x, positions,
+                cos_table, sin_table, heads, head_dim, rope_dim / 2);
 }
 
 }  // namespace strata::kernels

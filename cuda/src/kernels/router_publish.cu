@@ -3,6 +3,7 @@
 #include "gemv_float_rows.cuh"
 #include "gemv_quant_rows.cuh"
 #include "gemv_rows.cuh"
+#include "launch.cuh"
 #include "quant_shapes.cuh"
 #include "reduce.cuh"
 #include "route_select.cuh"
@@ -46,6 +47,8 @@ template <class Rows>
 __global__ void __launch_bounds__(kRowsPerCta * 32)
 route_publish_kernel(Rows rows, int n_expert, const float* __restrict__ x, int k, RouteTargets out,
                      RoutePublish publish, int split) {
+  await_producers();
+  release_consumers();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row = blockIdx.x * (kRowsPerCta / split) + warp / split;
   const float acc = warp_sum(rows.partial(row, n_expert, warp % split, split, lane));
@@ -100,8 +103,10 @@ cudaError_t route_publish(const RouterMatrix& w, const RouterInput& x, int k, co
   // The GEMV's own spread of rows over CTAs and warps: the same partial sums in the same order, the same bits.
   const int split = row_split(w.n_expert);
   const dim3 grid = gemv_grid(w.n_expert, split, 1);
-  auto launch = [&](auto rows) {
-    route_publish_kernel<<<grid, kRowsPerCta * 32, 0, stream>>>(rows, w.n_expert, x.x, k, out, publish, split);
+  cudaError_t status = cudaSuccess;
+  auto run = [&](auto rows) {
+    status = launch(route_publish_kernel<decltype(rows)>, grid, kRowsPerCta * 32, 0, stream, rows, w.n_expert, x.x, k,
+                    out, publish, split);
   };
   bool known = false;
   const WeightMatrix& m = w.matrix;
@@ -110,16 +115,16 @@ cudaError_t route_publish(const RouterMatrix& w, const RouterInput& x, int k, co
     if (operands != cudaSuccess) return operands;
     const ValueTable book = value_table(codebook_values(m.form.codebook));
     known = KnownShapes::visit(m.form, [&](auto shape) {
-      launch(QuantRouterRows<decltype(shape)>{m.planes, w.cols, m.form.code_bias, book, x.xq, x.dx, x.sums});
+      run(QuantRouterRows<decltype(shape)>{m.planes, w.cols, m.form.code_bias, book, x.xq, x.dx, x.sums});
     });
   } else {
     known = visit_float_rows(m.kind, m.data, w.cols, 0, x.x, [&](auto path) {
       using P = decltype(path);
       using T = typename P::Element;
-      launch(FloatRouterRows<T, P::kVec>{static_cast<const T*>(m.data), w.cols, x.x});
+      run(FloatRouterRows<T, P::kVec>{static_cast<const T*>(m.data), w.cols, x.x});
     });
   }
-  return known ? cudaGetLastError() : cudaErrorInvalidValue;
+  return known ? status : cudaErrorInvalidValue;
 }
 
 }  // namespace strata::kernels

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 
+#include "launch.cuh"
 #include "sample.cuh"
 
 namespace strata::kernels {
@@ -50,6 +51,8 @@ __device__ __forceinline__ float key_logit(Key key) {
 
 // `ticket` (null on the sort's path): the smallest-key reduction's, zeroed here for the launch after this one.
 __global__ void key_kernel(const float* __restrict__ logits, int vocab, Key* __restrict__ keys, unsigned* ticket) {
+  await_producers();
+  release_consumers();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < vocab) keys[i] = make_key(logits[i], i);
   if (ticket != nullptr && i == 0) *ticket = 0;
@@ -60,6 +63,8 @@ __global__ void key_kernel(const float* __restrict__ logits, int vocab, Key* __r
 // division and product are the reference's (numpy computes float32 logits with the penalty cast to float32).
 __global__ void penalty_kernel(const float* __restrict__ logits, int vocab, const int* __restrict__ seen_ids,
                                int max_seen, const SampleParams* __restrict__ params, Key* keys) {
+  await_producers();
+  release_consumers();
   const float penalty = params->repeat_penalty;
   if (penalty == 1.0f) return;
   const int n_seen = min(params->n_seen, max_seen);
@@ -82,6 +87,8 @@ struct SmallerKey {
 __global__ void __launch_bounds__(kMinThreads)
     smallest_key_kernel(const Key* __restrict__ keys, int vocab, Key* partial, unsigned* ticket,
                         int* __restrict__ token) {
+  await_producers();
+  release_consumers();
   __shared__ MinReduce::TempStorage storage;
   __shared__ bool last;
   const SmallerKey min_of;
@@ -176,6 +183,8 @@ __device__ int last_kept(int count, Kept kept, DrawShared& shared) {
 __global__ void __launch_bounds__(kDrawThreads)
     draw_kernel(const Key* __restrict__ sorted, int vocab, const SampleParams* __restrict__ params,
                 int* __restrict__ token) {
+  await_producers();
+  release_consumers();
   __shared__ DrawShared shared;
   const SampleParams p = *params;
   if (picks_argmax(p)) {  // the first key is the largest logit with the lowest id among ties
@@ -224,12 +233,11 @@ bool valid_arguments(const float* logits, int vocab, const int* seen_ids, int ma
 // Step 1: the keys of every logit, the seen ids' from their penalised logits.
 cudaError_t enqueue_keys(const float* logits, int vocab, const int* seen_ids, int max_seen, const SampleParams* params,
                          Key* keys, unsigned* ticket, cudaStream_t stream) {
-  key_kernel<<<(vocab + kKeyThreads - 1) / kKeyThreads, kKeyThreads, 0, stream>>>(logits, vocab, keys, ticket);
-  if (max_seen > 0) {
-    const int blocks = std::min((max_seen + kPenaltyThreads - 1) / kPenaltyThreads, kMaxPenaltyBlocks);
-    penalty_kernel<<<blocks, kPenaltyThreads, 0, stream>>>(logits, vocab, seen_ids, max_seen, params, keys);
-  }
-  return cudaGetLastError();
+  const cudaError_t keyed =
+      launch(key_kernel, (vocab + kKeyThreads - 1) / kKeyThreads, kKeyThreads, 0, stream, logits, vocab, keys, ticket);
+  if (keyed != cudaSuccess || max_seen <= 0) return keyed;
+  const int blocks = std::min((max_seen + kPenaltyThreads - 1) / kPenaltyThreads, kMaxPenaltyBlocks);
+  return launch(penalty_kernel, blocks, kPenaltyThreads, 0, stream, logits, vocab, seen_ids, max_seen, params, keys);
 }
 
 }  // namespace
@@ -262,8 +270,7 @@ cudaError_t sample_token(const float* logits, int vocab, const int* seen_ids, in
   status = cub::DeviceRadixSort::SortKeys(workspace, sort_bytes, keys, sorted, vocab, 0,
                                           static_cast<int>(8 * sizeof(Key)), stream);
   if (status != cudaSuccess) return status;
-  draw_kernel<<<1, kDrawThreads, 0, stream>>>(sorted, vocab, params, token);
-  return cudaGetLastError();
+  return launch(draw_kernel, 1, kDrawThreads, 0, stream, sorted, vocab, params, token);
 }
 
 cudaError_t sample_argmax(const float* logits, int vocab, const int* seen_ids, int max_seen,
@@ -281,8 +288,7 @@ cudaError_t sample_argmax(const float* logits, int vocab, const int* seen_ids, i
   auto* ticket = reinterpret_cast<unsigned*>(partial + blocks);
   const cudaError_t status = enqueue_keys(logits, vocab, seen_ids, max_seen, params, keys, ticket, stream);
   if (status != cudaSuccess) return status;
-  smallest_key_kernel<<<blocks, kMinThreads, 0, stream>>>(keys, vocab, partial, ticket, token);
-  return cudaGetLastError();
+  return launch(smallest_key_kernel, blocks, kMinThreads, 0, stream, keys, vocab, partial, ticket, token);
 }
 
 }  // namespace strata::kernels

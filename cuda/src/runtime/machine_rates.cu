@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "../kernels/launch.cuh"
 #include "device_buffer.hpp"
 #include "pinned_memory.hpp"
 #include "stream.hpp"
@@ -27,6 +28,8 @@ constexpr auto kHostTimeout = std::chrono::seconds(2);
 // Rings 1..rounds: publishes each ring number, then spins until the host has written it back; gives up (and
 // rings no more) after kRingTimeoutNs of the GPU's global timer without the answer.
 __global__ void ping_pong_kernel(int* seq, const int* flag, int rounds) {
+  kernels::await_producers();
+  kernels::release_consumers();
   volatile int* ring = seq;
   const volatile int* answer = flag;
   for (int i = 1; i <= rounds; ++i) {
@@ -106,8 +109,8 @@ double doorbell_round_trip(int device, int rounds) {
   volatile int* flag = block.host<int>(kFlag);
   const int total = kWarmupRounds + rounds + 1;  // seeing ring i + 1 closes round trip i
   Stream stream;
-  ping_pong_kernel<<<1, 1, 0, stream.get()>>>(block.device<int>(kSeq), block.device<const int>(kFlag), total);
-  STRATA_CUDA_TRY(cudaGetLastError());
+  STRATA_CUDA_TRY(kernels::launch(ping_pong_kernel, 1, 1, 0, stream.get(), block.device<int>(kSeq),
+                                  block.device<const int>(kFlag), total));
   std::vector<std::chrono::steady_clock::time_point> seen(static_cast<std::size_t>(total) + 1);
   int missing = 0;
   for (int i = 1; i <= total; ++i) {

@@ -8,6 +8,7 @@
 #include "../../kernels/embed.cuh"
 #include "../../kernels/gdn.cuh"
 #include "../../kernels/hc_read.cuh"
+#include "../../kernels/launch.cuh"
 #include "../../kernels/moe.cuh"
 #include "../../kernels/ple.cuh"
 #include "../../kernels/router.cuh"
@@ -21,7 +22,11 @@ namespace strata {
 namespace {
 
 // The stage's token lands in the penalty's history at its position.
-__global__ void record_token(const TokenStage* stage, int* seen) { seen[stage->position] = stage->token; }
+__global__ void record_token(const TokenStage* stage, int* seen) {
+  kernels::await_producers();
+  kernels::release_consumers();
+  seen[stage->position] = stage->token;
+}
 
 // The decode scratch of `g` for a context of `context` tokens, carved out of `c` into `s`: the one definition the
 // allocation and the memory plan (DecodeProgram::scratch_bytes) both read. `sample_bytes`: the sampler's.
@@ -155,8 +160,7 @@ DecodeProgram::DecodeProgram(const ModelGeometry& g, const ProgramInputs& in, in
 void DecodeProgram::begin(cudaStream_t s) const {
   const std::size_t staged = ple_late_ ? sizeof(TokenStage) : stage_bytes(g_);
   STRATA_CUDA_TRY(cudaMemcpyAsync(stage_, io_.host_stage, staged, cudaMemcpyHostToDevice, s));
-  record_token<<<1, 1, 0, s>>>(stage_, seen_);
-  STRATA_CUDA_TRY(cudaGetLastError());
+  STRATA_CUDA_TRY(kernels::launch(record_token, 1, 1, 0, s, stage_, seen_));
   STRATA_CUDA_TRY(kernels::embed_rows(embedding_, &stage_->token, 1, x_, s));
   const int hc = std::max(g_.hc_count, 1);
   STRATA_CUDA_TRY(cudaMemsetAsync(seq_.streams, 0, sizeof(float) * hc * g_.n_embd, s));
