@@ -74,7 +74,7 @@ class ExpertPool {
 
   // out[:] = the sum over j < k with skip[j] == 0 (null skip: every j) of run_layer's row j, added in order of j
   // from zero, bit for bit; zeros when every j is skipped. out: n_embd floats. The decode loop's job: the
-  // participants write the sum, a row range each, so nothing sums the k rows after the job.
+  // participants add the rows up a range at a time as the ranges complete, so nothing sums k rows after the job.
   void run_layer_sum(int layer, const float* x, const int32_t* ids, const float* weights, const uint8_t* skip, int k,
                      float* out);
 

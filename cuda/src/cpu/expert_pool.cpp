@@ -3,8 +3,9 @@
 // whose h it reads, and the gate/up items are claimed expert by expert, so the first experts' down rows run while
 // the last experts' h is still being made. Float matrices read x and h as float32; for quantized ones x is
 // quantized once by the caller and each gate/up work item quantizes the h blocks it produced. A layer quantizes
-// only what one of its matrices reads, decided once at set_layer. run_layer writes each expert's row; the summed
-// job's down items take a row range across every expert and write the sum, so no one sums k rows afterwards.
+// only what one of its matrices reads, decided once at set_layer. run_layer writes each expert's row; in the
+// summed job the participant that finishes a row range's last expert adds that range up, so the sum is spread
+// over the participants instead of following the job on one core.
 // run_groups hands its calls to the grouped job (group_job.hpp).
 #include "strata/expert_pool.hpp"
 
@@ -36,9 +37,6 @@ namespace {
 // Rows per work item. Gate/up items are whole q8_32 blocks of h, so the item can quantize what it made.
 constexpr int64_t kGateUpRows = 32;
 constexpr int64_t kDownRows = 64;
-// Rows per down item of the summed job: each reads those rows of all k experts (about 115 KB of the benchmark
-// model's 4-bit down at k = 10), so the 2,560 rows make 160 items, a tail of a few microseconds.
-constexpr int64_t kSumRows = 16;
 // The most rows run_groups may be sized for (PoolOptions::max_rows): its scratch is about
 // 1.75 * (n_embd + ff) + 4 * ff bytes a row.
 constexpr int kMaxGroupRows = 1 << 20;
@@ -60,6 +58,7 @@ struct ExpertPool::Impl {
   QuantizedRows x_q;             // [1]
   QuantizedRows h_q;             // one row per slot
   std::vector<float> h;          // [max_k][ff]
+  std::vector<float> rows;       // [max_k][n_embd]: the summed job's weighted rows
   Activation x_in;               // the job's x (float32 from the caller) and x_q
   std::vector<Activation> h_in;  // one per slot: its row of h and h_q
   std::unique_ptr<GroupJob> group_job;  // run_groups' scratch and job; null when max_rows is 0
@@ -76,15 +75,16 @@ struct ExpertPool::Impl {
   alignas(64) std::atomic<int64_t> next_gate_up{0};
   alignas(64) std::atomic<int64_t> next_down{0};
   std::unique_ptr<std::atomic<int64_t>[]> hidden_done;  // [max_k]: gate/up items finished, per active index
+  std::unique_ptr<std::atomic<int>[]> range_done;       // [down_per_slot]: experts whose rows of a range are made
 
   Impl(int64_t n_embd_, int64_t ff_, int max_k_)
       : n_embd(n_embd_), ff(ff_), max_k(max_k_), x_q(1, n_embd_), h_q(max_k_, ff_),
-        h(static_cast<size_t>(max_k_) * ff_), active(max_k_),
-        hidden_done(std::make_unique<std::atomic<int64_t>[]>(max_k_)) {
+        h(static_cast<size_t>(max_k_) * ff_), rows(static_cast<size_t>(max_k_) * n_embd_), active(max_k_),
+        gate_up_per_slot((ff_ + kGateUpRows - 1) / kGateUpRows), down_per_slot((n_embd_ + kDownRows - 1) / kDownRows),
+        hidden_done(std::make_unique<std::atomic<int64_t>[]>(max_k_)),
+        range_done(std::make_unique<std::atomic<int>[]>(down_per_slot)) {
     x_in.q = x_q.row(0);
     for (int j = 0; j < max_k; ++j) h_in.push_back({h.data() + j * ff, h_q.row(j)});
-    gate_up_per_slot = (ff + kGateUpRows - 1) / kGateUpRows;
-    down_per_slot = (n_embd + kDownRows - 1) / kDownRows;
   }
 
   void gate_up_item(int64_t item) {
@@ -105,36 +105,32 @@ struct ExpertPool::Impl {
     while (hidden_done[a].load(std::memory_order_acquire) < gate_up_per_slot) STRATA_CPU_PAUSE();
   }
 
+  // Rows [r0, r1) of one expert's weighted row: into the caller's out (run_layer) or the summed job's rows, where
+  // the participant that makes a range's last expert adds the range up.
   void down_item(int64_t item) {
-    const int64_t a = item / down_per_slot;
+    const int64_t a = item / down_per_slot, range = item % down_per_slot;
     const int slot = active[a];
-    const int64_t r0 = (item % down_per_slot) * kDownRows, r1 = std::min(n_embd, r0 + kDownRows);
+    const int64_t r0 = range * kDownRows, r1 = std::min(n_embd, r0 + kDownRows);
     await_hidden(a);
-    layer->down_kernel(expert_rows(layer->down, ids[slot]), r0, r1, h_in[slot], weights[slot],
-                       out + slot * n_embd + r0);
+    float* row = (summed ? rows.data() : out) + slot * n_embd;
+    layer->down_kernel(expert_rows(layer->down, ids[slot]), r0, r1, h_in[slot], weights[slot], row + r0);
+    if (summed && range_done[range].fetch_add(1, std::memory_order_acq_rel) + 1 == n_active) sum_range(r0, r1);
   }
 
-  // Rows [r0, r1) of the experts' sum, added in slot order from zero: the same sums, bit for bit, as adding
+  // out[r0, r1) = the experts' rows there, added in slot order from zero: the same sums, bit for bit, as adding
   // run_layer's rows one after another.
-  void down_sum_item(int64_t item) {
-    const int64_t r0 = item * kSumRows, r1 = std::min(n_embd, r0 + kSumRows);
-    float sum[kSumRows] = {}, part[kSumRows];
+  void sum_range(int64_t r0, int64_t r1) const {
+    std::fill(out + r0, out + r1, 0.0f);
     for (int64_t a = 0; a < n_active; ++a) {
-      const int slot = active[a];
-      await_hidden(a);
-      layer->down_kernel(expert_rows(layer->down, ids[slot]), r0, r1, h_in[slot], weights[slot], part);
-      for (int64_t r = 0; r < r1 - r0; ++r) sum[r] += part[r];
+      const float* row = rows.data() + active[a] * n_embd;
+      for (int64_t r = r0; r < r1; ++r) out[r] += row[r];
     }
-    std::copy(sum, sum + (r1 - r0), out + r0);
   }
 
   static void layer_job(void* context, int /*participant*/) {
     auto& p = *static_cast<Impl*>(context);
     for (int64_t i; (i = p.next_gate_up.fetch_add(1, std::memory_order_relaxed)) < p.gate_up_items;) p.gate_up_item(i);
-    for (int64_t i; (i = p.next_down.fetch_add(1, std::memory_order_relaxed)) < p.down_items;) {
-      if (p.summed) p.down_sum_item(i);
-      else p.down_item(i);
-    }
+    for (int64_t i; (i = p.next_down.fetch_add(1, std::memory_order_relaxed)) < p.down_items;) p.down_item(i);
   }
 
   // Checks the call and sets up the job; false when no slot is left to compute.
@@ -246,8 +242,9 @@ bool ExpertPool::Impl::prepare(int index, const char* what, const float* x_, con
   summed = summed_;
   n_active = count;
   gate_up_items = count * gate_up_per_slot;
-  down_items = summed ? (n_embd + kSumRows - 1) / kSumRows : count * down_per_slot;
+  down_items = count * down_per_slot;
   for (int a = 0; a < count; ++a) hidden_done[a].store(0, std::memory_order_relaxed);
+  for (int64_t r = 0; r < down_per_slot; ++r) range_done[r].store(0, std::memory_order_relaxed);
   next_gate_up.store(0, std::memory_order_relaxed);
   next_down.store(0, std::memory_order_relaxed);
   return true;
