@@ -71,14 +71,16 @@ def test_a_turn_that_diverges_rolls_back_to_the_last_snapshot(model_file, rng):
     engine = CountingEngine(Reference(model_file), context=256, snapshots=2)
     session = Session(engine, model_file.tokenizer())
     first = random_ids(model_file, rng, 10)
-    session.complete(first, max_tokens=5)
+    said = session.complete(first, max_tokens=5).tokens
     # The caller edits the answer (its first token; its EOS if it said nothing): the session goes back to the
-    # snapshot taken before the first prompt's last token, and feeds from there.
+    # snapshot taken before the first prompt's last token, and feeds from there. An answer that was EOS alone was
+    # never fed: the live state holds the prompt and the edit follows it (some seeds' first token is EOS).
     edited = first + [session.tokens[len(first)] ^ 1] + random_ids(model_file, rng, 3)
     start = len(engine.fed)
     done = session.complete(edited, max_tokens=3)
-    assert done.usage.cached_tokens == len(first) - 1
-    assert engine.fed[start:start + 2] == [len(edited) - len(first), 1]
+    cached = len(first) - 1 if said else len(first)
+    assert done.usage.cached_tokens == cached
+    assert engine.fed[start:start + 2] == [len(edited) - cached - 1, 1]
     assert relative_error(engine._logits, fresh_logits(model_file, session.tokens[:-1])) < BOUND
     # The same prompt again (a retry) feeds one token; one shorter than everything snapshotted starts over.
     assert session.complete(edited, max_tokens=2).usage.cached_tokens == len(edited) - 1
