@@ -1,6 +1,7 @@
 # The extension types and C-level helpers of strata._native that other modules cimport (the test hooks'
 # strata._native_check takes the production objects and converts arguments the same way). Definitions live
 # in _native.pyx's binding/<header>.pxi files.
+from libc.stdint cimport int32_t, uint8_t
 from libcpp.memory cimport unique_ptr
 
 from strata.libstrata.decode_session cimport CppDecodeSession, DecodeMode
@@ -22,6 +23,8 @@ cdef class CpuExpertPool:
     cdef readonly int max_k
     cdef readonly int max_rows
     cdef CppExpertPool* native(self) except NULL
+    cdef int checked_request(self, str what, const float[::1] x, const int32_t[::1] ids, const float[::1] weights,
+                             const uint8_t[::1] skip) except -1
 
 
 cdef class DeviceWeights:

@@ -38,6 +38,10 @@ class CpuExpertPool:
         self, layer: int, x: npt.NDArray[np.float32], ids: npt.NDArray[np.int32], weights: npt.NDArray[np.float32],
         skip: npt.NDArray[np.uint8], out: npt.NDArray[np.float32],
     ) -> None: ...
+    def run_layer_sum(
+        self, layer: int, x: npt.NDArray[np.float32], ids: npt.NDArray[np.int32], weights: npt.NDArray[np.float32],
+        skip: npt.NDArray[np.uint8], out: npt.NDArray[np.float32],
+    ) -> None: ...
     def run_groups(
         self, layer: int, x: npt.NDArray[np.float32], experts: npt.NDArray[np.int32], begin: npt.NDArray[np.int32],
         out: npt.NDArray[np.float32] | None = None,
@@ -46,6 +50,8 @@ class CpuExpertPool:
     def close(self) -> None: ...
     @property
     def threads(self) -> int: ...
+    @property
+    def participants(self) -> int: ...
     @property
     def isa(self) -> str: ...
     @property

@@ -116,8 +116,8 @@ cdef class CpuExpertPool:
         with nogil:
             pool.run_layer_sum(layer, &xv[0], ip, wp, sp, k, &ov[0])
 
-    def checked_request(self, str what, const float[::1] x, const int32_t[::1] ids, const float[::1] weights,
-                        const uint8_t[::1] skip):
+    cdef int checked_request(self, str what, const float[::1] x, const int32_t[::1] ids, const float[::1] weights,
+                             const uint8_t[::1] skip) except -1:
         """k, once x, ids, weights and skip agree on n_embd and k."""
         cdef int k = ids.shape[0]
         if x.shape[0] != self.n_embd:
