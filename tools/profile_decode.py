@@ -3,8 +3,10 @@ then profiles `--tokens` more in the chosen mode with torch's CUDA profiler (CUP
 process, strata's included) and prints the kernels by total time per token. With `--prompt N` it profiles one
 prompt of N ids through the prompt path instead (times per prompt token; `--expert-cache` as strata.load's).
 With `--depth D` the decoded tokens follow a prompt of D ids. `--timeline` adds, per layer of the last token, the
-GPU's span before its ring (from the previous ring's answer to its publish), the kernels in it, their summed
-time and the gaps between them (what fusing launches can win), and the last token's first layers kernel by kernel.
+GPU's span before its ring (from the previous ring's answer to its publish), the kernels in it, the time in which
+one of them runs and the rest, and the last token's first layers kernel by kernel with what each adds to the
+chain. Kernels launch with programmatic dependent launch (kernels/launch.cuh), so a kernel's profiled time includes
+its wait for the one before it: the totals per kernel overstate, what a kernel adds to the chain does not.
 
     python tools/profile_decode.py MODEL [--mode uncaptured] [--tokens 8] [--depth 3000] [--timeline]
                                    [--prompt 4096 [--expert-cache 0]]
@@ -75,7 +77,12 @@ def main() -> None:
 
 
 def print_timeline(events) -> None:
-    """The last token's kernels in start order: per layer the span before the ring, and its first layers in full."""
+    """The last token's kernels in start order: per layer the span before the ring, and its first layers in full.
+
+    Kernels launch with programmatic dependent launch (kernels/launch.cuh): a kernel's CTAs start while the kernel
+    before it runs and wait for it, so its recorded start and duration include that wait. A layer's span is
+    therefore measured between ends, from the previous ring's answer (its doorbell_wait's end) to its publish (its
+    route_publish's end), and each kernel's cost is what it adds to the chain's end ("adds")."""
     kernels = sorted((e for e in events if e.device_type.name == "CUDA" and e.time_range.elapsed_us() > 0),
                      key=lambda e: e.time_range.start)
     waits = [i for i, e in enumerate(kernels) if "doorbell_wait" in e.name]
@@ -88,29 +95,30 @@ def print_timeline(events) -> None:
     begins = [i for i, e in enumerate(kernels) if "record_token" in e.name]  # one per token, in begin()
     start = begins[-1] if begins else 0
     last = [p for p in publishes if p > start]
-    per_token = len(last)
-    print(f"\nlast token, {per_token} ringing layers: GPU before each ring (us)")
+    print(f"\nlast token, {len(last)} ringing layers: GPU before each ring (us, from the answer before to the publish)")
     print(f"{'layer':>5s} {'span':>7s} {'kernels':>7s} {'busy':>7s} {'gaps':>7s}")
-    bound = start
+    answered = kernels[start].time_range.start
     spans = []
     for layer, pub in enumerate(last):
-        window = kernels[bound:pub + 1]
-        span = window[-1].time_range.end - window[0].time_range.start
-        busy = _busy(window)
+        published = kernels[pub].time_range.end
+        window = [e for e in kernels[start:] if answered < e.time_range.end <= published]
+        span = published - answered
+        busy = _busy(window, answered)
         spans.append((span, len(window), busy))
         print(f"{layer:5d} {span:7.1f} {len(window):7d} {busy:7.1f} {span - busy:7.1f}")
         later = [w for w in waits if w > pub]
-        bound = later[0] + 1 if later else pub + 1
+        answered = kernels[later[0]].time_range.end if later else published
     mean = [sum(v[i] for v in spans) / len(spans) for i in range(3)]
     print(f" mean {mean[0]:7.1f} {mean[1]:7.1f} {mean[2]:7.1f} {mean[0] - mean[2]:7.1f}")
-    print("\nthe last token's first layers, kernel by kernel (start, duration, gap before, us):")
+    print("\nthe last token's first layers, kernel by kernel (us: start, duration with any wait for the kernel "
+          "before, what it adds to the chain's end):")
     t0 = kernels[start].time_range.start
-    previous_end = t0
+    chain_end = t0
     stop = last[min(3, len(last) - 1)]
     for e in kernels[start:stop + 1]:
         r = e.time_range
-        print(f"{r.start - t0:9.1f} {r.elapsed_us():7.1f} {r.start - previous_end:6.1f}  {_short(e.name)}")
-        previous_end = max(previous_end, r.end)
+        print(f"{r.start - t0:9.1f} {r.elapsed_us():7.1f} {max(0.0, r.end - chain_end):6.1f}  {_short(e.name)}")
+        chain_end = max(chain_end, r.end)
 
 
 def _short(name: str) -> str:
@@ -119,19 +127,15 @@ def _short(name: str) -> str:
     return name[:100]
 
 
-def _busy(window) -> float:
-    """Microseconds in which at least one kernel of `window` runs (branches overlap)."""
-    busy, end = 0.0, None
+def _busy(window, since: float) -> float:
+    """Microseconds after `since` in which at least one kernel of `window` runs (branches overlap)."""
+    busy, end = 0.0, since
     for e in sorted(window, key=lambda e: e.time_range.start):
-        s, t = e.time_range.start, e.time_range.end
-        if end is None or s >= end:
+        s, t = max(e.time_range.start, end), e.time_range.end
+        if t > s:
             busy += t - s
             end = t
-        elif t > end:
-            busy += t - end
-            end = t
     return busy
-
 
 
 if __name__ == "__main__":
