@@ -4,6 +4,10 @@ Order of operations (llama.cpp's and transformers' usual order): repetition pena
 temperature, top-k, top-p, min-p, then one draw. A draw is a pure function of the filtered distribution and
 one uniform number u in [0, 1), so the GPU and this module pick the same token for the same u.
 Ties are broken towards the lower token id everywhere (greedy, top-k, the sorted order of a draw).
+
+Drafted tokens (speculative decoding) are verified by `accept_draft`, position by position (`verify_drafts`):
+greedy accepts exactly the token stepping would pick; sampling keeps the standard speculative-sampling rule, so
+the tokens a step yields are distributed as stepping's whatever the drafter proposed.
 """
 
 from __future__ import annotations
@@ -74,18 +78,94 @@ def candidates(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, 
     return order, probs / probs.sum()
 
 
-def sample(logits: np.ndarray, params: SamplingParams, u: float, seen: Iterable[int] = ()) -> int:
-    """The token for one uniform draw u in [0, 1)."""
+def _checked_uniform(u: float) -> None:
     if not 0.0 <= u < 1.0:
         raise InvalidArgument(f"the uniform draw must be in [0, 1), got {u}")
-    logits = apply_repeat_penalty(np.asarray(logits), seen, params.repeat_penalty)
-    if not np.all(np.isfinite(logits)):
+
+
+def _penalized(logits: np.ndarray, params: SamplingParams, seen: Iterable[int]) -> np.ndarray:
+    out = apply_repeat_penalty(np.asarray(logits), seen, params.repeat_penalty)
+    if not np.all(np.isfinite(out)):
         raise InvalidArgument("logits contain NaN or infinity")
-    if params.temperature == 0.0:
-        return int(np.argmax(logits))  # argmax returns the first (lowest) id among ties
-    ids, probs = candidates(logits, params)
+    return out
+
+
+def _draw(ids: np.ndarray, probs: np.ndarray, u: float) -> int:
+    """The id whose cumulative mass (in the order given) first passes u."""
     index = int(np.searchsorted(np.cumsum(probs), u, side="right"))
     return int(ids[min(index, ids.size - 1)])
+
+
+def sample(logits: np.ndarray, params: SamplingParams, u: float, seen: Iterable[int] = ()) -> int:
+    """The token for one uniform draw u in [0, 1)."""
+    _checked_uniform(u)
+    logits = _penalized(logits, params, seen)
+    if params.temperature == 0.0:
+        return int(np.argmax(logits))  # argmax returns the first (lowest) id among ties
+    return _draw(*candidates(logits, params), u)
+
+
+def accept_draft(logits: np.ndarray, params: SamplingParams, draft: int, u_accept: float, u_residual: float,
+                 seen: Iterable[int] = (), draft_probs: np.ndarray | None = None) -> tuple[bool, int]:
+    """Whether the drafted token `draft` is accepted at a position whose logits are `logits`, and the token the
+    position yields: the draft, or on a rejection a draw from the residual distribution.
+
+    Greedy (temperature 0) accepts exactly the token `sample` would pick, and yields it either way. Sampling
+    accepts with probability min(1, p(d) / q(d)) (u_accept < p(d) / q(d)), p the distribution `sample` draws from
+    and q the drafter's over the vocabulary (`draft_probs`; None: the drafter proposed d with certainty, as prompt
+    lookup and a greedy drafter do); a rejection draws with u_residual from max(0, p - q), renormalised, in
+    `candidates`' order. The token yielded is then distributed as p, whatever q (Leviathan et al., 2023)."""
+    _checked_uniform(u_accept)
+    _checked_uniform(u_residual)
+    logits = _penalized(logits, params, seen)
+    if not 0 <= draft < logits.size:
+        raise InvalidArgument(f"draft token {draft} is outside the {logits.size} logits")
+    if params.temperature == 0.0:
+        best = int(np.argmax(logits))
+        return best == draft, best
+    ids, probs = candidates(logits, params)
+    p = np.zeros(logits.size, np.float64)
+    p[ids] = probs
+    if draft_probs is None:
+        q = np.zeros(logits.size, np.float64)
+        q[draft] = 1.0
+    else:
+        q = np.asarray(draft_probs, np.float64).reshape(-1)
+        if q.size != logits.size or not np.all(np.isfinite(q)) or np.any(q < 0) or q[draft] <= 0:
+            raise InvalidArgument(f"draft_probs must be {logits.size} finite probabilities, with q(draft) > 0")
+    if u_accept * q[draft] < p[draft]:
+        return True, draft
+    residual = np.maximum(p[ids] - q[ids], 0.0)
+    total = residual.sum()
+    if total <= 0.0:  # p <= q on every candidate: only rounding can reject here; the draw from p is exact then
+        return False, _draw(ids, probs, u_residual)
+    return False, _draw(ids, residual / total, u_residual)
+
+
+def verify_drafts(rows: np.ndarray, params: SamplingParams, drafts: list[int], uniforms: np.ndarray,
+                  seen: Iterable[int] = (), draft_probs: np.ndarray | None = None) -> list[int]:
+    """The tokens one verification step yields: `rows` [k + 1, vocab] are the logits after the context and after
+    each of the k drafts; position i accepts drafts[i] or yields its replacement and stops; when every draft is
+    accepted, the last row yields one token more. `uniforms` [k + 1, 2]: position i's (u_accept, u_residual), the
+    last row's draw in uniforms[k, 0]. The penalty's seen tokens grow by each token yielded, as when stepping;
+    `draft_probs` [k, vocab] is the drafter's distribution per position (None: certain drafts)."""
+    k = len(drafts)
+    rows = np.asarray(rows)
+    uniforms = np.asarray(uniforms, np.float64)
+    if rows.ndim != 2 or rows.shape[0] != k + 1 or uniforms.shape != (k + 1, 2):
+        raise InvalidArgument(f"{k} drafts need {k + 1} rows of logits and ({k + 1}, 2) uniforms, got "
+                              f"{rows.shape} and {uniforms.shape}")
+    seen = list(seen)
+    out: list[int] = []
+    for i, draft in enumerate(drafts):
+        q = None if draft_probs is None else draft_probs[i]
+        accepted, token = accept_draft(rows[i], params, int(draft), uniforms[i, 0], uniforms[i, 1], seen, q)
+        out.append(token)
+        seen.append(token)
+        if not accepted:
+            return out
+    out.append(sample(rows[k], params, float(uniforms[k, 0]), seen))
+    return out
 
 
 def log_probabilities(logits: np.ndarray, token: int, n: int) -> tuple[float, list[tuple[int, float]]]:
