@@ -155,6 +155,15 @@ def test_bench_pool_groups_quick_runs_and_writes_json(tmp_path, capsys):
     assert json.loads(out.read_text())["rows"] == 8 * 80
 
 
+def test_bench_pool_jobs_quick_times_every_organisation_of_the_job(tmp_path, capsys):
+    out = tmp_path / "jobs.json"
+    assert cli.main(["bench", "pool", "--jobs", "--quick", "-k", "3", "--isa", "avx2", "--json", str(out)]) == 0
+    assert "RESULT pool_jobs rows_us=" in capsys.readouterr().out
+    jobs = json.loads(out.read_text())["jobs"]
+    assert set(jobs) == {"rows", "rows_numpy_sum", "sum_caller_joins", "sum_caller_waits"}
+    assert all(job["median_s"] > 0 and job["gb_per_s"] > 0 for job in jobs.values())  # NaN fails too
+
+
 def test_run_streams_text_with_the_reference_engine(tmp_path, capsys):
     path = tmp_path / "r.gguf"
     assert cli.main(["synth", str(path), "--arch", "qwen35moe", "--layers", "4"]) == 0

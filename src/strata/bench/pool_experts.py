@@ -10,6 +10,10 @@ from strata.quant.forms import FLOAT_DTYPES, fitting_type, float_form_of
 from strata.runtime.pool import ExpertWeight
 from strata.synth.blocks import fill_float
 
+# The benchmark model's routed experts: n_embd x expert_ff, gate/up and down types.
+N_EMBD, FF = 2560, 640
+GATE_UP, DOWN = T.Q4_K, T.Q4_0
+
 
 def synthetic_experts(ggml_type: T, rows: int, cols: int, n_expert: int, rng: np.random.Generator) -> ExpertWeight:
     """Random planes of ``n_expert`` experts in ``ggml_type``'s form; finite, moderate scales (no denormals)."""

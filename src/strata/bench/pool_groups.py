@@ -11,14 +11,10 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGMLQuantizationType as T
 
-from strata.bench.pool_experts import synthetic_experts
+from strata.bench.pool_experts import DOWN, FF, GATE_UP, N_EMBD, synthetic_experts
 from strata.bench.records import Emit, write_json
 from strata.runtime.pool import ExpertPool, default_threads
-
-N_EMBD, FF = 2560, 640
-GATE_UP, DOWN = T.Q4_K, T.Q4_0
 
 
 @dataclass

@@ -1,12 +1,12 @@
-"""`strata bench pool`: the CPU expert pool benchmark (strata.bench.pool; with --groups, strata.bench.pool_groups),
-parsed apart from `strata bench [MODEL]`."""
+"""`strata bench pool`: the CPU expert pool benchmark (strata.bench.pool; with --groups, strata.bench.pool_groups;
+with --jobs, strata.bench.pool_jobs), parsed apart from `strata bench [MODEL]`."""
 
 from __future__ import annotations
 
 import argparse
 
 from strata.bench import pool as pool_bench
-from strata.bench import pool_groups
+from strata.bench import pool_groups, pool_jobs
 from strata.cli.help import ShowDefaults
 
 
@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     pool.add_argument("--groups", action="store_true",
                       help="time run_groups instead: a prompt chunk's rows grouped by expert "
                            "(strata.bench.pool_groups)")
+    pool.add_argument("--jobs", action="store_true",
+                      help="time the layer job organised four ways instead: its rows, the rows summed by numpy, "
+                           "run_layer_sum with the caller taking part and waiting (strata.bench.pool_jobs)")
     pool.set_defaults(handler=handle, command="bench pool")
     return pool
 
@@ -35,6 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
 def handle(args: argparse.Namespace) -> int:
     if args.groups:
         pool_groups.run(print, quick=args.quick, isa=args.isa, json_path=args.json)
+    elif args.jobs:
+        pool_jobs.run(print, quick=args.quick, k=args.k, isa=args.isa, json_path=args.json)
     else:
         pool_bench.run(print, quick=args.quick, k=args.k, isa=args.isa, json_path=args.json, mixes=args.mix,
                        hot=args.hot)
