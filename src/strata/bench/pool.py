@@ -51,8 +51,9 @@ QUICK = Scale(n_expert=16, n_layers=2, jobs=10, read_bytes=128 << 20, set_bytes=
 
 def time_jobs(pool: ExpertPool, n_layers: int, n_expert: int, k: int, jobs: int, rng: np.random.Generator,
               hot: bool = False) -> np.ndarray:
-    """Seconds per run_layer_sum call (the decode loop's job), ids drawn at random per job (two warm-up jobs not counted). `hot`: the same k
-    experts of layer 0 every job, which stay in the last-level cache: the kernels' own ceiling, not the memory's."""
+    """Seconds per run_layer_sum call (the decode loop's job), ids drawn at random per job (two warm-up jobs not
+    counted). `hot`: the same k experts of layer 0 every job, which stay in the last-level cache: the kernels' own
+    ceiling, not the memory's."""
     x = rng.standard_normal(pool.n_embd, dtype=np.float32)
     weights = np.full(k, 1.0 / k, np.float32)
     skip = np.zeros(k, np.uint8)
