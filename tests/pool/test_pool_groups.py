@@ -119,11 +119,12 @@ def test_group_sizes(rng, layer, threads, isa):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("layer", ["Q4_K", "Q5_0", "F16", "F16|Q8_0|BF16"])
 def test_many_groups_and_repeated_calls(rng, layer, isa):
-    """Many groups (experts repeated, sizes 0..9, rows of an odd block count); calls reuse the scratch."""
+    """Many groups (experts repeated, sizes 0..9, rows of an odd block count); calls reuse the scratch. At most
+    MAX_ROWS // 9 groups, so that every draw fits the pool's max_rows (59 groups could hold 531 rows)."""
     n_embd, _ = SHAPES["odd"]
     with make_pool(layer, "odd", isa) as pool:
         for _ in range(3):
-            groups = int(rng.integers(30, 60))
+            groups = int(rng.integers(20, MAX_ROWS // 9 + 1))
             experts = rng.integers(0, N_EXPERT, groups).astype(np.int32)
             begin = sizes_to_begin(list(rng.integers(0, 10, groups)))
             x = random_x(rng, int(begin[-1]), n_embd)
