@@ -24,13 +24,6 @@
 #include "strata/error.hpp"
 #include "worker_team.hpp"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define STRATA_CPU_PAUSE() _mm_pause()
-#else
-#define STRATA_CPU_PAUSE() ((void)0)
-#endif
-
 namespace strata::cpu {
 namespace {
 
@@ -102,7 +95,7 @@ struct ExpertPool::Impl {
   // Returns once active expert a's h (and its q8_32) is complete. Every gate/up item is claimed before any
   // down item, by a participant that finishes it without waiting on anything: the wait always ends.
   void await_hidden(int64_t a) const {
-    while (hidden_done[a].load(std::memory_order_acquire) < gate_up_per_slot) STRATA_CPU_PAUSE();
+    while (hidden_done[a].load(std::memory_order_acquire) < gate_up_per_slot) spin_pause();
   }
 
   // Rows [r0, r1) of one expert's weighted row: into the caller's out (run_layer) or the summed job's rows, where

@@ -11,13 +11,6 @@
 #include "strata/cpu_topology.hpp"
 #include "strata/error.hpp"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define STRATA_CPU_PAUSE() _mm_pause()
-#else
-#define STRATA_CPU_PAUSE() ((void)0)
-#endif
-
 namespace strata::cpu {
 namespace {
 
@@ -85,7 +78,7 @@ void WorkerTeam::run(Job job, void* context) {
   generation_.fetch_add(1, std::memory_order_seq_cst);
   if (parked_.load(std::memory_order_seq_cst) > 0) futex_wake_all(&generation_);
   if (joins) job(context, size());
-  while (finished_.load(std::memory_order_acquire) < size()) STRATA_CPU_PAUSE();
+  while (finished_.load(std::memory_order_acquire) < size()) spin_pause();
 }
 
 void WorkerTeam::barrier() {
@@ -95,7 +88,7 @@ void WorkerTeam::barrier() {
     barrier_epoch_.store(epoch + 1, std::memory_order_release);
     return;
   }
-  while (barrier_epoch_.load(std::memory_order_acquire) == epoch) STRATA_CPU_PAUSE();
+  while (barrier_epoch_.load(std::memory_order_acquire) == epoch) spin_pause();
 }
 
 void WorkerTeam::worker_main(int index, std::vector<int> cpus) {
@@ -116,7 +109,7 @@ void WorkerTeam::worker_main(int index, std::vector<int> cpus) {
     for (unsigned polls = 0;; ++polls) {
       now = generation_.load(std::memory_order_acquire);
       if (now != seen) break;
-      STRATA_CPU_PAUSE();
+      spin_pause();
       if ((polls & 255) == 255 && Clock::now() - idle_since >= spin_for) {
         parked_.fetch_add(1, std::memory_order_seq_cst);
         if (generation_.load(std::memory_order_seq_cst) == seen) futex_wait(&generation_, seen);

@@ -8,7 +8,19 @@
 #include <thread>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 namespace strata::cpu {
+
+// One step of a spin-wait on the team's counters (the workers' wait for work, a job's wait on another item): a
+// pause on x86, which frees the core's pipeline for its sibling and eases the exit from the loop.
+inline void spin_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#endif
+}
 
 class WorkerTeam {
  public:
