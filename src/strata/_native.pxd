@@ -51,6 +51,9 @@ cdef class DecodeSession:
     cdef unique_ptr[CppDecodeSession] session
     cdef readonly object weights, pool, cache, staging, ple
     cdef readonly int n_vocab, ple_width
+    cdef object held_rows
+    cdef const float* rows_of(self, ple_rows, int n) except? NULL
+    cdef float* logits_of(self, logits, int n) except NULL
     cdef CppDecodeSession* native(self) except NULL
 
 

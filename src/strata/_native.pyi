@@ -11,6 +11,7 @@ from strata.options import KV, Mode
 # The core's limits and field names (binding/session_layout.pxi, logprobs.pxi, geometry.pxi)
 KV_PAGE_TOKENS: int
 MAX_SNAPSHOTS: int
+MAX_VERIFY_ROWS: int
 MAX_LOGPROBS: int
 GEOMETRY_FIELDS: tuple[str, ...]
 
@@ -150,13 +151,19 @@ class DecodeSession:
         kv: KV | str, mode: Mode | str = ..., device: int = 0, timeout: float = 5.0, snapshots: int = 0,
         cache: ExpertCache | None = None, prompt_chunk: int = 0, staging: ExpertStaging | None = None,
         prompt_cpu: bool = True, kv_streaming: bool = False, defer_experts: int = 0,
-        ple: PleGather | None = None,
+        ple: PleGather | None = None, verify_rows: int = 0,
     ) -> None: ...
     def feed(
         self, tokens: Sequence[int] | npt.ArrayLike, ple_rows: npt.ArrayLike | None,
         params: tuple[float, int, float, float, float], u: float, sample: bool = True,
         logits: npt.NDArray[np.float32] | None = None,
     ) -> int: ...
+    def verify(
+        self, tokens: Sequence[int] | npt.ArrayLike, ple_rows: npt.ArrayLike | None, logits: npt.NDArray[np.float32],
+    ) -> None: ...
+    def truncate(self, position: int) -> None: ...
+    @property
+    def verify_rows(self) -> int: ...
     @property
     def prompt_chunk(self) -> int: ...
     def step(

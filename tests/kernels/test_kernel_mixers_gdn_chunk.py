@@ -70,6 +70,29 @@ def test_gdn_chunk_matches_steps_and_reference(rng, layout, tokens, start):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("tokens", (1, 2, 5, 8))
+@pytest.mark.parametrize("layout", sorted(SHAPES))
+def test_gdn_chunk_row_states_are_each_tokens_state(rng, layout, tokens):
+    """A verification step's row states (docs/speculative.md): row t is the state and conv history that t + 1
+    steps leave, bit for bit, and keeping them changes nothing else the chunk writes."""
+    from strata import _native_check
+
+    shape = SHAPES[layout]
+    inputs = random_inputs(rng, shape, tokens)
+    conv_state, state = starting_state(rng, shape, "carried")
+    out, conv_out, got_conv, got_state, state_rows, conv_rows = run(
+        _native_check.gdn_chunk, shape, inputs, conv_state, state, row_pad=3, row_states=True)
+    plain = run(_native_check.gdn_chunk, shape, inputs, conv_state, state, row_pad=3)
+    for name, got, want in zip(("out", "conv_out", "conv state", "state"), (out, conv_out, got_conv, got_state),
+                               plain):
+        assert_same_bits(got, want, f"{layout} T={tokens}: {name} with row states")
+    for t in range(tokens):
+        _, step_conv, step_state = run(_native_check.gdn_steps, shape, rows(inputs, 0, t + 1), conv_state, state)
+        assert_same_bits(state_rows[t], step_state, f"{layout} T={tokens}: state row {t}")
+        assert_same_bits(conv_rows[t], step_conv, f"{layout} T={tokens}: conv history row {t}")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_gdn_chunks_in_a_row_equal_one_chunk(rng, layout):
     """A prompt in chunks of 64, 2 and 267 tokens, state carried between them, is the prompt in one chunk

@@ -6,6 +6,7 @@ import pytest
 
 from strata.reference.ops import grouped_rms_norm, sigmoid
 from strata.reference.ple import dilated_conv_silu
+from support.compare import assert_same_bits
 
 pytestmark = pytest.mark.hooks
 
@@ -82,6 +83,26 @@ def test_ple_chunk_is_ple_step_per_token(rng, steps, hc, n, dilation, kernel, fr
         f"addends: {np.count_nonzero(got.view(np.uint32) != want.view(np.uint32))} elements differ")
     assert np.array_equal(got_history.view(np.uint32), want_history.view(np.uint32)), (
         f"history: {np.count_nonzero(got_history.view(np.uint32) != want_history.view(np.uint32))} elements differ")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("steps", "hc", "n", "dilation", "kernel"), [(1, 4, 2560, 3, 4), (5, 4, 2560, 3, 4),
+                                                                    (8, 2, 300, 1, 8), (3, 1, 33, 2, 2)])
+def test_ple_chunk_row_states_are_each_tokens_history(rng, steps, hc, n, dilation, kernel):
+    """A verification step's row states (docs/speculative.md): row t is the history t + 1 steps leave, bit for
+    bit, and keeping them changes nothing else."""
+    from strata import _native_check
+
+    streams, key, value, norms, conv_weight, history = ple_case(steps, hc, n, dilation, kernel, rng, False)
+    args = (streams, key, value, *norms, conv_weight, history)
+    got, got_history, rows = _native_check.ple_steps(*args, dilation=dilation, eps=EPS, chunk=True, row_states=True)
+    want, want_history = _native_check.ple_steps(*args, dilation=dilation, eps=EPS, chunk=True)
+    assert_same_bits(got, want, "addends with row states")
+    assert_same_bits(got_history, want_history, "history with row states")
+    for t in range(steps):
+        _, stepped = _native_check.ple_steps(streams[:t + 1], key[:t + 1], value[:t + 1], *norms, conv_weight,
+                                             history, dilation=dilation, eps=EPS)
+        assert_same_bits(rows[t], stepped, f"history row {t}")
 
 
 @pytest.mark.gpu

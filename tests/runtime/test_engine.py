@@ -35,15 +35,16 @@ class FakeDecodeSession:
 
     def __init__(self, weights=None, pool=None, geometry=None, *, context=64, kv=KV.INT8, mode=Mode.TOKEN_GRAPH,
                  device=0, timeout=5.0, snapshots=0, cache=None, prompt_chunk=0, staging=None, prompt_cpu=True,
-                 kv_streaming=False, defer_experts=0, ple=None, n_vocab=512):
+                 kv_streaming=False, defer_experts=0, ple=None, verify_rows=0, n_vocab=512):
         self.args = dict(weights=weights, pool=pool, geometry=geometry, context=context, kv=kv, mode=mode,
                          device=device, timeout=timeout, snapshots=snapshots, cache=cache, prompt_chunk=prompt_chunk,
                          staging=staging, prompt_cpu=prompt_cpu, kv_streaming=kv_streaming,
-                         defer_experts=defer_experts, ple=ple)
+                         defer_experts=defer_experts, ple=ple, verify_rows=verify_rows)
         self.saved: dict[int, int] = {}
         self.context, self.mode, self.position, self.n_vocab = context, mode, 0, n_vocab
-        self.prompt_chunk = prompt_chunk
+        self.prompt_chunk, self.verify_rows = prompt_chunk, verify_rows
         self.feeds: list[tuple] = []
+        self.verified = 0  # the last verify's ids; truncate cuts back into them
         self.steps: list[tuple] = []
         self.resets = self.closes = 0
 
@@ -53,6 +54,16 @@ class FakeDecodeSession:
             logits[...] = np.arange(len(tokens))[:, None]  # row i: i everywhere
         self.position += len(tokens)
         return self.position * 7 % self.n_vocab if sample else -1
+
+    def verify(self, tokens, ple_rows, logits):
+        self.feed(tokens, ple_rows, GREEDY_VALUES, 0.0, sample=False, logits=logits)
+        self.verified = len(tokens)
+
+    def truncate(self, position):
+        if not self.position - self.verified < position <= self.position:
+            raise InvalidArgument(f"truncate to {position} outside the verified window")
+        self.verified -= self.position - position
+        self.position = position
 
     def step(self, token, ple_rows, params, u, sample=True):
         self.steps.append((token, None if ple_rows is None else ple_rows.copy(), params, u, sample))
@@ -80,6 +91,28 @@ class FakeDecodeSession:
 
     def close(self):
         self.closes += 1
+
+
+GREEDY_VALUES = (0.0, 0, 1.0, 0.0, 1.0)
+
+
+@pytest.mark.parametrize("kept", [1, 3, 5])
+def test_truncate_after_verify_rebuilds_the_hosts_ngram_state(tiny_qwen4exp, rng, kept):
+    g = tiny_qwen4exp.geometry
+    prompt = [int(t) for t in rng.integers(0, g.n_vocab, 9)]
+    window = [int(t) for t in rng.integers(0, g.n_vocab, 5)]
+    engine = GpuEngine(FakeDecodeSession(prompt_chunk=8, verify_rows=5), PleRows(tiny_qwen4exp, g))
+    engine.prefill(prompt, prompt)
+    logits = engine.verify(window, prompt + window)
+    assert logits.shape == (5, 512) and engine.verify_rows == 5
+    assert engine.native.feeds[-1][1].shape[0] == 5  # every verified id's PLE rows went with it
+    engine.truncate(len(prompt) + kept)
+    assert engine.position == len(prompt) + kept
+    stepped = PleRows(tiny_qwen4exp, g)
+    stepped.rows_for(prompt + window[:kept])
+    np.testing.assert_array_equal(engine.ple.previous, stepped.previous)
+    # the next token's rows follow the kept ids, not the cut ones
+    np.testing.assert_array_equal(engine.ple.rows(7), stepped.rows(7))
 
 
 def _reference_rows(table: np.ndarray, shape, ids: list[int]) -> np.ndarray:

@@ -36,7 +36,11 @@ struct DecodeOptions {
   bool kv_streaming = false;     // attention KV in page-locked host memory, a VRAM window of it (session.md)
   int defer_experts = 0;         // 0 <= d < n_expert_used: the pool's d lightest routed experts of a layer land
                                  // a layer late (session.md, "Expert deferral"); 0: exact
+  int verify_rows = 0;           // 0..kMaxVerifyRows: the most tokens verify() takes (each row's recurrent state
+                                 // kept in the arena: docs/speculative.md); 0: no verification steps
 };
+
+constexpr int kMaxVerifyRows = 8;  // a pending token and up to 7 drafts
 
 // The log-probabilities of one position (strata.sampling.log_probabilities): the sampled token's, and the
 // n most likely ids with theirs.
@@ -125,6 +129,16 @@ class DecodeSession {
   // land there too (scoring: position i's are those step() would leave after token i).
   int feed(const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling, double u, bool sample,
            float* all_logits = nullptr);
+
+  // A verification step (docs/speculative.md): the n (1..min(verify_rows, prompt_chunk)) tokens appended as one
+  // prompt chunk, every position's logits into all_logits ([n][n_vocab]), nothing sampled, and each row's
+  // recurrent state kept. Until the next step, feed, verify, snapshot, restore or reset, truncate(position) then
+  // brings the sequence back to exactly what stepping its first position - start tokens would leave (start: the
+  // position before the verify; position in start + 1 .. start + n). logits() and logprobs() after a truncate
+  // that cut tokens are not defined: the rows' logits are the caller's.
+  void verify(const int* tokens, int n, const float* ple_rows, float* all_logits);
+  void truncate(int position);
+  int verify_rows() const noexcept;
 
   void logits(float* out) const;  // [n_vocab] of the last step or feed
   void reset();                   // an empty sequence; stats start over

@@ -37,6 +37,10 @@ class SessionArena {
   // are indexed by position and stay. InvalidArgument for a slot the layout lacks. Synchronous.
   void snapshot(int slot);
   void restore(int slot);
+  // Device address of recurrent-state region `name` of `layer` as snapshot slot `slot` holds it (a slot mirrors
+  // the recurrent regions, session_layout.hpp): where a verification step writes a row's state. InvalidArgument
+  // for a slot the layout lacks or a region that is not recurrent state.
+  void* slot_region(int slot, const std::string& name, int layer = -1) const;
 
   // Device address of the whole allocation (layout().total bytes).
   void* data() const noexcept { return base_; }
@@ -45,6 +49,7 @@ class SessionArena {
 
  private:
   void copy_state(int slot, bool save);
+  char* slot_start(int slot) const;
 
   int device_;
   SessionLayout layout_;

@@ -2,6 +2,7 @@
 // them and the launch captured into a CUDA graph, as the prompt program will run it.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -57,7 +58,7 @@ void copy_rows_out(const GuardedOutput& device_rows, int stride, float* host, in
 void gdn_chunk(int device, const GdnCheckShape& s, int tokens, int row_pad, const float* qkv, const float* z,
                const float* beta_in, const float* alpha_in, const float* conv_weight, const float* ssm_a,
                const float* dt_bias, const float* norm_weight, float* conv_state, float* state, float* conv_out,
-               float* out) {
+               float* out, float* state_rows, float* conv_rows) {
   const kernels::GdnShape shape{s.n_k_heads, s.n_v_heads, s.head_k_dim, s.head_v_dim, s.conv_kernel,
                                 s.tiled_heads, s.interleaved_ba, s.sigmoid_gate, s.eps};
   STRATA_EXPECTS(tokens > 0 && row_pad >= 0 && shape.n_k_heads > 0 && shape.n_v_heads % shape.n_k_heads == 0,
@@ -109,6 +110,16 @@ void gdn_chunk(int device, const GdnCheckShape& s, int tokens, int row_pad, cons
   args.conv_out = d_conv_out.data<float>();
   args.out = d_out.data<float>();
   args.scratch = d_scratch.as<float>();
+  STRATA_EXPECTS(!state_rows == !conv_rows, InvalidArgument, "gdn_chunk: row states come as state and conv rows");
+  const int state_floats = static_cast<int>(state_bytes / sizeof(float)), conv_floats = (s.conv_kernel - 1) * c;
+  const int row_stride = state_rows ? std::max(state_floats, conv_floats) + row_pad : 0;
+  GuardedOutput d_state_rows(static_cast<std::size_t>(tokens) * row_stride * sizeof(float));
+  GuardedOutput d_conv_rows(static_cast<std::size_t>(tokens) * row_stride * sizeof(float));
+  if (state_rows) {
+    args.state_rows = d_state_rows.data<float>();
+    args.conv_rows = d_conv_rows.data<float>();
+    args.row_stride = row_stride;
+  }
 
   Stream stream;
   const CapturedGraph graph(stream.get(), [&](cudaStream_t captured) {
@@ -123,6 +134,10 @@ void gdn_chunk(int device, const GdnCheckShape& s, int tokens, int row_pad, cons
   copy_rows_out(d_out, args.out_stride, out, tokens, vd, "gdn_chunk (out)");
   d_conv_state.copy_out(conv_state, "gdn_chunk (conv state)");
   d_state.copy_out(state, "gdn_chunk (recurrent state)");
+  if (state_rows) {
+    copy_rows_out(d_state_rows, row_stride, state_rows, tokens, state_floats, "gdn_chunk (state rows)");
+    copy_rows_out(d_conv_rows, row_stride, conv_rows, tokens, conv_floats, "gdn_chunk (conv rows)");
+  }
 }
 
 }  // namespace strata::kernel_check

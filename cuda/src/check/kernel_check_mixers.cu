@@ -89,8 +89,10 @@ void gdn_steps(int device, const GdnCheckShape& s, int steps, const float* qkv, 
 
 void ple_steps(int device, int streams, int width, int dilation, int conv_kernel, float eps, int steps, bool chunk,
                const float* stream_rows, const float* key, const float* value, const float* norm_key,
-               const float* norm_query, const float* norm_conv, const float* conv_weight, float* history, float* out) {
+               const float* norm_query, const float* norm_conv, const float* conv_weight, float* history, float* out,
+               float* history_rows) {
   const kernels::PleShape shape{streams, width, dilation, conv_kernel, eps};
+  STRATA_EXPECTS(!history_rows || chunk, InvalidArgument, "ple_steps: row states come from ple_chunk");
   STRATA_EXPECTS(steps > 0 && streams > 0 && width > 0 && dilation > 0 && conv_kernel >= 2 && conv_kernel <= 8,
                  InvalidArgument,
                  "ple_steps: need steps, streams, width, dilation > 0 and conv_kernel in 2..8, got steps=" +
@@ -109,6 +111,11 @@ void ple_steps(int device, int streams, int width, int dilation, int conv_kernel
   kernels::PleStepArgs args{d_streams.as<float>(), d_key.as<float>(), d_value.as<float>(), d_nk.as<float>(),
                             d_nq.as<float>(), d_nc.as<float>(), d_w.as<float>(), d_history.data<float>(),
                             d_out.data<float>()};
+  GuardedOutput d_rows(history_rows ? steps * history_bytes : 0);
+  if (history_rows) {
+    args.history_rows = d_rows.data<float>();
+    args.row_stride = static_cast<long>(history_bytes / f);
+  }
   if (chunk) {
     STRATA_CUDA_TRY(kernels::ple_chunk(shape, args, steps, nullptr));
   } else {
@@ -123,6 +130,7 @@ void ple_steps(int device, int streams, int width, int dilation, int conv_kernel
   STRATA_CUDA_TRY(cudaDeviceSynchronize());
   d_out.copy_out(out, chunk ? "ple_chunk" : "ple_step");
   d_history.copy_out(history, chunk ? "ple_chunk (history)" : "ple_step (history)");
+  if (history_rows) d_rows.copy_out(history_rows, "ple_chunk (history rows)");
 }
 
 void attention_steps(int device, const AttentionCheckShape& s, int steps, const float* q_gate, const float* k,

@@ -75,20 +75,31 @@ __global__ void gdn_chunk_conv_kernel(GdnShape shape, GdnChunkArgs args) {
   row_of(args.conv_out, t, args.conv_out_stride)[c] = conv_silu(window, args.conv_weight + c * kernel, kernel);
 }
 
-// The history left behind: the last K-1 raw rows, older history rows where the chunk is shorter than that. Runs
-// after the conv read the old history. Rising j is safe in place: row j takes old row T + j, never yet written.
+// History row j after the chunk's first `tokens` tokens: the raw row `tokens` later in [old history | the chunk's
+// raw rows], read before anything is written over the old history.
+__device__ __forceinline__ float history_entry(const GdnShape& shape, const GdnChunkArgs& args, int tokens, int j,
+                                               int c) {
+  const int source = tokens - (shape.conv_kernel - 1) + j;
+  return source >= 0 ? row_of(args.qkv, source, args.qkv_stride)[c]
+                     : args.conv_state[static_cast<long>(shape.conv_kernel - 1 + source) * shape.conv_channels() + c];
+}
+
+// The history left behind: the last K-1 raw rows, older history rows where the chunk is shorter than that (and,
+// with row states, the history after each token first). Runs after the conv read the old history. Rising j is
+// safe in place: row j takes old row T + j, never yet written.
 __global__ void gdn_chunk_history_kernel(GdnShape shape, GdnChunkArgs args) {
   await_producers();
   release_consumers();
   const int channels = shape.conv_channels(), kernel = shape.conv_kernel;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= channels) return;
-  for (int j = 0; j < kernel - 1; ++j) {
-    const int source = args.tokens - (kernel - 1) + j;
-    args.conv_state[static_cast<long>(j) * channels + c] =
-        source >= 0 ? row_of(args.qkv, source, args.qkv_stride)[c]
-                    : args.conv_state[static_cast<long>(kernel - 1 + source) * channels + c];
-  }
+  if (args.conv_rows)
+    for (int t = 0; t < args.tokens; ++t)
+      for (int j = 0; j < kernel - 1; ++j)
+        args.conv_rows[t * args.row_stride + static_cast<long>(j) * channels + c] =
+            history_entry(shape, args, t + 1, j, c);
+  for (int j = 0; j < kernel - 1; ++j)
+    args.conv_state[static_cast<long>(j) * channels + c] = history_entry(shape, args, args.tokens, j, c);
 }
 
 // One CTA per (token, k-head), with the step's block size so the sums of squares match: the normalised q and k,
@@ -170,7 +181,8 @@ __global__ void __launch_bounds__(kHeadThreads) gdn_chunk_walk_kernel(GdnShape s
     __pipeline_commit();  // one group per token, empty past the end, so the wait counts stay uniform
   };
 
-  float* s = args.state + (static_cast<long>(h) * dk + mine.first) * dv + j;  // this thread's first row
+  const long first_entry = (static_cast<long>(h) * dk + mine.first) * dv + j;  // this thread's first row's
+  float* s = args.state + first_entry;
   float rows[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) rows[r] = column && holds<R, kFull>(r, mine.count) ? s[static_cast<long>(r) * dv] : 0.0f;
@@ -196,6 +208,12 @@ __global__ void __launch_bounds__(kHeadThreads) gdn_chunk_walk_kernel(GdnShape s
     const float* q = rows_of<R, kFull>(slot + mine.first, q_rows);
     out_partial[(t & 1) * kHeadThreads + warp * kTileColumns + lane] =
         column_update<R, kFull>(rows, k, q, gates.decay, delta, mine.count, nullptr, dv);
+    if (args.state_rows && column) {
+      float* row_state = args.state_rows + t * args.row_stride + first_entry;
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (holds<R, kFull>(r, mine.count)) row_state[static_cast<long>(r) * dv] = rows[r];
+    }
   }
   __syncthreads();
   const int last = tokens - 1;
@@ -228,9 +246,12 @@ cudaError_t walk(const GdnShape& shape, const GdnChunkArgs& args, cudaStream_t s
 bool strides_fit(const GdnShape& shape, const GdnChunkArgs& a) {
   const int channels = shape.conv_channels(), values = shape.n_v_heads * shape.head_v_dim;
   const int beta_width = shape.interleaved_ba ? 2 * shape.n_v_heads : shape.n_v_heads;
+  const long state = static_cast<long>(shape.n_v_heads) * shape.head_k_dim * shape.head_v_dim;
+  const long history = static_cast<long>(shape.conv_kernel - 1) * channels;
+  const bool rows_fit = (!a.state_rows || a.row_stride >= state) && (!a.conv_rows || a.row_stride >= history);
   return a.qkv_stride >= channels && a.z_stride >= values && a.beta_stride >= beta_width &&
          (shape.interleaved_ba || a.alpha_stride >= shape.n_v_heads) && a.conv_out_stride >= channels &&
-         a.out_stride >= values;
+         a.out_stride >= values && rows_fit;
 }
 
 }  // namespace

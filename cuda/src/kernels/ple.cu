@@ -124,25 +124,33 @@ __global__ void ple_chunk_kernel(PleShape shape, PleStepArgs args) {
   }
 }
 
-// One block per stream: history row r becomes the row `tokens` later in [old history | the chunk's normed
-// rows], in ascending r, so an old row is read before it is overwritten (each channel owned by one thread).
-__global__ void ple_history_kernel(PleShape shape, PleStepArgs args, int tokens) {
-  await_producers();
-  release_consumers();
+// History row r after the chunk's first `after` tokens, written at `dst` (each channel owned by one thread): the
+// row `after` later in [old history | the chunk's normed rows], in ascending r, so that in place an old row is
+// read before it is overwritten.
+__device__ void advance_history(const PleShape& shape, const PleStepArgs& args, int after, float* dst) {
   const int n = shape.width, rows = shape.history_rows();
   const long base = static_cast<long>(blockIdx.x) * n, channels = static_cast<long>(shape.streams) * n;
   for (int r = 0; r < rows; ++r) {
-    const int from = tokens + r - rows;  // the chunk token whose normed row lands in row r, when >= 0
+    const int from = after + r - rows;  // the chunk token whose normed row lands in row r, when >= 0
     if (from < 0) {
       for (int i = threadIdx.x; i < n; i += blockDim.x)
-        args.history[r * channels + base + i] = args.history[(r + tokens) * channels + base + i];
+        dst[r * channels + base + i] = args.history[(r + after) * channels + base + i];
       continue;
     }
     const PleStepArgs at = token_args(shape, args, from);
     const StreamGate g = stream_gate(shape, at, base);
     for (int i = threadIdx.x; i < n; i += blockDim.x)
-      args.history[r * channels + base + i] = normed_entry(g, g.gate * at.value[i], args, base + i);
+      dst[r * channels + base + i] = normed_entry(g, g.gate * at.value[i], args, base + i);
   }
+}
+
+// One block per stream: the history after each token into the row states (when asked for), then advanced in place.
+__global__ void ple_history_kernel(PleShape shape, PleStepArgs args, int tokens) {
+  await_producers();
+  release_consumers();
+  if (args.history_rows)
+    for (int t = 0; t < tokens; ++t) advance_history(shape, args, t + 1, args.history_rows + t * args.row_stride);
+  advance_history(shape, args, tokens, args.history);
 }
 
 bool valid(const PleShape& shape) {
@@ -158,7 +166,9 @@ cudaError_t ple_step(const PleShape& shape, const PleStepArgs& args, cudaStream_
 }
 
 cudaError_t ple_chunk(const PleShape& shape, const PleStepArgs& args, int tokens, cudaStream_t stream) {
-  if (!valid(shape) || tokens <= 0 || static_cast<long>(shape.streams) * tokens > kMaxBlocks)
+  const long history_floats = static_cast<long>(shape.history_rows()) * shape.streams * shape.width;
+  if (!valid(shape) || tokens <= 0 || static_cast<long>(shape.streams) * tokens > kMaxBlocks ||
+      (args.history_rows && args.row_stride < history_floats))
     return cudaErrorInvalidValue;
   const cudaError_t launched = launch(ple_chunk_kernel, shape.streams * tokens, kPleThreads, 0, stream, shape, args);
   if (launched != cudaSuccess) return launched;

@@ -27,6 +27,10 @@ struct PleStepArgs {
   const float* conv_weight = nullptr;  // [hc * n][conv_kernel]; column K-1 multiplies this token
   float* history = nullptr;            // [history_rows][hc * n] normed gated rows, oldest first; advanced in place
   float* out = nullptr;                // [hc][n] the addend: gated + silu(conv)
+  // ple_chunk only, optional (a verification step's row states): the history as token t leaves it, for every t of
+  // the chunk, at history_rows + t * row_stride (row_stride >= history_rows * hc * n floats).
+  float* history_rows = nullptr;
+  long row_stride = 0;
 };
 
 cudaError_t ple_step(const PleShape& shape, const PleStepArgs& args, cudaStream_t stream);
@@ -35,7 +39,7 @@ cudaError_t ple_step(const PleShape& shape, const PleStepArgs& args, cudaStream_
 // buffers of args are [tokens] rows (streams, out [tokens][hc][n], key [tokens][hc * n], value [tokens][n]),
 // the weights and history as for ple_step; history is left as those calls would leave it. Two launches: the
 // addends of every token (each token's conv reads its predecessors' normed rows, recomputed from their inputs,
-// or the history), then the history advance. out must not overlap history.
+// or the history), then the history advance (and the row states). out must not overlap history.
 cudaError_t ple_chunk(const PleShape& shape, const PleStepArgs& args, int tokens, cudaStream_t stream);
 
 }  // namespace strata::kernels

@@ -28,6 +28,13 @@ void check_options(const DecodeOptions& o) {
                  "snapshots must be in 0.." + std::to_string(kMaxSnapshots) + ", got " + std::to_string(o.snapshots));
   STRATA_EXPECTS(o.prompt_chunk >= 0, InvalidArgument,
                  "prompt chunk must be >= 0 tokens (0: no prompt path), got " + std::to_string(o.prompt_chunk));
+  STRATA_EXPECTS(o.verify_rows >= 0 && o.verify_rows <= kMaxVerifyRows, InvalidArgument,
+                 "verify rows must be in 0.." + std::to_string(kMaxVerifyRows) + ", got " +
+                     std::to_string(o.verify_rows));
+  STRATA_EXPECTS(o.verify_rows == 0 || o.prompt_chunk >= o.verify_rows, InvalidArgument,
+                 "verification steps run on the prompt path in one chunk: verify rows " +
+                     std::to_string(o.verify_rows) + " need a prompt chunk of at least that many tokens, got " +
+                     std::to_string(o.prompt_chunk));
 }
 
 void check_deferral(const DecodeOptions& o, const ModelGeometry& g) {
@@ -76,7 +83,9 @@ struct DecodeSession::Impl {
         scope(options.device),
         tables(weights, g, whole_pages(options.context)),
         sequence(options.device, g, tables.tensors(),
-                 SequenceOptions{options.context, options.kv, options.snapshots, options.kv_streaming}, ple),
+                 SequenceOptions{options.context, options.kv, options.snapshots, options.kv_streaming,
+                                 options.verify_rows},
+                 ple),
         runner(pool, g, options, tables, sequence, cache, staging) {}
 
   ModelGeometry g;
@@ -132,6 +141,18 @@ int DecodeSession::feed(const int* tokens, int n, const float* ple_rows, const S
   DeviceScope scope(impl_->options.device);
   return impl_->runner.feed(impl_->sequence, tokens, n, ple_rows, sampling, u, sample, all_logits);
 }
+
+void DecodeSession::verify(const int* tokens, int n, const float* ple_rows, float* all_logits) {
+  DeviceScope scope(impl_->options.device);
+  impl_->runner.verify(impl_->sequence, tokens, n, ple_rows, all_logits);
+}
+
+void DecodeSession::truncate(int position) {
+  DeviceScope scope(impl_->options.device);
+  impl_->runner.truncate(impl_->sequence, position);
+}
+
+int DecodeSession::verify_rows() const noexcept { return impl_->sequence.verify_rows(); }
 
 void DecodeSession::logits(float* out) const {
   DeviceScope scope(impl_->options.device);

@@ -188,11 +188,31 @@ void Runner::stage_sampling(const SamplingValues& sampling, double u, int token,
 
 int Runner::feed(Sequence& sequence, const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling,
                  double u, bool sample, float* all_logits) {
+  return run_prompt(sequence, tokens, n, ple_rows, sampling, u, sample, all_logits, false);
+}
+
+void Runner::verify(Sequence& sequence, const int* tokens, int n, const float* ple_rows, float* all_logits) {
+  STRATA_EXPECTS(all_logits != nullptr, InvalidArgument, "a verification step needs a buffer for every row's logits");
+  STRATA_EXPECTS(n >= 1 && n <= sequence.verify_rows() && n <= prompt_chunk(), InvalidArgument,
+                 "a verification step takes 1.." + std::to_string(std::min(sequence.verify_rows(), prompt_chunk())) +
+                     " tokens (the session's verify rows " + std::to_string(sequence.verify_rows()) +
+                     ", its prompt chunk " + std::to_string(prompt_chunk()) + "), got " + std::to_string(n));
+  run_prompt(sequence, tokens, n, ple_rows, SamplingValues{}, 0.0, false, all_logits, true);
+}
+
+void Runner::truncate(Sequence& sequence, int position) {
+  check_bound(sequence);
+  sequence.truncate(position, stream_.get());
+}
+
+int Runner::run_prompt(Sequence& sequence, const int* tokens, int n, const float* ple_rows,
+                       const SamplingValues& sampling, double u, bool sample, float* all_logits, bool row_states) {
   STRATA_EXPECTS(prompt_ != nullptr, InvalidArgument,
                  "this session has no prompt path (it was opened with a prompt chunk of 0 tokens)");
   check_feed(sequence, tokens, n, ple_rows, u);
   const auto start = std::chrono::steady_clock::now();
   sequence.begin_step();  // broken until the prompt completes
+  if (row_states) sequence.begin_verify(tokens, n);  // before the gather below moves the n-gram state
   refresh_cache();
   const int chunk = prompt_->chunk(), ple_width = g_.ple_n_heads * g_.ple_head_dim;
   if (PleGather* ple = sequence.ple()) {  // the whole prompt's rows at once, as the caller's would come
@@ -206,7 +226,8 @@ int Runner::feed(Sequence& sequence, const int* tokens, int n, const float* ple_
   for (int at = 0; at < n; at += chunk) {
     const int m = std::min(chunk, n - at);
     prompt_->run(tokens + at, m, position + at, ple_rows ? ple_rows + static_cast<long>(at) * ple_width : nullptr,
-                 all_logits ? all_logits + static_cast<std::size_t>(at) * g_.n_vocab : nullptr, stream_.get());
+                 all_logits ? all_logits + static_cast<std::size_t>(at) * g_.n_vocab : nullptr, row_states,
+                 stream_.get());
   }
   stage_sampling(sampling, u, tokens[n - 1], position + n - 1);
   program_.end_prompt(sampler_for(sample), stream_.get());

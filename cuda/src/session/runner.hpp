@@ -41,6 +41,9 @@ class Runner {
            bool sample);
   int feed(Sequence& sequence, const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling,
            double u, bool sample, float* all_logits);
+  // DecodeSession::verify and truncate on `sequence`.
+  void verify(Sequence& sequence, const int* tokens, int n, const float* ple_rows, float* all_logits);
+  void truncate(Sequence& sequence, int position);
   TokenLogprobs logprobs(const Sequence& sequence, int token, int n);
   void logits(float* out) const;  // the last step's or feed's
 
@@ -56,6 +59,8 @@ class Runner {
 
  private:
   void check_bound(const Sequence& sequence) const;
+  int run_prompt(Sequence& sequence, const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling,
+                 double u, bool sample, float* all_logits, bool row_states);
   void check_feed(const Sequence& sequence, const int* tokens, int n, const float* ple_rows, double u) const;
   ProgramIo program_io() const;
   ExpertDeferral deferral() const { return {options_.defer_experts, g_.n_layer}; }

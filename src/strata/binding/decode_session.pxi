@@ -2,8 +2,10 @@
 # (strata/decode_session.hpp).
 from strata.libstrata.decode_session cimport (
     DecodeOptions, DecodeStats, SamplingValues, TokenLogprobs, cpp_decode_scratch_bytes,
-    cpp_prompt_prefetch_rows, cpp_prompt_scratch_bytes, cpp_sampler_workspace_bytes,
+    cpp_prompt_prefetch_rows, cpp_prompt_scratch_bytes, cpp_sampler_workspace_bytes, kMaxVerifyRows,
 )
+
+MAX_VERIFY_ROWS = kMaxVerifyRows  # the most tokens one verification step takes
 
 _DECODE_MODES = {Mode.UNCAPTURED: DecodeMode.kUncaptured, Mode.LAYER_GRAPHS: DecodeMode.kLayerGraphs,
                  Mode.TOKEN_GRAPH: DecodeMode.kTokenGraph}
@@ -52,6 +54,13 @@ cdef SamplingValues sampling_values(tuple params) except *:
     return v
 
 
+cdef const int[::1] token_ids(tokens) except *:
+    cdef const int[::1] ids = np.ascontiguousarray(tokens, dtype=np.intc).reshape(-1)
+    if ids.shape[0] == 0:
+        raise InvalidArgument("a prompt chunk needs at least one token id")
+    return ids
+
+
 cdef class DecodeSession:
     """One sequence decoding on the GPU and the CPU expert pool (strata/decode_session.hpp).
 
@@ -61,18 +70,20 @@ cdef class DecodeSession:
     `staging` (an ExpertStaging). With `defer_experts` d > 0, the pool's d lightest routed experts of a layer
     reach the streams a layer late (docs/session.md, "Expert deferral"). With `ple` (a PleGather) the session
     gathers every token's PLE rows itself, on its host loop, and keeps the gather's n-gram state with its own
-    (reset, snapshot, restore): step and feed then take None for ple_rows.
+    (reset, snapshot, restore): step and feed then take None for ple_rows. With `verify_rows` r > 0, `verify`
+    runs up to r tokens at once keeping each row's state, and `truncate` cuts back to any of them
+    (docs/speculative.md).
     """
 
     def __cinit__(self, DeviceWeights weights, CpuExpertPool pool, dict geometry, *, int context, kv,
                   mode=Mode.TOKEN_GRAPH, int device=0, double timeout=5.0, int snapshots=0,
                   ExpertCache cache=None, int prompt_chunk=0, ExpertStaging staging=None, bint prompt_cpu=True,
-                  bint kv_streaming=False, int defer_experts=0, PleGather ple=None):
+                  bint kv_streaming=False, int defer_experts=0, PleGather ple=None, int verify_rows=0):
         cdef ModelGeometry g = model_geometry(geometry)
         cdef DecodeOptions o
         o.device, o.context, o.timeout_seconds, o.snapshots = device, context, timeout, snapshots
         o.prompt_chunk, o.prompt_cpu, o.kv_streaming = prompt_chunk, prompt_cpu, kv_streaming
-        o.defer_experts = defer_experts
+        o.defer_experts, o.verify_rows = defer_experts, verify_rows
         o.kv = kv_storage(kv)
         o.mode = decode_mode(mode)
         cdef CppExpertPool* native_pool = pool.native()
@@ -101,14 +112,7 @@ cdef class DecodeSession:
         without PLE, or a session that gathers them)."""
         cdef CppDecodeSession* s = self.native()
         cdef SamplingValues v = sampling_values(params)
-        cdef const float[::1] rows
-        cdef const float* rows_ptr = NULL
-        if ple_rows is not None:
-            rows = np.ascontiguousarray(ple_rows, dtype=np.float32).reshape(-1)
-            if rows.shape[0] != self.ple_width:
-                raise InvalidArgument(f"ple_rows has {rows.shape[0]} values; this model's PLE rows hold "
-                                      f"{self.ple_width}")
-            rows_ptr = &rows[0]
+        cdef const float* rows_ptr = self.rows_of(ple_rows, 1)
         cdef int out
         with nogil:
             out = s.step(token, rows_ptr, v, u, sample)
@@ -120,29 +124,56 @@ cdef class DecodeSession:
         float32 array [len(tokens), n_vocab], or None) receives every position's logits."""
         cdef CppDecodeSession* s = self.native()
         cdef SamplingValues v = sampling_values(params)
-        cdef const int[::1] ids = np.ascontiguousarray(tokens, dtype=np.intc).reshape(-1)
-        if ids.shape[0] == 0:
-            raise InvalidArgument("feed() needs at least one token id")
-        cdef const float[::1] rows
-        cdef const float* rows_ptr = NULL
-        if ple_rows is not None:
-            rows = np.ascontiguousarray(ple_rows, dtype=np.float32).reshape(-1)
-            if rows.shape[0] != self.ple_width * ids.shape[0]:
-                raise InvalidArgument(f"ple_rows has {rows.shape[0]} values; {ids.shape[0]} tokens of this model's "
-                                      f"PLE rows hold {self.ple_width * ids.shape[0]}")
-            rows_ptr = &rows[0]
-        cdef float[:, ::1] every
+        cdef const int[::1] ids = token_ids(tokens)
+        cdef const float* rows_ptr = self.rows_of(ple_rows, ids.shape[0])
         cdef float* logits_ptr = NULL
         if logits is not None:
-            every = logits
-            if every.shape[0] != ids.shape[0] or every.shape[1] != self.n_vocab:
-                raise InvalidArgument(f"logits has shape ({every.shape[0]}, {every.shape[1]}); {ids.shape[0]} "
-                                      f"tokens of this model's logits are ({ids.shape[0]}, {self.n_vocab})")
-            logits_ptr = &every[0, 0]
+            logits_ptr = self.logits_of(logits, ids.shape[0])
         cdef int out
         with nogil:
             out = s.feed(&ids[0], ids.shape[0], rows_ptr, v, u, sample, logits_ptr)
         return out
+
+    def verify(self, tokens, ple_rows, logits) -> None:
+        """A verification step: the ids `tokens` (at most verify_rows) through the prompt path as one chunk, every
+        position's logits into `logits` (C-contiguous float32 [len(tokens), n_vocab]), each row's state kept for
+        `truncate`. ple_rows as feed's."""
+        cdef CppDecodeSession* s = self.native()
+        cdef const int[::1] ids = token_ids(tokens)
+        cdef const float* rows_ptr = self.rows_of(ple_rows, ids.shape[0])
+        cdef float* logits_ptr = self.logits_of(logits, ids.shape[0])
+        with nogil:
+            s.verify(&ids[0], ids.shape[0], rows_ptr, logits_ptr)
+
+    def truncate(self, int position) -> None:
+        """Right after verify: back to the sequence's state after `position` tokens (one of the verified ones)."""
+        cdef CppDecodeSession* s = self.native()
+        with nogil:
+            s.truncate(position)
+
+    @property
+    def verify_rows(self) -> int:
+        return self.native().verify_rows()
+
+    cdef const float* rows_of(self, ple_rows, int n) except? NULL:
+        """ple_rows (float32 [n, ple heads, ple head dim] or None) as the native call takes them, checked."""
+        if ple_rows is None:
+            return NULL
+        rows = np.ascontiguousarray(ple_rows, dtype=np.float32).reshape(-1)
+        if rows.shape[0] != self.ple_width * n:
+            raise InvalidArgument(f"ple_rows has {rows.shape[0]} values; {n} tokens of this model's "
+                                  f"PLE rows hold {self.ple_width * n}")
+        self.held_rows = rows  # the native call reads them: alive until the next call's replace them
+        cdef const float[::1] view = rows
+        return &view[0]
+
+    cdef float* logits_of(self, logits, int n) except NULL:
+        """`logits` (C-contiguous float32 [n, n_vocab]) as the native call writes them, checked."""
+        cdef float[:, ::1] every = logits
+        if every.shape[0] != n or every.shape[1] != self.n_vocab:
+            raise InvalidArgument(f"logits has shape ({every.shape[0]}, {every.shape[1]}); {n} "
+                                  f"tokens of this model's logits are ({n}, {self.n_vocab})")
+        return &every[0, 0]
 
     @property
     def prompt_chunk(self) -> int:

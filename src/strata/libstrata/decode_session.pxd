@@ -29,6 +29,9 @@ cdef extern from "strata/decode_session.hpp" nogil:
         cbool prompt_cpu
         cbool kv_streaming
         int defer_experts
+        int verify_rows
+
+    const int kMaxVerifyRows "strata::kMaxVerifyRows"
 
     cdef cppclass TokenLogprobs "strata::TokenLogprobs":
         double token
@@ -70,6 +73,9 @@ cdef extern from "strata/decode_session.hpp" nogil:
                  cbool sample) except +raise_strata_error
         int feed(const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling, double u,
                  cbool sample, float* all_logits) except +raise_strata_error
+        void verify(const int* tokens, int n, const float* ple_rows, float* all_logits) except +raise_strata_error
+        void truncate(int position) except +raise_strata_error
+        int verify_rows()
         void logits(float* out) except +raise_strata_error
         void reset() except +raise_strata_error
         TokenLogprobs logprobs(int token, int n) except +raise_strata_error

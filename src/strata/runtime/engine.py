@@ -60,6 +60,8 @@ class GpuEngine:
     def __init__(self, native: Any, ple: PleRows | None = None, snapshots: int = 0):
         self.native, self.ple, self.snapshots = native, ple, snapshots
         self._ple_saved: dict[int, Any] = {}  # per slot: the PLE rows' last ids, which the host keeps
+        self._verified: tuple[np.ndarray, list[int]] = (np.zeros(0, np.int64), [])  # the last verify's (PLE ids
+        # before it, its ids): what truncate() rebuilds the host's n-gram state from
 
     @property
     def context(self) -> int:
@@ -129,6 +131,33 @@ class GpuEngine:
         rows = self.ple.rows_for(ids) if self.ple is not None else None
         self.native.feed(ids, rows, (0.0, 0, 1.0, 0.0, 1.0), 0.0, sample=False, logits=logits)
         return logits
+
+    @property
+    def verify_rows(self) -> int:
+        """The most ids one verify() takes (0: the session keeps no row states)."""
+        return self.native.verify_rows
+
+    def verify(self, ids: Sequence[int], seen: Sequence[int]) -> np.ndarray:
+        """A verification step (docs/speculative.md): append `ids` as one prompt chunk and return float32
+        [len(ids), n_vocab], row i the logits after ids[i]; each row's state is kept, so that truncate() can cut
+        the sequence back to any of them."""
+        self._check_history(ids, seen)
+        logits = np.empty((len(ids), self.native.n_vocab), dtype=np.float32)
+        rows = None
+        if self.ple is not None:
+            self._verified = (self.ple.previous.copy(), [int(t) for t in ids])
+            rows = self.ple.rows_for(ids)
+        self.native.verify(ids, rows, logits)
+        return logits
+
+    def truncate(self, position: int) -> None:
+        """Right after verify(): the sequence as stepping its first `position` tokens leaves it."""
+        start = self.position
+        self.native.truncate(position)
+        if self.ple is not None and self.position < start:
+            before, ids = self._verified
+            kept = ids[:len(ids) - (start - self.position)]
+            self.ple.previous = np.concatenate([before, np.asarray(kept, before.dtype)])[-before.size:]
 
     def logits(self) -> np.ndarray:
         """float32 [n_vocab] of the last step."""

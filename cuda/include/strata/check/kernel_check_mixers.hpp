@@ -31,11 +31,13 @@ void gdn_steps(int device, const GdnCheckShape& shape, int steps, const float* q
 // inputs as gdn_steps, laid out on the device as the prompt program writes them: qkv and z parts of one fused
 // row, beta_in and alpha_in rows of their own, and every row of inputs, conv_out and out followed by `row_pad`
 // poisoned floats that must stay so. conv_state and state are read and written back; conv_out is
-// [tokens][C] (each token's silu(conv)), out [tokens][Hv*dv].
+// [tokens][C] (each token's silu(conv)), out [tokens][Hv*dv]. With state_rows and conv_rows (both or neither),
+// the row states: [tokens][Hv][dk][dv] and [tokens][K-1][C], each token's state and conv history, written on the
+// device row_pad floats apart beyond the larger of the two (poison that must stay so).
 void gdn_chunk(int device, const GdnCheckShape& shape, int tokens, int row_pad, const float* qkv, const float* z,
                const float* beta_in, const float* alpha_in, const float* conv_weight, const float* ssm_a,
                const float* dt_bias, const float* norm_weight, float* conv_state, float* state, float* conv_out,
-               float* out);
+               float* out, float* state_rows = nullptr, float* conv_rows = nullptr);
 
 struct AttentionCheckShape {
   int n_head = 0, n_head_kv = 0, head_dim = 0, rope_dim = 0, page_size = 0;
@@ -109,10 +111,12 @@ void embed_rows(int device, int kind, int rows, int cols, const void* data, cons
 // `steps` PLE device-half tokens (ple.cuh) in sequence for hc streams of width n: ple_step once per token, or
 // with `chunk` one ple_chunk over all of them. Per-step streams, key [steps][hc*n] and value [steps][n];
 // weights norm_key, norm_query, norm_conv [hc*n], conv_weight [hc*n][K]. history [dilation*(K-1)][hc*n] is
-// read and written back; out is [steps][hc*n].
+// read and written back; out is [steps][hc*n]. With `chunk` and history_rows, the row states too:
+// [steps][dilation*(K-1)][hc*n], the history as each token leaves it.
 void ple_steps(int device, int streams, int width, int dilation, int conv_kernel, float eps, int steps, bool chunk,
                const float* stream_rows, const float* key, const float* value, const float* norm_key,
-               const float* norm_query, const float* norm_conv, const float* conv_weight, float* history, float* out);
+               const float* norm_query, const float* norm_conv, const float* conv_weight, float* history, float* out,
+               float* history_rows = nullptr);
 
 struct DoorbellCheckResult {
   int status = 0;      // 0, or the offset of the ring the wait gave up on

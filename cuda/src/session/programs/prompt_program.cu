@@ -271,6 +271,10 @@ void PromptProgram::ple(int layer, int rows, cudaStream_t s) const {
   args.key = ple_key_;
   args.value = ple_value_;
   args.out = ple_out_;
+  if (row_states_) {
+    args.history_rows = seq_.rows.ple_history;
+    args.row_stride = seq_.rows.stride;
+  }
   STRATA_CUDA_TRY(kernels::ple_chunk(shape, args, rows, s));
   const int width = g_.hc_count * g_.n_embd;
   add_to_streams(streams_, ones_, 0, ple_out_, rows, 1, width, s);
@@ -304,6 +308,11 @@ void PromptProgram::mixer_gdn(int layer, int rows, const Products& inputs, cudaS
   args.conv_out_stride = conv;
   args.out_stride = value_dim;
   args.scratch = gdn_scratch_;
+  if (row_states_) {
+    args.state_rows = seq_.rows.gdn_state[layer];
+    args.conv_rows = seq_.rows.gdn_conv[layer];
+    args.row_stride = seq_.rows.stride;
+  }
   STRATA_CUDA_TRY(kernels::gdn_chunk(shape, args, s));
   project_rows(core_, rows, {{t.ssm_out, y_}}, s);
 }
@@ -407,9 +416,13 @@ void PromptProgram::all_logits(int n, float* logits, cudaStream_t s) {
 }
 
 void PromptProgram::run(const int* tokens, int n, int position, const float* ple_rows, float* logits,
-                        cudaStream_t s) {
+                        bool row_states, cudaStream_t s) {
   STRATA_EXPECTS(n >= 1 && n <= chunk_, InvalidArgument,
                  "a prompt chunk holds 1.." + std::to_string(chunk_) + " tokens, got " + std::to_string(n));
+  STRATA_EXPECTS(!row_states || n <= seq_.rows.count, InvalidArgument,
+                 "the sequence keeps row states for " + std::to_string(seq_.rows.count) + " tokens, the chunk has " +
+                     std::to_string(n));
+  row_states_ = row_states;
   const int hc = std::max(g_.hc_count, 1), width = hc * g_.n_embd, emb = g_.n_embd;
   const bool ahead = experts_.begin_chunk(n);
   int* host_tokens = host_.host<int>();

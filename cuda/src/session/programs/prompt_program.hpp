@@ -75,9 +75,11 @@ class PromptProgram : private PromptScratch {
   // Runs `n` (1..chunk()) tokens at positions position .. position + n - 1 through every layer, in order on `s`,
   // and leaves the last token's residual streams where the decode program's end() reads them. ple_rows: [n]
   // rows of the PLE table rows (null without PLE). With `logits` ([n][n_vocab] host floats), every position's
-  // logits land there. Returns when the work is enqueued past the last layer's routing (the host waits for each
-  // MoE layer's routing), or, with logits, done.
-  void run(const int* tokens, int n, int position, const float* ple_rows, float* logits, cudaStream_t s);
+  // logits land there. With `row_states`, each token's recurrent state is also kept in the sequence's row states
+  // (a verification step; n at most their count). Returns when the work is enqueued past the last layer's routing
+  // (the host waits for each MoE layer's routing), or, with logits, done.
+  void run(const int* tokens, int n, int position, const float* ple_rows, float* logits, bool row_states,
+           cudaStream_t s);
 
   PromptStats stats() const noexcept;
   void reset_stats() noexcept;
@@ -108,6 +110,7 @@ class PromptProgram : private PromptScratch {
   ChunkExperts experts_;         // each MoE layer's routed experts
   ChunkExpertRows expert_rows_;  // ... on these rows of the scratch
   long fed_tokens_ = 0, chunks_run_ = 0;
+  bool row_states_ = false;  // the chunk running keeps each token's recurrent state
 };
 
 }  // namespace strata

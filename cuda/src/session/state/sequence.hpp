@@ -24,6 +24,7 @@ struct SequenceOptions {
   KvStorage kv = KvStorage::Int8;
   int snapshots = 0;          // slots of recurrent state for snapshot() / restore()
   bool kv_streaming = false;  // attention KV in page-locked host memory, a VRAM window of it
+  int verify_rows = 0;        // the most tokens a verification step takes (their row states: more snapshot slots)
 };
 
 class Sequence {
@@ -48,7 +49,10 @@ class Sequence {
   // Throws unless `n` more tokens fit (InvalidArgument) and the last step completed (Error).
   void check_room(int n) const;
   // A step's state changes begin: until end_step, a failure leaves the sequence broken (reset() mends it).
-  void begin_step() noexcept { broken_ = true; }
+  void begin_step() noexcept {
+    broken_ = true;
+    verified_.clear();
+  }
   void end_step(int n) noexcept {
     broken_ = false;
     position_ += n;
@@ -61,6 +65,15 @@ class Sequence {
   // The sequence so far kept in slot `slot`, and brought back (what was fed after it is forgotten). `s` drained.
   void snapshot(int slot, cudaStream_t s);
   void restore(int slot, cudaStream_t s);
+
+  // A verification step (docs/speculative.md): begin_verify(tokens, n) before `tokens` run as one chunk that
+  // writes each row's state (views().rows); until the next step, feed, snapshot, restore or reset,
+  // truncate(position, s) then brings the sequence back to exactly its state after `position` tokens, anywhere
+  // from the first verified token to the last. InvalidArgument outside that window or with more tokens than
+  // the sequence keeps rows for.
+  void begin_verify(const int* tokens, int n);
+  void truncate(int position, cudaStream_t s);
+  int verify_rows() const noexcept { return views_.rows.count; }
 
   // KV streaming: the bytes the windows fetched from the host copy since the last reset, read from the device
   // (synchronous; 0 without streaming).
@@ -78,6 +91,10 @@ class Sequence {
   bool broken_ = false;
   std::vector<int> snapshot_position_;                   // per slot; -1: empty
   std::vector<std::vector<std::int64_t>> ple_saved_;     // per slot: the n-gram state it keeps
+  int snapshots_;                                        // the sequence's own slots; the row states' follow
+  std::vector<int> verified_;                            // the open verification window's tokens
+  int verify_start_ = 0;                                 // ... and the position before them
+  std::vector<std::int64_t> ple_before_verify_;          // ... and the n-gram state before them
 };
 
 }  // namespace strata

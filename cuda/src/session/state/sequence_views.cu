@@ -30,8 +30,29 @@ kernels::PleStepArgs ple_layer_args(const LayerTensors& t, const SequenceViews& 
   return args;
 }
 
+namespace {
+
+RowStates row_states(const ModelGeometry& g, const SessionArena& arena, int count) {
+  RowStates rows;
+  if (count == 0) return rows;
+  const int first = arena.layout().snapshots - count;
+  rows.count = count;
+  rows.stride = static_cast<long>(arena.layout().state_bytes / sizeof(float));
+  rows.gdn_state.assign(g.n_layer, nullptr);
+  rows.gdn_conv.assign(g.n_layer, nullptr);
+  for (int l = 0; l < g.n_layer; ++l) {
+    if (!g.recurrent[l]) continue;
+    rows.gdn_state[l] = static_cast<float*>(arena.slot_region(first, "gdn state", l));
+    rows.gdn_conv[l] = static_cast<float*>(arena.slot_region(first, "gdn conv history", l));
+  }
+  if (g.ple_layer >= 0) rows.ple_history = static_cast<float*>(arena.slot_region(first, "ple history"));
+  return rows;
+}
+
+}  // namespace
+
 SequenceViews sequence_views(const ModelGeometry& g, const ModelTensors& t, const SessionArena& arena,
-                             KvStorage kv_storage) {
+                             KvStorage kv_storage, int row_states_count) {
   SequenceViews v;
   const int pages = arena.layout().kv_pages;
   v.context = pages * kKvPageTokens;
@@ -75,6 +96,7 @@ SequenceViews sequence_views(const ModelGeometry& g, const ModelTensors& t, cons
   }
   if (g.ple_layer >= 0) v.ple_history = static_cast<float*>(arena.region("ple history"));
   v.streams = static_cast<float*>(arena.region("residual streams"));
+  v.rows = row_states(g, arena, row_states_count);
   return v;
 }
 

@@ -16,6 +16,16 @@
 
 namespace strata {
 
+// A verification step's row states (docs/speculative.md): for row t of a chunk, the recurrent state as token t
+// leaves it, in the arena's snapshot slots after the sequence's own; a row's every region `stride` floats after
+// the row before's. count 0: the sequence keeps none (no verification steps).
+struct RowStates {
+  int count = 0;
+  long stride = 0;
+  std::vector<float*> gdn_state, gdn_conv;  // per layer (GDN layers): row 0's
+  float* ple_history = nullptr;
+};
+
 struct SequenceViews {
   int context = 0;                                   // tokens of KV: whole pages
   KvStorage kv_storage = KvStorage::Int8;
@@ -28,6 +38,7 @@ struct SequenceViews {
   std::vector<float*> gdn_state, gdn_conv;           // per layer (GDN layers)
   float* ple_history = nullptr;
   float* streams = nullptr;                           // the residual streams [hc][n] of the last token run
+  RowStates rows;
 };
 
 // GDN layer `layer`'s weights and state as the mixer kernels take them; the per-token pointers stay null.
@@ -36,7 +47,8 @@ kernels::GdnStepArgs gdn_layer_args(const LayerTensors& t, const SequenceViews& 
 // The PLE layer's weights and history as ple_step and ple_chunk take them; the per-token pointers stay null.
 kernels::PleStepArgs ple_layer_args(const LayerTensors& t, const SequenceViews& v);
 
+// The views of `arena`'s regions; its last `row_states` snapshot slots are the rows' (RowStates).
 SequenceViews sequence_views(const ModelGeometry& g, const ModelTensors& t, const SessionArena& arena,
-                             KvStorage kv_storage);
+                             KvStorage kv_storage, int row_states);
 
 }  // namespace strata

@@ -73,12 +73,27 @@ void SessionArena::snapshot(int slot) { copy_state(slot, true); }
 
 void SessionArena::restore(int slot) { copy_state(slot, false); }
 
-void SessionArena::copy_state(int slot, bool save) {
+char* SessionArena::slot_start(int slot) const {
   STRATA_EXPECTS(slot >= 0 && slot < layout_.snapshots, InvalidArgument,
                  "state snapshot slot " + std::to_string(slot) + " is outside the session's " +
                      std::to_string(layout_.snapshots) + " slots");
+  return static_cast<char*>(region("state snapshots")) + static_cast<std::size_t>(slot) * layout_.state_bytes;
+}
+
+void* SessionArena::slot_region(int slot, const std::string& name, int layer) const {
+  char* at = slot_start(slot);
+  for (const Region& r : layout_.regions) {
+    if (!is_recurrent_state(r.name)) continue;
+    if (r.name == name && r.layer == layer) return at;
+    at += region_span(r.bytes);
+  }
+  throw InvalidArgument("the session's state snapshots hold no region '" + name + "' for layer " +
+                        std::to_string(layer));
+}
+
+void SessionArena::copy_state(int slot, bool save) {
   DeviceScope scope(device_);
-  char* at = static_cast<char*>(region("state snapshots")) + static_cast<std::size_t>(slot) * layout_.state_bytes;
+  char* at = slot_start(slot);
   for (const Region& r : layout_.regions) {
     if (!is_recurrent_state(r.name)) continue;
     char* live = static_cast<char*>(base_) + r.offset;

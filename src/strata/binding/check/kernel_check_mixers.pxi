@@ -120,9 +120,10 @@ def gdn_steps(qkv, z, beta_in, alpha_in, conv_weight, ssm_a, dt_bias, norm_weigh
 
 def gdn_chunk(qkv, z, beta_in, alpha_in, conv_weight, ssm_a, dt_bias, norm_weight, conv_state, state, *,
               int n_k_heads, bint tiled_heads, bint interleaved_ba, bint sigmoid_gate, float eps, int row_pad=0,
-              int device=0):
+              bint row_states=False, int device=0):
     """The same tokens as gdn_steps through one GDN chunk launch (captured into a CUDA graph); returns (out
-    [tokens, Hv*dv], conv_out [tokens, C], conv_state, state).
+    [tokens, Hv*dv], conv_out [tokens, C], conv_state, state), and with `row_states` also (state_rows
+    [tokens, *state.shape], conv_rows [tokens, *conv_state.shape]): the state and conv history after each token.
 
     Arguments as gdn_steps'. On the device qkv and z share one fused row per token and every input and output
     row is followed by `row_pad` poisoned floats (the round trip fails if the kernels write any of them).
@@ -137,9 +138,15 @@ def gdn_chunk(qkv, z, beta_in, alpha_in, conv_weight, ssm_a, dt_bias, norm_weigh
     conv_out = np.empty(np.shape(qkv), np.float32)
     cdef float* p_out = _mixer_floats(out, keep)
     cdef float* p_conv_out = _mixer_floats(conv_out, keep)
+    state_rows = np.empty((i.steps, *state_arr.shape), np.float32) if row_states else None
+    conv_rows = np.empty((i.steps, *conv_arr.shape), np.float32) if row_states else None
+    cdef float* p_state_rows = _mixer_floats(state_rows, keep) if row_states else NULL
+    cdef float* p_conv_rows = _mixer_floats(conv_rows, keep) if row_states else NULL
     with nogil:
         cpp_gdn_chunk(device, i.shape, i.steps, row_pad, i.qkv, i.z, i.beta_in, i.alpha_in, i.conv_weight, i.ssm_a,
-                      i.dt_bias, i.norm_weight, i.conv_state, i.state, p_conv_out, p_out)
+                      i.dt_bias, i.norm_weight, i.conv_state, i.state, p_conv_out, p_out, p_state_rows, p_conv_rows)
+    if row_states:
+        return out, conv_out, conv_arr, state_arr, state_rows, conv_rows
     return out, conv_out, conv_arr, state_arr
 
 
@@ -299,8 +306,9 @@ def time_qsa_select(*, int heads, int head_dim, int context, int keep_blocks, in
 
 
 def ple_steps(streams, key, value, norm_key, norm_query, norm_conv, conv_weight, history, *, int dilation,
-              float eps, bint chunk=False, int device=0):
-    """PLE device half for len(streams) tokens; returns (addend [steps, hc, n], history).
+              float eps, bint chunk=False, bint row_states=False, int device=0):
+    """PLE device half for len(streams) tokens; returns (addend [steps, hc, n], history), and with `row_states`
+    (ple_chunk's) also the history as each token leaves it [steps, dilation*(K-1), hc*n].
 
     streams [steps, hc, n]; key [steps, hc*n]; value [steps, n]; norm_* [hc*n]; conv_weight [hc*n, K];
     history [dilation*(K-1), hc*n] is the starting conv history (not modified). ple_step runs once per token, or
@@ -326,11 +334,13 @@ def ple_steps(streams, key, value, norm_key, norm_query, norm_conv, conv_weight,
     cdef const float* p_w = _mixer_floats(conv_weight, keep)
     cdef float* p_h = _mixer_floats(hist, keep)
     cdef float* p_out = _mixer_floats(out, keep)
+    history_rows = np.empty((steps, *hist.shape), np.float32) if row_states else None
+    cdef float* p_rows = _mixer_floats(history_rows, keep) if row_states else NULL
     cdef int c_steps = steps, c_hc = hc, c_n = n, c_kernel = kernel
     with nogil:
         cpp_ple_steps(device, c_hc, c_n, dilation, c_kernel, eps, c_steps, chunk, p_s, p_k, p_v, p_nk, p_nq, p_nc,
-                      p_w, p_h, p_out)
-    return out, hist
+                      p_w, p_h, p_out, p_rows)
+    return (out, hist, history_rows) if row_states else (out, hist)
 
 
 _EMBED_KINDS = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, np.dtype(np.uint16): 2, np.dtype(np.uint8): 3}

@@ -46,7 +46,7 @@ cdef extern from "strata/check/kernel_check_mixers.hpp" namespace "strata::kerne
         int device, const GdnCheckShape& shape, int tokens, int row_pad, const float* qkv, const float* z,
         const float* beta_in, const float* alpha_in, const float* conv_weight, const float* ssm_a,
         const float* dt_bias, const float* norm_weight, float* conv_state, float* state, float* conv_out,
-        float* out) except +raise_strata_error
+        float* out, float* state_rows, float* conv_rows) except +raise_strata_error
     void cpp_attention_steps "strata::kernel_check::attention_steps"(
         int device, const AttentionCheckShape& shape, int steps, const float* q_gate, const float* k,
         const float* v, const float* q_norm, const float* k_norm, const float* rope_cos, const float* rope_sin,
@@ -67,7 +67,7 @@ cdef extern from "strata/check/kernel_check_mixers.hpp" namespace "strata::kerne
         int device, int streams, int width, int dilation, int conv_kernel, float eps, int steps, bool chunk,
         const float* stream_rows, const float* key, const float* value, const float* norm_key,
         const float* norm_query, const float* norm_conv, const float* conv_weight, float* history,
-        float* out) except +raise_strata_error
+        float* out, float* history_rows) except +raise_strata_error
     DoorbellCheckResult cpp_doorbell_round_trip "strata::kernel_check::doorbell_round_trip"(
         int device, int n, int k, const float* x, const int* ids, const float* weights, int ring_base,
         int ring_offset, bool answer, const float* answer_row, long long timeout_ns, float* published_x,
