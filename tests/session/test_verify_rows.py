@@ -1,8 +1,10 @@
 """Verification steps on the GPU (docs/speculative.md): `verify` runs k + 1 tokens as one prompt chunk and returns
 every row's logits, keeping each row's recurrent state; `truncate` then cuts the sequence back to any of them.
-Decoding after a cut matches a session that only ever fed the kept tokens, for all three architectures, at every
-cut, in every mode, with the PLE n-gram state kept by the host or by the session, and with KV streaming; QSA blocks
-completed inside the window are complete again only when their tokens are."""
+Decoding after a cut is, bit for bit, what a session that only ever fed the kept tokens decodes, for all three
+architectures, at every cut, in every mode, with the PLE n-gram state kept by the host or by the session, and with
+KV streaming; QSA blocks completed inside the window are complete again only when their tokens are. (With the
+prompt path's CPU share off, a token's experts run on the same side whatever the chunk, and every kernel's row is
+independent of the others': the same bits are the bar, measured so on the box.)"""
 
 import numpy as np
 import pytest
@@ -11,10 +13,9 @@ from strata.errors import InvalidArgument
 from strata.options import Mode
 from strata.runtime.engine import GpuEngine
 
-from support.compare import relative_errors
+from support.compare import assert_same_bits
 from support.native_session import open_native_session
-from test_decode_session import GARBAGE, STEADY
-from test_prompt_path import bounds, loaded, prompt_ids, rows_of, staging  # noqa: F401 (loaded: a fixture)
+from test_prompt_path import loaded, prompt_ids, rows_of, staging  # noqa: F401 (loaded: a fixture)
 
 pytestmark = pytest.mark.gpu
 
@@ -71,17 +72,17 @@ def cut_and_kept(model, rng, kept, **options):
         whole.close()
 
 
+def assert_same_decoding(after_cut, after_kept, what):
+    assert all(np.all(np.isfinite(x)) for x in after_cut), what
+    assert_same_bits(np.array(after_cut), np.array(after_kept), f"{what}: logits after the cut")
+
+
 @pytest.mark.parametrize("kept", range(1, WINDOW + 1))
 def test_decoding_after_a_cut_matches_feeding_only_the_kept_tokens(loaded, kept, rng):
     name, model = loaded
     after_cut, after_kept, rows_cut, rows_kept = cut_and_kept(model, rng, kept)
-    rows = relative_errors(list(rows_cut), list(rows_kept))
-    errors = relative_errors(after_cut, after_kept)
-    print(f"{name} kept {kept}: rows {rows.max():.2e}, after the cut median {np.median(errors):.2e}, "
-          f"worst {errors.max():.2e}")
-    assert np.median(rows) < bounds(name, "bf16") and rows.max() < GARBAGE, (name, rows)
-    assert np.median(errors) < bounds(name, "bf16"), (name, errors)
-    assert np.quantile(errors, 0.9) < STEADY and errors.max() < GARBAGE, (name, errors)
+    assert_same_bits(rows_cut, rows_kept, f"{name} kept {kept}: the kept rows' logits")
+    assert_same_decoding(after_cut, after_kept, f"{name} kept {kept}")
 
 
 @pytest.mark.parametrize("mode", list(Mode))
@@ -90,8 +91,7 @@ def test_a_cut_holds_in_every_mode(loaded, mode, rng):
     if not name.startswith("qwen4exp"):
         pytest.skip("the modes share one truncate; one architecture with PLE and QSA shows it")
     after_cut, after_kept, _, _ = cut_and_kept(model, rng, 2, mode=mode)
-    errors = relative_errors(after_cut, after_kept)
-    assert np.median(errors) < bounds(name, "bf16") and errors.max() < GARBAGE, (name, mode, errors)
+    assert_same_decoding(after_cut, after_kept, f"{name} {mode}")
 
 
 @pytest.mark.parametrize("options", [{"native_ple": True}, {"kv_streaming": True, "kv": "int8"}],
@@ -101,9 +101,7 @@ def test_a_cut_holds_where_the_session_keeps_more_state(loaded, options, rng):
     if not name.startswith("qwen4exp"):
         pytest.skip("PLE and KV streaming are qwen4exp's")
     after_cut, after_kept, _, _ = cut_and_kept(model, rng, 3, **options)
-    errors = relative_errors(after_cut, after_kept)
-    kv = options.get("kv", "bf16")
-    assert np.median(errors) < bounds(name, kv) and errors.max() < GARBAGE, (name, options, errors)
+    assert_same_decoding(after_cut, after_kept, f"{name} {options}")
 
 
 def test_verify_rows_equal_the_prompt_paths_logits(loaded, rng):

@@ -28,6 +28,10 @@ constexpr int kMaxChunk = 8192;
 // Rows of the LM head per block when every position's logits are asked for: 64 rows of a 248K vocabulary are
 // 64 MB of scratch, and the head's product reads its tile of the weight once per block.
 constexpr int kLogitRows = 64;
+// Chunks of at most this many rows (a verification step's) multiply their dense products with the decode GEMVs,
+// one product per row of one matrix: a tensor-core tile of 64 rows would stream each weight tile through a few
+// CTAs for a handful of rows, while the GEMV spreads the matrix over every SM and later rows find it in L2.
+constexpr int kGemvRows = 8;
 
 // The pinned block the host stages a chunk in, as byte offsets: tokens then positions (one copy up), the PLE
 // rows (up).
@@ -114,6 +118,7 @@ void carve(Carver& c, const ModelGeometry& g, int chunk, int context, KvStorage 
   s.ple_value_ = c.take<float>(T * n);
   s.ple_out_ = c.take<float>(T * width);
   s.logits_ = c.take<float>(static_cast<std::size_t>(std::min(chunk, kLogitRows)) * g.n_vocab);
+  s.gemv_slots_ = c.take<int>(kGemvRows);
   const bool streams = kv_streaming && g.attention_layers() > 0;
   s.kv_layer_ = c.take<char>(streams ? kv_half_region_bytes(g, context, kv, false) +
                                            kv_half_region_bytes(g, context, kv, true)
@@ -179,6 +184,7 @@ PromptProgram::PromptProgram(const ModelGeometry& g, const ProgramInputs& in, in
   ones_ = real.take<float>(std::max(g.hc_count, 1));
   const std::vector<float> ones(std::max(g.hc_count, 1), 1.0f);
   STRATA_CUDA_TRY(cudaMemcpy(ones_, ones.data(), sizeof(float) * ones.size(), cudaMemcpyHostToDevice));
+  STRATA_CUDA_TRY(cudaMemset(gemv_slots_, 0, sizeof(int) * kGemvRows));  // every row's product reads matrix 0
   // The scratch's rows the routed experts read and write, fixed for the program's life.
   expert_rows_.x = x_;
   expert_rows_.route_ids = route_ids_;
@@ -217,7 +223,11 @@ void PromptProgram::project_rows(const float* x, int rows, const Products& produ
   }
   if (quantized) quantize(x, rows * cols, q8_, s);
   for (const Product& p : products) {
-    multiply_rows(*p.w, {rows, static_cast<int>(cols), static_cast<int>(p.w->rows)}, nullptr, x, q8_, p.y, s);
+    if (rows <= kGemvRows) {
+      project_batch(*p.w, {gemv_slots_, rows, static_cast<int>(cols)}, x, q8_, p.y, s);
+    } else {
+      multiply_rows(*p.w, {rows, static_cast<int>(cols), static_cast<int>(p.w->rows)}, nullptr, x, q8_, p.y, s);
+    }
   }
 }
 

@@ -44,6 +44,7 @@ struct PromptScratch {
   float *ex_x_ = nullptr, *ex_gate_ = nullptr, *ex_up_ = nullptr, *ex_hidden_ = nullptr, *ex_rows_ = nullptr;
   float *ple_rows_ = nullptr, *ple_key_ = nullptr, *ple_value_ = nullptr, *ple_out_ = nullptr;
   float* logits_ = nullptr;  // a block of rows' logits, when every position's are asked for
+  int* gemv_slots_ = nullptr;  // zeros: a small chunk's rows as a GEMV batch of one matrix (project_rows)
   char* kv_layer_ = nullptr;  // KV streaming: one attention layer's whole KV while the chunk runs it
 };
 
