@@ -82,11 +82,13 @@ class DraftLength:
     def _rate(self, k: int) -> float:
         """Expected tokens per second of a verify of k drafts (before any verify: as if every draft were taken)."""
         acceptance = 1.0 if self.acceptance is None else self.acceptance
-        return expected_tokens(k, acceptance) / self._cost(k)
+        return expected_tokens(k, acceptance) / self.cost(k)
 
-    def _cost(self, k: int) -> float:
+    def cost(self, k: int) -> float:
         """A verify of k drafts: its measured cost, else a line through the measured ones (the plain step is 0
         drafts) between its neighbours or on from the last two; with nothing verified yet, the plain step's."""
+        if self.step_seconds is None:
+            raise InvalidArgument("a verify's cost is estimated once a plain step has been measured (stepped)")
         points = [(0, self.step_seconds)] + [(n, c) for n, c in enumerate(self.verify_seconds) if n and c is not None]
         below = [(n, c) for n, c in points if n <= k]
         above = [(n, c) for n, c in points if n > k]
