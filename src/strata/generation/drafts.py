@@ -42,6 +42,7 @@ def lookup_draft(history: Sequence[int], k: int, max_ngram: int = 3, min_ngram: 
 
 
 MAX_DRAFT_TOKENS = 7  # the most drafts one verify checks: a session's engine verifies this many + 1 rows
+DEFAULT_DRAFT_TOKENS = 4  # a session's draft_tokens unless told
 DRAFTS = ("lookup", "auto", "mtp")  # the names a session's `draft` option takes
 
 
