@@ -15,7 +15,7 @@ import pytest
 
 from strata import _native
 from strata.bench import rates as bench_rates
-from strata.bench.decode import prompt_ids
+from strata.bench.decode import decode, prompt_ids
 from strata.bench.default_model import bench_model, cache_dir
 from strata.bench.limit import machine_limit
 from strata.bench.prompt import prompt_report, prompt_speed
@@ -25,6 +25,8 @@ from strata.bench.run import run
 from strata.errors import InvalidArgument
 from strata.format import inspect
 from strata.generation import Session
+from strata.generation.draft_length import FixedDraftLength
+from strata.generation.drafts import ForcedDrafter
 from strata.options import KV, Mode
 from strata.runtime.engine import GpuEngine
 from strata.synth import synthesize
@@ -141,6 +143,33 @@ class TimedFakeSession:
 
     def close(self):
         self.closed = True
+
+
+class VerifyingEngine(GpuEngine):
+    """The GPU engine over a TimedFakeSession, with verify and truncate: token t is followed by t + 1."""
+
+    verify_rows = 4
+
+    def verify(self, ids, seen):
+        for token in ids:
+            self.native.step(token, None, None, 0.0, sample=False)
+        rows = np.full((len(ids), 512), -1.0, np.float32)
+        rows[np.arange(len(ids)), (np.asarray(ids) + 1) % 512] = 1.0
+        return rows
+
+    def truncate(self, position):
+        self.native.position = position
+
+
+def test_decode_with_drafts_runs_the_sessions_loop_and_reports_the_acceptance():
+    codec = SimpleNamespace(eos_ids=[], decode=lambda ids: "")
+    drafter = ForcedDrafter(list(range(5, 40)), 1.0, vocab=512)  # position i holds i + 5: every draft right
+    session = Session(VerifyingEngine(TimedFakeSession("token_graph")), codec, drafter, 3,
+                      draft_length=FixedDraftLength(3))
+    result = decode(session, [5, 6, 7], 8)
+    # after the prompt's token, two verifies of 3 drafts yield 4 tokens each
+    assert (result["tokens"], result["acceptance_rate"], result["tokens_per_step"]) == (8, 1.0, 4.0)
+    assert session.tokens == list(range(5, 17)) and math.isclose(result["pool_seconds"], 2e-4)
 
 
 @pytest.fixture
