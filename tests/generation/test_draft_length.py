@@ -64,12 +64,26 @@ def test_a_disabled_drafter_is_retried_and_recovers():
     policy = DraftLength(2, retry_after=5)
     acceptance = {"now": 0}
     cost = lambda k: STEP * (1 + 0.2 * k)  # noqa: E731
-    chosen = run(policy, cost, lambda k: acceptance["now"] * k, 30)
-    tail = chosen[3:]
-    assert tail.count(0) >= 20 and all(k == 0 for k in tail[:4]) and tail[4] > 0  # a retry every 5 decisions
+    chosen = run(policy, cost, lambda k: acceptance["now"] * k, 33)
+    assert chosen[3:] == ([0] * 4 + [1]) * 6  # after the probes: stepping, drafting tried every 5th decision
     acceptance["now"] = 1  # the text starts repeating: every draft right
     chosen = run(policy, cost, lambda k: acceptance["now"] * k, 60)
-    assert chosen[-10:] == [2] * 10
+    assert chosen[-10:] == [2, 2, 2, 2, 0] * 2  # drafting wins; a plain step every 5th keeps its cost current
+
+
+def test_the_plain_steps_cost_is_measured_again_while_drafting_wins():
+    """A first plain step that held a warm-up (10x) makes drafting look good; the plain steps retaken every
+    `retry_after` decisions bring its cost down until stepping wins, as it should here."""
+    policy = DraftLength(1, retry_after=4, smoothing=0.5)
+    policy.stepped(10 * STEP)
+    chosen = [policy.choose(1)]
+    policy.verified(1, 0, 1.5 * STEP)  # slower than a true step, and nothing accepted
+    for _ in range(40):
+        k = policy.choose(1)
+        chosen.append(k)
+        policy.stepped(STEP) if k == 0 else policy.verified(1, 0, 1.5 * STEP)
+    assert chosen[:5] == [1, 1, 1, 1, 0]  # the probe, then drafting until the 4th decision retakes a plain step
+    assert policy.step_seconds < 1.1 * STEP and chosen[-8:].count(1) == 2  # stepping wins, drafting retried
 
 
 def test_the_cap_bounds_every_choice():

@@ -194,6 +194,23 @@ def test_the_engine_is_asked_for_drafts_only_when_it_verifies(rng):
         Session(TableEngine(t), CharCodec(), drafter, 2.0)
 
 
+def test_a_drafted_token_outside_the_vocabulary_is_refused_before_the_engine_sees_it(rng):
+    class Codec(CharCodec):
+        tokens = [chr(i) for i in range(VOCAB)]
+
+    class OutOfVocabulary:
+        def propose(self, history, k):
+            return [5, VOCAB]
+
+    session = Session(TableEngine(table(rng), verify_rows=3), Codec(), OutOfVocabulary(), 2,
+                      draft_length=FixedDraftLength(2))
+    with pytest.raises(strata.InvalidArgument, match=f"the drafter proposed token id {VOCAB}, outside the "
+                                                     f"vocabulary 0..{VOCAB - 1}"):
+        session.complete(PROMPT, max_tokens=5)
+    assert session.engine.sequence == PROMPT and session.tokens == PROMPT + [session.tokens[-1]]
+    assert [call for call, _ in session.engine.calls] == ["feed"]
+
+
 # ----------------------------------------------------------------------------------- the reference engine
 
 @pytest.fixture(scope="module", params=["qwen4exp", "qwen3next"])

@@ -442,6 +442,11 @@ class Session:
             return [], None
         history = self.tokens
         drafts = [int(t) for t in self.drafter.propose(history, k)[:k]]
+        vocab = len(getattr(self.codec, "tokens", ()) or ()) or None
+        bad = [t for t in drafts if t < 0 or (vocab is not None and t >= vocab)]
+        if bad:  # refused before the engine is touched, so that the session stays consistent
+            raise InvalidArgument(f"the drafter proposed token id {bad[0]}, outside the vocabulary"
+                                  f"{f' 0..{vocab - 1}' if vocab else ''}")
         probabilities = getattr(self.drafter, "draft_probs", None)
         return drafts, probabilities(history, drafts) if drafts and probabilities is not None else None
 

@@ -5,8 +5,9 @@ A verify of k drafts costs what it measured (seconds, an EWMA per k) and yields 
 positions verified: each accepted draft a 1, the first rejected one a 0, the ones after it unseen). A plain step
 yields one token at its own measured cost. The policy picks the k with the most tokens per second, 0 (a plain
 step) when no k beats stepping: drafting never makes decoding slower for long, whatever the drafter's acceptance
-or the engine's verify cost. Each k is tried once before the estimates decide, and a disabled drafter is tried
-again every `retry_after` steps so that it recovers when the text starts repeating or the costs change. A k not
+or the engine's verify cost. Each k is tried once before the estimates decide, and every `retry_after` decisions
+the losing choice is taken once: a disabled drafter recovers when the text starts repeating, and the plain step's
+cost stays current while drafting wins (its first measurement may hold a warm-up, such as a graph capture). A k not
 measured yet (the drafter proposed fewer) is costed on the line through the measured ones: asking for more drafts
 than a drafter gives costs nothing, the verify checks what it gave.
 
@@ -19,7 +20,7 @@ from strata.errors import InvalidArgument
 from strata.generation.arguments import checked_integer, checked_number
 
 SMOOTHING = 0.2  # weight of the newest measurement in each EWMA
-RETRY_AFTER = 32  # plain steps before a disabled drafter is tried again
+RETRY_AFTER = 32  # decisions of one kind before the other is taken once
 
 
 def expected_tokens(k: int, acceptance: float) -> float:
@@ -48,7 +49,8 @@ class DraftLength:
         self.verify_seconds: list[float | None] = [None] * (max_drafts + 1)  # by drafts; [0] unused
         self.acceptance: float | None = None
         self._tried: set[int] = set()  # drafts asked for at least once
-        self._idle = 0  # plain steps chosen in a row because drafting measured slower
+        self._drafting = False  # whether drafting measured faster at the last decision
+        self._streak = 0  # decisions in a row that measured as the last one did
 
     def choose(self, cap: int) -> int:
         """Drafts to ask for now, at most min(cap, max_drafts); 0: step plainly."""
@@ -60,14 +62,12 @@ class DraftLength:
             self._tried.add(untried[0])
             return untried[0]
         best = max(range(1, limit + 1), key=self._rate)
-        if self._rate(best) > 1.0 / self.step_seconds:
-            self._idle = 0
-            return best
-        self._idle += 1
-        if self._idle >= self.retry_after:
-            self._idle = 0
-            return best
-        return 0
+        drafting = self._rate(best) > 1.0 / self.step_seconds
+        self._streak = self._streak + 1 if drafting == self._drafting else 1
+        self._drafting = drafting
+        if self._streak % self.retry_after == 0:
+            drafting = not drafting  # the losing choice once, so that its measurement stays current
+        return best if drafting else 0
 
     def stepped(self, seconds: float) -> None:
         self.step_seconds = _ewma(self.step_seconds, seconds, self.smoothing)
