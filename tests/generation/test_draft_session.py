@@ -5,6 +5,9 @@ the reference engine; with sampling, tokens distributed as stepping's (a frequen
 
 from __future__ import annotations
 
+import os
+import signal
+
 import numpy as np
 import pytest
 
@@ -163,6 +166,33 @@ def test_a_stream_left_early_inside_a_window_then_continued(rng, leave_after):
     assert session.tokens == PROMPT + want[:leave_after]
     rest = [p.token for p in session.stream(PROMPT + want[:leave_after], max_tokens=25 - leave_after)]
     assert got + rest == want and session.engine.sequence == plain.engine.sequence
+
+
+class InterruptedVerify(TableEngine):
+    """Sends SIGINT to this process while its first verify computes, as a Ctrl-C mid-step."""
+
+    def verify(self, ids, seen):
+        rows = super().verify(ids, seen)
+        if [call for call, _ in self.calls].count("verify") == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return rows
+
+
+def test_ctrl_c_during_a_verify_ends_the_call_at_the_next_token_and_truncates(rng):
+    t = table(rng)
+    want, _ = stepped(t, max_tokens=10)
+    session = Session(InterruptedVerify(t, verify_rows=5), CharCodec(), forced(PROMPT + want, 1.0, rng), 4,
+                      draft_length=FixedDraftLength(4))
+    got = []
+    with pytest.raises(KeyboardInterrupt):
+        for piece in session.generate(PROMPT, max_tokens=10):
+            got.append(piece.token)
+    # the prompt's token, then the window's first: the call ends there, holding what was shown
+    assert got == want[:2] and session.stats.finish_reason == "interrupted"
+    assert session.engine.sequence == PROMPT + want[:1] and session.tokens == PROMPT + want[:2]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    rest = [p.token for p in session.stream(PROMPT + want[:2], max_tokens=8)]
+    assert got + rest == want
 
 
 def test_an_exception_in_the_consumer_inside_a_window_loses_nothing(rng):
