@@ -3,7 +3,9 @@ Ctrl-C at a token boundary, chats whose messages are text.
 
 An engine appends token ids to its sequence and returns the next token, sampled by its own rules from a
 uniform draw u (strata.sampling); the GPU session samples on the device and returns only the id, the
-reference engine samples its numpy logits. Everything above that line lives here, once.
+reference engine samples its numpy logits. An engine that verifies appends several ids at once and returns every
+row's logits, which a session with a drafter accepts here (strata.sampling.verify_drafts), truncating the engine
+to what it accepted. Everything above that line lives here, once.
 """
 
 from __future__ import annotations
@@ -441,14 +443,19 @@ class Session:
         if k < 1:
             return [], None
         history = self.tokens
-        drafts = [int(t) for t in self.drafter.propose(history, k)[:k]]
-        vocab = len(getattr(self.codec, "tokens", ()) or ()) or None
-        bad = [t for t in drafts if t < 0 or (vocab is not None and t >= vocab)]
-        if bad:  # refused before the engine is touched, so that the session stays consistent
-            raise InvalidArgument(f"the drafter proposed token id {bad[0]}, outside the vocabulary"
-                                  f"{f' 0..{vocab - 1}' if vocab else ''}")
+        drafts = self._checked_drafts(self.drafter.propose(history, k)[:k])
         probabilities = getattr(self.drafter, "draft_probs", None)
         return drafts, probabilities(history, drafts) if drafts and probabilities is not None else None
+
+    def _checked_drafts(self, drafts: Sequence[int]) -> list[int]:
+        """The drafter's ids, refused outside the vocabulary before the engine sees them (the session stays as
+        it was)."""
+        vocab = len(getattr(self.codec, "tokens", ()) or ())
+        bad = [t for t in drafts if t < 0 or (vocab and t >= vocab)]
+        if bad:
+            raise InvalidArgument(f"the drafter proposed token id {bad[0]}, outside the vocabulary"
+                                  f"{f' 0..{vocab - 1}' if vocab else ''}")
+        return [int(t) for t in drafts]
 
     def _step(self, request: _Request, rng: np.random.Generator, stats: Stats) -> int:
         """Feed the pending token; the next becomes pending (the pending one stays so if the feed raises)."""
@@ -472,8 +479,9 @@ class Session:
             produced = verify_drafts(rows, request.params, drafts, rng.random((len(ids), 2)),
                                      self._history + ids[:1], draft_probs)
             self.draft_length.verified(len(drafts), len(produced) - 1, seconds)
-            stats.steps, stats.drafted, stats.accepted = (stats.steps + 1, stats.drafted + len(drafts),
-                                                          stats.accepted + len(produced) - 1)
+            stats.steps += 1
+            stats.drafted += len(drafts)
+            stats.accepted += len(produced) - 1
             for fed_before, token, row in zip(ids, produced, rows):
                 self._history.append(fed_before)
                 self._pending = [token]
@@ -492,7 +500,7 @@ class Session:
             text = TextStream(self.codec.decode, request.stops)
             rng = np.random.default_rng(request.seed)
             start = time.perf_counter()
-            tokens = None
+            tokens = None  # the call's tokens (_tokens) once the prompt is in
             try:
                 stats.cached_tokens = self._reuse(target)
                 self._pending = [self._feed_prompt(target, stats.cached_tokens, request.params, rng.random())]
@@ -521,9 +529,9 @@ class Session:
                 stats.finish_reason = stats.finish_reason or "error"
                 raise
             finally:
-                if tokens is not None:
-                    tokens.close()  # a verified window left partway is truncated to what the caller took
                 stats.decode_seconds = time.perf_counter() - start
                 self._open = None
+                if tokens is not None:
+                    tokens.close()  # a verified window left partway is truncated to what the caller took
         if interrupt.requested:  # the session is consistent and the signal handler is the caller's again
             raise KeyboardInterrupt
