@@ -119,7 +119,8 @@ class Session:
     With a `drafter` (strata.generation.drafts) and an engine that verifies (records.Engine), each decode step
     verifies the pending token and up to `draft_tokens` drafts in one engine call, as many as `draft_length` (by
     default the adaptive strata.generation.draft_length.DraftLength) chooses, and yields the tokens accepted and
-    the one after them: greedy output is stepping's exactly, sampled output distributed as stepping's.
+    the one after them: greedy output is stepping's exactly, sampled output distributed as stepping's (a seed
+    then reproduces tokens only as far as the windows repeat: the adaptive policy's follow timings).
     """
 
     def __init__(self, engine: Engine, codec: TextCodec, drafter: Drafter | None = None, draft_tokens: int = 0, *,
