@@ -303,6 +303,8 @@ def test_reference_verify_rows_are_steppings_and_truncate_goes_back_exactly(mode
         verifier.truncate(7)
     with pytest.raises(strata.InvalidArgument, match=r"verify takes 1..5 ids \(verify_rows\), got 6"):
         verifier.verify(ids[:6], ids[:6])
+    with pytest.raises(strata.InvalidArgument, match=r"made without verify \(verify_rows 0\)"):
+        ReferenceEngine(Reference(model_file), verify_rows=0).verify(ids[:1], ids[:1])
 
 
 def test_reference_prefix_reuse_after_rolled_back_steps(model_file, rng):

@@ -52,6 +52,8 @@ class ReferenceEngine:
     def verify(self, ids: Sequence[int], seen: Sequence[int]) -> np.ndarray:
         """Append `ids` token by token (each row exactly what stepping it would give) and return float32
         [len(ids), n_vocab], row i the logits after ids[i]; the state after each row is kept for `truncate`."""
+        if not self.verify_rows:
+            raise InvalidArgument("this engine was made without verify (verify_rows 0)")
         if not 1 <= len(ids) <= self.verify_rows:
             raise InvalidArgument(f"verify takes 1..{self.verify_rows} ids (verify_rows), got {len(ids)}")
         start, rows, states = self.reference.n_past, [], []
