@@ -261,6 +261,39 @@ def test_run_decodes_each_mode_and_writes_json(tiny, tmp_path, capsys, native_ra
     assert f"{g.n_layer} ringing layers x 3.1 us (round trip measured here)" in text
 
 
+class NextDrafter:
+    """Drafts t + 1, t + 2, ... after the last token t: what VerifyingEngine accepts, every draft."""
+
+    def propose(self, history, k):
+        return [(history[-1] + i) % 512 for i in range(1, k + 1)]
+
+
+def test_run_with_drafts_opens_drafting_sessions_and_reports_their_acceptance(tiny, capsys, native_rates):
+    opened = []
+
+    def drafting_session(context, kv, mode, kv_streaming=False, defer_experts=0, draft=None, draft_tokens=None):
+        opened.append((mode, draft, draft_tokens))
+        return Session(VerifyingEngine(TimedFakeSession(mode.value)), SimpleNamespace(eos_ids=[], decode=str),
+                       NextDrafter(), draft_tokens, draft_length=FixedDraftLength(draft_tokens))
+
+    g = tiny.geometry
+    model = SimpleNamespace(info=SimpleNamespace(geometry=g), file=tiny, session=drafting_session, device=1,
+                            pool=SimpleNamespace(read_bandwidth=lambda nbytes: 30e9), cache_slots=[2] * g.n_layer,
+                            cache_bytes=3 << 20)
+    result = run(model, model_path="tiny.gguf", modes=["uncaptured"], prompt_tokens=4, tokens=8, draft="lookup",
+                 draft_tokens=3, emit=print)
+    assert opened == [(Mode.UNCAPTURED, "lookup", 3)] and (result["draft"], result["draft_tokens"]) == ("lookup", 3)
+    m = result["modes"]["uncaptured"]
+    assert (m["tokens"], m["acceptance_rate"], m["tokens_per_step"]) == (8, 1.0, 4.0)
+    text = capsys.readouterr().out
+    assert "; draft lookup, up to 3 per step" in text
+    assert "uncaptured    8 tokens decoded, drafts accepted 100.0%, 4.00 tokens per step" in text
+    with pytest.raises(InvalidArgument, match="draft_tokens must be in 1..7, got 8"):
+        run(model, model_path="tiny.gguf", modes=["uncaptured"], prompt_tokens=4, tokens=8, draft="lookup",
+            draft_tokens=8, emit=print)
+    assert len(opened) == 1 and native_rates == [1, 1, 1]  # refused before the rates are measured
+
+
 def test_the_report_says_the_rates_it_divided_by(tiny):
     g = tiny.geometry
     limit = machine_limit(g, _tensors(tiny), dataclasses.replace(RATES, hbm_copy=3.0e12, doorbell_round_trip=5e-6),
