@@ -266,15 +266,16 @@ def test_reference_greedy_output_is_steppings_with_every_drafter(model_file, rng
     plain = reference_session(model_file)
     want = plain.complete(prompt, max_tokens=16, logprobs=2)
     vocab = model_file.geometry.n_vocab
+    continuation = prompt + list(want.tokens)
     for drafter, k, policy in ((LookupDrafter(), 4, None),
-                               (ForcedDrafter(prompt + list(want.tokens), 0.6, int(rng.integers(2**32)), vocab=vocab),
-                                3, FixedDraftLength(3))):
+                               (ForcedDrafter(continuation, 0.6, int(rng.integers(2**32)), vocab=vocab), 3,
+                                FixedDraftLength(3)),
+                               (WrongAt(continuation, 1), 3, FixedDraftLength(3))):
         session = reference_session(model_file, drafter, k, policy)
         got = session.complete(prompt, max_tokens=16, logprobs=2)
         assert got.tokens == want.tokens and got.pieces == want.pieces  # logprobs too, bit for bit
         assert session.engine.position == plain.engine.position
-        if isinstance(drafter, ForcedDrafter):
-            assert 0 < session.stats.accepted < session.stats.drafted
+    assert 0 < session.stats.accepted < session.stats.drafted  # WrongAt: each window takes one draft, cuts there
 
 
 def test_reference_verify_rows_are_steppings_and_truncate_goes_back_exactly(model_file, rng):
