@@ -12,6 +12,7 @@ from strata.errors import InvalidArgument, StrataError
 from strata.format import ModelFile, inspect
 from strata.generation import Session, session_context
 from strata.generation.arguments import checked_integer
+from strata.generation.drafts import DEFAULT_DRAFT_TOKENS, named_drafter
 
 ENGINES = ("gpu", "reference")
 # strata.Model.session's options that only the GPU engine has: refused by name on the reference
@@ -47,11 +48,15 @@ class ReferenceModel:
         return self.file.tokenizer()
 
     def session(self, context: int | None = None, *, kv: Any = None, snapshots: int | None = None,
-                defer_experts: int = 0, **gpu_options: Any) -> Session:
+                defer_experts: int = 0, draft: str | None = None, draft_tokens: int = DEFAULT_DRAFT_TOKENS,
+                **gpu_options: Any) -> Session:
         """A generation session of `context` tokens (default min(context_length, 4096)) on the reference. With
         `kv`, the attention caches hold their rows in that format, as a GPU session's (default: as computed);
         `snapshots` states are kept for prefix reuse (default 4); with `defer_experts`, expert deferral as the
-        GPU engine's (docs/session.md, "Expert deferral"). The GPU engine's other options are refused by name."""
+        GPU engine's (docs/session.md, "Expert deferral"). With `draft` ("lookup", or "auto" which is lookup;
+        "mtp" is not implemented yet), each decode step verifies up to `draft_tokens` (1..7) drafted tokens at
+        once (strata.generation.drafts), the output unchanged. The GPU engine's other options are refused by
+        name."""
         from strata.reference import Reference
         from strata.reference.engine import SNAPSHOTS, ReferenceEngine
 
@@ -59,15 +64,17 @@ class ReferenceModel:
             if name in GPU_SESSION_OPTIONS:
                 raise InvalidArgument(f"{name}: the reference engine's session has no such option (GPU engine only)")
             raise InvalidArgument(f"unknown session option {name!r}; the reference engine's session takes context, "
-                                  "kv, snapshots and defer_experts")
+                                  "kv, snapshots, defer_experts, draft and draft_tokens")
         if self.closed:
             raise StrataError("this model is closed: it opens no new sessions")
         context = session_context(context, self.file.geometry.context_length)
+        drafter = named_drafter(draft, draft_tokens)
         snapshots = SNAPSHOTS if snapshots is None else checked_integer("snapshots", snapshots)
         if snapshots < 0:
             raise InvalidArgument(f"snapshots must be >= 0, got {snapshots}")
         reference = Reference(self.file, kv=kv, defer_experts=defer_experts)  # kv: a strata.KV or its name
-        return Session(ReferenceEngine(reference, context, snapshots), self.tokenizer)
+        engine = ReferenceEngine(reference, context, snapshots, draft_tokens + 1 if drafter else 0)
+        return Session(engine, self.tokenizer, drafter, draft_tokens if drafter else 0)
 
     def close(self) -> None:
         self.closed = True

@@ -15,7 +15,7 @@ import pytest
 
 from strata import _native
 from strata.bench import rates as bench_rates
-from strata.bench.decode import prompt_ids
+from strata.bench.decode import decode, prompt_ids
 from strata.bench.default_model import bench_model, cache_dir
 from strata.bench.limit import machine_limit
 from strata.bench.prompt import prompt_report, prompt_speed
@@ -25,6 +25,8 @@ from strata.bench.run import run
 from strata.errors import InvalidArgument
 from strata.format import inspect
 from strata.generation import Session
+from strata.generation.draft_length import FixedDraftLength
+from strata.generation.drafts import ForcedDrafter
 from strata.options import KV, Mode
 from strata.runtime.engine import GpuEngine
 from strata.synth import synthesize
@@ -143,6 +145,33 @@ class TimedFakeSession:
         self.closed = True
 
 
+class VerifyingEngine(GpuEngine):
+    """The GPU engine over a TimedFakeSession, with verify and truncate: token t is followed by t + 1."""
+
+    verify_rows = 4
+
+    def verify(self, ids, seen):
+        for token in ids:
+            self.native.step(token, None, None, 0.0, sample=False)
+        rows = np.full((len(ids), 512), -1.0, np.float32)
+        rows[np.arange(len(ids)), (np.asarray(ids) + 1) % 512] = 1.0
+        return rows
+
+    def truncate(self, position):
+        self.native.position = position
+
+
+def test_decode_with_drafts_runs_the_sessions_loop_and_reports_the_acceptance():
+    codec = SimpleNamespace(eos_ids=[], decode=lambda ids: "")
+    drafter = ForcedDrafter(list(range(5, 40)), 1.0, vocab=512)  # position i holds i + 5: every draft right
+    session = Session(VerifyingEngine(TimedFakeSession("token_graph")), codec, drafter, 3,
+                      draft_length=FixedDraftLength(3))
+    result = decode(session, [5, 6, 7], 8)
+    # after the prompt's token, two verifies of 3 drafts yield 4 tokens each
+    assert (result["tokens"], result["acceptance_rate"], result["tokens_per_step"]) == (8, 1.0, 4.0)
+    assert session.tokens == list(range(5, 17)) and math.isclose(result["pool_seconds"], 2e-4)
+
+
 @pytest.fixture
 def native_rates(monkeypatch):
     """The native measurements of GPU 3 at the GPU box's rates; each records the device it was asked about."""
@@ -230,6 +259,39 @@ def test_run_decodes_each_mode_and_writes_json(tiny, tmp_path, capsys, native_ra
     assert "defer experts 1" in text
     assert "30.0 GB/s (CPU pool, measured here)" in text and "4.2 TB/s (measured device copy, measured here)" in text
     assert f"{g.n_layer} ringing layers x 3.1 us (round trip measured here)" in text
+
+
+class NextDrafter:
+    """Drafts t + 1, t + 2, ... after the last token t: what VerifyingEngine accepts, every draft."""
+
+    def propose(self, history, k):
+        return [(history[-1] + i) % 512 for i in range(1, k + 1)]
+
+
+def test_run_with_drafts_opens_drafting_sessions_and_reports_their_acceptance(tiny, capsys, native_rates):
+    opened = []
+
+    def drafting_session(context, kv, mode, kv_streaming=False, defer_experts=0, draft=None, draft_tokens=None):
+        opened.append((mode, draft, draft_tokens))
+        return Session(VerifyingEngine(TimedFakeSession(mode.value)), SimpleNamespace(eos_ids=[], decode=str),
+                       NextDrafter(), draft_tokens, draft_length=FixedDraftLength(draft_tokens))
+
+    g = tiny.geometry
+    model = SimpleNamespace(info=SimpleNamespace(geometry=g), file=tiny, session=drafting_session, device=1,
+                            pool=SimpleNamespace(read_bandwidth=lambda nbytes: 30e9), cache_slots=[2] * g.n_layer,
+                            cache_bytes=3 << 20)
+    result = run(model, model_path="tiny.gguf", modes=["uncaptured"], prompt_tokens=4, tokens=8, draft="lookup",
+                 draft_tokens=3, emit=print)
+    assert opened == [(Mode.UNCAPTURED, "lookup", 3)] and (result["draft"], result["draft_tokens"]) == ("lookup", 3)
+    m = result["modes"]["uncaptured"]
+    assert (m["tokens"], m["acceptance_rate"], m["tokens_per_step"]) == (8, 1.0, 4.0)
+    text = capsys.readouterr().out
+    assert "; draft lookup, up to 3 per step" in text
+    assert "uncaptured    8 tokens decoded, drafts accepted 100.0%, 4.00 tokens per step" in text
+    with pytest.raises(InvalidArgument, match="draft_tokens must be in 1..7, got 8"):
+        run(model, model_path="tiny.gguf", modes=["uncaptured"], prompt_tokens=4, tokens=8, draft="lookup",
+            draft_tokens=8, emit=print)
+    assert len(opened) == 1 and native_rates == [1, 1, 1]  # refused before the rates are measured
 
 
 def test_the_report_says_the_rates_it_divided_by(tiny):

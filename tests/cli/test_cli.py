@@ -391,3 +391,29 @@ def test_ctrl_c_while_running_exits_130_at_a_token_boundary(tiny_model, monkeypa
     monkeypatch.setattr(ReferenceEngine, "feed", interrupted)
     assert cli.main(["run", str(tiny_model), "-p", "hi", "-n", "50", "--engine", "reference"]) == 130
     assert "ended by interrupted" in capsys.readouterr().err
+
+
+def test_draft_flags_parse_on_every_command_that_makes_a_session(capsys):
+    for command in (["run", "m.gguf", "-p", "x"], ["chat", "m.gguf"], ["serve", "m.gguf"], ["bench"]):
+        args = cli.parse_args(command)
+        assert (args.draft, args.draft_tokens) == (None, 4)  # off unless asked
+        args = cli.parse_args([*command, "--draft", "lookup", "--draft-tokens", "6"])
+        assert (args.draft, args.draft_tokens) == ("lookup", 6)
+        assert cli.parse_args([*command, "--draft", "auto"]).draft == "auto"
+        with pytest.raises(SystemExit):
+            cli.parse_args([*command, "--draft", "mtp"])  # not implemented yet: not offered
+        assert "invalid choice: 'mtp'" in capsys.readouterr().err
+
+
+def test_run_with_drafts_prints_the_same_answer_and_the_acceptance(tiny_model, capsys):
+    prompt = ["-p", "ab ab ab ab ab ab", "-n", "10", "--engine", "reference", "--seed", "3"]
+    assert cli.main(["run", str(tiny_model), *prompt]) == 0
+    plain = capsys.readouterr()
+    assert cli.main(["run", str(tiny_model), *prompt, "--draft", "lookup", "--draft-tokens", "3"]) == 0
+    drafted = capsys.readouterr()
+    assert drafted.out == plain.out and "drafts:" not in plain.err
+    assert "; drafts: " in drafted.err and " accepted (" in drafted.err and "tokens per step]" in drafted.err
+    assert cli.main(["run", str(tiny_model), "-p", "x", "--engine", "reference", "--draft", "auto",
+                     "--draft-tokens", "9"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("strata run: draft_tokens must be in 1..7, got 9") and err.count("\n") == 1, err

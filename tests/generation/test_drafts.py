@@ -1,10 +1,11 @@
-"""Prompt lookup (strata.generation.drafts.lookup_draft) against a direct search written out with loops."""
+"""Prompt lookup (strata.generation.drafts.lookup_draft) against a direct search written out with loops; the
+drafters a session takes (LookupDrafter, ForcedDrafter) and the names of its `draft` option."""
 
 import numpy as np
 import pytest
 
 import strata
-from strata.generation.drafts import lookup_draft
+from strata.generation.drafts import ForcedDrafter, LookupDrafter, lookup_draft, named_drafter
 
 
 def direct_lookup(history: list[int], k: int, max_ngram: int, min_ngram: int) -> list[int]:
@@ -44,3 +45,49 @@ def test_bad_arguments_are_named():
     for kwargs in ({"k": -1}, {"k": 2, "min_ngram": 0}, {"k": 2, "max_ngram": 1, "min_ngram": 2}):
         with pytest.raises(strata.InvalidArgument, match="lookup_draft needs k >= 0 and 1 <= min_ngram"):
             lookup_draft([1, 2, 1], **kwargs)
+
+
+def test_lookup_drafter_proposes_what_lookup_draft_does():
+    history = [5, 6, 7, 8, 1, 6, 7]
+    assert LookupDrafter().propose(history, 2) == lookup_draft(history, 2) == [8, 1]
+    assert LookupDrafter(max_ngram=1).propose([1, 2, 1, 3, 1], 1) == [3]
+    with pytest.raises(strata.InvalidArgument, match="1 <= min_ngram <= max_ngram"):
+        LookupDrafter(max_ngram=1, min_ngram=2)
+
+
+def test_forced_drafter_is_right_at_the_rate_asked(rng):
+    vocab, n = 50, 20_000
+    continuation = [int(t) for t in rng.integers(vocab, size=n + 10)]
+    assert ForcedDrafter(continuation, 1.0, vocab=vocab).propose(continuation[:10], 4) == continuation[10:14]
+    wrong = ForcedDrafter(continuation, 0.0, int(rng.integers(2**32)), vocab=vocab).propose(continuation[:10], n)
+    assert all(w != c and 0 <= w < vocab for w, c in zip(wrong, continuation[10:]))
+    p = float(rng.uniform(0.2, 0.8))
+    drafts = ForcedDrafter(continuation, p, int(rng.integers(2**32)), vocab=vocab).propose(continuation[:10], n)
+    rate = np.mean(np.asarray(drafts) == continuation[10:])
+    assert abs(rate - p) <= 5.5 * np.sqrt(p * (1 - p) / n) + 1 / n, (rate, p)  # a false failure below 4e-8
+    # nothing past the continuation's end
+    assert ForcedDrafter([1, 2, 3], 1.0, vocab=4).propose([0, 0], 5) == [3]
+    assert ForcedDrafter([1, 2, 3], 1.0, vocab=4).propose([0, 0, 0], 5) == []
+
+
+def test_forced_drafter_refuses_bad_arguments():
+    with pytest.raises(strata.InvalidArgument, match="ForcedDrafter's p must be a probability in"):
+        ForcedDrafter([1], 1.5, vocab=4)
+    with pytest.raises(strata.InvalidArgument, match="ForcedDrafter's vocab must be >= 2"):
+        ForcedDrafter([0], 0.5, vocab=1)
+    with pytest.raises(strata.InvalidArgument, match=r"continuation must be a list of token ids in 0..3"):
+        ForcedDrafter([1, 4], 0.5, vocab=4)
+    with pytest.raises(strata.InvalidArgument, match="ForcedDrafter's p must be a number"):
+        ForcedDrafter([1], "high", vocab=4)
+
+
+def test_named_drafters_and_their_errors():
+    assert named_drafter(None, 4) is None
+    assert isinstance(named_drafter("lookup", 1), LookupDrafter) and isinstance(named_drafter("auto", 7), LookupDrafter)
+    for tokens in (0, 8, 9, 2.5, True):
+        with pytest.raises(strata.InvalidArgument, match="draft_tokens must be"):
+            named_drafter("lookup", tokens)
+    with pytest.raises(strata.InvalidArgument, match="MTP drafts .* are not implemented yet"):
+        named_drafter("mtp", 3)
+    with pytest.raises(strata.InvalidArgument, match="unknown draft 'medusa'; choose None or one of lookup, auto"):
+        named_drafter("medusa", 3)

@@ -42,7 +42,7 @@ def test_both_engines_take_every_option_after_context_by_keyword_only():
         assert parameters[0].name == "context" and parameters[0].kind is parameters[0].POSITIONAL_OR_KEYWORD
         assert all(p.kind in (p.KEYWORD_ONLY, p.VAR_KEYWORD) for p in parameters[1:]), session
     gpu = set(signature_of.signature(Model.session).parameters)
-    assert set(GPU_SESSION_OPTIONS) < gpu and {"kv", "snapshots", "defer_experts"} < gpu
+    assert set(GPU_SESSION_OPTIONS) < gpu and {"kv", "snapshots", "defer_experts", "draft", "draft_tokens"} < gpu
 
 
 def test_the_reference_session_takes_a_kv_by_name_and_refuses_gpu_options_by_name(reference):
@@ -56,6 +56,16 @@ def test_the_reference_session_takes_a_kv_by_name_and_refuses_gpu_options_by_nam
             reference.session(64, **{name: 1})
     with pytest.raises(strata.InvalidArgument, match="unknown session option 'colour'"):
         reference.session(colour="red")
+
+
+def test_a_reference_session_with_drafts_answers_as_one_without(reference):
+    prompt = "one two three one two three one two"
+    plain = reference.session(64).complete(prompt, 12)
+    session = reference.session(64, draft="lookup", draft_tokens=3)
+    assert session.engine.verify_rows == 4 and session.draft_length.max_drafts == 3
+    assert session.complete(prompt, 12).tokens == plain.tokens
+    assert reference.session(64, draft="auto").engine.verify_rows == 5  # the default draft_tokens, 4
+    assert reference.session(64).drafter is None
 
 
 def test_score_on_the_reference_gives_every_positions_logits(reference, rng):
@@ -120,6 +130,10 @@ def test_every_bad_call_argument_is_an_invalid_argument_that_names_it(reference,
     (dict(snapshots=-1), "snapshots must be >= 0"),
     (dict(defer_experts="1"), "defer_experts must be in"),
     (dict(kv=5), "unknown KV format 5"),
+    (dict(draft="lookup", draft_tokens=0), r"draft_tokens must be in 1..7, got 0"),
+    (dict(draft="lookup", draft_tokens=9), r"draft_tokens must be in 1..7, got 9"),
+    (dict(draft="mtp"), "draft 'mtp': MTP drafts .* are not implemented yet"),
+    (dict(draft="eagle"), "unknown draft 'eagle'"),
 ])
 def test_bad_reference_session_options_are_named(reference, options, fragment):
     with pytest.raises(strata.InvalidArgument, match=fragment):
@@ -138,6 +152,12 @@ def test_bad_reference_session_options_are_named(reference, options, fragment):
     (dict(kv="int5"), "unknown KV format 'int5'"),
     (dict(mode="fast"), "unknown session mode 'fast'"),
     (dict(defer_experts=2.0), "defer_experts must be in"),
+    (dict(draft="lookup", draft_tokens=0), r"draft_tokens must be in 1..7, got 0"),
+    (dict(draft="lookup", draft_tokens=9), r"draft_tokens must be in 1..7, got 9"),
+    (dict(draft="mtp"), "draft 'mtp': MTP drafts .* are not implemented yet"),
+    (dict(draft="eagle"), "unknown draft 'eagle'"),
+    (dict(draft="auto", prompt_chunk=0), "draft 'auto' needs the prompt path, which verifies the drafts: "
+                                         "prompt_chunk=0 turns it off"),
 ])
 def test_bad_gpu_session_options_are_named_before_the_gpu_is_touched(gpu_model, options, fragment):
     with pytest.raises(strata.InvalidArgument, match=fragment):

@@ -102,6 +102,19 @@ def test_a_continued_conversation_reuses_its_prefix(model):
         assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens - 1
 
 
+def test_a_drafting_session_answers_as_a_plain_one_and_the_metrics_count_its_drafts(model):
+    messages = [{"role": "user", "content": "one two three one two three one two three one two"}]
+    plain = model.session(CONTEXT).chat_complete(messages, 16)
+    session = model.session(CONTEXT, draft="lookup", draft_tokens=3)
+    server = Server([session], "tiny")
+    with serving(server) as url, client(url) as api:
+        answer = api.chat.completions.create(model="tiny", messages=messages, max_tokens=16, temperature=0)
+        assert answer.choices[0].message.content == plain.text
+        metrics = get(url, "/metrics")
+    assert f"strata_drafted_tokens_total {session.stats.drafted}\n" in metrics
+    assert f"strata_accepted_tokens_total {session.stats.accepted}\n" in metrics
+
+
 def test_interleaved_conversations_each_resume_on_their_own_session(model):
     """Two conversations sharing a system prompt, one request at a time on two sessions: each turn after a
     conversation's first resumes from what its session holds; neither evicts the other."""

@@ -87,7 +87,8 @@ def test_metrics_speak_prometheus_text():
     metrics = Metrics()
     metrics.answered("/v1/chat/completions", 200, Stats(prompt_tokens=10, cached_tokens=4, generated_tokens=5,
                                                         prefill_seconds=0.5, decode_seconds=0.1,
-                                                        finish_reason="eos"))
+                                                        finish_reason="eos", steps=2, drafted=6, accepted=3))
+    metrics.answered("/v1/completions", 200, Stats(generated_tokens=1, finish_reason="length", drafted=2))
     metrics.answered("/v1/chat/completions", 429)
     text = metrics.text(SessionPool([object(), object()], 4))
     lines = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
@@ -95,7 +96,8 @@ def test_metrics_speak_prometheus_text():
     assert lines['strata_requests_total{endpoint="/v1/chat/completions",status="200"}'] == 1
     assert lines['strata_requests_total{endpoint="/v1/chat/completions",status="429"}'] == 1
     assert lines["strata_prompt_tokens_total"] == 10 and lines["strata_cached_prompt_tokens_total"] == 4
-    assert lines["strata_generated_tokens_total"] == 5 and lines["strata_sessions"] == 2
+    assert lines["strata_generated_tokens_total"] == 6 and lines["strata_sessions"] == 2
+    assert lines["strata_drafted_tokens_total"] == 8 and lines["strata_accepted_tokens_total"] == 3
     assert lines["strata_decode_tokens_per_second"] == pytest.approx(40.0)
     assert lines["strata_time_to_first_token_seconds_sum"] == 0.5
     assert lines["strata_queue_depth"] == 0 and lines["strata_busy_sessions"] == 0

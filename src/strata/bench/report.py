@@ -14,7 +14,8 @@ def report(result: Mapping[str, Any]) -> list[str]:
     limit_s = limit["seconds"]
     lines = [f"model {result['model']}: {result['arch']}, {result['n_layer']} layers; prompt {result['prompt_tokens']} "
              f"tokens, {result['tokens']} decoded greedily; kv {result['kv']}"
-             f"{' streamed' if result.get('kv_streaming') else ''}; defer experts {result.get('defer_experts', 0)}",
+             f"{' streamed' if result.get('kv_streaming') else ''}; defer experts {result.get('defer_experts', 0)}"
+             f"{drafting(result)}",
              f"machine limit {1 / limit_s:8.1f} tok/s = {limit_s * MS:.3f} ms/token:",
              f"  routed experts  {limit['routed_bytes'] / 1e9:7.3f} GB/token at host read "
              f"{limit['read_bandwidth'] / 1e9:.1f} GB/s (CPU pool, measured here) = "
@@ -34,9 +35,17 @@ def report(result: Mapping[str, Any]) -> list[str]:
                      f"{m['gpu_pre_seconds'] * MS:8.3f} {m['gpu_post_seconds'] * MS:8.3f} "
                      f"{m['host_other_seconds'] * MS:10.3f} {m['fraction_of_limit']:8.1%} {m['expert_hit_rate']:6.1%}")
     lines.append("(breakdown columns in ms per token; gpu pre/post only in mode uncaptured)")
+    if result.get("draft"):
+        lines += [f"{mode:13s} {m['tokens']} tokens decoded, drafts accepted {m['acceptance_rate']:.1%}, "
+                  f"{m['tokens_per_step']:.2f} tokens per step" for mode, m in result["modes"].items()]
     for mode, m in result["modes"].items():
         lines += bound_lines(mode, m, limit)
     return lines
+
+
+def drafting(result: Mapping[str, Any]) -> str:
+    """The header's drafting part: the drafter and its most drafts per step, where the bench drafted."""
+    return f"; draft {result['draft']}, up to {result['draft_tokens']} per step" if result.get("draft") else ""
 
 
 def bound_lines(mode: str, m: Mapping[str, float], limit: Mapping[str, Any]) -> list[str]:

@@ -13,16 +13,18 @@ from strata.bench.rates import Rates, measure
 from strata.bench.records import Emit, write_json
 from strata.bench.report import report, sweep_report
 from strata.errors import InvalidArgument
+from strata.generation.drafts import named_drafter
 from strata.options import DEFAULT_KV, KV, Mode, check_defer_experts
 
 
 def run(model: Any, *, model_path: str, modes: list[Mode | str], prompt_tokens: int, tokens: int, emit: Emit,
         context: int | None = None, kv: KV | str = DEFAULT_KV, json_path: str | None = None,
         prompt_lengths: tuple[int, ...] = (), kv_streaming: bool = False, defer_experts: int = 0,
-        rates: Rates | None = None) -> dict[str, Any]:
+        draft: str | None = None, draft_tokens: int | None = None, rates: Rates | None = None) -> dict[str, Any]:
     """Bench a loaded model (strata.load's): emits the report, returns (and with `json_path` writes) the numbers;
     with `prompt_lengths`, the prompt path's speed at each length too (prompt_speed, exact: deferral is
-    decode-only). `rates`: the machine's, measured here when None (rates.measure)."""
+    decode-only). With `draft`, decoding verifies that drafter's tokens (Model.session's draft, draft_tokens).
+    `rates`: the machine's, measured here when None (rates.measure)."""
     import numpy as np
 
     from strata.runtime.expert_cache import describe
@@ -38,15 +40,18 @@ def run(model: Any, *, model_path: str, modes: list[Mode | str], prompt_tokens: 
         raise InvalidArgument(f"--prompt-lengths must be >= 1 token each, got {list(prompt_lengths)}")
     g = model.info.geometry
     check_defer_experts(defer_experts, g.n_expert_used)  # before the rates are measured
+    if draft is not None:
+        named_drafter(draft, draft_tokens)
     rates = rates or measure(model.pool, model.device)
     tensors = file_tensors(model.file)
     limit = machine_limit(g, tensors, rates, model.cache_slots)
     results = run_modes(model, modes, prompt_tokens, tokens, context, kv, np.random.default_rng(), kv_streaming,
-                        defer_experts)
+                        defer_experts, draft, draft_tokens)
     for m in results.values():
         m["fraction_of_limit"] = limit.seconds / m["seconds_per_token"]
     result = {"model": model_path, "arch": g.arch, "n_layer": g.n_layer, "prompt_tokens": prompt_tokens,
               "tokens": tokens, "kv": kv.value, "kv_streaming": kv_streaming, "defer_experts": defer_experts,
+              "draft": draft, "draft_tokens": draft_tokens if draft else None,
               "expert_cache": describe(g, tensors, model.cache_slots, model.cache_bytes),
               "cache_slots": model.cache_slots,
               "rates": asdict(rates), "limit": {**asdict(limit), "seconds": limit.seconds}, "modes": results}

@@ -15,7 +15,7 @@ from strata.options import DEFAULT_KV, KV, Mode
 
 
 def register(commands) -> None:
-    from strata.cli.session import add_deferral_argument, add_placement_arguments
+    from strata.cli.session import add_deferral_argument, add_draft_arguments, add_placement_arguments
 
     sub = commands.add_parser(
         "bench", help="decode speed of the GPU engine vs this machine's limit (`bench pool`: the CPU pool alone)",
@@ -33,6 +33,7 @@ def register(commands) -> None:
     sub.add_argument("--kv-streaming", action="store_true",
                      help="the attention KV in page-locked host memory, a VRAM window of what QSA selects")
     add_deferral_argument(sub)
+    add_draft_arguments(sub)
     sub.add_argument("--json", metavar="PATH", default=None, help="also write the numbers as JSON")
     sub.add_argument("--prompt-lengths", default="512,4096", metavar="TOKENS",
                      help="prompt path speed at these prompt lengths, beside stepping them (0: none)")
@@ -75,7 +76,8 @@ def handle(args) -> int:
     modes = list(Mode) if args.mode == "all" else [Mode.parse(args.mode)]
     options = {"model_path": str(path), "modes": modes, "prompt_tokens": args.prompt_tokens, "tokens": args.tokens,
                "context": args.context, "kv": args.kv, "prompt_lengths": lengths,
-               "kv_streaming": args.kv_streaming, "defer_experts": args.defer_experts}
+               "kv_streaming": args.kv_streaming, "defer_experts": args.defer_experts, "draft": args.draft,
+               "draft_tokens": args.draft_tokens}
     if shares is None:
         with strata.load(str(path), **placement(args)) as model:
             run(model, **options, emit=print, json_path=args.json)

@@ -32,5 +32,12 @@ def handle(args: argparse.Namespace) -> int:
         engine = args.engine if args.engine == "reference" else f"{args.engine} ({args.mode}, kv {args.kv})"
         print(f"[{stats.generated_tokens} tokens, {stats.decode_tokens_per_second:.2f} tok/s decode, "
               f"prompt {stats.prompt_tokens} tokens in {stats.prefill_seconds:.2f} s, "
-              f"ended by {'interrupted' if interrupted else stats.finish_reason}; engine: {engine}]", file=sys.stderr)
+              f"ended by {'interrupted' if interrupted else stats.finish_reason}; engine: {engine}"
+              f"{drafted(stats) if args.draft else ''}]", file=sys.stderr)
     return INTERRUPTED if interrupted else 0
+
+
+def drafted(stats) -> str:
+    """The summary's drafting part: acceptance and tokens per engine step."""
+    return (f"; drafts: {stats.accepted} of {stats.drafted} accepted ({stats.acceptance_rate:.0%}), "
+            f"{stats.tokens_per_step:.2f} tokens per step")

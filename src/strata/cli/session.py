@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from strata.errors import StrataError
+from strata.generation.drafts import DEFAULT_DRAFT_TOKENS, MAX_DRAFT_TOKENS
 from strata.options import (
     DEFAULT_CACHE_POLICY, DEFAULT_CONTEXT, DEFAULT_EXPERT_CACHE, DEFAULT_KV, DEFAULT_MODE, KV, Mode,
 )
@@ -48,7 +49,19 @@ def add_engine_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--mode", choices=Mode.values(), default=DEFAULT_MODE.value, action=_Given,
                      help="how the gpu engine launches a token: one CUDA graph, a graph per layer, or uncaptured")
     add_deferral_argument(sub)
+    add_draft_arguments(sub)
     add_placement_arguments(sub, _Given)
+
+
+def add_draft_arguments(sub: argparse.ArgumentParser) -> None:
+    """--draft and --draft-tokens: drafted tokens verified together (speculative decoding), on either engine."""
+    sub.add_argument("--draft", choices=["lookup", "auto"], default=None,
+                     help="draft tokens and verify them in one step, the output unchanged: lookup proposes what "
+                          "followed the last n-gram's earlier occurrence in the text (no weights; pays where the "
+                          "answer repeats its context); auto: the best drafter the model has (lookup for now); "
+                          "the number drafted per step follows the measured cost and acceptance (default: none)")
+    sub.add_argument("--draft-tokens", type=int, default=DEFAULT_DRAFT_TOKENS, metavar="K",
+                     help=f"the most tokens drafted per step with --draft (1..{MAX_DRAFT_TOKENS})")
 
 
 def add_deferral_argument(sub: argparse.ArgumentParser) -> None:
@@ -128,12 +141,12 @@ def opened_model(args: argparse.Namespace) -> Iterator:
 
 
 def new_session(model, args: argparse.Namespace):
-    """A Session on `model` of `--context` tokens with `--defer-experts` (and, on the gpu engine, `--kv`,
-    `--kv-streaming` and `--mode`)."""
+    """A Session on `model` of `--context` tokens with `--defer-experts`, `--draft` and `--draft-tokens` (and, on
+    the gpu engine, `--kv`, `--kv-streaming` and `--mode`)."""
+    options = {"defer_experts": args.defer_experts, "draft": args.draft, "draft_tokens": args.draft_tokens}
     if args.engine != "gpu":
-        return model.session(args.context, defer_experts=args.defer_experts)
-    return model.session(args.context, kv=args.kv, mode=args.mode, kv_streaming=args.kv_streaming,
-                         defer_experts=args.defer_experts)
+        return model.session(args.context, **options)
+    return model.session(args.context, kv=args.kv, mode=args.mode, kv_streaming=args.kv_streaming, **options)
 
 
 @contextmanager

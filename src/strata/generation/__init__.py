@@ -3,7 +3,9 @@ Ctrl-C at a token boundary, chats whose messages are text.
 
 An engine appends token ids to its sequence and returns the next token, sampled by its own rules from a
 uniform draw u (strata.sampling); the GPU session samples on the device and returns only the id, the
-reference engine samples its numpy logits. Everything above that line lives here, once.
+reference engine samples its numpy logits. An engine that verifies appends several ids at once and returns every
+row's logits, which a session with a drafter accepts here (strata.sampling.verify_drafts), truncating the engine
+to what it accepted. Everything above that line lives here, once.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ import numpy as np
 from strata.chat import render_chat, render_chat_segments
 from strata.errors import FormatError, InvalidArgument, StrataError
 from strata.generation.arguments import checked_flag, checked_integer, checked_number
+from strata.generation.draft_length import DraftLength, FixedDraftLength
+from strata.generation.drafts import Drafter
 from strata.generation.prefix import Snapshots, common_prefix
 from strata.generation.records import FINISH_REASONS, Completion, Engine, Piece, Stats, TextCodec, Usage
 from strata.generation.text import TextStream
 from strata.options import DEFAULT_CONTEXT
-from strata.sampling import SamplingParams
+from strata.sampling import SamplingParams, log_probabilities, verify_drafts
 
 MAX_LOGPROBS = 20  # the most alternatives a position reports (OpenAI's limit)
 RANDOM_SEED = -1  # seed=-1, as on the command line: a fresh random seed (as None)
@@ -111,10 +115,19 @@ class Session:
     next. Ctrl-C while the session computes ends the call at the next token boundary and then raises
     KeyboardInterrupt to the caller. One call at a time; a new call from the thread that left an earlier one
     unfinished closes it.
+
+    With a `drafter` (strata.generation.drafts) and an engine that verifies (records.Engine), each decode step
+    verifies the pending token and up to `draft_tokens` drafts in one engine call, as many as `draft_length` (by
+    default the adaptive strata.generation.draft_length.DraftLength) chooses, and yields the tokens accepted and
+    the one after them: greedy output is stepping's exactly, sampled output distributed as stepping's (a seed
+    then reproduces tokens only as far as the windows repeat: the adaptive policy's follow timings).
     """
 
-    def __init__(self, engine: Engine, codec: TextCodec):
+    def __init__(self, engine: Engine, codec: TextCodec, drafter: Drafter | None = None, draft_tokens: int = 0, *,
+                 draft_length: DraftLength | FixedDraftLength | None = None):
         self.engine, self.codec = engine, codec
+        self.drafter = drafter
+        self.draft_length = self._draft_policy(drafter, draft_tokens, draft_length)
         self.stats = Stats()
         self._lock = threading.Lock()
         self._history: list[int] = []  # every token fed to the engine (the repetition penalty's "seen")
@@ -122,6 +135,23 @@ class Session:
         self._snapshots = Snapshots(getattr(engine, "snapshots", 0))
         # The unfinished stream and its thread, held weakly: a stream the caller drops is closed at once.
         self._open: tuple[weakref.ref, int] | None = None
+
+    def _draft_policy(self, drafter: Drafter | None, draft_tokens: int,
+                      draft_length: DraftLength | FixedDraftLength | None) -> DraftLength | FixedDraftLength | None:
+        """What chooses each step's drafts, None without a drafter; refuses drafts the engine cannot verify."""
+        if checked_integer("draft_tokens", draft_tokens) < 0:
+            raise InvalidArgument(f"draft_tokens must be >= 0, got {draft_tokens}")
+        if drafter is None:
+            if draft_tokens or draft_length is not None:
+                raise InvalidArgument("draft_tokens and draft_length need a drafter")
+            return None
+        rows = getattr(self.engine, "verify_rows", 0)
+        if rows < 2:
+            raise InvalidArgument(f"this engine cannot verify drafts (verify_rows {rows}; it needs at least 2)")
+        if not 1 <= draft_tokens <= rows - 1:
+            raise InvalidArgument(f"draft_tokens must be in 1..{rows - 1} (the engine verifies at most {rows} ids "
+                                  f"at once), got {draft_tokens}")
+        return DraftLength(draft_tokens) if draft_length is None else draft_length
 
     # ----------------------------------------------------------------------------------------- the sequence
 
@@ -377,11 +407,92 @@ class Session:
             self.engine.snapshot(slot)
         return self._feed(target[-1:], params, u)
 
-    def _piece(self, token: int, text: str, request: _Request) -> Piece:
+    def _piece(self, token: int, text: str, request: _Request, row: np.ndarray | None) -> Piece:
+        """The piece of `token`; its logprobs from the logits `row` a verify gave (the engine's own after a
+        truncate are undefined), else from the engine's last step."""
         if request.logprobs is None:
             return Piece(token, text)
-        logprob, top = self.engine.logprobs(token, request.logprobs)
+        if row is None:
+            logprob, top = self.engine.logprobs(token, request.logprobs)
+        else:
+            logprob, top = log_probabilities(row, token, request.logprobs)
         return Piece(token, text, logprob, tuple(top))
+
+    def _tokens(self, request: _Request, rng: np.random.Generator, stats: Stats
+                ) -> Iterator[tuple[int, np.ndarray | None]]:
+        """The call's tokens in order from the pending one, each with the logits row a verify gave it (None after
+        a plain step). Whenever this is suspended the session holds the token it yielded last as pending and the
+        ones before it as fed; closing it leaves the engine holding exactly those."""
+        yield self._pending[0], None
+        while True:
+            drafts, draft_probs = self._drafts(request, stats)
+            if drafts:
+                yield from self._window(drafts, draft_probs, request, rng, stats)
+            else:
+                yield self._step(request, rng, stats), None
+
+    def _drafts(self, request: _Request, stats: Stats) -> tuple[list[int], np.ndarray | None]:
+        """This step's drafts and the drafter's distribution over them (None: certain), as many as the policy
+        chooses within the engine's rows, the tokens max_tokens leaves and the context (a verify of the pending
+        token and k drafts leaves room for the token after them, as a step does)."""
+        if self.draft_length is None:
+            return [], None
+        cap = min(self.engine.verify_rows - 1, self.engine.context - len(self._history) - 2)
+        if request.max_tokens is not None:
+            cap = min(cap, request.max_tokens - stats.generated_tokens - 1)
+        k = self.draft_length.choose(cap)
+        if k < 1:
+            return [], None
+        history = self.tokens
+        drafts = self._checked_drafts(self.drafter.propose(history, k)[:k])
+        probabilities = getattr(self.drafter, "draft_probs", None)
+        return drafts, probabilities(history, drafts) if drafts and probabilities is not None else None
+
+    def _checked_drafts(self, drafts: Sequence[int]) -> list[int]:
+        """The drafter's ids, refused outside the vocabulary before the engine sees them (the session stays as
+        it was)."""
+        vocab = len(getattr(self.codec, "tokens", ()) or ())
+        bad = [t for t in drafts if t < 0 or (vocab and t >= vocab)]
+        if bad:
+            raise InvalidArgument(f"the drafter proposed token id {bad[0]}, outside the vocabulary"
+                                  f"{f' 0..{vocab - 1}' if vocab else ''}")
+        return [int(t) for t in drafts]
+
+    def _step(self, request: _Request, rng: np.random.Generator, stats: Stats) -> int:
+        """Feed the pending token; the next becomes pending (the pending one stays so if the feed raises)."""
+        start = time.perf_counter()
+        self._pending = [self._feed([self._pending[0]], request.params, rng.random())]
+        if self.draft_length is not None:
+            self.draft_length.stepped(time.perf_counter() - start)
+        stats.steps += 1
+        return self._pending[0]
+
+    def _window(self, drafts: list[int], draft_probs: np.ndarray | None, request: _Request,
+                rng: np.random.Generator, stats: Stats) -> Iterator[tuple[int, np.ndarray]]:
+        """Verify the pending token and `drafts` in one engine call and yield the tokens it accepts and the one
+        after them, one by one; the engine is truncated to what the caller took, once it stops taking them."""
+        ids = [self._pending[0], *drafts]
+        fed = len(self._history)
+        start = time.perf_counter()
+        rows = self.engine.verify(ids, self._history + ids)
+        seconds = time.perf_counter() - start
+        try:
+            produced = verify_drafts(rows, request.params, drafts, rng.random((len(ids), 2)),
+                                     self._history + ids[:1], draft_probs)
+            self.draft_length.verified(len(drafts), len(produced) - 1, seconds)
+            stats.steps += 1
+            stats.drafted += len(drafts)
+            stats.accepted += len(produced) - 1
+            for fed_before, token, row in zip(ids, produced, rows):
+                self._history.append(fed_before)
+                self._pending = [token]
+                yield token, row
+        finally:
+            # A truncate keeps at least the pending token (the engine cannot go back before it): where nothing
+            # was yielded (an error), the engine is one token ahead of the history, as after a failed step.
+            held = max(len(self._history), fed + 1)
+            if self.engine.position != held:
+                self.engine.truncate(held)
 
     def _stream(self, target: list[int], request: _Request) -> Iterator[Piece]:
         with self._exclusive(), _Interrupt() as interrupt:
@@ -390,28 +501,28 @@ class Session:
             text = TextStream(self.codec.decode, request.stops)
             rng = np.random.default_rng(request.seed)
             start = time.perf_counter()
-            unfed = None  # the last token produced and not fed yet: the sequence's next
+            tokens = None  # the call's tokens (_tokens) once the prompt is in
             try:
                 stats.cached_tokens = self._reuse(target)
-                unfed = self._feed_prompt(target, stats.cached_tokens, request.params, rng.random())
+                self._pending = [self._feed_prompt(target, stats.cached_tokens, request.params, rng.random())]
                 stats.prefill_seconds = time.perf_counter() - start
                 start = time.perf_counter()
-                while True:
-                    if unfed in eos:
+                tokens = self._tokens(request, rng, stats)
+                for token, row in tokens:
+                    if token in eos:
                         stats.finish_reason = "eos"
                         break
                     stats.generated_tokens += 1
-                    new, stopped = text.push(unfed)
-                    piece = self._piece(unfed, new, request)
+                    new, stopped = text.push(token)
+                    piece = self._piece(token, new, request, row)
                     with interrupt.paused():
                         yield piece
                     stats.finish_reason = (
                         "stop" if stopped else "interrupted" if interrupt.requested
                         else "length" if request.max_tokens is not None and stats.generated_tokens >= request.max_tokens
-                        else "context" if self.engine.position + 1 >= self.engine.context else "")
+                        else "context" if len(self._history) + 1 >= self.engine.context else "")
                     if stats.finish_reason:
                         break
-                    unfed = self._feed([unfed], request.params, rng.random())  # kept unfed if this raises
             except GeneratorExit:
                 stats.finish_reason = stats.finish_reason or "cancelled"
                 raise
@@ -419,8 +530,9 @@ class Session:
                 stats.finish_reason = stats.finish_reason or "error"
                 raise
             finally:
-                self._pending = [] if unfed is None else [unfed]
                 stats.decode_seconds = time.perf_counter() - start
                 self._open = None
+                if tokens is not None:
+                    tokens.close()  # a verified window left partway is truncated to what the caller took
         if interrupt.requested:  # the session is consistent and the signal handler is the caller's again
             raise KeyboardInterrupt

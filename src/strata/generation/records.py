@@ -18,6 +18,15 @@ class Engine(Protocol):
     `snapshot(slot)` / `restore(slot)` (save the state after `position` tokens, go back to it) and
     `prefill(ids, seen)` (append ids, no token wanted); `logprobs(token, n)` (the log-probability of `token` and
     the n most likely ids at the last fed position); `close()`.
+
+    Verifying drafts (a Session with a drafter uses them): `verify_rows`, the most ids one `verify` takes (0 or
+    absent: the engine cannot verify); `verify(ids, seen)` appends `ids` (seen: the history including them, as
+    feed takes it) and returns float32 [len(ids), n_vocab], row i the logits after ids[i], keeping each row's
+    state so that right after it `truncate(position)` takes the sequence back to exactly the state after
+    `position` tokens, for any position in [p0 + 1, p0 + len(ids)] (p0: the position before the verify;
+    p0 + len(ids) changes nothing). truncate is valid only between a verify and the next feed, verify, prefill,
+    snapshot or restore (else InvalidArgument); after it, `logprobs` is undefined: the session computes the
+    verified positions' from the rows (strata.sampling.log_probabilities).
     """
 
     context: int   # the most tokens the sequence may hold
@@ -59,10 +68,24 @@ class Stats:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     finish_reason: str = ""  # one of FINISH_REASONS once the call has ended
+    steps: int = 0  # engine calls while decoding: plain steps and verifies
+    drafted: int = 0  # tokens drafted and verified
+    accepted: int = 0  # of them, accepted
 
     @property
     def decode_tokens_per_second(self) -> float:
         return (self.generated_tokens - 1) / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafts per drafted token (0 without drafts)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens generated per decode step (the first comes from the prompt, as in decode_tokens_per_second);
+        1 when stepping plainly, up to draft_tokens + 1 with drafts."""
+        return (self.generated_tokens - 1) / self.steps if self.steps else 0.0
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from strata.errors import InvalidArgument, OutOfMemory, StrataError
 from strata.format import ModelFile, inspect
 from strata.generation import Session, session_context
 from strata.generation.arguments import checked_flag, checked_integer, checked_number
+from strata.generation.drafts import DEFAULT_DRAFT_TOKENS, named_drafter
 from strata.models import Geometry
 from strata.options import (
     DEFAULT_CACHE_POLICY, DEFAULT_EXPERT_CACHE, DEFAULT_KV, DEFAULT_MODE, DEFAULT_SNAPSHOTS, DEFAULT_TIMEOUT, KV, Mode,
@@ -84,7 +85,8 @@ class Model:
 
     def session(self, context: int | None = None, *, kv: KV | str = DEFAULT_KV, mode: Mode | str = DEFAULT_MODE,
                 timeout: float = DEFAULT_TIMEOUT, snapshots: int = DEFAULT_SNAPSHOTS, prompt_chunk: int | None = None,
-                prompt_cpu: bool = True, kv_streaming: bool = False, defer_experts: int = 0) -> Session:
+                prompt_cpu: bool = True, kv_streaming: bool = False, defer_experts: int = 0, draft: str | None = None,
+                draft_tokens: int = DEFAULT_DRAFT_TOKENS) -> Session:
         """A generation session on the GPU: `context` tokens (default min(context_length, 4096)) of KV in
         format `kv`; `mode` says how a token is launched (strata.Mode); `timeout` bounds every wait on the CPU
         pool; `snapshots` states are kept for prefix reuse (the turn boundaries a conversation rolls back to).
@@ -95,7 +97,9 @@ class Model:
         (docs/session.md, "KV streaming"; qwen4exp's indexed attention only). With `defer_experts` d > 0 (below
         n_expert_used), the CPU pool's d lightest routed experts of every layer but the last reach the streams one
         layer late, computed while the GPU runs the next layer: faster, no longer exact (docs/session.md, "Expert
-        deferral"; token by token only, the prompt path stays exact). The native session is
+        deferral"; token by token only, the prompt path stays exact). With `draft` ("lookup", or "auto" which is
+        lookup; "mtp" is not implemented yet), each decode step verifies up to `draft_tokens` (1..7) drafted tokens
+        in one pass of the prompt path, which it needs (strata.generation.drafts). The native session is
         `session.engine.native`. Every option after `context` is keyword-only, as on the reference engine."""
         if self.weights is None:
             raise StrataError("this model is closed: it opens no new sessions")
@@ -110,6 +114,10 @@ class Model:
         if prompt_chunk is not None and checked_integer("prompt_chunk", prompt_chunk) < 0:
             raise InvalidArgument(f"prompt_chunk must be >= 0 (0: token by token; None: the default), "
                                   f"got {prompt_chunk}")
+        drafter = named_drafter(draft, draft_tokens)
+        if drafter is not None and prompt_chunk == 0:
+            raise InvalidArgument(f"draft {draft!r} needs the prompt path, which verifies the drafts: "
+                                  "prompt_chunk=0 turns it off")
         from strata import _native  # the extension is optional for `import strata`; a session needs it
 
         if not 0 <= checked_integer("snapshots", snapshots) <= _native.MAX_SNAPSHOTS:
@@ -128,14 +136,19 @@ class Model:
         if self.prompt_path and prompt_chunk != 0:
             chunk = prompt_plan.fitting_chunk(g, context, free - (plan.vram_total - resident), prompt_chunk, kv,
                                               kv_streaming)
+        if drafter is not None and chunk == 0:
+            raise InvalidArgument(f"draft {draft!r} needs the prompt path, which verifies the drafts; this model "
+                                  "has none (loaded with prompt=False, or its staging did not fit)")
         ple = PleRows(self.file, g) if g.ple_layers else None
         gather = ple.native() if ple is not None else None  # the session gathers the rows itself where it can
         native = _native.DecodeSession(self.weights, self.pool.native, native_geometry(g), context=context,
                                        kv=kv, mode=mode, device=self.device, timeout=timeout, snapshots=snapshots,
                                        cache=self.cache, prompt_chunk=chunk, staging=self.staging,
                                        prompt_cpu=prompt_cpu, kv_streaming=kv_streaming,
-                                       defer_experts=defer_experts, ple=gather)
-        return Session(GpuEngine(native, ple if gather is None else None, snapshots), self.tokenizer)
+                                       defer_experts=defer_experts, ple=gather,
+                                       verify_rows=draft_tokens + 1 if drafter else 0)
+        engine = GpuEngine(native, ple if gather is None else None, snapshots)
+        return Session(engine, self.tokenizer, drafter, draft_tokens if drafter else 0)
 
     def _vram_room(self) -> tuple[int, int]:
         """(the VRAM the model holds: dense weights, expert cache, prompt staging; what is free for a session beside

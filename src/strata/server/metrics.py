@@ -1,5 +1,5 @@
-"""The server's counters in Prometheus' text format: requests by endpoint and status, tokens in and out, the
-queue, the sessions, decode speed and time to first token."""
+"""The server's counters in Prometheus' text format: requests by endpoint and status, tokens in and out, drafted
+and accepted tokens, the queue, the sessions, decode speed and time to first token."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ class Metrics:
         self._lock = threading.Lock()
         self.requests: Counter[tuple[str, int]] = Counter()
         self.prompt_tokens = self.cached_tokens = self.generated_tokens = 0
+        self.drafted_tokens = self.accepted_tokens = 0
         self.first_token_seconds = 0.0
         self.first_tokens = 0
         self.decode_tokens_per_second = 0.0
@@ -25,6 +26,8 @@ class Metrics:
                 self.prompt_tokens += stats.prompt_tokens
                 self.cached_tokens += stats.cached_tokens
                 self.generated_tokens += stats.generated_tokens
+                self.drafted_tokens += stats.drafted
+                self.accepted_tokens += stats.accepted
                 if stats.generated_tokens:
                     self.first_token_seconds += stats.prefill_seconds
                     self.first_tokens += 1
@@ -40,7 +43,9 @@ class Metrics:
             for name, value, what in (
                     ("prompt_tokens_total", self.prompt_tokens, "Prompt tokens of answered requests."),
                     ("cached_prompt_tokens_total", self.cached_tokens, "Prompt tokens a session already held."),
-                    ("generated_tokens_total", self.generated_tokens, "Tokens generated.")):
+                    ("generated_tokens_total", self.generated_tokens, "Tokens generated."),
+                    ("drafted_tokens_total", self.drafted_tokens, "Tokens drafted and verified."),
+                    ("accepted_tokens_total", self.accepted_tokens, "Drafted tokens accepted.")):
                 lines += [f"# HELP strata_{name} {what}", f"# TYPE strata_{name} counter", f"strata_{name} {value}"]
             for name, value, what in (
                     ("queue_depth", pool.waiting, "Requests waiting for a session."),
