@@ -10,12 +10,16 @@ import numpy as np
 import pytest
 
 from strata.errors import InvalidArgument
+from strata.generation import Session
+from strata.generation.draft_length import FixedDraftLength
+from strata.generation.drafts import ForcedDrafter
 from strata.options import Mode
 from strata.runtime.engine import GpuEngine
+from strata.sampling import SamplingParams
 
 from support.compare import assert_same_bits
 from support.native_session import open_native_session
-from test_prompt_path import loaded, prompt_ids, rows_of, staging  # noqa: F401 (loaded: a fixture)
+from test_prompt_path import bounds, loaded, prompt_ids, rows_of, staging  # noqa: F401 (loaded: a fixture)
 
 pytestmark = pytest.mark.gpu
 
@@ -148,3 +152,49 @@ def test_refusals(loaded, rng):
             e.truncate(4)
     finally:
         e.close()
+
+
+def plain_greedy(model, prompt, tokens):
+    """Greedy tokens stepped after `prompt`, and the top-two margin of each step's logits over their scale."""
+    session = model.session(256, kv="bf16", prompt_cpu=False)
+    try:
+        engine, history = session.engine, list(prompt)
+        token = engine.feed(prompt, SamplingParams(), 0.0, history)
+        out, margins = [], []
+        for _ in range(tokens):
+            logits = engine.logits()
+            top = np.sort(logits)[-2:]
+            out.append(token)
+            margins.append(float(top[1] - top[0]) / float(np.max(np.abs(logits))))
+            history.append(token)
+            token = engine.feed([token], SamplingParams(), 0.0, history)
+        return out, margins
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("p", [0.0, 0.6, 1.0])
+def test_drafted_greedy_decoding_yields_the_stepped_tokens(loaded, p, rng):
+    """Model.session with drafts (ForcedDrafter at acceptance p, 3 a step) against stepping: the same tokens, up to
+    the first step whose top two logits are closer than the prompt path and the decode path may differ (a
+    near-tie either side may break its own way; test_prompt_path bounds that difference)."""
+    name, model = loaded
+    g = model.info.geometry
+    prompt = prompt_ids(model, rng, 12)
+    want, margins = plain_greedy(model, prompt, 24)
+    session = model.session(256, kv="bf16", prompt_cpu=False, draft="lookup", draft_tokens=3)
+    try:
+        drafted = Session(session.engine, session.codec, ForcedDrafter(prompt + want, p, 5, vocab=g.n_vocab), 3,
+                          draft_length=FixedDraftLength(3))
+        got = list(drafted.complete(prompt, 24, temperature=0).tokens)
+    finally:
+        session.close()
+    eos = set(model.tokenizer.eos_ids)
+    ends = next((i + 1 for i, t in enumerate(want) if t in eos), len(want))
+    tie = next((i for i, m in enumerate(margins) if m < 2 * bounds(name, "bf16")), len(want))
+    upto = min(ends, tie)
+    print(f"{name} p={p}: {upto} tokens compared, acceptance {drafted.stats.acceptance_rate}, "
+          f"{drafted.stats.tokens_per_step:.2f} tokens a step")
+    assert got[:upto] == want[:upto], (name, p, got, want, upto)
+    if upto == len(want) and p == 1.0:
+        assert drafted.stats.acceptance_rate == 1.0

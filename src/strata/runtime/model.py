@@ -129,16 +129,18 @@ class Model:
             raise InvalidArgument(f"kv_streaming: {g.arch}'s attention layers have no QSA indexer, so every token "
                                   "reads all of their KV and it must stay in VRAM (KV streaming serves qwen4exp)")
         host_resident = self.info.plan.host_total  # the experts and pinned buffers, in place since load
+        verify_rows = draft_tokens + 1 if drafter is not None else 0  # their row states are state slots too
         plan = check_fits(g, tensors, context, kv, vram_free=free, device=self.device, resident=resident,
-                          snapshots=snapshots, kv_streaming=kv_streaming, host_resident=host_resident,
+                          snapshots=snapshots + verify_rows, kv_streaming=kv_streaming, host_resident=host_resident,
                           host_available=available_ram_bytes() if kv_streaming else None, **placed)
         chunk = 0
         if self.prompt_path and prompt_chunk != 0:
             chunk = prompt_plan.fitting_chunk(g, context, free - (plan.vram_total - resident), prompt_chunk, kv,
                                               kv_streaming)
-        if drafter is not None and chunk == 0:
-            raise InvalidArgument(f"draft {draft!r} needs the prompt path, which verifies the drafts; this model "
-                                  "has none (loaded with prompt=False, or its staging did not fit)")
+        if drafter is not None and chunk < verify_rows:
+            raise InvalidArgument(f"draft {draft!r} needs the prompt path, which verifies the drafts in one chunk of "
+                                  f"{verify_rows} tokens; " + ("this model has none (loaded with prompt=False, or its "
+                                  "staging did not fit)" if chunk == 0 else f"the chunk that fits is {chunk}"))
         ple = PleRows(self.file, g) if g.ple_layers else None
         gather = ple.native() if ple is not None else None  # the session gathers the rows itself where it can
         native = _native.DecodeSession(self.weights, self.pool.native, native_geometry(g), context=context,
@@ -146,7 +148,7 @@ class Model:
                                        cache=self.cache, prompt_chunk=chunk, staging=self.staging,
                                        prompt_cpu=prompt_cpu, kv_streaming=kv_streaming,
                                        defer_experts=defer_experts, ple=gather,
-                                       verify_rows=draft_tokens + 1 if drafter else 0)
+                                       verify_rows=verify_rows)
         engine = GpuEngine(native, ple if gather is None else None, snapshots)
         return Session(engine, self.tokenizer, drafter, draft_tokens if drafter else 0)
 
