@@ -168,6 +168,11 @@ def test_a_stream_left_early_inside_a_window_then_continued(rng, leave_after):
     assert got + rest == want and session.engine.sequence == plain.engine.sequence
 
 
+def always_right(engine, want, rng) -> Session:
+    """A session drafting 4 tokens a step, each of them the stepped continuation `want`."""
+    return Session(engine, CharCodec(), forced(PROMPT + want, 1.0, rng), 4, draft_length=FixedDraftLength(4))
+
+
 class InterruptedVerify(TableEngine):
     """Sends SIGINT to this process while its first verify computes, as a Ctrl-C mid-step."""
 
@@ -181,8 +186,7 @@ class InterruptedVerify(TableEngine):
 def test_ctrl_c_during_a_verify_ends_the_call_at_the_next_token_and_truncates(rng):
     t = table(rng)
     want, _ = stepped(t, max_tokens=10)
-    session = Session(InterruptedVerify(t, verify_rows=5), CharCodec(), forced(PROMPT + want, 1.0, rng), 4,
-                      draft_length=FixedDraftLength(4))
+    session = always_right(InterruptedVerify(t, verify_rows=5), want, rng)
     got = []
     with pytest.raises(KeyboardInterrupt):
         for piece in session.generate(PROMPT, max_tokens=10):
@@ -198,8 +202,7 @@ def test_ctrl_c_during_a_verify_ends_the_call_at_the_next_token_and_truncates(rn
 def test_an_exception_in_the_consumer_inside_a_window_loses_nothing(rng):
     t = table(rng)
     want, _ = stepped(t, max_tokens=10)
-    session = Session(TableEngine(t, verify_rows=5), CharCodec(), forced(PROMPT + want, 1.0, rng), 4,
-                      draft_length=FixedDraftLength(4))
+    session = always_right(TableEngine(t, verify_rows=5), want, rng)
     got = []
     with pytest.raises(RuntimeError):
         for piece in session.generate(PROMPT, max_tokens=10):
