@@ -74,17 +74,18 @@ def main() -> None:
                                        g.n_vocab)
             finally:
                 session.close()
-            print(f"RESULT cache={budget} plain {forced['plain_tokens_per_second']:.2f} tok/s; k={args.draft} " +
-                  "; ".join(f"{key} {v['tokens_per_second']:.2f} tok/s ({v['speedup']:.2f}x, "
-                            f"{v['tokens_per_step']:.2f} tokens/step, acceptance {v['acceptance']:.2f}, "
-                            f"same tokens {v['same_tokens']})" for key, v in forced.items() if key.startswith("p")),
+            print(f"RESULT cache={budget} plain {forced['plain_tokens_per_second']:.2f} tok/s (stepping's tokens are "
+                  f"the verification rows' greedy ones: {forced['stepping_agrees']}); k={args.draft} " +
+                  "; ".join(f"p={p:g} {v['tokens_per_second']:.2f} tok/s ({v['speedup']:.2f}x, "
+                            f"{v['tokens_per_step']:.2f} tokens/step, acceptance {v['acceptance'] or 0:.2f}, "
+                            f"same tokens {v['same_tokens']})" for p, v in forced["rates"].items()),
                   flush=True)
             repeating = (prompt * 8)[:120]
             lookup = lookup_decode(model, repeating, args.tokens, args.draft)
             print(f"RESULT cache={budget} repeating prompt: plain {lookup['plain']['tokens_per_second']:.2f} tok/s, "
                   f"lookup {lookup['lookup']['tokens_per_second']:.2f} tok/s "
                   f"({lookup['lookup']['tokens_per_step']:.2f} tokens/step, acceptance "
-                  f"{lookup['lookup']['acceptance']:.2f}), same tokens {lookup['same_tokens']}", flush=True)
+                  f"{lookup['lookup']['acceptance'] or 0:.2f}), same tokens {lookup['same_tokens']}", flush=True)
             results[budget] = {"verify": costs, "forced": forced, "lookup": lookup}
         finally:
             model.close()

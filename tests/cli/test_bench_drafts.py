@@ -24,9 +24,10 @@ def test_verify_costs_and_forced_decode_on_the_reference(tiny_model, rng):
         assert costs["step_seconds"] > 0 and costs["verify_1_steps"] > 0 and costs["verify_3_steps"] > 0
         assert s.engine.position == len(prompt) + 3 + 3 + 3  # plain steps, then one kept token per verify
         forced = forced_decode(s, prompt, 10, 3, [0.0, 1.0], g.n_vocab, seed=1)
-        for key in ("p0", "p1"):
-            assert forced[key]["same_tokens"], (key, forced[key])
+        rates = forced["rates"]
+        for p in (0.0, 1.0):
+            assert rates[p]["same_tokens"], (p, rates[p])
         if forced["tokens"] > 2:  # an answer that ends at once (EOS) leaves nothing to draft
-            assert forced["p1"]["acceptance"] == 1.0 and forced["p1"]["tokens_per_step"] > 1.0
-            assert forced["p0"]["acceptance"] == 0.0
+            assert rates[1.0]["acceptance"] == 1.0 and rates[1.0]["tokens_per_step"] > 1.0
+            assert rates[0.0]["acceptance"] == 0.0
         assert np.isfinite(forced["plain_tokens_per_second"]) and s.engine.position == 0

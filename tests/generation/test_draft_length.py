@@ -1,5 +1,5 @@
 """The draft length policy (strata.generation.draft_length) on fake timings: it measures plain stepping first,
-probes each draft length once, then picks the most tokens per second, stops drafting where it measures slower than
+probes one draft, then picks the most tokens per second, stops drafting where it measures slower than
 stepping and retries it now and then, so that it recovers."""
 
 import pytest
@@ -30,11 +30,14 @@ def test_expected_tokens_is_the_geometric_sum():
     assert expected_tokens(3, 0.5) == pytest.approx((1 - 0.5 ** 4) / (1 - 0.5))
 
 
-def test_steps_plainly_first_then_probes_every_length_once():
+def test_steps_plainly_first_then_probes_one_draft_then_follows_the_estimates():
+    """After one draft measured 1.1 steps and was taken, the line through (0, 1) and (1, 1.1) makes 4 drafts the
+    best: they are tried and measured; 2 and 3 are never paid for."""
     policy = DraftLength(4)
     chosen = run(policy, lambda k: STEP * (1 + 0.1 * k), lambda k: k, 5)
-    assert chosen == [0, 1, 2, 3, 4]
-    assert policy.step_seconds == STEP and policy.verify_seconds[1:] == pytest.approx([0.011, 0.012, 0.013, 0.014])
+    assert chosen == [0, 1, 4, 4, 4]
+    assert policy.step_seconds == STEP and policy.verify_seconds[1] == pytest.approx(0.011)
+    assert policy.verify_seconds[4] == pytest.approx(0.014) and policy.verify_seconds[2:4] == [None, None]
 
 
 def test_cheap_verifies_and_full_acceptance_choose_the_longest():
@@ -43,11 +46,12 @@ def test_cheap_verifies_and_full_acceptance_choose_the_longest():
     assert chosen[5:] == [4] * 25
 
 
-def test_verifies_that_cost_a_step_per_token_never_draft_past_the_probes():
-    """Each draft costs a whole step and half are accepted: stepping is faster, so the policy steps."""
+def test_verifies_that_cost_a_step_per_token_never_draft_past_the_probe():
+    """Each draft costs a whole step and half are accepted: stepping is faster, so after its one probe the
+    policy steps (the longer lengths' estimates lose too, and are never paid for)."""
     policy = DraftLength(3, retry_after=1000)
     chosen = run(policy, lambda k: STEP * (1 + k), lambda k: k // 2, 40)
-    assert chosen[:4] == [0, 1, 2, 3] and chosen[4:] == [0] * 36
+    assert chosen[:2] == [0, 1] and chosen[2:] == [0] * 38
 
 
 def test_the_best_length_follows_the_acceptance_rate():
@@ -65,10 +69,13 @@ def test_a_disabled_drafter_is_retried_and_recovers():
     acceptance = {"now": 0}
     cost = lambda k: STEP * (1 + 0.2 * k)  # noqa: E731
     chosen = run(policy, cost, lambda k: acceptance["now"] * k, 33)
-    assert chosen[3:] == ([0] * 4 + [1]) * 6  # after the probes: stepping, drafting tried every 5th decision
+    # after the probe: stepping, drafting retried at the 5th decision, then after twice as many each time
+    assert chosen[:2] == [0, 1] and [i for i, k in enumerate(chosen[2:], 1) if k] == [5, 10, 20]
     acceptance["now"] = 1  # the text starts repeating: every draft right
-    chosen = run(policy, cost, lambda k: acceptance["now"] * k, 60)
-    assert chosen[-10:] == [2, 2, 2, 2, 0] * 2  # drafting wins; a plain step every 5th keeps its cost current
+    chosen = run(policy, cost, lambda k: acceptance["now"] * k, 100)  # the next retry comes at the 40th
+    # drafting wins; a plain step every 5th decision keeps its cost current
+    zeros = [i for i, k in enumerate(chosen[-10:]) if k == 0]
+    assert set(chosen[-10:]) == {0, 2} and len(zeros) == 2 and zeros[1] - zeros[0] == 5
 
 
 def test_the_plain_steps_cost_is_measured_again_while_drafting_wins():
@@ -83,7 +90,9 @@ def test_the_plain_steps_cost_is_measured_again_while_drafting_wins():
         chosen.append(k)
         policy.stepped(STEP) if k == 0 else policy.verified(1, 0, 1.5 * STEP)
     assert chosen[:5] == [1, 1, 1, 1, 0]  # the probe, then drafting until the 4th decision retakes a plain step
-    assert policy.step_seconds < 1.1 * STEP and chosen[-8:].count(1) == 2  # stepping wins, drafting retried
+    assert policy.step_seconds < 1.1 * STEP and chosen[20:24] == [0] * 4  # stepping wins from decision 20 on
+    # drafting is retried at stepping's 4th, 8th and 16th decisions: the losing verify waits twice as long each time
+    assert [i for i, k in enumerate(chosen) if k and i >= 20] == [24, 28, 36]
 
 
 def test_the_cap_bounds_every_choice():

@@ -56,24 +56,31 @@ def forced_decode(session: Session, prompt: list[int], tokens: int, drafts: int,
                   seed: int = 0) -> dict[str, Any]:
     """Greedy decode of `tokens` after `prompt`, plainly and with `drafts` drafts a step (a fixed length) right with
     each probability in `rates`: tok/s, the ratio to plain, tokens per step and the acceptance measured, and
-    whether the tokens were the plain ones (the output must not change)."""
+    whether the tokens were the drafted path's own greedy ones (the output must not change with the rate). The
+    drafts follow the verification rows' greedy continuation, taken from a run whose every draft is wrong: on a
+    model with near-ties (a synthetic one) stepping's continuation may part from it, since the decode step and the
+    verification step sum in other orders, and would then be drafted wrong from there on."""
     from strata.generation import Session as GenerationSession
     from strata.generation.draft_length import FixedDraftLength
     from strata.generation.drafts import ForcedDrafter
 
+    def drafted(p: float, continuation: list[int]) -> tuple[tuple[int, ...], Any]:
+        session.engine.reset()  # from an empty sequence, as the plain run
+        run = GenerationSession(session.engine, session.codec, ForcedDrafter(continuation, p, seed, vocab=vocab),
+                                drafts, draft_length=FixedDraftLength(drafts))
+        return run.complete(prompt, tokens, temperature=0).tokens, run.stats
+
     session.reset()
     plain = session.complete(prompt, tokens, temperature=0)
     plain_rate = (len(plain.tokens) - 1) / session.stats.decode_seconds
-    continuation = list(prompt) + list(plain.tokens)
-    out: dict[str, Any] = {"plain_tokens_per_second": plain_rate, "tokens": len(plain.tokens)}
+    verified, _ = drafted(0.0, list(prompt) + list(plain.tokens))
+    out: dict[str, Any] = {"plain_tokens_per_second": plain_rate, "tokens": len(verified),
+                           "stepping_agrees": verified == plain.tokens, "rates": {}}
     for p in rates:
-        session.engine.reset()  # the drafted session starts from an empty sequence, as the plain one did
-        drafted = GenerationSession(session.engine, session.codec, ForcedDrafter(continuation, p, seed, vocab=vocab),
-                                    drafts, draft_length=FixedDraftLength(drafts))
-        got = drafted.complete(prompt, tokens, temperature=0)
-        s = drafted.stats
-        rate = (len(got.tokens) - 1) / s.decode_seconds
-        out[f"p{p:g}"] = {"tokens_per_second": rate, "speedup": rate / plain_rate, "tokens_per_step": s.tokens_per_step,
-                          "acceptance": s.acceptance_rate, "same_tokens": got.tokens == plain.tokens}
+        got, s = drafted(p, list(prompt) + list(verified))
+        rate = (len(got) - 1) / s.decode_seconds
+        out["rates"][p] = {"tokens_per_second": rate, "speedup": rate / plain_rate,
+                           "tokens_per_step": s.tokens_per_step, "acceptance": s.acceptance_rate,
+                           "same_tokens": got == verified}
     session.engine.reset()
     return out

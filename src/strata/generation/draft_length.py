@@ -5,11 +5,13 @@ A verify of k drafts costs what it measured (seconds, an EWMA per k) and yields 
 positions verified: each accepted draft a 1, the first rejected one a 0, the ones after it unseen). A plain step
 yields one token at its own measured cost. The policy picks the k with the most tokens per second, 0 (a plain
 step) when no k beats stepping: drafting never makes decoding slower for long, whatever the drafter's acceptance
-or the engine's verify cost. Each k is tried once before the estimates decide, and every `retry_after` decisions
-the losing choice is taken once: a disabled drafter recovers when the text starts repeating, and the plain step's
-cost stays current while drafting wins (its first measurement may hold a warm-up, such as a graph capture). A k not
-measured yet (the drafter proposed fewer) is costed on the line through the measured ones: asking for more drafts
-than a drafter gives costs nothing, the verify checks what it gave.
+or the engine's verify cost. One draft is tried first; a longer k is tried when its estimate makes it the best
+choice, so a verify that costs several steps is paid once, not once per k. A k not measured yet (never chosen, or
+the drafter proposed fewer) is costed on the line through the measured ones: asking for more drafts than a drafter
+gives costs nothing, the verify checks what it gave. Every `retry_after` decisions the losing choice is taken
+once: a disabled drafter recovers when the text starts repeating, and the plain step's cost stays current while
+drafting wins (its first measurement may hold a warm-up, such as a graph capture). While drafting keeps losing,
+each retry waits twice as long as the one before, up to MAX_RETRY_AFTER decisions: a losing verify costs steps.
 
 Pure: the caller times the calls and reports them, so the tests run on fake timings.
 """
@@ -21,6 +23,7 @@ from strata.generation.arguments import checked_integer, checked_number
 
 SMOOTHING = 0.2  # weight of the newest measurement in each EWMA
 RETRY_AFTER = 32  # decisions of one kind before the other is taken once
+MAX_RETRY_AFTER = 1024  # a drafter that keeps losing is retried ever less often: twice the wait each time, to this
 
 
 def expected_tokens(k: int, acceptance: float) -> float:
@@ -48,25 +51,31 @@ class DraftLength:
         self.step_seconds: float | None = None
         self.verify_seconds: list[float | None] = [None] * (max_drafts + 1)  # by drafts; [0] unused
         self.acceptance: float | None = None
-        self._tried: set[int] = set()  # drafts asked for at least once
+        self._probed = False  # one draft asked for once
         self._drafting = False  # whether drafting measured faster at the last decision
         self._streak = 0  # decisions in a row that measured as the last one did
+        self._retry_drafts_after = retry_after  # while drafting loses: doubles with each retry that loses again
 
     def choose(self, cap: int) -> int:
         """Drafts to ask for now, at most min(cap, max_drafts); 0: step plainly."""
         limit = min(cap, self.max_drafts)
         if limit < 1 or self.step_seconds is None:
             return 0  # the plain step's cost first: every k is judged against it
-        untried = [k for k in range(1, limit + 1) if k not in self._tried]
-        if untried:
-            self._tried.add(untried[0])
-            return untried[0]
+        if not self._probed:  # one draft first: the cheapest verify that measures a cost and an acceptance
+            self._probed = True
+            return 1
         best = max(range(1, limit + 1), key=self._rate)
         drafting = self._rate(best) > 1.0 / self.step_seconds
         self._streak = self._streak + 1 if drafting == self._drafting else 1
         self._drafting = drafting
-        if self._streak % self.retry_after == 0:
-            drafting = not drafting  # the losing choice once, so that its measurement stays current
+        if drafting:
+            self._retry_drafts_after = self.retry_after
+        if self._streak % (self.retry_after if drafting else self._retry_drafts_after) == 0:
+            # The losing choice once, so that its measurement stays current. A verify that loses costs several
+            # steps, so a drafter that keeps losing waits twice as long each time (a plain step costs little).
+            if not drafting:
+                self._retry_drafts_after = min(2 * self._retry_drafts_after, max(MAX_RETRY_AFTER, self.retry_after))
+            drafting = not drafting
         return best if drafting else 0
 
     def stepped(self, seconds: float) -> None:
