@@ -98,7 +98,8 @@ def test_the_control_vector_flags_parse_as_llamacpps(command: list[str]) -> None
         control_vectors(cli.parse_args([*command, "--control-vector-scaled", "b.gguf", "strong"]))
 
 
-def test_run_on_the_reference_applies_a_vector_and_bench_refuses_one(tiny_model, tmp_path: Path, capsys) -> None:
+def test_run_on_the_reference_applies_a_vector_and_the_gpu_commands_refuse_one(tiny_model, tmp_path: Path,
+                                                                              capsys) -> None:
     path = tiny_model("qwen3next", seed=5)
     (tmp_path / "pos.txt").write_text("hello\n")
     (tmp_path / "neg.txt").write_text("world\n")
@@ -110,5 +111,6 @@ def test_run_on_the_reference_applies_a_vector_and_bench_refuses_one(tiny_model,
     assert "engine: reference" in capsys.readouterr().err
     assert cli.main([*run, "--control-vector-layer-range", "9", "9"]) == 1
     assert "control_layers (9, 9): start is past the model's last layer" in capsys.readouterr().err
-    assert cli.main(["bench", str(path), "--control-vector", out]) == 1
-    assert "control vectors run on the reference engine only, for now" in capsys.readouterr().err
+    for command in (["bench", str(path)], ["run", str(path), "-p", "x"]):  # refused before the GPU's load
+        assert cli.main([*command, "--control-vector", out]) == 1
+        assert "control vectors run on the reference engine only, for now" in capsys.readouterr().err

@@ -65,11 +65,9 @@ def cache_shares(text: str) -> list[float]:
 
 def handle(args) -> int:
     import strata
-    from strata.cli.session import control_vectors, placement, require_gpu
+    from strata.cli.session import placement, refuse_control_vectors_on_gpu, require_gpu
 
-    if control_vectors(args)["control_vectors"]:
-        raise InvalidArgument("--control-vector: control vectors run on the reference engine only, for now; "
-                              "strata bench measures the GPU engine")
+    refuse_control_vectors_on_gpu(args, "strata bench measures the GPU engine")
     require_gpu("strata bench measures the GPU engine; `strata bench pool` measures the CPU expert pool alone")
     lengths = prompt_lengths(args.prompt_lengths)  # a wrong option is refused before the synth and the load
     shares = None if args.cache_shares is None else cache_shares(args.cache_shares)

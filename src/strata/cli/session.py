@@ -78,6 +78,12 @@ def control_vectors(args: argparse.Namespace) -> dict:
     return {"control_vectors": pairs, "control_layers": None if layers is None else tuple(layers)}
 
 
+def refuse_control_vectors_on_gpu(args: argparse.Namespace, hint: str) -> None:
+    """Model.session's refusal of control vectors, before a GPU load that would end in it."""
+    if args.control_vector or args.control_vector_scaled:
+        raise InvalidArgument(f"--control-vector: control vectors run on the reference engine only, for now; {hint}")
+
+
 def add_draft_arguments(sub: argparse.ArgumentParser) -> None:
     """--draft and --draft-tokens: drafted tokens verified together (speculative decoding), on either engine."""
     sub.add_argument("--draft", choices=["lookup", "auto"], default=None,
@@ -159,6 +165,7 @@ def opened_model(args: argparse.Namespace) -> Iterator:
 
     warn_ignored(args)
     if args.engine == "gpu":
+        refuse_control_vectors_on_gpu(args, "use --engine reference")
         require_gpu("use --engine reference to run a small model on the CPU")
     options = placement(args) if args.engine == "gpu" else {}
     with load(args.model, engine=args.engine, **options) as model:

@@ -28,8 +28,8 @@ def prompt_pairs(positive: Sequence[str], negative: Sequence[str]) -> list[tuple
 
 def last_token_states(reference: Any, ids: Sequence[int]) -> np.ndarray:
     """float64 [n_layer, n_embd]: each layer's output at the last of `ids`, fed from an empty sequence. With
-    hyper-connections, the mean of the streams: the part every stream shares, which is what a control vector
-    added to every stream moves (and the projection-free summary of the layer's residual)."""
+    hyper-connections, the mean of the streams: a control vector is added to every stream alike, so the part they
+    share is what it moves, and the mean favours no stream."""
     reference.reset()
     if not ids:
         raise InvalidArgument("a prompt encodes to no tokens")
