@@ -56,10 +56,10 @@ def add_engine_arguments(sub: argparse.ArgumentParser) -> None:
 
 def add_control_vector_arguments(sub: argparse.ArgumentParser) -> None:
     """llama.cpp's control-vector flags (docs/control_vectors.md): the reference engine applies them."""
-    sub.add_argument("--control-vector", action="append", default=[], metavar="FILE",
+    sub.add_argument("--control-vector", action="append", default=None, metavar="FILE",
                      help="add a control vector (a llama.cpp control-vector .gguf, scale 1; repeatable: the "
                           "vectors sum); reference engine only, for now")
-    sub.add_argument("--control-vector-scaled", action="append", nargs=2, default=[], metavar=("FILE", "SCALE"),
+    sub.add_argument("--control-vector-scaled", action="append", nargs=2, default=None, metavar=("FILE", "SCALE"),
                      help="add a control vector times SCALE (repeatable)")
     sub.add_argument("--control-vector-layer-range", nargs=2, type=int, default=None, metavar=("START", "END"),
                      help="steer only layers START..END, both inclusive (default: every layer)")
@@ -68,8 +68,8 @@ def add_control_vector_arguments(sub: argparse.ArgumentParser) -> None:
 def control_vectors(args: argparse.Namespace) -> dict:
     """Model.session's control_vectors and control_layers from the command line, --control-vector's files
     first (scale 1), then --control-vector-scaled's."""
-    pairs = [(path, 1.0) for path in args.control_vector]
-    for path, scale in args.control_vector_scaled:
+    pairs = [(path, 1.0) for path in args.control_vector or ()]
+    for path, scale in args.control_vector_scaled or ():
         try:
             pairs.append((path, float(scale)))
         except ValueError:
