@@ -5,6 +5,7 @@ small models and for checking, and the way to run without a GPU."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
@@ -49,14 +50,19 @@ class ReferenceModel:
 
     def session(self, context: int | None = None, *, kv: Any = None, snapshots: int | None = None,
                 defer_experts: int = 0, draft: str | None = None, draft_tokens: int = DEFAULT_DRAFT_TOKENS,
-                **gpu_options: Any) -> Session:
+                control_vectors: Sequence[tuple[str | os.PathLike[str], float]] = (),
+                control_layers: tuple[int, int] | None = None, **gpu_options: Any) -> Session:
         """A generation session of `context` tokens (default min(context_length, 4096)) on the reference. With
         `kv`, the attention caches hold their rows in that format, as a GPU session's (default: as computed);
         `snapshots` states are kept for prefix reuse (default 4); with `defer_experts`, expert deferral as the
         GPU engine's (docs/session.md, "Expert deferral"). With `draft` ("lookup", or "auto" which is lookup;
         "mtp" is not implemented yet), each decode step verifies up to `draft_tokens` (1..7) drafted tokens at
-        once (strata.generation.drafts), the output unchanged. The GPU engine's other options are refused by
+        once (strata.generation.drafts), the output unchanged. `control_vectors`, (path, scale) pairs of
+        llama.cpp control-vector files, are summed and added to each layer's output, on the layers of
+        `control_layers` (start, end inclusive; default all), as llama.cpp's --control-vector-scaled and
+        --control-vector-layer-range (docs/control_vectors.md). The GPU engine's other options are refused by
         name."""
+        from strata.control_vectors import steering_table
         from strata.reference import Reference
         from strata.reference.engine import SNAPSHOTS, ReferenceEngine
 
@@ -64,7 +70,8 @@ class ReferenceModel:
             if name in GPU_SESSION_OPTIONS:
                 raise InvalidArgument(f"{name}: the reference engine's session has no such option (GPU engine only)")
             raise InvalidArgument(f"unknown session option {name!r}; the reference engine's session takes context, "
-                                  "kv, snapshots, defer_experts, draft and draft_tokens")
+                                  "kv, snapshots, defer_experts, draft, draft_tokens, control_vectors and "
+                                  "control_layers")
         if self.closed:
             raise StrataError("this model is closed: it opens no new sessions")
         context = session_context(context, self.file.geometry.context_length)
@@ -72,7 +79,9 @@ class ReferenceModel:
         snapshots = SNAPSHOTS if snapshots is None else checked_integer("snapshots", snapshots)
         if snapshots < 0:
             raise InvalidArgument(f"snapshots must be >= 0, got {snapshots}")
-        reference = Reference(self.file, kv=kv, defer_experts=defer_experts)  # kv: a strata.KV or its name
+        steering = steering_table(control_vectors, self.file.geometry, control_layers)
+        reference = Reference(self.file, kv=kv, defer_experts=defer_experts,  # kv: a strata.KV or its name
+                              control_vectors=steering)
         engine = ReferenceEngine(reference, context, snapshots, draft_tokens + 1 if drafter else 0)
         return Session(engine, self.tokenizer, drafter, draft_tokens if drafter else 0)
 

@@ -31,8 +31,9 @@ ALLOWED: dict[str, set[str]] = {
     "bench": {"errors", "options", "native", "models", "quant", "sampling", "generation", "runtime", "synth"},
     "cli": {"errors", "options", "devices", "progress", "native", "models", "format", "quant", "sampling",
             "generation", "chat", "chat_templates", "reference", "runtime", "convert", "synth", "api", "server",
-            "bench", "strata"},
-    "api": {"errors", "format", "generation", "reference", "runtime"},
+            "bench", "control_vectors", "strata"},
+    "control_vectors": {"errors", "format"},
+    "api": {"errors", "format", "generation", "reference", "runtime", "control_vectors"},
     "server": {"errors", "generation"},
     "strata": {"errors", "options", "devices", "generation", "runtime", "api"},  # src/strata/__init__.py
 }

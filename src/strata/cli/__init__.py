@@ -11,10 +11,10 @@ import os
 import sys
 
 import strata
-from strata.cli import bench, bench_pool, chat, convert, doctor, info, run, serve, synth
+from strata.cli import bench, bench_pool, chat, convert, cvector, doctor, info, run, serve, synth
 from strata.errors import StrataError
 
-COMMANDS = (doctor, info, convert, synth, run, chat, serve, bench)
+COMMANDS = (doctor, info, convert, synth, run, chat, serve, bench, cvector)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,7 +15,9 @@ from strata.options import DEFAULT_KV, KV, Mode
 
 
 def register(commands) -> None:
-    from strata.cli.session import add_deferral_argument, add_draft_arguments, add_placement_arguments
+    from strata.cli.session import (
+        add_control_vector_arguments, add_deferral_argument, add_draft_arguments, add_placement_arguments,
+    )
 
     sub = commands.add_parser(
         "bench", help="decode speed of the GPU engine vs this machine's limit (`bench pool`: the CPU pool alone)",
@@ -34,6 +36,7 @@ def register(commands) -> None:
                      help="the attention KV in page-locked host memory, a VRAM window of what QSA selects")
     add_deferral_argument(sub)
     add_draft_arguments(sub)
+    add_control_vector_arguments(sub)
     sub.add_argument("--json", metavar="PATH", default=None, help="also write the numbers as JSON")
     sub.add_argument("--prompt-lengths", default="512,4096", metavar="TOKENS",
                      help="prompt path speed at these prompt lengths, beside stepping them (0: none)")
@@ -62,8 +65,9 @@ def cache_shares(text: str) -> list[float]:
 
 def handle(args) -> int:
     import strata
-    from strata.cli.session import placement, require_gpu
+    from strata.cli.session import placement, refuse_control_vectors_on_gpu, require_gpu
 
+    refuse_control_vectors_on_gpu(args, "strata bench measures the GPU engine")
     require_gpu("strata bench measures the GPU engine; `strata bench pool` measures the CPU expert pool alone")
     lengths = prompt_lengths(args.prompt_lengths)  # a wrong option is refused before the synth and the load
     shares = None if args.cache_shares is None else cache_shares(args.cache_shares)

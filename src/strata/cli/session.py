@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from strata.errors import StrataError
+from strata.errors import InvalidArgument, StrataError
 from strata.generation.drafts import DEFAULT_DRAFT_TOKENS, MAX_DRAFT_TOKENS
 from strata.options import (
     DEFAULT_CACHE_POLICY, DEFAULT_CONTEXT, DEFAULT_EXPERT_CACHE, DEFAULT_KV, DEFAULT_MODE, KV, Mode,
@@ -50,7 +50,38 @@ def add_engine_arguments(sub: argparse.ArgumentParser) -> None:
                      help="how the gpu engine launches a token: one CUDA graph, a graph per layer, or uncaptured")
     add_deferral_argument(sub)
     add_draft_arguments(sub)
+    add_control_vector_arguments(sub)
     add_placement_arguments(sub, _Given)
+
+
+def add_control_vector_arguments(sub: argparse.ArgumentParser) -> None:
+    """llama.cpp's control-vector flags (docs/control_vectors.md): the reference engine applies them."""
+    sub.add_argument("--control-vector", action="append", default=None, metavar="FILE",
+                     help="add a control vector (a llama.cpp control-vector .gguf, scale 1; repeatable: the "
+                          "vectors sum); reference engine only, for now")
+    sub.add_argument("--control-vector-scaled", action="append", nargs=2, default=None, metavar=("FILE", "SCALE"),
+                     help="add a control vector times SCALE (repeatable)")
+    sub.add_argument("--control-vector-layer-range", nargs=2, type=int, default=None, metavar=("START", "END"),
+                     help="steer only layers START..END, both inclusive (default: every layer)")
+
+
+def control_vectors(args: argparse.Namespace) -> dict:
+    """Model.session's control_vectors and control_layers from the command line, --control-vector's files
+    first (scale 1), then --control-vector-scaled's."""
+    pairs = [(path, 1.0) for path in args.control_vector or ()]
+    for path, scale in args.control_vector_scaled or ():
+        try:
+            pairs.append((path, float(scale)))
+        except ValueError:
+            raise InvalidArgument(f"--control-vector-scaled {path} {scale}: SCALE must be a number") from None
+    layers = args.control_vector_layer_range
+    return {"control_vectors": pairs, "control_layers": None if layers is None else tuple(layers)}
+
+
+def refuse_control_vectors_on_gpu(args: argparse.Namespace, hint: str) -> None:
+    """Model.session's refusal of control vectors, before a GPU load that would end in it."""
+    if args.control_vector or args.control_vector_scaled:
+        raise InvalidArgument(f"--control-vector: control vectors run on the reference engine only, for now; {hint}")
 
 
 def add_draft_arguments(sub: argparse.ArgumentParser) -> None:
@@ -134,6 +165,7 @@ def opened_model(args: argparse.Namespace) -> Iterator:
 
     warn_ignored(args)
     if args.engine == "gpu":
+        refuse_control_vectors_on_gpu(args, "use --engine reference")
         require_gpu("use --engine reference to run a small model on the CPU")
     options = placement(args) if args.engine == "gpu" else {}
     with load(args.model, engine=args.engine, **options) as model:
@@ -141,9 +173,10 @@ def opened_model(args: argparse.Namespace) -> Iterator:
 
 
 def new_session(model, args: argparse.Namespace):
-    """A Session on `model` of `--context` tokens with `--defer-experts`, `--draft` and `--draft-tokens` (and, on
-    the gpu engine, `--kv`, `--kv-streaming` and `--mode`)."""
-    options = {"defer_experts": args.defer_experts, "draft": args.draft, "draft_tokens": args.draft_tokens}
+    """A Session on `model` of `--context` tokens with `--defer-experts`, `--draft`, `--draft-tokens` and the
+    control vectors (and, on the gpu engine, `--kv`, `--kv-streaming` and `--mode`)."""
+    options = {"defer_experts": args.defer_experts, "draft": args.draft, "draft_tokens": args.draft_tokens,
+               **control_vectors(args)}
     if args.engine != "gpu":
         return model.session(args.context, **options)
     return model.session(args.context, kv=args.kv, mode=args.mode, kv_streaming=args.kv_streaming, **options)

@@ -27,6 +27,17 @@ def _written(streams: np.ndarray, inj: np.ndarray | None, y: np.ndarray) -> np.n
     return hc_write(streams, inj, y) if inj is not None else (streams + y[:, None, :]).astype(np.float32)
 
 
+def _checked_steering(vectors: Mapping[int, np.ndarray], n_layer: int, n_embd: int) -> dict[int, np.ndarray]:
+    checked = {}
+    for layer, vector in vectors.items():
+        vector = np.asarray(vector, dtype=np.float32)
+        if not 0 <= layer < n_layer or vector.shape != (n_embd,):
+            raise InvalidArgument(f"control vector for layer {layer}: need a layer in 0..{n_layer - 1} and "
+                                  f"shape ({n_embd},), got shape {vector.shape}")
+        checked[layer] = vector
+    return checked
+
+
 @dataclass(frozen=True)
 class Deferred:
     """A layer's deferred expert row [T, n] and that layer's own FFN write-back weights (None: one stream)."""
@@ -49,12 +60,14 @@ class Reference:
     but the last reach the streams one layer late, as the GPU engine's decode token applies them
     (docs/session.md, "Expert deferral"): layer l's deferred row is added with l's own write-back weights
     just before layer l + 1's MoE output. It applies to every token forward() runs (this oracle has no
-    separate prompt path).
+    separate prompt path). `control_vectors` ({layer: float32 [n_embd]}, strata.control_vectors.steering_table)
+    are added to those layers' outputs, on every stream, after the layer's last write (llama.cpp's build_cvec).
     """
 
     def __init__(self, model_file: Any = None, *, geometry: Any = None,
                  weights: Mapping[str, np.ndarray] | None = None, activation_quant: bool = False,
-                 kv: KV | str | None = None, defer_experts: int = 0):
+                 kv: KV | str | None = None, defer_experts: int = 0,
+                 control_vectors: Mapping[int, np.ndarray] | None = None):
         if (model_file is None) == (geometry is None or weights is None):
             raise InvalidArgument("Reference wants either a model file or both geometry= and weights=")
         if model_file is not None:
@@ -75,6 +88,7 @@ class Reference:
                                   f"{kv_formats.GROUP} (KV groups)")
         self._ple_shape = g.ple
         self.defer_experts = check_defer_experts(defer_experts, g.n_expert_used)
+        self.control_vectors = _checked_steering(control_vectors or {}, g.n_layer, g.n_embd)
         self.reset()
 
     def _indexer_shape(self, layer: int) -> IndexerShape | None:
@@ -107,7 +121,8 @@ class Reference:
         """Logits [len(token_ids), vocab] float32 for the next tokens of the sequence.
 
         With `dump`, returns (logits, per-layer list of dicts): "mixer_out" [T, n], "streams_after_mixer" and
-        "streams_after_ffn" [T, streams, n] (1 stream for qwen3next/qwen35moe), "router_ids"/"router_weights"
+        "streams_after_ffn" [T, streams, n] (1 stream for qwen3next/qwen35moe; the layer's output, its control
+        vector added), "router_ids"/"router_weights"
         [T, k], on QSA layers "qsa_blocks" and "qsa_scores" (per row: chosen block indices, scores of every complete
         block), on the PLE layer "ple_out" [T, hc, n].
         """
@@ -174,6 +189,8 @@ class Reference:
         if earlier is not None:
             streams = earlier.added_to(streams)
         streams = _written(streams, inj if self.is_hc else None, y)
+        if layer in self.control_vectors:
+            streams = (streams + self.control_vectors[layer]).astype(np.float32)  # every stream alike
         d["streams_after_ffn"] = streams
         return streams, Deferred(inj if self.is_hc else None, late) if defer else None
 

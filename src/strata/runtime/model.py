@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -86,7 +87,8 @@ class Model:
     def session(self, context: int | None = None, *, kv: KV | str = DEFAULT_KV, mode: Mode | str = DEFAULT_MODE,
                 timeout: float = DEFAULT_TIMEOUT, snapshots: int = DEFAULT_SNAPSHOTS, prompt_chunk: int | None = None,
                 prompt_cpu: bool = True, kv_streaming: bool = False, defer_experts: int = 0, draft: str | None = None,
-                draft_tokens: int = DEFAULT_DRAFT_TOKENS) -> Session:
+                draft_tokens: int = DEFAULT_DRAFT_TOKENS, control_vectors: Sequence[tuple[str, float]] = (),
+                control_layers: tuple[int, int] | None = None) -> Session:
         """A generation session on the GPU: `context` tokens (default min(context_length, 4096)) of KV in
         format `kv`; `mode` says how a token is launched (strata.Mode); `timeout` bounds every wait on the CPU
         pool; `snapshots` states are kept for prefix reuse (the turn boundaries a conversation rolls back to).
@@ -99,10 +101,15 @@ class Model:
         layer late, computed while the GPU runs the next layer: faster, no longer exact (docs/session.md, "Expert
         deferral"; token by token only, the prompt path stays exact). With `draft` ("lookup", or "auto" which is
         lookup; "mtp" is not implemented yet), each decode step verifies up to `draft_tokens` (1..7) drafted tokens
-        in one pass of the prompt path, which it needs (strata.generation.drafts). The native session is
+        in one pass of the prompt path, which it needs (strata.generation.drafts). `control_vectors` and
+        `control_layers` are the reference engine's (ReferenceModel.session); a non-empty list is refused here for
+        now. The native session is
         `session.engine.native`. Every option after `context` is keyword-only, as on the reference engine."""
         if self.weights is None:
             raise StrataError("this model is closed: it opens no new sessions")
+        if control_vectors:
+            raise InvalidArgument("control vectors run on the reference engine only, for now "
+                                  "(strata.load(path, engine=\"reference\"))")
         g = self.info.geometry
         kv, mode = KV.parse(kv), Mode.parse(mode)
         if not checked_number("timeout", timeout) > 0:
