@@ -53,7 +53,8 @@ def embedding(g: Geometry) -> TensorSpec:
 def read_common(r: MetadataReader, n_vocab: int, variant: dict[str, Any]) -> dict[str, Any]:
     """The Geometry fields every architecture reads the same way (architecture-only sizes zeroed), with the
     flags of the architecture's `variant`."""
-    n_layer = r.int("block_count") - r.int("nextn_predict_layers", minimum=0, default=0)
+    n_mtp = r.int("nextn_predict_layers", minimum=0, default=0)
+    n_layer = r.int("block_count") - n_mtp
     check(0 < n_layer <= MAX_LAYERS, r.key("block_count"),
           f"1..{MAX_LAYERS} main layers (block_count - nextn_predict_layers)", n_layer)
     head_dim = r.int("attention.key_length")
@@ -78,7 +79,8 @@ def read_common(r: MetadataReader, n_vocab: int, variant: dict[str, Any]) -> dic
         expert_ff=r.int("expert_feed_forward_length"), shared_ff=r.int("expert_shared_feed_forward_length"),
         hc_count=0, hc_rank=0, indexer_n_heads=0, indexer_head_dim=0, indexer_top_k=0, compress_ratios=(),
         ple_layers=(), ple_ngram=0, ple_heads_per_ngram=0, ple_conv_kernel=0, ple_eos=0, ple_head_dim=0,
-        ple_multipliers=(), ple_head_offsets=(), ple_head_sizes=(), ple_rows=0, **_read_variant(r, variant),
+        ple_multipliers=(), ple_head_offsets=(), ple_head_sizes=(), ple_rows=0, n_mtp=n_mtp,
+        **_read_variant(r, variant),
     )
 
 
@@ -129,6 +131,7 @@ def validate_common(g: Geometry) -> None:
           f"a multiple of ssm.group_count ({g.ssm_n_k_heads})", g.ssm_n_v_heads)
     check(g.n_expert_used <= g.n_expert, f"{a}.expert_used_count", f"<= expert_count ({g.n_expert})",
           g.n_expert_used)
+    check(0 <= g.n_mtp <= MAX_LAYERS, f"{a}.nextn_predict_layers", f"0..{MAX_LAYERS}", g.n_mtp)
 
 
 def write_common(g: Geometry) -> list[MetadataItem]:
@@ -137,7 +140,7 @@ def write_common(g: Geometry) -> list[MetadataItem]:
     a = g.arch
     items: list[MetadataItem] = [
         ("general.architecture", a, STRING),
-        (f"{a}.block_count", g.n_layer, U32),
+        (f"{a}.block_count", g.n_layer + g.n_mtp, U32),
         (f"{a}.context_length", g.context_length, U32),
         (f"{a}.embedding_length", g.n_embd, U32),
         (f"{a}.attention.head_count", g.n_head, U32),
@@ -163,6 +166,8 @@ def write_common(g: Geometry) -> list[MetadataItem]:
     ]
     # llama.cpp's converter writes the interval (from config.json, default 4) and never the per-layer list;
     # the list is written only where no interval reproduces the layer types, and its loader reads it first.
+    if g.n_mtp:
+        items.append((f"{a}.nextn_predict_layers", g.n_mtp, U32))
     interval = attention_interval(g)
     if interval is None:
         items.append((f"{a}.attention.recurrent_layers", list(g.recurrent), BOOL))
