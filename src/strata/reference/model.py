@@ -183,5 +183,6 @@ class Reference:
             x, _ = hc_read(w, "output_hc", streams, g.rms_eps, inject=False)
         else:
             x = rms_norm(streams[:, 0], w.get("output_norm.weight"), g.rms_eps).astype(np.float32)
+        self.last_hidden = x  # the rows the LM head read, after the final norm: an MTP block's input
         head = "output.weight" if w.has("output.weight") else "token_embd.weight"
         return w.matmul(head, x)
