@@ -126,6 +126,15 @@ def test_recurrent_pattern_without_interval_writes_the_list() -> None:
     kv = _kv(g)
     assert "qwen35moe.full_attention_interval" not in kv
     assert geometry_from_metadata(kv).recurrent == g.recurrent
+    # with an MTP block the list has one entry per block, as llama.cpp's loader reads it: the block's is False
+    g = dataclasses.replace(g, n_mtp=1)
+    kv = _kv(g)
+    assert kv["qwen35moe.attention.recurrent_layers"] == [*g.recurrent, False]
+    assert geometry_from_metadata(kv) == g
+    assert geometry_from_metadata({**kv, "qwen35moe.attention.recurrent_layers": list(g.recurrent)}) == g
+    kv["qwen35moe.attention.recurrent_layers"] = [*g.recurrent, True]
+    with pytest.raises(FormatError, match="False for the MTP blocks"):
+        geometry_from_metadata(kv)
 
 
 # (architecture, key, bad value, fragment of the message)

@@ -99,7 +99,8 @@ def mtp_alternatives(g: Geometry) -> list[Alternative]:
 @functools.lru_cache(maxsize=16)
 def tensor_specs(g: Geometry) -> Mapping[str, TensorSpec]:
     """The spec (layer, role, ...) of every tensor a file of `g` may hold: its inventory and every accepted
-    alternative. Names not in it (the tensors of MTP blocks, which strata does not run) are not loaded."""
+    alternative. Names not in it (the tensors of MTP blocks: mtp_inventory, read by the reference's MTP drafts
+    only) are not loaded."""
     specs = {s.name: s for s in tensor_inventory(g)}
     specs.update((alt.spec.name, alt.spec) for alt in tensor_alternatives(g))
     return MappingProxyType(specs)

@@ -71,7 +71,7 @@ def read_common(r: MetadataReader, n_vocab: int, variant: dict[str, Any]) -> dic
         n_head=r.int("attention.head_count"), n_head_kv=r.int("attention.head_count_kv"), head_dim=head_dim,
         rope_dim=r.int("rope.dimension_count"), rope_theta=r.float("rope.freq_base"),
         rope_sections=r.ints("rope.dimension_sections", length=4) if r.arch != "qwen3next" else (),
-        rms_eps=r.float("attention.layer_norm_rms_epsilon"), recurrent=_read_recurrent(r, n_layer),
+        rms_eps=r.float("attention.layer_norm_rms_epsilon"), recurrent=_read_recurrent(r, n_layer, n_mtp),
         ssm_n_k_heads=r.int("ssm.group_count"), ssm_n_v_heads=n_v_heads,
         ssm_head_k_dim=r.int("ssm.state_size"), ssm_head_v_dim=inner // n_v_heads,
         ssm_conv_kernel=r.int("ssm.conv_kernel"),
@@ -100,9 +100,18 @@ def variant_items(g: Geometry, variant: dict[str, Any]) -> list[MetadataItem]:
     return [(f"{g.arch}.{OUTPUT_GATE_KEY}", name, STRING)]
 
 
-def _read_recurrent(r: MetadataReader, n_layer: int) -> tuple[bool, ...]:
+def _read_recurrent(r: MetadataReader, n_layer: int, n_mtp: int) -> tuple[bool, ...]:
     # llama.cpp reads the explicit per-layer list first, then falls back to the interval rule.
     if r.has("attention.recurrent_layers"):
+        # its loader reads one entry per block, MTP blocks included (those are full attention); strata's main
+        # layers take the first n_layer
+        listed = r.kv[r.key("attention.recurrent_layers")]
+        if n_mtp and isinstance(listed, (list, tuple)) and len(listed) == n_layer + n_mtp:
+            flags = r.bools("attention.recurrent_layers", length=n_layer + n_mtp)
+            check(not any(flags[n_layer:]), r.key("attention.recurrent_layers"),
+                  f"False for the MTP blocks (entries {n_layer}..{n_layer + n_mtp - 1}: full attention)",
+                  flags[n_layer:])
+            return flags[:n_layer]
         return r.bools("attention.recurrent_layers", length=n_layer)
     interval = r.int("full_attention_interval", default=DEFAULT_ATTENTION_INTERVAL)
     return tuple((i + 1) % interval != 0 for i in range(n_layer))
@@ -170,7 +179,7 @@ def write_common(g: Geometry) -> list[MetadataItem]:
         items.append((f"{a}.nextn_predict_layers", g.n_mtp, U32))
     interval = attention_interval(g)
     if interval is None:
-        items.append((f"{a}.attention.recurrent_layers", list(g.recurrent), BOOL))
+        items.append((f"{a}.attention.recurrent_layers", [*g.recurrent, *[False] * g.n_mtp], BOOL))
     else:
         items.append((f"{a}.full_attention_interval", interval, U32))
     return items
