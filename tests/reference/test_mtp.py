@@ -6,6 +6,7 @@ block."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from strata.reference import Reference
 from strata.reference.engine import ReferenceEngine
 from strata.reference.mtp import MtpBlock, MtpDrafter, MtpReference
 from strata.reference.weights import Weights
-from strata.synth import synthesize
+from strata.synth import presets, synthesize
 from support.compare import relative_error
 from support.mtp_torch import TorchMtp
 
@@ -160,6 +161,12 @@ def test_mtp_drafts_need_a_block(files):
         assert model.session(draft="lookup") is not None
 
 
+def test_qwen4exps_block_is_not_run():
+    g = dataclasses.replace(presets.geometry("qwen4exp"), n_mtp=1)
+    with pytest.raises(strata.InvalidArgument, match="draft 'mtp': the MTP block of qwen4exp is not supported"):
+        MtpReference(Reference(geometry=g, weights={}))
+
+
 def _dict_reference(path) -> tuple[dict[str, np.ndarray], strata.models.Geometry]:
     with ModelFile(path) as f:
         weights = Reference(f).weights
@@ -180,3 +187,16 @@ def test_a_malformed_block_is_named(files, edit, fragment):
         tensors[name] = tensors[name].T.copy()
     with pytest.raises(strata.FormatError, match=fragment):
         MtpBlock(g, Weights(tensors))
+
+
+def test_a_block_with_merged_expert_gate_and_up_runs_as_with_both(files):
+    rng = np.random.default_rng()
+    tensors, g = _dict_reference(files["qwen35moe"][0])
+    p = f"blk.{g.n_layer}."
+    merged = dict(tensors)
+    merged[p + "ffn_gate_up_exps.weight"] = np.concatenate(
+        [merged.pop(p + "ffn_gate_exps.weight"), merged.pop(p + "ffn_up_exps.weight")], axis=1)
+    hidden, ids = rng.standard_normal((3, g.n_embd)).astype(np.float32), rng.integers(0, g.n_vocab, 3)
+    separate, joined = MtpBlock(g, Weights(tensors)), MtpBlock(g, Weights(merged))
+    want, got = separate.forward(separate.new_cache(), hidden, ids), joined.forward(joined.new_cache(), hidden, ids)
+    assert relative_error(got[0], want[0]) < TOLERANCE and relative_error(got[1], want[1]) < TOLERANCE

@@ -20,6 +20,7 @@ import numpy as np
 
 from strata import models
 from strata.errors import FormatError, InvalidArgument
+from strata.format.inventory_check import squeeze, with_alternatives
 from strata.options import KV
 from strata.reference.attention import AttentionShape, KvState, gated_attention
 from strata.reference.model import Reference
@@ -27,27 +28,19 @@ from strata.reference.moe import moe_forward
 from strata.reference.ops import rms_norm, rope_tables
 from strata.reference.weights import Weights
 
-def _squeezed(ne: tuple[int, ...]) -> tuple[int, ...]:
-    while len(ne) > 1 and ne[-1] == 1:  # ggml: {n} and {n, 1} are one shape
-        ne = ne[:-1]
-    return ne
-
 
 def check_block(geometry: models.Geometry, weights: Weights) -> None:
     """FormatError unless `weights` hold a well-formed MTP block of `geometry`, naming the tensor at fault."""
-    specs = {s.name: s for s in models.mtp_inventory(geometry)}
-    for alt in models.mtp_alternatives(geometry):
-        if weights.has(alt.spec.name):
-            for name in alt.replaces:
-                del specs[name]
-            specs[alt.spec.name] = alt.spec
-    for spec in models.mtp_optional(geometry):
-        if weights.has(spec.name):
-            specs[spec.name] = spec
+    inventory, alternatives = models.mtp_inventory(geometry), models.mtp_alternatives(geometry)
+    optional = models.mtp_optional(geometry)
+    named = [s.name for s in (*inventory, *optional)] + [alt.spec.name for alt in alternatives]
+    held = {name for name in named if weights.has(name)}
+    specs = with_alternatives(inventory, alternatives, held)
+    specs.update((s.name, s) for s in optional if s.name in held)
     for name, spec in specs.items():
         if not weights.has(name):
             raise FormatError(f"{geometry.arch} MTP block: tensor {name!r} (ne {spec.ne}) is missing")
-        if _squeezed(weights.ne(name)) != _squeezed(spec.ne):
+        if squeeze(weights.ne(name)) != squeeze(spec.ne):
             raise FormatError(f"{geometry.arch} MTP block: tensor {name!r}: expected ne {spec.ne}, "
                               f"found {weights.ne(name)}")
 
