@@ -145,6 +145,22 @@ def _assert_in_step(mtp: MtpReference, fed: list[int], file) -> None:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_a_verify_cut_back_to_any_row_leaves_the_block_as_stepping_there(files, arch):
+    rng = np.random.default_rng()
+    with ModelFile(files[arch][0]) as f:
+        prompt, window = _prompt(rng, f.geometry.n_vocab, 4), _prompt(rng, f.geometry.n_vocab, 4)
+        mtp = MtpReference(Reference(f))
+        engine = ReferenceEngine(mtp, verify_rows=len(window))
+        engine.prefill(prompt, prompt)
+        engine.snapshot(0)
+        for kept in range(len(window), 0, -1):
+            engine.restore(0)
+            engine.verify(window, prompt + window)
+            engine.truncate(len(prompt) + kept)
+            _assert_in_step(mtp, prompt + window[:kept], f)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_a_file_with_a_block_runs_its_main_model_as_the_same_seeds_file_without(files, arch):
     rng = np.random.default_rng()
     with ModelFile(files[arch][0]) as with_block, ModelFile(files[arch][1]) as without:
