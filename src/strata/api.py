@@ -55,9 +55,9 @@ class ReferenceModel:
         """A generation session of `context` tokens (default min(context_length, 4096)) on the reference. With
         `kv`, the attention caches hold their rows in that format, as a GPU session's (default: as computed);
         `snapshots` states are kept for prefix reuse (default 4); with `defer_experts`, expert deferral as the
-        GPU engine's (docs/session.md, "Expert deferral"). With `draft` ("lookup", or "auto" which is lookup;
-        "mtp" is not implemented yet), each decode step verifies up to `draft_tokens` (1..7) drafted tokens at
-        once (strata.generation.drafts), the output unchanged. `control_vectors`, (path, scale) pairs of
+        GPU engine's (docs/session.md, "Expert deferral"). With `draft` ("lookup", "auto" which is lookup, or "mtp":
+        the file's MTP block, strata.reference.mtp), each decode step verifies up to `draft_tokens` (1..7) drafted
+        tokens at once (strata.generation.drafts), the output unchanged. `control_vectors`, (path, scale) pairs of
         llama.cpp control-vector files, are summed and added to each layer's output, on the layers of
         `control_layers` (start, end inclusive; default all), as llama.cpp's --control-vector-scaled and
         --control-vector-layer-range (docs/control_vectors.md). The GPU engine's other options are refused by
@@ -65,6 +65,7 @@ class ReferenceModel:
         from strata.control_vectors import steering_table
         from strata.reference import Reference
         from strata.reference.engine import SNAPSHOTS, ReferenceEngine
+        from strata.reference.mtp import MtpDrafter, MtpReference
 
         for name in gpu_options:
             if name in GPU_SESSION_OPTIONS:
@@ -75,13 +76,15 @@ class ReferenceModel:
         if self.closed:
             raise StrataError("this model is closed: it opens no new sessions")
         context = session_context(context, self.file.geometry.context_length)
-        drafter = named_drafter(draft, draft_tokens)
         snapshots = SNAPSHOTS if snapshots is None else checked_integer("snapshots", snapshots)
         if snapshots < 0:
             raise InvalidArgument(f"snapshots must be >= 0, got {snapshots}")
         steering = steering_table(control_vectors, self.file.geometry, control_layers)
         reference = Reference(self.file, kv=kv, defer_experts=defer_experts,  # kv: a strata.KV or its name
                               control_vectors=steering)
+        if draft == "mtp":
+            reference = MtpReference(reference, kv)  # refused where the file has no block it runs
+        drafter = named_drafter(draft, draft_tokens, mtp=lambda: MtpDrafter(reference))
         engine = ReferenceEngine(reference, context, snapshots, draft_tokens + 1 if drafter else 0)
         return Session(engine, self.tokenizer, drafter, draft_tokens if drafter else 0)
 

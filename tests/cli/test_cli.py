@@ -9,6 +9,7 @@ import pytest
 from strata import _native, cli
 from strata.convert.tokenizer_meta import CHATML_TEMPLATE
 from strata.errors import InvalidArgument
+from strata.format import inspect
 
 
 def test_doctor_reports_the_machine(capsys):
@@ -86,6 +87,9 @@ def test_synth_then_info_from_the_command_line(tmp_path, capsys):
     assert cli.main(["info", str(path)]) == 0
     out = capsys.readouterr().out
     assert "architecture  qwen3next: 4 layers" in out and "Q8_0" in out
+    assert cli.main(["synth", str(tmp_path / "m.gguf"), "--arch", "qwen3next", "--layers", "4", "--mtp"]) == 0
+    with inspect(capsys.readouterr().out.strip()) as written:
+        assert written.geometry.n_mtp == 1
 
 
 def test_convert_from_the_command_line(tmp_path, capsys):

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from strata.errors import FormatError
-from strata.models import (ARCHITECTURES, geometry_from_metadata, metadata_for, released, tensor_alternatives,
-                           tensor_inventory)
+from strata.models import (ARCHITECTURES, Role, geometry_from_metadata, metadata_for, mtp_inventory, mtp_optional,
+                           released, tensor_alternatives, tensor_inventory)
 
 
 def _kv(g) -> dict:
@@ -27,6 +27,29 @@ def test_released_inventory_counts(arch: str, count: int) -> None:
 def test_metadata_round_trip(arch: str) -> None:
     g = released(arch)
     assert geometry_from_metadata(_kv(g)) == g
+
+
+@pytest.mark.parametrize("arch", ["qwen3next", "qwen35moe"])
+def test_an_mtp_block_is_counted_by_block_count_not_by_the_main_layers(arch: str) -> None:
+    g = dataclasses.replace(released(arch), n_mtp=1)
+    kv = _kv(g)
+    assert kv[f"{arch}.block_count"] == g.n_layer + 1 and kv[f"{arch}.nextn_predict_layers"] == 1
+    assert geometry_from_metadata(kv) == g
+    assert tensor_inventory(g) == tensor_inventory(released(arch))  # the main model's tensors, as without it
+    block = {s.name: s for s in mtp_inventory(g)}
+    n = g.n_layer
+    assert block[f"blk.{n}.nextn.eh_proj.weight"].ne == (2 * g.n_embd, g.n_embd)
+    assert block[f"blk.{n}.ffn_gate_exps.weight"].role is Role.ROUTED_EXPERT
+    assert block[f"blk.{n}.nextn.hnorm.weight"].forced_f32 and f"blk.{n}.attn_qkv.weight" not in block
+    assert [s.name for s in mtp_optional(g)] == [f"blk.{n}.nextn.embed_tokens.weight",
+                                                 f"blk.{n}.nextn.shared_head_head.weight"]
+
+
+def test_an_mtp_block_is_refused_where_there_is_none_or_strata_runs_none() -> None:
+    with pytest.raises(FormatError, match="qwen35moe: the file has no MTP block"):
+        mtp_inventory(released("qwen35moe"))
+    with pytest.raises(FormatError, match="qwen4exp: its MTP block is not supported"):
+        mtp_inventory(dataclasses.replace(released("qwen4exp"), n_mtp=1))
 
 
 def test_qwen4exp_released_shapes_and_dtypes() -> None:
@@ -103,6 +126,15 @@ def test_recurrent_pattern_without_interval_writes_the_list() -> None:
     kv = _kv(g)
     assert "qwen35moe.full_attention_interval" not in kv
     assert geometry_from_metadata(kv).recurrent == g.recurrent
+    # with an MTP block the list has one entry per block, as llama.cpp's loader reads it: the block's is False
+    g = dataclasses.replace(g, n_mtp=1)
+    kv = _kv(g)
+    assert kv["qwen35moe.attention.recurrent_layers"] == [*g.recurrent, False]
+    assert geometry_from_metadata(kv) == g
+    assert geometry_from_metadata({**kv, "qwen35moe.attention.recurrent_layers": list(g.recurrent)}) == g
+    kv["qwen35moe.attention.recurrent_layers"] = [*g.recurrent, True]
+    with pytest.raises(FormatError, match="False for the MTP blocks"):
+        geometry_from_metadata(kv)
 
 
 # (architecture, key, bad value, fragment of the message)

@@ -21,6 +21,8 @@ def register(commands) -> None:
     sub.add_argument("--layers", type=int, default=None, help="layer count (default: the preset's)")
     sub.add_argument("--seed", type=int, default=0)
     sub.add_argument("--full-ple", action="store_true", help="the released n-gram table size (full preset)")
+    sub.add_argument("--mtp", action="store_true",
+                     help="also write an MTP block (qwen3next, qwen35moe), for draft='mtp' on the reference engine")
     for name in TENSOR_CLASSES:
         sub.add_argument(f"--{name}-type", default=None, metavar="TYPE", help=f"GGML type of the {name} tensors")
     sub.set_defaults(handler=handle)
@@ -36,6 +38,7 @@ def handle(args: argparse.Namespace) -> int:
     if types:
         types = {**vars(default_types(args.preset)), **types}
     out = synthesize(args.out, args.arch, preset=args.preset, n_layer=args.layers, types=types or None,
-                     seed=args.seed, progress=ByteProgress("synth"), full_ple=args.full_ple, overwrite=args.force)
+                     seed=args.seed, progress=ByteProgress("synth"), full_ple=args.full_ple, overwrite=args.force,
+                     mtp=args.mtp)
     print(out)
     return 0

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 
 from strata.errors import FormatError
 from strata.format.scanner import TensorInfo
 from strata.format.types import T
-from strata.models import Geometry, TensorSpec, tensor_alternatives, tensor_inventory, validate
+from strata.models import Alternative, Geometry, TensorSpec, tensor_alternatives, tensor_inventory, validate
 
 _LISTED = 5     # names quoted in one message; the rest are counted
 
 
-def _squeeze(ne: tuple[int, ...]) -> tuple[int, ...]:
+def squeeze(ne: tuple[int, ...]) -> tuple[int, ...]:
+    """`ne` without trailing 1s: the shape compared with a spec's."""
     # ggml treats trailing 1s as absent ({2560} and {2560, 1} are the same tensor)
     while len(ne) > 1 and ne[-1] == 1:
         ne = ne[:-1]
@@ -37,8 +38,14 @@ def with_file_ple_rows(g: Geometry, tensors: Mapping[str, TensorInfo]) -> Geomet
 
 def expected_specs(g: Geometry, present: Mapping[str, TensorInfo]) -> dict[str, TensorSpec]:
     """The inventory, with each accepted alternative (e.g. merged experts) swapped in where the file uses it."""
-    specs = {s.name: s for s in tensor_inventory(g)}
-    for alt in tensor_alternatives(g):
+    return with_alternatives(tensor_inventory(g), tensor_alternatives(g), present)
+
+
+def with_alternatives(inventory: list[TensorSpec], alternatives: list[Alternative],
+                      present: Container[str]) -> dict[str, TensorSpec]:
+    """`inventory` by name, each of `alternatives` swapped in where `present` (the names held) has it."""
+    specs = {s.name: s for s in inventory}
+    for alt in alternatives:
         if alt.spec.name not in present:
             continue
         both = [n for n in alt.replaces if n in present]
@@ -65,7 +72,7 @@ def check_tensors(g: Geometry, tensors: Mapping[str, TensorInfo], n_mtp_layers: 
         raise FormatError(f"{g.arch}: unexpected tensor(s) not in the architecture's inventory: {_some(unexpected)}")
     for name, s in specs.items():
         info = tensors[name]
-        if _squeeze(info.ne) != _squeeze(s.ne):
+        if squeeze(info.ne) != squeeze(s.ne):
             raise FormatError(f"tensor {name!r}: expected ne {s.ne}, found {info.ne}")
         if s.forced_f32 and info.ggml_type != T.F32:
             raise FormatError(f"tensor {name!r}: expected F32 (the converter always writes it F32), "

@@ -37,8 +37,7 @@ class ModelFile:
             geometry = geometry_from_metadata(self.metadata)
             self.geometry: Geometry = with_file_ple_rows(geometry, self.tensors)
             self.arch: str = self.geometry.arch
-            n_mtp = self.metadata.get(f"{self.arch}.nextn_predict_layers", 0)
-            self.warnings: list[str] = check_tensors(self.geometry, self.tensors, n_mtp)
+            self.warnings: list[str] = check_tensors(self.geometry, self.tensors, self.geometry.n_mtp)
             self.warnings += check_tokenizer_metadata(self.metadata, self.geometry.n_vocab)
             self.warnings += _qsa_warnings(self.geometry)
         except BaseException:

@@ -5,13 +5,14 @@ n-gram that ends the sequence and occurred earlier in it proposes the tokens tha
 occurrence. Any model, no weights; it drafts well where the output repeats its context (code edits, extraction,
 quotes) and proposes nothing where no n-gram recurs.
 
-A session drafts through a Drafter: LookupDrafter, or ForcedDrafter, which proposes the target's own continuation
-at a chosen acceptance rate (tests and benchmarks measure the speedup curve with it, without trained weights).
+A session drafts through a Drafter: LookupDrafter, ForcedDrafter, which proposes the target's own continuation
+at a chosen acceptance rate (tests and benchmarks measure the speedup curve with it, without trained weights), or
+an engine's own: the reference's MtpDrafter (strata.reference.mtp) runs the model file's MTP block.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -93,17 +94,19 @@ class ForcedDrafter:
         return np.where(hit, right, wrong).tolist()
 
 
-def named_drafter(draft: str | None, draft_tokens: int) -> Drafter | None:
+def named_drafter(draft: str | None, draft_tokens: int, mtp: Callable[[], Drafter] | None = None) -> Drafter | None:
     """The drafter a session's `draft` option names (None: no drafts), after checking `draft_tokens`
-    (1..MAX_DRAFT_TOKENS). "auto" is prompt lookup, the one drafter that needs no weights."""
+    (1..MAX_DRAFT_TOKENS). "auto" is prompt lookup, the one drafter that needs no weights; "mtp" is what `mtp`
+    makes (the engine's MTP drafter, which raises where the file has no block), refused where the engine has none."""
     if not 1 <= checked_integer("draft_tokens", draft_tokens) <= MAX_DRAFT_TOKENS:
         raise InvalidArgument(f"draft_tokens must be in 1..{MAX_DRAFT_TOKENS}, got {draft_tokens}")
     if draft is None:
         return None
     if draft == "mtp":
-        raise InvalidArgument("draft 'mtp': MTP drafts (the model's next-token-prediction block) are not "
-                              "implemented yet; use draft='lookup'")
+        if mtp is None:
+            raise InvalidArgument("draft 'mtp': MTP drafts run on the reference engine only, for now; use "
+                                  "draft='lookup'")
+        return mtp()
     if draft in ("lookup", "auto"):
         return LookupDrafter()
-    raise InvalidArgument(f"unknown draft {draft!r:.80}; choose None or one of {', '.join(DRAFTS)} "
-                          "(mtp: not implemented yet)")
+    raise InvalidArgument(f"unknown draft {draft!r:.80}; choose None or one of {', '.join(DRAFTS)}")

@@ -11,7 +11,7 @@ from typing import Any
 import gguf
 
 from strata.errors import FormatError
-from strata.models import qwen3next, qwen4exp
+from strata.models import common, qwen3next, qwen4exp
 from strata.models.geometry import ARCHITECTURES, Alternative, Geometry, PleShape, Role, TensorSpec
 from strata.models.keys import MetadataReader, check
 
@@ -66,10 +66,41 @@ def tensor_alternatives(g: Geometry) -> list[Alternative]:
     return qwen4exp.alternatives(g) if g.arch == qwen4exp.ARCH else qwen3next.alternatives(g)
 
 
+# The architectures whose MTP block strata writes and runs (qwen4exp's has another structure: docs/models.md).
+MTP_ARCHITECTURES: tuple[str, ...] = qwen3next.ARCHS
+
+
+def _mtp_arch(g: Geometry) -> None:
+    if not g.n_mtp:
+        raise FormatError(f"{g.arch}: the file has no MTP block ({g.arch}.nextn_predict_layers is absent or 0)")
+    if g.arch not in MTP_ARCHITECTURES:
+        raise FormatError(f"{g.arch}: its MTP block is not supported (one of {', '.join(MTP_ARCHITECTURES)})")
+
+
+def mtp_inventory(g: Geometry) -> list[TensorSpec]:
+    """The required tensors of the MTP block (block n_layer; strata runs the first of g.n_mtp blocks);
+    FormatError where `g` has none or its architecture's block is not supported."""
+    _mtp_arch(g)
+    return qwen3next.mtp_inventory(g)
+
+
+def mtp_optional(g: Geometry) -> list[TensorSpec]:
+    """Tensors the MTP block may hold: its own embedding and LM head."""
+    _mtp_arch(g)
+    return qwen3next.mtp_optional(g)
+
+
+def mtp_alternatives(g: Geometry) -> list[Alternative]:
+    """Tensors the MTP block may hold instead of some of its inventory's (merged expert gate+up)."""
+    _mtp_arch(g)
+    return [common.merged_experts(g, g.n_layer)]
+
+
 @functools.lru_cache(maxsize=16)
 def tensor_specs(g: Geometry) -> Mapping[str, TensorSpec]:
     """The spec (layer, role, ...) of every tensor a file of `g` may hold: its inventory and every accepted
-    alternative. Names not in it (the tensors of MTP blocks, which strata does not run) are not loaded."""
+    alternative. Names not in it (the tensors of MTP blocks: mtp_inventory, read by the reference's MTP drafts
+    only) are not loaded."""
     specs = {s.name: s for s in tensor_inventory(g)}
     specs.update((alt.spec.name, alt.spec) for alt in tensor_alternatives(g))
     return MappingProxyType(specs)
@@ -93,6 +124,6 @@ def released(arch: str) -> Geometry:
     raise FormatError(f"architecture {arch!r} is not one of {list(ARCHITECTURES)}")
 
 
-__all__ = ["ARCHITECTURES", "Alternative", "Geometry", "PleShape", "Role", "TensorSpec", "geometry_from_metadata",
-           "metadata_for", "released", "tensor_alternatives", "tensor_inventory", "tensor_specs", "validate",
-           "variant"]
+__all__ = ["ARCHITECTURES", "MTP_ARCHITECTURES", "Alternative", "Geometry", "PleShape", "Role", "TensorSpec",
+           "geometry_from_metadata", "metadata_for", "mtp_alternatives", "mtp_inventory", "mtp_optional", "released", "tensor_alternatives",
+           "tensor_inventory", "tensor_specs", "validate", "variant"]

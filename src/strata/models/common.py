@@ -53,7 +53,8 @@ def embedding(g: Geometry) -> TensorSpec:
 def read_common(r: MetadataReader, n_vocab: int, variant: dict[str, Any]) -> dict[str, Any]:
     """The Geometry fields every architecture reads the same way (architecture-only sizes zeroed), with the
     flags of the architecture's `variant`."""
-    n_layer = r.int("block_count") - r.int("nextn_predict_layers", minimum=0, default=0)
+    n_mtp = r.int("nextn_predict_layers", minimum=0, default=0)
+    n_layer = r.int("block_count") - n_mtp
     check(0 < n_layer <= MAX_LAYERS, r.key("block_count"),
           f"1..{MAX_LAYERS} main layers (block_count - nextn_predict_layers)", n_layer)
     head_dim = r.int("attention.key_length")
@@ -70,7 +71,7 @@ def read_common(r: MetadataReader, n_vocab: int, variant: dict[str, Any]) -> dic
         n_head=r.int("attention.head_count"), n_head_kv=r.int("attention.head_count_kv"), head_dim=head_dim,
         rope_dim=r.int("rope.dimension_count"), rope_theta=r.float("rope.freq_base"),
         rope_sections=r.ints("rope.dimension_sections", length=4) if r.arch != "qwen3next" else (),
-        rms_eps=r.float("attention.layer_norm_rms_epsilon"), recurrent=_read_recurrent(r, n_layer),
+        rms_eps=r.float("attention.layer_norm_rms_epsilon"), recurrent=_read_recurrent(r, n_layer, n_mtp),
         ssm_n_k_heads=r.int("ssm.group_count"), ssm_n_v_heads=n_v_heads,
         ssm_head_k_dim=r.int("ssm.state_size"), ssm_head_v_dim=inner // n_v_heads,
         ssm_conv_kernel=r.int("ssm.conv_kernel"),
@@ -78,7 +79,8 @@ def read_common(r: MetadataReader, n_vocab: int, variant: dict[str, Any]) -> dic
         expert_ff=r.int("expert_feed_forward_length"), shared_ff=r.int("expert_shared_feed_forward_length"),
         hc_count=0, hc_rank=0, indexer_n_heads=0, indexer_head_dim=0, indexer_top_k=0, compress_ratios=(),
         ple_layers=(), ple_ngram=0, ple_heads_per_ngram=0, ple_conv_kernel=0, ple_eos=0, ple_head_dim=0,
-        ple_multipliers=(), ple_head_offsets=(), ple_head_sizes=(), ple_rows=0, **_read_variant(r, variant),
+        ple_multipliers=(), ple_head_offsets=(), ple_head_sizes=(), ple_rows=0, n_mtp=n_mtp,
+        **_read_variant(r, variant),
     )
 
 
@@ -98,9 +100,18 @@ def variant_items(g: Geometry, variant: dict[str, Any]) -> list[MetadataItem]:
     return [(f"{g.arch}.{OUTPUT_GATE_KEY}", name, STRING)]
 
 
-def _read_recurrent(r: MetadataReader, n_layer: int) -> tuple[bool, ...]:
+def _read_recurrent(r: MetadataReader, n_layer: int, n_mtp: int) -> tuple[bool, ...]:
     # llama.cpp reads the explicit per-layer list first, then falls back to the interval rule.
     if r.has("attention.recurrent_layers"):
+        # its loader reads one entry per block, MTP blocks included (those are full attention); strata's main
+        # layers take the first n_layer
+        listed = r.kv[r.key("attention.recurrent_layers")]
+        if n_mtp and isinstance(listed, (list, tuple)) and len(listed) == n_layer + n_mtp:
+            flags = r.bools("attention.recurrent_layers", length=n_layer + n_mtp)
+            check(not any(flags[n_layer:]), r.key("attention.recurrent_layers"),
+                  f"False for the MTP blocks (entries {n_layer}..{n_layer + n_mtp - 1}: full attention)",
+                  flags[n_layer:])
+            return flags[:n_layer]
         return r.bools("attention.recurrent_layers", length=n_layer)
     interval = r.int("full_attention_interval", default=DEFAULT_ATTENTION_INTERVAL)
     return tuple((i + 1) % interval != 0 for i in range(n_layer))
@@ -129,6 +140,7 @@ def validate_common(g: Geometry) -> None:
           f"a multiple of ssm.group_count ({g.ssm_n_k_heads})", g.ssm_n_v_heads)
     check(g.n_expert_used <= g.n_expert, f"{a}.expert_used_count", f"<= expert_count ({g.n_expert})",
           g.n_expert_used)
+    check(0 <= g.n_mtp <= MAX_LAYERS, f"{a}.nextn_predict_layers", f"0..{MAX_LAYERS}", g.n_mtp)
 
 
 def write_common(g: Geometry) -> list[MetadataItem]:
@@ -137,7 +149,7 @@ def write_common(g: Geometry) -> list[MetadataItem]:
     a = g.arch
     items: list[MetadataItem] = [
         ("general.architecture", a, STRING),
-        (f"{a}.block_count", g.n_layer, U32),
+        (f"{a}.block_count", g.n_layer + g.n_mtp, U32),
         (f"{a}.context_length", g.context_length, U32),
         (f"{a}.embedding_length", g.n_embd, U32),
         (f"{a}.attention.head_count", g.n_head, U32),
@@ -163,9 +175,11 @@ def write_common(g: Geometry) -> list[MetadataItem]:
     ]
     # llama.cpp's converter writes the interval (from config.json, default 4) and never the per-layer list;
     # the list is written only where no interval reproduces the layer types, and its loader reads it first.
+    if g.n_mtp:
+        items.append((f"{a}.nextn_predict_layers", g.n_mtp, U32))
     interval = attention_interval(g)
     if interval is None:
-        items.append((f"{a}.attention.recurrent_layers", list(g.recurrent), BOOL))
+        items.append((f"{a}.attention.recurrent_layers", [*g.recurrent, *[False] * g.n_mtp], BOOL))
     else:
         items.append((f"{a}.full_attention_interval", interval, U32))
     return items

@@ -91,6 +91,9 @@ class Geometry:
     gdn_interleaved_ba: bool           # GDN b and a come from one ssm_ba projection, interleaved per key head
     gdn_sigmoid_gate: bool             # GDN output gate sigmoid(z) (else silu(z))
     qsa_block: int                     # tokens per QSA indexer block; 0: no indexed attention
+    # MTP (next-token-prediction) blocks after the main layers ({arch}.nextn_predict_layers): block_count counts
+    # them, n_layer does not; the main model never runs them (docs/models.md, "MTP block")
+    n_mtp: int = 0
 
     def is_recurrent(self, layer: int) -> bool:
         return self.recurrent[layer]

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from strata.models import common
-from strata.models.geometry import Alternative, Geometry, TensorSpec
+from strata.models.geometry import Alternative, Geometry, Role, TensorSpec
 from strata.models.keys import MetadataReader
 
 ARCHS = ("qwen3next", "qwen35moe")
@@ -57,6 +57,31 @@ def inventory(g: Geometry) -> list[TensorSpec]:
         specs += common.moe_tensors(g, layer)
     specs += [common.spec("output_norm.weight", (e,), None), common.spec("output.weight", (e, g.n_vocab), None)]
     return specs
+
+
+def mtp_inventory(g: Geometry) -> list[TensorSpec]:
+    """The MTP block's required tensors, as llama.cpp's converter writes the checkpoint's `mtp.*` (qwen3next.md
+    §2.3): block n_layer is a full-attention layer with the model's MoE, plus the nextn.* input and head tensors.
+    Its norms are stored 1 + w as the main layers' (the converter's `norm.weight` rule renames them first)."""
+    layer, e = g.n_layer, g.n_embd
+    p = f"blk.{layer}."
+    return [
+        common.spec(p + "nextn.eh_proj.weight", (2 * e, e), layer),      # inputs: [enorm(embed) | hnorm(hidden)]
+        common.spec(p + "nextn.enorm.weight", (e,), layer),
+        common.spec(p + "nextn.hnorm.weight", (e,), layer),
+        common.spec(p + "attn_norm.weight", (e,), layer),
+        *common.attention_tensors(g, layer),
+        common.spec(p + "post_attention_norm.weight", (e,), layer),
+        *common.moe_tensors(g, layer),
+        common.spec(p + "nextn.shared_head_norm.weight", (e,), layer),
+    ]
+
+
+def mtp_optional(g: Geometry) -> list[TensorSpec]:
+    """The MTP block's own embedding and LM head, which a file may hold (else the main model's are read)."""
+    layer, p = g.n_layer, f"blk.{g.n_layer}."
+    return [common.spec(p + "nextn.embed_tokens.weight", (g.n_embd, g.n_vocab), layer, Role.ROW_GATHERED),
+            common.spec(p + "nextn.shared_head_head.weight", (g.n_embd, g.n_vocab), layer)]
 
 
 def alternatives(g: Geometry) -> list[Alternative]:

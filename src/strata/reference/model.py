@@ -102,6 +102,7 @@ class Reference:
         """Forget the sequence: every per-layer state back to empty."""
         g = self.geometry
         self.n_past = 0
+        self.last_hidden: np.ndarray | None = None  # [T, n] the normed rows the LM head read last (MTP input)
         self.state: list[dict[str, Any]] = []
         width = g.hc_count * g.n_embd
         for layer in range(g.n_layer):
@@ -200,5 +201,6 @@ class Reference:
             x, _ = hc_read(w, "output_hc", streams, g.rms_eps, inject=False)
         else:
             x = rms_norm(streams[:, 0], w.get("output_norm.weight"), g.rms_eps).astype(np.float32)
+        self.last_hidden = x
         head = "output.weight" if w.has("output.weight") else "token_embd.weight"
         return w.matmul(head, x)

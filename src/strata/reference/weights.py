@@ -31,6 +31,11 @@ class Weights:
         if not self.has(name):
             raise FormatError(f"tensor {name!r} is required by the forward pass but is missing")
 
+    def ne(self, name: str) -> tuple[int, ...]:
+        """The tensor's ggml shape (ne0 fastest)."""
+        self._require(name)
+        return tuple(reversed(np.shape(self._tensors[name])))
+
     def get(self, name: str) -> np.ndarray:
         """The whole tensor as float32, numpy shape = reversed ggml ne."""
         self._require(name)
@@ -88,6 +93,9 @@ class FileWeights(Weights):
     def _info(self, name: str) -> Any:
         self._require(name)
         return self._file.tensors[name]
+
+    def ne(self, name: str) -> tuple[int, ...]:
+        return tuple(self._info(name).ne)
 
     def get(self, name: str) -> np.ndarray:
         if name not in self._dense:

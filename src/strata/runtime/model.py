@@ -100,11 +100,11 @@ class Model:
         n_expert_used), the CPU pool's d lightest routed experts of every layer but the last reach the streams one
         layer late, computed while the GPU runs the next layer: faster, no longer exact (docs/session.md, "Expert
         deferral"; token by token only, the prompt path stays exact). With `draft` ("lookup", or "auto" which is
-        lookup; "mtp" is not implemented yet), each decode step verifies up to `draft_tokens` (1..7) drafted tokens
-        in one pass of the prompt path, which it needs (strata.generation.drafts). `control_vectors` and
-        `control_layers` are the reference engine's (ReferenceModel.session); a non-empty list is refused here for
-        now. The native session is
-        `session.engine.native`. Every option after `context` is keyword-only, as on the reference engine."""
+        lookup; "mtp" runs on the reference engine only, for now), each decode step verifies up to `draft_tokens`
+        (1..7) drafted tokens in one pass of the prompt path, which it needs (strata.generation.drafts).
+        `control_vectors` and `control_layers` are the reference engine's (ReferenceModel.session); a non-empty list
+        is refused here for now. The native session is `session.engine.native`. Every option after `context` is
+        keyword-only, as on the reference engine."""
         if self.weights is None:
             raise StrataError("this model is closed: it opens no new sessions")
         if control_vectors:

@@ -7,6 +7,7 @@ The output depends only on the arguments: same seed, same bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -116,17 +117,25 @@ class _Writer:
 def synthesize(path: str | Path, arch: str, preset: str = "tiny", n_layer: int | None = None,
                types: TypeMix | Mapping[str, str] | str | None = None, seed: int = 0,
                progress: Callable[[int, int], None] | None = None, threads: int | None = None,
-               full_ple: bool = False, overwrite: bool = False) -> Path:
+               full_ple: bool = False, overwrite: bool = False, mtp: bool = False) -> Path:
     """Write a synthetic GGUF of `arch` at `path`; returns the path.
 
     preset: tiny (seconds, for tests), bench (released width, 16 layers, Q4_K/Q4_0/Q8_0, ~1M-row PLE table)
     or full (the released geometry; its PLE table is ~1M rows unless full_ple). types: a TypeMix, a mapping
     of its field names, or one type name for everything (forced-F32 tensors stay F32). `path` must not exist,
-    or be a regular file and `overwrite`; a symbolic link, FIFO or device is refused.
+    or be a regular file and `overwrite`; a symbolic link, FIFO or device is refused. With `mtp`, the file
+    also holds an MTP block (qwen3next, qwen35moe) in llama.cpp's converter layout, its tensors after every
+    other, so the main model's bytes equal those of the same seed's file without it.
     """
     g = presets.geometry(arch, preset, n_layer, full_ple)
     mix = _mix(types, preset)
     specs = models.tensor_inventory(g)
+    if mtp:
+        if arch not in models.MTP_ARCHITECTURES:
+            raise InvalidArgument(f"mtp: strata writes no MTP block for {arch} (one of "
+                                  f"{', '.join(models.MTP_ARCHITECTURES)})")
+        g = dataclasses.replace(g, n_mtp=1)
+        specs += models.mtp_inventory(g)
     plan = [(s.name, s.ne, tensor_type(s, mix)) for s in specs]
     eos = g.ple_eos if g.ple_layers else g.n_vocab - 1
     kv = [(gguf.Keys.General.NAME, f"strata-synth-{arch}-{preset}", gguf.GGUFValueType.STRING),
