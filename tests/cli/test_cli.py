@@ -404,9 +404,10 @@ def test_draft_flags_parse_on_every_command_that_makes_a_session(capsys):
         args = cli.parse_args([*command, "--draft", "lookup", "--draft-tokens", "6"])
         assert (args.draft, args.draft_tokens) == ("lookup", 6)
         assert cli.parse_args([*command, "--draft", "auto"]).draft == "auto"
+        assert cli.parse_args([*command, "--draft", "mtp"]).draft == "mtp"
         with pytest.raises(SystemExit):
-            cli.parse_args([*command, "--draft", "mtp"])  # not implemented yet: not offered
-        assert "invalid choice: 'mtp'" in capsys.readouterr().err
+            cli.parse_args([*command, "--draft", "medusa"])
+        assert "invalid choice: 'medusa'" in capsys.readouterr().err
 
 
 def test_run_with_drafts_prints_the_same_answer_and_the_acceptance(tiny_model, capsys):
@@ -421,3 +422,14 @@ def test_run_with_drafts_prints_the_same_answer_and_the_acceptance(tiny_model, c
                      "--draft-tokens", "9"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("strata run: draft_tokens must be in 1..7, got 9") and err.count("\n") == 1, err
+
+
+def test_run_with_mtp_drafts_on_the_reference_prints_the_plain_answer(tmp_path, capsys):
+    path = tmp_path / "mtp.gguf"
+    assert cli.main(["synth", str(path), "--arch", "qwen3next", "--layers", "4", "--mtp"]) == 0
+    capsys.readouterr()
+    prompt = ["-p", "ab ab ab ab", "-n", "8", "--engine", "reference", "--temperature", "0"]
+    assert cli.main(["run", str(path), *prompt]) == 0
+    plain = capsys.readouterr().out
+    assert cli.main(["run", str(path), *prompt, "--draft", "mtp", "--draft-tokens", "2"]) == 0
+    assert capsys.readouterr().out == plain

@@ -86,10 +86,11 @@ def refuse_control_vectors_on_gpu(args: argparse.Namespace, hint: str) -> None:
 
 def add_draft_arguments(sub: argparse.ArgumentParser) -> None:
     """--draft and --draft-tokens: drafted tokens verified together (speculative decoding), on either engine."""
-    sub.add_argument("--draft", choices=["lookup", "auto"], default=None,
+    sub.add_argument("--draft", choices=["lookup", "mtp", "auto"], default=None,
                      help="draft tokens and verify them in one step, the output unchanged: lookup proposes what "
                           "followed the last n-gram's earlier occurrence in the text (no weights; pays where the "
-                          "answer repeats its context); auto: the best drafter the model has (lookup for now); "
+                          "answer repeats its context); mtp: the file's MTP block (qwen3next, qwen35moe; the "
+                          "reference engine only, for now); auto: lookup, the drafter every model has; "
                           "the number drafted per step follows the measured cost and acceptance (default: none)")
     sub.add_argument("--draft-tokens", type=int, default=DEFAULT_DRAFT_TOKENS, metavar="K",
                      help=f"the most tokens drafted per step with --draft (1..{MAX_DRAFT_TOKENS})")
