@@ -115,6 +115,20 @@ def test_truncate_after_verify_rebuilds_the_hosts_ngram_state(tiny_qwen4exp, rng
     np.testing.assert_array_equal(engine.ple.rows(7), stepped.rows(7))
 
 
+def test_a_second_truncate_cuts_the_hosts_ngram_state_further_back(tiny_qwen4exp, rng):
+    g = tiny_qwen4exp.geometry
+    prompt = [int(t) for t in rng.integers(0, g.n_vocab, 9)]
+    window = [int(t) for t in rng.integers(0, g.n_vocab, 5)]
+    engine = GpuEngine(FakeDecodeSession(prompt_chunk=8, verify_rows=5), PleRows(tiny_qwen4exp, g))
+    engine.prefill(prompt, prompt)
+    engine.verify(window, prompt + window)
+    engine.truncate(len(prompt) + 4)
+    engine.truncate(len(prompt) + 2)  # within the same window, further back
+    stepped = PleRows(tiny_qwen4exp, g)
+    stepped.rows_for(prompt + window[:2])
+    np.testing.assert_array_equal(engine.ple.previous, stepped.previous)
+
+
 def _reference_rows(table: np.ndarray, shape, ids: list[int]) -> np.ndarray:
     """[T, heads, width]: the reference hash of every id, rows looked up in the float table."""
     ctx = ngram_context(np.full(shape.ngram - 1, shape.eos), np.array(ids), shape.eos)

@@ -60,8 +60,9 @@ class GpuEngine:
     def __init__(self, native: Any, ple: PleRows | None = None, snapshots: int = 0):
         self.native, self.ple, self.snapshots = native, ple, snapshots
         self._ple_saved: dict[int, Any] = {}  # per slot: the PLE rows' last ids, which the host keeps
-        self._verified: tuple[np.ndarray, list[int]] = (np.zeros(0, np.int64), [])  # the last verify's (PLE ids
-        # before it, its ids): what truncate() rebuilds the host's n-gram state from
+        # the last verify's (position before it, the PLE ids before it, its ids): what truncate() rebuilds the host's
+        # n-gram state from
+        self._verified: tuple[int, np.ndarray, list[int]] = (0, np.zeros(0, np.int64), [])
 
     @property
     def context(self) -> int:
@@ -145,19 +146,18 @@ class GpuEngine:
         logits = np.empty((len(ids), self.native.n_vocab), dtype=np.float32)
         rows = None
         if self.ple is not None:
-            self._verified = (self.ple.previous.copy(), [int(t) for t in ids])
+            self._verified = (self.position, self.ple.previous.copy(), [int(t) for t in ids])
             rows = self.ple.rows_for(ids)
         self.native.verify(ids, rows, logits)
         return logits
 
     def truncate(self, position: int) -> None:
         """Right after verify(): the sequence as stepping its first `position` tokens leaves it."""
-        start = self.position
         self.native.truncate(position)
-        if self.ple is not None and self.position < start:
-            before, ids = self._verified
-            kept = ids[:len(ids) - (start - self.position)]
-            self.ple.previous = np.concatenate([before, np.asarray(kept, before.dtype)])[-before.size:]
+        if self.ple is not None:  # a later truncate may cut further back: always from the state before the verify
+            start, before, ids = self._verified
+            kept = np.asarray(ids[:self.position - start], before.dtype)
+            self.ple.previous = np.concatenate([before, kept])[-before.size:]
 
     def logits(self) -> np.ndarray:
         """float32 [n_vocab] of the last step."""
