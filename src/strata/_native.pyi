@@ -138,6 +138,11 @@ class PleGather:
     def reset(self) -> None: ...
     previous: npt.NDArray[np.int64]  # the last ngram-1 ids; set from any int sequence of that length
 
+def step_batch(
+    sessions: Sequence[DecodeSession], tokens: Sequence[int], ple_rows: Sequence[npt.ArrayLike | None] | None,
+    params: Sequence[tuple[float, int, float, float, float]], us: Sequence[float], sample: bool = True,
+) -> list[int]: ...
+
 class DecodeSession:
     weights: DeviceWeights
     pool: CpuExpertPool

@@ -77,6 +77,11 @@ struct DecodeStats {
   long prompt_staged_bytes = 0;
   long kv_stream_bytes = 0;  // KV streaming: the bytes the windows fetched from the host copy (decode)
   double ple_seconds = 0.0;  // the session's own PLE gather (step and feed): the host hashing and reading rows
+  // Batched steps (step_batch): this session's tokens stepped in a batch and the wall time of those batches, and
+  // the batches this session led. A batch's routed experts count in the leader's prompt_*_experts.
+  long batch_tokens = 0;
+  double batch_seconds = 0.0;
+  long batch_steps = 0;
 };
 
 // The prompt path's rows rule: a chunk of at least this many routed rows (tokens * n_expert_used) copies whole
@@ -139,6 +144,17 @@ class DecodeSession {
   void verify(const int* tokens, int n, const float* ple_rows, float* all_logits);
   void truncate(int position);
   int verify_rows() const noexcept;
+
+  // A batched decode step (docs/batch.md): sessions[i] appends tokens[i] at its next position, all n of them
+  // through every layer at once on sessions[0]'s prompt path (the dense products over the n rows, each routed
+  // expert once for the rows that chose it, the mixers over each session's own state); each session then runs
+  // its LM head and, with `sample`, samples its next token into out[i] as step() would (else -1). The same state
+  // and logits as feeding each session its token through the prompt path alone, row for row. ple_rows[i]: as
+  // step's for session i. The sessions share the weights, pool, expert cache, staging, device, context and KV
+  // format, none streams its KV, n <= sessions[0]'s prompt chunk (InvalidArgument otherwise, before any state
+  // changes).
+  static void step_batch(DecodeSession* const* sessions, int n, const int* tokens, const float* const* ple_rows,
+                         const SamplingValues* sampling, const double* u, bool sample, int* out);
 
   void logits(float* out) const;  // [n_vocab] of the last step or feed
   void reset();                   // an empty sequence; stats start over

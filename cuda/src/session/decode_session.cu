@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "../kernels/sample.cuh"
 #include "../runtime/device_buffer.hpp"
@@ -80,6 +81,7 @@ struct DecodeSession::Impl {
        const DecodeOptions& options, ExpertCache* cache, ExpertStaging* staging, PleGather* ple)
       : g(geometry),
         options(options),
+        shared{&weights, &pool, cache, staging},
         scope(options.device),
         tables(weights, g, whole_pages(options.context)),
         sequence(options.device, g, tables.tensors(),
@@ -88,8 +90,20 @@ struct DecodeSession::Impl {
                  ple),
         runner(pool, g, options, tables, sequence, cache, staging) {}
 
+  // What a batched step's sessions must share: their rows run on one session's programs.
+  struct Shared {
+    const DeviceWeights* weights;
+    const cpu::ExpertPool* pool;
+    const ExpertCache* cache;
+    const ExpertStaging* staging;
+    bool operator==(const Shared& o) const {
+      return weights == o.weights && pool == o.pool && cache == o.cache && staging == o.staging;
+    }
+  };
+
   ModelGeometry g;
   DecodeOptions options;
+  Shared shared;
   DeviceScope scope;
   ProgramTables tables;
   Sequence sequence;
@@ -140,6 +154,34 @@ int DecodeSession::feed(const int* tokens, int n, const float* ple_rows, const S
                         bool sample, float* all_logits) {
   DeviceScope scope(impl_->options.device);
   return impl_->runner.feed(impl_->sequence, tokens, n, ple_rows, sampling, u, sample, all_logits);
+}
+
+void DecodeSession::step_batch(DecodeSession* const* sessions, int n, const int* tokens,
+                               const float* const* ple_rows, const SamplingValues* sampling, const double* u,
+                               bool sample, int* out) {
+  STRATA_EXPECTS(n >= 1 && sessions != nullptr, InvalidArgument,
+                 "a batched step needs at least one session, got " + std::to_string(n));
+  const Impl& lead = *sessions[0]->impl_;
+  std::vector<Runner::BatchMember> members(n);
+  for (int i = 0; i < n; ++i) {
+    Impl& m = *sessions[i]->impl_;
+    const std::string which = "session " + std::to_string(i) + " of the batch ";
+    STRATA_EXPECTS(m.shared == lead.shared, InvalidArgument,
+                   which + "runs on other weights, pool, expert cache or staging than session 0's");
+    STRATA_EXPECTS(m.options.device == lead.options.device, InvalidArgument,
+                   which + "is on GPU " + std::to_string(m.options.device) + ", session 0 on GPU " +
+                       std::to_string(lead.options.device));
+    STRATA_EXPECTS(m.sequence.context() == lead.sequence.context() && m.options.kv == lead.options.kv,
+                   InvalidArgument,
+                   which + "holds " + std::to_string(m.sequence.context()) + " tokens of KV, session 0 " +
+                       std::to_string(lead.sequence.context()) +
+                       ": batched sessions share the context and the KV format");
+    STRATA_EXPECTS(!m.options.kv_streaming, InvalidArgument, which + "streams its KV; batched steps read it in VRAM");
+    members[i] = Runner::BatchMember{&m.runner, &m.sequence, tokens[i], ple_rows ? ple_rows[i] : nullptr,
+                                     sampling[i], u[i]};
+  }
+  DeviceScope scope(lead.options.device);
+  sessions[0]->impl_->runner.step_batch(members.data(), n, sample, out);
 }
 
 void DecodeSession::verify(const int* tokens, int n, const float* ple_rows, float* all_logits) {

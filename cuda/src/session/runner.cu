@@ -200,6 +200,54 @@ void Runner::verify(Sequence& sequence, const int* tokens, int n, const float* p
   run_prompt(sequence, tokens, n, ple_rows, SamplingValues{}, 0.0, false, all_logits, true);
 }
 
+void Runner::step_batch(const BatchMember* members, int n, bool sample, int* out) {
+  STRATA_EXPECTS(prompt_ != nullptr, InvalidArgument,
+                 "batched steps run on the prompt path: this session has none (a prompt chunk of 0 tokens)");
+  STRATA_EXPECTS(n >= 1 && n <= prompt_->chunk(), InvalidArgument,
+                 "a batched step takes 1.." + std::to_string(prompt_->chunk()) +
+                     " sessions (the leading session's prompt chunk), got " + std::to_string(n));
+  const int ple_width = g_.ple_n_heads * g_.ple_head_dim;
+  for (int i = 0; i < n; ++i) {
+    const BatchMember& m = members[i];
+    m.runner->check_feed(*m.sequence, &m.token, 1, m.ple_rows, m.u);
+    for (int j = 0; j < i; ++j) {
+      STRATA_EXPECTS(members[j].sequence != m.sequence, InvalidArgument,
+                     "a batched step takes each session once; members " + std::to_string(j) + " and " +
+                         std::to_string(i) + " are the same session");
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  if (g_.ple_layer >= 0) feed_rows_.resize(static_cast<std::size_t>(n) * ple_width);
+  std::vector<BatchRow> rows(n);
+  for (int i = 0; i < n; ++i) {
+    const BatchMember& m = members[i];
+    float* ple_row = feed_rows_.data() + static_cast<std::size_t>(i) * ple_width;
+    if (PleGather* ple = m.sequence->ple()) m.runner->gather_ple(*ple, m.token, ple_row);
+    else if (m.ple_rows) std::memcpy(ple_row, m.ple_rows, sizeof(float) * ple_width);
+    rows[i] = BatchRow{&m.sequence->views(), m.sequence->history(), m.sequence->position(), m.token};
+  }
+  for (int i = 0; i < n; ++i) members[i].sequence->begin_step();  // broken until the step completes
+  refresh_cache();
+  prompt_->run_batch(rows.data(), n, g_.ple_layer >= 0 ? feed_rows_.data() : nullptr, stream_.get());
+  // Each row's head and sampler are its own runner's, on this stream: they read the row's streams, which the
+  // batch left in its sequence, as after a prompt.
+  for (int i = 0; i < n; ++i) {
+    const BatchMember& m = members[i];
+    m.runner->stage_sampling(m.sampling, m.u, m.token, rows[i].position);
+    m.runner->program_.end_prompt(m.runner->sampler_for(sample), stream_.get());
+  }
+  STRATA_CUDA_TRY(cudaStreamSynchronize(stream_.get()));
+  const double seconds = seconds_since(start);
+  for (int i = 0; i < n; ++i) {
+    const BatchMember& m = members[i];
+    m.sequence->end_step(1);
+    ++m.runner->stats_.batch_tokens;
+    m.runner->stats_.batch_seconds += seconds;
+    out[i] = sample ? *m.runner->sampled_.host<volatile int>() : -1;
+  }
+  ++stats_.batch_steps;
+}
+
 void Runner::truncate(Sequence& sequence, int position) {
   check_bound(sequence);
   sequence.truncate(position, stream_.get());

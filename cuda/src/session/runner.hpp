@@ -41,6 +41,19 @@ class Runner {
            bool sample);
   int feed(Sequence& sequence, const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling,
            double u, bool sample, float* all_logits);
+  // DecodeSession::step_batch: one token of each member's sequence through this runner's prompt program at once
+  // (docs/batch.md); each member's runner samples its row, so its logits() and logprobs() read that row after.
+  struct BatchMember {
+    Runner* runner = nullptr;
+    Sequence* sequence = nullptr;
+    int token = 0;
+    const float* ple_rows = nullptr;
+    SamplingValues sampling;
+    double u = 0.0;
+  };
+  void step_batch(const BatchMember* members, int n, bool sample, int* out);
+  int batch_rows() const noexcept { return prompt_chunk(); }
+
   // DecodeSession::verify and truncate on `sequence`.
   void verify(Sequence& sequence, const int* tokens, int n, const float* ple_rows, float* all_logits);
   void truncate(Sequence& sequence, int position);
@@ -87,7 +100,7 @@ class Runner {
   long tokens_run_ = 0;
   DecodeStats stats_;
   ExchangeStats exchange_;
-  std::vector<float> feed_rows_;  // feed(): the prompt's PLE rows, where the session gathers them
+  std::vector<float> feed_rows_;  // feed() and step_batch(): the rows' PLE rows
 };
 
 }  // namespace strata

@@ -1,5 +1,7 @@
 # One sequence decoding on the GPU and the CPU pool, and the scratch it needs
 # (strata/decode_session.hpp).
+from libcpp.vector cimport vector
+
 from strata.libstrata.decode_session cimport (
     DecodeOptions, DecodeStats, SamplingValues, TokenLogprobs, cpp_decode_scratch_bytes,
     cpp_prompt_prefetch_rows, cpp_prompt_scratch_bytes, cpp_sampler_workspace_bytes, kMaxVerifyRows,
@@ -59,6 +61,37 @@ cdef const int[::1] token_ids(tokens) except *:
     if ids.shape[0] == 0:
         raise InvalidArgument("a prompt chunk needs at least one token id")
     return ids
+
+
+def step_batch(sessions, tokens, ple_rows, params, us, bint sample=True) -> list:
+    """One decode step of every DecodeSession in `sessions` at once (DecodeSession::step_batch): sessions[i] feeds
+    tokens[i] (ple_rows[i] as step's, or ple_rows None for all) and, with `sample`, returns its next token for the
+    draw us[i] under params[i] (as step's), else -1. The rows run on sessions[0]'s prompt path."""
+    cdef int n = len(sessions)
+    if not (len(tokens) == len(params) == len(us) == n) or (ple_rows is not None and len(ple_rows) != n):
+        raise InvalidArgument(f"a batched step takes one token, sampling, draw (and PLE rows) per session: "
+                              f"{n} sessions, {len(tokens)} tokens, {len(params)} samplings, {len(us)} draws")
+    if n == 0:
+        raise InvalidArgument("a batched step needs at least one session")
+    cdef vector[CppDecodeSession*] natives
+    cdef vector[int] ids
+    cdef vector[const float*] rows
+    cdef vector[SamplingValues] values
+    cdef vector[double] draws
+    cdef vector[int] out = vector[int](n)
+    cdef DecodeSession session
+    cdef int i
+    for i in range(n):
+        session = sessions[i]
+        natives.push_back(session.native())
+        ids.push_back(tokens[i])
+        rows.push_back(session.rows_of(ple_rows[i] if ple_rows is not None else None, 1))
+        values.push_back(sampling_values(params[i]))
+        draws.push_back(us[i])
+    with nogil:
+        CppDecodeSession.step_batch(natives.data(), n, ids.data(), rows.data(), values.data(), draws.data(), sample,
+                                    out.data())
+    return list(out)
 
 
 cdef class DecodeSession:

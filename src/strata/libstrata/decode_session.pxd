@@ -56,6 +56,9 @@ cdef extern from "strata/decode_session.hpp" nogil:
         long prompt_staged_experts, prompt_cached_experts, prompt_pooled_experts, prompt_staged_bytes
         long kv_stream_bytes
         double ple_seconds
+        long batch_tokens
+        double batch_seconds
+        long batch_steps
 
     int cpp_prompt_prefetch_rows "strata::prompt_prefetch_rows"(const ModelGeometry& geometry)
     size_t cpp_decode_scratch_bytes "strata::decode_scratch_bytes"(
@@ -75,6 +78,10 @@ cdef extern from "strata/decode_session.hpp" nogil:
                  cbool sample, float* all_logits) except +raise_strata_error
         void verify(const int* tokens, int n, const float* ple_rows, float* all_logits) except +raise_strata_error
         void truncate(int position) except +raise_strata_error
+        @staticmethod
+        void step_batch(CppDecodeSession* const* sessions, int n, const int* tokens, const float* const* ple_rows,
+                        const SamplingValues* sampling, const double* u, cbool sample,
+                        int* out) except +raise_strata_error
         int verify_rows()
         void logits(float* out) except +raise_strata_error
         void reset() except +raise_strata_error

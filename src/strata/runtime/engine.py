@@ -57,8 +57,11 @@ class GpuEngine:
     """strata.generation.Engine over a DecodeSession (`native`), with `ple` rows when the model has PLE and the
     session does not gather them, and `snapshots` state slots (the native session's) for prefix reuse."""
 
-    def __init__(self, native: Any, ple: PleRows | None = None, snapshots: int = 0):
+    def __init__(self, native: Any, ple: PleRows | None = None, snapshots: int = 0, batch_key: object = None):
         self.native, self.ple, self.snapshots = native, ple, snapshots
+        # engines with the same key step together (step_batch): sessions of one loaded model, of one context and KV
+        # format, with a prompt path and their KV in VRAM (docs/batch.md); None: this one steps alone
+        self.batch_key = batch_key
         self._ple_saved: dict[int, Any] = {}  # per slot: the PLE rows' last ids, which the host keeps
         # the last verify's (position before it, the PLE ids before it, its ids): what truncate() rebuilds the host's
         # n-gram state from
@@ -116,6 +119,30 @@ class GpuEngine:
             rows = self.ple.rows(int(token_id)) if self.ple is not None else None
             token = self.native.step(int(token_id), rows, sampling, u, sample=sample and i == len(ids) - 1)
         return token
+
+    @property
+    def max_batch(self) -> int:
+        """The most engines one step_batch takes when this engine leads it: its prompt chunk's rows."""
+        return self.native.prompt_chunk
+
+    @staticmethod
+    def step_batch(engines: Sequence[GpuEngine], ids: Sequence[int], params: Sequence[SamplingParams],
+                   us: Sequence[float], seens: Sequence[Sequence[int]]) -> list[int]:
+        """One decode step of every engine at once (docs/batch.md): engines[i] appends ids[i] (its history then
+        seens[i]) and returns its next token for params[i] and the draw us[i], as engines[i].feed([ids[i]], ...)
+        through the prompt path would, row for row. The engines share a batch_key; the rows run on engines[0]'s."""
+        from strata import _native
+
+        keys = {e.batch_key for e in engines}
+        if None in keys or len(keys) != 1:
+            raise InvalidArgument("step_batch takes engines of one batch key (sessions of one model, context and KV "
+                                  "format, with a prompt path and their KV in VRAM)")
+        for engine, token, seen in zip(engines, ids, seens, strict=True):
+            engine._check_history([token], seen)
+        rows = [e.ple.rows(int(t)) if e.ple is not None else None for e, t in zip(engines, ids)]
+        sampling = [(p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty) for p in params]
+        return _native.step_batch([e.native for e in engines], [int(t) for t in ids],
+                                  rows if any(r is not None for r in rows) else None, sampling, list(us), True)
 
     def _feed_chunks(self, ids: Sequence[int], sampling: tuple, u: float, sample: bool) -> int:
         """The prompt path, chunk by chunk."""

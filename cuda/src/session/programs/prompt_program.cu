@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "../../kernels/embed.cuh"
 #include "../../kernels/gdn.cuh"
@@ -231,12 +232,14 @@ void PromptProgram::project_rows(const float* x, int rows, const Products& produ
   }
 }
 
-// The chunk as the layer recipe's path: its rows; each product quantizes its input rows itself (project_rows), so
-// no producer writes a q8_32 form beside its floats, and the hyper-connection read is the chain.
+// The rows as the layer recipe's path: each product quantizes its input rows itself (project_rows), so no producer
+// writes a q8_32 form beside its floats, and the hyper-connection read is the chain. The spans say which
+// sequence's state each row's mixers and PLE layer read and write: one span for a chunk, one per row for a batch.
 struct PromptProgram::LayerPath {
   PromptProgram& program;
   int rows;
-  int position = 0;  // the chunk's first (its attention layers' KV and mode)
+  const RowSpan* spans = nullptr;
+  int n_spans = 0;
   const PromptScratch& buffers = program;
 
   const ModelGeometry& geometry() const { return program.g_; }
@@ -253,12 +256,12 @@ struct PromptProgram::LayerPath {
   bool hc_read_fused(const float*, const HcTensors&, float*, float*, const Products&, cudaStream_t) const {
     return false;
   }
-  void ple(int layer, cudaStream_t s) const { program.ple(layer, rows, s); }
+  void ple(int layer, cudaStream_t s) const { program.ple(layer, rows, spans, n_spans, s); }
   void mixer_gdn(int layer, const Products& inputs, cudaStream_t s) const {
-    program.mixer_gdn(layer, rows, inputs, s);
+    program.mixer_gdn(layer, rows, spans, n_spans, inputs, s);
   }
   void mixer_attention(int layer, const Products& inputs, cudaStream_t s) const {
-    program.mixer_attention(layer, rows, position, inputs, s);
+    program.mixer_attention(layer, rows, spans, n_spans, inputs, s);
   }
   void route(int layer, cudaStream_t s) const {
     const ModelGeometry& g = geometry();
@@ -269,97 +272,116 @@ struct PromptProgram::LayerPath {
   // None: the experts the cache holds run in the routing's round trip, grouped with the staged ones.
   void beside_routed(int, cudaStream_t) const {}
   void routed_rows(int layer, cudaStream_t s) const { program.routed_experts(layer, rows, s); }
-  void late_rows(int, cudaStream_t) const {}  // the chunk defers no expert
+  void late_rows(int, cudaStream_t) const {}  // the rows defer no expert
 };
 
-void PromptProgram::ple(int layer, int rows, cudaStream_t s) const {
+void PromptProgram::ple(int layer, int rows, const RowSpan* spans, int n_spans, cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
   project_rows(ple_rows_, rows, {{t.ple_key, ple_key_}, {t.ple_value, ple_value_}}, s);
   const kernels::PleShape shape = ple_shape(g_);
-  kernels::PleStepArgs args = ple_layer_args(t, seq_);
-  args.streams = streams_;
-  args.key = ple_key_;
-  args.value = ple_value_;
-  args.out = ple_out_;
-  if (row_states_) {
-    args.history_rows = seq_.rows.ple_history;
-    args.row_stride = seq_.rows.stride;
+  const int width = g_.hc_count * g_.n_embd, n = g_.n_embd;
+  for (const RowSpan* span = spans; span != spans + n_spans; ++span) {
+    const long at = span->first;
+    kernels::PleStepArgs args = ple_layer_args(t, *span->views);
+    args.streams = streams_ + at * width;
+    args.key = ple_key_ + at * width;
+    args.value = ple_value_ + at * n;
+    args.out = ple_out_ + at * width;
+    if (row_states_) {
+      args.history_rows = span->views->rows.ple_history;
+      args.row_stride = span->views->rows.stride;
+    }
+    STRATA_CUDA_TRY(kernels::ple_chunk(shape, args, span->count, s));
   }
-  STRATA_CUDA_TRY(kernels::ple_chunk(shape, args, rows, s));
-  const int width = g_.hc_count * g_.n_embd;
   add_to_streams(streams_, ones_, 0, ple_out_, rows, 1, width, s);
 }
 
-void PromptProgram::mixer_gdn(int layer, int rows, const Products& inputs, cudaStream_t s) const {
+void PromptProgram::mixer_gdn(int layer, int rows, const RowSpan* spans, int n_spans, const Products& inputs,
+                              cudaStream_t s) const {
+  project_rows(x_, rows, inputs, s);
+  for (const RowSpan* span = spans; span != spans + n_spans; ++span) gdn_span(layer, rows, *span, s);
+  project_rows(core_, rows, {{t_.layers[layer].ssm_out, y_}}, s);
+}
+
+// The GDN walk over one span's rows of the products of all `rows` rows, from and into its sequence's state.
+void PromptProgram::gdn_span(int layer, int rows, const RowSpan& span, cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
   const RowWidths w = row_widths(g_);
-  const int value_dim = w.value_dim, conv = w.conv;
+  const int value_dim = w.value_dim, conv = w.conv, hv = g_.ssm_n_v_heads;
   // qwen3next's merged projection writes rows of [qkv | z]; the split ones write qkv rows, then z rows after
   // every qkv row (gdn_z).
   const bool merged = t.ssm_in != nullptr;
   const long qkv_stride = merged ? conv + value_dim : conv, z_stride = merged ? conv + value_dim : value_dim;
-  float* z = gdn_z(g_, t, qkvz_, rows);
   const long beta_stride = g_.gdn_interleaved_ba ? t.ba->rows : t.beta->rows;
-  project_rows(x_, rows, inputs, s);
+  const long at = span.first;
   const kernels::GdnShape shape = gdn_shape(g_);
   kernels::GdnChunkArgs args;
-  static_cast<kernels::GdnStepArgs&>(args) = gdn_layer_args(t, seq_, layer);
-  args.qkv = qkvz_;
-  args.z = z;
-  args.beta_in = beta_;
-  args.alpha_in = alpha_;  // unread with interleaved_ba
-  args.conv_out = conv_out_;
-  args.out = core_;
-  args.tokens = rows;
+  static_cast<kernels::GdnStepArgs&>(args) = gdn_layer_args(t, *span.views, layer);
+  args.qkv = qkvz_ + at * qkv_stride;
+  args.z = gdn_z(g_, t, qkvz_, rows) + at * z_stride;
+  args.beta_in = beta_ + at * beta_stride;
+  args.alpha_in = alpha_ + at * hv;  // unread with interleaved_ba
+  args.conv_out = conv_out_ + at * conv;
+  args.out = core_ + at * value_dim;
+  args.tokens = span.count;
   args.qkv_stride = static_cast<int>(qkv_stride);
   args.z_stride = static_cast<int>(z_stride);
   args.beta_stride = static_cast<int>(beta_stride);
-  args.alpha_stride = g_.ssm_n_v_heads;
+  args.alpha_stride = hv;
   args.conv_out_stride = conv;
   args.out_stride = value_dim;
   args.scratch = gdn_scratch_;
   if (row_states_) {
-    args.state_rows = seq_.rows.gdn_state[layer];
-    args.conv_rows = seq_.rows.gdn_conv[layer];
-    args.row_stride = seq_.rows.stride;
+    args.state_rows = span.views->rows.gdn_state[layer];
+    args.conv_rows = span.views->rows.gdn_conv[layer];
+    args.row_stride = span.views->rows.stride;
   }
   STRATA_CUDA_TRY(kernels::gdn_chunk(shape, args, s));
-  project_rows(core_, rows, {{t.ssm_out, y_}}, s);
 }
 
 // KV streaming: the chunk's queries together may read any block of the layer, so its whole KV comes from the
 // host copy into the chunk's buffer (the rows before the chunk; prep writes the chunk's), and the pages the chunk
 // wrote go back after the layer, which leaves the layer's decode window stale: it starts empty again.
-kernels::PagedKv PromptProgram::stream_in(int layer, int position, cudaStream_t s) const {
-  const kernels::PagedKv& host = seq_.window[layer].host;
+kernels::PagedKv PromptProgram::stream_in(const SequenceViews& v, int layer, int position, cudaStream_t s) const {
+  const kernels::PagedKv& host = v.window[layer].host;
   kernels::PagedKv buffer = host;
-  const std::size_t elements = static_cast<std::size_t>(seq_.context) * host.n_head_kv * host.head_dim;
+  const std::size_t elements = static_cast<std::size_t>(v.context) * host.n_head_kv * host.head_dim;
   buffer.keys = kernels::kv_half(host.keys.codes, kv_layer_, elements);
   buffer.values = kernels::kv_half(host.values.codes, kv_layer_ + kv_half_bytes(host.keys.codes, elements), elements);
   copy_kv_pages(host, buffer, 0, (position + kKvPageTokens - 1) / kKvPageTokens, s);
   return buffer;
 }
 
-void PromptProgram::stream_out(int layer, const kernels::PagedKv& buffer, int position, int rows,
-                               cudaStream_t s) const {
-  const kernels::KvWindow& window = seq_.window[layer];
+void PromptProgram::stream_out(const SequenceViews& v, int layer, const kernels::PagedKv& buffer, int position,
+                               int rows, cudaStream_t s) const {
+  const kernels::KvWindow& window = v.window[layer];
   copy_kv_pages(buffer, window.host, position / kKvPageTokens, (position + rows - 1) / kKvPageTokens + 1, s);
   STRATA_CUDA_TRY(kernels::kv_window_reset(window, s));
 }
 
-void PromptProgram::mixer_attention(int layer, int rows, int position, const Products& inputs,
+void PromptProgram::mixer_attention(int layer, int rows, const RowSpan* spans, int n_spans, const Products& inputs,
                                     cudaStream_t s) const {
+  project_rows(x_, rows, inputs, s);
+  for (const RowSpan* span = spans; span != spans + n_spans; ++span) attention_span(layer, *span, s);
+  project_rows(attn_, rows, {{t_.layers[layer].o, y_}}, s);
+}
+
+// Attention (and QSA) over one span's rows of the products, against its sequence's caches.
+void PromptProgram::attention_span(int layer, const RowSpan& span, cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
-  const bool streamed = seq_.kv_streaming;  // every attention layer of a streaming session (session_layout.cpp)
-  const kernels::PagedKv kv = streamed ? stream_in(layer, position, s) : seq_.kv[layer];
+  const SequenceViews& v = *span.views;
+  const int rows = span.count, position = span.position;
+  const long at = span.first;
+  const bool streamed = v.kv_streaming;  // every attention layer of a streaming session (session_layout.cpp)
+  const kernels::PagedKv kv = streamed ? stream_in(v, layer, position, s) : v.kv[layer];
   const int heads_dim = g_.n_head * g_.head_dim, kv_dim = g_.n_head_kv * g_.head_dim;
   const int iq_dim = g_.indexer_n_heads * g_.indexer_head_dim;
-  project_rows(x_, rows, inputs, s);
+  const int* positions = positions_ + at;
   const kernels::AttentionShape& attention = attention_;
   kernels::AttentionChunkPrepArgs prep;
-  prep.q_gate = qg_;
-  prep.k = k_;
-  prep.v = v_;
+  prep.q_gate = qg_ + at * 2 * heads_dim;
+  prep.k = k_ + at * kv_dim;
+  prep.v = v_ + at * kv_dim;
   prep.q_gate_stride = 2 * heads_dim;
   prep.k_stride = kv_dim;
   prep.v_stride = kv_dim;
@@ -367,42 +389,42 @@ void PromptProgram::mixer_attention(int layer, int rows, int position, const Pro
   prep.k_norm = t.k_norm;
   prep.rope_cos = rope_cos_;
   prep.rope_sin = rope_sin_;
-  prep.positions = positions_;
-  prep.q_out = q_;
+  prep.positions = positions;
+  prep.q_out = q_ + at * heads_dim;
   STRATA_CUDA_TRY(kernels::attention_prep_chunk(attention, prep, rows, kv, s));
   kernels::AttentionChunkArgs args;
-  args.q = q_;
-  args.q_gate = qg_;
+  args.q = q_ + at * heads_dim;
+  args.q_gate = qg_ + at * 2 * heads_dim;
   args.q_gate_stride = 2 * heads_dim;
-  args.positions = positions_;
+  args.positions = positions;
   args.scratch = attention_scratch_;
-  args.out = attn_;
+  args.out = attn_ + at * heads_dim;
   if (t.index_q) {
-    const kernels::IndexerShape& shape = seq_.index_shape[layer];
-    STRATA_CUDA_TRY(kernels::qsa_append_chunk(shape, seq_.index_cache[layer], ik_, g_.indexer_head_dim, rows,
-                                              t.index_k_norm, rope_cos_, rope_sin_, positions_, s));
+    const kernels::IndexerShape& shape = v.index_shape[layer];
+    STRATA_CUDA_TRY(kernels::qsa_append_chunk(shape, v.index_cache[layer], ik_ + at * g_.indexer_head_dim,
+                                              g_.indexer_head_dim, rows, t.index_k_norm, rope_cos_, rope_sin_,
+                                              positions, s));
     kernels::IndexerSelectChunkArgs select;
-    select.q = iq_;
+    select.q = iq_ + at * iq_dim;
     select.q_stride = iq_dim;
     select.q_norm = t.index_q_norm;
     select.rope_cos = rope_cos_;
     select.rope_sin = rope_sin_;
-    select.positions = positions_;
+    select.positions = positions;
     select.scratch = qsa_scratch_;
     select.selected_blocks = selected_;
     select.n_selected = n_selected_;
-    STRATA_CUDA_TRY(kernels::qsa_select_chunk(shape, seq_.index_cache[layer], select, rows, s));
+    STRATA_CUDA_TRY(kernels::qsa_select_chunk(shape, v.index_cache[layer], select, rows, s));
     args.selected_blocks = selected_;
     args.n_selected = n_selected_;
     args.selection_stride = shape.keep_blocks;
     args.block_tokens = shape.ratio;
-    // Every query of the chunk past the dense range (its first sees more complete blocks than a selection keeps):
+    // Every query of the span past the dense range (its first sees more complete blocks than a selection keeps):
     // neighbouring queries then read different blocks, and each reading its own beats scanning their union.
     args.gathered = (position + 1) / shape.ratio > shape.keep_blocks;
   }
   STRATA_CUDA_TRY(kernels::attention_chunk(attention, args, rows, kv, s));
-  if (streamed) stream_out(layer, kv, position, rows, s);
-  project_rows(attn_, rows, {{t.o, y_}}, s);
+  if (streamed) stream_out(v, layer, kv, position, rows, s);
 }
 
 // Layer `layer`'s routed experts over the chunk's rows (experts/chunk_experts.hpp).
@@ -425,23 +447,14 @@ void PromptProgram::all_logits(int n, float* logits, cudaStream_t s) {
   }
 }
 
-void PromptProgram::run(const int* tokens, int n, int position, const float* ple_rows, float* logits,
-                        bool row_states, cudaStream_t s) {
-  STRATA_EXPECTS(n >= 1 && n <= chunk_, InvalidArgument,
-                 "a prompt chunk holds 1.." + std::to_string(chunk_) + " tokens, got " + std::to_string(n));
-  STRATA_EXPECTS(!row_states || n <= seq_.rows.count, InvalidArgument,
-                 "the sequence keeps row states for " + std::to_string(seq_.rows.count) + " tokens, the chunk has " +
-                     std::to_string(n));
-  row_states_ = row_states;
+void PromptProgram::begin_rows(const int* tokens, const int* positions, int n, const float* ple_rows,
+                               cudaStream_t s) {
   const int hc = std::max(g_.hc_count, 1), width = hc * g_.n_embd, emb = g_.n_embd;
-  const bool ahead = experts_.begin_chunk(n);
   int* host_tokens = host_.host<int>();
   int* host_positions = host_tokens + chunk_;
   std::memcpy(host_tokens, tokens, sizeof(int) * n);
-  for (int i = 0; i < n; ++i) host_positions[i] = position + i;
+  std::memcpy(host_positions, positions, sizeof(int) * n);
   STRATA_CUDA_TRY(cudaMemcpyAsync(tokens_, host_tokens, sizeof(int) * 2 * chunk_, cudaMemcpyHostToDevice, s));
-  // The penalty's history of every token fed, as decode's begin() records each.
-  STRATA_CUDA_TRY(cudaMemcpyAsync(history_ + position, tokens_, sizeof(int) * n, cudaMemcpyDeviceToDevice, s));
   if (ple_rows) {
     const std::size_t ple_bytes = sizeof(float) * n * g_.ple_n_heads * g_.ple_head_dim;
     float* host_ple = host_.host<float>(host_layout(g_, chunk_).ple);
@@ -451,7 +464,10 @@ void PromptProgram::run(const int* tokens, int n, int position, const float* ple
   STRATA_CUDA_TRY(kernels::embed_rows(embedding_, tokens_, n, x_, s));
   STRATA_CUDA_TRY(cudaMemsetAsync(streams_, 0, sizeof(float) * width * n, s));
   add_to_streams(streams_, ones_, 0, x_, n, hc, emb, s);  // every stream = the embedding
-  const LayerPath path{*this, n, position};
+}
+
+void PromptProgram::run_layers(int rows, const RowSpan* spans, int n_spans, bool ahead, cudaStream_t s) {
+  const LayerPath path{*this, rows, spans, n_spans};
   if (ahead) experts_.prefetch_after(-1);
   for (int layer = 0; layer < g_.n_layer; ++layer) {
     // The next staged layer's copy is enqueued as this layer starts: its buffer was released by the layer before
@@ -460,12 +476,59 @@ void PromptProgram::run(const int* tokens, int n, int position, const float* ple
     layer_to_handoff(path, layer, s);
     layer_from_handoff(path, layer, s);
   }
+}
+
+void PromptProgram::run(const int* tokens, int n, int position, const float* ple_rows, float* logits,
+                        bool row_states, cudaStream_t s) {
+  STRATA_EXPECTS(n >= 1 && n <= chunk_, InvalidArgument,
+                 "a prompt chunk holds 1.." + std::to_string(chunk_) + " tokens, got " + std::to_string(n));
+  STRATA_EXPECTS(!row_states || n <= seq_.rows.count, InvalidArgument,
+                 "the sequence keeps row states for " + std::to_string(seq_.rows.count) + " tokens, the chunk has " +
+                     std::to_string(n));
+  row_states_ = row_states;
+  const int width = std::max(g_.hc_count, 1) * g_.n_embd;
+  const bool ahead = experts_.begin_chunk(n);
+  std::vector<int> positions(n);
+  for (int i = 0; i < n; ++i) positions[i] = position + i;
+  begin_rows(tokens, positions.data(), n, ple_rows, s);
+  // The penalty's history of every token fed, as decode's begin() records each.
+  STRATA_CUDA_TRY(cudaMemcpyAsync(history_ + position, tokens_, sizeof(int) * n, cudaMemcpyDeviceToDevice, s));
+  const RowSpan chunk{&seq_, 0, n, position};
+  run_layers(n, &chunk, 1, ahead, s);
   if (logits) all_logits(n, logits, s);
   // The last token's streams are where decode's end() and the next token's layers read the sequence's.
   STRATA_CUDA_TRY(cudaMemcpyAsync(seq_.streams, streams_ + static_cast<long>(n - 1) * width, sizeof(float) * width,
                                   cudaMemcpyDeviceToDevice, s));
   ++chunks_run_;
   fed_tokens_ += n;
+}
+
+void PromptProgram::run_batch(const BatchRow* rows, int n, const float* ple_rows, cudaStream_t s) {
+  STRATA_EXPECTS(n >= 1 && n <= chunk_, InvalidArgument,
+                 "a batched step holds 1.." + std::to_string(chunk_) + " rows (the prompt chunk), got " +
+                     std::to_string(n));
+  row_states_ = false;
+  const int width = std::max(g_.hc_count, 1) * g_.n_embd;
+  const bool ahead = experts_.begin_chunk(n);
+  std::vector<int> tokens(n), positions(n);
+  std::vector<RowSpan> spans(n);
+  for (int r = 0; r < n; ++r) {
+    STRATA_EXPECTS(!rows[r].views->kv_streaming, InvalidArgument,
+                   "a batched step reads each sequence's KV in VRAM; row " + std::to_string(r) + " streams its KV");
+    tokens[r] = rows[r].token;
+    positions[r] = rows[r].position;
+    spans[r] = RowSpan{rows[r].views, r, 1, rows[r].position};
+  }
+  begin_rows(tokens.data(), positions.data(), n, ple_rows, s);
+  for (int r = 0; r < n; ++r) {
+    STRATA_CUDA_TRY(cudaMemcpyAsync(rows[r].history + rows[r].position, tokens_ + r, sizeof(int),
+                                    cudaMemcpyDeviceToDevice, s));
+  }
+  run_layers(n, spans.data(), n, ahead, s);
+  for (int r = 0; r < n; ++r) {
+    STRATA_CUDA_TRY(cudaMemcpyAsync(rows[r].views->streams, streams_ + static_cast<long>(r) * width,
+                                    sizeof(float) * width, cudaMemcpyDeviceToDevice, s));
+  }
 }
 
 PromptStats PromptProgram::stats() const noexcept {

@@ -48,6 +48,22 @@ struct PromptScratch {
   char* kv_layer_ = nullptr;  // KV streaming: one attention layer's whole KV while the chunk runs it
 };
 
+// One row of a batched decode step (docs/batch.md): one token of its own sequence, at that sequence's position.
+struct BatchRow {
+  const SequenceViews* views = nullptr;
+  int* history = nullptr;  // the sequence's every token fed, for the repetition penalty
+  int position = 0;
+  int token = 0;
+};
+
+// Rows of the program's scratch that read and write one sequence's state: the chunk's every row (consecutive
+// positions from `position`), or one row of a batch.
+struct RowSpan {
+  const SequenceViews* views = nullptr;
+  int first = 0, count = 0;
+  int position = 0;  // the first row's
+};
+
 // Prompt path counters since the session began (DecodeStats reads them).
 struct PromptStats {
   long tokens = 0, chunks = 0;
@@ -82,6 +98,13 @@ class PromptProgram : private PromptScratch {
   void run(const int* tokens, int n, int position, const float* ple_rows, float* logits, bool row_states,
            cudaStream_t s);
 
+  // A batched decode step (docs/batch.md): row r is rows[r].token at its sequence's position, every row through
+  // every layer at once: the dense products over all rows, each routed expert once for the rows that chose it,
+  // the mixers and the PLE layer over each row's own sequence. Leaves each row's residual streams in its sequence,
+  // where the decode program's end() reads them. n: 1..chunk(); ple_rows: [n] rows (null without PLE); no
+  // sequence streams its KV. Returns when enqueued past the last layer's routing, as run().
+  void run_batch(const BatchRow* rows, int n, const float* ple_rows, cudaStream_t s);
+
   PromptStats stats() const noexcept;
   void reset_stats() noexcept;
 
@@ -89,12 +112,21 @@ class PromptProgram : private PromptScratch {
   struct LayerPath;  // the chunk as the layer recipe's path: its rows (layer_recipe.hpp)
   void project_rows(const float* x, int rows, const Products& products, cudaStream_t s) const;
   void all_logits(int n, float* logits, cudaStream_t s);
-  void ple(int layer, int rows, cudaStream_t s) const;
-  // The mixers of layer `layer` over the chunk's rows, on its input products (mixer_inputs, layer_recipe.hpp).
-  void mixer_gdn(int layer, int rows, const Products& inputs, cudaStream_t s) const;
-  void mixer_attention(int layer, int rows, int position, const Products& inputs, cudaStream_t s) const;
-  kernels::PagedKv stream_in(int layer, int position, cudaStream_t s) const;
-  void stream_out(int layer, const kernels::PagedKv& buffer, int position, int rows, cudaStream_t s) const;
+  // Stages the rows' tokens, positions and PLE rows, embeds them and starts their streams.
+  void begin_rows(const int* tokens, const int* positions, int n, const float* ple_rows, cudaStream_t s);
+  void run_layers(int rows, const RowSpan* spans, int n_spans, bool ahead, cudaStream_t s);
+  void ple(int layer, int rows, const RowSpan* spans, int n_spans, cudaStream_t s) const;
+  // The mixers of layer `layer` over the rows, on its input products (mixer_inputs, layer_recipe.hpp), each span
+  // over its own sequence's state.
+  void mixer_gdn(int layer, int rows, const RowSpan* spans, int n_spans, const Products& inputs,
+                 cudaStream_t s) const;
+  void mixer_attention(int layer, int rows, const RowSpan* spans, int n_spans, const Products& inputs,
+                       cudaStream_t s) const;
+  void gdn_span(int layer, int rows, const RowSpan& span, cudaStream_t s) const;
+  void attention_span(int layer, const RowSpan& span, cudaStream_t s) const;
+  kernels::PagedKv stream_in(const SequenceViews& v, int layer, int position, cudaStream_t s) const;
+  void stream_out(const SequenceViews& v, int layer, const kernels::PagedKv& buffer, int position, int rows,
+                  cudaStream_t s) const;
   void routed_experts(int layer, int rows, cudaStream_t s);
 
   const ModelGeometry& g_;

@@ -1,0 +1,238 @@
+"""Batched decode steps on the GPU (docs/batch.md): DecodeSession.step_batch runs one token of each of several
+sessions through every layer at once on the first one's prompt path. A batch's row is, bit for bit, what feeding
+that token alone through the prompt path gives its session (the same kernels, each row independent of the others
+where the dense products are GEMV batches: up to 8 rows), for all three architectures, at different positions and
+sampling settings, and decoding after it goes on from the same state; a larger batch (tensor-core products) stays
+within the decode bounds; and the greedy tokens of sessions decoded together are those each decodes alone, up to a
+near-tie. (With the prompt path's CPU share off, a token's experts run on the GPU in every chunk and batch.)"""
+
+import numpy as np
+import pytest
+
+from strata import _native
+from strata.errors import InvalidArgument
+from strata.options import Mode
+from strata.runtime.engine import GpuEngine
+
+from support.compare import assert_same_bits, relative_errors
+from support.native_session import GREEDY, open_native_session
+from test_decode_session import GARBAGE, STEADY
+from test_prompt_path import bounds, loaded, prompt_ids, rows_of, staging  # noqa: F401 (loaded: a fixture)
+
+pytestmark = pytest.mark.gpu
+
+CONTEXT = 256
+SAMPLED = (0.8, 40, 0.95, 0.02, 1.1)  # temperature, top_k, top_p, min_p, repeat_penalty
+
+
+def engine(model, staged, *, chunk=16, kv="bf16", mode=Mode.TOKEN_GRAPH, key="model", **options):
+    native = open_native_session(model, context=CONTEXT, kv=kv, mode=mode, prompt_chunk=chunk, staging=staged,
+                                 prompt_cpu=False, **options)
+    return GpuEngine(native, rows_of(model), batch_key=key)
+
+
+def fed(e, ids):
+    e.prefill(ids, [0] * (e.position + len(ids)))
+
+
+def batch(engines, ids, params=None, us=None):
+    params = params or [GREEDY] * len(engines)
+    us = us or [0.0] * len(engines)
+    rows = [e.ple.rows(t) if e.ple is not None else None for e, t in zip(engines, ids)]
+    return _native.step_batch([e.native for e in engines], ids, rows if rows[0] is not None else None, params, us)
+
+
+def alone(e, token, params=GREEDY, u=0.0):
+    """The token through the prompt path alone, sampled as a step samples."""
+    rows = e.ple.rows_for([token]) if e.ple is not None else None
+    return e.native.feed([token], rows, params, u)
+
+
+def pairs(model, rng, lengths, staged_batch, staged_alone, **options):
+    """Sessions at the prompts' ends (one per length), in the batch's staging, and their twins in another."""
+    prompts = [prompt_ids(model, rng, n) for n in lengths]
+    together = [engine(model, staged_batch, **options) for _ in prompts]
+    apart = [engine(model, staged_alone, **options) for _ in prompts]
+    for prompt, a, b in zip(prompts, together, apart):
+        fed(a, prompt)
+        fed(b, prompt)
+    return together, apart
+
+
+def close(*groups):
+    for group in groups:
+        for e in group:
+            e.close()
+
+
+@pytest.mark.parametrize("lengths", [[9], [21, 3, 14], [5, 30, 17, 11, 26, 8, 2, 19]])
+def test_a_batch_row_is_its_token_fed_alone(loaded, lengths, rng):
+    name, model = loaded
+    g = model.info.geometry
+    together, apart = pairs(model, rng, lengths, staging(model), staging(model))
+    try:
+        for step in range(3):
+            ids = [int(t) for t in rng.integers(0, g.n_vocab, len(lengths))]
+            params = [GREEDY if i % 2 == 0 else SAMPLED for i in range(len(ids))]
+            us = [float(u) for u in rng.random(len(ids))]
+            got = batch(together, ids, params, us)
+            want = [alone(e, t, p, u) for e, t, p, u in zip(apart, ids, params, us)]
+            for i, (a, b) in enumerate(zip(together, apart)):
+                assert a.position == b.position == lengths[i] + step + 1
+                logits = a.logits()
+                assert np.all(np.isfinite(logits)), (name, i)
+                assert_same_bits(logits, b.logits(), f"{name} step {step} row {i}: logits")
+            assert got == want, (name, step, got, want)
+        # and the state each row left decodes on as its twin's does
+        then = [int(t) for t in rng.integers(0, g.n_vocab, 3)]
+        for a, b in zip(together, apart):
+            for t in then:
+                a.prefill([t], [0] * (a.position + 1))
+                b.prefill([t], [0] * (b.position + 1))
+                assert_same_bits(a.logits(), b.logits(), f"{name}: decoding after the batch")
+    finally:
+        close(together, apart)
+
+
+def test_a_batch_in_every_mode_and_kv_format(loaded, rng):
+    name, model = loaded
+    g = model.info.geometry
+    for mode, kv in [(Mode.UNCAPTURED, "int8"), (Mode.LAYER_GRAPHS, "q4"), (Mode.TOKEN_GRAPH, "bf16")]:
+        together, apart = pairs(model, rng, [12, 4, 7], staging(model), staging(model), mode=mode, kv=kv)
+        try:
+            ids = [int(t) for t in rng.integers(0, g.n_vocab, 3)]
+            assert batch(together, ids) == [alone(e, t) for e, t in zip(apart, ids)]
+            for a, b in zip(together, apart):
+                assert_same_bits(a.logits(), b.logits(), f"{name} {mode} {kv}")
+                # the session steps on after the batch, in its own mode, from the same state
+                t = int(rng.integers(0, g.n_vocab))
+                a.prefill([t], [0] * (a.position + 1))
+                b.prefill([t], [0] * (b.position + 1))
+                assert_same_bits(a.logits(), b.logits(), f"{name} {mode} {kv}: a step after the batch")
+        finally:
+            close(together, apart)
+
+
+def test_a_batch_larger_than_the_gemv_rows_stays_within_the_decode_bounds(loaded, rng):
+    """12 rows: the dense products are tensor-core products over the rows, which sum in another order than a
+    row's GEMV."""
+    name, model = loaded
+    g = model.info.geometry
+    lengths = [int(n) for n in rng.integers(2, 40, 12)]
+    together, apart = pairs(model, rng, lengths, staging(model), staging(model))
+    try:
+        ids = [int(t) for t in rng.integers(0, g.n_vocab, 12)]
+        batch(together, ids)
+        for e, t in zip(apart, ids):
+            alone(e, t)
+        errors = relative_errors([e.logits() for e in together], [e.logits() for e in apart])
+        print(f"{name}: 12 rows against each alone, median {np.median(errors):.2e}, worst {errors.max():.2e}")
+        assert np.all(np.isfinite(errors))
+        assert np.median(errors) < bounds(name, "bf16"), (name, errors)
+        assert np.quantile(errors, 0.9) < STEADY and errors.max() < GARBAGE, (name, errors)
+    finally:
+        close(together, apart)
+
+
+def greedy_alone(model, prompt, n):
+    """Plain decode steps of one session (the decode program): the tokens and each step's top-two margin."""
+    session = model.session(CONTEXT, kv="bf16", prompt_cpu=False)
+    try:
+        e = session.engine
+        history = list(prompt)
+        token = e.feed(prompt, session_params(), 0.0, history)
+        out, margins = [], []
+        for _ in range(n):
+            out.append(token)
+            top = np.sort(e.logits())[-2:]
+            margins.append(float(top[1] - top[0]))
+            history.append(token)
+            token = e.feed([token], session_params(), 0.0, history)
+        return out, margins
+    finally:
+        session.close()
+
+
+def session_params():
+    from strata.sampling import SamplingParams
+    return SamplingParams()
+
+
+def test_sessions_decoded_together_yield_the_tokens_each_decodes_alone(loaded, rng):
+    """Four Model sessions, prompts of different lengths, decoded greedily in batches through GpuEngine.step_batch
+    against each decoded alone by plain steps: the same tokens up to the first step whose top two logits are closer
+    than the prompt path and the decode path may differ."""
+    name, model = loaded
+    prompts = [prompt_ids(model, rng, n) for n in (7, 19, 12, 3)]
+    want = [greedy_alone(model, p, 16) for p in prompts]
+    sessions = [model.session(CONTEXT, kv="bf16", prompt_cpu=False) for _ in prompts]
+    try:
+        engines = [s.engine for s in sessions]
+        assert len({e.batch_key for e in engines}) == 1 and engines[0].batch_key is not None
+        histories = [list(p) for p in prompts]
+        tokens = [e.feed(p, session_params(), 0.0, h) for e, p, h in zip(engines, prompts, histories)]
+        got = [[] for _ in prompts]
+        for _ in range(16):
+            for i, t in enumerate(tokens):
+                got[i].append(t)
+                histories[i].append(t)
+            tokens = GpuEngine.step_batch(engines, tokens, [session_params()] * 4, [0.0] * 4,
+                                          [list(h) for h in histories])
+        for i, (tokens_alone, margins) in enumerate(want):
+            tie = next((j for j, m in enumerate(margins) if m < 2 * bounds(name, "bf16")), len(margins))
+            print(f"{name} session {i}: {tie} tokens compared")
+            assert got[i][:tie] == tokens_alone[:tie], (name, i, got[i], tokens_alone, tie)
+        stats = engines[1].stats()
+        assert stats["batch_tokens"] == 16 and stats["batch_steps"] == 0
+        assert engines[0].stats()["batch_steps"] == 16
+    finally:
+        for s in sessions:
+            s.close()
+
+
+def test_refusals_leave_every_session_as_it_was(loaded, rng):
+    name, model = loaded
+    g = model.info.geometry
+    staged = staging(model)
+    a, b = engine(model, staged), engine(model, staged)
+    short = GpuEngine(open_native_session(model, context=128, kv="bf16", prompt_chunk=16, staging=staged,
+                                          prompt_cpu=False), rows_of(model), batch_key="short")
+    other_kv = engine(model, staged, kv="int8")
+    small = engine(model, staged, chunk=2)
+    apart = engine(model, staging(model))
+    engines = [a, b, short, other_kv, small, apart]
+    try:
+        for e in engines:
+            fed(e, prompt_ids(model, rng, 9))
+        t = int(rng.integers(0, g.n_vocab))
+        refusals = {
+            "the same session twice": [a, a],
+            "another context": [a, short],
+            "another KV format": [a, other_kv],
+            "more rows than the leader's chunk": [small, a, b],
+            "another staging": [a, apart],
+        }
+        for what, members in refusals.items():
+            with pytest.raises(InvalidArgument):
+                batch(members, [t] * len(members))
+            assert all(e.position == 9 for e in engines), what
+        with pytest.raises(InvalidArgument, match="outside the vocabulary"):
+            batch([a, b], [t, g.n_vocab])
+        assert a.position == b.position == 9
+        # both still step, together, after the refusals
+        batch([a, b], [t, t])
+        assert a.position == b.position == 10
+    finally:
+        close(engines)
+    if g.attention_layers and g.indexer_head_dim:  # KV streaming serves qwen4exp's indexed attention only
+        staged = staging(model)
+        s1 = engine(model, staged)
+        s2 = engine(model, staged, kv_streaming=True)
+        try:
+            fed(s1, [1, 2, 3])
+            fed(s2, [1, 2, 3])
+            with pytest.raises(InvalidArgument, match="streams its KV"):
+                batch([s1, s2], [4, 4])
+            assert s1.position == s2.position == 3
+        finally:
+            close([s1, s2])
