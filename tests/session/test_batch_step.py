@@ -236,3 +236,85 @@ def test_refusals_leave_every_session_as_it_was(loaded, rng):
             assert s1.position == s2.position == 3
         finally:
             close([s1, s2])
+
+
+def whole_cache(model):
+    g = model.info.geometry
+    cache = _native.ExpertCache(model.pool.native, [g.n_expert] * g.n_layer, 0, {},
+                                host_weights=model.pool.host_weights())
+    for layer in range(g.n_layer):
+        cache.hold(layer, list(range(g.n_expert)))
+    return cache
+
+
+def cached_engines(model, cache, count, mode):
+    return [engine(model, None, cache=cache, mode=mode) for _ in range(count)]
+
+
+@pytest.mark.parametrize("mode", [Mode.UNCAPTURED, Mode.TOKEN_GRAPH])
+def test_a_batch_of_cached_experts_runs_on_the_device(loaded, mode, rng):
+    """Every expert in the VRAM cache: the batch's routing stays on the device (each (row, expert) pair a GEMV from
+    its slot) and, in a graph mode, the whole step is a captured graph, one per member set. Over steps whose member
+    sets change (graphs captured and replayed at new positions), every row is, bit for bit, its twin stepped in a
+    batch of one, and the state goes on decoding as the twin's."""
+    name, model = loaded
+    g = model.info.geometry
+    cache = whole_cache(model)
+    prompts = [prompt_ids(model, rng, n) for n in (9, 23, 14, 31, 8)]
+    together = cached_engines(model, cache, len(prompts), mode)
+    apart = cached_engines(model, cache, len(prompts), mode)
+    try:
+        for prompt, a, b in zip(prompts, together, apart):
+            fed(a, prompt)
+            fed(b, prompt)
+        for step in range(8):
+            members = sorted(rng.choice(len(prompts), int(rng.integers(2, len(prompts) + 1)), replace=False))
+            if step % 3 == 2:
+                members = members[::-1]  # another order: another graph
+            ids = [int(t) for t in rng.integers(0, g.n_vocab, len(members))]
+            params = [GREEDY if (step + i) % 2 else SAMPLED for i in range(len(members))]
+            us = [float(u) for u in rng.random(len(members))]
+            got = batch([together[i] for i in members], ids, params, us)
+            want = [batch([apart[i]], [t], [p], [u])[0] for i, t, p, u in zip(members, ids, params, us)]
+            assert got == want, (name, step, members, got, want)
+            for i in members:
+                logits = together[i].logits()
+                assert np.all(np.isfinite(logits)), (name, step, i)
+                assert_same_bits(logits, apart[i].logits(), f"{name} {mode} step {step} session {i}")
+        for a, b in zip(together, apart):
+            t = int(rng.integers(0, g.n_vocab))
+            a.prefill([t], [0] * (a.position + 1))
+            b.prefill([t], [0] * (b.position + 1))
+            assert_same_bits(a.logits(), b.logits(), f"{name} {mode}: a step after the batches")
+    finally:
+        close(together, apart)
+
+
+def test_a_captured_batch_is_the_uncaptured_one(loaded, rng):
+    """The same batches in token-graph mode (one captured graph a member set) and uncaptured: the same bits; and
+    both within the decode bounds of plain steps with the same cache."""
+    name, model = loaded
+    g = model.info.geometry
+    cache = whole_cache(model)
+    prompts = [prompt_ids(model, rng, n) for n in (12, 7, 20)]
+    captured = cached_engines(model, cache, 3, Mode.TOKEN_GRAPH)
+    launched = cached_engines(model, cache, 3, Mode.UNCAPTURED)
+    stepped = [GpuEngine(open_native_session(model, context=CONTEXT, kv="bf16", cache=cache), rows_of(model))
+               for _ in prompts]
+    try:
+        for prompt, a, b, c in zip(prompts, captured, launched, stepped):
+            for e in (a, b, c):
+                fed(e, prompt)
+        errors = []
+        for step in range(5):
+            ids = [int(t) for t in rng.integers(0, g.n_vocab, 3)]
+            assert batch(captured, ids) == batch(launched, ids), (name, step)
+            for a, b, c, t in zip(captured, launched, stepped, ids):
+                c.prefill([t], [0] * (c.position + 1))
+                assert_same_bits(a.logits(), b.logits(), f"{name} step {step}: captured against uncaptured")
+                errors.append(relative_errors([a.logits()], [c.logits()])[0])
+        errors = np.array(errors)
+        print(f"{name}: cached batch against plain steps, median {np.median(errors):.2e}, worst {errors.max():.2e}")
+        assert np.median(errors) < bounds(name, "bf16") and errors.max() < GARBAGE, (name, errors)
+    finally:
+        close(captured, launched, stepped)

@@ -93,6 +93,14 @@ __global__ void gather_kernel(const float* __restrict__ src, const int* __restri
   if (at < elements) dst[at] = src[static_cast<long>(index[at / n]) * n + at % n];
 }
 
+__global__ void slots_kernel(const int* __restrict__ slot_of, const std::int32_t* __restrict__ ids, int count,
+                             int* __restrict__ slots) {
+  await_producers();
+  release_consumers();
+  const long at = element_index();
+  if (at < count) slots[at] = slot_of[ids[at]];
+}
+
 // Element counts are products of a buffer's dimensions: the buffer lives in VRAM, so they fit a long with room.
 unsigned blocks_for(long n) { return static_cast<unsigned>((n + kElementThreads - 1) / kElementThreads); }
 
@@ -136,6 +144,11 @@ cudaError_t gather_rows(const float* src, const int* index, int m, int n, float*
   if (m <= 0 || n <= 0) return cudaErrorInvalidValue;
   const long elements = static_cast<long>(m) * n;
   return launch(gather_kernel, blocks_for(elements), kElementThreads, 0, stream, src, index, n, dst, elements);
+}
+
+cudaError_t cache_slots(const int* slot_of, const std::int32_t* ids, int count, int* slots, cudaStream_t stream) {
+  if (count <= 0) return cudaErrorInvalidValue;
+  return launch(slots_kernel, blocks_for(count), kElementThreads, 0, stream, slot_of, ids, count, slots);
 }
 
 }  // namespace strata::kernels

@@ -40,6 +40,11 @@ cudaError_t moe_cached_sum(const float* rows, const int* slots, const float* wei
 cudaError_t moe_weighted_rows(const float* rows, const int* row_of, const float* weights, int tokens, int k, int n,
                               float* out, cudaStream_t stream);
 
+// slots[i] = slot_of[ids[i]] for i < count: the VRAM cache's slot of each routed expert (-1: not held), for rows
+// whose routing stays on the device (a batched step whose every expert is cached; decode's router launch fills
+// its one row's slots itself).
+cudaError_t cache_slots(const int* slot_of, const std::int32_t* ids, int count, int* slots, cudaStream_t stream);
+
 // dst[i] = src[index[i]] for i < m, rows of n floats (each index a row of src): the input rows of the tokens
 // that chose one routed expert, gathered for its batched product. dst must not overlap src.
 cudaError_t gather_rows(const float* src, const int* index, int m, int n, float* dst, cudaStream_t stream);

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -38,6 +39,12 @@ class HostLoopPin {
   cpu::SavedAffinity saved_;  // constructed before the pin: the caller's own affinity
 };
 
+// A runner's serial: what a captured batch's key names each member by (an address may be reused, a serial not).
+long next_serial() {
+  static std::atomic<long> serial{0};
+  return ++serial;
+}
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -46,7 +53,8 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 Runner::Runner(cpu::ExpertPool& pool, const ModelGeometry& geometry, const DecodeOptions& options,
                const ProgramTables& tables, const Sequence& sequence, ExpertCache* cache, ExpertStaging* staging)
-    : g_(geometry),
+    : serial_(next_serial()),
+      g_(geometry),
       cache_(cache),
       options_(options),
       bound_(&sequence),
@@ -226,15 +234,25 @@ void Runner::step_batch(const BatchMember* members, int n, bool sample, int* out
     else if (m.ple_rows) std::memcpy(ple_row, m.ple_rows, sizeof(float) * ple_width);
     rows[i] = BatchRow{&m.sequence->views(), m.sequence->history(), m.sequence->position(), m.token};
   }
-  for (int i = 0; i < n; ++i) members[i].sequence->begin_step();  // broken until the step completes
-  refresh_cache();
-  prompt_->run_batch(rows.data(), n, g_.ple_layer >= 0 ? feed_rows_.data() : nullptr, stream_.get());
-  // Each row's head and sampler are its own runner's, on this stream: they read the row's streams, which the
-  // batch left in its sequence, as after a prompt.
+  prompt_->stage_batch(rows.data(), n, g_.ple_layer >= 0 ? feed_rows_.data() : nullptr);
+  std::vector<Sampler> samplers(n);
   for (int i = 0; i < n; ++i) {
     const BatchMember& m = members[i];
     m.runner->stage_sampling(m.sampling, m.u, m.token, rows[i].position);
-    m.runner->program_.end_prompt(m.runner->sampler_for(sample), stream_.get());
+    samplers[i] = m.runner->sampler_for(sample);
+  }
+  for (int i = 0; i < n; ++i) members[i].sequence->begin_step();  // broken until the step completes
+  refresh_cache();
+  // Each row's head and sampler are its own runner's: they read the row's streams, which the batch left in its
+  // sequence, as after a prompt.
+  const auto enqueue = [&](cudaStream_t s) {
+    prompt_->enqueue_batch(rows.data(), n, s);
+    for (int i = 0; i < n; ++i) members[i].runner->program_.end_prompt(samplers[i], s);
+  };
+  if (options_.mode != DecodeMode::kUncaptured && prompt_->batch_on_device()) {
+    batch_graph(members, rows.data(), n, samplers, enqueue).launch(stream_.get());
+  } else {
+    enqueue(stream_.get());
   }
   STRATA_CUDA_TRY(cudaStreamSynchronize(stream_.get()));
   const double seconds = seconds_since(start);
@@ -246,6 +264,23 @@ void Runner::step_batch(const BatchMember* members, int n, bool sample, int* out
     out[i] = sample ? *m.runner->sampled_.host<volatile int>() : -1;
   }
   ++stats_.batch_steps;
+}
+
+// The captured batch of these members' runners (by serial: never reused), samplers and attention modes; captured
+// on first use. The graphs of earlier member sets are dropped once kMaxBatchGraphs are held.
+const CapturedGraph& Runner::batch_graph(const BatchMember* members, const BatchRow* rows, int n,
+                                         const std::vector<Sampler>& samplers,
+                                         const std::function<void(cudaStream_t)>& enqueue) {
+  std::vector<long> key;
+  for (int i = 0; i < n; ++i) {
+    key.push_back(members[i].runner->serial_);
+    key.push_back(static_cast<long>(samplers[i]));
+  }
+  for (const char mode : prompt_->batch_modes(rows, n)) key.push_back(mode);
+  auto found = batch_graphs_.find(key);
+  if (found != batch_graphs_.end()) return found->second;
+  if (batch_graphs_.size() >= kMaxBatchGraphs) batch_graphs_.clear();
+  return batch_graphs_.emplace(key, CapturedGraph(stream_.get(), enqueue)).first->second;
 }
 
 void Runner::truncate(Sequence& sequence, int position) {

@@ -10,6 +10,8 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -18,6 +20,7 @@
 #include "exchange/doorbell_host.hpp"
 #include "exchange/ring_answerer.hpp"
 #include "programs/decode_program.hpp"
+#include "programs/graph.hpp"
 #include "programs/program_inputs.hpp"
 #include "programs/prompt_program.hpp"
 #include "programs/token_schedule.hpp"
@@ -84,6 +87,14 @@ class Runner {
   Sampler sampler_for(bool sample) const;
   void stage_sampling(const SamplingValues& sampling, double u, int token, int at);
 
+  // The most captured batches a runner keeps (member sets, samplers, attention modes) before it drops them all.
+  static constexpr std::size_t kMaxBatchGraphs = 64;
+
+  const CapturedGraph& batch_graph(const BatchMember* members, const BatchRow* rows, int n,
+                                   const std::vector<Sampler>& samplers,
+                                   const std::function<void(cudaStream_t)>& enqueue);
+
+  long serial_;
   ModelGeometry g_;
   ExpertCache* cache_;
   DecodeOptions options_;
@@ -101,6 +112,7 @@ class Runner {
   DecodeStats stats_;
   ExchangeStats exchange_;
   std::vector<float> feed_rows_;  // feed() and step_batch(): the rows' PLE rows
+  std::map<std::vector<long>, CapturedGraph> batch_graphs_;  // step_batch's, where this runner leads
 };
 
 }  // namespace strata

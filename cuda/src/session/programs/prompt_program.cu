@@ -8,6 +8,7 @@
 
 #include "../../kernels/embed.cuh"
 #include "../../kernels/gdn.cuh"
+#include "../../kernels/launch.cuh"
 #include "../../kernels/attention_chunk.cuh"
 #include "../../kernels/gdn_chunk.cuh"
 #include "../../kernels/qsa_chunk.cuh"
@@ -120,10 +121,27 @@ void carve(Carver& c, const ModelGeometry& g, int chunk, int context, KvStorage 
   s.ple_out_ = c.take<float>(T * width);
   s.logits_ = c.take<float>(static_cast<std::size_t>(std::min(chunk, kLogitRows)) * g.n_vocab);
   s.gemv_slots_ = c.take<int>(kGemvRows);
+  s.pair_row_ = c.take<int>(pairs);
+  s.pair_slots_ = c.take<int>(pairs);
   const bool streams = kv_streaming && g.attention_layers() > 0;
   s.kv_layer_ = c.take<char>(streams ? kv_half_region_bytes(g, context, kv, false) +
                                            kv_half_region_bytes(g, context, kv, true)
                                      : 0);
+}
+
+// Whether a chunk from `position` on reads each query's selected blocks gathered rather than scanned: where its
+// first query sees more complete blocks than a selection keeps, neighbouring queries read different blocks, and
+// each reading its own beats scanning their union.
+bool gathers(const kernels::IndexerShape& shape, int position) {
+  return (position + 1) / shape.ratio > shape.keep_blocks;
+}
+
+// A batch row's token lands in its sequence's penalty history at its position (both read on the device, so a
+// captured batch records each step's).
+__global__ void record_row(const int* token, const int* position, int* history) {
+  kernels::await_producers();
+  kernels::release_consumers();
+  history[*position] = *token;
 }
 
 // Pages [first, last) of every kv head of both halves from one cache to another of the same layout (identity
@@ -176,7 +194,8 @@ PromptProgram::PromptProgram(const ModelGeometry& g, const ProgramInputs& in, in
       chunk_(chunk),
       scratch_(0),
       host_((check_chunk(chunk), host_layout(g, chunk).total)),
-      experts_(g, t_, chunk, staging, cache, pool, cpu_share) {
+      experts_(g, t_, chunk, staging, cache, pool, cpu_share),
+      cache_(cache) {
   const std::size_t bytes = scratch_bytes(g, chunk, seq_.context, seq_.kv_storage, seq_.kv_streaming);
   require_free_memory(bytes, device, "the prompt chunk's scratch would", "a smaller prompt chunk needs less");
   scratch_ = DeviceBuffer(bytes);
@@ -186,6 +205,9 @@ PromptProgram::PromptProgram(const ModelGeometry& g, const ProgramInputs& in, in
   const std::vector<float> ones(std::max(g.hc_count, 1), 1.0f);
   STRATA_CUDA_TRY(cudaMemcpy(ones_, ones.data(), sizeof(float) * ones.size(), cudaMemcpyHostToDevice));
   STRATA_CUDA_TRY(cudaMemset(gemv_slots_, 0, sizeof(int) * kGemvRows));  // every row's product reads matrix 0
+  std::vector<int> pair_row(static_cast<std::size_t>(chunk) * g.n_expert_used);
+  for (std::size_t i = 0; i < pair_row.size(); ++i) pair_row[i] = static_cast<int>(i) / g.n_expert_used;
+  STRATA_CUDA_TRY(cudaMemcpy(pair_row_, pair_row.data(), sizeof(int) * pair_row.size(), cudaMemcpyHostToDevice));
   // The scratch's rows the routed experts read and write, fixed for the program's life.
   expert_rows_.x = x_;
   expert_rows_.route_ids = route_ids_;
@@ -419,16 +441,35 @@ void PromptProgram::attention_span(int layer, const RowSpan& span, cudaStream_t 
     args.n_selected = n_selected_;
     args.selection_stride = shape.keep_blocks;
     args.block_tokens = shape.ratio;
-    // Every query of the span past the dense range (its first sees more complete blocks than a selection keeps):
-    // neighbouring queries then read different blocks, and each reading its own beats scanning their union.
-    args.gathered = (position + 1) / shape.ratio > shape.keep_blocks;
+    args.gathered = gathers(shape, position);
   }
   STRATA_CUDA_TRY(kernels::attention_chunk(attention, args, rows, kv, s));
   if (streamed) stream_out(v, layer, kv, position, rows, s);
 }
 
-// Layer `layer`'s routed experts over the chunk's rows (experts/chunk_experts.hpp).
-void PromptProgram::routed_experts(int layer, int rows, cudaStream_t s) { experts_.run(layer, rows, expert_rows_, s); }
+// Layer `layer`'s routed experts over the rows: a batch's from the cache on the device where it holds them all
+// (cached_pairs), else grouped by the host (experts/chunk_experts.hpp).
+void PromptProgram::routed_experts(int layer, int rows, cudaStream_t s) {
+  if (batch_ && batch_on_device()) cached_pairs(layer, rows, s);
+  else experts_.run(layer, rows, expert_rows_, s);
+}
+
+// Every routed (row, expert) pair of the rows from its cache slot, as the decode program runs a token's cached
+// experts: GEMV batches over the pairs, each reading its own slot's matrices (a pair's x is its row's), then each
+// row's weighted sum. No host round trip: the slots come from the routing on the device.
+void PromptProgram::cached_pairs(int layer, int rows, cudaStream_t s) const {
+  const CachedLayer& c = cache_->layer(layer);
+  const int k = g_.n_expert_used, ff = g_.expert_ff, n = g_.n_embd, pairs = rows * k;
+  STRATA_CUDA_TRY(kernels::cache_slots(c.slot_of, route_ids_, pairs, pair_slots_, s));
+  STRATA_CUDA_TRY(kernels::gather_rows(x_, pair_row_, pairs, n, ex_x_, s));
+  if (reads_q8(c.gate) || reads_q8(c.up)) quantize(ex_x_, static_cast<long>(pairs) * n, ex_x8_, s);
+  const kernels::MatrixBatch inputs{pair_slots_, pairs, n};
+  project_batch(c.gate, inputs, ex_x_, ex_x8_, ex_gate_, s);
+  project_batch(c.up, inputs, ex_x_, ex_x8_, ex_up_, s);
+  STRATA_CUDA_TRY(kernels::swiglu(ex_gate_, ex_up_, ex_hidden_, pairs * ff, s, q8_for(c.down, ex_h8_)));
+  project_batch(c.down, {pair_slots_, pairs, ff}, ex_hidden_, ex_h8_, ex_rows_, s);
+  STRATA_CUDA_TRY(kernels::moe_cached_sum(ex_rows_, pair_slots_, route_weights_, rows, k, n, false, routed_, s));
+}
 
 // The LM head at every row of the chunk, kLogitRows rows at a time into the scratch block and from there into
 // `logits` ([n][n_vocab] host floats): the final mixer and the head as decode's end() runs them for one token.
@@ -447,19 +488,22 @@ void PromptProgram::all_logits(int n, float* logits, cudaStream_t s) {
   }
 }
 
-void PromptProgram::begin_rows(const int* tokens, const int* positions, int n, const float* ple_rows,
-                               cudaStream_t s) {
-  const int hc = std::max(g_.hc_count, 1), width = hc * g_.n_embd, emb = g_.n_embd;
+void PromptProgram::stage_rows(const int* tokens, const int* positions, int n, const float* ple_rows) {
   int* host_tokens = host_.host<int>();
-  int* host_positions = host_tokens + chunk_;
   std::memcpy(host_tokens, tokens, sizeof(int) * n);
-  std::memcpy(host_positions, positions, sizeof(int) * n);
-  STRATA_CUDA_TRY(cudaMemcpyAsync(tokens_, host_tokens, sizeof(int) * 2 * chunk_, cudaMemcpyHostToDevice, s));
+  std::memcpy(host_tokens + chunk_, positions, sizeof(int) * n);
   if (ple_rows) {
-    const std::size_t ple_bytes = sizeof(float) * n * g_.ple_n_heads * g_.ple_head_dim;
-    float* host_ple = host_.host<float>(host_layout(g_, chunk_).ple);
-    std::memcpy(host_ple, ple_rows, ple_bytes);
-    STRATA_CUDA_TRY(cudaMemcpyAsync(ple_rows_, host_ple, ple_bytes, cudaMemcpyHostToDevice, s));
+    std::memcpy(host_.host<float>(host_layout(g_, chunk_).ple), ple_rows,
+                sizeof(float) * n * g_.ple_n_heads * g_.ple_head_dim);
+  }
+}
+
+void PromptProgram::begin_rows(int n, bool ple, cudaStream_t s) {
+  const int hc = std::max(g_.hc_count, 1), width = hc * g_.n_embd, emb = g_.n_embd;
+  STRATA_CUDA_TRY(cudaMemcpyAsync(tokens_, host_.host<int>(), sizeof(int) * 2 * chunk_, cudaMemcpyHostToDevice, s));
+  if (ple) {
+    STRATA_CUDA_TRY(cudaMemcpyAsync(ple_rows_, host_.host<float>(host_layout(g_, chunk_).ple),
+                                    sizeof(float) * n * g_.ple_n_heads * g_.ple_head_dim, cudaMemcpyHostToDevice, s));
   }
   STRATA_CUDA_TRY(kernels::embed_rows(embedding_, tokens_, n, x_, s));
   STRATA_CUDA_TRY(cudaMemsetAsync(streams_, 0, sizeof(float) * width * n, s));
@@ -490,7 +534,8 @@ void PromptProgram::run(const int* tokens, int n, int position, const float* ple
   const bool ahead = experts_.begin_chunk(n);
   std::vector<int> positions(n);
   for (int i = 0; i < n; ++i) positions[i] = position + i;
-  begin_rows(tokens, positions.data(), n, ple_rows, s);
+  stage_rows(tokens, positions.data(), n, ple_rows);
+  begin_rows(n, ple_rows != nullptr, s);
   // The penalty's history of every token fed, as decode's begin() records each.
   STRATA_CUDA_TRY(cudaMemcpyAsync(history_ + position, tokens_, sizeof(int) * n, cudaMemcpyDeviceToDevice, s));
   const RowSpan chunk{&seq_, 0, n, position};
@@ -503,32 +548,63 @@ void PromptProgram::run(const int* tokens, int n, int position, const float* ple
   fed_tokens_ += n;
 }
 
-void PromptProgram::run_batch(const BatchRow* rows, int n, const float* ple_rows, cudaStream_t s) {
+void PromptProgram::stage_batch(const BatchRow* rows, int n, const float* ple_rows) {
   STRATA_EXPECTS(n >= 1 && n <= chunk_, InvalidArgument,
                  "a batched step holds 1.." + std::to_string(chunk_) + " rows (the prompt chunk), got " +
                      std::to_string(n));
-  row_states_ = false;
-  const int width = std::max(g_.hc_count, 1) * g_.n_embd;
-  const bool ahead = experts_.begin_chunk(n);
   std::vector<int> tokens(n), positions(n);
-  std::vector<RowSpan> spans(n);
   for (int r = 0; r < n; ++r) {
     STRATA_EXPECTS(!rows[r].views->kv_streaming, InvalidArgument,
                    "a batched step reads each sequence's KV in VRAM; row " + std::to_string(r) + " streams its KV");
     tokens[r] = rows[r].token;
     positions[r] = rows[r].position;
-    spans[r] = RowSpan{rows[r].views, r, 1, rows[r].position};
   }
-  begin_rows(tokens.data(), positions.data(), n, ple_rows, s);
+  stage_rows(tokens.data(), positions.data(), n, ple_rows);
+  batch_ple_ = ple_rows != nullptr;
+}
+
+bool PromptProgram::batch_on_device() const {
+  if (!cache_) return false;
+  for (int layer = 0; layer < g_.n_layer; ++layer) {
+    if (!cache_->holds_all(layer)) return false;
+  }
+  return true;
+}
+
+std::vector<char> PromptProgram::batch_modes(const BatchRow* rows, int n) const {
+  std::vector<char> modes;
   for (int r = 0; r < n; ++r) {
-    STRATA_CUDA_TRY(cudaMemcpyAsync(rows[r].history + rows[r].position, tokens_ + r, sizeof(int),
-                                    cudaMemcpyDeviceToDevice, s));
+    for (int layer = 0; layer < g_.n_layer; ++layer) {
+      if (!g_.recurrent[layer] && t_.layers[layer].index_q) {
+        modes.push_back(gathers(rows[r].views->index_shape[layer], rows[r].position));
+      }
+    }
   }
-  run_layers(n, spans.data(), n, ahead, s);
-  for (int r = 0; r < n; ++r) {
-    STRATA_CUDA_TRY(cudaMemcpyAsync(rows[r].views->streams, streams_ + static_cast<long>(r) * width,
-                                    sizeof(float) * width, cudaMemcpyDeviceToDevice, s));
+  return modes;
+}
+
+void PromptProgram::enqueue_batch(const BatchRow* rows, int n, cudaStream_t s) {
+  row_states_ = false;
+  batch_ = true;
+  const int width = std::max(g_.hc_count, 1) * g_.n_embd;
+  const bool ahead = !batch_on_device() && experts_.begin_chunk(n);
+  std::vector<RowSpan> spans(n);
+  for (int r = 0; r < n; ++r) spans[r] = RowSpan{rows[r].views, r, 1, rows[r].position};
+  try {
+    begin_rows(n, batch_ple_, s);
+    for (int r = 0; r < n; ++r) {
+      STRATA_CUDA_TRY(kernels::launch(record_row, 1, 1, 0, s, tokens_ + r, positions_ + r, rows[r].history));
+    }
+    run_layers(n, spans.data(), n, ahead, s);
+    for (int r = 0; r < n; ++r) {
+      STRATA_CUDA_TRY(cudaMemcpyAsync(rows[r].views->streams, streams_ + static_cast<long>(r) * width,
+                                      sizeof(float) * width, cudaMemcpyDeviceToDevice, s));
+    }
+  } catch (...) {
+    batch_ = false;
+    throw;
   }
+  batch_ = false;
 }
 
 PromptStats PromptProgram::stats() const noexcept {

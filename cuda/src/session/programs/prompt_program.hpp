@@ -45,6 +45,7 @@ struct PromptScratch {
   float *ple_rows_ = nullptr, *ple_key_ = nullptr, *ple_value_ = nullptr, *ple_out_ = nullptr;
   float* logits_ = nullptr;  // a block of rows' logits, when every position's are asked for
   int* gemv_slots_ = nullptr;  // zeros: a small chunk's rows as a GEMV batch of one matrix (project_rows)
+  int *pair_row_ = nullptr, *pair_slots_ = nullptr;  // a batch's routed pairs on the device: row i / k, cache slot
   char* kv_layer_ = nullptr;  // KV streaming: one attention layer's whole KV while the chunk runs it
 };
 
@@ -100,10 +101,18 @@ class PromptProgram : private PromptScratch {
 
   // A batched decode step (docs/batch.md): row r is rows[r].token at its sequence's position, every row through
   // every layer at once: the dense products over all rows, each routed expert once for the rows that chose it,
-  // the mixers and the PLE layer over each row's own sequence. Leaves each row's residual streams in its sequence,
-  // where the decode program's end() reads them. n: 1..chunk(); ple_rows: [n] rows (null without PLE); no
-  // sequence streams its KV. Returns when enqueued past the last layer's routing, as run().
-  void run_batch(const BatchRow* rows, int n, const float* ple_rows, cudaStream_t s);
+  // the mixers and the PLE layer over each row's own sequence. stage_batch writes the rows' values into the
+  // program's pinned block (ple_rows: [n] rows, null without PLE); enqueue_batch then enqueues the step on `s`,
+  // which leaves each row's residual streams in its sequence, where the decode program's end() reads them. n:
+  // 1..chunk(); no sequence streams its KV. Where batch_on_device(), the routed experts run from the cache with
+  // their routing on the device and enqueue_batch neither waits nor synchronises: it may be captured into a graph
+  // for the same sequences and batch_modes(); otherwise the host groups each layer's routing, as run() does.
+  void stage_batch(const BatchRow* rows, int n, const float* ple_rows);
+  void enqueue_batch(const BatchRow* rows, int n, cudaStream_t s);
+  bool batch_on_device() const;
+  // What enqueue_batch decides on the host from the rows' positions, which a graph of it bakes in: for each row
+  // and attention layer with an indexer, whether its query reads its selected blocks gathered.
+  std::vector<char> batch_modes(const BatchRow* rows, int n) const;
 
   PromptStats stats() const noexcept;
   void reset_stats() noexcept;
@@ -112,8 +121,10 @@ class PromptProgram : private PromptScratch {
   struct LayerPath;  // the chunk as the layer recipe's path: its rows (layer_recipe.hpp)
   void project_rows(const float* x, int rows, const Products& products, cudaStream_t s) const;
   void all_logits(int n, float* logits, cudaStream_t s);
-  // Stages the rows' tokens, positions and PLE rows, embeds them and starts their streams.
-  void begin_rows(const int* tokens, const int* positions, int n, const float* ple_rows, cudaStream_t s);
+  // The rows' tokens, positions and PLE rows into the pinned block; then up to the device, embedded, and every
+  // stream started at the embedding.
+  void stage_rows(const int* tokens, const int* positions, int n, const float* ple_rows);
+  void begin_rows(int n, bool ple, cudaStream_t s);
   void run_layers(int rows, const RowSpan* spans, int n_spans, bool ahead, cudaStream_t s);
   void ple(int layer, int rows, const RowSpan* spans, int n_spans, cudaStream_t s) const;
   // The mixers of layer `layer` over the rows, on its input products (mixer_inputs, layer_recipe.hpp), each span
@@ -128,6 +139,7 @@ class PromptProgram : private PromptScratch {
   void stream_out(const SequenceViews& v, int layer, const kernels::PagedKv& buffer, int position, int rows,
                   cudaStream_t s) const;
   void routed_experts(int layer, int rows, cudaStream_t s);
+  void cached_pairs(int layer, int rows, cudaStream_t s) const;
 
   const ModelGeometry& g_;
   const ModelTensors& t_;
@@ -144,6 +156,9 @@ class PromptProgram : private PromptScratch {
   ChunkExpertRows expert_rows_;  // ... on these rows of the scratch
   long fed_tokens_ = 0, chunks_run_ = 0;
   bool row_states_ = false;  // the chunk running keeps each token's recurrent state
+  const ExpertCache* cache_;
+  bool batch_ = false;       // a batch is running (its experts from the cache on the device where it holds all)
+  bool batch_ple_ = false;   // the staged batch has PLE rows
 };
 
 }  // namespace strata
