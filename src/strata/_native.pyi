@@ -12,6 +12,7 @@ from strata.options import KV, Mode
 KV_PAGE_TOKENS: int
 MAX_SNAPSHOTS: int
 MAX_VERIFY_ROWS: int
+GEMV_ROWS: int
 MAX_LOGPROBS: int
 GEOMETRY_FIELDS: tuple[str, ...]
 

@@ -344,3 +344,14 @@ def test_routed_rows_refuse_rows_outside_the_source_without_a_device(rng):
         _native_check.gather_rows(src, [0, 9, 10])
     with pytest.raises(strata.InvalidArgument, match=r"gather_rows: index\[0\] = -1 is not a row of 10"):
         _native_check.gather_rows(src, [-1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("n_expert", "count"), [(8, 1), (512, 10), (512, 160), (64, 1000)])
+def test_cache_slots(rng, n_expert, count):
+    """A batch's routed pairs' cache slots on the device: slot_of[ids], the not-held -1 included."""
+    slot_of = rng.permutation(n_expert).astype(np.int32)
+    slot_of[rng.random(n_expert) < 0.3] = -1
+    ids = rng.integers(0, n_expert, count).astype(np.int32)
+    assert np.array_equal(_native_check.cache_slots(slot_of, ids), slot_of[ids])
+

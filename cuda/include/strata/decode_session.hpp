@@ -41,6 +41,10 @@ struct DecodeOptions {
 };
 
 constexpr int kMaxVerifyRows = 8;  // a pending token and up to 7 drafts
+// The most rows a prompt chunk, a verification step or a batched step multiplies its dense products with the
+// decode GEMVs; more take the tensor-core products, which cost more than two batches of this many (measured:
+// docs/performance.md, "Batched sessions"), so a batch is best at most this many sessions.
+constexpr int kGemvRows = 8;
 
 // The log-probabilities of one position (strata.sampling.log_probabilities): the sampled token's, and the
 // n most likely ids with theirs.

@@ -160,4 +160,21 @@ void gather_rows(int device, const float* src, int src_rows, const std::int32_t*
   d_dst.copy_out(dst, "gather_rows");
 }
 
+void cache_slots(int device, const std::int32_t* slot_of, int n_expert, const std::int32_t* ids, int count,
+                 std::int32_t* slots) {
+  STRATA_EXPECTS(n_expert > 0 && count > 0, InvalidArgument,
+                 "cache_slots needs n_expert and count > 0, got " + std::to_string(n_expert) + " and " +
+                     std::to_string(count));
+  check_indices("cache_slots", "ids", ids, count, n_expert, "an expert", false);
+  check_device(device);
+  DeviceScope scope(device);
+  DeviceBuffer d_slot_of = upload(slot_of, ints(n_expert));
+  DeviceBuffer d_ids = upload(ids, ints(count));
+  GuardedOutput d_slots(ints(count));
+  STRATA_CUDA_TRY(kernels::cache_slots(d_slot_of.as<int>(), d_ids.as<std::int32_t>(), count, d_slots.data<int>(),
+                                       nullptr));
+  STRATA_CUDA_TRY(cudaDeviceSynchronize());
+  d_slots.copy_out(slots, "cache_slots");
+}
+
 }  // namespace strata::kernel_check

@@ -4,10 +4,11 @@ from libcpp.vector cimport vector
 
 from strata.libstrata.decode_session cimport (
     DecodeOptions, DecodeStats, SamplingValues, TokenLogprobs, cpp_decode_scratch_bytes,
-    cpp_prompt_prefetch_rows, cpp_prompt_scratch_bytes, cpp_sampler_workspace_bytes, kMaxVerifyRows,
+    cpp_prompt_prefetch_rows, cpp_prompt_scratch_bytes, cpp_sampler_workspace_bytes, kGemvRows, kMaxVerifyRows,
 )
 
 MAX_VERIFY_ROWS = kMaxVerifyRows  # the most tokens one verification step takes
+GEMV_ROWS = kGemvRows  # the most rows a chunk or batch multiplies on the GEMVs: a batch's best size at most
 
 _DECODE_MODES = {Mode.UNCAPTURED: DecodeMode.kUncaptured, Mode.LAYER_GRAPHS: DecodeMode.kLayerGraphs,
                  Mode.TOKEN_GRAPH: DecodeMode.kTokenGraph}

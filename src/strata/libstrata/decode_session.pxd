@@ -32,6 +32,7 @@ cdef extern from "strata/decode_session.hpp" nogil:
         int verify_rows
 
     const int kMaxVerifyRows "strata::kMaxVerifyRows"
+    const int kGemvRows "strata::kGemvRows"
 
     cdef cppclass TokenLogprobs "strata::TokenLogprobs":
         double token

@@ -97,6 +97,10 @@ void moe_weighted_rows(int device, const float* rows, int n_rows, const std::int
 // dst [m][n] = src[index[i]] (src [src_rows][n]); every index is checked to be a row of src before any device work.
 void gather_rows(int device, const float* src, int src_rows, const std::int32_t* index, int m, int n, float* dst);
 
+// slots[i] = slot_of[ids[i]] (slot_of [n_expert], -1 where not held); every id is checked to be an expert first.
+void cache_slots(int device, const std::int32_t* slot_of, int n_expert, const std::int32_t* ids, int count,
+                 std::int32_t* slots);
+
 }  // namespace strata::kernel_check
 
 namespace strata {

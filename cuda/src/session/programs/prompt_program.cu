@@ -18,6 +18,7 @@
 #include "layer_recipe.hpp"
 #include "mixer_shapes.hpp"
 #include "scratch_carver.hpp"
+#include "strata/decode_session.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"
 
@@ -30,10 +31,10 @@ constexpr int kMaxChunk = 8192;
 // Rows of the LM head per block when every position's logits are asked for: 64 rows of a 248K vocabulary are
 // 64 MB of scratch, and the head's product reads its tile of the weight once per block.
 constexpr int kLogitRows = 64;
-// Chunks of at most this many rows (a verification step's) multiply their dense products with the decode GEMVs,
-// one product per row of one matrix: a tensor-core tile of 64 rows would stream each weight tile through a few
-// CTAs for a handful of rows, while the GEMV spreads the matrix over every SM and later rows find it in L2.
-constexpr int kGemvRows = 8;
+// Chunks of at most kGemvRows rows (decode_session.hpp: a verification step's, a batch's) multiply their dense
+// products with the decode GEMVs, one product per row of one matrix: a tensor-core tile of 64 rows would stream
+// each weight tile through a few CTAs for a handful of rows, while the GEMV spreads the matrix over every SM and
+// later rows find it in L2.
 
 // The pinned block the host stages a chunk in, as byte offsets: tokens then positions (one copy up), the PLE
 // rows (up).

@@ -6,10 +6,10 @@ from libcpp.string cimport string
 
 from strata._native cimport float_kind, host_tensor, quant_form, quant_planes
 from strata.libstrata.check.kernel_check cimport (
-    HcReadOutputs, RoutePublishOutputs, cpp_gather_rows, cpp_gemv_float, cpp_gemv_float_batch, cpp_gemv_quant,
-    cpp_gemv_quant_batch, cpp_hc_mix, cpp_hc_read, cpp_hc_read_fused, cpp_hc_write, cpp_l2_norm, cpp_moe_cached_sum,
-    cpp_moe_combine, cpp_moe_route, cpp_moe_weighted_rows, cpp_quantize_q8_32, cpp_raise_error, cpp_rms_norm,
-    cpp_rms_norm_gated, cpp_rms_norm_grouped, cpp_rope_neox, cpp_route_publish, cpp_sample_tokens,
+    HcReadOutputs, RoutePublishOutputs, cpp_cache_slots, cpp_gather_rows, cpp_gemv_float, cpp_gemv_float_batch,
+    cpp_gemv_quant, cpp_gemv_quant_batch, cpp_hc_mix, cpp_hc_read, cpp_hc_read_fused, cpp_hc_write, cpp_l2_norm,
+    cpp_moe_cached_sum, cpp_moe_combine, cpp_moe_route, cpp_moe_weighted_rows, cpp_quantize_q8_32, cpp_raise_error,
+    cpp_rms_norm, cpp_rms_norm_gated, cpp_rms_norm_grouped, cpp_rope_neox, cpp_route_publish, cpp_sample_tokens,
     cpp_shared_expert_gate, cpp_swiglu, cpp_time_gemv_float, cpp_time_gemv_quant,
 )
 from strata.libstrata.check.q8_host cimport Q8Host
@@ -432,6 +432,19 @@ def gather_rows(src, index, int device=0):
     cdef float[:, ::1] ov = out
     with nogil:
         cpp_gather_rows(device, &sv[0, 0], src_rows, &iv[0], m, n, &ov[0, 0])
+    return out
+
+
+def cache_slots(slot_of, ids, int device=0):
+    """slot_of[ids] (int32 [count]) on the device for int32 slot_of [n_expert] (-1: not held) and int32 ids
+    [count] (each checked to be an expert)."""
+    cdef const int32_t[::1] sv = _shaped(slot_of, np.int32, "cache_slots (slot_of)", (None,))
+    cdef const int32_t[::1] iv = _shaped(ids, np.int32, "cache_slots (ids)", (None,))
+    cdef int n_expert = sv.shape[0], count = iv.shape[0]
+    out = np.empty(count, np.int32)
+    cdef int32_t[::1] ov = out
+    with nogil:
+        cpp_cache_slots(device, &sv[0], n_expert, &iv[0], count, &ov[0])
     return out
 
 

@@ -61,6 +61,9 @@ cdef extern from "strata/check/kernel_check.hpp" nogil:
     void cpp_gather_rows "strata::kernel_check::gather_rows"(
         int device, const float* src, int src_rows, const int32_t* index, int m, int n,
         float* dst) except +raise_strata_error
+    void cpp_cache_slots "strata::kernel_check::cache_slots"(
+        int device, const int32_t* slot_of, int n_expert, const int32_t* ids, int count,
+        int32_t* slots) except +raise_strata_error
     cdef cppclass RoutePublishOutputs "strata::kernel_check::RoutePublishOutputs":
         float* logits
         int32_t* ids
