@@ -24,6 +24,11 @@ from strata.bench.server_process import (
 )
 from strata.errors import InvalidArgument, StrataError
 from strata.format import inspect
+from strata.runtime import expert_cache
+from strata.runtime.loader import load_experts
+from strata.runtime.plan import file_tensors
+from strata.runtime.pool import ExpertPool
+from strata.synth import synthesize
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_server.py"
 HEALTHY = """import sys
@@ -222,6 +227,23 @@ def test_the_servers_commands_place_the_experts_alike():
     serve = strata_serve_command("m.gguf", 8081, options=["--batch", "4"])
     assert serve[1:] == ["-m", "strata.cli", "serve", "m.gguf", "--host", "127.0.0.1", "--port", "8081", "--engine",
                          "gpu", "--batch", "4"]
+
+
+@pytest.mark.parametrize(("arch", "types"), [("qwen4exp", {"experts": "q4_k", "expert_down": "q4_0"}),
+                                             ("qwen35moe", {"experts": "q8_0", "expert_down": "f16"})])
+def test_a_shares_budget_holds_that_share_of_every_layer_by_the_native_figure(arch, types, tmp_path):
+    path = synthesize(tmp_path / f"{arch}.gguf", arch, types=types, seed=6)
+    with inspect(path) as file:
+        g, per_expert = file.geometry, expert_cache.expert_bytes(file.geometry, file_tensors(file))
+        with ExpertPool(g.n_embd, g.expert_ff, g.n_expert_used, threads=1, pin_caller=False) as pool:
+            load_experts(file, pool)
+            moe = expert_cache.moe_layers(pool, g.n_layer)
+            for share in (0.25, 0.5, 1.0):
+                budget = expert_budget(per_expert, g.n_expert, share)
+                wanted = [round(share * g.n_expert) if layer in moe else 0 for layer in range(g.n_layer)]
+                assert expert_cache.cache_bytes(pool, wanted) <= budget, (share, budget)
+                placed = expert_cache.slots_for(pool, g.n_layer, budget)
+                assert all(p >= w for p, w in zip(placed, wanted)), (share, placed, wanted)
 
 
 def test_the_script_prints_its_table_and_writes_its_json(tiny, tmp_path):
