@@ -124,15 +124,20 @@ def runs(args: argparse.Namespace, out: list[dict[str, Any]]) -> None:
         out.append(measure(f"the server at {args.url}", None, args.url, args, vocab, exclude))
         return
     context = args.context or args.prompt_tokens + args.max_tokens + 8
-    placements = args.expert_cache.split(",") if args.engine == "gpu" else [None]
+    if args.engine == "gpu":  # each placement's budget before any server starts: a bad one is said at once
+        placements = []
+        for placement in args.expert_cache.split(","):
+            fraction = share(placement)
+            budget = placement if fraction is None else str(expert_budget(per_expert, g.n_expert, fraction))
+            placements.append((placement, fraction, budget))
+    else:
+        placements = [(None, None, None)]
     llama = args.llama_server and shutil.which(args.llama_server)
     if args.llama_server and not llama:
         print(f"bench_server: no llama-server at {args.llama_server}: llama-server skipped", flush=True)
-    for placement in placements:
-        fraction = None if placement is None else share(placement)
-        cache = placement if fraction is None else str(expert_budget(per_expert, g.n_expert, fraction))
+    for placement, fraction, budget in placements:
         port = free_port()
-        command = strata_serve_command(path, port, engine=args.engine, options=serve_options(args, context, cache))
+        command = strata_serve_command(path, port, engine=args.engine, options=serve_options(args, context, budget))
         label = f"strata serve, experts in VRAM: {placement}" if placement else "strata serve (reference engine)"
         out.append(served(label, command, port, args, vocab, exclude))
         if llama and fraction is not None:
@@ -142,7 +147,8 @@ def runs(args: argparse.Namespace, out: list[dict[str, Any]]) -> None:
             out.append(served(f"llama-server --parallel {args.parallel}, experts in VRAM: {placement}", command,
                               port, args, vocab, exclude))
         elif llama:
-            print(f"bench_server: llama-server has no match for --expert-cache {placement}: skipped", flush=True)
+            what = f"--expert-cache {placement}" if placement else "the reference engine"
+            print(f"bench_server: llama-server has no match for {what}: skipped", flush=True)
 
 
 def figure(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
