@@ -261,3 +261,13 @@ def test_the_script_prints_its_table_and_writes_its_json(tiny, tmp_path):
     assert [level["clients"] for level in runs[0]["levels"]] == [1, 2]
     assert runs[0]["command"][3:5] == ["serve", str(path)] and not runs[0]["ignore_eos"]
     assert np.isfinite(runs[0]["levels"][1]["aggregate_tokens_per_second"])
+
+
+def test_the_script_against_a_url_needs_a_vocabulary_and_says_when_nothing_answers():
+    port = free_port()  # nothing listens there
+    base = [sys.executable, str(SCRIPT), "--url", f"http://127.0.0.1:{port}/v1", "--clients", "1"]
+    refused = subprocess.run(base, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--url needs --model (the file served) or --vocab" in refused.stderr
+    silent = subprocess.run([*base, "--vocab", "100"], capture_output=True, text=True, timeout=60)
+    assert silent.returncode != 0
+    assert f"the warm-up request to http://127.0.0.1:{port} failed: ConnectionRefusedError" in silent.stderr
