@@ -1,158 +1,198 @@
-"""`strata serve` under load: time to first token and tokens/s seen by openai clients, against the same model's
-Session called directly in the same run (what the server costs), on the GPU engine.
+"""`strata serve` under concurrent clients: aggregate and per-stream tok/s and time to first token at 1, 2, 4, 8
+and 16 clients, with the routed experts on the CPU, half in VRAM and all in VRAM; llama-server beside it on the
+same file where one is given.
 
-C clients (asyncio tasks in a process of their own) each send R streamed chat requests, one after another, to a
-server with S sessions and Q queue places
-(all at once: batch 1, so the queue wait is most of a loaded request's time to first token). Every request must
-come back whole (its usage counts max_tokens tokens) or be refused 429.
-    python3 benchmarks/bench_server.py [--model PATH] [--clients 32] [--requests 4] [--max-tokens 16] [--json PATH]
-Without --model the default benchmark model (strata bench's) is synthesized once into the cache.
+    python3 benchmarks/bench_server.py [--model FILE | --url URL] [--clients 1,2,4,8,16] [--requests 2]
+        [--prompt-tokens 64] [--max-tokens 64] [--expert-cache 0%,50%,100%] [--batch B] [--sessions S]
+        [--llama-server PATH] [--parallel 8] [--json PATH]
+
+Without --url it starts `strata serve` on the file (without --model: the default benchmark model, synthesized
+once into the cache) once per --expert-cache placement, waits for /health, measures, and stops it, also on
+Ctrl-C or an error; with --llama-server, llama-server on the same file with --parallel N and the same share of
+the experts in VRAM, after each. With --url it measures the server already running there (strata or
+llama-server; its vocabulary from --model or --vocab). Each client sends --requests streamed greedy completions
+of --prompt-tokens token ids (every request its own prompt, from --seed) one after another
+(strata.bench.server). ignore_eos is asked for; strata refuses it, and its answers count the tokens generated up
+to an EOS ("short" in the table).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
-import os
-import statistics
-import subprocess
+import shutil
+import signal
 import sys
-import time
-from pathlib import Path
-
-import openai
+from typing import Any
 
 from strata.bench.default_model import bench_model, cache_dir
-from strata.api import load
-from strata.server import Server
-from strata.server.background import serving
+from strata.bench.records import write_json
+from strata.bench.server import run
+from strata.bench.server_process import (
+    cpu_moe_layers, expert_budget, free_port, llama_server_command, started, strata_serve_command,
+)
+from strata.errors import InvalidArgument
+from strata.format import inspect
+from strata.runtime.expert_cache import expert_bytes
+from strata.runtime.plan import file_tensors
 from strata.synth import synthesize
 
-
-ALONE = 8  # requests, one at a time, for the unloaded figures (medians)
-
-
-def question(c: int, r: int) -> list[dict[str, str]]:
-    return [{"role": "user", "content": f"Client {c}, question {r}: what comes after {c * 7 + r}?"}]
+PASSED_TO_SERVE = ("batch", "sessions", "queue", "kv", "mode", "cache_policy", "vram_limit")
 
 
-async def streamed(api: openai.AsyncOpenAI, messages, max_tokens: int) -> dict[str, float]:
-    """One streamed request: seconds to its first token and after it, and the tokens it got."""
-    start = time.perf_counter()
-    first = last = None
-    tokens = 0
-    stream = await api.chat.completions.create(model="bench", messages=messages, max_tokens=max_tokens,
-                                               temperature=0, stream=True, stream_options={"include_usage": True})
-    async for chunk in stream:
-        if chunk.usage is not None:
-            tokens = chunk.usage.completion_tokens
-        elif chunk.choices and chunk.choices[0].delta.role is None and chunk.choices[0].finish_reason is None:
-            last = time.perf_counter()
-            first = first or last
-    if first is None:
-        raise RuntimeError("a request got no token")
-    return {"ttft": first - start, "decode": last - first, "tokens": tokens}
+def counts(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise InvalidArgument(f"--clients takes counts such as 1,2,4, got {text!r}") from None
 
 
-async def drive(url: str, clients: int, requests: int, max_tokens: int) -> dict:
-    """The clients' side, in a process of its own (as real clients are: no share in the server's GIL)."""
-    async with openai.AsyncOpenAI(base_url=url, api_key="-", max_retries=0) as api:
-        await streamed(api, question(0, 1), max_tokens)  # warm
-        alone = [await streamed(api, question(98, r), max_tokens) for r in range(ALONE)]
-
-        async def client(c: int) -> list[dict]:
-            got = []
-            for r in range(requests):
-                try:
-                    got.append(await streamed(api, question(c, r), max_tokens))
-                except openai.RateLimitError:
-                    got.append({"refused": True})
-            return got
-
-        start = time.perf_counter()
-        outcomes = [o for many in await asyncio.gather(*(client(c) for c in range(clients))) for o in many]
-        return {"alone": alone, "outcomes": outcomes, "wall": time.perf_counter() - start}
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None)
-    parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--requests", type=int, default=4, help="per client, one after another")
-    parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--sessions", type=int, default=1)
-    parser.add_argument("--queue", type=int, default=64)
-    parser.add_argument("--context", type=int, default=1024)
-    parser.add_argument("--engine", choices=["gpu", "reference"], default="gpu",
-                        help="reference: the numpy engine, to try the benchmark on a tiny model without a GPU")
-    parser.add_argument("--json", metavar="PATH")
-    parser.add_argument("--drive", metavar="URL", help=argparse.SUPPRESS)  # the clients' process
-    args = parser.parse_args()
-    if args.drive:
-        print(json.dumps(asyncio.run(drive(args.drive, args.clients, args.requests, args.max_tokens))))
-        return
-    path = args.model or bench_model(cache_dir(), synthesize)
-    result: dict = {"model": Path(path).name, **{k: getattr(args, k) for k in
-                                                 ("engine", "clients", "requests", "max_tokens", "sessions", "queue")}}
-    options = {"progress": False} if args.engine == "gpu" else {}
-    with load(str(path), engine=args.engine, **options) as model:
-        direct = model.session(args.context)
-        direct.chat_complete(question(0, 0), args.max_tokens)  # warm: graphs captured, pages touched
-        ttft, rate = [], []
-        for r in range(ALONE):
-            answer = direct.chat_complete(question(99, r), args.max_tokens)
-            ttft.append(direct.stats.prefill_seconds)
-            rate.append(direct.stats.decode_tokens_per_second)
-        result["direct"] = {"ttft": statistics.median(ttft), "prompt_tokens": answer.usage.prompt_tokens,
-                            "tokens_per_second": statistics.median(rate)}
-        direct.close()
-        sessions = [model.session(args.context) for _ in range(args.sessions)]
-        server = Server(sessions, "bench", max_waiting=args.queue)
+def share(placement: str) -> float | None:
+    """A placement's share of the experts in VRAM (0..1) where it is a percentage (or 0); None for a size or auto,
+    which strata takes as they are and llama-server cannot mirror."""
+    if placement.endswith("%"):
         try:
-            with serving(server) as url:
-                command = [sys.executable, __file__, "--drive", url, "--clients", str(args.clients), "--requests",
-                           str(args.requests), "--max-tokens", str(args.max_tokens)]
-                # anywhere on the machine, as another program would be (this thread is pinned where the pool
-                # pinned the loading thread, and a child would inherit that)
-                every_cpu = range(os.cpu_count() or 1)
-                clients = subprocess.run(command, capture_output=True, text=True,
-                                         preexec_fn=lambda: os.sched_setaffinity(0, every_cpu))
-                if clients.returncode:
-                    raise SystemExit(f"the clients' process failed:\n{clients.stderr}")
-                driven = json.loads(clients.stdout)
-        finally:
-            server.close()
-            for session in sessions:
-                session.close()
-    alone, outcomes, wall = driven["alone"], driven["outcomes"], driven["wall"]
-    result["alone"] = {"ttft": statistics.median(o["ttft"] for o in alone),
-                       "tokens_per_second": statistics.median((o["tokens"] - 1) / o["decode"] for o in alone)}
-    answered = [o for o in outcomes if "ttft" in o]
-    assert len(outcomes) == args.clients * args.requests
-    assert all(o["tokens"] == args.max_tokens for o in answered), "a request came back short"
-    ttft = [o["ttft"] for o in answered]
-    result["load"] = {"answered": len(answered), "refused": len(outcomes) - len(answered), "seconds": wall,
-                      "tokens_per_second": sum(o["tokens"] for o in answered) / wall,
-                      "ttft_p50": percentile(ttft, 0.5), "ttft_p90": percentile(ttft, 0.9), "ttft_max": max(ttft),
-                      "stream_tokens_per_second_median": statistics.median(
-                          (o["tokens"] - 1) / o["decode"] for o in answered)}
-    d, a, load_ = result["direct"], result["alone"], result["load"]
-    print(f"RESULT server alone (median of {ALONE}): ttft {a['ttft'] * 1e3:.0f} ms, {a['tokens_per_second']:.1f} tok/s; direct session: "
-          f"ttft {d['ttft'] * 1e3:.0f} ms ({d['prompt_tokens']} prompt tokens), {d['tokens_per_second']:.1f} tok/s "
-          f"(server/direct {a['tokens_per_second'] / d['tokens_per_second']:.3f})")
-    print(f"RESULT server load {args.clients}x{args.requests}: {load_['answered']} answered, {load_['refused']} "
-          f"refused in {wall:.1f} s, {load_['tokens_per_second']:.1f} tok/s aggregate, ttft p50 "
-          f"{load_['ttft_p50']:.2f} s p90 {load_['ttft_p90']:.2f} s max {load_['ttft_max']:.2f} s, per stream "
-          f"{load_['stream_tokens_per_second_median']:.1f} tok/s")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+            return float(placement[:-1]) / 100
+        except ValueError:
+            raise InvalidArgument(f"--expert-cache: {placement!r} is not a percentage") from None
+    return 0.0 if placement == "0" else None
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("--url", help="a server already running (http://HOST:PORT[/v1]): measured as it is")
+    parser.add_argument("--model", help="the .gguf file to serve (with --url: the one served, for its vocabulary)")
+    parser.add_argument("--vocab", type=int, help="with --url and no --model: prompt ids are drawn below this")
+    parser.add_argument("--clients", type=counts, default=[1, 2, 4, 8, 16], help="concurrency levels, in turn")
+    parser.add_argument("--requests", type=int, default=2, help="per client, one after another")
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0, help="the prompts' seed")
+    parser.add_argument("--engine", choices=["gpu", "reference"], default="gpu",
+                        help="strata serve's engine (reference: a tiny model without a GPU; no placements)")
+    parser.add_argument("--expert-cache", default="0%,50%,100%",
+                        help="placements, each a server run: a share of every layer's routed experts in VRAM "
+                             "(llama-server gets the same share of layers), or strata's own auto or size")
+    parser.add_argument("--context", type=int, help="serve's --context (default: prompt + max tokens + 8)")
+    for name in PASSED_TO_SERVE:
+        parser.add_argument("--" + name.replace("_", "-"), help="passed to strata serve as it is")
+    target.add_argument("--llama-server", metavar="PATH", help="also run llama-server (a binary) on the same file")
+    parser.add_argument("--parallel", type=int, default=8, help="llama-server's --parallel")
+    parser.add_argument("--startup-timeout", type=float, default=900.0, help="seconds for a server to load")
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args()
+    if args.url and args.model is None and args.vocab is None:
+        parser.error("--url needs --model (the file served) or --vocab for its prompts' token ids")
+    return args
+
+
+def serve_options(args: argparse.Namespace, context: int, cache: str | None) -> list[str]:
+    options = ["--context", str(context), "--queue", args.queue or str(max(args.clients))]
+    for name in PASSED_TO_SERVE:
+        if getattr(args, name) is not None and name != "queue":
+            options += ["--" + name.replace("_", "-"), getattr(args, name)]
+    return options + ([] if cache is None else ["--expert-cache", cache])
+
+
+def measure(label: str, command: list[str] | None, url: str, args: argparse.Namespace, vocab: int,
+            exclude: set[int]) -> dict[str, Any]:
+    print(f"bench_server: {label}", file=sys.stderr, flush=True)
+    result = run(url, args.clients, args.requests, args.prompt_tokens, args.max_tokens, vocab, seed=args.seed,
+                 exclude=exclude, emit=lambda line: print(line, flush=True))
+    return {"server": label, "command": command, **result}
+
+
+def served(label: str, command: list[str], port: int, args: argparse.Namespace, vocab: int,
+           exclude: set[int]) -> dict[str, Any]:
+    """`command` started, measured, stopped; the lines it said about its experts' placement kept."""
+    with started(command, port, startup_seconds=args.startup_timeout) as server:
+        result = measure(label, command, server.url, args, vocab, exclude)
+        result["placement"] = [line for line in server.output_lines() if "expert cache:" in line]
+    return result
+
+
+def runs(args: argparse.Namespace, out: list[dict[str, Any]]) -> None:
+    """Each server's result appended to `out` as it is measured (so an error later keeps what was measured)."""
+    path = args.model or (None if args.url else str(bench_model(cache_dir(), synthesize)))
+    per_expert, g = [], None
+    if path is not None:
+        with inspect(path) as file:
+            g, per_expert = file.geometry, expert_bytes(file.geometry, file_tensors(file))
+    vocab = g.n_vocab if g is not None else args.vocab
+    exclude = {g.ple_eos} if g is not None and g.ple_layers else set()  # an EOS in the prompt cuts the PLE n-grams
+    if args.url:
+        out.append(measure(f"the server at {args.url}", None, args.url, args, vocab, exclude))
+        return
+    context = args.context or args.prompt_tokens + args.max_tokens + 8
+    if args.engine == "gpu":  # each placement's budget before any server starts: a bad one is said at once
+        placements = []
+        for placement in args.expert_cache.split(","):
+            fraction = share(placement)
+            budget = placement if fraction is None else str(expert_budget(per_expert, g.n_expert, fraction))
+            placements.append((placement, fraction, budget))
+    else:
+        placements = [(None, None, None)]
+    llama = args.llama_server and shutil.which(args.llama_server)
+    if args.llama_server and not llama:
+        print(f"bench_server: no llama-server at {args.llama_server}: llama-server skipped", flush=True)
+    for placement, fraction, budget in placements:
+        port = free_port()
+        command = strata_serve_command(path, port, engine=args.engine, options=serve_options(args, context, budget))
+        label = f"strata serve, experts in VRAM: {placement}" if placement else "strata serve (reference engine)"
+        out.append(served(label, command, port, args, vocab, exclude))
+        if llama and fraction is not None:
+            port = free_port()
+            command = llama_server_command(llama, path, port, parallel=args.parallel, context=context,
+                                           cpu_moe=cpu_moe_layers(fraction, g.n_layer))
+            out.append(served(f"llama-server --parallel {args.parallel}, experts in VRAM: {placement}", command,
+                              port, args, vocab, exclude))
+        elif llama:
+            what = f"--expert-cache {placement}" if placement else "the reference engine"
+            print(f"bench_server: llama-server has no match for {what}: skipped", flush=True)
+
+
+def figure(value: float | None, scale: float = 1.0, digits: int = 1) -> str:
+    return "-" if value is None else f"{value * scale:.{digits}f}"
+
+
+def table(results: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for result in results:
+        lines.append(f"{result['server']}: {result['prompt_tokens']} prompt tokens, {result['max_tokens']} asked, "
+                     f"{result['requests_per_client']} requests per client, ignore_eos "
+                     f"{'taken' if result['ignore_eos'] else 'refused (tokens up to EOS)'}")
+        if result["command"]:
+            lines.append("  command: " + " ".join(result["command"]))
+        lines += [f"  {line.strip()}" for line in result.get("placement", [])]
+        lines.append(f"  {'clients':>7} {'requests':>8} {'errors':>6} {'tokens':>7} {'short':>5} {'tok/s':>8} "
+                     f"{'stream tok/s':>12} {'TTFT p50 ms':>11} {'TTFT p90 ms':>11}")
+        for level in result["levels"]:
+            lines.append(f"  {level['clients']:>7} {level['requests']:>8} {level['errors']:>6} {level['tokens']:>7} "
+                         f"{level['short']:>5} {figure(level['aggregate_tokens_per_second']):>8} "
+                         f"{figure(level['stream_tokens_per_second']):>12} {figure(level['ttft_p50'], 1e3, 0):>11} "
+                         f"{figure(level['ttft_p90'], 1e3, 0):>11}")
+        levels = result["levels"]
+        lines.append(f"RESULT {result['server']}: clients " + "/".join(str(x["clients"]) for x in levels) +
+                     ": aggregate " + "/".join(figure(x["aggregate_tokens_per_second"]) for x in levels) +
+                     " tok/s, per stream " + "/".join(figure(x["stream_tokens_per_second"]) for x in levels) +
+                     " tok/s, TTFT p50 " + "/".join(figure(x["ttft_p50"], 1e3, 0) for x in levels) + " ms, errors "
+                     + str(sum(x["errors"] for x in levels)))
+    return lines
+
+
+def main() -> int:
+    args = parse()
+    # a SIGTERM unwinds as Ctrl-C does, through the blocks that stop the servers
+    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
+    results: list[dict[str, Any]] = []
+    try:
+        runs(args, results)
+    finally:
+        print("\n".join(table(results)), flush=True)
+        if args.json:
+            write_json(args.json, {"arguments": {k: v for k, v in vars(args).items()}, "runs": results})
+    return 1 if any(level["errors"] for result in results for level in result["levels"]) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
