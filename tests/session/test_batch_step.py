@@ -1,10 +1,11 @@
 """Batched decode steps on the GPU (docs/batch.md): DecodeSession.step_batch runs one token of each of several
-sessions through every layer at once on the first one's prompt path. A batch's row is, bit for bit, what feeding
-that token alone through the prompt path gives its session (the same kernels, each row independent of the others
-where the dense products are GEMV batches: up to 8 rows), for all three architectures, at different positions and
-sampling settings, and decoding after it goes on from the same state; a larger batch (tensor-core products) stays
-within the decode bounds; and the greedy tokens of sessions decoded together are those each decodes alone, up to a
-near-tie. (With the prompt path's CPU share off, a token's experts run on the GPU in every chunk and batch.)"""
+sessions through every layer and the LM head at once on the first one's prompt path. A batch's row is, bit for
+bit, that session stepped in a batch of one (each kernel's row independent of the others' where the dense products
+are GEMV batches: up to 8 rows), whose logits are the prompt path's row for its token (feed's every-position
+logits), for all three architectures, at different positions and sampling settings; decoding after it goes on from
+that state; a larger batch (tensor-core products) stays within the decode bounds; and the greedy tokens of sessions
+decoded together are those each decodes alone, up to a near-tie. (With the prompt path's CPU share off, a token's
+experts run on the GPU in every chunk and batch.)"""
 
 import numpy as np
 import pytest
@@ -43,9 +44,13 @@ def batch(engines, ids, params=None, us=None):
 
 
 def alone(e, token, params=GREEDY, u=0.0):
-    """The token through the prompt path alone, sampled as a step samples."""
-    rows = e.ple.rows_for([token]) if e.ple is not None else None
-    return e.native.feed([token], rows, params, u)
+    """The token through a batch of one."""
+    return batch([e], [token], [params], [u])[0]
+
+
+def scored(e, token):
+    """The token through the prompt path alone (GpuEngine.score): its logits row, as feed's every-position logits."""
+    return e.score([token], [0] * (e.position + 1))[0]
 
 
 def pairs(model, rng, lengths, staged_batch, staged_alone, **options):
@@ -66,7 +71,7 @@ def close(*groups):
 
 
 @pytest.mark.parametrize("lengths", [[9], [21, 7, 14], [9, 30, 17, 11, 26, 8, 7, 19]])
-def test_a_batch_row_is_its_token_fed_alone(loaded, lengths, rng):
+def test_a_batch_row_is_its_session_alone(loaded, lengths, rng):
     name, model = loaded
     g = model.info.geometry
     together, apart = pairs(model, rng, lengths, staging(model), staging(model))
@@ -83,10 +88,12 @@ def test_a_batch_row_is_its_token_fed_alone(loaded, lengths, rng):
                 assert np.all(np.isfinite(logits)), (name, i)
                 assert_same_bits(logits, b.logits(), f"{name} step {step} row {i}: logits")
             assert got == want, (name, step, got, want)
-        # and the state each row left decodes on as its twin's does
+        # a batch of one is the prompt path's row for its token; the state each row left decodes on as its twin's
         then = [int(t) for t in rng.integers(0, g.n_vocab, 3)]
         for a, b in zip(together, apart):
-            for t in then:
+            alone(a, then[0])
+            assert_same_bits(a.logits(), scored(b, then[0]), f"{name}: a batch of one against the prompt path")
+            for t in then[1:]:
                 a.prefill([t], [0] * (a.position + 1))
                 b.prefill([t], [0] * (b.position + 1))
                 assert_same_bits(a.logits(), b.logits(), f"{name}: decoding after the batch")
@@ -123,9 +130,8 @@ def test_a_batch_larger_than_the_gemv_rows_stays_within_the_decode_bounds(loaded
     try:
         ids = [int(t) for t in rng.integers(0, g.n_vocab, 12)]
         batch(together, ids)
-        for e, t in zip(apart, ids):
-            alone(e, t)
-        errors = relative_errors([e.logits() for e in together], [e.logits() for e in apart])
+        want = [scored(e, t) for e, t in zip(apart, ids)]
+        errors = relative_errors([e.logits() for e in together], want)
         print(f"{name}: 12 rows against each alone, median {np.median(errors):.2e}, worst {errors.max():.2e}")
         assert np.all(np.isfinite(errors))
         assert np.median(errors) < bounds(name, "bf16"), (name, errors)

@@ -150,13 +150,15 @@ class DecodeSession {
   int verify_rows() const noexcept;
 
   // A batched decode step (docs/batch.md): sessions[i] appends tokens[i] at its next position, all n of them
-  // through every layer at once on sessions[0]'s prompt path (the dense products over the n rows, each routed
-  // expert once for the rows that chose it, the mixers over each session's own state); each session then runs
-  // its LM head and, with `sample`, samples its next token into out[i] as step() would (else -1). The same state
-  // and logits as feeding each session its token through the prompt path alone, row for row. ple_rows[i]: as
-  // step's for session i. The sessions share the weights, pool, expert cache, staging, device, context and KV
-  // format, none streams its KV, n <= sessions[0]'s prompt chunk (InvalidArgument otherwise, before any state
-  // changes).
+  // through every layer and the LM head at once on sessions[0]'s prompt path (the dense products over the n rows,
+  // each routed expert once for the rows that chose it, the mixers over each session's own state); each session
+  // then samples its row into out[i] with `sample`, as step() samples (else -1), and its logits() and logprobs()
+  // read that row. A row is what the same session stepped in a batch of one gives, bit for bit, and its logits
+  // those of the prompt path's row for its token (feed's all_logits). Where the expert cache holds every expert,
+  // the rows' routing stays on the device and, in a graph mode, the step is a captured graph per member set.
+  // ple_rows[i]: as step's for session i. The sessions share the weights, pool, expert cache, staging, device,
+  // context and KV format, none streams its KV, n <= sessions[0]'s prompt chunk and 64 (InvalidArgument
+  // otherwise, before any state changes).
   static void step_batch(DecodeSession* const* sessions, int n, const int* tokens, const float* const* ple_rows,
                          const SamplingValues* sampling, const double* u, bool sample, int* out);
 

@@ -54,8 +54,9 @@ cudaError_t gemv_float(FloatKind kind, const void* w, int rows, int cols, const 
 // cols is a multiple of 32; a float row takes the 16-byte vector path when cols * element bytes and, for x,
 // x_stride * 4 are multiples of 16. Plane offsets are 64-bit: 512 experts of 640 x 2560 are 3.4 GB in f32.
 // Refused with cudaErrorInvalidValue: count outside 1..kMaxBatchProducts, a null slots with count > 1,
-// x_stride < 0 (or, for the quantized forms, not a multiple of 32).
-constexpr int kMaxBatchProducts = 65535;  // the products go along the grid's y dimension
+// x_stride < 0 (or, for the quantized forms, not a multiple of 32), count times the row tiles past 2^31 - 1
+// (the products and the tiles share the grid's x dimension, gemv_rows.cuh).
+constexpr int kMaxBatchProducts = 65535;
 
 struct MatrixBatch {
   const int* slots = nullptr;

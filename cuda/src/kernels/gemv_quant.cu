@@ -13,28 +13,32 @@ namespace {
 
 constexpr int kBlock = kCodeBlock;
 
-// One matrix (Batched false: gemv_quant) or product blockIdx.y of a batch (gemv.cuh), whose matrix starts at the
-// stack's row slot * rows in every plane and whose x and y are offset here: the loop is the same for both.
+// One matrix (Batched false: gemv_quant) or a product of a batch of `count` (gemv.cuh, gemv_rows.cuh's grid),
+// whose matrix starts at the stack's row slot * rows in every plane and whose x and y are offset here: the loop is
+// the same for both.
 template <class S, bool Batched>
 __global__ void __launch_bounds__(kRowsPerCta * 32)
 gemv_quant_kernel(QuantPlanes p, int rows, int cols, int code_bias, ValueTable book, const int* __restrict__ slots,
-                  int x_stride, const std::int8_t* __restrict__ xq, const float* __restrict__ dx,
+                  int x_stride, int count, const std::int8_t* __restrict__ xq, const float* __restrict__ dx,
                   const std::int32_t* __restrict__ xsums, float* __restrict__ y, int split) {
   await_producers();
   release_consumers();
   long first_row = 0;
+  int tile = static_cast<int>(blockIdx.x);
   if constexpr (Batched) {
-    const int slot = batch_slot(slots);
+    const int product = batch_product(count);
+    tile = row_tile(count);
+    const int slot = batch_slot(slots, product);
     if (slot < 0) return;
     first_row = static_cast<long>(slot) * rows;
-    const long x_offset = static_cast<long>(blockIdx.y) * x_stride;
+    const long x_offset = static_cast<long>(product) * x_stride;
     xq = advanced(xq, x_offset);
     dx = advanced(dx, x_offset / kBlock);
     xsums = advanced(xsums, x_offset / kBlock);
-    y += static_cast<long>(blockIdx.y) * rows;
+    y += static_cast<long>(product) * rows;
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row_in_range = blockIdx.x * (kRowsPerCta / split) + warp / split;
+  const int row_in_range = tile * (kRowsPerCta / split) + warp / split;
   const bool live = row_in_range < rows;
   // The row in the stack; a spare warp walks no blocks but joins the CTA's reduction.
   const long row = first_row + (live ? row_in_range : rows - 1);
@@ -51,7 +55,7 @@ cudaError_t launch_shape(dim3 grid, cudaStream_t stream, const QuantPlanes& plan
                          const std::int32_t* xsums, float* y, int split) {
   auto* kernel = batch.slots != nullptr ? gemv_quant_kernel<S, true> : gemv_quant_kernel<S, false>;
   return launch(kernel, grid, kRowsPerCta * 32, 0, stream, planes, rows, cols, code_bias, book, batch.slots,
-                batch.x_stride, xq, dx, xsums, y, split);
+                batch.x_stride, batch.count, xq, dx, xsums, y, split);
 }
 
 // Launches the kernel of the shape `form` matches; cudaErrorInvalidValue if it matches none.
@@ -60,6 +64,7 @@ cudaError_t launch_form(const QuantForm& form, const QuantPlanes& planes, int ro
                         cudaStream_t stream) {
   const int split = row_split(rows);
   const dim3 grid = gemv_grid(rows, split, batch.count);
+  if (grid.x == 0) return cudaErrorInvalidValue;
   const ValueTable book = value_table(codebook_values(form.codebook));
   cudaError_t status = cudaErrorInvalidValue;
   KnownShapes::visit(form, [&](auto shape) {

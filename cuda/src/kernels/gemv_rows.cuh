@@ -15,11 +15,20 @@ constexpr int kRowsPerCta = 4;
 // Warps per row (1, 2 or 4) for a matrix of `rows` rows.
 inline int row_split(int rows) { return rows >= 2048 ? 1 : rows >= 1024 ? 2 : 4; }
 
-// CTAs over one matrix's rows (x) and a batch's products (y).
+// CTAs over a batch's products and one matrix's row tiles, in the grid's x dimension with the product fastest:
+// CTA i serves product i % count at row tile i / count. A tile's CTAs for every product then run side by side,
+// so products of one matrix (a batch of rows of x: a prompt chunk's, a verification step's, a batched step's)
+// read each tile from HBM once and from L2 for the others, where product-major CTAs would stream the whole matrix
+// once per product. x is 0 where the CTAs would pass the dimension's limit (the launchers refuse it).
 inline dim3 gemv_grid(int rows, int split, int count) {
   const int rows_per_cta = kRowsPerCta / split;
-  return dim3(static_cast<unsigned>((rows + rows_per_cta - 1) / rows_per_cta), static_cast<unsigned>(count));
+  const long ctas = static_cast<long>((rows + rows_per_cta - 1) / rows_per_cta) * count;
+  return dim3(ctas <= 0x7fffffffL ? static_cast<unsigned>(ctas) : 0u);
 }
+
+// This CTA's product of the batch's `count` and its row tile (gemv_grid).
+__device__ __forceinline__ int batch_product(int count) { return static_cast<int>(blockIdx.x % count); }
+__device__ __forceinline__ int row_tile(int count) { return static_cast<int>(blockIdx.x / count); }
 
 // The batch conditions both GEMV families share (gemv.cuh); the quantized forms add x_stride % 32 == 0.
 inline bool valid_batch(const MatrixBatch& batch) {
@@ -27,9 +36,9 @@ inline bool valid_batch(const MatrixBatch& batch) {
          batch.x_stride >= 0;
 }
 
-// The matrix of this CTA's product (blockIdx.y), < 0 when the batch skips it. Every thread of the CTA reads the
-// same slot, so a skipped product's CTA returns as a whole and none waits at store_row's barrier.
-__device__ __forceinline__ int batch_slot(const int* __restrict__ slots) { return slots[blockIdx.y]; }
+// The matrix of product `product`, < 0 when the batch skips it. Every thread of the CTA reads the same slot, so
+// a skipped product's CTA returns as a whole and none waits at store_row's barrier.
+__device__ __forceinline__ int batch_slot(const int* __restrict__ slots, int product) { return slots[product]; }
 
 // p + n elements, through an integer: nvcc would fold a product's offset into the index of every load of the
 // GEMV loops (64-bit adds per load); this way the loops index the offset pointer as they index a parameter.

@@ -211,9 +211,10 @@ void Runner::verify(Sequence& sequence, const int* tokens, int n, const float* p
 void Runner::step_batch(const BatchMember* members, int n, bool sample, int* out) {
   STRATA_EXPECTS(prompt_ != nullptr, InvalidArgument,
                  "batched steps run on the prompt path: this session has none (a prompt chunk of 0 tokens)");
-  STRATA_EXPECTS(n >= 1 && n <= prompt_->chunk(), InvalidArgument,
-                 "a batched step takes 1.." + std::to_string(prompt_->chunk()) +
-                     " sessions (the leading session's prompt chunk), got " + std::to_string(n));
+  STRATA_EXPECTS(n >= 1 && n <= prompt_->batch_rows(), InvalidArgument,
+                 "a batched step takes 1.." + std::to_string(prompt_->batch_rows()) +
+                     " sessions (the leading session's prompt chunk, at most its head's block of rows), got " +
+                     std::to_string(n));
   const int ple_width = g_.ple_n_heads * g_.ple_head_dim;
   for (int i = 0; i < n; ++i) {
     const BatchMember& m = members[i];
@@ -243,11 +244,11 @@ void Runner::step_batch(const BatchMember* members, int n, bool sample, int* out
   }
   for (int i = 0; i < n; ++i) members[i].sequence->begin_step();  // broken until the step completes
   refresh_cache();
-  // Each row's head and sampler are its own runner's: they read the row's streams, which the batch left in its
-  // sequence, as after a prompt.
+  // Each row's logits (the batch's head over its rows) become its own runner's, whose sampler draws from them:
+  // so each session's logits() and logprobs() read its row afterwards.
   const auto enqueue = [&](cudaStream_t s) {
     prompt_->enqueue_batch(rows.data(), n, s);
-    for (int i = 0; i < n; ++i) members[i].runner->program_.end_prompt(samplers[i], s);
+    for (int i = 0; i < n; ++i) members[i].runner->program_.adopt_logits(prompt_->batch_logits(i), samplers[i], s);
   };
   if (options_.mode != DecodeMode::kUncaptured && prompt_->batch_on_device()) {
     batch_graph(members, rows.data(), n, samplers, enqueue).launch(stream_.get());

@@ -55,7 +55,6 @@ class Runner {
     double u = 0.0;
   };
   void step_batch(const BatchMember* members, int n, bool sample, int* out);
-  int batch_rows() const noexcept { return prompt_chunk(); }
 
   // DecodeSession::verify and truncate on `sequence`.
   void verify(Sequence& sequence, const int* tokens, int n, const float* ple_rows, float* all_logits);

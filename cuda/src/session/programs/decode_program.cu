@@ -378,11 +378,21 @@ void DecodeProgram::end(Sampler sampler, cudaStream_t s) const {
   const Products head{{t_.head, logits_}};
   read_streams(LayerPath{*this}, seq_.streams, t_.output_hc, t_.output_norm, x_, nullptr, head, s);
   project_quantized(x_, head, q8_, s);
+  sample(sampler, s);
+}
+
+void DecodeProgram::adopt_logits(const float* row, Sampler sampler, cudaStream_t s) const {
+  STRATA_CUDA_TRY(cudaMemcpyAsync(stage_, io_.host_stage, sizeof(TokenStage), cudaMemcpyHostToDevice, s));
+  STRATA_CUDA_TRY(cudaMemcpyAsync(logits_, row, sizeof(float) * g_.n_vocab, cudaMemcpyDeviceToDevice, s));
+  sample(sampler, s);
+}
+
+void DecodeProgram::sample(Sampler sampler, cudaStream_t s) const {
   if (sampler == Sampler::kNone) return;
   // The argmax needs no sort: the host chose it from the values it staged (kernels::picks_argmax).
-  auto* sample = sampler == Sampler::kArgmax ? kernels::sample_argmax : kernels::sample_token;
-  STRATA_CUDA_TRY(sample(logits_, g_.n_vocab, seen_, context_, &stage_->sampling, sample_scratch_,
-                         sample_scratch_bytes_, io_.sampled, s));
+  auto* draw = sampler == Sampler::kArgmax ? kernels::sample_argmax : kernels::sample_token;
+  STRATA_CUDA_TRY(draw(logits_, g_.n_vocab, seen_, context_, &stage_->sampling, sample_scratch_,
+                       sample_scratch_bytes_, io_.sampled, s));
 }
 
 }  // namespace strata

@@ -112,6 +112,10 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
   // values are copied up first, as begin() copies them for a token.
   void end_prompt(Sampler sampler, cudaStream_t s) const;
 
+  // A row of logits another program computed (a batched step's head, docs/batch.md) as this token's: the stage's
+  // sampling values copied up, the row into logits(), then `sampler`.
+  void adopt_logits(const float* row, Sampler sampler, cudaStream_t s) const;
+
   // The log-probabilities of `token` and the n most likely ids at the last position, into logprobs().
   void enqueue_logprobs(int token, int n, cudaStream_t s) const;
   const kernels::Logprobs* logprobs() const noexcept { return logprobs_; }
@@ -140,6 +144,7 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
   // Whether layer `layer`'s answer brings layer - 1's deferred row (a deferring layer's next one rings).
   bool takes_deferred(int layer) const { return layer > 0 && io_.deferral.defers(layer - 1, cache_); }
   const CachedLayer* cached(int layer) const;  // null where the cache holds none of the layer's experts
+  void sample(Sampler sampler, cudaStream_t s) const;  // the sampler over logits_, from the stage's values
   void cached_experts(const CachedLayer& c, cudaStream_t s) const;
 
   const ModelGeometry& g_;

@@ -475,18 +475,24 @@ void PromptProgram::cached_pairs(int layer, int rows, cudaStream_t s) const {
 // The LM head at every row of the chunk, kLogitRows rows at a time into the scratch block and from there into
 // `logits` ([n][n_vocab] host floats): the final mixer and the head as decode's end() runs them for one token.
 void PromptProgram::all_logits(int n, float* logits, cudaStream_t s) {
-  const int width = std::max(g_.hc_count, 1) * g_.n_embd;
   for (int first = 0; first < n; first += kLogitRows) {
     const int rows = std::min(kLogitRows, n - first);
-    const float* streams = streams_ + static_cast<long>(first) * width;
-    const Products head{{t_.head, logits_}};
-    read_streams(LayerPath{*this, rows}, streams, t_.output_hc, t_.output_norm, x_, nullptr, head, s);
-    project_rows(x_, rows, head, s);
+    head_rows(first, rows, s);
     const std::size_t bytes = sizeof(float) * rows * static_cast<std::size_t>(g_.n_vocab);
     STRATA_CUDA_TRY(cudaMemcpyAsync(logits + static_cast<std::size_t>(first) * g_.n_vocab, logits_, bytes,
                                     cudaMemcpyDeviceToHost, s));
     STRATA_CUDA_TRY(cudaStreamSynchronize(s));  // the block is reused for the next rows; logits may be pageable
   }
+}
+
+// The final mixer and the LM head at rows first .. first + rows - 1 (at most kLogitRows) into the logits block, as
+// decode's end() runs them for one token.
+void PromptProgram::head_rows(int first, int rows, cudaStream_t s) {
+  const int width = std::max(g_.hc_count, 1) * g_.n_embd;
+  const Products head{{t_.head, logits_}};
+  read_streams(LayerPath{*this, rows}, streams_ + static_cast<long>(first) * width,
+               t_.output_hc, t_.output_norm, x_, nullptr, head, s);
+  project_rows(x_, rows, head, s);
 }
 
 void PromptProgram::stage_rows(const int* tokens, const int* positions, int n, const float* ple_rows) {
@@ -550,9 +556,10 @@ void PromptProgram::run(const int* tokens, int n, int position, const float* ple
 }
 
 void PromptProgram::stage_batch(const BatchRow* rows, int n, const float* ple_rows) {
-  STRATA_EXPECTS(n >= 1 && n <= chunk_, InvalidArgument,
-                 "a batched step holds 1.." + std::to_string(chunk_) + " rows (the prompt chunk), got " +
-                     std::to_string(n));
+  STRATA_EXPECTS(n >= 1 && n <= batch_rows(), InvalidArgument,
+                 "a batched step holds 1.." + std::to_string(batch_rows()) +
+                     " rows (the prompt chunk, at most the " + std::to_string(kLogitRows) +
+                     " rows of the head's block), got " + std::to_string(n));
   std::vector<int> tokens(n), positions(n);
   for (int r = 0; r < n; ++r) {
     STRATA_EXPECTS(!rows[r].views->kv_streaming, InvalidArgument,
@@ -570,6 +577,12 @@ bool PromptProgram::batch_on_device() const {
     if (!cache_->holds_all(layer)) return false;
   }
   return true;
+}
+
+int PromptProgram::batch_rows() const noexcept { return std::min(chunk_, kLogitRows); }
+
+const float* PromptProgram::batch_logits(int row) const {
+  return logits_ + static_cast<std::size_t>(row) * g_.n_vocab;
 }
 
 std::vector<char> PromptProgram::batch_modes(const BatchRow* rows, int n) const {
@@ -601,6 +614,7 @@ void PromptProgram::enqueue_batch(const BatchRow* rows, int n, cudaStream_t s) {
       STRATA_CUDA_TRY(cudaMemcpyAsync(rows[r].views->streams, streams_ + static_cast<long>(r) * width,
                                       sizeof(float) * width, cudaMemcpyDeviceToDevice, s));
     }
+    head_rows(0, n, s);  // one product over the rows: the head's weights read once for the batch
   } catch (...) {
     batch_ = false;
     throw;

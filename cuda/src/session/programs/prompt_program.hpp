@@ -103,13 +103,15 @@ class PromptProgram : private PromptScratch {
   // every layer at once: the dense products over all rows, each routed expert once for the rows that chose it,
   // the mixers and the PLE layer over each row's own sequence. stage_batch writes the rows' values into the
   // program's pinned block (ple_rows: [n] rows, null without PLE); enqueue_batch then enqueues the step on `s`,
-  // which leaves each row's residual streams in its sequence, where the decode program's end() reads them. n:
-  // 1..chunk(); no sequence streams its KV. Where batch_on_device(), the routed experts run from the cache with
+  // which leaves each row's residual streams in its sequence and its logits at batch_logits(row) (the head over
+  // the rows, as all_logits runs it). n: 1..min(chunk(), 64); no sequence streams its KV. Where batch_on_device(), the routed experts run from the cache with
   // their routing on the device and enqueue_batch neither waits nor synchronises: it may be captured into a graph
   // for the same sequences and batch_modes(); otherwise the host groups each layer's routing, as run() does.
   void stage_batch(const BatchRow* rows, int n, const float* ple_rows);
   void enqueue_batch(const BatchRow* rows, int n, cudaStream_t s);
   bool batch_on_device() const;
+  int batch_rows() const noexcept;  // the most rows a batch takes
+  const float* batch_logits(int row) const;  // device [n_vocab]
   // What enqueue_batch decides on the host from the rows' positions, which a graph of it bakes in: for each row
   // and attention layer with an indexer, whether its query reads its selected blocks gathered.
   std::vector<char> batch_modes(const BatchRow* rows, int n) const;
@@ -121,6 +123,7 @@ class PromptProgram : private PromptScratch {
   struct LayerPath;  // the chunk as the layer recipe's path: its rows (layer_recipe.hpp)
   void project_rows(const float* x, int rows, const Products& products, cudaStream_t s) const;
   void all_logits(int n, float* logits, cudaStream_t s);
+  void head_rows(int first, int rows, cudaStream_t s);
   // The rows' tokens, positions and PLE rows into the pinned block; then up to the device, embedded, and every
   // stream started at the embedding.
   void stage_rows(const int* tokens, const int* positions, int n, const float* ple_rows);
