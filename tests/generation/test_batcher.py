@@ -6,6 +6,7 @@ only the call that made it."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -222,6 +223,37 @@ def test_reference_sessions_through_the_batcher_answer_as_alone(model_file, rng)
         check_mix(lambda batched: BatchingReference(Reference(model_file), CONTEXT, log=log if batched else BatchLog()),
                   codec, rng, vocab, batcher)
     assert log.threads == {batcher.thread_id} and max(log.sizes) > 1
+
+
+def test_a_long_prompt_advances_a_chunk_per_decode_batch(table, rng):
+    """One chunk, then one decode batch: a decoding session steps between every two chunks of another's prompt,
+    and the prompt advances while it decodes."""
+    log = BatchLog()
+    prompt = random_ids(rng, VOCAB, 5 * STEPPED_PROMPT_CHUNK + 3)
+    jobs = [Job(random_ids(rng, VOCAB, 3), {"max_tokens": 60}), Job(prompt, {"max_tokens": 3}, joins_after=5)]
+    with Batcher(grace_seconds=GRACE) as batcher:
+        engines = [table_engines(table, log)() for _ in jobs]
+        run_batched([Session(batcher.member(e), CharCodec()) for e in engines], jobs)
+    decoder, prompted = engines
+    chunks = [i for i, (engine, _, n) in enumerate(log.calls) if engine is prompted and n > 1]
+    assert [log.calls[i][1:] for i in chunks] == [("prefill", STEPPED_PROMPT_CHUNK)] * 5 + [("feed", 3)]
+    for before, after in zip(chunks, chunks[1:]):
+        between = [call for engine, *call in log.calls[before + 1:after] if engine is decoder]
+        assert between == [["feed", 1]], (before, after, between)
+    assert sum(1 for engine, *_ in log.calls[chunks[-1]:] if engine is decoder) > 10  # it was decoding throughout
+
+
+def test_an_active_member_busy_elsewhere_holds_the_others_back_a_grace_per_step_at_most(table, rng):
+    grace, steps = 0.01, 20
+    with Batcher(grace_seconds=grace) as batcher:
+        idle = Session(batcher.member(table_engines(table, BatchLog())()), CharCodec())
+        busy = Session(batcher.member(table_engines(table, BatchLog())()), CharCodec())
+        with idle.engine.active():
+            idle.complete([1, 2], max_tokens=1)  # it has called: it is waited for, and now makes no more calls
+            start = time.monotonic()
+            busy.complete([3, 4], max_tokens=steps + 1)
+            seconds = time.monotonic() - start
+    assert grace * steps / 2 <= seconds < 1.0 + grace * steps, seconds  # it waited, a grace per step
 
 
 def test_a_failing_call_reaches_only_its_member(table, rng):

@@ -17,11 +17,12 @@ ENGINE_API = frozenset({"feed", "prefill", "verify", "truncate", "logprobs", "sn
 
 @dataclass
 class BatchLog:
-    """What a set of batching engines saw: each step_batch's engines' keys (its size is their number), and the
-    threads every engine call ran on."""
+    """What a set of batching engines saw: each step_batch's engines' keys (its size is their number), the
+    threads every engine call ran on, and (table engines) every call in order: (engine, call, ids)."""
 
     batches: list[list[object]] = field(default_factory=list)
     threads: set[int] = field(default_factory=set)
+    calls: list[tuple[object, str, int]] = field(default_factory=list)
     lock: threading.RLock = field(default_factory=threading.RLock)
 
     @property
@@ -66,6 +67,10 @@ class BatchingTable(Batching, TableEngine):
     def prefill(self, ids, seen) -> None:
         self._append("prefill", ids, seen)
         self._logits = self.table[self.sequence[-1]]
+
+    def _append(self, call: str, ids, seen) -> None:
+        super()._append(call, ids, seen)
+        self.log.calls.append((self, call, len(ids)))
 
 
 class BatchingReference(Batching, ReferenceEngine):

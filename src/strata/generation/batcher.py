@@ -99,6 +99,7 @@ class Batcher:
         self._calls: deque[_Call] = deque()   # everything else, FIFO
         self._members: list[Member] = []
         self._first_step = 0.0  # when the oldest waiting decode step came
+        self._turn_start = 0.0  # when the thread last finished a job
         self._closing = False
         self._counts = {"decode_batches": 0, "decode_rows": 0, "prompt_chunks": 0, "calls": 0}
         self._thread = threading.Thread(target=self._run, args=(cpus,), name="strata-batcher", daemon=True)
@@ -184,17 +185,20 @@ class Batcher:
                 self._advance(calls[0], kind)
             if kind != "call":  # the calls between them do not change whose turn it is
                 last_was_chunk = kind == "chunk"
+            with self._cond:
+                self._turn_start = time.monotonic()
 
     def _next(self, last_was_chunk: bool) -> tuple[str, list[_Call]] | None:
-        """The next job under the policy (called holding the lock), taken off its queue; None: wait."""
+        """The next job under the policy (called holding the lock), taken off its queue; None: wait. After a prompt
+        chunk comes the decode batch, gathered: a second chunk runs only once no active member has a step coming."""
         if self._calls:
             return "call", [self._calls.popleft()]
-        steps_ready = bool(self._steps) and (self._gathered() or self._gather_left() == 0.0 or self._closing)
-        if self._chunks and (not last_was_chunk or not self._steps):
-            return "chunk", [self._chunks.popleft()]
-        if steps_ready:
+        ready = self._gathered() or self._gather_left() == 0.0 or self._closing
+        if self._steps and ready and (last_was_chunk or not self._chunks):
             steps, self._steps = self._steps, []
             return "steps", steps
+        if self._chunks and (not last_was_chunk or (not self._steps and ready)):
+            return "chunk", [self._chunks.popleft()]
         return None
 
     def _gathered(self) -> bool:
@@ -203,10 +207,12 @@ class Batcher:
         return all(id(m) in waiting for m in self._members if m._active and m._joined)
 
     def _gather_left(self) -> float | None:
-        """Seconds the waiting decode steps may still wait for the others (None: none wait)."""
-        if not self._steps:
+        """Seconds left to wait for the active members' steps (None: nothing waits): from the first step waiting,
+        else from the end of the last job."""
+        if not (self._steps or self._chunks):
             return None
-        return max(0.0, self._first_step + self.grace_seconds - time.monotonic())
+        since = self._first_step if self._steps else self._turn_start
+        return max(0.0, since + self.grace_seconds - time.monotonic())
 
     def _advance(self, call: _Call, kind: str) -> None:
         """Run the call's next piece; finish it after its last, else queue it behind the other prompts."""
