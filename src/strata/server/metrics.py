@@ -69,6 +69,6 @@ class Metrics:
                      "Sessions' decode steps in them (rows / batches: the mean batch)."),
                     ("prompt_chunks_total", counts["prompt_chunks"], "Prompt chunks run between the decode steps.")):
                 lines += [f"# HELP strata_{name} {what}", f"# TYPE strata_{name} counter", f"strata_{name} {value}"]
-            lines += ["# HELP strata_batch_limit The most sessions stepped together.", "# TYPE strata_batch_limit gauge",
-                      f"strata_batch_limit {batcher.max_batch}"]
+            lines += ["# HELP strata_batch_limit The most sessions stepped together.",
+                      "# TYPE strata_batch_limit gauge", f"strata_batch_limit {batcher.max_batch}"]
         return "\n".join(lines) + "\n"

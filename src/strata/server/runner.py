@@ -1,6 +1,7 @@
 """One request's generation on its session, in a worker thread (an engine step blocks), with the pieces handed to
-the event loop as they come; where the session's engine is a Batcher's member, it is active for the run. Cancelling (the client went away) stops it at the next token boundary; the session
-then holds exactly what was generated, and is handed back only once the worker is done with it."""
+the event loop as they come; where the session's engine is a Batcher's member, it is active for the run.
+Cancelling (the client went away) stops it at the next token boundary; the session then holds exactly what was
+generated, and is handed back only once the worker is done with it."""
 
 from __future__ import annotations
 
