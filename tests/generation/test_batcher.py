@@ -78,9 +78,13 @@ def run_batched(sessions: list[Session], jobs: list[Job]) -> list[list[int]]:
         if job.joins_after is not None:
             with first_progress:
                 assert first_progress.wait_for(lambda: done_by_first[0] >= job.joins_after, timeout=60)
-        else:
-            start.wait(timeout=60)  # the threads' own start-up does not stagger them
+            with sessions[i].engine.active():
+                return run_job(sessions[i], job)
         with sessions[i].engine.active():
+            # a first call makes the member one the batcher waits for; the barrier keeps the threads' own start-up
+            # on a busy machine from staggering them
+            assert sessions[i].engine.position == 0
+            start.wait(timeout=60)
             return run_job(sessions[i], job, first_token if i == 0 else None)
 
     with ThreadPoolExecutor(len(jobs)) as pool:

@@ -5,6 +5,12 @@ frees its session while the others go on, /metrics counts the batches, batch 1 k
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -165,3 +171,36 @@ def test_a_batch_of_sessions_that_do_not_all_fit_is_reduced(capsys, monkeypatch)
     made.extend([object()] * 3)  # the first session itself does not fit: that is an error, batch or not
     with pytest.raises(OutOfMemory):
         serve.made_sessions(None, argparse.Namespace(), 8, [], reduce=True)
+
+
+def test_strata_serve_batch_makes_its_sessions_and_refuses_a_batch_below_1(tiny_model, capsys):
+    from strata.cli import main
+
+    path = tiny_model("qwen3next", seed=4)
+    assert main(["serve", str(path), "--engine", "reference", "--port", "0", "--batch", "0"]) == 1
+    assert capsys.readouterr().err == "strata serve: --batch must be >= 1, got 0\n"
+    with socket.socket() as probe:  # a port free a moment ago; the server takes it right after
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "strata.cli", "serve", str(path), "--engine", "reference",
+                               "--port", str(port), "--context", "128", "--batch", "3"],
+                              stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                health = json.loads(get(url, "/health"))
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "strata serve did not start"
+                time.sleep(0.1)
+        assert health["sessions"] == 3  # --batch above --sessions (1) makes that many
+        assert metric(get(url, "/metrics"), "strata_batch_limit") == 3
+    finally:
+        server.send_signal(signal.SIGINT)
+        code = server.wait(30)
+        with server.stderr:
+            err = server.stderr.read()
+    assert code == 0, err
+    assert "(reference engine, 3 session(s) of 128 tokens), batch 3" in err
