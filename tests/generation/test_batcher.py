@@ -17,6 +17,7 @@ from strata.errors import InvalidArgument, StrataError
 from strata.format import inspect
 from strata.generation import Session
 from strata.generation.batcher import STEPPED_PROMPT_CHUNK, Batcher, prompt_pieces
+from strata.generation.draft_length import FixedDraftLength
 from strata.reference import Reference
 from strata.reference.engine import ReferenceEngine
 from support.batch_engine import BatchingReference, BatchingTable, BatchLog, FailingAt
@@ -85,7 +86,11 @@ def run_batched(sessions: list[Session], jobs: list[Job]) -> list[list[int]]:
             # on a busy machine from staggering them
             assert sessions[i].engine.position == 0
             start.wait(timeout=60)
-            return run_job(sessions[i], job, first_token if i == 0 else None)
+            try:
+                return run_job(sessions[i], job, first_token if i == 0 else None)
+            finally:
+                if i == 0:  # an early EOS ends it before the joiner's count: it joins then
+                    first_token(1 << 30)
 
     with ThreadPoolExecutor(len(jobs)) as pool:
         return list(pool.map(work, range(len(jobs))))
@@ -258,6 +263,36 @@ def test_an_active_member_busy_elsewhere_holds_the_others_back_a_grace_per_step_
             busy.complete([3, 4], max_tokens=steps + 1)
             seconds = time.monotonic() - start
     assert grace * steps / 2 <= seconds < 1.0 + grace * steps, seconds  # it waited, a grace per step
+
+
+def test_drafted_sessions_verify_alone_and_answer_as_alone(table, rng):
+    """A drafting session's verifies and truncates run alone beside the others' gathered steps."""
+    log = BatchLog()
+    prompts = [random_ids(rng, VOCAB, n) for n in (5, 4, 11)]
+
+    class Greedy:
+        """The table's greedy path, its second draft wrong at some lengths: windows taken whole and cut short."""
+
+        def propose(self, history, k):
+            drafts = [int(history[-1])]
+            for _ in range(k):
+                drafts.append(int(np.argmax(table[drafts[-1]])))
+            return [1 + t % (VOCAB - 1) if len(history) % 3 == 0 and i == 1 else t
+                    for i, t in enumerate(drafts[1:])]
+
+    def session(make, i: int) -> Session:
+        if i == 1:  # a plain one beside them
+            return Session(make(), CharCodec())
+        return Session(make(), CharCodec(), Greedy(), 3, draft_length=FixedDraftLength(3))
+
+    with Batcher(grace_seconds=GRACE) as batcher:
+        alone = [list(session(table_engines(table, BatchLog()), i).complete(p, max_tokens=16).tokens)
+                 for i, p in enumerate(prompts)]
+        sessions = [session(lambda: batcher.member(table_engines(table, log)()), i) for i in range(len(prompts))]
+        together = run_batched(sessions, [Job(p, {"max_tokens": 16}) for p in prompts])
+    assert together == alone
+    assert log.threads == {batcher.thread_id}
+    assert sessions[0].stats.accepted > 0 and sessions[0].stats.accepted < sessions[0].stats.drafted
 
 
 def test_a_failing_call_reaches_only_its_member(table, rng):
