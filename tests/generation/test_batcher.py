@@ -239,7 +239,8 @@ def test_a_long_prompt_advances_a_chunk_per_decode_batch(table, rng):
     and the prompt advances while it decodes."""
     log = BatchLog()
     prompt = random_ids(rng, VOCAB, 5 * STEPPED_PROMPT_CHUNK + 3)
-    jobs = [Job(random_ids(rng, VOCAB, 3), {"max_tokens": 60}), Job(prompt, {"max_tokens": 3}, joins_after=5)]
+    # the decoder runs long enough to be decoding throughout the prompt, however late the prompt's thread wakes
+    jobs = [Job(random_ids(rng, VOCAB, 3), {"max_tokens": CONTEXT - 8}), Job(prompt, {"max_tokens": 3}, joins_after=5)]
     with Batcher(grace_seconds=GRACE) as batcher:
         engines = [table_engines(table, log)() for _ in jobs]
         run_batched([Session(batcher.member(e), CharCodec()) for e in engines], jobs)
@@ -249,7 +250,6 @@ def test_a_long_prompt_advances_a_chunk_per_decode_batch(table, rng):
     for before, after in zip(chunks, chunks[1:]):
         between = [call for engine, *call in log.calls[before + 1:after] if engine is decoder]
         assert between == [["feed", 1]], (before, after, between)
-    assert sum(1 for engine, *_ in log.calls[chunks[-1]:] if engine is decoder) > 10  # it was decoding throughout
 
 
 def test_an_active_member_busy_elsewhere_holds_the_others_back_a_grace_per_step_at_most(table, rng):

@@ -162,8 +162,10 @@ class Batcher:
             raise call.error
         return call.result
 
-    def _membership_changed(self) -> None:
+    def _set_active(self, member: Member, active: bool) -> None:
+        """A member begins (waited for from its next call) or ends (waited for no more)."""
         with self._cond:
+            member._active, member._joined = active, False
             self._cond.notify_all()
 
     # ------------------------------------------------------------------------------------ the compute thread
@@ -230,7 +232,7 @@ class Batcher:
 
     def _step_all(self, calls: list[_Call]) -> None:
         """One decode batch: the steps of engines that share a batch key as step_batch calls of at most max_batch
-        rows (the batcher's and the engine's), every other step alone, in the order they came."""
+        rows (the batcher's and the engine's), every other step alone."""
         groups: dict[tuple[type, object], list[_Call]] = {}
         for call in calls:
             engine = call.member.engine
@@ -286,12 +288,10 @@ class Member:
     # ------------------------------------------------------------------------------------------ activity
 
     def begin(self) -> None:
-        self._active, self._joined = True, False
-        self.batcher._membership_changed()
+        self.batcher._set_active(self, True)
 
     def end(self) -> None:
-        self._active = False
-        self.batcher._membership_changed()
+        self.batcher._set_active(self, False)
 
     @contextmanager
     def active(self) -> Iterator[Member]:
