@@ -11,7 +11,7 @@ from pathlib import Path
 from strata.cli import chat_template
 from strata.cli import session as session_options
 from strata.cli.help import ShowDefaults
-from strata.errors import InvalidArgument, StrataError
+from strata.errors import InvalidArgument, OutOfMemory, StrataError
 
 API_KEY_VARIABLE = "STRATA_API_KEY"
 
@@ -27,6 +27,9 @@ def register(commands) -> None:
                           "which keeps the key out of the process list; none: no key)")
     sub.add_argument("--sessions", type=int, default=1,
                      help="conversations held at once, each with its own state (memory allowing)")
+    sub.add_argument("--batch", type=int, default=None, metavar="B",
+                     help="sessions whose decode steps run together (default: all of --sessions; 1: one request "
+                          "computes at a time); a B above --sessions makes B sessions, as many as memory holds")
     sub.add_argument("--queue", type=int, default=16, help="requests that may wait; more are answered 429")
     sub.add_argument("--name", default=None, help="the model's name in /v1/models (default: the file's stem)")
     sub.add_argument("--max-body", type=int, default=None, metavar="BYTES",
@@ -46,23 +49,27 @@ def handle(args: argparse.Namespace) -> int:
     if args.sessions < 1 or args.queue < 0 or (args.max_body is not None and args.max_body < 1):
         raise InvalidArgument(f"--sessions and --max-body must be >= 1 and --queue >= 0, got {args.sessions}, "
                               f"{args.max_body} and {args.queue}")
+    if args.batch is not None and args.batch < 1:
+        raise InvalidArgument(f"--batch must be >= 1, got {args.batch}")
+    wanted = max(args.sessions, args.batch or 0)
     template = chat_template.chosen(args)
     sock = listening(args.host, args.port)  # before the model loads: a busy port is said at once
     try:
         with session_options.opened_model(args) as model:
             sessions = []
             try:
-                for _ in range(args.sessions):
-                    sessions.append(session_options.new_session(model, args))
+                made_sessions(model, args, wanted, sessions, reduce=(args.batch or wanted) > 1)
                 if not chat_template.install(template, sessions):
                     print(f"strata serve: {args.model} carries no chat template: /v1/chat/completions answers 400 "
                           "until one is given (--chat-template, --chat-template-file); /v1/completions works",
                           file=sys.stderr)
                 limits = {} if args.max_body is None else {"max_body_bytes": args.max_body}
+                batch = min(args.batch or len(sessions), len(sessions))
                 server = Server(sessions, args.name or Path(args.model).stem, api_key=args.api_key,
-                                max_waiting=args.queue, **limits)
+                                max_waiting=args.queue, batch=batch, **limits)
                 print(f"strata serve: {args.model} on http://{args.host}:{args.port}/v1 ({args.engine} engine, "
-                      f"{args.sessions} session(s) of {sessions[0].engine.context} tokens)", file=sys.stderr)
+                      f"{len(sessions)} session(s) of {sessions[0].engine.context} tokens), batch {batch}",
+                      file=sys.stderr)
                 try:
                     uvicorn.Server(uvicorn.Config(server.app(), log_level="warning")).run(sockets=[sock])
                 except KeyboardInterrupt:
@@ -75,3 +82,17 @@ def handle(args: argparse.Namespace) -> int:
     finally:
         sock.close()
     return 0
+
+
+def made_sessions(model, args: argparse.Namespace, wanted: int, sessions: list, reduce: bool) -> None:
+    """Append `wanted` new sessions to `sessions`; with `reduce` (sessions that step together: a batch that does
+    not fit is reduced, never failed) running out of memory after the first stops there, said in one line."""
+    for _ in range(wanted):
+        try:
+            sessions.append(session_options.new_session(model, args))
+        except OutOfMemory as error:
+            if not reduce or not sessions:
+                raise
+            print(f"strata serve: {len(sessions)} of {wanted} sessions fit ({error}); serving {len(sessions)}",
+                  file=sys.stderr)
+            return

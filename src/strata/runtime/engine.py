@@ -57,6 +57,8 @@ class GpuEngine:
     """strata.generation.Engine over a DecodeSession (`native`), with `ple` rows when the model has PLE and the
     session does not gather them, and `snapshots` state slots (the native session's) for prefix reuse."""
 
+    prompt_min_tokens = PROMPT_MIN_TOKENS  # a feed of fewer ids steps them one by one, not through the prompt path
+
     def __init__(self, native: Any, ple: PleRows | None = None, snapshots: int = 0, batch_key: object = None):
         self.native, self.ple, self.snapshots = native, ple, snapshots
         # engines with the same key step together (step_batch): sessions of one loaded model, of one context and KV

@@ -21,6 +21,7 @@ from starlette.routing import Route
 
 from strata.errors import FormatError, InvalidArgument, StrataError
 from strata.generation import Piece, Session, Stats
+from strata.generation.batcher import Batcher
 from strata.server.metrics import Metrics
 from strata.server.pool import QueueFull, SessionPool
 from strata.server.requests import BadRequest, Call, check_model, parse_chat, parse_completion
@@ -35,9 +36,10 @@ MAX_BODY_BYTES = 8 << 20  # a request body larger is refused (413) before it is 
 
 
 def compute_thread(cpus: set[int] | None) -> ThreadPoolExecutor:
-    """The one thread every generation runs on: batch 1, one request computes at a time (the sessions of a model
+    """The one thread every generation runs on at batch 1: one request computes at a time (the sessions of a model
     share its CPU expert pool, which takes one layer at a time). It runs on `cpus`: where the thread that loaded
-    the model runs, which the pool pinned to the core its workers leave free, and the doorbell is answered there."""
+    the model runs, which the pool pinned to the core its workers leave free, and the doorbell is answered there.
+    At a larger batch the Batcher's thread is that thread, and each generation runs in a worker of its own."""
     def pin() -> None:
         if cpus is not None:
             os.sched_setaffinity(0, cpus)
@@ -46,14 +48,19 @@ def compute_thread(cpus: set[int] | None) -> ThreadPoolExecutor:
 
 class Server:
     """The routes over `sessions` (one request at a time on each) serving the model called `model_name`; request
-    bodies over `max_body_bytes` are refused unread."""
+    bodies over `max_body_bytes` are refused unread. Up to `batch` sessions step together (None: all of them;
+    1: one request computes at a time): their engines become members of one Batcher (strata.generation.batcher)
+    until close(), which gives them back."""
 
     def __init__(self, sessions: Sequence[Session], model_name: str, *, api_key: str | None = None,
-                 max_waiting: int = 16, max_body_bytes: int = MAX_BODY_BYTES):
+                 max_waiting: int = 16, max_body_bytes: int = MAX_BODY_BYTES, batch: int | None = None):
         if not sessions:
             raise InvalidArgument("the server needs at least one session")
         if max_body_bytes < 1:
             raise InvalidArgument(f"max_body_bytes must be >= 1, got {max_body_bytes}")
+        batch = len(sessions) if batch is None else batch
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise InvalidArgument(f"batch must be an integer >= 1 (or None: every session), got {batch!r}")
         self.pool = SessionPool(sessions, max_waiting)
         self.model_name, self.api_key, self.max_body_bytes = model_name, api_key, max_body_bytes
         self.codec = sessions[0].codec
@@ -64,13 +71,26 @@ class Server:
         self.max_token_chars = max(map(len, tokens)) if tokens else None
         token_bytes = getattr(self.codec, "token_bytes", None)
         self.token_bytes = token_bytes or (lambda token: self.codec.decode([token]).encode())
-        self.executor = compute_thread(os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None)
+        cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+        self.batcher: Batcher | None = None
+        self._engines = [s.engine for s in sessions]
+        if batch == 1:
+            self.executor = compute_thread(cpus)
+        else:
+            self.batcher = Batcher(cpus, max_batch=batch)
+            for session in sessions:
+                session.engine = self.batcher.member(session.engine)
+            self.executor = ThreadPoolExecutor(len(sessions), thread_name_prefix="strata-run")
         self.metrics = Metrics()
         self.created = int(time.time())
 
     def close(self) -> None:
-        """Let the compute thread go once the requests it has are done."""
+        """Let the compute thread go once the requests it has are done; the sessions get their engines back."""
         self.executor.shutdown(wait=True)
+        if self.batcher is not None:
+            self.batcher.close()
+            for session, engine in zip(self.pool.sessions, self._engines):
+                session.engine = engine
 
     def app(self) -> Starlette:
         routes = [Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
@@ -114,7 +134,7 @@ class Server:
     async def metrics_text(self, request: Request) -> Response:
         if (refused := self._refused(request)) is not None:
             return refused
-        return PlainTextResponse(self.metrics.text(self.pool), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(self.metrics.text(self.pool, self.batcher), media_type="text/plain; version=0.0.4")
 
     # ----------------------------------------------------------------------------------------- generation
 
@@ -131,7 +151,7 @@ class Server:
             return self._refuse(endpoint, error)
         except QueueFull as error:
             return self._refuse(endpoint, BadRequest(str(error), code="rate_limit_exceeded", status=429))
-        run = Run(session, call, ids, self.executor)
+        run = Run(session, call, ids, self.executor, active=session.engine.active if self.batcher else None)
         head = self._head(call)
         watcher = asyncio.create_task(self._watch(request, run))
         if call.stream:

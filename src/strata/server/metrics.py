@@ -1,5 +1,6 @@
 """The server's counters in Prometheus' text format: requests by endpoint and status, tokens in and out, drafted
-and accepted tokens, the queue, the sessions, decode speed and time to first token."""
+and accepted tokens, the queue, the sessions, decode speed and time to first token, and where sessions step
+together their batches."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ class Metrics:
                 if stats.generated_tokens > 1:
                     self.decode_tokens_per_second = stats.decode_tokens_per_second
 
-    def text(self, pool) -> str:
+    def text(self, pool, batcher=None) -> str:
+        """The counters; `batcher` (a strata.generation.batcher.Batcher, where sessions step together) adds its."""
         with self._lock:
             lines = ["# HELP strata_requests_total Requests answered, by endpoint and HTTP status.",
                      "# TYPE strata_requests_total counter"]
@@ -58,4 +60,15 @@ class Metrics:
                       "# TYPE strata_time_to_first_token_seconds summary",
                       f"strata_time_to_first_token_seconds_sum {self.first_token_seconds:.6f}",
                       f"strata_time_to_first_token_seconds_count {self.first_tokens}"]
+        if batcher is not None:
+            counts = batcher.stats()
+            for name, value, what in (
+                    ("decode_batches_total", counts["decode_batches"],
+                     "Decode steps run: sessions' steps stepped together, or one alone."),
+                    ("decode_rows_total", counts["decode_rows"],
+                     "Sessions' decode steps in them (rows / batches: the mean batch)."),
+                    ("prompt_chunks_total", counts["prompt_chunks"], "Prompt chunks run between the decode steps.")):
+                lines += [f"# HELP strata_{name} {what}", f"# TYPE strata_{name} counter", f"strata_{name} {value}"]
+            lines += ["# HELP strata_batch_limit The most sessions stepped together.",
+                      "# TYPE strata_batch_limit gauge", f"strata_batch_limit {batcher.max_batch}"]
         return "\n".join(lines) + "\n"

@@ -1,13 +1,15 @@
 """One request's generation on its session, in a worker thread (an engine step blocks), with the pieces handed to
-the event loop as they come. Cancelling (the client went away) stops it at the next token boundary; the session
-then holds exactly what was generated, and is handed back only once the worker is done with it."""
+the event loop as they come; where the session's engine is a Batcher's member, it is active for the run.
+Cancelling (the client went away) stops it at the next token boundary; the session then holds exactly what was
+generated, and is handed back only once the worker is done with it."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Executor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import replace
 
 from strata.errors import StrataError
@@ -27,25 +29,28 @@ class Refused(Exception):
 
 
 class Run:
-    def __init__(self, session: Session, call: Call, ids: Sequence[int], executor: Executor):
+    def __init__(self, session: Session, call: Call, ids: Sequence[int], executor: Executor, *,
+                 active: Callable[[], AbstractContextManager] | None = None):
         self.session, self.call, self.ids, self.executor = session, call, list(ids), executor
+        self.active = active or nullcontext
         self.cancelled = threading.Event()
         self.stats: Stats | None = None
         self._future: asyncio.Future | None = None
 
     def _work(self, emit) -> Stats:
-        try:
-            stream = self.session.stream(self.ids, **self.call.generate_options())
-        except StrataError as error:
-            raise Refused(error) from None
-        try:
-            for piece in stream:
-                emit(piece)
-                if self.cancelled.is_set():
-                    break
-        finally:
-            stream.close()
-        return replace(self.session.stats)
+        with self.active():
+            try:
+                stream = self.session.stream(self.ids, **self.call.generate_options())
+            except StrataError as error:
+                raise Refused(error) from None
+            try:
+                for piece in stream:
+                    emit(piece)
+                    if self.cancelled.is_set():
+                        break
+            finally:
+                stream.close()
+            return replace(self.session.stats)
 
     async def pieces(self) -> AsyncIterator[Piece]:
         """The pieces as they are generated; `stats` is set once they end. Raises what the generation raised

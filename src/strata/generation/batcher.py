@@ -1,0 +1,354 @@
+"""Continuous batching: several sessions' decode steps gathered into one engine call, their prompts interleaved.
+
+A Batcher owns one compute thread; every engine call of every member (`Batcher.member(engine)`, an Engine that a
+Session drives as it would the engine itself) runs there, and the caller blocks for its result. A decode step is
+a `feed` of exactly one id: the members' steps are gathered and run together, as one `step_batch` for engines
+that share a `batch_key` (below), one by one for the others. A prompt (a feed or prefill of more ids) is split into
+its engine's chunks, and the thread alternates: one prompt chunk, then one decode batch of every step waiting. So
+a decoding member waits at most one chunk per token, and a new prompt advances a chunk per token step. The other
+calls (snapshot, logprobs, verify, ...) run alone, in the order they came, before either.
+
+The batched step an engine class may offer (same model: the same non-None `batch_key`; None: never batched):
+
+    batch_key: object | None
+    max_batch: int                      # optional: the most engines one step_batch takes (default: no limit)
+    @staticmethod
+    def step_batch(engines, ids, params, us, seens) -> list[int]:
+        # what engines[i].feed([ids[i]], params[i], us[i], seens[i]) would return, for each i, in one step
+
+A step_batch that raises fails each of its rows' calls with that error (one call stepped them all).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from strata.errors import InvalidArgument, StrataError
+from strata.sampling import SamplingParams
+
+# How long a gathered decode batch waits for the active members that have no call pending (busy in Python:
+# detokenizing, stop strings, a client write) after its first step arrived: a few of those per token, against the
+# tens of milliseconds a decode step of a large MoE takes, so one slow member does not stall the others long.
+GRACE_SECONDS = 0.002
+# Prompt ids per chunk for an engine without a prompt path (it steps each id, so any split feeds the same): a long
+# prompt then holds the decode batch back by this many steps at most.
+STEPPED_PROMPT_CHUNK = 8
+# What an engine reads once, when it becomes a member: fixed for its life, and asked for on every token.
+FIXED_ATTRIBUTES = ("context", "snapshots", "verify_rows", "prompt_chunk", "prompt_min_tokens", "mode", "batch_key",
+                    "max_batch")
+
+__all__ = ["GRACE_SECONDS", "Batcher", "Member", "prompt_pieces"]
+
+
+def prompt_pieces(n: int, chunk: int, whole_below: int = 1) -> list[int]:
+    """The lengths a prompt of `n` ids is fed in: `chunk` each, where the last, shorter, piece joins the one before
+    it if under `whole_below` ids (an engine steps so few ids one by one, where the whole feed ran them through its
+    prompt path, chunked from its first id as here); fewer than `whole_below` ids stay whole, and no piece is
+    shorter."""
+    if chunk < 1:
+        raise InvalidArgument(f"a prompt chunk must be >= 1 id, got {chunk}")
+    chunk = max(chunk, whole_below)
+    if n <= chunk or n < whole_below:
+        return [n]
+    sizes = [chunk] * (n // chunk)
+    rest = n % chunk
+    if rest and rest < whole_below:
+        sizes[-1] += rest
+    elif rest:
+        sizes.append(rest)
+    return sizes
+
+
+@dataclass
+class _Call:
+    """One member's request to the compute thread: a decode step (`step`: its id, params, u, seen), or `work`, run
+    one piece per turn (a prompt's chunks; any other call is one piece); done once its last piece returns."""
+
+    member: Member
+    prompt: bool = False
+    work: deque[Callable[[], Any]] = field(default_factory=deque)
+    step: tuple[int, SamplingParams, float, Sequence[int]] | None = None
+    result: Any = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class Batcher:
+    """The compute thread of a set of members (`member(engine)`), pinned to `cpus` (None: left as it is), stepping
+    at most `max_batch` of them together (None: as many as the engine takes), a decode batch waiting at most
+    `grace_seconds` for its active members' steps. `close()` lets it finish what is queued and stop."""
+
+    def __init__(self, cpus: set[int] | None = None, max_batch: int | None = None,
+                 grace_seconds: float = GRACE_SECONDS):
+        if max_batch is not None and max_batch < 1:
+            raise InvalidArgument(f"max_batch must be >= 1 (or None: no limit), got {max_batch}")
+        if not grace_seconds >= 0:
+            raise InvalidArgument(f"grace_seconds must be >= 0, got {grace_seconds}")
+        self.max_batch, self.grace_seconds = max_batch, grace_seconds
+        self._cond = threading.Condition()
+        self._steps: list[_Call] = []      # decode steps waiting, at most one per member
+        self._chunks: deque[_Call] = deque()  # prompts, each advanced a chunk per turn, round robin
+        self._calls: deque[_Call] = deque()   # everything else, FIFO
+        self._members: list[Member] = []
+        self._first_step = 0.0  # when the oldest waiting decode step came
+        self._turn_start = 0.0  # when the thread last finished a job
+        self._closing = False
+        self._counts = {"decode_batches": 0, "decode_rows": 0, "prompt_chunks": 0, "calls": 0}
+        self._thread = threading.Thread(target=self._run, args=(cpus,), name="strata-batcher", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------------------------------ public
+
+    def member(self, engine: Any) -> Member:
+        """`engine` as a member: an Engine whose every call runs on this batcher's thread."""
+        member = Member(self, engine)
+        with self._cond:
+            self._members.append(member)
+        return member
+
+    def stats(self) -> dict[str, int]:
+        """Counters since start: decode_batches (engine calls that stepped decode rows: a step_batch, or a lone
+        feed), decode_rows (rows they stepped; rows / batches is the mean batch), prompt_chunks, calls (the rest)."""
+        with self._cond:
+            return dict(self._counts)
+
+    @property
+    def thread_id(self) -> int | None:
+        """The compute thread's id (threading.get_ident() there)."""
+        return self._thread.ident
+
+    def close(self) -> None:
+        """Run what is queued, then stop the thread; later calls raise StrataError."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if threading.get_ident() != self._thread.ident:
+            self._thread.join()
+
+    def __enter__(self) -> Batcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------ the callers' side
+
+    def _submit(self, call: _Call) -> Any:
+        if threading.get_ident() == self._thread.ident:
+            raise StrataError("a member's engine was called from the batcher's own thread (it would wait for itself)")
+        with self._cond:
+            if self._closing:
+                raise StrataError("the batcher is closed: its members' engines take no more calls")
+            call.member._joined = True
+            if call.step is not None:
+                if not self._steps:
+                    self._first_step = time.monotonic()
+                self._steps.append(call)
+            elif call.prompt:
+                self._chunks.append(call)
+            else:
+                self._calls.append(call)
+            self._cond.notify_all()
+        call.done.wait()
+        if call.error is not None:
+            raise call.error
+        return call.result
+
+    def _set_active(self, member: Member, active: bool) -> None:
+        """A member begins (waited for from its next call) or ends (waited for no more)."""
+        with self._cond:
+            member._active, member._joined = active, False
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------------------------ the compute thread
+
+    def _run(self, cpus: set[int] | None) -> None:
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
+        last_was_chunk = False
+        while True:
+            with self._cond:
+                while (job := self._next(last_was_chunk)) is None:
+                    if self._closing and not (self._steps or self._chunks or self._calls):
+                        return
+                    self._cond.wait(self._gather_left())
+            kind, calls = job
+            if kind == "steps":
+                self._step_all(calls)
+            else:
+                self._advance(calls[0], kind)
+            if kind != "call":  # the calls between them do not change whose turn it is
+                last_was_chunk = kind == "chunk"
+            with self._cond:
+                self._turn_start = time.monotonic()
+
+    def _next(self, last_was_chunk: bool) -> tuple[str, list[_Call]] | None:
+        """The next job under the policy (called holding the lock), taken off its queue; None: wait. After a prompt
+        chunk comes the decode batch, gathered: a second chunk runs only once no active member has a step coming."""
+        if self._calls:
+            return "call", [self._calls.popleft()]
+        ready = self._gathered() or self._gather_left() == 0.0 or self._closing
+        if self._steps and ready and (last_was_chunk or not self._chunks):
+            steps, self._steps = self._steps, []
+            return "steps", steps
+        if self._chunks and (not last_was_chunk or (not self._steps and ready)):
+            return "chunk", [self._chunks.popleft()]
+        return None
+
+    def _gathered(self) -> bool:
+        """Whether every active member that has called since it began has a call waiting."""
+        waiting = {id(c.member) for c in (*self._steps, *self._chunks, *self._calls)}
+        return all(id(m) in waiting for m in self._members if m._active and m._joined)
+
+    def _gather_left(self) -> float | None:
+        """Seconds left to wait for the active members' steps (None: nothing waits): from the first step waiting,
+        else from the end of the last job."""
+        if not (self._steps or self._chunks):
+            return None
+        since = self._first_step if self._steps else self._turn_start
+        return max(0.0, since + self.grace_seconds - time.monotonic())
+
+    def _advance(self, call: _Call, kind: str) -> None:
+        """Run the call's next piece; finish it after its last, else queue it behind the other prompts."""
+        try:
+            call.result = call.work.popleft()()
+        except BaseException as error:  # noqa: BLE001 - the caller's to handle, with its type
+            call.error = error
+            call.work.clear()
+        with self._cond:
+            self._counts["prompt_chunks" if kind == "chunk" else "calls"] += 1
+            if call.work:
+                self._chunks.append(call)
+        if not call.work:
+            call.done.set()
+
+    def _step_all(self, calls: list[_Call]) -> None:
+        """One decode batch: the steps of engines that share a batch key as step_batch calls of at most max_batch
+        rows (the batcher's and the engine's), every other step alone."""
+        groups: dict[tuple[type, object], list[_Call]] = {}
+        for call in calls:
+            engine = call.member.engine
+            key = call.member._fixed.get("batch_key")
+            if key is None or not hasattr(type(engine), "step_batch"):
+                self._step_rows([call])
+            else:
+                groups.setdefault((type(engine), key), []).append(call)
+        for group in groups.values():
+            limits = [n for n in (self.max_batch, group[0].member._fixed.get("max_batch")) if n]
+            size = min(limits) if limits else len(group)
+            for start in range(0, len(group), size):
+                self._step_rows(group[start:start + size])
+
+    def _step_rows(self, calls: list[_Call]) -> None:
+        try:
+            if len(calls) == 1:
+                token, params, u, seen = calls[0].step
+                results = [calls[0].member.engine.feed([token], params, u, seen)]
+            else:
+                engines = [c.member.engine for c in calls]
+                ids, params, us, seens = zip(*(c.step for c in calls))
+                results = list(type(engines[0]).step_batch(engines, list(ids), list(params), list(us), list(seens)))
+                if len(results) != len(calls):
+                    raise StrataError(f"step_batch returned {len(results)} tokens for {len(calls)} engines")
+            for call, token in zip(calls, results):
+                call.result = token
+        except BaseException as error:  # noqa: BLE001 - every row's caller gets it
+            for call in calls:
+                call.error = error
+        with self._cond:
+            self._counts["decode_batches"] += 1
+            self._counts["decode_rows"] += len(calls)
+        for call in calls:
+            call.done.set()
+
+
+class Member:
+    """An engine driven through a Batcher: the Engine protocol, with the engine's own optional abilities (what it
+    lacks, the member lacks), each call run on the batcher's thread. `active()` (or begin()/end()) marks a stretch
+    of steady decoding, such as one generation: the batcher waits for an active member's next step (briefly)
+    before stepping the others without it."""
+
+    def __init__(self, batcher: Batcher, engine: Any):
+        self.batcher, self.engine = batcher, engine
+        self._active = False
+        self._joined = False  # called since begin(): a member is waited for from its first call
+        self._fixed = self._call(self._read_fixed)
+
+    def _read_fixed(self) -> dict[str, Any]:
+        return {name: getattr(self.engine, name) for name in FIXED_ATTRIBUTES if hasattr(self.engine, name)}
+
+    # ------------------------------------------------------------------------------------------ activity
+
+    def begin(self) -> None:
+        self.batcher._set_active(self, True)
+
+    def end(self) -> None:
+        self.batcher._set_active(self, False)
+
+    @contextmanager
+    def active(self) -> Iterator[Member]:
+        self.begin()
+        try:
+            yield self
+        finally:
+            self.end()
+
+    # ------------------------------------------------------------------------------------------ the engine
+
+    def feed(self, ids: Sequence[int], params: SamplingParams, u: float, seen: Sequence[int]) -> int:
+        """A decode step (one id) gathered with the other members', or a prompt fed chunk by chunk."""
+        if len(ids) == 1:
+            return self.batcher._submit(_Call(self, step=(ids[0], params, u, seen)))
+        return self._prompt(ids, seen, lambda piece, history: self.engine.feed(piece, params, u, history))
+
+    def _prefill(self, ids: Sequence[int], seen: Sequence[int]) -> None:
+        self._prompt(ids, seen, lambda piece, history: self.engine.prefill(piece, history))
+
+    def _prompt(self, ids: Sequence[int], seen: Sequence[int], last: Callable[[Sequence[int], Sequence[int]], Any]):
+        """Feed `ids` in the engine's chunks, all but the last as prefill (which the engine must have to be split):
+        the same as one call of `last` on them all."""
+        chunk = self._fixed.get("prompt_chunk") or 0
+        pieces = [len(ids)]
+        if hasattr(type(self.engine), "prefill"):
+            pieces = prompt_pieces(len(ids), chunk or STEPPED_PROMPT_CHUNK,
+                                   self._fixed.get("prompt_min_tokens", 1) if chunk else 1)
+        base, start, work = len(seen) - len(ids), 0, deque()
+        for i, size in enumerate(pieces):
+            piece, history = ids[start:start + size], seen[:base + start + size]
+            run = last if i == len(pieces) - 1 else lambda piece, history: self.engine.prefill(piece, history)
+            work.append(lambda run=run, piece=piece, history=history: run(piece, history))
+            start += size
+        return self.batcher._submit(_Call(self, prompt=True, work=work))
+
+    def _call(self, function: Callable[[], Any]) -> Any:
+        return self.batcher._submit(_Call(self, work=deque([function])))
+
+    def __getattr__(self, name: str) -> Any:
+        """The engine's attribute `name`: fixed ones as read when it joined; methods as callables that run on the
+        batcher's thread; anything else read there."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name in self._fixed:
+            return self._fixed[name]
+        if name in FIXED_ATTRIBUTES:
+            raise AttributeError(f"{type(self.engine).__name__} has no attribute {name!r}")
+        if name == "prefill" and hasattr(type(self.engine), "prefill"):
+            return self._prefill
+        try:
+            found = inspect.getattr_static(self.engine, name)
+        except AttributeError:
+            found = None
+        if isinstance(found, (staticmethod, classmethod)) or inspect.isfunction(found):
+            return lambda *args, **kwargs: self._call(lambda: getattr(self.engine, name)(*args, **kwargs))
+        value = self._call(lambda: getattr(self.engine, name))  # AttributeError there reaches the caller
+        if callable(value) and not isinstance(value, type):
+            return lambda *args, **kwargs: self._call(lambda: value(*args, **kwargs))
+        return value

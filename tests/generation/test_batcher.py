@@ -1,0 +1,342 @@
+"""The Batcher: sessions driven through it answer token for token as each alone (prompts of every length, sessions
+at other positions, greedy and seeded sampling, stops, one ending early, one cancelled, one joining late); decode
+steps are gathered into batched steps of one key only; every engine call runs on its thread; a failure reaches
+only the call that made it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from strata.errors import InvalidArgument, StrataError
+from strata.format import inspect
+from strata.generation import Session
+from strata.generation.batcher import STEPPED_PROMPT_CHUNK, Batcher, prompt_pieces
+from strata.generation.draft_length import FixedDraftLength
+from strata.reference import Reference
+from strata.reference.engine import ReferenceEngine
+from support.batch_engine import BatchingReference, BatchingTable, BatchLog, FailingAt
+from support.char_engine import CharCodec
+
+CONTEXT = 128
+VOCAB = 96
+# A grace long enough that a busy test machine's thread switches do not split batches (the gathering is what is
+# checked here, not its timing); members that end or call are never waited for that long.
+GRACE = 0.2
+
+
+@dataclass
+class Job:
+    """One session's call: `prompt` (a whole sequence, streamed), after `prelude` if given (then continued with
+    generate, so the session starts elsewhere); broken off after `cancel_after` tokens; started once the first
+    job has had `joins_after` tokens."""
+
+    prompt: str | list[int]
+    options: dict = field(default_factory=dict)
+    prelude: str | list[int] | None = None
+    cancel_after: int | None = None
+    joins_after: int | None = None
+
+
+def run_job(session: Session, job: Job, on_token=None) -> list[int]:
+    if job.prelude is not None:
+        session.complete(job.prelude, max_tokens=3)
+        stream = session.generate(job.prompt, **job.options)
+    else:
+        stream = session.stream(job.prompt, **job.options)
+    tokens = []
+    try:
+        for piece in stream:
+            tokens.append(piece.token)
+            if on_token is not None:
+                on_token(len(tokens))
+            if job.cancel_after is not None and len(tokens) >= job.cancel_after:
+                break
+    finally:
+        stream.close()
+    return tokens
+
+
+def run_batched(sessions: list[Session], jobs: list[Job]) -> list[list[int]]:
+    """Each job on its session (over a member of a batcher), all at once."""
+    first_progress = threading.Condition()
+    done_by_first = [0]
+
+    def first_token(n: int) -> None:
+        with first_progress:
+            done_by_first[0] = n
+            first_progress.notify_all()
+
+    start = threading.Barrier(sum(job.joins_after is None for job in jobs))
+
+    def work(i: int) -> list[int]:
+        job = jobs[i]
+        if job.joins_after is not None:
+            with first_progress:
+                assert first_progress.wait_for(lambda: done_by_first[0] >= job.joins_after, timeout=60)
+            with sessions[i].engine.active():
+                return run_job(sessions[i], job)
+        with sessions[i].engine.active():
+            # a first call makes the member one the batcher waits for; the barrier keeps the threads' own start-up
+            # on a busy machine from staggering them
+            assert sessions[i].engine.position == 0
+            start.wait(timeout=60)
+            try:
+                return run_job(sessions[i], job, first_token if i == 0 else None)
+            finally:
+                if i == 0:  # an early EOS ends it before the joiner's count: it joins then
+                    first_token(1 << 30)
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        return list(pool.map(work, range(len(jobs))))
+
+
+def random_ids(rng: np.random.Generator, vocab: int, n: int) -> list[int]:
+    return [int(t) for t in rng.integers(1, vocab, n)]
+
+
+def mixed_jobs(rng: np.random.Generator, vocab: int, stop_prompt: list[int], stop: str) -> list[Job]:
+    def ids(n: int) -> list[int]:
+        return random_ids(rng, vocab, n)
+
+    seed = int(rng.integers(0, 2**31))
+    return [Job(ids(3), {"max_tokens": 24}),                                                # the long one
+            Job(ids(4 * STEPPED_PROMPT_CHUNK + 3), {"max_tokens": 10, "temperature": 0.9, "seed": seed}),
+            Job(ids(2), {"max_tokens": 3}),                                                 # ends early
+            Job(stop_prompt, {"max_tokens": 16, "stop": stop}),
+            Job(ids(5), {"max_tokens": 16, "temperature": 1.1, "top_k": 8, "seed": seed + 1}, cancel_after=6),
+            Job(ids(2 * STEPPED_PROMPT_CHUNK + 1), {"max_tokens": 8}, prelude=ids(11)),    # elsewhere already
+            Job(ids(9), {"max_tokens": 8, "temperature": 0.7, "seed": seed + 2}, joins_after=5)]
+
+
+def stop_string(codec, make_session, prompt: list[int]) -> str:
+    """A stop string the greedy answer to `prompt` meets after a few tokens: the text of a token after its first."""
+    tokens = make_session().complete(prompt, max_tokens=6).tokens
+    return next((text for t in tokens[1:] if (text := codec.decode([t]).strip())), "")
+
+
+def check_mix(make_engine, codec, rng, vocab: int, batcher: Batcher) -> None:
+    """The mixed jobs on sessions over engines of `make_engine(batched=False)` alone, and over members of `batcher`
+    (engines of `make_engine(batched=True)`), answer alike."""
+    stop_prompt = random_ids(rng, vocab, STEPPED_PROMPT_CHUNK)
+    jobs = mixed_jobs(rng, vocab, stop_prompt,
+                      stop_string(codec, lambda: Session(make_engine(False), codec), stop_prompt))
+    alone = [run_job(Session(make_engine(False), codec), job) for job in jobs]
+    together = run_batched([Session(batcher.member(make_engine(True)), codec) for _ in jobs], jobs)
+    for i, (a, b) in enumerate(zip(alone, together)):
+        assert b == a, f"job {i}: {b} through the batcher, {a} alone"
+    assert len(alone[2]) <= 3 and len(alone[4]) <= 6 and len(alone[3]) < 16
+
+
+# -------------------------------------------------------------------------------------------- the tests
+
+
+def test_prompt_pieces_chunk_and_keep_a_short_tail_with_the_piece_before():
+    assert prompt_pieces(5, 8) == [5]
+    assert prompt_pieces(16, 8) == [8, 8]
+    assert prompt_pieces(19, 8) == [8, 8, 3]
+    assert prompt_pieces(19, 8, whole_below=4) == [8, 11]
+    assert prompt_pieces(20, 8, whole_below=4) == [8, 8, 4]
+    assert prompt_pieces(3, 2, whole_below=4) == [3]
+    for n in range(1, 40):
+        for chunk in range(1, 10):
+            for whole_below in range(1, 6):
+                pieces = prompt_pieces(n, chunk, whole_below)
+                assert sum(pieces) == n and all(p >= 1 for p in pieces)
+                assert all(p == max(chunk, whole_below) for p in pieces[:-2])
+                assert len(pieces) == 1 or min(pieces) >= whole_below
+
+
+def table_engines(table: np.ndarray, log: BatchLog, key: object = "model", **options):
+    return lambda: BatchingTable(table, context=CONTEXT, log=log, batch_key=key, **options)
+
+
+def alone_and_batched(batcher: Batcher, make_engine, prompts, **options) -> tuple[list, list]:
+    """Completions of `prompts`, each on a session of its own alone, and all at once through `batcher`."""
+    alone = [list(Session(make_engine(), CharCodec()).complete(p, **options).tokens) for p in prompts]
+    together = run_batched([Session(batcher.member(make_engine()), CharCodec()) for _ in prompts],
+                           [Job(p, options) for p in prompts])
+    return alone, together
+
+
+@pytest.fixture
+def table(rng) -> np.ndarray:
+    logits = rng.normal(0, 3, (VOCAB, VOCAB)).astype(np.float32)
+    logits[:, 0] = -1e9  # never EOS: every generation runs its max_tokens
+    return logits
+
+
+def test_sessions_through_the_batcher_answer_as_alone_on_a_batching_engine(table, rng):
+    log = BatchLog()
+    with Batcher(grace_seconds=GRACE) as batcher:
+        check_mix(lambda batched: table_engines(table, log if batched else BatchLog())(), CharCodec(), rng, VOCAB,
+                  batcher)
+    assert log.threads == {batcher.thread_id}, "an engine call ran off the batcher's thread"
+    assert max(log.sizes) > 1
+
+
+def test_concurrent_greedy_generations_step_together(table, rng):
+    log = BatchLog()
+    prompts = [random_ids(rng, VOCAB, 4) for _ in range(4)]
+    with Batcher(grace_seconds=GRACE) as batcher:
+        alone, together = alone_and_batched(batcher, table_engines(table, log), prompts, max_tokens=20)
+        stats = batcher.stats()
+    assert together == alone
+    # every session steps 19 times after its prompt: nearly all in batches of all four
+    assert log.sizes.count(4) >= 15, log.sizes
+    assert stats["decode_rows"] == 4 * 19 and stats["decode_rows"] / stats["decode_batches"] > 3, stats
+
+
+def test_engines_of_different_batch_keys_never_step_together(table, rng):
+    log = BatchLog()
+    keys = iter(["a", "b", "a", "b", None] * 2)
+    prompts = [random_ids(rng, VOCAB, 3) for _ in range(5)]
+    with Batcher(grace_seconds=GRACE) as batcher:
+        alone, together = alone_and_batched(batcher, lambda: table_engines(table, log, next(keys))(), prompts,
+                                            max_tokens=12)
+    assert together == alone
+    assert all(len(set(keys)) == 1 and keys[0] is not None for keys in log.batches)
+    assert {keys[0] for keys in log.batches} == {"a", "b"} and max(log.sizes) == 2
+
+
+def test_batches_keep_to_the_engines_and_the_batchers_limit(table, rng):
+    for engine_limit, batcher_limit, largest in ((2, None, 2), (None, 3, 3), (3, 2, 2)):
+        log = BatchLog()
+        prompts = [random_ids(rng, VOCAB, 3) for _ in range(5)]
+        with Batcher(max_batch=batcher_limit, grace_seconds=GRACE) as batcher:
+            alone, together = alone_and_batched(batcher, table_engines(table, log, max_batch=engine_limit),
+                                                prompts, max_tokens=12)
+        assert together == alone
+        assert max(log.sizes) == largest, (engine_limit, batcher_limit, log.sizes)
+
+
+@pytest.fixture(scope="module", params=["qwen4exp", "qwen3next", "qwen35moe"])
+def model_file(request, tiny_model):
+    with inspect(tiny_model(request.param, seed=7)) as file:
+        yield file
+
+
+def test_reference_sessions_through_the_batcher_answer_as_alone(model_file, rng):
+    """The reference engine as it is (no batched step: stepped one by one) and with the batched step."""
+    codec = model_file.tokenizer()
+    vocab = min(model_file.geometry.n_vocab, 200)
+    with Batcher(grace_seconds=GRACE) as batcher:
+        check_mix(lambda batched: ReferenceEngine(Reference(model_file), CONTEXT), codec, rng, vocab, batcher)
+    log = BatchLog()
+    with Batcher(grace_seconds=GRACE) as batcher:
+        check_mix(lambda batched: BatchingReference(Reference(model_file), CONTEXT, log=log if batched else BatchLog()),
+                  codec, rng, vocab, batcher)
+    assert log.threads == {batcher.thread_id} and max(log.sizes) > 1
+
+
+def test_a_long_prompt_advances_a_chunk_per_decode_batch(table, rng):
+    """One chunk, then one decode batch: a decoding session steps between every two chunks of another's prompt,
+    and the prompt advances while it decodes."""
+    log = BatchLog()
+    prompt = random_ids(rng, VOCAB, 5 * STEPPED_PROMPT_CHUNK + 3)
+    # the decoder runs long enough to be decoding throughout the prompt, however late the prompt's thread wakes
+    jobs = [Job(random_ids(rng, VOCAB, 3), {"max_tokens": CONTEXT - 8}), Job(prompt, {"max_tokens": 3}, joins_after=5)]
+    with Batcher(grace_seconds=GRACE) as batcher:
+        engines = [table_engines(table, log)() for _ in jobs]
+        run_batched([Session(batcher.member(e), CharCodec()) for e in engines], jobs)
+    decoder, prompted = engines
+    chunks = [i for i, (engine, _, n) in enumerate(log.calls) if engine is prompted and n > 1]
+    assert [log.calls[i][1:] for i in chunks] == [("prefill", STEPPED_PROMPT_CHUNK)] * 5 + [("feed", 3)]
+    for before, after in zip(chunks, chunks[1:]):
+        between = [call for engine, *call in log.calls[before + 1:after] if engine is decoder]
+        assert between == [["feed", 1]], (before, after, between)
+
+
+def test_an_active_member_busy_elsewhere_holds_the_others_back_a_grace_per_step_at_most(table, rng):
+    grace, steps = 0.01, 20
+    with Batcher(grace_seconds=grace) as batcher:
+        idle = Session(batcher.member(table_engines(table, BatchLog())()), CharCodec())
+        busy = Session(batcher.member(table_engines(table, BatchLog())()), CharCodec())
+        with idle.engine.active():
+            idle.complete([1, 2], max_tokens=1)  # it has called: it is waited for, and now makes no more calls
+            start = time.monotonic()
+            busy.complete([3, 4], max_tokens=steps + 1)
+            seconds = time.monotonic() - start
+    assert grace * steps / 2 <= seconds < 1.0 + grace * steps, seconds  # it waited, a grace per step
+
+
+def test_drafted_sessions_verify_alone_and_answer_as_alone(table, rng):
+    """A drafting session's verifies and truncates run alone beside the others' gathered steps."""
+    log = BatchLog()
+    prompts = [random_ids(rng, VOCAB, n) for n in (5, 4, 11)]
+
+    class Greedy:
+        """The table's greedy path, its second draft wrong at some lengths: windows taken whole and cut short."""
+
+        def propose(self, history, k):
+            drafts = [int(history[-1])]
+            for _ in range(k):
+                drafts.append(int(np.argmax(table[drafts[-1]])))
+            return [1 + t % (VOCAB - 1) if len(history) % 3 == 0 and i == 1 else t
+                    for i, t in enumerate(drafts[1:])]
+
+    def session(make, i: int) -> Session:
+        if i == 1:  # a plain one beside them
+            return Session(make(), CharCodec())
+        return Session(make(), CharCodec(), Greedy(), 3, draft_length=FixedDraftLength(3))
+
+    with Batcher(grace_seconds=GRACE) as batcher:
+        alone = [list(session(table_engines(table, BatchLog()), i).complete(p, max_tokens=16).tokens)
+                 for i, p in enumerate(prompts)]
+        sessions = [session(lambda: batcher.member(table_engines(table, log)()), i) for i in range(len(prompts))]
+        together = run_batched(sessions, [Job(p, {"max_tokens": 16}) for p in prompts])
+    assert together == alone
+    assert log.threads == {batcher.thread_id}
+    assert sessions[0].stats.accepted > 0 and sessions[0].stats.accepted < sessions[0].stats.drafted
+
+
+def test_a_failing_call_reaches_only_its_member(table, rng):
+    log = BatchLog()
+    prompts = [random_ids(rng, VOCAB, 3) for _ in range(4)]
+    engines = [table_engines(table, log)(), FailingAt(table, context=CONTEXT, log=log, batch_key=None, fail_at=8),
+               table_engines(table, log)(), FailingAt(table, context=CONTEXT, log=log, batch_key="other", fail_at=6)]
+    errors: dict[int, BaseException] = {}
+    with Batcher(grace_seconds=GRACE) as batcher:
+        sessions = [Session(batcher.member(engine), CharCodec()) for engine in engines]
+
+        def work(i: int) -> list[int]:
+            with sessions[i].engine.active():
+                try:
+                    return list(sessions[i].complete(prompts[i], max_tokens=16).tokens)
+                except ValueError as error:
+                    errors[i] = error
+                    return []
+
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(work, range(4)))
+    assert sorted(errors) == [1, 3]
+    assert str(errors[1]) == "engine failed at 8" and str(errors[3]) == "engine failed at 6"
+    for i in (0, 2):
+        assert results[i] == list(Session(table_engines(table, BatchLog())(), CharCodec()).complete(
+            prompts[i], max_tokens=16).tokens)
+
+
+def test_other_calls_reach_the_engine_on_the_thread_and_closing_refuses_more(table):
+    log = BatchLog()
+    batcher = Batcher()
+    member = batcher.member(table_engines(table, log)())
+    assert member.context == CONTEXT and member.verify_rows == 8 and member.batch_key == "model"
+    assert hasattr(member, "logprobs") and hasattr(member, "verify") and not hasattr(member, "snapshot")
+    assert not hasattr(member, "prompt_chunk")
+    session = Session(member, CharCodec())
+    done = session.complete([5, 6, 7], max_tokens=4, logprobs=2)
+    assert all(len(p.top_logprobs) == 2 for p in done.pieces)
+    assert member.position == 3 + 3
+    with pytest.raises(InvalidArgument, match="verify takes"):
+        member.verify([], [])
+    batcher.close()
+    assert log.threads == {batcher.thread_id}
+    with pytest.raises(StrataError, match="batcher is closed"):
+        member.feed([1], None, 0.0, [])
+    counts = batcher.stats()
+    assert counts["decode_rows"] == 3 and counts["calls"] >= 4, counts

@@ -1,0 +1,90 @@
+"""Engines with the batched step a Batcher gathers decode steps into (strata.generation.batcher): step_batch
+delegates to each engine's own feed, so its answers are the engine's, and records what it was given, and every
+engine call records the thread it ran on."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from strata.reference.engine import ReferenceEngine
+from support.table_engine import TableEngine
+
+# what a caller of the Engine protocol reaches on an engine: each use is recorded with its thread
+ENGINE_API = frozenset({"feed", "prefill", "verify", "truncate", "logprobs", "snapshot", "restore", "reset", "score",
+                        "position", "context", "snapshots", "verify_rows", "batch_key", "max_batch", "close"})
+
+
+@dataclass
+class BatchLog:
+    """What a set of batching engines saw: each step_batch's engines' keys (its size is their number), the
+    threads every engine call ran on, and (table engines) every call in order: (engine, call, ids)."""
+
+    batches: list[list[object]] = field(default_factory=list)
+    threads: set[int] = field(default_factory=set)
+    calls: list[tuple[object, str, int]] = field(default_factory=list)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    @property
+    def sizes(self) -> list[int]:
+        return [len(keys) for keys in self.batches]
+
+
+class Batching:
+    """Mixin: the engine class's batched step, keyed by `batch_key`, taking at most `max_batch` engines."""
+
+    def __init__(self, *args, log: BatchLog, batch_key: object = "model", max_batch: int | None = None, **kwargs):
+        object.__setattr__(self, "log", log)
+        self.batch_key = batch_key
+        if max_batch is not None:
+            self.max_batch = max_batch
+        super().__init__(*args, **kwargs)
+
+    @staticmethod
+    def step_batch(engines, ids, params, us, seens) -> list[int]:
+        log = engines[0].log
+        with log.lock:
+            log.threads.add(threading.get_ident())
+            log.batches.append([e.batch_key for e in engines])
+        if len({e.batch_key for e in engines}) != 1 or any(e.batch_key is None for e in engines):
+            raise AssertionError(f"engines of batch keys {[e.batch_key for e in engines]} stepped together")
+        limit = getattr(engines[0], "max_batch", None)
+        if limit is not None and len(engines) > limit:
+            raise AssertionError(f"{len(engines)} engines stepped together, over max_batch {limit}")
+        return [e.feed([i], p, u, s) for e, i, p, u, s in zip(engines, ids, params, us, seens)]
+
+    def __getattribute__(self, name: str):
+        if name in ENGINE_API:
+            log = object.__getattribute__(self, "log")
+            with log.lock:
+                log.threads.add(threading.get_ident())
+        return super().__getattribute__(name)
+
+
+class BatchingTable(Batching, TableEngine):
+    """support.table_engine.TableEngine with the batched step and prefill (so a Batcher splits its prompts)."""
+
+    def prefill(self, ids, seen) -> None:
+        self._append("prefill", ids, seen)
+        self._logits = self.table[self.sequence[-1]]
+
+    def _append(self, call: str, ids, seen) -> None:
+        super()._append(call, ids, seen)
+        self.log.calls.append((self, call, len(ids)))
+
+
+class BatchingReference(Batching, ReferenceEngine):
+    """The reference engine with the batched step."""
+
+
+class FailingAt(Batching, TableEngine):
+    """A TableEngine whose feed raises ValueError once the sequence holds `fail_at` tokens."""
+
+    def __init__(self, *args, fail_at: int, **kwargs):
+        self.fail_at = fail_at
+        super().__init__(*args, **kwargs)
+
+    def feed(self, ids, params, u, seen) -> int:
+        if self.position + len(ids) >= self.fail_at:
+            raise ValueError(f"engine failed at {self.fail_at}")
+        return super().feed(ids, params, u, seen)
