@@ -20,7 +20,7 @@ from strata.generation.batcher import STEPPED_PROMPT_CHUNK, Batcher, prompt_piec
 from strata.generation.draft_length import FixedDraftLength
 from strata.reference import Reference
 from strata.reference.engine import ReferenceEngine
-from support.batch_engine import BatchingReference, BatchingTable, BatchLog, FailingAt
+from support.batch_engine import AlwaysBatch, BatchingReference, BatchingTable, BatchLog, FailingAt
 from support.char_engine import CharCodec
 
 CONTEXT = 128
@@ -173,7 +173,7 @@ def table(rng) -> np.ndarray:
 
 def test_sessions_through_the_batcher_answer_as_alone_on_a_batching_engine(table, rng):
     log = BatchLog()
-    with Batcher(grace_seconds=GRACE) as batcher:
+    with Batcher(grace_seconds=GRACE, policy=AlwaysBatch()) as batcher:
         check_mix(lambda batched: table_engines(table, log if batched else BatchLog())(), CharCodec(), rng, VOCAB,
                   batcher)
     assert log.threads == {batcher.thread_id}, "an engine call ran off the batcher's thread"
@@ -183,7 +183,7 @@ def test_sessions_through_the_batcher_answer_as_alone_on_a_batching_engine(table
 def test_concurrent_greedy_generations_step_together(table, rng):
     log = BatchLog()
     prompts = [random_ids(rng, VOCAB, 4) for _ in range(4)]
-    with Batcher(grace_seconds=GRACE) as batcher:
+    with Batcher(grace_seconds=GRACE, policy=AlwaysBatch()) as batcher:
         alone, together = alone_and_batched(batcher, table_engines(table, log), prompts, max_tokens=20)
         stats = batcher.stats()
     assert together == alone
@@ -196,7 +196,7 @@ def test_engines_of_different_batch_keys_never_step_together(table, rng):
     log = BatchLog()
     keys = iter(["a", "b", "a", "b", None] * 2)
     prompts = [random_ids(rng, VOCAB, 3) for _ in range(5)]
-    with Batcher(grace_seconds=GRACE) as batcher:
+    with Batcher(grace_seconds=GRACE, policy=AlwaysBatch()) as batcher:
         alone, together = alone_and_batched(batcher, lambda: table_engines(table, log, next(keys))(), prompts,
                                             max_tokens=12)
     assert together == alone
@@ -208,7 +208,7 @@ def test_batches_keep_to_the_engines_and_the_batchers_limit(table, rng):
     for engine_limit, batcher_limit, largest in ((2, None, 2), (None, 3, 3), (3, 2, 2)):
         log = BatchLog()
         prompts = [random_ids(rng, VOCAB, 3) for _ in range(5)]
-        with Batcher(max_batch=batcher_limit, grace_seconds=GRACE) as batcher:
+        with Batcher(max_batch=batcher_limit, grace_seconds=GRACE, policy=AlwaysBatch()) as batcher:
             alone, together = alone_and_batched(batcher, table_engines(table, log, max_batch=engine_limit),
                                                 prompts, max_tokens=12)
         assert together == alone
@@ -225,10 +225,10 @@ def test_reference_sessions_through_the_batcher_answer_as_alone(model_file, rng)
     """The reference engine as it is (no batched step: stepped one by one) and with the batched step."""
     codec = model_file.tokenizer()
     vocab = min(model_file.geometry.n_vocab, 200)
-    with Batcher(grace_seconds=GRACE) as batcher:
+    with Batcher(grace_seconds=GRACE, policy=AlwaysBatch()) as batcher:
         check_mix(lambda batched: ReferenceEngine(Reference(model_file), CONTEXT), codec, rng, vocab, batcher)
     log = BatchLog()
-    with Batcher(grace_seconds=GRACE) as batcher:
+    with Batcher(grace_seconds=GRACE, policy=AlwaysBatch()) as batcher:
         check_mix(lambda batched: BatchingReference(Reference(model_file), CONTEXT, log=log if batched else BatchLog()),
                   codec, rng, vocab, batcher)
     assert log.threads == {batcher.thread_id} and max(log.sizes) > 1
@@ -241,7 +241,7 @@ def test_a_long_prompt_advances_a_chunk_per_decode_batch(table, rng):
     prompt = random_ids(rng, VOCAB, 5 * STEPPED_PROMPT_CHUNK + 3)
     # the decoder runs long enough to be decoding throughout the prompt, however late the prompt's thread wakes
     jobs = [Job(random_ids(rng, VOCAB, 3), {"max_tokens": CONTEXT - 8}), Job(prompt, {"max_tokens": 3}, joins_after=5)]
-    with Batcher(grace_seconds=GRACE) as batcher:
+    with Batcher(grace_seconds=GRACE, policy=AlwaysBatch()) as batcher:
         engines = [table_engines(table, log)() for _ in jobs]
         run_batched([Session(batcher.member(e), CharCodec()) for e in engines], jobs)
     decoder, prompted = engines
@@ -254,7 +254,7 @@ def test_a_long_prompt_advances_a_chunk_per_decode_batch(table, rng):
 
 def test_an_active_member_busy_elsewhere_holds_the_others_back_a_grace_per_step_at_most(table, rng):
     grace, steps = 0.01, 20
-    with Batcher(grace_seconds=grace) as batcher:
+    with Batcher(grace_seconds=grace, policy=AlwaysBatch()) as batcher:
         idle = Session(batcher.member(table_engines(table, BatchLog())()), CharCodec())
         busy = Session(batcher.member(table_engines(table, BatchLog())()), CharCodec())
         with idle.engine.active():
@@ -285,7 +285,7 @@ def test_drafted_sessions_verify_alone_and_answer_as_alone(table, rng):
             return Session(make(), CharCodec())
         return Session(make(), CharCodec(), Greedy(), 3, draft_length=FixedDraftLength(3))
 
-    with Batcher(grace_seconds=GRACE) as batcher:
+    with Batcher(grace_seconds=GRACE, policy=AlwaysBatch()) as batcher:
         alone = [list(session(table_engines(table, BatchLog()), i).complete(p, max_tokens=16).tokens)
                  for i, p in enumerate(prompts)]
         sessions = [session(lambda: batcher.member(table_engines(table, log)()), i) for i in range(len(prompts))]
@@ -301,7 +301,7 @@ def test_a_failing_call_reaches_only_its_member(table, rng):
     engines = [table_engines(table, log)(), FailingAt(table, context=CONTEXT, log=log, batch_key=None, fail_at=8),
                table_engines(table, log)(), FailingAt(table, context=CONTEXT, log=log, batch_key="other", fail_at=6)]
     errors: dict[int, BaseException] = {}
-    with Batcher(grace_seconds=GRACE) as batcher:
+    with Batcher(grace_seconds=GRACE, policy=AlwaysBatch()) as batcher:
         sessions = [Session(batcher.member(engine), CharCodec()) for engine in engines]
 
         def work(i: int) -> list[int]:
@@ -340,3 +340,17 @@ def test_other_calls_reach_the_engine_on_the_thread_and_closing_refuses_more(tab
         member.feed([1], None, 0.0, [])
     counts = batcher.stats()
     assert counts["decode_rows"] == 3 and counts["calls"] >= 4, counts
+
+
+def test_the_batcher_steps_alone_where_its_policy_finds_batches_dearer(table, rng):
+    """The default, measuring policy told that a lone step of this key costs far less than any batch: four
+    concurrent greedy generations then step one by one, and still answer as alone."""
+    log = BatchLog()
+    prompts = [random_ids(rng, VOCAB, 4) for _ in range(4)]
+    with Batcher(grace_seconds=GRACE) as batcher:
+        for rows in range(2, 5):
+            batcher.policy.record((BatchingTable, "model"), rows, 1.0)
+        batcher.policy.record((BatchingTable, "model"), 1, 1e-9)
+        alone, together = alone_and_batched(batcher, table_engines(table, log), prompts, max_tokens=12)
+    assert together == alone
+    assert log.sizes == []  # no step_batch: every step alone

@@ -141,7 +141,8 @@ def test_a_batch_larger_than_the_gemv_rows_stays_within_the_decode_bounds(loaded
 
 
 def greedy_alone(model, prompt, n):
-    """Plain decode steps of one session (the decode program): the tokens and each step's top-two margin."""
+    """Plain decode steps of one session (the decode program): the tokens and each step's top-two margin over the
+    logits' scale (what the decode bounds, relative errors, compare with)."""
     session = model.session(CONTEXT, kv="bf16", prompt_cpu=False)
     try:
         e = session.engine
@@ -150,8 +151,9 @@ def greedy_alone(model, prompt, n):
         out, margins = [], []
         for _ in range(n):
             out.append(token)
-            top = np.sort(e.logits())[-2:]
-            margins.append(float(top[1] - top[0]))
+            logits = e.logits()
+            top = np.sort(logits)[-2:]
+            margins.append(float(top[1] - top[0]) / float(np.max(np.abs(logits))))  # over the logits' scale
             history.append(token)
             token = e.feed([token], session_params(), 0.0, history)
         return out, margins
@@ -324,3 +326,44 @@ def test_a_captured_batch_is_the_uncaptured_one(loaded, rng):
         assert np.median(errors) < bounds(name, "bf16") and errors.max() < GARBAGE, (name, errors)
     finally:
         close(captured, launched, stepped)
+
+
+def test_sessions_through_the_batcher_decode_together_as_alone(loaded, rng):
+    """Model sessions driven by concurrent threads through a Batcher (the server's way), their decode steps
+    batched (the policy told batches are cheap): each session's greedy tokens are those it decodes alone, up to the
+    first near-tie."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from strata.generation.batcher import Batcher
+
+    name, model = loaded
+    prompts = [prompt_ids(model, rng, n) for n in (8, 17, 11)]
+    want = [greedy_alone(model, p, 12) for p in prompts]
+    sessions = [model.session(CONTEXT, kv="bf16", prompt_cpu=False) for _ in prompts]
+    engines = [s.engine for s in sessions]
+    try:
+        with Batcher() as batcher:
+            key = (GpuEngine, engines[0].batch_key)
+            batcher.policy.record(key, 1, 1.0)  # a lone step "costs" more than any batch: always batch
+            for s in sessions:
+                s.engine = batcher.member(s.engine)
+
+            def run(i):
+                with sessions[i].engine.active():
+                    return list(sessions[i].complete(prompts[i], max_tokens=12, temperature=0).tokens)
+
+            with ThreadPoolExecutor(len(prompts)) as pool:
+                got = list(pool.map(run, range(len(prompts))))
+            stats = batcher.stats()
+    finally:
+        for s, e in zip(sessions, engines):
+            s.engine = e
+            s.close()
+    eos = set(model.tokenizer.eos_ids)
+    for i, (tokens, margins) in enumerate(want):
+        ends = next((j for j, t in enumerate(tokens) if t in eos), len(tokens))
+        tie = next((j for j, m in enumerate(margins) if m < 2 * bounds(name, "bf16")), len(margins))
+        upto = min(ends, tie)
+        print(f"{name} session {i}: {upto} tokens compared")
+        assert got[i][:upto] == tokens[:upto], (name, i, got[i], tokens, upto)
+    assert stats["decode_rows"] > stats["decode_batches"], stats  # some steps ran together

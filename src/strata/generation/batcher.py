@@ -16,7 +16,9 @@ The batched step an engine class may offer (same model: the same non-None `batch
     def step_batch(engines, ids, params, us, seens) -> list[int]:
         # what engines[i].feed([ids[i]], params[i], us[i], seens[i]) would return, for each i, in one step
 
-A step_batch that raises fails each of its rows' calls with that error (one call stepped them all).
+A step_batch that raises fails each of its rows' calls with that error (one call stepped them all). A group of
+steps runs as one batch only where a batch of its size has cost less than its steps alone
+(strata.generation.batch_policy, from the seconds each took here); else its steps run alone, one after another.
 """
 
 from __future__ import annotations
@@ -26,12 +28,13 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from strata.errors import InvalidArgument, StrataError
+from strata.generation.batch_policy import BatchPolicy
 from strata.sampling import SamplingParams
 
 # How long a gathered decode batch waits for the active members that have no call pending (busy in Python:
@@ -83,16 +86,19 @@ class _Call:
 
 class Batcher:
     """The compute thread of a set of members (`member(engine)`), pinned to `cpus` (None: left as it is), stepping
-    at most `max_batch` of them together (None: as many as the engine takes), a decode batch waiting at most
-    `grace_seconds` for its active members' steps. `close()` lets it finish what is queued and stop."""
+    at most `max_batch` of them together (None: as many as the engine takes) where `policy` finds a batch cheaper
+    (default: a BatchPolicy of its own), a decode batch waiting at most `grace_seconds` for its active members'
+    steps. `close()` lets it finish what is queued and stop."""
 
     def __init__(self, cpus: set[int] | None = None, max_batch: int | None = None,
-                 grace_seconds: float = GRACE_SECONDS):
+                 grace_seconds: float = GRACE_SECONDS, policy: BatchPolicy | None = None):
         if max_batch is not None and max_batch < 1:
             raise InvalidArgument(f"max_batch must be >= 1 (or None: no limit), got {max_batch}")
         if not grace_seconds >= 0:
             raise InvalidArgument(f"grace_seconds must be >= 0, got {grace_seconds}")
         self.max_batch, self.grace_seconds = max_batch, grace_seconds
+        # whether a group of steps runs as one batch, from what each way cost here
+        self.policy = policy if policy is not None else BatchPolicy()
         self._cond = threading.Condition()
         self._steps: list[_Call] = []      # decode steps waiting, at most one per member
         self._chunks: deque[_Call] = deque()  # prompts, each advanced a chunk per turn, round robin
@@ -241,13 +247,26 @@ class Batcher:
                 self._step_rows([call])
             else:
                 groups.setdefault((type(engine), key), []).append(call)
-        for group in groups.values():
+        for key, group in groups.items():
             limits = [n for n in (self.max_batch, group[0].member._fixed.get("max_batch")) if n]
             size = min(limits) if limits else len(group)
             for start in range(0, len(group), size):
-                self._step_rows(group[start:start + size])
+                rows = group[start:start + size]
+                if len(rows) == 1 or self.policy.batches(key, len(rows)):
+                    self._step_timed(key, rows)
+                else:  # that many alone have cost less than a batch of them (batch_policy)
+                    for call in rows:
+                        self._step_timed(key, [call])
 
-    def _step_rows(self, calls: list[_Call]) -> None:
+    def _step_timed(self, key: Hashable, calls: list[_Call]) -> None:
+        """_step_rows, its seconds told to the policy where it succeeded."""
+        start = time.perf_counter()
+        if self._step_rows(calls):
+            self.policy.record(key, len(calls), time.perf_counter() - start)
+
+    def _step_rows(self, calls: list[_Call]) -> bool:
+        """The calls' steps in one engine call; whether it succeeded (else every call has its error)."""
+        ok = False
         try:
             if len(calls) == 1:
                 token, params, u, seen = calls[0].step
@@ -260,6 +279,7 @@ class Batcher:
                     raise StrataError(f"step_batch returned {len(results)} tokens for {len(calls)} engines")
             for call, token in zip(calls, results):
                 call.result = token
+            ok = True
         except BaseException as error:  # noqa: BLE001 - every row's caller gets it
             for call in calls:
                 call.error = error
@@ -268,6 +288,7 @@ class Batcher:
             self._counts["decode_rows"] += len(calls)
         for call in calls:
             call.done.set()
+        return ok
 
 
 class Member:
