@@ -24,7 +24,7 @@ from strata.reference import Reference
 from strata.server import Server
 from strata.server.background import serving
 from support.batch_engine import BatchingReference, BatchLog
-from support.server_harness import ScriptedEngine, client, echo_session, turn_start
+from support.server_harness import ScriptedEngine, client, echo_session, get, turn_start, wait_idle
 
 CONTEXT = 256
 QUESTIONS = ["hello there", "what is the time", "one two three four", "tell me a story about the sea"]
@@ -45,18 +45,6 @@ def metric(text: str, name: str) -> float:
     return float(line.split()[1])
 
 
-def get(url: str, path: str) -> str:
-    import urllib.request
-
-    with urllib.request.urlopen(url.removesuffix("/v1") + path, timeout=10) as response:
-        return response.read().decode()
-
-
-def wait_idle(server: Server, seconds: float = 20.0) -> None:
-    deadline = time.monotonic() + seconds
-    while server.pool.busy or server.pool.waiting:
-        assert time.monotonic() < deadline, "the server stayed busy"
-        time.sleep(0.01)
 
 
 def test_concurrent_streams_answer_as_each_alone_and_the_metrics_count_batches(model_file):
@@ -75,7 +63,7 @@ def test_concurrent_streams_answer_as_each_alone_and_the_metrics_count_batches(m
 
     with serving(server) as url, client(url) as api, ThreadPoolExecutor(len(QUESTIONS)) as pool:
         answers = list(pool.map(lambda q: ask(api, q), QUESTIONS))
-        wait_idle(server)
+        wait_idle(server, 20.0)
         metrics = get(url, "/metrics")
     server.close()
     assert answers == alone
@@ -105,7 +93,7 @@ def test_a_cancelled_stream_frees_its_session_while_the_other_goes_on(tok):
                     break
             quitter.close()
             assert whole.result(timeout=60).choices[0].message.content == long_text + " and on"
-        wait_idle(server)
+        wait_idle(server, 20.0)
         cancelled = [s for s in sessions if s.stats.finish_reason == "cancelled"]
         assert len(cancelled) == 1 and 0 < cancelled[0].stats.generated_tokens < len(tok.encode(long_text))
         # the freed session serves the next request

@@ -14,12 +14,11 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import urllib.request
 
 import openai
 import pytest
 
-from support.server_harness import ScriptedEngine, client, echo_session, turn_start
+from support.server_harness import ScriptedEngine, client, echo_session, get, turn_start, wait_idle
 from strata.api import load
 from strata.generation import Session
 from strata.server import Server
@@ -44,16 +43,6 @@ def tok(model):
     return model.tokenizer
 
 
-def get(url: str, path: str) -> str:
-    with urllib.request.urlopen(url.removesuffix("/v1") + path, timeout=10) as response:
-        return response.read().decode()
-
-
-def wait_idle(server: Server, seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while server.pool.busy or server.pool.waiting:
-        assert time.monotonic() < deadline, "the server stayed busy"
-        time.sleep(0.01)
 
 
 # ------------------------------------------------------------------------------------- reference engine

@@ -13,6 +13,22 @@ from strata.generation import Session
 from strata.sampling import SamplingParams
 
 
+def get(url: str, path: str) -> str:
+    """The text of GET `path` on the server whose API is at `url` (.../v1)."""
+    import urllib.request
+
+    with urllib.request.urlopen(url.removesuffix("/v1") + path, timeout=10) as response:
+        return response.read().decode()
+
+
+def wait_idle(server, seconds: float = 10.0) -> None:
+    """Until `server` has no request generating or waiting (a failure after `seconds`)."""
+    deadline = time.monotonic() + seconds
+    while server.pool.busy or server.pool.waiting:
+        assert time.monotonic() < deadline, "the server stayed busy"
+        time.sleep(0.01)
+
+
 def client(url: str, key: str = "unused", **options) -> openai.OpenAI:
     """The official client, with no retries: a test sees each answer as the server gave it."""
     return openai.OpenAI(base_url=url, api_key=key, max_retries=0, **options)
