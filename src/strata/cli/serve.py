@@ -27,9 +27,10 @@ def register(commands) -> None:
                           "which keeps the key out of the process list; none: no key)")
     sub.add_argument("--sessions", type=int, default=1,
                      help="conversations held at once, each with its own state (memory allowing)")
-    sub.add_argument("--batch", type=int, default=None, metavar="B",
-                     help="sessions whose decode steps run together (default: all of --sessions; 1: one request "
-                          "computes at a time); a B above --sessions makes B sessions, as many as memory holds")
+    sub.add_argument("--batch", type=int, default=1, metavar="B",
+                     help="sessions whose decode steps may run together (default 1: one request computes at a "
+                          "time, which the server's batching does not yet beat: docs/server.md); a B above "
+                          "--sessions makes B sessions, as many as memory holds")
     sub.add_argument("--queue", type=int, default=16, help="requests that may wait; more are answered 429")
     sub.add_argument("--name", default=None, help="the model's name in /v1/models (default: the file's stem)")
     sub.add_argument("--max-body", type=int, default=None, metavar="BYTES",
@@ -49,22 +50,22 @@ def handle(args: argparse.Namespace) -> int:
     if args.sessions < 1 or args.queue < 0 or (args.max_body is not None and args.max_body < 1):
         raise InvalidArgument(f"--sessions and --max-body must be >= 1 and --queue >= 0, got {args.sessions}, "
                               f"{args.max_body} and {args.queue}")
-    if args.batch is not None and args.batch < 1:
+    if args.batch < 1:
         raise InvalidArgument(f"--batch must be >= 1, got {args.batch}")
-    wanted = max(args.sessions, args.batch or 0)
+    wanted = max(args.sessions, args.batch)
     template = chat_template.chosen(args)
     sock = listening(args.host, args.port)  # before the model loads: a busy port is said at once
     try:
         with session_options.opened_model(args) as model:
             sessions = []
             try:
-                made_sessions(model, args, wanted, sessions, reduce=(args.batch or wanted) > 1)
+                made_sessions(model, args, wanted, sessions, reduce=args.batch > 1)
                 if not chat_template.install(template, sessions):
                     print(f"strata serve: {args.model} carries no chat template: /v1/chat/completions answers 400 "
                           "until one is given (--chat-template, --chat-template-file); /v1/completions works",
                           file=sys.stderr)
                 limits = {} if args.max_body is None else {"max_body_bytes": args.max_body}
-                batch = min(args.batch or len(sessions), len(sessions))
+                batch = min(args.batch, len(sessions))
                 server = Server(sessions, args.name or Path(args.model).stem, api_key=args.api_key,
                                 max_waiting=args.queue, batch=batch, **limits)
                 print(f"strata serve: {args.model} on http://{args.host}:{args.port}/v1 ({args.engine} engine, "

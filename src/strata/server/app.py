@@ -49,11 +49,11 @@ def compute_thread(cpus: set[int] | None) -> ThreadPoolExecutor:
 class Server:
     """The routes over `sessions` (one request at a time on each) serving the model called `model_name`; request
     bodies over `max_body_bytes` are refused unread. Up to `batch` sessions step together (None: all of them;
-    1: one request computes at a time): their engines become members of one Batcher (strata.generation.batcher)
-    until close(), which gives them back."""
+    1, the default: one request computes at a time, which batching does not yet beat: docs/server.md): their
+    engines become members of one Batcher (strata.generation.batcher) until close(), which gives them back."""
 
     def __init__(self, sessions: Sequence[Session], model_name: str, *, api_key: str | None = None,
-                 max_waiting: int = 16, max_body_bytes: int = MAX_BODY_BYTES, batch: int | None = None):
+                 max_waiting: int = 16, max_body_bytes: int = MAX_BODY_BYTES, batch: int | None = 1):
         if not sessions:
             raise InvalidArgument("the server needs at least one session")
         if max_body_bytes < 1:
