@@ -5,11 +5,12 @@ prompt of N ids through the prompt path instead (times per prompt token; `--expe
 With `--depth D` the decoded tokens follow a prompt of D ids. `--timeline` adds, per layer of the last token, the
 GPU's span before its ring (from the previous ring's answer to its publish), the kernels in it, the time in which
 one of them runs and the rest, and the last token's first layers kernel by kernel with what each adds to the
-chain. Kernels launch with programmatic dependent launch (kernels/launch.cuh), so a kernel's profiled time includes
+chain. With `--batch B` it profiles `--tokens` batched steps of B sessions at once (GpuEngine.step_batch,
+docs/batch.md), per step. Kernels launch with programmatic dependent launch (kernels/launch.cuh), so a kernel's profiled time includes
 its wait for the one before it: the totals per kernel overstate, what a kernel adds to the chain does not.
 
     python tools/profile_decode.py MODEL [--mode uncaptured] [--tokens 8] [--depth 3000] [--timeline]
-                                   [--prompt 4096 [--expert-cache 0]]
+                                   [--prompt 4096 [--expert-cache 0]] [--batch 8]
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def main() -> None:
     parser.add_argument("--expert-cache", default="auto")
     parser.add_argument("--depth", type=int, default=0)
     parser.add_argument("--timeline", action="store_true")
+    parser.add_argument("--batch", type=int, default=1)
     args = parser.parse_args()
 
     import torch
@@ -53,10 +55,16 @@ def main() -> None:
         engine.reset()
         history = [int(t) for t in rng.integers(0, g.n_vocab - 1, args.prompt)]
         args.tokens = args.prompt
+    batch = None
+    if args.batch > 1 and not args.prompt:
+        batch = Batch(model, session, args, rng)
+        batch.step(2)  # the graph of this member set captured, outside the profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         if args.prompt:
             engine.feed(history, greedy, 0.0, history)
-        for _ in range(0 if args.prompt else args.tokens):
+        elif batch:
+            batch.step(args.tokens)
+        for _ in range(0 if args.prompt or batch else args.tokens):
             history.append(token)
             token = engine.feed([token], greedy, 0.0, history)
     totals: dict[str, list[float]] = {}
@@ -66,14 +74,47 @@ def main() -> None:
             entry[0] += event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
             entry[1] += 1
     total = sum(v[0] for v in totals.values())
-    what = "prompt" if args.prompt else args.mode
-    print(f"GPU busy {total / args.tokens / 1e3:.3f} ms/token over {args.tokens} tokens ({what})")
+    what = "prompt" if args.prompt else f"batched steps of {args.batch}, {args.mode}" if batch else args.mode
+    unit = "step" if batch else "token"
+    print(f"GPU busy {total / args.tokens / 1e3:.3f} ms/{unit} over {args.tokens} {unit}s ({what})")
     for name, (us, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:args.rows]:
-        print(f"{us / args.tokens:9.1f} us/token {count / args.tokens:6.1f} calls/token  {name}")
+        print(f"{us / args.tokens:9.1f} us/{unit} {count / args.tokens:6.1f} calls/{unit}  {name}")
     if args.timeline and not args.prompt:
         print_timeline(prof.events())
+    if batch:
+        batch.close()
     engine.close()
     model.close()
+
+
+class Batch:
+    """`--batch` sessions (the profiled session first), each after a prompt of its own, stepped together."""
+
+    def __init__(self, model, session, args, rng) -> None:
+        from strata.sampling import SamplingParams
+
+        self.greedy = SamplingParams()
+        self.sessions = [session] + [model.session(session.engine.context, mode=args.mode)
+                                     for _ in range(args.batch - 1)]
+        vocab = model.info.geometry.n_vocab
+        self.histories = [[int(t) for t in rng.integers(0, vocab - 1, 8 + i)] for i in range(args.batch)]
+        self.engines = [s.engine for s in self.sessions]
+        for e in self.engines:
+            e.reset()
+        self.tokens = [e.feed(h, self.greedy, 0.0, h) for e, h in zip(self.engines, self.histories)]
+
+    def step(self, steps: int) -> None:
+        from strata.runtime.engine import GpuEngine
+
+        for _ in range(steps):
+            for h, t in zip(self.histories, self.tokens):
+                h.append(t)
+            self.tokens = GpuEngine.step_batch(self.engines, self.tokens, [self.greedy] * len(self.engines),
+                                               [0.0] * len(self.engines), [list(h) for h in self.histories])
+
+    def close(self) -> None:
+        for s in self.sessions[1:]:
+            s.close()
 
 
 def print_timeline(events) -> None:
