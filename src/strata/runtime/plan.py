@@ -25,6 +25,12 @@ GIB = 1024**3
 FLOAT32 = 4
 
 Tensors = Mapping[str, tuple[int, tuple[int, ...]]]  # name -> (ggml_type, ne)
+DENSE_ROLES = (Role.DENSE, Role.ELEMENTWISE, Role.ROW_GATHERED)  # the plan's "dense weights": the VRAM arena's
+
+
+def size_text(nbytes: int) -> str:
+    """Bytes for people: GiB from a tenth of one, else MiB."""
+    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB // 10 else f"{nbytes / 2**20:.2f} MiB"
 
 
 def kv_page_tokens() -> int:
@@ -207,6 +213,12 @@ def prompt_scratch_bytes(g: Geometry, chunk: int, context: int, kv: KV | str = D
     return _native.prompt_scratch_bytes(native_geometry(g), chunk, context, KV.parse(kv).value, kv_streaming)
 
 
+def check_context(g: Geometry, context: int) -> None:
+    """InvalidArgument unless a session of `context` tokens is within the model's context_length."""
+    if not 1 <= context <= g.context_length:
+        raise InvalidArgument(f"context {context} is outside 1..{g.context_length} (the model's context_length)")
+
+
 def memory_plan(g: Geometry, tensors: Tensors, context: int, kv: KV | str = DEFAULT_KV,
                 snapshots: int = DEFAULT_SNAPSHOTS, expert_cache: int = 0, prompt_staging: int = 0,
                 prompt_chunk: int = 0, *, kv_streaming: bool = False) -> MemoryPlan:
@@ -216,10 +228,9 @@ def memory_plan(g: Geometry, tensors: Tensors, context: int, kv: KV | str = DEFA
     prompt path of `prompt_chunk` tokens per chunk (0: none); with `kv_streaming`, the attention layers' KV in
     page-locked host memory and a VRAM window of it (docs/session.md, "KV streaming")."""
     kv = KV.parse(kv)
-    if not 1 <= context <= g.context_length:
-        raise InvalidArgument(f"context {context} is outside 1..{g.context_length} (the model's context_length)")
+    check_context(g, context)
     parts = bytes_by_role(g, tensors)
-    dense = parts[Role.DENSE] + parts[Role.ELEMENTWISE] + parts[Role.ROW_GATHERED]
+    dense = sum(parts[role] for role in DENSE_ROLES)
     model = {"expert cache": expert_cache} if expert_cache else {}
     if prompt_staging:
         model["prompt staging"] = prompt_staging
