@@ -1,6 +1,7 @@
 """`strata info`: what a model file holds (architecture, geometry, tensor types, bytes by part) and, before any
 load, where each part runs and in which canonical form, what the forms cost beside the file's types, and what
-the GPU engine would refuse."""
+the GPU engine would refuse; with --devices, the plan of a split of its layers over several GPUs (planned only:
+docs/layer_ranges.md)."""
 
 from __future__ import annotations
 
