@@ -105,7 +105,8 @@ def test_the_ranges_hold_the_one_device_plans_bytes_and_each_its_per_device_part
     assert total.pop(EMBEDDING) + total.pop(HEAD) + total.pop("dense weights") == one.vram["dense weights"]
     assert last["scratch"] == one.vram["scratch"]  # the sampler's workspace: the last range's alone
     assert total.pop("scratch") == one.vram["scratch"] + extra * scratch_bytes(g, CONTEXT, sampler=False)
-    for part in PER_DEVICE[:1] + PER_DEVICE[2:]:  # the residual streams, prompt scratch and slack: every range's
+    assert set(PER_DEVICE) == {"residual streams", "scratch", "prompt scratch", "allocation slack"}
+    for part in ("residual streams", "prompt scratch", "allocation slack"):  # every range's, the same
         assert all(r.vram[part] == one.vram[part] for r in ranges), part
         assert total.pop(part) == (1 + extra) * one.vram[part], part
     per_layer = {part: n for part, n in one.vram.items() if part not in ("dense weights", *PER_DEVICE)}
