@@ -159,6 +159,7 @@ def test_a_given_split_is_kept_and_checked(model):
     ([(0, GIB), (1, GIB)], [48, 0], "layer split 48,0: the range of GPU 1 has 0 layers; each device runs at least one"),
     ([(0, GIB), (1, GIB)], [16, 16, 16], "layer split 16,16,16 gives 3 ranges for 2 devices (GPUs 0, 1)"),
     ([(0, GIB), (0, GIB)], None, "device 0 is named twice"),
+    ([(-1, GIB)], None, "device -1 is not a GPU index"),
     ([(0, -1)], None, "free memory of GPU 0 must be >= 0 bytes, got -1"),
     ([], None, "a split of the layers needs at least one device"),
     ([(n, GIB) for n in range(49)], None, "49 devices for 48 layers: each device runs a range of at least one layer"),

@@ -38,6 +38,11 @@ HEAD = "head (final norm, LM head)"
 PER_DEVICE = ("residual streams", "scratch", "prompt scratch", "allocation slack")
 
 
+def room_ratio(room: int, experts: int) -> float:
+    """The share of `experts` bytes of routed experts that `room` bytes could hold (a range without any: the room)."""
+    return room / max(experts, 1)
+
+
 @dataclass(frozen=True)
 class LayerRange:
     """Layers first..last-1 on GPU `device`, which has `free` bytes of VRAM for the model."""
@@ -66,7 +71,7 @@ class LayerRange:
     @property
     def room_ratio(self) -> float:
         """room / its layers' routed expert bytes: the share of them the room could hold (the balance measure)."""
-        return self.room / max(self.experts, 1)
+        return room_ratio(self.room, self.experts)
 
     @property
     def name(self) -> str:
@@ -192,8 +197,7 @@ def _balanced_split(fig: _Figures, frees: list[int]) -> list[int]:
     n, count = len(fig.dense), len(frees)
 
     def ratio(position: int, first: int, last: int) -> float:
-        room = frees[position] - fig.fixed(position, count, first, last)
-        return room / max(fig.routed(first, last), 1)
+        return room_ratio(frees[position] - fig.fixed(position, count, first, last), fig.routed(first, last))
 
     # best[position][first]: (the smallest ratio of the best split of layers first.. over devices position..,
     # where that device's range ends)
