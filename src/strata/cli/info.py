@@ -1,6 +1,7 @@
 """`strata info`: what a model file holds (architecture, geometry, tensor types, bytes by part) and, before any
 load, where each part runs and in which canonical form, what the forms cost beside the file's types, and what
-the GPU engine would refuse."""
+the GPU engine would refuse; with --devices, the plan of a split of its layers over several GPUs (planned only:
+docs/layer_ranges.md)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from strata.options import KV
 
 if TYPE_CHECKING:
     from strata.format import ModelFile
@@ -21,18 +24,107 @@ HEAD = "output.weight"
 WIDENED = 1.05
 
 
+# The options of a split's plan, which need --devices
+SPLIT_OPTIONS = ("layer_split", "vram_free", "vram_limit", "context", "kv")
+
+
 def register(commands) -> None:
     sub = commands.add_parser("info", help="validate a GGUF model file and describe it")
     sub.add_argument("model", help="path of a .gguf file")
+    split = sub.add_argument_group(
+        "a split over several GPUs (planned only: the engine runs one GPU for now; docs/layer_ranges.md)")
+    split.add_argument("--devices", default=None, metavar="0,1",
+                       help="plan the layers' split in contiguous ranges over these GPUs, in this order")
+    split.add_argument("--layer-split", default=None, metavar="24,24",
+                       help="the layers of each device's range (default: each range fits, the expert caches' room "
+                            "balanced)")
+    split.add_argument("--vram-free", default=None, metavar="BYTES[,BYTES]",
+                       help="plan on these free memories (one for every device, or one per device; e.g. 24G) "
+                            "instead of asking the GPUs: no GPU needed")
+    split.add_argument("--vram-limit", default=None, metavar="SIZE",
+                       help="cap each device's free memory, as on a smaller card (e.g. 24G)")
+    split.add_argument("--context", type=int, default=None,
+                       help="tokens of the session the plan holds (default: the model's, at most 4096)")
+    split.add_argument("--kv", choices=KV.values(), default=None,
+                       help="the session's KV format (default int8)")
     sub.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
     from strata.format import inspect
 
+    given = [f"--{name.replace('_', '-')}" for name in SPLIT_OPTIONS if getattr(args, name) is not None]
+    if given and args.devices is None:
+        from strata.errors import InvalidArgument
+
+        raise InvalidArgument(f"{', '.join(given)} plan a split over several GPUs: name them with --devices")
     with inspect(args.model) as model:
-        print("\n".join(describe(model)))
+        lines = describe(model)
+        if args.devices is not None:
+            lines += split_lines(model, args)
+        print("\n".join(lines))
     return 0
+
+
+def _numbers(option: str, text: str, parse, example: str) -> list[int]:
+    """The comma-separated values of `option`, each through `parse`; InvalidArgument naming the option."""
+    from strata.errors import InvalidArgument
+
+    try:
+        values = [parse(item.strip()) for item in text.split(",")]
+    except (ValueError, InvalidArgument):
+        values = [None]
+    if any(value is None for value in values):
+        raise InvalidArgument(f"{option} {text}: {example} expected")
+    return values
+
+
+def _bytes(text: str) -> int | None:
+    from strata.runtime.expert_cache import parse_budget
+
+    return parse_budget(text)  # None for "auto", which is no size
+
+
+def split_lines(model: ModelFile, args: argparse.Namespace) -> list[str]:
+    """The plan of the layers' split over --devices (strata.runtime.layer_ranges), on --vram-free's figures or
+    the GPUs' free memory, each within --vram-limit."""
+    from strata.errors import InvalidArgument, StrataError
+    from strata.generation import session_context
+    from strata.options import DEFAULT_KV
+    from strata.runtime.layer_ranges import describe as describe_split
+    from strata.runtime.layer_ranges import plan_ranges
+    from strata.runtime.plan import file_tensors
+    from strata.runtime.prompt import DEFAULT_CHUNK
+
+    devices = _numbers("--devices", args.devices, int, "GPU indices such as 0,1")
+    if args.vram_free is not None:
+        free = _numbers("--vram-free", args.vram_free, _bytes, "sizes such as 24G or 24G,16G")
+        if len(free) == 1:
+            free *= len(devices)
+        if len(free) != len(devices):
+            raise InvalidArgument(f"--vram-free {args.vram_free} gives {len(free)} figures for {len(devices)} "
+                                  "devices: one for all, or one per device")
+    else:
+        from strata.devices import device_count, free_memory
+
+        if device_count() == 0:
+            raise StrataError("no CUDA device found to ask for its free memory; give it with --vram-free")
+        free = [free_memory(device) for device in devices]
+    if args.vram_limit is not None:
+        limit = _numbers("--vram-limit", args.vram_limit, _bytes, "one size such as 24G")
+        if len(limit) != 1:
+            raise InvalidArgument(f"--vram-limit {args.vram_limit}: one size such as 24G expected")
+        free = [min(nbytes, limit[0]) for nbytes in free]
+    split = (None if args.layer_split is None
+             else _numbers("--layer-split", args.layer_split, int, "layer counts such as 24,24"))
+    g = model.geometry
+    context = session_context(args.context, g.context_length)
+    kv = KV.parse(args.kv or DEFAULT_KV)
+    chunk = min(DEFAULT_CHUNK, context)  # the default session's, as the expert cache's "auto" budget plans it
+    ranges = plan_ranges(g, file_tensors(model), context, kv, list(zip(devices, free)), split=split,
+                         prompt_chunk=chunk)
+    return [f"split plan    one session of {context:,} tokens in kv {kv.value}, prompt chunks of {chunk} tokens",
+            *describe_split(g, ranges)]
 
 
 def part_of(spec: TensorSpec) -> tuple[str, str]:
@@ -91,6 +183,7 @@ def kv_lines(model: ModelFile) -> list[str]:
     VRAM, or under KV streaming the part that stays in VRAM and the part on the host (the memory plan's figures)."""
     from strata.options import KV
     from strata.runtime.plan import can_stream, session_state_bytes
+    from strata.runtime.plan import size_text as _size
 
     g = model.geometry
     if not g.attention_layers:
@@ -122,10 +215,6 @@ def tokenizer_lines(model: ModelFile) -> list[str]:
             f"chat template {f'{len(template)} characters' if template else 'none (strata chat needs one)'}"]
 
 
-def _size(nbytes: int) -> str:
-    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB // 10 else f"{nbytes / 2**20:.2f} MiB"
-
-
 @dataclass
 class _Placed:
     """The tensors of one GGUF type in one part: how many, their bytes in the file and once held."""
@@ -141,6 +230,7 @@ def placement_lines(model: ModelFile) -> list[str]:
     and held (docs/forms.md), with widened forms called out. The n-gram table is read as the file holds it."""
     from strata.models import Role, tensor_specs
     from strata.quant import form_for
+    from strata.runtime.plan import size_text as _size
     from strata.runtime.plan import tensor_bytes
 
     specs = tensor_specs(model.geometry)

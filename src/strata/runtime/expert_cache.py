@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from strata.errors import InvalidArgument
 from strata.models import Geometry, Role
-from strata.runtime.plan import GIB, Tensors, specs_of, tensor_bytes
+from strata.runtime.plan import GIB, Tensors, bytes_by_layer
 
 Budget = str | int
 
@@ -49,13 +49,8 @@ def parse_budget(budget: Budget) -> int | None:
 def expert_bytes(g: Geometry, tensors: Tensors) -> list[int]:
     """Canonical bytes of one routed expert (gate, up and down, every plane) of each layer; 0 for a layer
     without routed experts."""
-    specs = specs_of(g)
-    per_layer = [0] * g.n_layer
-    for name, (ggml_type, ne) in tensors.items():
-        spec = specs.get(name)
-        if spec is not None and spec.role is Role.ROUTED_EXPERT:
-            per_layer[spec.layer] += tensor_bytes(ggml_type, ne)
-    return [b // g.n_expert for b in per_layer]
+    by_layer = bytes_by_layer(g, tensors)
+    return [by_layer[layer][Role.ROUTED_EXPERT] // g.n_expert for layer in range(g.n_layer)]
 
 
 def cache_bytes(pool, slots: list[int]) -> int:

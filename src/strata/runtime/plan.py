@@ -25,6 +25,12 @@ GIB = 1024**3
 FLOAT32 = 4
 
 Tensors = Mapping[str, tuple[int, tuple[int, ...]]]  # name -> (ggml_type, ne)
+DENSE_ROLES = (Role.DENSE, Role.ELEMENTWISE, Role.ROW_GATHERED)  # the plan's "dense weights": the VRAM arena's
+
+
+def size_text(nbytes: int) -> str:
+    """Bytes for people: GiB from a tenth of one, else MiB."""
+    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB // 10 else f"{nbytes / 2**20:.2f} MiB"
 
 
 def kv_page_tokens() -> int:
@@ -55,13 +61,23 @@ def specs_of(g: Geometry) -> Mapping[str, TensorSpec]:
     return tensor_specs(g)
 
 
-def bytes_by_role(g: Geometry, tensors: Tensors) -> dict[Role, int]:
-    """Canonical bytes of the tensors of each role (tensors without a role are not loaded, so not counted)."""
+def bytes_by_layer(g: Geometry, tensors: Tensors) -> dict[int | None, dict[Role, int]]:
+    """Canonical bytes of the tensors of each layer (None: the model's own, outside every layer: embedding, head,
+    n-gram table) by role; tensors without a role are not loaded, so not counted."""
     specs = specs_of(g)
-    out = dict.fromkeys(Role, 0)
+    out: dict[int | None, dict[Role, int]] = {layer: dict.fromkeys(Role, 0) for layer in [*range(g.n_layer), None]}
     for name, (ggml_type, ne) in tensors.items():
         if name in specs:
-            out[specs[name].role] += tensor_bytes(ggml_type, ne)
+            out[specs[name].layer][specs[name].role] += tensor_bytes(ggml_type, ne)
+    return out
+
+
+def bytes_by_role(g: Geometry, tensors: Tensors) -> dict[Role, int]:
+    """Canonical bytes of the tensors of each role (tensors without a role are not loaded, so not counted)."""
+    out = dict.fromkeys(Role, 0)
+    for roles in bytes_by_layer(g, tensors).values():
+        for role, nbytes in roles.items():
+            out[role] += nbytes
     return out
 
 
@@ -103,20 +119,52 @@ _STREAMED_PARTS = {"kv keys": "KV host copy", "kv values": "KV host copy", "inde
                    "kv window": "KV window"}
 
 
+# The regions a state snapshot copies (session_layout.cpp, is_recurrent_state): one "state snapshots" region holds
+# `snapshots` copies of them, each at the span it takes in the arena.
+RECURRENT_STATE = ("gdn state", "gdn conv history", "ple history")
+
+
+@dataclass(frozen=True)
+class StateRegion:
+    """One region of a session's arena as the plan names it."""
+
+    name: str    # the native layout's ("kv keys", "gdn state", ...)
+    part: str    # the plan's ("KV cache (int8)", "GDN recurrent + conv state", ...)
+    layer: int   # the layer whose state it is; -1: the sequence's (PLE history, residual streams, snapshots)
+    nbytes: int
+    span: int    # what it takes in its arena: up to the next region (regions start at aligned offsets)
+    host: bool   # page-locked host memory (KV streaming), else VRAM
+
+
+def session_regions(g: Geometry, context: int, kv: KV, snapshots: int = DEFAULT_SNAPSHOTS, *,
+                    kv_streaming: bool = False) -> list[StateRegion]:
+    """Every region of one sequence's state for `context` tokens, as the native session layout lays it out."""
+    from strata import _native
+
+    layout = _native.session_layout(native_geometry(g), context, kv.value, snapshots, kv_streaming)
+    regions = layout["regions"]
+    spans = [0] * len(regions)
+    for place, end in (("device", layout["total"]), ("host", layout["host_total"])):
+        order = sorted((i for i, region in enumerate(regions) if region[4] == place), key=lambda i: regions[i][2])
+        for i, following in zip(order, [*(regions[j][2] for j in order[1:]), end]):
+            spans[i] = following - regions[i][2]
+    out = []
+    for (name, layer, _offset, nbytes, place), span in zip(regions, spans):
+        part = _STREAMED_PARTS[name] if kv_streaming and name in _STREAMED_PARTS else _PARTS[name]
+        if part.startswith("KV"):
+            part += f" ({kv.value})"
+        out.append(StateRegion(name, part, layer, nbytes, span, place == "host"))
+    return out
+
+
 def session_state_bytes(g: Geometry, context: int, kv: KV, snapshots: int = DEFAULT_SNAPSHOTS, *,
                         kv_streaming: bool = False) -> tuple[dict[str, int], dict[str, int]]:
     """Per-sequence state for `context` tokens as the session arena lays it out: (VRAM parts, host parts); the
     host holds parts only under KV streaming (the streamed KV and raw indexer keys, page-locked)."""
-    from strata import _native
-
-    layout = _native.session_layout(native_geometry(g), context, kv.value, snapshots, kv_streaming)
-    places: dict[str, dict[str, int]] = {"device": {}, "host": {}}
-    for name, _layer, _offset, nbytes, place in layout["regions"]:
-        part = _STREAMED_PARTS[name] if kv_streaming and name in _STREAMED_PARTS else _PARTS[name]
-        if part.startswith("KV"):
-            part += f" ({kv.value})"
-        places[place][part] = places[place].get(part, 0) + nbytes
-    return places["device"], places["host"]
+    places: dict[bool, dict[str, int]] = {False: {}, True: {}}
+    for region in session_regions(g, context, kv, snapshots, kv_streaming=kv_streaming):
+        places[region.host][region.part] = places[region.host].get(region.part, 0) + region.nbytes
+    return places[False], places[True]
 
 
 SORT_KEY = 8  # bytes of the GPU sampler's sort keys (cuda/src/kernels/sample.cu)
@@ -140,12 +188,13 @@ def sampler_bytes(n_vocab: int) -> int:
     return _native.sampler_workspace_bytes(n_vocab) if device_count() > 0 else sampler_bound(n_vocab)
 
 
-def scratch_bytes(g: Geometry, context: int) -> int:
+def scratch_bytes(g: Geometry, context: int, *, sampler: bool = True) -> int:
     """The decode session's device scratch for `context` tokens, as the native session sizes it: per-token
-    buffers, RoPE tables, the penalty's history, QSA block scores and the sampler's workspace."""
+    buffers, RoPE tables, the penalty's history, QSA block scores and, with `sampler`, the sampler's workspace
+    (a layer range that runs no head samples nothing: strata.runtime.layer_ranges)."""
     from strata import _native
 
-    return _native.decode_scratch_bytes(native_geometry(g), context, sampler_bytes(g.n_vocab))
+    return _native.decode_scratch_bytes(native_geometry(g), context, sampler_bytes(g.n_vocab) if sampler else 0)
 
 
 def pinned_bytes(g: Geometry) -> int:
@@ -164,6 +213,12 @@ def prompt_scratch_bytes(g: Geometry, chunk: int, context: int, kv: KV | str = D
     return _native.prompt_scratch_bytes(native_geometry(g), chunk, context, KV.parse(kv).value, kv_streaming)
 
 
+def check_context(g: Geometry, context: int) -> None:
+    """InvalidArgument unless a session of `context` tokens is within the model's context_length."""
+    if not 1 <= context <= g.context_length:
+        raise InvalidArgument(f"context {context} is outside 1..{g.context_length} (the model's context_length)")
+
+
 def memory_plan(g: Geometry, tensors: Tensors, context: int, kv: KV | str = DEFAULT_KV,
                 snapshots: int = DEFAULT_SNAPSHOTS, expert_cache: int = 0, prompt_staging: int = 0,
                 prompt_chunk: int = 0, *, kv_streaming: bool = False) -> MemoryPlan:
@@ -173,10 +228,9 @@ def memory_plan(g: Geometry, tensors: Tensors, context: int, kv: KV | str = DEFA
     prompt path of `prompt_chunk` tokens per chunk (0: none); with `kv_streaming`, the attention layers' KV in
     page-locked host memory and a VRAM window of it (docs/session.md, "KV streaming")."""
     kv = KV.parse(kv)
-    if not 1 <= context <= g.context_length:
-        raise InvalidArgument(f"context {context} is outside 1..{g.context_length} (the model's context_length)")
+    check_context(g, context)
     parts = bytes_by_role(g, tensors)
-    dense = parts[Role.DENSE] + parts[Role.ELEMENTWISE] + parts[Role.ROW_GATHERED]
+    dense = sum(parts[role] for role in DENSE_ROLES)
     model = {"expert cache": expert_cache} if expert_cache else {}
     if prompt_staging:
         model["prompt staging"] = prompt_staging
