@@ -42,33 +42,37 @@ class Metrics:
                      "# TYPE strata_requests_total counter"]
             lines += [f'strata_requests_total{{endpoint="{endpoint}",status="{status}"}} {count}'
                       for (endpoint, status), count in sorted(self.requests.items())]
-            for name, value, what in (
-                    ("prompt_tokens_total", self.prompt_tokens, "Prompt tokens of answered requests."),
-                    ("cached_prompt_tokens_total", self.cached_tokens, "Prompt tokens a session already held."),
-                    ("generated_tokens_total", self.generated_tokens, "Tokens generated."),
-                    ("drafted_tokens_total", self.drafted_tokens, "Tokens drafted and verified."),
-                    ("accepted_tokens_total", self.accepted_tokens, "Drafted tokens accepted.")):
-                lines += [f"# HELP strata_{name} {what}", f"# TYPE strata_{name} counter", f"strata_{name} {value}"]
-            for name, value, what in (
-                    ("queue_depth", pool.waiting, "Requests waiting for a session."),
-                    ("busy_sessions", pool.busy, "Sessions generating."),
-                    ("sessions", len(pool.sessions), "Sessions."),
-                    ("decode_tokens_per_second", round(self.decode_tokens_per_second, 3),
-                     "Decode speed of the last answer of more than one token.")):
-                lines += [f"# HELP strata_{name} {what}", f"# TYPE strata_{name} gauge", f"strata_{name} {value}"]
+            lines += _described("counter", (
+                ("prompt_tokens_total", self.prompt_tokens, "Prompt tokens of answered requests."),
+                ("cached_prompt_tokens_total", self.cached_tokens, "Prompt tokens a session already held."),
+                ("generated_tokens_total", self.generated_tokens, "Tokens generated."),
+                ("drafted_tokens_total", self.drafted_tokens, "Tokens drafted and verified."),
+                ("accepted_tokens_total", self.accepted_tokens, "Drafted tokens accepted.")))
+            lines += _described("gauge", (
+                ("queue_depth", pool.waiting, "Requests waiting for a session."),
+                ("busy_sessions", pool.busy, "Sessions generating."),
+                ("sessions", len(pool.sessions), "Sessions."),
+                ("decode_tokens_per_second", round(self.decode_tokens_per_second, 3),
+                 "Decode speed of the last answer of more than one token.")))
             lines += ["# HELP strata_time_to_first_token_seconds Prompt processing until the first token.",
                       "# TYPE strata_time_to_first_token_seconds summary",
                       f"strata_time_to_first_token_seconds_sum {self.first_token_seconds:.6f}",
                       f"strata_time_to_first_token_seconds_count {self.first_tokens}"]
         if batcher is not None:
             counts = batcher.stats()
-            for name, value, what in (
-                    ("decode_batches_total", counts["decode_batches"],
-                     "Decode steps run: sessions' steps stepped together, or one alone."),
-                    ("decode_rows_total", counts["decode_rows"],
-                     "Sessions' decode steps in them (rows / batches: the mean batch)."),
-                    ("prompt_chunks_total", counts["prompt_chunks"], "Prompt chunks run between the decode steps.")):
-                lines += [f"# HELP strata_{name} {what}", f"# TYPE strata_{name} counter", f"strata_{name} {value}"]
-            lines += ["# HELP strata_batch_limit The most sessions stepped together.",
-                      "# TYPE strata_batch_limit gauge", f"strata_batch_limit {batcher.max_batch}"]
+            lines += _described("counter", (
+                ("decode_batches_total", counts["decode_batches"],
+                 "Decode steps run: sessions' steps stepped together, or one alone."),
+                ("decode_rows_total", counts["decode_rows"],
+                 "Sessions' decode steps in them (rows / batches: the mean batch)."),
+                ("prompt_chunks_total", counts["prompt_chunks"], "Prompt chunks run between the decode steps.")))
+            lines += _described("gauge", (("batch_limit", batcher.max_batch, "The most sessions stepped together."),))
         return "\n".join(lines) + "\n"
+
+
+def _described(kind: str, metrics) -> list[str]:
+    """Each (name, value, help) of `metrics` as Prometheus text lines of type `kind`."""
+    lines = []
+    for name, value, what in metrics:
+        lines += [f"# HELP strata_{name} {what}", f"# TYPE strata_{name} {kind}", f"strata_{name} {value}"]
+    return lines
