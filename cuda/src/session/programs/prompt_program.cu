@@ -31,10 +31,6 @@ constexpr int kMaxChunk = 8192;
 // Rows of the LM head per block when every position's logits are asked for: 64 rows of a 248K vocabulary are
 // 64 MB of scratch, and the head's product reads its tile of the weight once per block.
 constexpr int kLogitRows = 64;
-// Chunks of at most kGemvRows rows (decode_session.hpp: a verification step's, a batch's) multiply their dense
-// products with the decode GEMVs, one product per row of one matrix: a tensor-core tile of 64 rows would stream
-// each weight tile through a few CTAs for a handful of rows, while the GEMV spreads the matrix over every SM and
-// later rows find it in L2.
 
 // The pinned block the host stages a chunk in, as byte offsets: tokens then positions (one copy up), the PLE
 // rows (up).
@@ -236,8 +232,11 @@ PromptProgram::PromptProgram(const ModelGeometry& g, const ProgramInputs& in, in
 }
 
 // y_i = W x_i for every row and product: one q8_32 form of the rows shared by the quantized weights (the same
-// products' columns, as decode's project() shares one), then one tensor-core product per weight that reads each
-// weight tile once per tile of rows.
+// products' columns, as decode's project() shares one), then one product per weight: for more than kGemvRows rows
+// (decode_session.hpp) a tensor-core product that reads each weight tile once per tile of rows; for fewer (a
+// verification step's, a batch's) the decode GEMVs, one product per row of one matrix, since a tensor-core tile of
+// 64 rows would stream each weight tile through a few CTAs for a handful of rows, while the GEMVs spread the
+// matrix over every SM and the rows' products of one tile run side by side, the later ones reading it from L2.
 void PromptProgram::project_rows(const float* x, int rows, const Products& products, cudaStream_t s) const {
   const long cols = products.begin()->w->cols;
   bool quantized = false;
@@ -451,7 +450,7 @@ void PromptProgram::attention_span(int layer, const RowSpan& span, cudaStream_t 
 // Layer `layer`'s routed experts over the rows: a batch's from the cache on the device where it holds them all
 // (cached_pairs), else grouped by the host (experts/chunk_experts.hpp).
 void PromptProgram::routed_experts(int layer, int rows, cudaStream_t s) {
-  if (batch_ && batch_on_device()) cached_pairs(layer, rows, s);
+  if (device_experts_) cached_pairs(layer, rows, s);
   else experts_.run(layer, rows, expert_rows_, s);
 }
 
@@ -599,9 +598,9 @@ std::vector<char> PromptProgram::batch_modes(const BatchRow* rows, int n) const 
 
 void PromptProgram::enqueue_batch(const BatchRow* rows, int n, cudaStream_t s) {
   row_states_ = false;
-  batch_ = true;
+  device_experts_ = batch_on_device();
   const int width = std::max(g_.hc_count, 1) * g_.n_embd;
-  const bool ahead = !batch_on_device() && experts_.begin_chunk(n);
+  const bool ahead = !device_experts_ && experts_.begin_chunk(n);
   std::vector<RowSpan> spans(n);
   for (int r = 0; r < n; ++r) spans[r] = RowSpan{rows[r].views, r, 1, rows[r].position};
   try {
@@ -616,10 +615,10 @@ void PromptProgram::enqueue_batch(const BatchRow* rows, int n, cudaStream_t s) {
     }
     head_rows(0, n, s);  // one product over the rows: the head's weights read once for the batch
   } catch (...) {
-    batch_ = false;
+    device_experts_ = false;
     throw;
   }
-  batch_ = false;
+  device_experts_ = false;
 }
 
 PromptStats PromptProgram::stats() const noexcept {

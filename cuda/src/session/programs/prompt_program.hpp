@@ -158,10 +158,10 @@ class PromptProgram : private PromptScratch {
   ChunkExperts experts_;         // each MoE layer's routed experts
   ChunkExpertRows expert_rows_;  // ... on these rows of the scratch
   long fed_tokens_ = 0, chunks_run_ = 0;
-  bool row_states_ = false;  // the chunk running keeps each token's recurrent state
+  bool row_states_ = false;      // the chunk running keeps each token's recurrent state
   const ExpertCache* cache_;
-  bool batch_ = false;       // a batch is running (its experts from the cache on the device where it holds all)
-  bool batch_ple_ = false;   // the staged batch has PLE rows
+  bool device_experts_ = false;  // a batch is running with every expert in the cache: its pairs run on the device
+  bool batch_ple_ = false;       // the staged batch has PLE rows
 };
 
 }  // namespace strata
