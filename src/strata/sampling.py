@@ -1,7 +1,9 @@
 """Token sampling: the numpy definition the GPU sampler is checked against.
 
-Order of operations (llama.cpp's and transformers' usual order): repetition penalty on the tokens seen,
-temperature, top-k, top-p, min-p, then one draw. A draw is a pure function of the filtered distribution and
+Order of operations (llama.cpp's sampler chain): logit bias, repetition penalty on the tokens seen, frequency
+and presence penalties on the answer's tokens (OpenAI's definitions), temperature, top-k, top-p, min-p, then one
+draw. The GPU sampler applies temperature through the repetition penalty; logit bias and the frequency and
+presence penalties only the numpy definition here (an engine that samples with it says so: `full_sampling`). A draw is a pure function of the filtered distribution and
 one uniform number u in [0, 1), so the GPU and this module pick the same token for the same u.
 Ties are broken towards the lower token id everywhere (greedy, top-k, the sorted order of a draw).
 
@@ -12,12 +14,18 @@ the tokens a step yields are distributed as stepping's whatever the drafter prop
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from strata.errors import InvalidArgument
+
+MAX_PENALTY = 2.0  # |frequency_penalty| and |presence_penalty| at most (OpenAI's range)
+MAX_BIAS = 100.0  # |a logit bias| at most (OpenAI's range)
+# The fields only the numpy definition applies (an engine that samples with it has `full_sampling` true).
+EXTENDED = ("logit_bias", "frequency_penalty", "presence_penalty")
 
 
 @dataclass(frozen=True)
@@ -27,13 +35,20 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     repeat_penalty: float = 1.0  # 1 means off
+    frequency_penalty: float = 0.0  # subtracted from a token's logit once per time it is in the answer so far
+    presence_penalty: float = 0.0  # subtracted once from the logit of a token that is in the answer so far
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit); a mapping is taken too
+    answer_start: int = 0  # where in `seen` the answer begins: the two penalties count seen[answer_start:]
 
     def __post_init__(self) -> None:
         # Plain Python numbers, so a numpy scalar argument cannot change the arithmetic's precision.
-        for name in ("temperature", "top_p", "min_p", "repeat_penalty"):
+        for name in ("temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty", "presence_penalty"):
             object.__setattr__(self, name, float(getattr(self, name)))
         object.__setattr__(self, "top_k", int(self.top_k))
-        if not np.all(np.isfinite([self.temperature, self.top_p, self.min_p, self.repeat_penalty])):
+        object.__setattr__(self, "answer_start", int(self.answer_start))
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        if not np.all(np.isfinite([self.temperature, self.top_p, self.min_p, self.repeat_penalty,
+                                   self.frequency_penalty, self.presence_penalty])):
             raise InvalidArgument(f"sampling parameters must be finite, got {self}")
         checks = [
             (self.temperature >= 0.0, f"temperature must be >= 0 (0 = greedy), got {self.temperature}"),
@@ -41,10 +56,38 @@ class SamplingParams:
             (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
             (0.0 <= self.min_p < 1.0, f"min_p must be in [0, 1), got {self.min_p}"),
             (self.repeat_penalty > 0.0, f"repeat_penalty must be > 0 (1 = off), got {self.repeat_penalty}"),
+            (abs(self.frequency_penalty) <= MAX_PENALTY,
+             f"frequency_penalty must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {self.frequency_penalty}"),
+            (abs(self.presence_penalty) <= MAX_PENALTY,
+             f"presence_penalty must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {self.presence_penalty}"),
+            (self.answer_start >= 0, f"answer_start must be >= 0, got {self.answer_start}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise InvalidArgument(message)
+
+    def extended(self) -> list[str]:
+        """The EXTENDED fields this sets away from their neutral value (what only the numpy definition applies)."""
+        return [name for name in EXTENDED if getattr(self, name)]
+
+
+def _bias_pairs(bias: Mapping[Any, Any] | Iterable[Any]) -> tuple[tuple[int, float], ...]:
+    """A logit bias as sorted (token id, bias) pairs, one per id (the last given wins), each checked: an id >= 0
+    (whether it is in the vocabulary, the logits tell), a finite bias of at most MAX_BIAS either way."""
+    items = bias.items() if isinstance(bias, Mapping) else bias
+    pairs: dict[int, float] = {}
+    for item in items:
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise InvalidArgument(f"logit_bias takes (token id, bias) pairs or a mapping, got {item!r:.80}")
+        token, value = item
+        if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or token < 0:
+            raise InvalidArgument(f"logit_bias: token ids are integers >= 0, got {token!r:.80}")
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+                or not abs(float(value)) <= MAX_BIAS:
+            raise InvalidArgument(f"logit_bias: token {token}'s bias must be a number in [-{MAX_BIAS}, {MAX_BIAS}], "
+                                  f"got {value!r:.80}")
+        pairs[int(token)] = float(value)
+    return tuple(sorted(pairs.items()))
 
 
 def apply_repeat_penalty(logits: np.ndarray, seen: Iterable[int], penalty: float) -> np.ndarray:
@@ -84,7 +127,21 @@ def _checked_uniform(u: float) -> None:
 
 
 def _penalized(logits: np.ndarray, params: SamplingParams, seen: Iterable[int]) -> np.ndarray:
-    out = apply_repeat_penalty(np.asarray(logits), seen, params.repeat_penalty)
+    """The logits a draw is made from: biased, then penalized (the module's order)."""
+    penalties = params.frequency_penalty or params.presence_penalty
+    if params.repeat_penalty != 1.0 or penalties:
+        seen = np.fromiter(seen, dtype=np.int64)
+    out = np.asarray(logits)
+    if params.logit_bias:
+        out = out.astype(np.float32, copy=True)
+        ids, bias = np.array(params.logit_bias, dtype=np.float64).T
+        if ids[-1] >= out.size:
+            raise InvalidArgument(f"logit_bias: token {int(ids[-1])} is outside the {out.size} logits")
+        out[ids.astype(np.int64)] += bias.astype(np.float32)
+    out = apply_repeat_penalty(out, seen, params.repeat_penalty)
+    if penalties:
+        ids, counts = np.unique(seen[params.answer_start:], return_counts=True)
+        out[ids] -= (counts * params.frequency_penalty + params.presence_penalty).astype(np.float32)
     if not np.all(np.isfinite(out)):
         raise InvalidArgument("logits contain NaN or infinity")
     return out

@@ -320,3 +320,66 @@ def test_ctrl_c_in_the_chat_loop_ends_the_answer_and_the_conversation_goes_on():
     assert "AB\n" in out.getvalue() and out.getvalue().count("> ") == 3
     # The second turn carries the interrupted answer as it was shown.
     assert CharCodec().decode(session.tokens).startswith("<user>hi<assistant>AB<user>again<assistant>$CD")
+
+
+class SamplingEngine(ScriptedEngine):
+    """A scripted engine whose sampler would apply every option (full_sampling); records the params it is fed."""
+
+    full_sampling = True
+
+    def __init__(self, script, context=64):
+        super().__init__(script, context)
+        self.params = []
+
+    def feed(self, ids, params, u, seen):
+        self.params.append(params)
+        return super().feed(ids, params, u, seen)
+
+
+def test_bias_and_penalties_reach_an_engine_that_applies_them_with_the_answers_start():
+    engine = SamplingEngine([ord("a"), ord("b"), 0])
+    session = Session(engine, TurnCodec())
+    assert run(session, "xyz", logit_bias={5: -2}, frequency_penalty=0.5,
+               presence_penalty=-0.25)[0] == "ab"
+    first = engine.params[0]
+    assert (first.logit_bias, first.frequency_penalty, first.presence_penalty) == (((5, -2.0),), 0.5, -0.25)
+    assert {p.answer_start for p in engine.params} == {3}  # the sequence before the answer: the prompt
+    with pytest.raises(strata.InvalidArgument, match="logit_bias: token id 300 is outside the vocabulary 0..255"):
+        session.generate("q", logit_bias={300: 1})
+
+
+@pytest.mark.parametrize("option, value", [("logit_bias", {5: 1.0}), ("frequency_penalty", 0.5),
+                                           ("presence_penalty", -1.0)])
+def test_an_engine_whose_sampler_lacks_an_option_refuses_it_by_name(option, value):
+    from strata.generation.arguments import OptionRefused
+
+    session = Session(ScriptedEngine([1]), TurnCodec())
+    with pytest.raises(OptionRefused, match=f"{option}: this engine's sampler does not apply it") as refused:
+        session.generate("q", **{option: value})
+    assert refused.value.option == option
+    assert run(session, "q", **{option: {} if option == "logit_bias" else 0.0}, max_tokens=1)[0] == chr(1)
+
+
+def test_ignore_eos_runs_past_eos_to_max_tokens():
+    session = Session(ScriptedEngine([ord("a"), 0, ord("b"), 0]), CharCodec())
+    assert run(session, "q", max_tokens=3, ignore_eos=True)[1] == [ord("a"), 0, ord("b")]
+    assert session.stats.finish_reason == "length"
+
+
+def test_the_reference_applies_the_penalties_over_the_answer(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    synthesize(path, "qwen3next", "tiny", n_layer=2, seed=3)
+    with inspect(path) as model:
+        tokenizer = model.tokenizer()
+        session = Session(ReferenceEngine(Reference(model), context=64), tokenizer)
+        prompt = [5, 9, 5, 9]
+        pieces = list(session.generate(prompt, max_tokens=6, frequency_penalty=2.0, presence_penalty=1.0,
+                                       logit_bias={3: 5.0}))
+        replay, fed = Reference(model), list(prompt)
+        params = SamplingParams(frequency_penalty=2.0, presence_penalty=1.0, logit_bias={3: 5.0}, answer_start=4)
+        want, logits = [], replay.forward(prompt)[-1]
+        for _ in pieces:
+            want.append(sample(logits, params, 0.5, fed))
+            fed.append(want[-1])
+            logits = replay.forward([want[-1]])[-1]
+        assert [p.token for p in pieces] == want

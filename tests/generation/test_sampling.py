@@ -75,6 +75,11 @@ def test_repeat_penalty_divides_positive_and_multiplies_negative_logits(rng):
         ({"min_p": 1.0}, "min_p must be in"),
         ({"repeat_penalty": 0.0}, "repeat_penalty must be > 0"),
         ({"temperature": float("nan")}, "must be finite"),
+        ({"frequency_penalty": 2.5}, "frequency_penalty must be in"),
+        ({"presence_penalty": -3}, "presence_penalty must be in"),
+        ({"logit_bias": {-1: 1.0}}, "token ids are integers >= 0"),
+        ({"logit_bias": {3: 101}}, "bias must be a number in"),
+        ({"logit_bias": [(3, 1.0, 2)]}, "pairs or a mapping"),
     ],
 )
 def test_bad_parameters_name_themselves(kwargs, fragment):
@@ -90,3 +95,37 @@ def test_nan_logits_are_refused():
 def test_numpy_scalars_become_python_numbers():
     params = SamplingParams(temperature=np.float32(0.5), top_k=np.int64(3), repeat_penalty=np.float64(1.1))
     assert type(params.temperature) is float and type(params.top_k) is int and type(params.repeat_penalty) is float
+
+
+def test_logit_bias_is_added_to_the_logits_before_everything_else(rng):
+    logits = rng.standard_normal(40).astype(np.float32)
+    low = int(np.argmin(logits))
+    params = SamplingParams(logit_bias={low: 100.0})
+    assert sample(logits, params, 0.3) == low
+    assert params.logit_bias == ((low, 100.0),) and params.extended() == ["logit_bias"]
+    biased = logits.copy()
+    biased[[2, 7]] += np.float32(-1.5)
+    ids, probs = candidates(biased, SamplingParams(temperature=0.9))
+    draws = [sample(logits, SamplingParams(temperature=0.9, logit_bias=[(7, -1.5), (2, -1.5)]), u)
+             for u in (0.1, 0.5, 0.9)]
+    assert draws == [sample(biased, SamplingParams(temperature=0.9), u) for u in (0.1, 0.5, 0.9)]
+    with pytest.raises(strata.InvalidArgument, match="outside the 40 logits"):
+        sample(logits, SamplingParams(logit_bias={40: 1.0}), 0.5)
+
+
+def test_frequency_and_presence_penalties_count_only_the_answer(rng):
+    """OpenAI's definitions: logit - count * frequency - (count > 0) * presence, over seen[answer_start:]."""
+    logits = np.zeros(10, np.float32)
+    logits[4], logits[6] = 2.0, 1.5
+    seen = [4, 4, 4, 1, 4, 4, 6]  # the prompt is the first three
+    for frequency, presence, answer_start, want in [(0.6, 0.0, 3, 6), (0.0, 1.5, 3, 4), (0.0, 1.5, 7, 4),
+                                                    (0.3, 0.0, 0, 6), (0.3, 0.0, 3, 4), (0.0, 0.0, 0, 4)]:
+        params = SamplingParams(frequency_penalty=frequency, presence_penalty=presence, answer_start=answer_start)
+        assert sample(logits, params, 0.5, seen) == want, (frequency, presence, answer_start)
+    # the distribution drawn from is the formula's
+    params = SamplingParams(temperature=1.0, frequency_penalty=0.5, presence_penalty=0.25, answer_start=3)
+    ids, probs = candidates(logits - np.array([0, 0.75, 0, 0, 1.25, 0, 0.75, 0, 0, 0], np.float32),
+                            SamplingParams(temperature=1.0))
+    counts = {u: sample(logits, params, u, seen) for u in np.linspace(0, 0.999, 50)}
+    assert counts == {u: int(ids[min(np.searchsorted(np.cumsum(probs), u, side="right"), ids.size - 1)])
+                      for u in counts}

@@ -16,14 +16,14 @@ import time
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from strata.chat import render_chat, render_chat_segments
 from strata.errors import FormatError, InvalidArgument, StrataError
-from strata.generation.arguments import checked_flag, checked_integer, checked_number
+from strata.generation.arguments import OptionRefused, checked_flag, checked_integer, checked_number
 from strata.generation.draft_length import DraftLength, FixedDraftLength
 from strata.generation.drafts import Drafter
 from strata.generation.prefix import Snapshots, common_prefix
@@ -34,7 +34,8 @@ from strata.sampling import SamplingParams, log_probabilities, verify_drafts
 
 MAX_LOGPROBS = 20  # the most alternatives a position reports (OpenAI's limit)
 RANDOM_SEED = -1  # seed=-1, as on the command line: a fresh random seed (as None)
-SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "stop", "logprobs")
+SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "frequency_penalty",
+                    "presence_penalty", "logit_bias", "seed", "stop", "ignore_eos", "logprobs")
 # what Session.render gives the template itself: template_options cannot replace them
 RESERVED_TEMPLATE_VALUES = ("messages", "add_generation_prompt", "bos_token", "eos_token")
 
@@ -102,6 +103,7 @@ class _Request:
     stops: tuple[str, ...]
     seed: int | None
     logprobs: int | None
+    ignore_eos: bool = False
 
 
 class Session:
@@ -203,8 +205,11 @@ class Session:
         """Stream the continuation of the sequence with `prompt` (text, or token ids) appended. `max_tokens`
         None runs until EOS or the context; `special` reads control tokens written in the text (else it is plain
         text). The sampling options (SAMPLING_OPTIONS): temperature (0: greedy), top_k (0: off), top_p, min_p,
-        repeat_penalty (1: off), seed (None or -1: a random one), stop (a string or strings), logprobs (that many
-        alternatives per token); any other name is refused."""
+        repeat_penalty (1: off), frequency_penalty and presence_penalty (OpenAI's, over the answer's tokens; 0:
+        off), logit_bias ({token id: bias}), seed (None or -1: a random one), stop (a string or strings),
+        ignore_eos (EOS does not end the answer: it runs to max_tokens or the context), logprobs (that many
+        alternatives per token); any other name is refused. The last three sampling options need an engine whose
+        sampler applies them (`full_sampling`: the reference's; the GPU sampler's come in a later change)."""
         request = self._request(max_tokens, sampling)
         ids = self._ids(prompt, special)
         self._close_abandoned()  # its last token is part of the sequence this call continues
@@ -261,11 +266,20 @@ class Session:
         if unknown:
             raise InvalidArgument(f"unknown option {', '.join(map(repr, unknown))}; the sampling options are "
                                   f"{', '.join(SAMPLING_OPTIONS)}")
-        numbers_given = {name: checked_number(name, options[name])
-                         for name in ("temperature", "top_p", "min_p", "repeat_penalty") if name in options}
+        numbers_given: dict[str, Any] = {
+            name: checked_number(name, options[name]) for name in ("temperature", "top_p", "min_p", "repeat_penalty",
+                                                                   "frequency_penalty", "presence_penalty")
+            if name in options}
         if "top_k" in options:
             numbers_given["top_k"] = checked_integer("top_k", options["top_k"])
+        if options.get("logit_bias"):
+            numbers_given["logit_bias"] = self._checked_bias(options["logit_bias"])
         params = SamplingParams(**numbers_given)
+        extended = params.extended()
+        if extended and not getattr(self.engine, "full_sampling", False):
+            raise OptionRefused(extended[0], f"{extended[0]}: this engine's sampler does not apply it yet (the GPU "
+                                "sampler applies logit_bias, frequency_penalty and presence_penalty in a later "
+                                "change; the reference engine does)")
         if max_tokens is not None and checked_integer("max_tokens", max_tokens) < 1:
             raise InvalidArgument(f"max_tokens must be >= 1 (or None: until EOS or the context), got {max_tokens}")
         stop = options.get("stop", ())
@@ -282,7 +296,19 @@ class Session:
             if not hasattr(self.engine, "logprobs"):
                 raise InvalidArgument("this engine does not report log-probabilities")
         return _Request(params, max_tokens, tuple(s for s in stops if s), None if seed == RANDOM_SEED else seed,
-                        logprobs)
+                        logprobs, checked_flag("ignore_eos", options.get("ignore_eos", False)))
+
+    def _checked_bias(self, bias: Any) -> tuple[tuple[int, float], ...]:
+        """logit_bias as SamplingParams holds it, its token ids within the vocabulary (OptionRefused names it)."""
+        try:
+            pairs = SamplingParams(logit_bias=bias).logit_bias
+        except InvalidArgument as error:
+            raise OptionRefused("logit_bias", str(error)) from None
+        vocab = len(getattr(self.codec, "tokens", ()) or ())
+        if vocab and pairs and pairs[-1][0] >= vocab:
+            raise OptionRefused("logit_bias", f"logit_bias: token id {pairs[-1][0]} is outside the vocabulary "
+                                f"0..{vocab - 1}")
+        return pairs
 
     def _ids(self, prompt: str | Sequence[int], special: bool) -> list[int]:
         checked_flag("special", special)
@@ -495,9 +521,11 @@ class Session:
                 self.engine.truncate(held)
 
     def _stream(self, target: list[int], request: _Request) -> Iterator[Piece]:
+        # the answer begins after the whole sequence given: what frequency and presence penalties count
+        request = replace(request, params=replace(request.params, answer_start=len(target)))
         with self._exclusive(), _Interrupt() as interrupt:
             stats = self.stats = Stats(prompt_tokens=len(target))
-            eos = set(self.codec.eos_ids)
+            eos = set() if request.ignore_eos else set(self.codec.eos_ids)
             text = TextStream(self.codec.decode, request.stops)
             rng = np.random.default_rng(request.seed)
             start = time.perf_counter()

@@ -25,3 +25,11 @@ def checked_flag(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise InvalidArgument(f"{name} must be True or False, got {value!r:.80}")
     return value
+
+
+class OptionRefused(InvalidArgument):
+    """A call's option refused, naming it (`option`): what a server reports as the request's field."""
+
+    def __init__(self, option: str, message: str):
+        super().__init__(message)
+        self.option = option

@@ -17,7 +17,9 @@ class Engine(Protocol):
     Optional abilities, looked up with getattr: `snapshots` (how many states it can keep) with
     `snapshot(slot)` / `restore(slot)` (save the state after `position` tokens, go back to it) and
     `prefill(ids, seen)` (append ids, no token wanted); `logprobs(token, n)` (the log-probability of `token` and
-    the n most likely ids at the last fed position); `close()`.
+    the n most likely ids at the last fed position); `close()`; `full_sampling` (true: feed applies every
+    SamplingParams field, as strata.sampling.sample does; absent or false: temperature, top_k, top_p, min_p and
+    repeat_penalty only, as the GPU sampler, so a Session refuses the others).
 
     Verifying drafts (a Session with a drafter uses them): `verify_rows`, the most ids one `verify` takes (0 or
     absent: the engine cannot verify); `verify(ids, seen)` appends `ids` (seen: the history including them, as

@@ -19,7 +19,10 @@ VERIFY_ROWS = 8  # ids one verify takes by default: the pending token and strata
 class ReferenceEngine:
     """strata.generation.Engine over strata.reference.Reference, with state snapshots, logprobs, and verifies of
     up to `verify_rows` ids (0: none) that truncate rolls back. `reference` may be an MtpReference
-    (strata.reference.mtp), whose state holds its MTP block's with the main model's."""
+    (strata.reference.mtp), whose state holds its MTP block's with the main model's. It samples with
+    strata.sampling.sample, which applies every SamplingParams field (`full_sampling`)."""
+
+    full_sampling = True
 
     def __init__(self, reference: Reference, context: int | None = None, snapshots: int = SNAPSHOTS,
                  verify_rows: int = VERIFY_ROWS):
