@@ -34,7 +34,7 @@ ALLOWED: dict[str, set[str]] = {
             "bench", "control_vectors", "strata"},
     "control_vectors": {"errors", "format"},
     "api": {"errors", "format", "generation", "reference", "runtime", "control_vectors"},
-    "server": {"errors", "generation"},
+    "server": {"errors", "sampling", "generation", "strata"},
     "strata": {"errors", "options", "devices", "generation", "runtime", "api"},  # src/strata/__init__.py
 }
 

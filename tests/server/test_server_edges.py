@@ -154,22 +154,23 @@ def test_rendering_runs_off_the_event_loop(tok):
 # ------------------------------------------------------------------------------------------- what it says
 
 
-def test_the_model_is_named_or_not_found(tok):
+def test_any_model_id_is_answered_by_the_model_served_and_a_lookup_finds_only_it(tok):
+    """As llama-server: a client configured with another model's name keeps working."""
     server = Server([echo_session(tok, CONTEXT)], "echo")
     with serving(server) as url, client(url) as api:
         assert api.models.retrieve("echo").id == "echo"
         with pytest.raises(openai.NotFoundError) as missing:
             api.models.retrieve("gpt-4o")
         assert missing.value.body["code"] == "model_not_found"
-        with pytest.raises(openai.NotFoundError) as missing:
-            api.chat.completions.create(model="gpt-4o", messages=HELLO)
-        assert missing.value.body["code"] == "model_not_found" and missing.value.body["param"] == "model"
-        assert api.chat.completions.create(model="echo", messages=HELLO).choices[0].message.content == "hello"
+        answer = api.chat.completions.create(model="gpt-4o", messages=HELLO)
+        assert answer.choices[0].message.content == "hello" and answer.model == "echo"
         assert post(url, "/v1/chat/completions", json.dumps({"messages": HELLO}).encode())[0] == 200  # none named
+        status, answer = post(url, "/v1/chat/completions", json.dumps({"messages": HELLO, "model": 7}).encode())
+        assert status == 400 and answer["error"]["param"] == "model"
 
 
 def test_a_stream_has_one_id_and_one_time(tok, monkeypatch):
-    import strata.server.app as app
+    import strata.server.answers as app
 
     class Ticking:  # every reading of the clock a second later
         now = 1_000_000
@@ -189,10 +190,12 @@ def test_a_stream_has_one_id_and_one_time(tok, monkeypatch):
 
 
 @pytest.mark.parametrize("extra", [
-    {"store": False}, {"store": None}, {"metadata": {}}, {"logit_bias": {}}, {"logit_bias": None}, {"n": None},
-    {"stream": None}, {"service_tier": "auto"}, {"user": "u1"}, {"prompt_cache_key": "k"}, {"modalities": ["text"]},
-    {"parallel_tool_calls": True}, {"logprobs": None}, {"top_logprobs": None}, {"stop": None}, {"seed": None},
-    {"seed": -1},
+    {"store": False}, {"store": True}, {"store": None}, {"metadata": {}}, {"metadata": {"a": "b"}},
+    {"logit_bias": {}}, {"logit_bias": None}, {"n": None}, {"n": 1}, {"stream": None}, {"service_tier": "auto"},
+    {"user": "u1"}, {"prompt_cache_key": "k"}, {"modalities": ["text"]}, {"parallel_tool_calls": True},
+    {"logprobs": None}, {"top_logprobs": None}, {"stop": None}, {"seed": None}, {"seed": -1},
+    {"cache_prompt": True}, {"typical_p": 1.0}, {"mirostat": 0}, {"id_slot": -1}, {"timings_per_token": False},
+    {"frequency_penalty": 0}, {"presence_penalty": 0.0}, {"repeat_penalty": 1.0, "repetition_penalty": 1},
 ])
 def test_fields_whose_values_change_nothing_are_accepted(tok, extra):
     server = Server([echo_session(tok, CONTEXT)], "echo")
@@ -202,8 +205,12 @@ def test_fields_whose_values_change_nothing_are_accepted(tok, extra):
 
 
 @pytest.mark.parametrize("extra, param", [
-    ({"store": True}, "store"), ({"logit_bias": {"5": 10}}, "logit_bias"), ({"metadata": {"a": "b"}}, "metadata"),
     ({"modalities": ["audio"]}, "modalities"), ({"store": 0}, "store"), ({"user": 5}, "user"),
+    ({"metadata": []}, "metadata"), ({"typical_p": 0.9}, "typical_p"), ({"parallel_tool_calls": 1},
+                                                                       "parallel_tool_calls"),
+    ({"repeat_penalty": 1.1, "repetition_penalty": 1.2}, "repeat_penalty"),
+    # the echo engine's sampler applies no bias nor penalty: refused by name, before anything runs
+    ({"logit_bias": {"5": 10}}, "logit_bias"), ({"frequency_penalty": 0.5}, "frequency_penalty"),
 ])
 def test_fields_that_would_change_something_are_refused_by_name(tok, extra, param):
     server = Server([echo_session(tok, CONTEXT)], "echo")

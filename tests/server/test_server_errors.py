@@ -67,13 +67,19 @@ def raw(url: str, path: str, body: bytes | None, method: str = "POST", headers: 
     (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2.5}', "max_tokens", "invalid_type"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "seed": true}', "seed", "invalid_type"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "seed": -2}', "seed", "invalid_value"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "n": 3}', "n", "invalid_value"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "n": 17}', "n", "invalid_value"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "n": 0}', "n", "invalid_value"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "stop": [1]}', "stop", "invalid_type"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}', "stream", "invalid_type"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 99}', "top_logprobs",
      "invalid_value"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 1}', "frequency_penalty",
-     "unsupported_parameter"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "frequency_penalty": 3}', "frequency_penalty",
+     "invalid_value"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"x": 1}}', "logit_bias", "invalid_value"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 101}}', "logit_bias", "invalid_value"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"99999": 1}}', "logit_bias",
+     "invalid_value"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "ignore_eos": "yes"}', "ignore_eos", "invalid_type"),
     (b'{"messages": [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", '
      b'"arguments": "{not json"}}]}]}', "messages[0]", "invalid_value"),
     (b'{"messages": [{"role": "assistant", "content": "", "tool_calls": 7}]}', "messages[0]", "invalid_type"),
@@ -95,6 +101,10 @@ def test_a_bad_chat_request_is_a_400_that_names_the_field(url, body, param, code
     (b'{"prompt": [999999]}', "prompt"),
     (b'{"prompt": "hi", "logprobs": 9}', "logprobs"),
     (b'{"prompt": "hi", "echo": true}', "echo"),
+    (b'{"prompt": ["a", ""]}', "prompt"),
+    (b'{"prompt": ["a", 3]}', "prompt"),
+    (b'{"prompt": ["a", "b", "c"], "n": 6}', "n"),
+    (b'{"prompt": "hi", "n_predict": 0}', "n_predict"),
 ])
 def test_a_bad_completion_request_is_a_400(url, body, param):
     status, answer = raw(url, "/v1/completions", body)

@@ -88,7 +88,7 @@ def test_the_completion_parser_answers_a_call_or_a_bad_request(body):
     except BadRequest as error:
         assert 400 <= error.status < 500 and error.message and error.code
         return
-    assert call.kind == "completion" and call.prompt
+    assert call.kind == "completion" and all(call.prompts)
 
 
 def _answered(response) -> None:

@@ -59,11 +59,28 @@ def test_request_bodies_map_onto_generation_options():
                        "chat_template_kwargs": {"enable_thinking": False}})
     assert call.messages[0] == {"role": "system", "content": "ab"}
     assert call.generate_options() == {"temperature": 0.5, "top_p": 0.9, "top_k": 20, "min_p": 0.05,
-                                       "repeat_penalty": 1.1, "seed": 3, "stop": ["END"], "max_tokens": 7,
-                                       "logprobs": 2}
+                                       "repeat_penalty": 1.1, "frequency_penalty": 0.0, "presence_penalty": 0.0,
+                                       "logit_bias": {}, "seed": 3, "stop": ["END"], "ignore_eos": False,
+                                       "max_tokens": 7, "logprobs": 2}
     assert call.stream and call.include_usage and call.template_options == {"enable_thinking": False}
     assert parse_chat({"messages": [{"role": "user", "content": "hi"}]}).generate_options()["max_tokens"] is None
     assert parse_completion({"prompt": "hi"}).max_tokens == 16  # OpenAI's default for completions
+
+
+def test_openai_and_llama_server_spellings_map_onto_the_same_options():
+    call = parse_completion({"prompt": ["a", [1, 2]], "n": 3, "seed": 10, "n_predict": 5, "repeat_penalty": 1.2,
+                             "ignore_eos": True, "logit_bias": [[7, -3], [9, 2.5]], "frequency_penalty": 0.5,
+                             "presence_penalty": -0.5, "cache_prompt": True, "store": True,
+                             "metadata": {"k": "v"}})
+    assert call.prompts == ["a", [1, 2]] and call.n == 3 and call.answers == 6
+    assert [call.generate_options(i)["seed"] for i in range(6)] == [10, 11, 12, 10, 11, 12]
+    options = call.generate_options()
+    assert (options["max_tokens"], options["repeat_penalty"], options["ignore_eos"]) == (5, 1.2, True)
+    assert options["logit_bias"] == {7: -3.0, 9: 2.5}
+    assert (options["frequency_penalty"], options["presence_penalty"]) == (0.5, -0.5)
+    assert parse_completion({"prompt": "a", "logit_bias": {"7": -3}}).sampling["logit_bias"] == {7: -3.0}
+    assert parse_completion({"prompt": "a", "n_predict": -1}).max_tokens is None
+    assert parse_completion({"prompt": "a", "n": 2, "seed": -1}).generate_options(1)["seed"] == -1  # random
 
 
 def test_tools_reach_the_template_unless_turned_off():

@@ -1,5 +1,6 @@
-"""The OpenAI request bodies the server takes, checked field by field: an unknown field, a value of the wrong type
-or out of range is a BadRequest naming the field (the OpenAI error's `param`), never a crash."""
+"""The OpenAI request bodies the server takes (and the fields llama-server's clients send), checked field by field:
+an unknown field, a value of the wrong type or out of range is a BadRequest naming the field (the OpenAI error's
+`param`), never a crash. docs/server.md lists them; strata.server.openapi publishes them as a schema."""
 
 from __future__ import annotations
 
@@ -10,54 +11,68 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from strata.generation import MAX_LOGPROBS, RANDOM_SEED
+from strata.sampling import MAX_BIAS, MAX_PENALTY
+from strata.server.body import read_json
+from strata.server.errors import BadRequest
 
+__all__ = ["BadRequest", "Call", "check_model", "parse_chat", "parse_completion"]
 
-class BadRequest(Exception):
-    """A client error: HTTP `status`, the OpenAI error's message, param and code."""
-
-    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400):
-        super().__init__(message)
-        self.message, self.param, self.code, self.status = message, param, code, status
-
-    def body(self) -> dict[str, Any]:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+MAX_CHOICES = 16  # answers one request may ask for: n times the prompts (each runs as its own generation)
+MAX_STOPS = 4
 
 
 @dataclass(frozen=True)
 class Call:
-    """One generation a request asks for, in the terms strata.generation.Session takes."""
+    """What one request asks for, in the terms strata.generation.Session takes: `n` choices of each prompt, each
+    choice its own generation (choice j of prompt i is answer i * n + j, as OpenAI numbers them)."""
 
     kind: str                                   # "chat" or "completion"
-    prompt: str | list[int] | None = None       # completions: text or token ids
+    prompts: list[str | list[int]] = field(default_factory=list)  # completions: each text or token ids
     messages: list[dict[str, Any]] = field(default_factory=list)  # chat
     tools: list[dict[str, Any]] | None = None
+    n: int = 1
     max_tokens: int | None = None               # None: until EOS or the context
     stream: bool = False
     include_usage: bool = False
     logprobs: int | None = None                 # alternatives per token, None: no logprobs
-    sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_p, top_k, min_p, repeat_penalty,
-                                                             # seed, stop
+    sampling: dict[str, Any] = field(default_factory=dict)  # Session's sampling options (SAMPLING_OPTIONS)
     template_options: dict[str, Any] = field(default_factory=dict)
 
-    def generate_options(self) -> dict[str, Any]:
-        return {**self.sampling, "max_tokens": self.max_tokens, "logprobs": self.logprobs}
+    @property
+    def answers(self) -> int:
+        """How many generations the request asks for: n per prompt (a chat has one prompt)."""
+        return self.n * max(len(self.prompts), 1)
+
+    def generate_options(self, answer: int = 0) -> dict[str, Any]:
+        """The Session options of `answer`: a seed given goes up by one from one choice of a prompt to the next,
+        so that the n choices differ and the request repeated gives them again."""
+        options = {**self.sampling, "max_tokens": self.max_tokens, "logprobs": self.logprobs}
+        if answer % self.n and options.get("seed") is not None and options["seed"] >= 0:
+            options["seed"] += answer % self.n
+        return options
 
 
-# OpenAI fields whose values here would change nothing, with the values accepted (a null, an empty or the
-# default value; anything else asks for what the server does not do and is refused by name). Nothing is stored,
-# so neither is metadata; there is one service tier, one modality, no bias, no predicted output.
+# Fields whose values here would change nothing, with the values accepted (a null, an empty or the default value;
+# anything else asks for what the server does not do and is refused by name): OpenAI's (one service tier, one
+# modality, no predicted output) and llama-server's samplers at their off values, which its clients send.
 NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "store": (None, False), "metadata": (None, {}), "logit_bias": (None, {}), "service_tier": (None, "auto", "default"),
-    "modalities": (None, ["text"]), "audio": (None,), "prediction": (None,), "functions": (None, []),
-    "function_call": (None, "auto", "none"), "reasoning_effort": (None,), "verbosity": (None,),
-    "web_search_options": (None,), "best_of": (None, 1), "suffix": (None, ""),
+    "service_tier": (None, "auto", "default"), "modalities": (None, ["text"]), "audio": (None,),
+    "prediction": (None,), "functions": (None, []), "function_call": (None, "auto", "none"),
+    "reasoning_effort": (None,), "verbosity": (None,), "web_search_options": (None,), "best_of": (None, 1),
+    "suffix": (None, ""), "echo": (None, False), "typical_p": (None, 1, 1.0), "mirostat": (None, 0),
+    "dry_multiplier": (None, 0, 0.0), "xtc_probability": (None, 0, 0.0), "dynatemp_range": (None, 0, 0.0),
+    "top_n_sigma": (None, -1, -1.0), "id_slot": (None, -1), "timings_per_token": (None, False),
 }
-# fields that only identify the caller or a cache (prefix reuse here is automatic): any string, or null
-IDENTIFIERS = ("user", "prompt_cache_key", "safety_identifier")
-COMMON = {"model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p",
-          "repetition_penalty", "seed", "stop", "n", "frequency_penalty", "presence_penalty", "logit_bias",
-          "metadata", "store", "service_tier", *IDENTIFIERS}
+# Fields taken and ignored, each of its type: nothing is stored (store, metadata); prefix reuse is automatic
+# (cache_prompt, prompt_cache_key); the rest identify the caller.
+IGNORED: dict[str, type] = {"store": bool, "metadata": dict, "cache_prompt": bool, "user": str,
+                            "prompt_cache_key": str, "safety_identifier": str}
+_TYPE_NAMES = {bool: "true or false", dict: "an object", str: "a string"}
+LLAMA_SERVER_NEUTRAL = {"typical_p", "mirostat", "dry_multiplier", "xtc_probability", "dynatemp_range",
+                        "top_n_sigma", "id_slot", "timings_per_token"}
+COMMON = {"model", "stream", "stream_options", "max_tokens", "n_predict", "temperature", "top_p", "top_k", "min_p",
+          "repetition_penalty", "repeat_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "seed",
+          "stop", "n", "ignore_eos", "service_tier", *IGNORED, *LLAMA_SERVER_NEUTRAL}
 CHAT = COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
                  "parallel_tool_calls", "chat_template_kwargs", "response_format", "modalities", "audio",
                  "prediction", "functions", "function_call", "reasoning_effort", "verbosity", "web_search_options"}
@@ -72,9 +87,9 @@ def _number(body: Mapping[str, Any], key: str, default: float, low: float, high:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise BadRequest(f"'{key}' must be a number, got {value!r}", key, "invalid_type")
+        raise BadRequest(f"'{key}' must be a number, got {value!r:.60}", key, "invalid_type")
     if value < low or value > high or (low_open and value == low):
-        interval = f"({low}, {high}]" if low_open else f"[{low}, {high}]"
+        interval = f"({low:g}, {high:g}]" if low_open else f"[{low:g}, {high:g}]"
         raise BadRequest(f"'{key}' must be in {interval}, got {value}", key, "invalid_value")
     return float(value)
 
@@ -84,11 +99,18 @@ def _integer(body: Mapping[str, Any], key: str, low: int, high: int | None = Non
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BadRequest(f"'{key}' must be an integer, got {value!r}", key, "invalid_type")
+        raise BadRequest(f"'{key}' must be an integer, got {value!r:.60}", key, "invalid_type")
     if value < low or (high is not None and value > high):
         raise BadRequest(f"'{key}' must be in {low}..{high if high is not None else ''}, got {value}", key,
                          "invalid_value")
     return value
+
+
+def _flag(body: Mapping[str, Any], key: str) -> bool:
+    value = body.get(key)
+    if not isinstance(value, (bool, type(None))):
+        raise BadRequest(f"'{key}' must be true or false", key, "invalid_type")
+    return bool(value)
 
 
 def _stop(body: Mapping[str, Any]) -> list[str]:
@@ -97,9 +119,9 @@ def _stop(body: Mapping[str, Any]) -> list[str]:
         return []
     if isinstance(stop, str):
         return [stop]
-    if isinstance(stop, list) and len(stop) <= 4 and all(isinstance(s, str) for s in stop):
+    if isinstance(stop, list) and len(stop) <= MAX_STOPS and all(isinstance(s, str) for s in stop):
         return stop
-    raise BadRequest("'stop' must be a string or a list of up to 4 strings", "stop", "invalid_type")
+    raise BadRequest(f"'stop' must be a string or a list of up to {MAX_STOPS} strings", "stop", "invalid_type")
 
 
 def _check_fields(body: Any, allowed: set[str]) -> None:
@@ -108,20 +130,14 @@ def _check_fields(body: Any, allowed: set[str]) -> None:
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise BadRequest(f"unknown field(s): {', '.join(unknown)}", unknown[0], "unknown_parameter")
-    if body.get("n") not in (None, 1) or isinstance(body.get("n"), bool):
-        raise BadRequest("'n' must be 1: the server generates one choice per request", "n", "invalid_value")
-    for key in ("frequency_penalty", "presence_penalty"):
-        if body.get(key, 0) not in (0, 0.0, None):
-            raise BadRequest(f"'{key}' is not supported; use repetition_penalty", key, "unsupported_parameter")
-    if not isinstance(body.get("stream", False), (bool, type(None))):
-        raise BadRequest("'stream' must be true or false", "stream", "invalid_type")
+    _flag(body, "stream")
     for key in set(NEUTRAL) & set(body):
         if not any(type(body[key]) is type(value) and body[key] == value for value in NEUTRAL[key]):
             accepted = " or ".join(json.dumps(value) for value in NEUTRAL[key])
             raise BadRequest(f"'{key}' is not supported here (accepted: {accepted})", key, "unsupported_parameter")
-    for key in IDENTIFIERS:
-        if not isinstance(body.get(key), (str, type(None))):
-            raise BadRequest(f"'{key}' must be a string", key, "invalid_type")
+    for key, kind in IGNORED.items():
+        if body.get(key) is not None and not isinstance(body[key], kind):
+            raise BadRequest(f"'{key}' must be {_TYPE_NAMES[kind]}", key, "invalid_type")
 
 
 def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -130,10 +146,68 @@ def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
         "top_p": _number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
         "top_k": _integer(body, "top_k", 0) or 0,
         "min_p": _number(body, "min_p", 0.0, 0.0, 0.999999),
-        "repeat_penalty": _number(body, "repetition_penalty", 1.0, 0.0, 10.0, low_open=True),
+        "repeat_penalty": _repeat_penalty(body),
+        "frequency_penalty": _number(body, "frequency_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY),
+        "presence_penalty": _number(body, "presence_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY),
+        "logit_bias": _logit_bias(body),
         "seed": _integer(body, "seed", RANDOM_SEED),  # -1: a fresh random seed, as in the API and the CLI
         "stop": _stop(body),
+        "ignore_eos": _flag(body, "ignore_eos"),
     }
+
+
+def _repeat_penalty(body: Mapping[str, Any]) -> float:
+    """repetition_penalty (vLLM's name) or repeat_penalty (llama-server's): one of them, or both alike."""
+    given = {key: _number(body, key, 1.0, 0.0, 10.0, low_open=True) for key in ("repetition_penalty",
+                                                                                "repeat_penalty") if key in body}
+    if len(set(given.values())) > 1:
+        raise BadRequest("'repetition_penalty' and 'repeat_penalty' name one thing: give one value",
+                         "repeat_penalty", "invalid_value")
+    return next(iter(given.values()), 1.0)
+
+
+def _logit_bias(body: Mapping[str, Any]) -> dict[int, float]:
+    """OpenAI's {"token id": bias} or llama-server's [[token id, bias], ...], each bias in [-100, 100]. Whether
+    the ids are in the vocabulary, the session checks (and names the field)."""
+    bias = body.get("logit_bias")
+    if bias is None:
+        return {}
+    if not isinstance(bias, (dict, list)):
+        raise BadRequest("'logit_bias' must be an object of token ids to biases (or a list of [id, bias] pairs)",
+                         "logit_bias", "invalid_type")
+    out = {}
+    for pair in bias.items() if isinstance(bias, dict) else bias:
+        token, value = pair if isinstance(pair, (tuple, list)) and len(pair) == 2 else (None, None)
+        if isinstance(token, str) and token.isascii() and token.isdigit() and len(token) <= 12:
+            token = int(token)
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise BadRequest(f"'logit_bias' keys are token ids (integers >= 0), got {pair!r:.60}", "logit_bias",
+                             "invalid_value")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= MAX_BIAS:
+            raise BadRequest(f"'logit_bias' values are numbers in [-{MAX_BIAS:g}, {MAX_BIAS:g}], got "
+                             f"{value!r:.60} for token {token}", "logit_bias", "invalid_value")
+        out[token] = float(value)
+    return out
+
+
+def _choices(body: Mapping[str, Any], prompts: int = 1) -> int:
+    n = _integer(body, "n", 1, MAX_CHOICES) or 1
+    if n * prompts > MAX_CHOICES:
+        raise BadRequest(f"'n' ({n}) times the prompts ({prompts}) asks for {n * prompts} answers; at most "
+                         f"{MAX_CHOICES} a request", "n", "invalid_value")
+    return n
+
+
+def _max_tokens(body: Mapping[str, Any], keys: tuple[str, ...], default: int | None) -> int | None:
+    """The first of `keys` given (each >= 1), else llama-server's n_predict (-1: until EOS or the context), else
+    `default`."""
+    for key in keys:
+        if (value := _integer(body, key, 1)) is not None:
+            return value
+    value = _integer(body, "n_predict", -1)
+    if value == 0:
+        raise BadRequest("'n_predict' must be >= 1 (or -1: until EOS or the context)", "n_predict", "invalid_value")
+    return default if value is None else None if value == -1 else value
 
 
 def _include_usage(body: Mapping[str, Any]) -> bool:
@@ -173,12 +247,9 @@ def _tool_call(i: int, call: Any) -> dict[str, Any]:
         raise BadRequest(f"messages[{i}].tool_calls: each needs a function with a name", f"messages[{i}]",
                          "invalid_value")
     arguments = function.get("arguments", {})
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments or "{}")
-        except json.JSONDecodeError:
-            raise BadRequest(f"messages[{i}].tool_calls: arguments are not JSON", f"messages[{i}]",
-                             "invalid_value") from None
+    if isinstance(arguments, str):  # JSON in a string: read within the body's limits
+        arguments = read_json(arguments or "{}", f"messages[{i}].tool_calls: the arguments' text",
+                              f"messages[{i}]")
     return {**call, "function": {**function, "arguments": arguments}}
 
 
@@ -201,38 +272,48 @@ def parse_chat(body: Any) -> Call:
         raise BadRequest(f"'chat_template_kwargs' may not set {', '.join(reserved)}: the server renders the "
                          "template with its own", "chat_template_kwargs", "invalid_value")
     top = _integer(body, "top_logprobs", 0, MAX_LOGPROBS)
-    wants = False if body.get("logprobs") is None else body["logprobs"]
-    if not isinstance(wants, bool):
-        raise BadRequest("'logprobs' must be true or false", "logprobs", "invalid_type")
+    _flag(body, "parallel_tool_calls")  # taken as it comes: the model calls as many tools as it writes
     options = dict(kwargs)
     if tools and body.get("tool_choice") != "none":
         options["tools"] = tools
     return Call("chat", messages=[_message(i, m) for i, m in enumerate(messages)], tools=options.get("tools"),
-                max_tokens=_integer(body, "max_completion_tokens", 1) or _integer(body, "max_tokens", 1),
-                stream=bool(body.get("stream")), include_usage=_include_usage(body),
-                logprobs=(top or 0) if wants else None, sampling=_sampling(body), template_options=options)
+                n=_choices(body), max_tokens=_max_tokens(body, ("max_completion_tokens", "max_tokens"), None),
+                stream=_flag(body, "stream"), include_usage=_include_usage(body),
+                logprobs=(top or 0) if _flag(body, "logprobs") else None, sampling=_sampling(body),
+                template_options=options)
 
 
 def parse_completion(body: Any) -> Call:
     _check_fields(body, COMPLETION)
-    prompt = body.get("prompt")
-    if not (isinstance(prompt, str) and prompt) and not (
-            isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
-                                                        for t in prompt)):
-        raise BadRequest("'prompt' must be a non-empty string or list of token ids", "prompt", "invalid_value")
-    if body.get("echo", False):
-        raise BadRequest("'echo' is not supported", "echo", "unsupported_parameter")
-    return Call("completion", prompt=prompt, max_tokens=_integer(body, "max_tokens", 1) or 16,
-                stream=bool(body.get("stream")), include_usage=_include_usage(body),
+    prompts = _prompts(body.get("prompt"))
+    return Call("completion", prompts=prompts, n=_choices(body, len(prompts)),
+                max_tokens=_max_tokens(body, ("max_tokens",), 16),  # 16: OpenAI's default for completions
+                stream=_flag(body, "stream"), include_usage=_include_usage(body),
                 logprobs=_integer(body, "logprobs", 0, 5), sampling=_sampling(body))
 
 
-def check_model(body: Mapping[str, Any], served: str) -> None:
-    """A request that names a model names the one served (none named: that one); else 404 model_not_found, as
-    OpenAI answers."""
-    model = body.get("model")
+def _prompts(prompt: Any) -> list[str | list[int]]:
+    """A completion's prompts: one text, one list of token ids, or a list of up to MAX_CHOICES of either."""
+    def token_ids(value: Any) -> bool:
+        return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+    if isinstance(prompt, str) or (token_ids(prompt) and prompt):
+        prompts = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) or token_ids(p) for p in prompt):
+        prompts = prompt
+    else:
+        raise BadRequest("'prompt' must be a string, a list of token ids, or a list of either", "prompt",
+                         "invalid_value")
+    if len(prompts) > MAX_CHOICES:
+        raise BadRequest(f"'prompt' lists {len(prompts)} prompts; at most {MAX_CHOICES} a request", "prompt",
+                         "invalid_value")
+    if not all(prompts):
+        raise BadRequest("'prompt' must not be empty (nor any prompt of a list)", "prompt", "invalid_value")
+    return prompts
+
+
+def check_model(model: Any) -> None:
+    """A request may name any model: the one model served answers it, as llama-server answers any name (so a
+    client's configured name keeps working); when given it must be a string."""
     if model is not None and not isinstance(model, str):
         raise BadRequest("'model' must be a string", "model", "invalid_type")
-    if model is not None and model != served:
-        raise BadRequest(f"the model {model!r} does not exist; this server serves {served!r}", "model",
-                         "model_not_found", status=404)

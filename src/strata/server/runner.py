@@ -1,7 +1,8 @@
-"""One request's generation on its session, in a worker thread (an engine step blocks), with the pieces handed to
-the event loop as they come; where the session's engine is a Batcher's member, it is active for the run.
-Cancelling (the client went away) stops it at the next token boundary; the session then holds exactly what was
-generated, and is handed back only once the worker is done with it."""
+"""One request's generations on its session, in a worker thread (an engine step blocks), with what they produce
+handed to the event loop as it comes; where the session's engine is a Batcher's member, it is active for the run.
+A request of several answers (n choices, several prompts) runs them one after the other, each its own
+generation of its prompt. Cancelling (the client went away) stops at the next token boundary; the session then
+holds exactly what was generated, and is handed back only once the worker is done with it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Executor
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from strata.errors import StrataError
 from strata.generation import Piece, Session, Stats
@@ -28,46 +29,80 @@ class Refused(Exception):
         self.error = error
 
 
+@dataclass(frozen=True)
+class Event:
+    """What a run hands out: a piece of answer `answer`, or (piece None) that answer's end with its stats."""
+
+    answer: int
+    piece: Piece | None = None
+    stats: Stats | None = None
+
+
 class Run:
-    def __init__(self, session: Session, call: Call, ids: Sequence[int], executor: Executor, *,
+    """The call's answers: answer i * n + j is choice j of prompt i (`prompts`: each one's token ids)."""
+
+    def __init__(self, session: Session, call: Call, prompts: Sequence[Sequence[int]], executor: Executor, *,
                  active: Callable[[], AbstractContextManager] | None = None):
-        self.session, self.call, self.ids, self.executor = session, call, list(ids), executor
+        self.session, self.call, self.executor = session, call, executor
+        self.prompts = [list(ids) for ids in prompts]
         self.active = active or nullcontext
         self.cancelled = threading.Event()
-        self.stats: Stats | None = None
+        self.answers: list[Stats] = []  # each finished answer's, in order
         self._future: asyncio.Future | None = None
 
-    def _work(self, emit) -> Stats:
+    def _work(self, emit) -> None:
         with self.active():
-            try:
-                stream = self.session.stream(self.ids, **self.call.generate_options())
-            except StrataError as error:
-                raise Refused(error) from None
-            try:
-                for piece in stream:
-                    emit(piece)
-                    if self.cancelled.is_set():
-                        break
-            finally:
-                stream.close()
-            return replace(self.session.stats)
+            for answer in range(self.call.answers):
+                if self.cancelled.is_set():
+                    return
+                ids = self.prompts[answer // self.call.n]
+                try:
+                    stream = self.session.stream(ids, **self.call.generate_options(answer))
+                except StrataError as error:
+                    raise Refused(error) from None
+                try:
+                    for piece in stream:
+                        emit(Event(answer, piece))
+                        if self.cancelled.is_set():
+                            break
+                finally:
+                    stream.close()
+                self.answers.append(replace(self.session.stats))
+                emit(Event(answer, stats=self.answers[-1]))
 
-    async def pieces(self) -> AsyncIterator[Piece]:
-        """The pieces as they are generated; `stats` is set once they end. Raises what the generation raised
+    async def events(self) -> AsyncIterator[Event]:
+        """The pieces as they are generated, each answer's end after its last. Raises what the generation raised
         (Refused: the session refused the arguments)."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         self._future = loop.run_in_executor(self.executor, self._work,
-                                            lambda piece: loop.call_soon_threadsafe(queue.put_nowait, piece))
+                                            lambda event: loop.call_soon_threadsafe(queue.put_nowait, event))
         self._future.add_done_callback(lambda _: queue.put_nowait(_END))
         while (item := await queue.get()) is not _END:
             yield item
-        self.stats = self._future.result()
+        self._future.result()
 
     async def finish(self) -> None:
         """Stop at the next token boundary and wait until the worker has let go of the session."""
         self.cancelled.set()
         if self._future is not None:
             await asyncio.wait([self._future])
-            if self.stats is None and not self._future.exception():
-                self.stats = self._future.result()
+
+    @property
+    def whole(self) -> bool:
+        """Whether every answer ran to its own end (none cut short by a client that went away)."""
+        return len(self.answers) == self.call.answers and all(s.finish_reason != "cancelled" for s in self.answers)
+
+    @property
+    def stats(self) -> Stats:
+        """The request's counts over its answers: each prompt's tokens (and those already held) once, from its
+        first answer; every answer's generated and drafted tokens and times; the last answer's finish."""
+        first = self.answers[::self.call.n]
+        return Stats(prompt_tokens=sum(s.prompt_tokens for s in first),
+                     cached_tokens=sum(s.cached_tokens for s in first),
+                     generated_tokens=sum(s.generated_tokens for s in self.answers),
+                     prefill_seconds=sum(s.prefill_seconds for s in first),
+                     decode_seconds=sum(s.decode_seconds for s in self.answers),
+                     finish_reason=self.answers[-1].finish_reason if self.answers else "",
+                     steps=sum(s.steps for s in self.answers), drafted=sum(s.drafted for s in self.answers),
+                     accepted=sum(s.accepted for s in self.answers))

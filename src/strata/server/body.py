@@ -1,0 +1,77 @@
+"""JSON from a client read within stated limits, before any work is done on it: UTF-8, JSON as RFC 8259 has it
+(no NaN or Infinity), nested at most MAX_DEPTH deep, integers of at most MAX_DIGITS digits, numbers finite, every
+string (keys too) whole Unicode (no lone surrogate, which a `\\ud800` escape could smuggle in and no encoder
+downstream could write). Anything else is a BadRequest saying which limit, never an exception of the parser. The
+request body is read so, and so is JSON inside it (a tool call's arguments)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from functools import partial
+from typing import Any
+
+from strata.server.errors import BadRequest
+
+MAX_DEPTH = 64  # arrays and objects inside each other
+MAX_DIGITS = 20  # an integer's digits: every integer field fits (int64 seeds, token ids) with room
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def read_json(raw: bytes | str, what: str = "the request body", param: str | None = None) -> Any:
+    """The JSON value of `raw` within the module's limits; a BadRequest names `what` was read and the limit it
+    broke (code invalid_json for the body, invalid_value for the field `param`)."""
+    def refused(message: str) -> BadRequest:
+        return BadRequest(f"{what} {message}", param, "invalid_json" if param is None else "invalid_value")
+
+    try:
+        value = json.loads(raw, parse_int=partial(_integer, refused), parse_float=partial(_number, refused),
+                           parse_constant=partial(_constant, refused))
+    except RecursionError:
+        raise refused(f"nests arrays and objects over {MAX_DEPTH} deep") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise refused(f"is not valid JSON ({error})") from None
+    _check_tree(value, refused)
+    return value
+
+
+def _integer(refused, text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_DIGITS:
+        raise refused(f"holds an integer of {digits} digits; at most {MAX_DIGITS} are read")
+    return int(text)
+
+
+def _number(refused, text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise refused(f"holds the number {text[:40]}, which is not finite as a double")
+    return value
+
+
+def _constant(refused, name: str) -> None:
+    raise refused(f"holds {name}, which is not JSON")
+
+
+def _check_tree(value: Any, refused) -> None:
+    """Depth and strings, walked without recursion (so the walk has no limit of its own)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            _check_text(item, refused)
+        elif isinstance(item, (list, dict)):
+            if depth > MAX_DEPTH:
+                raise refused(f"nests arrays and objects over {MAX_DEPTH} deep")
+            if isinstance(item, dict):
+                for key in item:
+                    _check_text(key, refused)
+                item = item.values()
+            stack.extend((inner, depth + 1) for inner in item if isinstance(inner, (str, list, dict)))
+
+
+def _check_text(text: str, refused) -> None:
+    if (found := _SURROGATE.search(text)) is not None:
+        raise refused(f"holds a lone UTF-16 surrogate (\\u{ord(found.group()):04x}) in a string: strings must be "
+                      "whole Unicode characters")
