@@ -24,6 +24,31 @@ __global__ void attention_prep_kernel(AttentionShape shape, AttentionPrepArgs ar
                       args.rope_sin, kv, row);
 }
 
+// `kv`, its pointers offsets into an arena, in the arena of `span` (kernels/state_spans.cuh).
+__device__ __forceinline__ PagedKv kv_of(PagedKv kv, const StateSpan& span) {
+  kv.keys.data = in_arena(kv.keys.data, span.state);
+  if (kv.keys.codes != KvCodes::Bf16) kv.keys.scale = in_arena(kv.keys.scale, span.state);
+  kv.values.data = in_arena(kv.values.data, span.state);
+  if (kv.values.codes != KvCodes::Bf16) kv.values.scale = in_arena(kv.values.scale, span.state);
+  kv.page_table = in_arena(kv.page_table, span.state);
+  return kv;
+}
+
+// Block (b, r): attention_prep_kernel's block b for row r.
+__global__ void attention_prep_rows_kernel(AttentionShape shape, AttentionPrepArgs args, PagedKv kv,
+                                           AttentionRows rows) {
+  await_producers();
+  release_consumers();
+  extern __shared__ float row[];
+  const int r = blockIdx.y;
+  const long heads = static_cast<long>(shape.n_head) * shape.head_dim;
+  const long kv_width = static_cast<long>(shape.n_head_kv) * shape.head_dim;
+  const PrepTokenRows own{args.q_gate + r * 2 * heads, args.k + r * kv_width, args.v + r * kv_width,
+                          args.q_out + r * heads};
+  attention_prep_head(shape, blockIdx.x, rows.positions[r], own, args.q_norm, args.k_norm, args.rope_cos,
+                      args.rope_sin, kv_of(kv, row_span(rows.spans, r, rows.rows)), row);
+}
+
 // How this token's attended tokens are cut into spans: `count` tokens in attended_token's order, spans of
 // `span` tokens, the first `spans` of the kDecodeSplits holding any. The split and the merge kernels both
 // derive it from the position and the selection count in device memory.
@@ -49,10 +74,8 @@ __device__ __forceinline__ DecodeSpans decode_spans(const AttentionDecodeArgs& a
 // to shared memory, where each thread sums its own outputs over the tile's tokens. Reading the tile element by
 // element, each read behind its own page-table (and selection) lookup, cost ~40 us for a single 16-token tile.
 template <int kLanes>
-__global__ void __launch_bounds__(kDecodeThreads) attention_split_kernel(AttentionShape shape,
-                                                                          AttentionDecodeArgs args, PagedKv kv) {
-  await_producers();
-  release_consumers();
+__device__ __forceinline__ void attention_split(const AttentionShape& shape, const AttentionDecodeArgs& args,
+                                                const PagedKv& kv) {
   constexpr int kTile = kDecodeThreads / kLanes;
   constexpr int kOut = kSplitHeads * 4 * kSplitRuns * kLanes / kDecodeThreads;  // outputs per thread, at most
   extern __shared__ float4 shared4[];
@@ -154,11 +177,51 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_split_kernel(Attenti
   }
 }
 
-// One block per q head: the active spans' partials combined, normalised, rotated back and gated (and quantized
-// where asked: head_dim is whole blocks).
-__global__ void attention_merge_kernel(AttentionShape shape, AttentionDecodeArgs args, PagedKv kv) {
+template <int kLanes>
+__global__ void __launch_bounds__(kDecodeThreads) attention_split_kernel(AttentionShape shape,
+                                                                          AttentionDecodeArgs args, PagedKv kv) {
   await_producers();
   release_consumers();
+  attention_split<kLanes>(shape, args, kv);
+}
+
+// Row r's decode arguments (attention_decode_rows): its position, selection, partials and rows of q, q_gate, out.
+__device__ __forceinline__ AttentionDecodeArgs row_args(const AttentionShape& shape, AttentionDecodeArgs args,
+                                                        int selection_stride, const AttentionRows& rows, int r) {
+  const long heads = static_cast<long>(shape.n_head) * shape.head_dim;
+  const long partials = static_cast<long>(shape.n_head) * kDecodeSplits;
+  args.position = rows.positions + r;
+  if (args.selected_blocks) {
+    args.selected_blocks += static_cast<long>(r) * selection_stride;
+    args.n_selected += r;
+  }
+  args.partial_max += r * partials * (shape.head_dim + 2);
+  args.partial_sum += r * partials * (shape.head_dim + 2);
+  args.partial_acc += r * partials * (shape.head_dim + 2);
+  args.q += r * heads;
+  args.q_gate += r * 2 * heads;
+  args.out += r * heads;
+  args.out_q8 = q8_offset(args.out_q8, r * heads);
+  return args;
+}
+
+// Blocks (x, split, r): attention_split_kernel's block (x, split) for row r.
+template <int kLanes>
+__global__ void __launch_bounds__(kDecodeThreads) attention_split_rows_kernel(AttentionShape shape,
+                                                                               AttentionDecodeArgs args,
+                                                                               int selection_stride, PagedKv kv,
+                                                                               AttentionRows rows) {
+  await_producers();
+  release_consumers();
+  const int r = blockIdx.z;
+  attention_split<kLanes>(shape, row_args(shape, args, selection_stride, rows, r),
+                          kv_of(kv, row_span(rows.spans, r, rows.rows)));
+}
+
+// One block per q head: the active spans' partials combined, normalised, rotated back and gated (and quantized
+// where asked: head_dim is whole blocks).
+__device__ __forceinline__ void attention_merge(const AttentionShape& shape, const AttentionDecodeArgs& args,
+                                                const PagedKv& kv) {
   __shared__ float a[kMaxHeadDim];
   const int d = shape.head_dim, h = blockIdx.x;
   const AttentionPartials partials{args.partial_max, args.partial_sum, args.partial_acc};
@@ -167,12 +230,33 @@ __global__ void attention_merge_kernel(AttentionShape shape, AttentionDecodeArgs
                        q8_offset(args.out_q8, static_cast<long>(h) * d));
 }
 
+__global__ void attention_merge_kernel(AttentionShape shape, AttentionDecodeArgs args, PagedKv kv) {
+  await_producers();
+  release_consumers();
+  attention_merge(shape, args, kv);
+}
+
+// Blocks (h, r): attention_merge_kernel's block h for row r.
+__global__ void attention_merge_rows_kernel(AttentionShape shape, AttentionDecodeArgs args, int selection_stride,
+                                            PagedKv kv, AttentionRows rows) {
+  await_producers();
+  release_consumers();
+  const int r = blockIdx.y;
+  attention_merge(shape, row_args(shape, args, selection_stride, rows, r),
+                  kv_of(kv, row_span(rows.spans, r, rows.rows)));
+}
+
 // Threads per token of the split kernel's tiles: runs of 4 elements, at most kSplitRuns a thread, cover the row.
 int split_lanes(int head_dim) { return head_dim <= 4 * kSplitRuns * 8 ? 8 : 16; }
 
 size_t split_smem_bytes(const AttentionShape& shape) {
   const size_t d = shape.head_dim, tile = kDecodeThreads / split_lanes(shape.head_dim);
   return sizeof(float) * (kSplitHeads * d + tile * d + kSplitHeads * tile + kSplitHeads);
+}
+
+// What the row launchers require: their cache's pointers are offsets into an arena, which may be null.
+bool valid_rows_attention(const AttentionShape& shape, const PagedKv& kv, const AttentionRows& rows) {
+  return valid_attention_format(shape, kv) && rows.rows > 0 && rows.positions != nullptr && valid_spans(rows.spans);
 }
 
 }  // namespace
@@ -207,6 +291,30 @@ cudaError_t attention_decode(const AttentionShape& shape, const AttentionDecodeA
   const cudaError_t launched = launch(split, grid, kDecodeThreads, smem, stream, shape, args, kv);
   if (launched != cudaSuccess) return launched;
   return launch(attention_merge_kernel, shape.n_head, kMergeThreads, 0, stream, shape, args, kv);
+}
+
+cudaError_t attention_prep_rows(const AttentionShape& shape, const AttentionPrepArgs& args, const PagedKv& kv,
+                                const AttentionRows& rows, cudaStream_t stream) {
+  if (!valid_rows_attention(shape, kv, rows)) return cudaErrorInvalidValue;
+  const size_t smem = static_cast<size_t>(shape.head_dim) * sizeof(float);
+  return launch(attention_prep_rows_kernel, dim3(shape.n_head + 2 * shape.n_head_kv, rows.rows), kPrepThreads, smem,
+                stream, shape, args, kv, rows);
+}
+
+cudaError_t attention_decode_rows(const AttentionShape& shape, const AttentionDecodeArgs& args, int selection_stride,
+                                  const PagedKv& kv, const AttentionRows& rows, cudaStream_t stream) {
+  if (!valid_rows_attention(shape, kv, rows) || !attention_decode_fits(shape) || args.block_tokens <= 0 ||
+      (args.selected_blocks == nullptr) != (args.n_selected == nullptr) || args.partial_max == nullptr ||
+      args.partial_sum == nullptr || args.partial_acc == nullptr || (args.selected_blocks && selection_stride <= 0))
+    return cudaErrorInvalidValue;
+  const int chunks = (shape.n_head / shape.n_head_kv + kSplitHeads - 1) / kSplitHeads;
+  const dim3 grid(shape.n_head_kv * chunks, kDecodeSplits, rows.rows);
+  const size_t smem = split_smem_bytes(shape);
+  auto* split = split_lanes(shape.head_dim) == 8 ? attention_split_rows_kernel<8> : attention_split_rows_kernel<16>;
+  const cudaError_t launched = launch(split, grid, kDecodeThreads, smem, stream, shape, args, selection_stride, kv, rows);
+  if (launched != cudaSuccess) return launched;
+  return launch(attention_merge_rows_kernel, dim3(shape.n_head, rows.rows), kMergeThreads, 0, stream, shape, args,
+                selection_stride, kv, rows);
 }
 
 }  // namespace strata::kernels

@@ -7,6 +7,7 @@
 
 #include "kv.cuh"
 #include "quantize.cuh"
+#include "state_spans.cuh"
 
 namespace strata::kernels {
 
@@ -73,5 +74,28 @@ inline void carve_attention_partials(const AttentionShape& shape, float* scratch
 
 cudaError_t attention_decode(const AttentionShape& shape, const AttentionDecodeArgs& args, const PagedKv& kv,
                              cudaStream_t stream);
+
+// Several rows at once (a step of several rows, docs/rows.md), each its own token at its own position in its own
+// sequence's cache: row r is at positions[r], and its cache is `kv` (its pointers offsets into an arena) in the
+// arena of row r's span (kernels/state_spans.cuh). Rows of one span are consecutive positions of one sequence.
+struct AttentionRows {
+  const int* positions = nullptr;  // device [rows]
+  StepSpans spans;
+  int rows = 0;
+};
+
+// attention_prep of every row: row r's q_gate, k, v and q_out are args' moved r rows on (rows of 2 * n_head,
+// n_head_kv, n_head_kv and n_head head_dims); args.position is unused. Every row's k and v are in its cache when
+// the launch ends.
+cudaError_t attention_prep_rows(const AttentionShape& shape, const AttentionPrepArgs& args, const PagedKv& kv,
+                                const AttentionRows& rows, cudaStream_t stream);
+
+// attention_decode of every row after attention_prep_rows: row r's q, q_gate and out are args' moved r rows on,
+// its selection selected_blocks + r * selection_stride and n_selected + r (with a selection), its partials
+// args' moved r * attention_decode_partial_floats(shape) floats on, its out_q8 the q8_32 form of its out row (the
+// rows' forms one after another); args.position is unused. Each row's output is attention_decode's for it, bit
+// for bit.
+cudaError_t attention_decode_rows(const AttentionShape& shape, const AttentionDecodeArgs& args, int selection_stride,
+                                  const PagedKv& kv, const AttentionRows& rows, cudaStream_t stream);
 
 }  // namespace strata::kernels

@@ -108,18 +108,28 @@ __device__ __forceinline__ void attention_merge_head(const AttentionPartials& pa
   }
 }
 
-inline bool valid_kv_half(const KvHalf& half) {
-  return half.data != nullptr && (half.codes == KvCodes::Bf16 || half.scale != nullptr) &&
-         (half.codes == KvCodes::Bf16 || half.codes == KvCodes::Int8 || half.codes == KvCodes::Q4);
+inline bool valid_codes(KvCodes codes) {
+  return codes == KvCodes::Bf16 || codes == KvCodes::Int8 || codes == KvCodes::Q4;
 }
 
-// The shape and cache every attention launcher requires.
-inline bool valid_attention(const AttentionShape& shape, const PagedKv& kv) {
+inline bool valid_kv_half(const KvHalf& half) {
+  return half.data != nullptr && (half.codes == KvCodes::Bf16 || half.scale != nullptr) && valid_codes(half.codes);
+}
+
+// The shape and cache format every attention launcher requires, whatever the cache's pointers (the row launchers'
+// are offsets into an arena, which may be null).
+inline bool valid_attention_format(const AttentionShape& shape, const PagedKv& kv) {
   return shape.n_head > 0 && shape.n_head_kv > 0 && shape.n_head % shape.n_head_kv == 0 &&
          shape.head_dim > 0 && shape.head_dim % 32 == 0 && shape.head_dim <= kMaxHeadDim &&
          shape.rope_dim >= 0 && shape.rope_dim % 2 == 0 && shape.rope_dim <= shape.head_dim &&
          kv.n_head_kv == shape.n_head_kv && kv.head_dim == shape.head_dim && kv.page_size > 0 &&
-         kv.page_size % 4 == 0 && kv.page_table != nullptr && valid_kv_half(kv.keys) && valid_kv_half(kv.values);
+         kv.page_size % 4 == 0 && valid_codes(kv.keys.codes) && valid_codes(kv.values.codes);
+}
+
+// ... and a cache whose pointers are its own.
+inline bool valid_attention(const AttentionShape& shape, const PagedKv& kv) {
+  return valid_attention_format(shape, kv) && kv.page_table != nullptr && valid_kv_half(kv.keys) &&
+         valid_kv_half(kv.values);
 }
 
 }  // namespace strata::kernels

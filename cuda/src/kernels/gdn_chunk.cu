@@ -58,48 +58,52 @@ __device__ __forceinline__ const float* rows_of(const float* first, float (&regi
   }
 }
 
-// Channel c of token t: the same conv as the step's, its window reaching back through the chunk's own raw rows
-// and, for the first K-1 tokens, into the history the chunk started with.
+// Channel c of token t: the same conv as the step's, its window reaching back through its span's own raw rows
+// and, for the span's first K-1 tokens, into the history the span's sequence started with.
 __global__ void gdn_chunk_conv_kernel(GdnShape shape, GdnChunkArgs args) {
   await_producers();
   release_consumers();
   const int channels = shape.conv_channels(), kernel = shape.conv_kernel;
   const int t = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
   if (c >= channels) return;
+  const StateSpan span = row_span(args.spans, t, args.tokens);
+  const float* history = in_arena(args.conv_state, span.state);
   float window[kMaxConvKernel];
   for (int j = 0; j < kernel; ++j) {
-    const int source = t - (kernel - 1) + j;
-    window[j] = source >= 0 ? row_of(args.qkv, source, args.qkv_stride)[c]
-                            : args.conv_state[static_cast<long>(kernel - 1 + source) * channels + c];
+    const int source = t - span.first - (kernel - 1) + j;  // within the span
+    window[j] = source >= 0 ? row_of(args.qkv, span.first + source, args.qkv_stride)[c]
+                            : history[static_cast<long>(kernel - 1 + source) * channels + c];
   }
   row_of(args.conv_out, t, args.conv_out_stride)[c] = conv_silu(window, args.conv_weight + c * kernel, kernel);
 }
 
-// History row j after the chunk's first `tokens` tokens: the raw row `tokens` later in [old history | the chunk's
+// History row j after a span's first `tokens` tokens: the raw row `tokens` later in [old history | the span's
 // raw rows], read before anything is written over the old history.
-__device__ __forceinline__ float history_entry(const GdnShape& shape, const GdnChunkArgs& args, int tokens, int j,
-                                               int c) {
+__device__ __forceinline__ float history_entry(const GdnShape& shape, const GdnChunkArgs& args, const StateSpan& span,
+                                               const float* history, int tokens, int j, int c) {
   const int source = tokens - (shape.conv_kernel - 1) + j;
-  return source >= 0 ? row_of(args.qkv, source, args.qkv_stride)[c]
-                     : args.conv_state[static_cast<long>(shape.conv_kernel - 1 + source) * shape.conv_channels() + c];
+  return source >= 0 ? row_of(args.qkv, span.first + source, args.qkv_stride)[c]
+                     : history[static_cast<long>(shape.conv_kernel - 1 + source) * shape.conv_channels() + c];
 }
 
-// The history left behind: the last K-1 raw rows, older history rows where the chunk is shorter than that (and,
-// with row states, the history after each token first). Runs after the conv read the old history. Rising j is
-// safe in place: row j takes old row T + j, never yet written.
+// The history each span leaves behind (a block row per span): the last K-1 raw rows, older history rows where
+// the span is shorter than that (and, with row states, the history after each token first). Runs after the conv
+// read the old history. Rising j is safe in place: row j takes old row T + j, never yet written.
 __global__ void gdn_chunk_history_kernel(GdnShape shape, GdnChunkArgs args) {
   await_producers();
   release_consumers();
   const int channels = shape.conv_channels(), kernel = shape.conv_kernel;
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= channels) return;
-  if (args.conv_rows)
-    for (int t = 0; t < args.tokens; ++t)
+  const StateSpan span = step_span(args.spans, blockIdx.y, args.tokens);
+  float* history = in_arena(args.conv_state, span.state);
+  if (float* rows = kept_rows(args.conv_rows, args.spans, span))
+    for (int t = 0; t < span.count; ++t)
       for (int j = 0; j < kernel - 1; ++j)
-        args.conv_rows[t * args.row_stride + static_cast<long>(j) * channels + c] =
-            history_entry(shape, args, t + 1, j, c);
+        rows[t * args.row_stride + static_cast<long>(j) * channels + c] =
+            history_entry(shape, args, span, history, t + 1, j, c);
   for (int j = 0; j < kernel - 1; ++j)
-    args.conv_state[static_cast<long>(j) * channels + c] = history_entry(shape, args, args.tokens, j, c);
+    history[static_cast<long>(j) * channels + c] = history_entry(shape, args, span, history, span.count, j, c);
 }
 
 // One CTA per (token, k-head), with the step's block size so the sums of squares match: the normalised q and k,
@@ -135,7 +139,9 @@ __global__ void __launch_bounds__(kHeadThreads) gdn_chunk_walk_kernel(GdnShape s
   await_producers();
   release_consumers();
   extern __shared__ __align__(16) float shared[];
-  const int dk = shape.head_k_dim, dv = shape.head_v_dim, hk = shape.n_k_heads, tokens = args.tokens;
+  const StateSpan span = step_span(args.spans, blockIdx.z, args.tokens);
+  const int dk = shape.head_k_dim, dv = shape.head_v_dim, hk = shape.n_k_heads, tokens = span.count;
+  const int first_token = span.first;  // the span's rows in the step's buffers and scratch
   const int h = blockIdx.x, kh = k_head_of(shape, h);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int first_column = blockIdx.y * kTileColumns, j = first_column + lane;
@@ -146,7 +152,7 @@ __global__ void __launch_bounds__(kHeadThreads) gdn_chunk_walk_kernel(GdnShape s
   float* slots = shared;                                 // [kSlots][slot_size]
   float* kv_partial = slots + kSlots * slot_size;        // [2][kHeadWarps][kTileColumns]
   float* out_partial = kv_partial + 2 * kHeadThreads;    // [2][kHeadWarps][kTileColumns]
-  const Scratch scratch = carve(shape, args.scratch, tokens);
+  const Scratch scratch = carve(shape, args.scratch, args.tokens);
 
   // The copies this thread issues for each token, in order of tokens: slot element element[n] from source[n],
   // which then steps one token on. Set up once, so a token's fetch costs a few instructions.
@@ -159,14 +165,14 @@ __global__ void __launch_bounds__(kHeadThreads) gdn_chunk_walk_kernel(GdnShape s
     const int e = threadIdx.x + n * kHeadThreads;
     element[n] = e;
     if (e < 2 * dk) {
-      source[n] = scratch.qk + kh * 2 * dk + e;
       stride[n] = static_cast<long>(hk) * 2 * dk;
+      source[n] = scratch.qk + first_token * stride[n] + kh * 2 * dk + e;
     } else if (e < 2 * dk + 2) {
-      source[n] = scratch.gates + h * 2 + (e - 2 * dk);
       stride[n] = 2 * shape.n_v_heads;
+      source[n] = scratch.gates + first_token * stride[n] + h * 2 + (e - 2 * dk);
     } else {
-      source[n] = args.conv_out + 2 * hk * dk + h * dv + first_column + (e - 2 * dk - 2);
       stride[n] = args.conv_out_stride;
+      source[n] = args.conv_out + first_token * stride[n] + 2 * hk * dk + h * dv + first_column + (e - 2 * dk - 2);
     }
   }
   const auto fetch = [&](int t) {
@@ -182,7 +188,8 @@ __global__ void __launch_bounds__(kHeadThreads) gdn_chunk_walk_kernel(GdnShape s
   };
 
   const long first_entry = (static_cast<long>(h) * dk + mine.first) * dv + j;  // this thread's first row's
-  float* s = args.state + first_entry;
+  float* s = in_arena(args.state, span.state) + first_entry;
+  float* const state_rows = kept_rows(args.state_rows, args.spans, span);
   float rows[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) rows[r] = column && holds<R, kFull>(r, mine.count) ? s[static_cast<long>(r) * dv] : 0.0f;
@@ -202,14 +209,14 @@ __global__ void __launch_bounds__(kHeadThreads) gdn_chunk_walk_kernel(GdnShape s
     __pipeline_wait_prior(kAhead - 1);  // token t + 1 has landed: the barrier publishes it for the next round
     __syncthreads();
     if (t > 0 && warp == (t - 1) % kHeadWarps && column)
-      row_of(args.out, t - 1, args.out_stride)[h * dv + j] =
+      row_of(args.out, first_token + t - 1, args.out_stride)[h * dv + j] =
           sum_partials(out_partial + ((t - 1) & 1) * kHeadThreads, lane);
     const float delta = delta_of(v, sum_partials(kv, lane), gates);
     const float* q = rows_of<R, kFull>(slot + mine.first, q_rows);
     out_partial[(t & 1) * kHeadThreads + warp * kTileColumns + lane] =
         column_update<R, kFull>(rows, k, q, gates.decay, delta, mine.count, nullptr, dv);
-    if (args.state_rows && column) {
-      float* row_state = args.state_rows + t * args.row_stride + first_entry;
+    if (state_rows && column) {
+      float* row_state = state_rows + t * args.row_stride + first_entry;
 #pragma unroll
       for (int r = 0; r < R; ++r)
         if (holds<R, kFull>(r, mine.count)) row_state[static_cast<long>(r) * dv] = rows[r];
@@ -218,7 +225,8 @@ __global__ void __launch_bounds__(kHeadThreads) gdn_chunk_walk_kernel(GdnShape s
   __syncthreads();
   const int last = tokens - 1;
   if (warp == last % kHeadWarps && column)
-    row_of(args.out, last, args.out_stride)[h * dv + j] = sum_partials(out_partial + (last & 1) * kHeadThreads, lane);
+    row_of(args.out, first_token + last, args.out_stride)[h * dv + j] =
+        sum_partials(out_partial + (last & 1) * kHeadThreads, lane);
   if (!column) return;
 #pragma unroll
   for (int r = 0; r < R; ++r)
@@ -228,7 +236,7 @@ __global__ void __launch_bounds__(kHeadThreads) gdn_chunk_walk_kernel(GdnShape s
 template <int R, bool kFull>
 cudaError_t launch_walk(const GdnShape& shape, const GdnChunkArgs& args, cudaStream_t stream) {
   const std::size_t smem = (kSlots * slot_floats(shape.head_k_dim) + 4 * kHeadThreads) * sizeof(float);
-  const dim3 grid(shape.n_v_heads, (shape.head_v_dim + kTileColumns - 1) / kTileColumns);
+  const dim3 grid(shape.n_v_heads, (shape.head_v_dim + kTileColumns - 1) / kTileColumns, span_extent(args.spans));
   return launch(gdn_chunk_walk_kernel<R, kFull>, grid, kHeadThreads, smem, stream, shape, args);
 }
 
@@ -262,13 +270,15 @@ std::size_t gdn_chunk_scratch_floats(const GdnShape& shape, int tokens) {
 }
 
 cudaError_t gdn_chunk(const GdnShape& shape, const GdnChunkArgs& args, cudaStream_t stream) {
-  if (!shape_supported(shape) || args.tokens < 1 || !args.scratch || !strides_fit(shape, args))
+  if (!shape_supported(shape) || args.tokens < 1 || !args.scratch || !strides_fit(shape, args) ||
+      !valid_spans(args.spans))
     return cudaErrorInvalidValue;
   const int channels = shape.conv_channels(), channel_blocks = (channels + kConvThreads - 1) / kConvThreads;
   cudaError_t status = launch(gdn_chunk_conv_kernel, dim3(args.tokens, channel_blocks), kConvThreads, 0, stream, shape,
                               args);
   if (status == cudaSuccess)
-    status = launch(gdn_chunk_history_kernel, channel_blocks, kConvThreads, 0, stream, shape, args);
+    status = launch(gdn_chunk_history_kernel, dim3(channel_blocks, span_extent(args.spans)), kConvThreads, 0, stream,
+                    shape, args);
   if (status == cudaSuccess)
     status = launch(gdn_chunk_prep_kernel, dim3(args.tokens, shape.n_k_heads), kHeadThreads, 0, stream, shape, args);
   if (status != cudaSuccess) return status;

@@ -9,6 +9,7 @@
 #include <cstddef>
 
 #include "gdn.cuh"
+#include "state_spans.cuh"
 
 namespace strata::kernels {
 
@@ -21,6 +22,10 @@ namespace strata::kernels {
 // Row states (a verification step, docs/speculative.md): with state_rows and conv_rows set, the state and the conv
 // history as the step of token t leaves them are also written at state_rows + t * row_stride and conv_rows +
 // t * row_stride, for every t, so that the sequence can be cut back to any of the chunk's tokens.
+// Spans (kernels/state_spans.cuh): with `spans`, the `tokens` rows are several spans of consecutive tokens, each
+// of its own sequence: conv_state and state are offsets into each span's arena, state_rows and conv_rows offsets
+// into its first row-state slot (a span without one keeps no row states), and each span's rows are what gdn_chunk
+// over that span alone would make.
 struct GdnChunkArgs : GdnStepArgs {
   int tokens = 0;
   int qkv_stride = 0, z_stride = 0, beta_stride = 0, alpha_stride = 0, conv_out_stride = 0, out_stride = 0;
@@ -28,6 +33,7 @@ struct GdnChunkArgs : GdnStepArgs {
   float* state_rows = nullptr;  // optional: [tokens] states [Hv][dk][dv], row_stride floats apart
   float* conv_rows = nullptr;   // optional: [tokens] conv histories [K-1][C], row_stride floats apart
   long row_stride = 0;
+  StepSpans spans;              // optional: none, one span of every token
 };
 
 // Floats of scratch gdn_chunk needs for `tokens` tokens: each token's normalised q, k per k-head and the beta and
@@ -36,8 +42,8 @@ std::size_t gdn_chunk_scratch_floats(const GdnShape& shape, int tokens);
 
 // T tokens in order: out row t and conv_out row t are gdn_step's out and conv_out of token t, and conv_state and
 // state are left as the T-th step leaves them, bit for bit. Shapes gdn_step refuses, tokens < 1, a stride
-// below its row's width, no scratch, or row states with a row_stride below a state's or a history's floats:
-// cudaErrorInvalidValue.
+// below its row's width, no scratch, row states with a row_stride below a state's or a history's floats, or
+// spans without their arrays: cudaErrorInvalidValue.
 cudaError_t gdn_chunk(const GdnShape& shape, const GdnChunkArgs& args, cudaStream_t stream);
 
 }  // namespace strata::kernels

@@ -95,62 +95,69 @@ __global__ void ple_step_kernel(PleShape shape, PleStepArgs args) {
 }
 
 // One block per (token t, stream h), h fastest so that the blocks of neighbouring tokens, which read each
-// other's rows, run together. A tap reaching before the chunk reads the history as the chunk found it; one
+// other's rows, run together. A tap reaching before the token's span reads the history as the span found it; one
 // inside it recomputes that token's gate (the same code, so the same bits as ple_step's) instead of waiting on
 // another block. The history is left alone: ple_history_kernel advances it after every block has read it.
-__global__ void ple_chunk_kernel(PleShape shape, PleStepArgs args) {
+__global__ void ple_chunk_kernel(PleShape shape, PleStepArgs args, int tokens, StepSpans spans) {
   await_producers();
   release_consumers();
   const int n = shape.width, h = blockIdx.x % shape.streams, t = blockIdx.x / shape.streams;
   const int rows = shape.history_rows();
   const long base = static_cast<long>(h) * n, channels = static_cast<long>(shape.streams) * n;
+  const StateSpan span = row_span(spans, t, tokens);
+  const float* history = in_arena(args.history, span.state);
+  const int local = t - span.first;  // the token's place in its span
   const PleStepArgs own = token_args(shape, args, t);
   const StreamGate g = stream_gate(shape, own, base);
-  StreamGate earlier[kMaxConvKernel - 1];  // earlier[m - 1]: the token dilation * m back, when in the chunk
+  StreamGate earlier[kMaxConvKernel - 1];  // earlier[m - 1]: the token dilation * m back, when in the span
   for (int m = 1; m < shape.conv_kernel; ++m) {
-    const int from = t - shape.dilation * m;
-    if (from >= 0) earlier[m - 1] = stream_gate(shape, token_args(shape, args, from), base);
+    const int from = local - shape.dilation * m;
+    if (from >= 0) earlier[m - 1] = stream_gate(shape, token_args(shape, args, span.first + from), base);
   }
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     const long c = base + i;
     const float gated = g.gate * own.value[i];
     const float acc = conv_sum(shape, args, c, normed_entry(g, gated, args, c), [&](int back) {
-      const int from = t - back;
-      if (from < 0) return args.history[(rows + from) * channels + c];
+      const int from = local - back;
+      if (from < 0) return history[(rows + from) * channels + c];
       const StreamGate& past = earlier[back / shape.dilation - 1];
-      return normed_entry(past, past.gate * args.value[static_cast<long>(from) * n + i], args, c);
+      return normed_entry(past, past.gate * args.value[static_cast<long>(span.first + from) * n + i], args, c);
     });
     own.out[c] = addend(gated, acc);
   }
 }
 
-// History row r after the chunk's first `after` tokens, written at `dst` (each channel owned by one thread): the
-// row `after` later in [old history | the chunk's normed rows], in ascending r, so that in place an old row is
-// read before it is overwritten.
-__device__ void advance_history(const PleShape& shape, const PleStepArgs& args, int after, float* dst) {
+// History row r after the first `after` tokens of `span`, written at `dst` (each channel owned by one thread):
+// the row `after` later in [old history | the span's normed rows], in ascending r, so that in place an old row
+// is read before it is overwritten.
+__device__ void advance_history(const PleShape& shape, const PleStepArgs& args, const StateSpan& span,
+                                const float* history, int after, float* dst) {
   const int n = shape.width, rows = shape.history_rows();
   const long base = static_cast<long>(blockIdx.x) * n, channels = static_cast<long>(shape.streams) * n;
   for (int r = 0; r < rows; ++r) {
-    const int from = after + r - rows;  // the chunk token whose normed row lands in row r, when >= 0
+    const int from = after + r - rows;  // the span's token whose normed row lands in row r, when >= 0
     if (from < 0) {
       for (int i = threadIdx.x; i < n; i += blockDim.x)
-        dst[r * channels + base + i] = args.history[(r + after) * channels + base + i];
+        dst[r * channels + base + i] = history[(r + after) * channels + base + i];
       continue;
     }
-    const PleStepArgs at = token_args(shape, args, from);
+    const PleStepArgs at = token_args(shape, args, span.first + from);
     const StreamGate g = stream_gate(shape, at, base);
     for (int i = threadIdx.x; i < n; i += blockDim.x)
       dst[r * channels + base + i] = normed_entry(g, g.gate * at.value[i], args, base + i);
   }
 }
 
-// One block per stream: the history after each token into the row states (when asked for), then advanced in place.
-__global__ void ple_history_kernel(PleShape shape, PleStepArgs args, int tokens) {
+// One block per (stream, span): the span's history after each of its tokens into its row states (where it keeps
+// them), then its history advanced in place.
+__global__ void ple_history_kernel(PleShape shape, PleStepArgs args, int tokens, StepSpans spans) {
   await_producers();
   release_consumers();
-  if (args.history_rows)
-    for (int t = 0; t < tokens; ++t) advance_history(shape, args, t + 1, args.history_rows + t * args.row_stride);
-  advance_history(shape, args, tokens, args.history);
+  const StateSpan span = step_span(spans, blockIdx.y, tokens);
+  float* history = in_arena(args.history, span.state);
+  if (float* kept = kept_rows(args.history_rows, spans, span))
+    for (int t = 0; t < span.count; ++t) advance_history(shape, args, span, history, t + 1, kept + t * args.row_stride);
+  advance_history(shape, args, span, history, span.count, history);
 }
 
 bool valid(const PleShape& shape) {
@@ -165,14 +172,18 @@ cudaError_t ple_step(const PleShape& shape, const PleStepArgs& args, cudaStream_
   return launch(ple_step_kernel, shape.streams, kPleThreads, 0, stream, shape, args);
 }
 
-cudaError_t ple_chunk(const PleShape& shape, const PleStepArgs& args, int tokens, cudaStream_t stream) {
+cudaError_t ple_chunk(const PleShape& shape, const PleStepArgs& args, int tokens, cudaStream_t stream,
+                      const StepSpans& spans) {
   const long history_floats = static_cast<long>(shape.history_rows()) * shape.streams * shape.width;
+  const bool rows = args.history_rows || spans.n > 0;  // with spans a null row offset is a slot's start
   if (!valid(shape) || tokens <= 0 || static_cast<long>(shape.streams) * tokens > kMaxBlocks ||
-      (args.history_rows && args.row_stride < history_floats))
+      (rows && args.row_stride < history_floats) || !valid_spans(spans))
     return cudaErrorInvalidValue;
-  const cudaError_t launched = launch(ple_chunk_kernel, shape.streams * tokens, kPleThreads, 0, stream, shape, args);
+  const cudaError_t launched =
+      launch(ple_chunk_kernel, shape.streams * tokens, kPleThreads, 0, stream, shape, args, tokens, spans);
   if (launched != cudaSuccess) return launched;
-  return launch(ple_history_kernel, shape.streams, kPleThreads, 0, stream, shape, args, tokens);
+  return launch(ple_history_kernel, dim3(shape.streams, span_extent(spans)), kPleThreads, 0, stream, shape, args,
+                tokens, spans);
 }
 
 }  // namespace strata::kernels

@@ -6,6 +6,8 @@
 
 #include <cuda_runtime.h>
 
+#include "state_spans.cuh"
+
 namespace strata::kernels {
 
 struct PleShape {
@@ -40,6 +42,10 @@ cudaError_t ple_step(const PleShape& shape, const PleStepArgs& args, cudaStream_
 // the weights and history as for ple_step; history is left as those calls would leave it. Two launches: the
 // addends of every token (each token's conv reads its predecessors' normed rows, recomputed from their inputs,
 // or the history), then the history advance (and the row states). out must not overlap history.
-cudaError_t ple_chunk(const PleShape& shape, const PleStepArgs& args, int tokens, cudaStream_t stream);
+// With `spans` (kernels/state_spans.cuh), the tokens are several spans of consecutive tokens, each of its own
+// sequence: history is an offset into each span's arena, history_rows one into its first row-state slot, and
+// each span's rows are what ple_chunk over that span alone would make.
+cudaError_t ple_chunk(const PleShape& shape, const PleStepArgs& args, int tokens, cudaStream_t stream,
+                      const StepSpans& spans = {});
 
 }  // namespace strata::kernels

@@ -5,6 +5,8 @@
 
 #include <cuda_runtime.h>
 
+#include "state_spans.cuh"
+
 namespace strata::kernels {
 
 struct IndexerShape {
@@ -44,5 +46,25 @@ cudaError_t qsa_select(const IndexerShape& shape, const IndexerCache& cache, con
 
 // The selection step of qsa_select alone, over args.scores as they are (q, q_norm and the rope table unused).
 cudaError_t qsa_top_blocks(const IndexerShape& shape, const IndexerSelectArgs& args, cudaStream_t stream);
+
+// Several rows at once (a step of several rows, docs/rows.md), each its own token at positions[r] in the cache of
+// its own sequence: `cache`'s pointers are offsets into the arena of row r's span (kernels/state_spans.cuh).
+struct IndexerRows {
+  const int* positions = nullptr;  // device [rows]
+  StepSpans spans;
+  int rows = 0;
+};
+
+// qsa_append of every row, kraw [rows][head_dim]: the raw keys first, then the blocks they complete pooled (a
+// block may hold several rows of one span), so the caches end as the rows appended one by one leave them.
+cudaError_t qsa_append_rows(const IndexerShape& shape, const IndexerCache& cache, const float* kraw,
+                            const float* k_norm, const float* rope_cos, const float* rope_sin,
+                            const IndexerRows& rows, cudaStream_t stream);
+
+// qsa_select of every row after qsa_append_rows: row r's q is args.q + r * q_stride, its scores args.scores + r *
+// max_blocks, its selection selected_blocks + r * keep_blocks and n_selected + r; args.position is unused. A row
+// scores only the blocks complete at its own position, so each selection is qsa_select's for its row.
+cudaError_t qsa_select_rows(const IndexerShape& shape, const IndexerCache& cache, const IndexerSelectArgs& args,
+                            int q_stride, const IndexerRows& rows, cudaStream_t stream);
 
 }  // namespace strata::kernels
