@@ -6,11 +6,12 @@ With `--depth D` the decoded tokens follow a prompt of D ids. `--timeline` adds,
 GPU's span before its ring (from the previous ring's answer to its publish), the kernels in it, the time in which
 one of them runs and the rest, and the last token's first layers kernel by kernel with what each adds to the
 chain. With `--batch B` it profiles `--tokens` batched steps of B sessions at once (GpuEngine.step_batch,
-docs/batch.md), per step. Kernels launch with programmatic dependent launch (kernels/launch.cuh), so a kernel's profiled time includes
+docs/batch.md), per step; with `--verify K` it profiles `--tokens` verification steps of K + 1 rows (each cut back to
+its first row after), per step. Kernels launch with programmatic dependent launch (kernels/launch.cuh), so a kernel's profiled time includes
 its wait for the one before it: the totals per kernel overstate, what a kernel adds to the chain does not.
 
     python tools/profile_decode.py MODEL [--mode uncaptured] [--tokens 8] [--depth 3000] [--timeline]
-                                   [--prompt 4096 [--expert-cache 0]] [--batch 8]
+                                   [--prompt 4096 [--expert-cache 0]] [--batch 8] [--verify 3]
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=0)
     parser.add_argument("--timeline", action="store_true")
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--verify", type=int, default=0)
     args = parser.parse_args()
 
     import torch
@@ -43,7 +45,8 @@ def main() -> None:
 
     cache = args.expert_cache if not args.expert_cache.isdigit() else int(args.expert_cache)
     model = strata.load(args.model, progress=False, expert_cache=cache)
-    session = model.session(max(256, args.prompt + args.depth + 256), mode=args.mode)
+    drafts = dict(draft="lookup", draft_tokens=args.verify) if args.verify else {}
+    session = model.session(max(256, args.prompt + args.depth + 256), mode=args.mode, **drafts)
     engine = session.engine
     g = model.info.geometry
     rng = np.random.default_rng(0)
@@ -59,12 +62,17 @@ def main() -> None:
     if args.batch > 1 and not args.prompt:
         batch = Batch(model, session, args, rng)
         batch.step(2)  # the graph of this member set captured, outside the profile
+    verify = Verify(engine, history, token, args.verify, rng, g.n_vocab) if args.verify and not args.prompt else None
+    if verify:
+        verify.step(2)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         if args.prompt:
             engine.feed(history, greedy, 0.0, history)
         elif batch:
             batch.step(args.tokens)
-        for _ in range(0 if args.prompt or batch else args.tokens):
+        elif verify:
+            verify.step(args.tokens)
+        for _ in range(0 if args.prompt or batch or verify else args.tokens):
             history.append(token)
             token = engine.feed([token], greedy, 0.0, history)
     totals: dict[str, list[float]] = {}
@@ -73,12 +81,17 @@ def main() -> None:
             entry = totals.setdefault(event.name[:90], [0.0, 0])
             entry[0] += event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
             entry[1] += 1
+    adds = chain_adds(prof.events())
     total = sum(v[0] for v in totals.values())
-    what = "prompt" if args.prompt else f"batched steps of {args.batch}, {args.mode}" if batch else args.mode
-    unit = "step" if batch else "token"
-    print(f"GPU busy {total / args.tokens / 1e3:.3f} ms/{unit} over {args.tokens} {unit}s ({what})")
-    for name, (us, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:args.rows]:
-        print(f"{us / args.tokens:9.1f} us/{unit} {count / args.tokens:6.1f} calls/{unit}  {name}")
+    what = ("prompt" if args.prompt else f"batched steps of {args.batch}, {args.mode}" if batch
+            else f"verification steps of {args.verify + 1} rows" if verify else args.mode)
+    unit = "step" if batch or verify else "token"
+    print(f"GPU busy {total / args.tokens / 1e3:.3f} ms/{unit} over {args.tokens} {unit}s ({what}); the chain "
+          f"{sum(adds.values()) / args.tokens / 1e3:.3f} ms/{unit} busy within a span of "
+          f"{gpu_span(prof.events()) / args.tokens / 1e3:.3f}")
+    print(f"{'us/' + unit:>9s} {'adds':>9s} {'calls':>6s}")
+    for name, (us, count) in sorted(totals.items(), key=lambda kv: -adds.get(kv[0], 0.0))[:args.rows]:
+        print(f"{us / args.tokens:9.1f} {adds.get(name, 0.0) / args.tokens:9.1f} {count / args.tokens:6.1f}  {name}")
     if args.timeline and not args.prompt:
         print_timeline(prof.events())
     if batch:
@@ -115,6 +128,49 @@ class Batch:
     def close(self) -> None:
         for s in self.sessions[1:]:
             s.close()
+
+
+class Verify:
+    """Verification steps of k + 1 random ids on `engine`, each cut back to its first row, so the sequence advances
+    one token a step as a rejected draft leaves it."""
+
+    def __init__(self, engine, history, token, k, rng, vocab) -> None:
+        self.engine, self.history, self.k, self.rng, self.vocab = engine, history, k, rng, vocab
+        self.history.append(token)
+        self.engine.feed([token], _greedy(), 0.0, self.history)
+
+    def step(self, steps: int) -> None:
+        for _ in range(steps):
+            ids = [int(t) for t in self.rng.integers(0, self.vocab - 1, self.k + 1)]
+            start = self.engine.position
+            self.engine.verify(ids, self.history + ids)
+            self.engine.truncate(start + 1)
+            self.history.append(ids[0])
+
+
+def _greedy():
+    from strata.sampling import SamplingParams
+
+    return SamplingParams()
+
+
+def chain_adds(events) -> dict[str, float]:
+    """Per kernel name, the microseconds its launches add to the end of the GPU's chain (kernels in start order;
+    under programmatic dependent launch a kernel's own duration includes its wait for the one before it)."""
+    kernels = sorted((e for e in events if e.device_type.name == "CUDA" and e.time_range.elapsed_us() > 0),
+                     key=lambda e: e.time_range.start)
+    adds: dict[str, float] = {}
+    chain_end = kernels[0].time_range.start if kernels else 0.0
+    for e in kernels:
+        adds[e.name[:90]] = adds.get(e.name[:90], 0.0) + max(0.0, e.time_range.end - max(chain_end, e.time_range.start))
+        chain_end = max(chain_end, e.time_range.end)
+    return adds
+
+
+def gpu_span(events) -> float:
+    """Microseconds from the first kernel's start to the last one's end."""
+    ranges = [e.time_range for e in events if e.device_type.name == "CUDA" and e.time_range.elapsed_us() > 0]
+    return max(r.end for r in ranges) - min(r.start for r in ranges) if ranges else 0.0
 
 
 def print_timeline(events) -> None:
