@@ -1,11 +1,11 @@
-"""Batched decode steps on the GPU (docs/batch.md): DecodeSession.step_batch runs one token of each of several
-sessions through every layer and the LM head at once on the first one's prompt path. A batch's row is, bit for
-bit, that session stepped in a batch of one (each kernel's row independent of the others' where the dense products
-are GEMV batches: up to 8 rows), whose logits are the prompt path's row for its token (feed's every-position
-logits), for all three architectures, at different positions and sampling settings; decoding after it goes on from
-that state; a larger batch (tensor-core products) stays within the decode bounds; and the greedy tokens of sessions
-decoded together are those each decodes alone, up to a near-tie. (With the prompt path's CPU share off, a token's
-experts run on the GPU in every chunk and batch.)"""
+"""Batched decode steps on the GPU (docs/batch.md, docs/rows.md): DecodeSession.step_batch runs one token of each of
+several sessions through every layer and the LM head at once, a step of one-row spans on the first one's prompt
+program. A batch's row is, bit for bit, that session stepped in a batch of one (each kernel's row independent of the
+others' where the dense products are GEMV batches of at most 8 rows), for all three architectures, at different
+positions and sampling settings; decoding after it goes on from that state; a batch of more rows than one GEMV
+batch takes stays within the decode bounds; and the greedy tokens of sessions decoded together are those each
+decodes alone, up to a near-tie. (With the prompt path's CPU share off, a token's experts run on the GPU in every
+chunk and batch.)"""
 
 import numpy as np
 import pytest
@@ -88,11 +88,12 @@ def test_a_batch_row_is_its_session_alone(loaded, lengths, rng):
                 assert np.all(np.isfinite(logits)), (name, i)
                 assert_same_bits(logits, b.logits(), f"{name} step {step} row {i}: logits")
             assert got == want, (name, step, got, want)
-        # a batch of one is the prompt path's row for its token; the state each row left decodes on as its twin's
+        # the state each row left decodes on as its twin's
         then = [int(t) for t in rng.integers(0, g.n_vocab, 3)]
         for a, b in zip(together, apart):
             alone(a, then[0])
-            assert_same_bits(a.logits(), scored(b, then[0]), f"{name}: a batch of one against the prompt path")
+            alone(b, then[0])
+            assert_same_bits(a.logits(), b.logits(), f"{name}: a batch of one after the batch")
             for t in then[1:]:
                 a.prefill([t], [0] * (a.position + 1))
                 b.prefill([t], [0] * (b.position + 1))
@@ -121,8 +122,8 @@ def test_a_batch_in_every_mode_and_kv_format(loaded, rng):
 
 
 def test_a_batch_larger_than_the_gemv_rows_stays_within_the_decode_bounds(loaded, rng):
-    """12 rows: the dense products are tensor-core products over the rows, which sum in another order than a
-    row's GEMV."""
+    """12 rows (two GEMV batches for each dense product) against each session's token through the prompt path, whose
+    attention is the chunk's own kernel: within the decode bounds."""
     name, model = loaded
     g = model.info.geometry
     lengths = [int(n) for n in rng.integers(7, 40, 12)]

@@ -17,8 +17,9 @@ from strata.options import Mode
 from strata.runtime.engine import GpuEngine
 from strata.sampling import SamplingParams
 
-from support.compare import assert_same_bits
+from support.compare import assert_same_bits, relative_errors
 from support.native_session import open_native_session
+from test_decode_session import GARBAGE
 from test_prompt_path import bounds, loaded, prompt_ids, rows_of, staging  # noqa: F401 (loaded: a fixture)
 
 pytestmark = pytest.mark.gpu
@@ -108,8 +109,9 @@ def test_a_cut_holds_where_the_session_keeps_more_state(loaded, options, rng):
     assert_same_decoding(after_cut, after_kept, f"{name} {options}")
 
 
-def test_verify_rows_equal_the_prompt_paths_logits(loaded, rng):
-    """Keeping row states adds writes only: the rows are the feed's, bit for bit."""
+def test_verify_rows_stay_within_the_bounds_of_the_prompt_paths_logits(loaded, rng):
+    """A verification is a step of one span (docs/rows.md), whose attention is the decode program's, a chunk's its
+    own: each row within the decode bounds of the feed's every-position logits (the prompt path's)."""
     name, model = loaded
     g = model.info.geometry
     prompt = prompt_ids(model, rng, 12)
@@ -120,7 +122,9 @@ def test_verify_rows_equal_the_prompt_paths_logits(loaded, rng):
         fed(b, prompt)
         rows = verified(a, window)
         scored = b.score(window, [0] * (b.position + WINDOW))
-        np.testing.assert_array_equal(rows, scored, err_msg=name)
+        errors = relative_errors(list(rows), list(scored))
+        print(f"{name}: verify rows against the prompt path, median {np.median(errors):.2e}, worst {errors.max():.2e}")
+        assert np.median(errors) < bounds(name, "bf16") and errors.max() < GARBAGE, (name, errors)
     finally:
         a.close()
         b.close()

@@ -41,6 +41,8 @@ class SessionArena {
   // the recurrent regions, session_layout.hpp): where a verification step writes a row's state. InvalidArgument
   // for a slot the layout lacks or a region that is not recurrent state.
   void* slot_region(int slot, const std::string& name, int layer = -1) const;
+  // Device address of snapshot slot `slot`; InvalidArgument for a slot the layout lacks.
+  char* slot_start(int slot) const;
 
   // Device address of the whole allocation (layout().total bytes).
   void* data() const noexcept { return base_; }
@@ -49,7 +51,6 @@ class SessionArena {
 
  private:
   void copy_state(int slot, bool save);
-  char* slot_start(int slot) const;
 
   int device_;
   SessionLayout layout_;

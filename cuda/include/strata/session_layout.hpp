@@ -36,6 +36,9 @@ struct SessionLayout {
 
   // Sum of the bytes of every region whose name is `name`.
   std::size_t bytes_of(const std::string& name) const;
+  // Where recurrent-state region `name` of `layer` (-1 for session-wide) starts within a snapshot slot, which
+  // mirrors the recurrent regions' spans in order; InvalidArgument naming a region a slot does not hold.
+  std::size_t slot_offset(const std::string& name, int layer = -1) const;
 };
 
 constexpr int kKvPageTokens = 256;  // tokens per KV page: whole QSA blocks, and the planning granularity

@@ -205,16 +205,62 @@ void Runner::verify(Sequence& sequence, const int* tokens, int n, const float* p
                  "a verification step takes 1.." + std::to_string(std::min(sequence.verify_rows(), prompt_chunk())) +
                      " tokens (the session's verify rows " + std::to_string(sequence.verify_rows()) +
                      ", its prompt chunk " + std::to_string(prompt_chunk()) + "), got " + std::to_string(n));
-  run_prompt(sequence, tokens, n, ple_rows, SamplingValues{}, 0.0, false, all_logits, true);
+  // A sequence whose KV streams cannot be a span (its state is in two arenas): its rows run as a prompt chunk.
+  if (n <= prompt_->max_step_rows()) verify_step(sequence, tokens, n, ple_rows, all_logits);
+  else run_prompt(sequence, tokens, n, ple_rows, SamplingValues{}, 0.0, false, all_logits, true);
+}
+
+void Runner::verify_step(Sequence& sequence, const int* tokens, int n, const float* ple_rows, float* all_logits) {
+  check_feed(sequence, tokens, n, ple_rows, 0.0);
+  const auto start = std::chrono::steady_clock::now();
+  sequence.begin_step();  // broken until the step completes
+  sequence.begin_verify(tokens, n);  // before the gather below moves the n-gram state
+  refresh_cache();
+  const int position = sequence.position();
+  const RowsSpan span{sequence.span(0, n, true), sequence.history(), position, tokens};
+  prompt_->stage_step(&span, 1, gathered_ple(sequence, tokens, n, ple_rows));
+  stage_sampling(SamplingValues{}, 0.0, tokens[n - 1], position + n - 1);
+  // The last row's logits become this session's, as a prompt's last position's do.
+  launch_step({-1, n}, [&](cudaStream_t s) {
+    prompt_->enqueue_step(s);
+    program_.adopt_logits(prompt_->step_logits(n - 1), Sampler::kNone, s);
+  });
+  STRATA_CUDA_TRY(cudaMemcpyAsync(all_logits, prompt_->step_logits(0), sizeof(float) * n * g_.n_vocab,
+                                  cudaMemcpyDeviceToHost, stream_.get()));
+  STRATA_CUDA_TRY(cudaStreamSynchronize(stream_.get()));
+  sequence.end_step(n);
+  stats_.prompt_seconds += seconds_since(start);
+}
+
+const float* Runner::gathered_ple(Sequence& sequence, const int* tokens, int n, const float* given) {
+  PleGather* ple = sequence.ple();
+  if (!ple) return given;
+  const int ple_width = g_.ple_n_heads * g_.ple_head_dim;
+  feed_rows_.resize(static_cast<std::size_t>(n) * ple_width);
+  for (int i = 0; i < n; ++i) gather_ple(*ple, tokens[i], feed_rows_.data() + static_cast<std::size_t>(i) * ple_width);
+  return feed_rows_.data();
+}
+
+void Runner::launch_step(const std::vector<long>& key, const std::function<void(cudaStream_t)>& enqueue) {
+  if (options_.mode == DecodeMode::kUncaptured || !prompt_->step_on_device()) {
+    enqueue(stream_.get());
+    return;
+  }
+  auto found = step_graphs_.find(key);
+  if (found == step_graphs_.end()) {
+    if (step_graphs_.size() >= kMaxStepGraphs) step_graphs_.clear();
+    found = step_graphs_.emplace(key, CapturedGraph(stream_.get(), enqueue)).first;
+  }
+  found->second.launch(stream_.get());
 }
 
 void Runner::step_batch(const BatchMember* members, int n, bool sample, int* out) {
   STRATA_EXPECTS(prompt_ != nullptr, InvalidArgument,
                  "batched steps run on the prompt path: this session has none (a prompt chunk of 0 tokens)");
-  STRATA_EXPECTS(n >= 1 && n <= prompt_->batch_rows(), InvalidArgument,
-                 "a batched step takes 1.." + std::to_string(prompt_->batch_rows()) +
-                     " sessions (the leading session's prompt chunk, at most its head's block of rows), got " +
-                     std::to_string(n));
+  STRATA_EXPECTS(n >= 1 && n <= prompt_->max_step_rows(), InvalidArgument,
+                 "a batched step takes 1.." + std::to_string(prompt_->max_step_rows()) +
+                     " sessions (the leading session's prompt chunk, at most " + std::to_string(kMaxStepRows) +
+                     "), got " + std::to_string(n));
   const int ple_width = g_.ple_n_heads * g_.ple_head_dim;
   for (int i = 0; i < n; ++i) {
     const BatchMember& m = members[i];
@@ -227,34 +273,29 @@ void Runner::step_batch(const BatchMember* members, int n, bool sample, int* out
   }
   const auto start = std::chrono::steady_clock::now();
   if (g_.ple_layer >= 0) feed_rows_.resize(static_cast<std::size_t>(n) * ple_width);
-  std::vector<BatchRow> rows(n);
+  std::vector<RowsSpan> spans(n);
+  std::vector<Sampler> samplers(n);
+  std::vector<long> key;  // the members' runners (by serial: never reused) and samplers
   for (int i = 0; i < n; ++i) {
     const BatchMember& m = members[i];
     float* ple_row = feed_rows_.data() + static_cast<std::size_t>(i) * ple_width;
     if (PleGather* ple = m.sequence->ple()) m.runner->gather_ple(*ple, m.token, ple_row);
     else if (m.ple_rows) std::memcpy(ple_row, m.ple_rows, sizeof(float) * ple_width);
-    rows[i] = BatchRow{&m.sequence->views(), m.sequence->history(), m.sequence->position(), m.token};
-  }
-  prompt_->stage_batch(rows.data(), n, g_.ple_layer >= 0 ? feed_rows_.data() : nullptr);
-  std::vector<Sampler> samplers(n);
-  for (int i = 0; i < n; ++i) {
-    const BatchMember& m = members[i];
-    m.runner->stage_sampling(m.sampling, m.u, m.token, rows[i].position);
+    spans[i] = RowsSpan{m.sequence->span(i, 1, false), m.sequence->history(), m.sequence->position(), &m.token};
+    m.runner->stage_sampling(m.sampling, m.u, m.token, m.sequence->position());
     samplers[i] = m.runner->sampler_for(sample);
+    key.push_back(m.runner->serial_);
+    key.push_back(static_cast<long>(samplers[i]));
   }
+  prompt_->stage_step(spans.data(), n, g_.ple_layer >= 0 ? feed_rows_.data() : nullptr);
   for (int i = 0; i < n; ++i) members[i].sequence->begin_step();  // broken until the step completes
   refresh_cache();
-  // Each row's logits (the batch's head over its rows) become its own runner's, whose sampler draws from them:
+  // Each row's logits (the step's head over its rows) become its own runner's, whose sampler draws from them:
   // so each session's logits() and logprobs() read its row afterwards.
-  const auto enqueue = [&](cudaStream_t s) {
-    prompt_->enqueue_batch(rows.data(), n, s);
-    for (int i = 0; i < n; ++i) members[i].runner->program_.adopt_logits(prompt_->batch_logits(i), samplers[i], s);
-  };
-  if (options_.mode != DecodeMode::kUncaptured && prompt_->batch_on_device()) {
-    batch_graph(members, rows.data(), n, samplers, enqueue).launch(stream_.get());
-  } else {
-    enqueue(stream_.get());
-  }
+  launch_step(key, [&](cudaStream_t s) {
+    prompt_->enqueue_step(s);
+    for (int i = 0; i < n; ++i) members[i].runner->program_.adopt_logits(prompt_->step_logits(i), samplers[i], s);
+  });
   STRATA_CUDA_TRY(cudaStreamSynchronize(stream_.get()));
   const double seconds = seconds_since(start);
   for (int i = 0; i < n; ++i) {
@@ -265,23 +306,6 @@ void Runner::step_batch(const BatchMember* members, int n, bool sample, int* out
     out[i] = sample ? *m.runner->sampled_.host<volatile int>() : -1;
   }
   ++stats_.batch_steps;
-}
-
-// The captured batch of these members' runners (by serial: never reused), samplers and attention modes; captured
-// on first use. The graphs of earlier member sets are dropped once kMaxBatchGraphs are held.
-const CapturedGraph& Runner::batch_graph(const BatchMember* members, const BatchRow* rows, int n,
-                                         const std::vector<Sampler>& samplers,
-                                         const std::function<void(cudaStream_t)>& enqueue) {
-  std::vector<long> key;
-  for (int i = 0; i < n; ++i) {
-    key.push_back(members[i].runner->serial_);
-    key.push_back(static_cast<long>(samplers[i]));
-  }
-  for (const char mode : prompt_->batch_modes(rows, n)) key.push_back(mode);
-  auto found = batch_graphs_.find(key);
-  if (found != batch_graphs_.end()) return found->second;
-  if (batch_graphs_.size() >= kMaxBatchGraphs) batch_graphs_.clear();
-  return batch_graphs_.emplace(key, CapturedGraph(stream_.get(), enqueue)).first->second;
 }
 
 void Runner::truncate(Sequence& sequence, int position) {
@@ -299,13 +323,7 @@ int Runner::run_prompt(Sequence& sequence, const int* tokens, int n, const float
   if (row_states) sequence.begin_verify(tokens, n);  // before the gather below moves the n-gram state
   refresh_cache();
   const int chunk = prompt_->chunk(), ple_width = g_.ple_n_heads * g_.ple_head_dim;
-  if (PleGather* ple = sequence.ple()) {  // the whole prompt's rows at once, as the caller's would come
-    feed_rows_.resize(static_cast<std::size_t>(n) * ple_width);
-    for (int i = 0; i < n; ++i) {
-      gather_ple(*ple, tokens[i], feed_rows_.data() + static_cast<std::size_t>(i) * ple_width);
-    }
-    ple_rows = feed_rows_.data();
-  }
+  ple_rows = gathered_ple(sequence, tokens, n, ple_rows);  // the whole prompt's rows at once
   const int position = sequence.position();
   for (int at = 0; at < n; at += chunk) {
     const int m = std::min(chunk, n - at);

@@ -44,8 +44,9 @@ class Runner {
            bool sample);
   int feed(Sequence& sequence, const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling,
            double u, bool sample, float* all_logits);
-  // DecodeSession::step_batch: one token of each member's sequence through this runner's prompt program at once
-  // (docs/batch.md); each member's runner samples its row, so its logits() and logprobs() read that row after.
+  // DecodeSession::step_batch: one token of each member's sequence through this runner's prompt program at once,
+  // a step of one-row spans (docs/rows.md); each member's runner samples its row, so its logits() and logprobs()
+  // read that row after.
   struct BatchMember {
     Runner* runner = nullptr;
     Sequence* sequence = nullptr;
@@ -76,6 +77,13 @@ class Runner {
   void check_bound(const Sequence& sequence) const;
   int run_prompt(Sequence& sequence, const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling,
                  double u, bool sample, float* all_logits, bool row_states);
+  // verify() as a step of one span that keeps its rows' states (docs/rows.md).
+  void verify_step(Sequence& sequence, const int* tokens, int n, const float* ple_rows, float* all_logits);
+  // The PLE rows of `n` tokens of `sequence` where it gathers them itself (into feed_rows_), else `given`.
+  const float* gathered_ple(Sequence& sequence, const int* tokens, int n, const float* given);
+  // Launches a step of several rows enqueued by `enqueue`: its graph (captured on first use, by `key`) where the
+  // mode captures and the step's experts are all on the device, else enqueued as it is.
+  void launch_step(const std::vector<long>& key, const std::function<void(cudaStream_t)>& enqueue);
   void check_feed(const Sequence& sequence, const int* tokens, int n, const float* ple_rows, double u) const;
   ProgramIo program_io() const;
   ExpertDeferral deferral() const { return {options_.defer_experts, g_.n_layer}; }
@@ -86,12 +94,8 @@ class Runner {
   Sampler sampler_for(bool sample) const;
   void stage_sampling(const SamplingValues& sampling, double u, int token, int at);
 
-  // The most captured batches a runner keeps (member sets, samplers, attention modes) before it drops them all.
-  static constexpr std::size_t kMaxBatchGraphs = 64;
-
-  const CapturedGraph& batch_graph(const BatchMember* members, const BatchRow* rows, int n,
-                                   const std::vector<Sampler>& samplers,
-                                   const std::function<void(cudaStream_t)>& enqueue);
+  // The most captured steps a runner keeps (shapes, member sets and samplers) before it drops them all.
+  static constexpr std::size_t kMaxStepGraphs = 64;
 
   long serial_;
   ModelGeometry g_;
@@ -110,8 +114,8 @@ class Runner {
   long tokens_run_ = 0;
   DecodeStats stats_;
   ExchangeStats exchange_;
-  std::vector<float> feed_rows_;  // feed() and step_batch(): the rows' PLE rows
-  std::map<std::vector<long>, CapturedGraph> batch_graphs_;  // step_batch's, where this runner leads
+  std::vector<float> feed_rows_;  // feed(), verify() and step_batch(): the rows' PLE rows
+  std::map<std::vector<long>, CapturedGraph> step_graphs_;  // the steps of several rows this runner led
 };
 
 }  // namespace strata

@@ -82,6 +82,7 @@ ProgramInputs ProgramTables::inputs(const Sequence& sequence) const {
   in.rope_cos = cos_;
   in.rope_sin = sin_;
   in.sequence = sequence.views();
+  in.layout = &sequence.layout();
   in.history = sequence.history();
   return in;
 }

@@ -24,6 +24,7 @@ struct ProgramInputs {
   const float* rope_cos = nullptr;   // [context][rope_dim / 2]
   const float* rope_sin = nullptr;
   SequenceViews sequence;            // the stepped sequence's state
+  const SessionLayout* layout = nullptr;  // ... and its arena's layout
   int* history = nullptr;            // [context] its every token fed, for the repetition penalty
 };
 

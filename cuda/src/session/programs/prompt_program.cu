@@ -32,15 +32,16 @@ constexpr int kMaxChunk = 8192;
 // 64 MB of scratch, and the head's product reads its tile of the weight once per block.
 constexpr int kLogitRows = 64;
 
-// The pinned block the host stages a chunk in, as byte offsets: tokens then positions (one copy up), the PLE
-// rows (up).
+// The pinned block the host stages a chunk in, as byte offsets: tokens then positions (one copy up), a step's
+// spans (up), the PLE rows (up).
 struct HostLayout {
-  std::size_t tokens = 0, ple = 0, total = 0;
+  std::size_t tokens = 0, rows = 0, ple = 0, total = 0;
 };
 
 HostLayout host_layout(const ModelGeometry& g, int chunk) {
   HostLayout h;
-  h.ple = sizeof(int) * 2 * static_cast<std::size_t>(chunk);
+  h.rows = (sizeof(int) * 2 * static_cast<std::size_t>(chunk) + 15) / 16 * 16;
+  h.ple = h.rows + sizeof(RowsTable);
   h.total = h.ple + sizeof(float) * chunk * std::max(g.ple_n_heads * g.ple_head_dim, 1);
   return h;
 }
@@ -124,6 +125,19 @@ void carve(Carver& c, const ModelGeometry& g, int chunk, int context, KvStorage 
   s.kv_layer_ = c.take<char>(streams ? kv_half_region_bytes(g, context, kv, false) +
                                            kv_half_region_bytes(g, context, kv, true)
                                      : 0);
+  // A step of several rows (a sequence whose KV streams is never one of its spans; the buffers are kept anyway, a
+  // few MB beside that sequence's whole layer of KV above).
+  const std::size_t R = std::min(chunk, kMaxStepRows);
+  std::size_t max_blocks = 0;
+  for (int l = 0; l < static_cast<int>(g.compress_ratios.size()); ++l) {
+    if (!g.recurrent[l] && g.indexer_head_dim > 0) {
+      max_blocks = std::max<std::size_t>(max_blocks, indexer_shape(g, l, context).max_blocks);
+    }
+  }
+  s.rows_table_ = c.take<RowsTable>(1);
+  s.rows_scores_ = c.take<float>(R * max_blocks);
+  s.rows_partials_ = c.take<float>(g.attention_layers() > 0 ? R * kernels::attention_decode_partial_floats(attention)
+                                                            : 0);
 }
 
 // Whether a chunk from `position` on reads each query's selected blocks gathered rather than scanned: where its
@@ -131,14 +145,6 @@ void carve(Carver& c, const ModelGeometry& g, int chunk, int context, KvStorage 
 // each reading its own beats scanning their union.
 bool gathers(const kernels::IndexerShape& shape, int position) {
   return (position + 1) / shape.ratio > shape.keep_blocks;
-}
-
-// A batch row's token lands in its sequence's penalty history at its position (both read on the device, so a
-// captured batch records each step's).
-__global__ void record_row(const int* token, const int* position, int* history) {
-  kernels::await_producers();
-  kernels::release_consumers();
-  history[*position] = *token;
 }
 
 // Pages [first, last) of every kv head of both halves from one cache to another of the same layout (identity
@@ -183,6 +189,7 @@ PromptProgram::PromptProgram(const ModelGeometry& g, const ProgramInputs& in, in
     : g_(g),
       t_(*in.tensors),
       seq_(in.sequence),
+      offsets_(seq_.kv_streaming ? SequenceViews{} : arena_offsets(g, *in.tensors, *in.layout, seq_.kv_storage)),
       embedding_(in.embedding),
       attention_(in.attention),
       rope_cos_(in.rope_cos),
@@ -246,22 +253,25 @@ void PromptProgram::project_rows(const float* x, int rows, const Products& produ
   }
   if (quantized) quantize(x, rows * cols, q8_, s);
   for (const Product& p : products) {
-    if (rows <= kGemvRows) {
-      project_batch(*p.w, {gemv_slots_, rows, static_cast<int>(cols)}, x, q8_, p.y, s);
-    } else {
+    if (rows > kMaxStepRows) {
       multiply_rows(*p.w, {rows, static_cast<int>(cols), static_cast<int>(p.w->rows)}, nullptr, x, q8_, p.y, s);
+      continue;
+    }
+    for (int first = 0; first < rows; first += kGemvRows) {  // a step's rows: GEMV batches of kGemvRows at most
+      const long x_at = first * cols;
+      project_batch(*p.w, {gemv_slots_, std::min(kGemvRows, rows - first), static_cast<int>(cols)}, x + x_at,
+                    kernels::q8_offset(q8_, x_at), p.y + first * p.w->rows, s);
     }
   }
 }
 
 // The rows as the layer recipe's path: each product quantizes its input rows itself (project_rows), so no producer
-// writes a q8_32 form beside its floats, and the hyper-connection read is the chain. The spans say which
-// sequence's state each row's mixers and PLE layer read and write: one span for a chunk, one per row for a batch.
+// writes a q8_32 form beside its floats, and the hyper-connection read is the chain. The mixers and the PLE layer
+// read and write the chunk's sequence from `position` on, or a step's spans.
 struct PromptProgram::LayerPath {
   PromptProgram& program;
   int rows;
-  const RowSpan* spans = nullptr;
-  int n_spans = 0;
+  int position = 0;
   const PromptScratch& buffers = program;
 
   const ModelGeometry& geometry() const { return program.g_; }
@@ -278,12 +288,12 @@ struct PromptProgram::LayerPath {
   bool hc_read_fused(const float*, const HcTensors&, float*, float*, const Products&, cudaStream_t) const {
     return false;
   }
-  void ple(int layer, cudaStream_t s) const { program.ple(layer, rows, spans, n_spans, s); }
+  void ple(int layer, cudaStream_t s) const { program.ple(layer, rows, s); }
   void mixer_gdn(int layer, const Products& inputs, cudaStream_t s) const {
-    program.mixer_gdn(layer, rows, spans, n_spans, inputs, s);
+    program.mixer_gdn(layer, rows, position, inputs, s);
   }
   void mixer_attention(int layer, const Products& inputs, cudaStream_t s) const {
-    program.mixer_attention(layer, rows, spans, n_spans, inputs, s);
+    program.mixer_attention(layer, rows, position, inputs, s);
   }
   void route(int layer, cudaStream_t s) const {
     const ModelGeometry& g = geometry();
@@ -297,36 +307,46 @@ struct PromptProgram::LayerPath {
   void late_rows(int, cudaStream_t) const {}  // the rows defer no expert
 };
 
-void PromptProgram::ple(int layer, int rows, const RowSpan* spans, int n_spans, cudaStream_t s) const {
+// The PLE layer over the rows: the chunk's, from and into the sequence's history, or a step's (ple_step_rows).
+void PromptProgram::ple(int layer, int rows, cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
   project_rows(ple_rows_, rows, {{t.ple_key, ple_key_}, {t.ple_value, ple_value_}}, s);
-  const kernels::PleShape shape = ple_shape(g_);
-  const int width = g_.hc_count * g_.n_embd, n = g_.n_embd;
-  for (const RowSpan* span = spans; span != spans + n_spans; ++span) {
-    const long at = span->first;
-    kernels::PleStepArgs args = ple_layer_args(t, *span->views);
-    args.streams = streams_ + at * width;
-    args.key = ple_key_ + at * width;
-    args.value = ple_value_ + at * n;
-    args.out = ple_out_ + at * width;
+  if (rows_step_) {
+    ple_step_rows(layer, rows, s);
+  } else {
+    kernels::PleStepArgs args = ple_layer_args(t, seq_);
+    args.streams = streams_;
+    args.key = ple_key_;
+    args.value = ple_value_;
+    args.out = ple_out_;
     if (row_states_) {
-      args.history_rows = span->views->rows.ple_history;
-      args.row_stride = span->views->rows.stride;
+      args.history_rows = seq_.rows.ple_history;
+      args.row_stride = seq_.rows.stride;
     }
-    STRATA_CUDA_TRY(kernels::ple_chunk(shape, args, span->count, s));
+    STRATA_CUDA_TRY(kernels::ple_chunk(ple_shape(g_), args, rows, s));
   }
-  add_to_streams(streams_, ones_, 0, ple_out_, rows, 1, width, s);
+  add_to_streams(streams_, ones_, 0, ple_out_, rows, 1, g_.hc_count * g_.n_embd, s);
 }
 
-void PromptProgram::mixer_gdn(int layer, int rows, const RowSpan* spans, int n_spans, const Products& inputs,
-                              cudaStream_t s) const {
+void PromptProgram::mixer_gdn(int layer, int rows, int position, const Products& inputs, cudaStream_t s) const {
+  (void)position;  // a chunk's walk starts where the sequence's state is
   project_rows(x_, rows, inputs, s);
-  for (const RowSpan* span = spans; span != spans + n_spans; ++span) gdn_span(layer, rows, *span, s);
+  if (rows_step_) {
+    gdn_step_rows(layer, rows, s);
+  } else {
+    kernels::GdnChunkArgs args = gdn_args(layer, rows, seq_);
+    if (row_states_) {
+      args.state_rows = seq_.rows.gdn_state[layer];
+      args.conv_rows = seq_.rows.gdn_conv[layer];
+      args.row_stride = seq_.rows.stride;
+    }
+    STRATA_CUDA_TRY(kernels::gdn_chunk(gdn_shape(g_), args, s));
+  }
   project_rows(core_, rows, {{t_.layers[layer].ssm_out, y_}}, s);
 }
 
-// The GDN walk over one span's rows of the products of all `rows` rows, from and into its sequence's state.
-void PromptProgram::gdn_span(int layer, int rows, const RowSpan& span, cudaStream_t s) const {
+// The GDN walk over the products of `rows` rows, with layer `layer`'s weights and state in `views`.
+kernels::GdnChunkArgs PromptProgram::gdn_args(int layer, int rows, const SequenceViews& views) const {
   const LayerTensors& t = t_.layers[layer];
   const RowWidths w = row_widths(g_);
   const int value_dim = w.value_dim, conv = w.conv, hv = g_.ssm_n_v_heads;
@@ -335,17 +355,15 @@ void PromptProgram::gdn_span(int layer, int rows, const RowSpan& span, cudaStrea
   const bool merged = t.ssm_in != nullptr;
   const long qkv_stride = merged ? conv + value_dim : conv, z_stride = merged ? conv + value_dim : value_dim;
   const long beta_stride = g_.gdn_interleaved_ba ? t.ba->rows : t.beta->rows;
-  const long at = span.first;
-  const kernels::GdnShape shape = gdn_shape(g_);
   kernels::GdnChunkArgs args;
-  static_cast<kernels::GdnStepArgs&>(args) = gdn_layer_args(t, *span.views, layer);
-  args.qkv = qkvz_ + at * qkv_stride;
-  args.z = gdn_z(g_, t, qkvz_, rows) + at * z_stride;
-  args.beta_in = beta_ + at * beta_stride;
-  args.alpha_in = alpha_ + at * hv;  // unread with interleaved_ba
-  args.conv_out = conv_out_ + at * conv;
-  args.out = core_ + at * value_dim;
-  args.tokens = span.count;
+  static_cast<kernels::GdnStepArgs&>(args) = gdn_layer_args(t, views, layer);
+  args.qkv = qkvz_;
+  args.z = gdn_z(g_, t, qkvz_, rows);
+  args.beta_in = beta_;
+  args.alpha_in = alpha_;  // unread with interleaved_ba
+  args.conv_out = conv_out_;
+  args.out = core_;
+  args.tokens = rows;
   args.qkv_stride = static_cast<int>(qkv_stride);
   args.z_stride = static_cast<int>(z_stride);
   args.beta_stride = static_cast<int>(beta_stride);
@@ -353,12 +371,7 @@ void PromptProgram::gdn_span(int layer, int rows, const RowSpan& span, cudaStrea
   args.conv_out_stride = conv;
   args.out_stride = value_dim;
   args.scratch = gdn_scratch_;
-  if (row_states_) {
-    args.state_rows = span.views->rows.gdn_state[layer];
-    args.conv_rows = span.views->rows.gdn_conv[layer];
-    args.row_stride = span.views->rows.stride;
-  }
-  STRATA_CUDA_TRY(kernels::gdn_chunk(shape, args, s));
+  return args;
 }
 
 // KV streaming: the chunk's queries together may read any block of the layer, so its whole KV comes from the
@@ -381,29 +394,28 @@ void PromptProgram::stream_out(const SequenceViews& v, int layer, const kernels:
   STRATA_CUDA_TRY(kernels::kv_window_reset(window, s));
 }
 
-void PromptProgram::mixer_attention(int layer, int rows, const RowSpan* spans, int n_spans, const Products& inputs,
+void PromptProgram::mixer_attention(int layer, int rows, int position, const Products& inputs,
                                     cudaStream_t s) const {
   project_rows(x_, rows, inputs, s);
-  for (const RowSpan* span = spans; span != spans + n_spans; ++span) attention_span(layer, *span, s);
+  if (rows_step_) attention_step_rows(layer, rows, s);
+  else attention_chunk_rows(layer, rows, position, s);
   project_rows(attn_, rows, {{t_.layers[layer].o, y_}}, s);
 }
 
-// Attention (and QSA) over one span's rows of the products, against its sequence's caches.
-void PromptProgram::attention_span(int layer, const RowSpan& span, cudaStream_t s) const {
+// Attention (and QSA) over the chunk's rows of the products, against the sequence's caches.
+void PromptProgram::attention_chunk_rows(int layer, int rows, int position, cudaStream_t s) const {
   const LayerTensors& t = t_.layers[layer];
-  const SequenceViews& v = *span.views;
-  const int rows = span.count, position = span.position;
-  const long at = span.first;
+  const SequenceViews& v = seq_;
   const bool streamed = v.kv_streaming;  // every attention layer of a streaming session (session_layout.cpp)
   const kernels::PagedKv kv = streamed ? stream_in(v, layer, position, s) : v.kv[layer];
   const int heads_dim = g_.n_head * g_.head_dim, kv_dim = g_.n_head_kv * g_.head_dim;
   const int iq_dim = g_.indexer_n_heads * g_.indexer_head_dim;
-  const int* positions = positions_ + at;
+  const int* positions = positions_;
   const kernels::AttentionShape& attention = attention_;
   kernels::AttentionChunkPrepArgs prep;
-  prep.q_gate = qg_ + at * 2 * heads_dim;
-  prep.k = k_ + at * kv_dim;
-  prep.v = v_ + at * kv_dim;
+  prep.q_gate = qg_;
+  prep.k = k_;
+  prep.v = v_;
   prep.q_gate_stride = 2 * heads_dim;
   prep.k_stride = kv_dim;
   prep.v_stride = kv_dim;
@@ -412,22 +424,22 @@ void PromptProgram::attention_span(int layer, const RowSpan& span, cudaStream_t 
   prep.rope_cos = rope_cos_;
   prep.rope_sin = rope_sin_;
   prep.positions = positions;
-  prep.q_out = q_ + at * heads_dim;
+  prep.q_out = q_;
   STRATA_CUDA_TRY(kernels::attention_prep_chunk(attention, prep, rows, kv, s));
   kernels::AttentionChunkArgs args;
-  args.q = q_ + at * heads_dim;
-  args.q_gate = qg_ + at * 2 * heads_dim;
+  args.q = q_;
+  args.q_gate = qg_;
   args.q_gate_stride = 2 * heads_dim;
   args.positions = positions;
   args.scratch = attention_scratch_;
-  args.out = attn_ + at * heads_dim;
+  args.out = attn_;
   if (t.index_q) {
     const kernels::IndexerShape& shape = v.index_shape[layer];
-    STRATA_CUDA_TRY(kernels::qsa_append_chunk(shape, v.index_cache[layer], ik_ + at * g_.indexer_head_dim,
+    STRATA_CUDA_TRY(kernels::qsa_append_chunk(shape, v.index_cache[layer], ik_,
                                               g_.indexer_head_dim, rows, t.index_k_norm, rope_cos_, rope_sin_,
                                               positions, s));
     kernels::IndexerSelectChunkArgs select;
-    select.q = iq_ + at * iq_dim;
+    select.q = iq_;
     select.q_stride = iq_dim;
     select.q_norm = t.index_q_norm;
     select.rope_cos = rope_cos_;
@@ -447,28 +459,11 @@ void PromptProgram::attention_span(int layer, const RowSpan& span, cudaStream_t 
   if (streamed) stream_out(v, layer, kv, position, rows, s);
 }
 
-// Layer `layer`'s routed experts over the rows: a batch's from the cache on the device where it holds them all
+// Layer `layer`'s routed experts over the rows: a step's from the cache on the device where it holds them all
 // (cached_pairs), else grouped by the host (experts/chunk_experts.hpp).
 void PromptProgram::routed_experts(int layer, int rows, cudaStream_t s) {
   if (device_experts_) cached_pairs(layer, rows, s);
   else experts_.run(layer, rows, expert_rows_, s);
-}
-
-// Every routed (row, expert) pair of the rows from its cache slot, as the decode program runs a token's cached
-// experts: GEMV batches over the pairs, each reading its own slot's matrices (a pair's x is its row's), then each
-// row's weighted sum. No host round trip: the slots come from the routing on the device.
-void PromptProgram::cached_pairs(int layer, int rows, cudaStream_t s) const {
-  const CachedLayer& c = cache_->layer(layer);
-  const int k = g_.n_expert_used, ff = g_.expert_ff, n = g_.n_embd, pairs = rows * k;
-  STRATA_CUDA_TRY(kernels::cache_slots(c.slot_of, route_ids_, pairs, pair_slots_, s));
-  STRATA_CUDA_TRY(kernels::gather_rows(x_, pair_row_, pairs, n, ex_x_, s));
-  if (reads_q8(c.gate) || reads_q8(c.up)) quantize(ex_x_, static_cast<long>(pairs) * n, ex_x8_, s);
-  const kernels::MatrixBatch inputs{pair_slots_, pairs, n};
-  project_batch(c.gate, inputs, ex_x_, ex_x8_, ex_gate_, s);
-  project_batch(c.up, inputs, ex_x_, ex_x8_, ex_up_, s);
-  STRATA_CUDA_TRY(kernels::swiglu(ex_gate_, ex_up_, ex_hidden_, pairs * ff, s, q8_for(c.down, ex_h8_)));
-  project_batch(c.down, {pair_slots_, pairs, ff}, ex_hidden_, ex_h8_, ex_rows_, s);
-  STRATA_CUDA_TRY(kernels::moe_cached_sum(ex_rows_, pair_slots_, route_weights_, rows, k, n, false, routed_, s));
 }
 
 // The LM head at every row of the chunk, kLogitRows rows at a time into the scratch block and from there into
@@ -494,7 +489,9 @@ void PromptProgram::head_rows(int first, int rows, cudaStream_t s) {
   project_rows(x_, rows, head, s);
 }
 
-void PromptProgram::stage_rows(const int* tokens, const int* positions, int n, const float* ple_rows) {
+std::size_t PromptProgram::host_layout_rows() const { return host_layout(g_, chunk_).rows; }
+
+void PromptProgram::stage_tokens(const int* tokens, const int* positions, int n, const float* ple_rows) {
   int* host_tokens = host_.host<int>();
   std::memcpy(host_tokens, tokens, sizeof(int) * n);
   std::memcpy(host_tokens + chunk_, positions, sizeof(int) * n);
@@ -516,8 +513,8 @@ void PromptProgram::begin_rows(int n, bool ple, cudaStream_t s) {
   add_to_streams(streams_, ones_, 0, x_, n, hc, emb, s);  // every stream = the embedding
 }
 
-void PromptProgram::run_layers(int rows, const RowSpan* spans, int n_spans, bool ahead, cudaStream_t s) {
-  const LayerPath path{*this, rows, spans, n_spans};
+void PromptProgram::run_layers(int rows, int position, bool ahead, cudaStream_t s) {
+  const LayerPath path{*this, rows, position};
   if (ahead) experts_.prefetch_after(-1);
   for (int layer = 0; layer < g_.n_layer; ++layer) {
     // The next staged layer's copy is enqueued as this layer starts: its buffer was released by the layer before
@@ -540,85 +537,17 @@ void PromptProgram::run(const int* tokens, int n, int position, const float* ple
   const bool ahead = experts_.begin_chunk(n);
   std::vector<int> positions(n);
   for (int i = 0; i < n; ++i) positions[i] = position + i;
-  stage_rows(tokens, positions.data(), n, ple_rows);
+  stage_tokens(tokens, positions.data(), n, ple_rows);
   begin_rows(n, ple_rows != nullptr, s);
   // The penalty's history of every token fed, as decode's begin() records each.
   STRATA_CUDA_TRY(cudaMemcpyAsync(history_ + position, tokens_, sizeof(int) * n, cudaMemcpyDeviceToDevice, s));
-  const RowSpan chunk{&seq_, 0, n, position};
-  run_layers(n, &chunk, 1, ahead, s);
+  run_layers(n, position, ahead, s);
   if (logits) all_logits(n, logits, s);
   // The last token's streams are where decode's end() and the next token's layers read the sequence's.
   STRATA_CUDA_TRY(cudaMemcpyAsync(seq_.streams, streams_ + static_cast<long>(n - 1) * width, sizeof(float) * width,
                                   cudaMemcpyDeviceToDevice, s));
   ++chunks_run_;
   fed_tokens_ += n;
-}
-
-void PromptProgram::stage_batch(const BatchRow* rows, int n, const float* ple_rows) {
-  STRATA_EXPECTS(n >= 1 && n <= batch_rows(), InvalidArgument,
-                 "a batched step holds 1.." + std::to_string(batch_rows()) +
-                     " rows (the prompt chunk, at most the " + std::to_string(kLogitRows) +
-                     " rows of the head's block), got " + std::to_string(n));
-  std::vector<int> tokens(n), positions(n);
-  for (int r = 0; r < n; ++r) {
-    STRATA_EXPECTS(!rows[r].views->kv_streaming, InvalidArgument,
-                   "a batched step reads each sequence's KV in VRAM; row " + std::to_string(r) + " streams its KV");
-    tokens[r] = rows[r].token;
-    positions[r] = rows[r].position;
-  }
-  stage_rows(tokens.data(), positions.data(), n, ple_rows);
-  batch_ple_ = ple_rows != nullptr;
-}
-
-bool PromptProgram::batch_on_device() const {
-  if (!cache_) return false;
-  for (int layer = 0; layer < g_.n_layer; ++layer) {
-    if (!cache_->holds_all(layer)) return false;
-  }
-  return true;
-}
-
-int PromptProgram::batch_rows() const noexcept { return std::min(chunk_, kLogitRows); }
-
-const float* PromptProgram::batch_logits(int row) const {
-  return logits_ + static_cast<std::size_t>(row) * g_.n_vocab;
-}
-
-std::vector<char> PromptProgram::batch_modes(const BatchRow* rows, int n) const {
-  std::vector<char> modes;
-  for (int r = 0; r < n; ++r) {
-    for (int layer = 0; layer < g_.n_layer; ++layer) {
-      if (!g_.recurrent[layer] && t_.layers[layer].index_q) {
-        modes.push_back(gathers(rows[r].views->index_shape[layer], rows[r].position));
-      }
-    }
-  }
-  return modes;
-}
-
-void PromptProgram::enqueue_batch(const BatchRow* rows, int n, cudaStream_t s) {
-  row_states_ = false;
-  device_experts_ = batch_on_device();
-  const int width = std::max(g_.hc_count, 1) * g_.n_embd;
-  const bool ahead = !device_experts_ && experts_.begin_chunk(n);
-  std::vector<RowSpan> spans(n);
-  for (int r = 0; r < n; ++r) spans[r] = RowSpan{rows[r].views, r, 1, rows[r].position};
-  try {
-    begin_rows(n, batch_ple_, s);
-    for (int r = 0; r < n; ++r) {
-      STRATA_CUDA_TRY(kernels::launch(record_row, 1, 1, 0, s, tokens_ + r, positions_ + r, rows[r].history));
-    }
-    run_layers(n, spans.data(), n, ahead, s);
-    for (int r = 0; r < n; ++r) {
-      STRATA_CUDA_TRY(cudaMemcpyAsync(rows[r].views->streams, streams_ + static_cast<long>(r) * width,
-                                      sizeof(float) * width, cudaMemcpyDeviceToDevice, s));
-    }
-    head_rows(0, n, s);  // one product over the rows: the head's weights read once for the batch
-  } catch (...) {
-    device_experts_ = false;
-    throw;
-  }
-  device_experts_ = false;
 }
 
 PromptStats PromptProgram::stats() const noexcept {

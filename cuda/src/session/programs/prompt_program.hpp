@@ -5,6 +5,11 @@
 // copies the experts from the pool's pinned host planes, the whole next layer ahead when the chunk touches most
 // of it. Host-driven: each MoE layer's routing comes back to the host, which groups it and enqueues the copies.
 // Each layer runs the layer recipe (layer_recipe.hpp) over the chunk's rows, the routing's round trip its hand-off.
+//
+// The same program runs a step of several rows (docs/rows.md, programs/prompt_rows.cu): spans of consecutive
+// tokens, each of its own sequence (one decode token of each of several sessions, the k + 1 rows of a verification),
+// with the decode program's mixer kernels over rows: each row's state through its span's arena, read from device
+// memory, so one graph of a step replays for any sequences.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,6 +18,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "../../kernels/gdn_chunk.cuh"
+#include "../../kernels/state_spans.cuh"
 #include "../../runtime/device_buffer.hpp"
 #include "../../runtime/pinned_memory.hpp"
 #include "../experts/chunk_experts.hpp"
@@ -23,6 +30,17 @@
 #include "strata/expert_staging.hpp"
 
 namespace strata {
+
+// The most rows a step of several rows takes (docs/rows.md): its attention keeps split partials per row.
+constexpr int kMaxStepRows = 16;
+
+// A step's spans in device memory (and, first, in the program's pinned block): each span's arena and row slot,
+// each row's span, and each row's sequence's seen ids (the penalty's history, which its token joins).
+struct RowsTable {
+  kernels::StateSpan spans[kMaxStepRows];
+  int span_of[kMaxStepRows];
+  int* seen[kMaxStepRows];
+};
 
 // The chunk's buffers, one row per token ([chunk][...]), carved out of one allocation (prompt_program.cu).
 struct PromptScratch {
@@ -45,24 +63,21 @@ struct PromptScratch {
   float *ple_rows_ = nullptr, *ple_key_ = nullptr, *ple_value_ = nullptr, *ple_out_ = nullptr;
   float* logits_ = nullptr;  // a block of rows' logits, when every position's are asked for
   int* gemv_slots_ = nullptr;  // zeros: a small chunk's rows as a GEMV batch of one matrix (project_rows)
-  int *pair_row_ = nullptr, *pair_slots_ = nullptr;  // a batch's routed pairs on the device: row i / k, cache slot
+  int *pair_row_ = nullptr, *pair_slots_ = nullptr;  // a step's routed pairs on the device: row i / k, cache slot
   char* kv_layer_ = nullptr;  // KV streaming: one attention layer's whole KV while the chunk runs it
+  // A step of several rows: its spans (RowsTable, copied up from the pinned block), each row's QSA block scores
+  // and attention partials.
+  RowsTable* rows_table_ = nullptr;
+  float *rows_scores_ = nullptr, *rows_partials_ = nullptr;
 };
 
-// One row of a batched decode step (docs/batch.md): one token of its own sequence, at that sequence's position.
-struct BatchRow {
-  const SequenceViews* views = nullptr;
-  int* history = nullptr;  // the sequence's every token fed, for the repetition penalty
-  int position = 0;
-  int token = 0;
-};
-
-// Rows of the program's scratch that read and write one sequence's state: the chunk's every row (consecutive
-// positions from `position`), or one row of a batch.
-struct RowSpan {
-  const SequenceViews* views = nullptr;
-  int first = 0, count = 0;
-  int position = 0;  // the first row's
+// One span of a step of several rows: `state.count` tokens at consecutive positions of one sequence, rows
+// state.first .. of the step.
+struct RowsSpan {
+  kernels::StateSpan state;     // its arena and, where it keeps each row's state, its first row slot
+  int* seen = nullptr;          // the sequence's every token fed, for the repetition penalty
+  int position = 0;             // its first row's
+  const int* tokens = nullptr;  // host [state.count]
 };
 
 // Prompt path counters since the session began (DecodeStats reads them).
@@ -99,22 +114,22 @@ class PromptProgram : private PromptScratch {
   void run(const int* tokens, int n, int position, const float* ple_rows, float* logits, bool row_states,
            cudaStream_t s);
 
-  // A batched decode step (docs/batch.md): row r is rows[r].token at its sequence's position, every row through
-  // every layer at once: the dense products over all rows, each routed expert once for the rows that chose it,
-  // the mixers and the PLE layer over each row's own sequence. stage_batch writes the rows' values into the
-  // program's pinned block (ple_rows: [n] rows, null without PLE); enqueue_batch then enqueues the step on `s`,
-  // which leaves each row's residual streams in its sequence and its logits at batch_logits(row) (the head over
-  // the rows, as all_logits runs it). n: 1..min(chunk(), 64); no sequence streams its KV. Where batch_on_device(), the routed experts run from the cache with
-  // their routing on the device and enqueue_batch neither waits nor synchronises: it may be captured into a graph
-  // for the same sequences and batch_modes(); otherwise the host groups each layer's routing, as run() does.
-  void stage_batch(const BatchRow* rows, int n, const float* ple_rows);
-  void enqueue_batch(const BatchRow* rows, int n, cudaStream_t s);
-  bool batch_on_device() const;
-  int batch_rows() const noexcept;  // the most rows a batch takes
-  const float* batch_logits(int row) const;  // device [n_vocab]
-  // What enqueue_batch decides on the host from the rows' positions, which a graph of it bakes in: for each row
-  // and attention layer with an indexer, whether its query reads its selected blocks gathered.
-  std::vector<char> batch_modes(const BatchRow* rows, int n) const;
+  // A step of several rows (docs/rows.md): `n_spans` spans of consecutive tokens, each of its own sequence (of
+  // this program's geometry, context and KV format, none streaming its KV), the spans' rows one after another from
+  // row 0, at most max_step_rows() in all. stage_step writes the rows' tokens, positions, PLE rows (ple_rows: [rows],
+  // null without PLE) and the spans into the program's pinned block; enqueue_step then enqueues the step on `s`:
+  // every row through every layer at once (the dense products over all rows; the mixers and the PLE layer one
+  // launch a layer for all rows, each row's state through its span; each routed expert once for the rows that
+  // chose it), each span's row states kept where it names a row slot, each row's logits at step_logits(row), and
+  // its token in its sequence's seen ids. Each row is, bit for bit, what its span alone gives. Where
+  // step_on_device(), the routed experts run from the VRAM cache with their routing on the device and enqueue_step
+  // neither waits nor synchronises: a graph of it replays for any spans of the same counts (the kernels read
+  // them from device memory); otherwise the host groups each layer's routing, as run() does.
+  void stage_step(const RowsSpan* spans, int n_spans, const float* ple_rows);
+  void enqueue_step(cudaStream_t s);
+  bool step_on_device() const;
+  int max_step_rows() const noexcept;
+  const float* step_logits(int row) const;  // device [n_vocab]
 
   PromptStats stats() const noexcept;
   void reset_stats() noexcept;
@@ -126,18 +141,22 @@ class PromptProgram : private PromptScratch {
   void head_rows(int first, int rows, cudaStream_t s);
   // The rows' tokens, positions and PLE rows into the pinned block; then up to the device, embedded, and every
   // stream started at the embedding.
-  void stage_rows(const int* tokens, const int* positions, int n, const float* ple_rows);
+  void stage_tokens(const int* tokens, const int* positions, int n, const float* ple_rows);
+  std::size_t host_layout_rows() const;  // where a step's RowsTable is staged in the pinned block
   void begin_rows(int n, bool ple, cudaStream_t s);
-  void run_layers(int rows, const RowSpan* spans, int n_spans, bool ahead, cudaStream_t s);
-  void ple(int layer, int rows, const RowSpan* spans, int n_spans, cudaStream_t s) const;
-  // The mixers of layer `layer` over the rows, on its input products (mixer_inputs, layer_recipe.hpp), each span
-  // over its own sequence's state.
-  void mixer_gdn(int layer, int rows, const RowSpan* spans, int n_spans, const Products& inputs,
-                 cudaStream_t s) const;
-  void mixer_attention(int layer, int rows, const RowSpan* spans, int n_spans, const Products& inputs,
-                       cudaStream_t s) const;
-  void gdn_span(int layer, int rows, const RowSpan& span, cudaStream_t s) const;
-  void attention_span(int layer, const RowSpan& span, cudaStream_t s) const;
+  void run_layers(int rows, int position, bool ahead, cudaStream_t s);
+  void ple(int layer, int rows, cudaStream_t s) const;
+  // The mixers of layer `layer` over the rows, on its input products (mixer_inputs, layer_recipe.hpp): the chunk's
+  // from `position` on in the program's sequence, or a step's spans (rows_step_).
+  void mixer_gdn(int layer, int rows, int position, const Products& inputs, cudaStream_t s) const;
+  void mixer_attention(int layer, int rows, int position, const Products& inputs, cudaStream_t s) const;
+  kernels::GdnChunkArgs gdn_args(int layer, int rows, const SequenceViews& views) const;
+  void attention_chunk_rows(int layer, int rows, int position, cudaStream_t s) const;
+  // A step's mixers and PLE layer over its spans (programs/prompt_rows.cu).
+  kernels::StepSpans step_spans() const;
+  void gdn_step_rows(int layer, int rows, cudaStream_t s) const;
+  void attention_step_rows(int layer, int rows, cudaStream_t s) const;
+  void ple_step_rows(int layer, int rows, cudaStream_t s) const;
   kernels::PagedKv stream_in(const SequenceViews& v, int layer, int position, cudaStream_t s) const;
   void stream_out(const SequenceViews& v, int layer, const kernels::PagedKv& buffer, int position, int rows,
                   cudaStream_t s) const;
@@ -147,6 +166,7 @@ class PromptProgram : private PromptScratch {
   const ModelGeometry& g_;
   const ModelTensors& t_;
   SequenceViews seq_;
+  SequenceViews offsets_;  // any arena of the sequence's layout as offsets (a step's spans); empty when streaming
   kernels::EmbedTable embedding_;
   kernels::AttentionShape attention_;
   const float *rope_cos_, *rope_sin_;
@@ -160,8 +180,10 @@ class PromptProgram : private PromptScratch {
   long fed_tokens_ = 0, chunks_run_ = 0;
   bool row_states_ = false;      // the chunk running keeps each token's recurrent state
   const ExpertCache* cache_;
-  bool device_experts_ = false;  // a batch is running with every expert in the cache: its pairs run on the device
-  bool batch_ple_ = false;       // the staged batch has PLE rows
+  bool rows_step_ = false;       // a step of several rows is running: its mixers read its spans
+  bool device_experts_ = false;  // ... with every expert in the cache: its pairs run on the device
+  int step_rows_ = 0, step_spans_ = 0;  // the staged step's
+  bool step_ple_ = false;        // ... has PLE rows
 };
 
 }  // namespace strata

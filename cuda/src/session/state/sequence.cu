@@ -27,6 +27,18 @@ Sequence::Sequence(int device, const ModelGeometry& g, const ModelTensors& t, co
   }
 }
 
+kernels::StateSpan Sequence::span(int first, int count, bool keep_rows) const {
+  STRATA_EXPECTS(!keep_rows || count <= verify_rows(), InvalidArgument,
+                 "a span keeping its rows' states holds at most the sequence's " + std::to_string(verify_rows()) +
+                     " row states, got " + std::to_string(count) + " rows");
+  kernels::StateSpan span;
+  span.state = static_cast<char*>(arena_.data());
+  span.rows = keep_rows ? arena_.slot_start(arena_.layout().snapshots - verify_rows()) : nullptr;
+  span.first = first;
+  span.count = count;
+  return span;
+}
+
 void Sequence::check_room(int n) const {
   STRATA_EXPECTS(!broken_, Error, "an earlier step failed midway; reset() the session before the next step");
   STRATA_EXPECTS(n >= 1 && position_ + n <= context_, InvalidArgument,

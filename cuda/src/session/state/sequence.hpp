@@ -11,6 +11,7 @@
 
 #include <cuda_runtime.h>
 
+#include "../../kernels/state_spans.cuh"
 #include "../../runtime/device_buffer.hpp"
 #include "sequence_views.hpp"
 #include "strata/geometry.hpp"
@@ -41,6 +42,10 @@ class Sequence {
   static std::size_t history_bytes(int context);
 
   const SequenceViews& views() const noexcept { return views_; }
+  const SessionLayout& layout() const noexcept { return arena_.layout(); }
+  // This sequence as a span of a step of several rows (kernels/state_spans.cuh): `count` rows from row `first`
+  // of the step, its arena, and with `keep_rows` its first row-state slot (InvalidArgument where it keeps none).
+  kernels::StateSpan span(int first, int count, bool keep_rows) const;
   int* history() const noexcept { return history_.as<int>(); }
   PleGather* ple() const noexcept { return ple_; }
   int position() const noexcept { return position_; }

@@ -51,4 +51,11 @@ kernels::PleStepArgs ple_layer_args(const LayerTensors& t, const SequenceViews& 
 SequenceViews sequence_views(const ModelGeometry& g, const ModelTensors& t, const SessionArena& arena,
                              KvStorage kv_storage, int row_states);
 
+// The views of any arena of `layout` as offsets into it, and the row states' as offsets into a row's snapshot slot
+// (rows.count 0): what a step over spans takes, each span naming its sequence's arena and first row slot
+// (kernels/state_spans.cuh). Every sequence of one geometry, context and KV format has the same offsets up to its
+// snapshots. InvalidArgument for a layout that streams its KV (two arenas).
+SequenceViews arena_offsets(const ModelGeometry& g, const ModelTensors& t, const SessionLayout& layout,
+                            KvStorage kv_storage);
+
 }  // namespace strata

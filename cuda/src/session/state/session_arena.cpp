@@ -81,14 +81,7 @@ char* SessionArena::slot_start(int slot) const {
 }
 
 void* SessionArena::slot_region(int slot, const std::string& name, int layer) const {
-  char* at = slot_start(slot);
-  for (const Region& r : layout_.regions) {
-    if (!is_recurrent_state(r.name)) continue;
-    if (r.name == name && r.layer == layer) return at;
-    at += region_span(r.bytes);
-  }
-  throw InvalidArgument("the session's state snapshots hold no region '" + name + "' for layer " +
-                        std::to_string(layer));
+  return slot_start(slot) + layout_.slot_offset(name, layer);
 }
 
 void SessionArena::copy_state(int slot, bool save) {

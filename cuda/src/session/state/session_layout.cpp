@@ -41,6 +41,17 @@ std::size_t SessionLayout::bytes_of(const std::string& name) const {
   return sum;
 }
 
+std::size_t SessionLayout::slot_offset(const std::string& name, int layer) const {
+  std::size_t at = 0;
+  for (const Region& r : regions) {
+    if (!is_recurrent_state(r.name)) continue;
+    if (r.name == name && r.layer == layer) return at;
+    at += region_span(r.bytes);
+  }
+  throw InvalidArgument("the session's state snapshots hold no region '" + name + "' for layer " +
+                        std::to_string(layer));
+}
+
 std::size_t kv_half_region_bytes(const ModelGeometry& g, int context, KvStorage kv, bool values) {
   const int pages = (context + kKvPageTokens - 1) / kKvPageTokens;
   const std::size_t elements = static_cast<std::size_t>(pages) * kKvPageTokens * g.n_head_kv * g.head_dim;
