@@ -45,6 +45,9 @@ constexpr int kMaxVerifyRows = 8;  // a pending token and up to 7 drafts
 // decode GEMVs; more take the tensor-core products, which cost more than two batches of this many (measured:
 // docs/performance.md, "Batched sessions"), so a batch is best at most this many sessions.
 constexpr int kGemvRows = 8;
+// The most rows a step of several rows takes (docs/rows.md): a batched step's sessions, a verification's rows. Each
+// row's attention keeps its own split partials.
+constexpr int kMaxStepRows = 16;
 
 // The log-probabilities of one position (strata.sampling.log_probabilities): the sampled token's, and the
 // n most likely ids with theirs.

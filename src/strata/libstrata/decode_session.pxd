@@ -33,6 +33,7 @@ cdef extern from "strata/decode_session.hpp" nogil:
 
     const int kMaxVerifyRows "strata::kMaxVerifyRows"
     const int kGemvRows "strata::kGemvRows"
+    const int kMaxStepRows "strata::kMaxStepRows"
 
     cdef cppclass TokenLogprobs "strata::TokenLogprobs":
         double token

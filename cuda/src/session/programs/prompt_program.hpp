@@ -25,14 +25,12 @@
 #include "../experts/chunk_experts.hpp"
 #include "program_inputs.hpp"
 #include "projection.hpp"
+#include "strata/decode_session.hpp"
 #include "strata/expert_cache.hpp"
 #include "strata/expert_pool.hpp"
 #include "strata/expert_staging.hpp"
 
 namespace strata {
-
-// The most rows a step of several rows takes (docs/rows.md): its attention keeps split partials per row.
-constexpr int kMaxStepRows = 16;
 
 // A step's spans in device memory (and, first, in the program's pinned block): each span's arena and row slot,
 // each row's span, and each row's sequence's seen ids (the penalty's history, which its token joins).
