@@ -84,8 +84,8 @@ struct DecodeStats {
   long prompt_staged_bytes = 0;
   long kv_stream_bytes = 0;  // KV streaming: the bytes the windows fetched from the host copy (decode)
   double ple_seconds = 0.0;  // the session's own PLE gather (step and feed): the host hashing and reading rows
-  // Batched steps (step_batch): this session's tokens stepped in a batch and the wall time of those batches, and
-  // the batches this session led. A batch's routed experts count in the leader's prompt_*_experts.
+  // Steps of several rows (step_batch, verify: docs/rows.md): this session's tokens stepped in them and their wall
+  // time, and the steps this session led. A step's routed experts count in the leader's prompt_*_experts.
   long batch_tokens = 0;
   double batch_seconds = 0.0;
   long batch_steps = 0;

@@ -162,7 +162,7 @@ void DecodeSession::step_batch(DecodeSession* const* sessions, int n, const int*
   STRATA_EXPECTS(n >= 1 && sessions != nullptr, InvalidArgument,
                  "a batched step needs at least one session, got " + std::to_string(n));
   const Impl& lead = *sessions[0]->impl_;
-  std::vector<Runner::BatchMember> members(n);
+  RowBatch batch(n);
   for (int i = 0; i < n; ++i) {
     Impl& m = *sessions[i]->impl_;
     const std::string which = "session " + std::to_string(i) + " of the batch ";
@@ -177,11 +177,19 @@ void DecodeSession::step_batch(DecodeSession* const* sessions, int n, const int*
                        std::to_string(lead.sequence.context()) +
                        ": batched sessions share the context and the KV format");
     STRATA_EXPECTS(!m.options.kv_streaming, InvalidArgument, which + "streams its KV; batched steps read it in VRAM");
-    members[i] = Runner::BatchMember{&m.runner, &m.sequence, tokens[i], ple_rows ? ple_rows[i] : nullptr,
-                                     sampling[i], u[i]};
+    RowBatchSpan& span = batch[i];
+    span.runner = &m.runner;
+    span.sequence = &m.sequence;
+    span.tokens = tokens + i;
+    span.count = 1;
+    span.ple_rows = ple_rows ? ple_rows[i] : nullptr;
+    span.sample = sample;
+    span.sampling = sampling[i];
+    span.u = u[i];
   }
   DeviceScope scope(lead.options.device);
-  sessions[0]->impl_->runner.step_batch(members.data(), n, sample, out);
+  sessions[0]->impl_->runner.run(batch);
+  for (int i = 0; i < n; ++i) out[i] = batch[i].sampled;
 }
 
 void DecodeSession::verify(const int* tokens, int n, const float* ple_rows, float* all_logits) {

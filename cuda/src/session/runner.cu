@@ -206,39 +206,30 @@ void Runner::verify(Sequence& sequence, const int* tokens, int n, const float* p
                      " tokens (the session's verify rows " + std::to_string(sequence.verify_rows()) +
                      ", its prompt chunk " + std::to_string(prompt_chunk()) + "), got " + std::to_string(n));
   // A sequence whose KV streams cannot be a span (its state is in two arenas): its rows run as a prompt chunk.
-  if (n <= prompt_->max_step_rows()) verify_step(sequence, tokens, n, ple_rows, all_logits);
-  else run_prompt(sequence, tokens, n, ple_rows, SamplingValues{}, 0.0, false, all_logits, true);
+  if (n > prompt_->max_step_rows()) {
+    run_prompt(sequence, tokens, n, ple_rows, SamplingValues{}, 0.0, false, all_logits, true);
+    return;
+  }
+  RowBatch batch(1);
+  RowBatchSpan& span = batch[0];
+  span.runner = this;
+  span.sequence = &sequence;
+  span.tokens = tokens;
+  span.count = n;
+  span.ple_rows = ple_rows;
+  span.keep_rows = true;
+  span.logits = all_logits;
+  run(batch);
 }
 
-void Runner::verify_step(Sequence& sequence, const int* tokens, int n, const float* ple_rows, float* all_logits) {
-  check_feed(sequence, tokens, n, ple_rows, 0.0);
-  const auto start = std::chrono::steady_clock::now();
-  sequence.begin_step();  // broken until the step completes
-  sequence.begin_verify(tokens, n);  // before the gather below moves the n-gram state
-  refresh_cache();
-  const int position = sequence.position();
-  const RowsSpan span{sequence.span(0, n, true), sequence.history(), position, tokens};
-  prompt_->stage_step(&span, 1, gathered_ple(sequence, tokens, n, ple_rows));
-  stage_sampling(SamplingValues{}, 0.0, tokens[n - 1], position + n - 1);
-  // The last row's logits become this session's, as a prompt's last position's do.
-  launch_step({-1, n}, [&](cudaStream_t s) {
-    prompt_->enqueue_step(s);
-    program_.adopt_logits(prompt_->step_logits(n - 1), Sampler::kNone, s);
-  });
-  STRATA_CUDA_TRY(cudaMemcpyAsync(all_logits, prompt_->step_logits(0), sizeof(float) * n * g_.n_vocab,
-                                  cudaMemcpyDeviceToHost, stream_.get()));
-  STRATA_CUDA_TRY(cudaStreamSynchronize(stream_.get()));
-  sequence.end_step(n);
-  stats_.prompt_seconds += seconds_since(start);
-}
-
-const float* Runner::gathered_ple(Sequence& sequence, const int* tokens, int n, const float* given) {
+const float* Runner::gathered_ple(Sequence& sequence, const int* tokens, int n, const float* given,
+                                  std::vector<float>& out) {
   PleGather* ple = sequence.ple();
   if (!ple) return given;
-  const int ple_width = g_.ple_n_heads * g_.ple_head_dim;
-  feed_rows_.resize(static_cast<std::size_t>(n) * ple_width);
-  for (int i = 0; i < n; ++i) gather_ple(*ple, tokens[i], feed_rows_.data() + static_cast<std::size_t>(i) * ple_width);
-  return feed_rows_.data();
+  const std::size_t ple_width = static_cast<std::size_t>(g_.ple_n_heads) * g_.ple_head_dim;
+  out.resize(n * ple_width);
+  for (int i = 0; i < n; ++i) gather_ple(*ple, tokens[i], out.data() + i * ple_width);
+  return out.data();
 }
 
 void Runner::launch_step(const std::vector<long>& key, const std::function<void(cudaStream_t)>& enqueue) {
@@ -254,56 +245,83 @@ void Runner::launch_step(const std::vector<long>& key, const std::function<void(
   found->second.launch(stream_.get());
 }
 
-void Runner::step_batch(const BatchMember* members, int n, bool sample, int* out) {
+// What run() refuses, before any state changes.
+void Runner::check_batch(const RowBatch& batch) const {
   STRATA_EXPECTS(prompt_ != nullptr, InvalidArgument,
-                 "batched steps run on the prompt path: this session has none (a prompt chunk of 0 tokens)");
-  STRATA_EXPECTS(n >= 1 && n <= prompt_->max_step_rows(), InvalidArgument,
-                 "a batched step takes 1.." + std::to_string(prompt_->max_step_rows()) +
-                     " sessions (the leading session's prompt chunk, at most " + std::to_string(kMaxStepRows) +
-                     "), got " + std::to_string(n));
-  const int ple_width = g_.ple_n_heads * g_.ple_head_dim;
-  for (int i = 0; i < n; ++i) {
-    const BatchMember& m = members[i];
-    m.runner->check_feed(*m.sequence, &m.token, 1, m.ple_rows, m.u);
-    for (int j = 0; j < i; ++j) {
-      STRATA_EXPECTS(members[j].sequence != m.sequence, InvalidArgument,
-                     "a batched step takes each session once; members " + std::to_string(j) + " and " +
-                         std::to_string(i) + " are the same session");
+                 "steps of several rows run on the prompt path: this session has none (a prompt chunk of 0 tokens)");
+  int rows = 0;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    const RowBatchSpan& span = batch[i];
+    span.runner->check_feed(*span.sequence, span.tokens, span.count, span.ple_rows, span.u);
+    STRATA_EXPECTS(!span.keep_rows || span.count <= span.sequence->verify_rows(), InvalidArgument,
+                   "a verification of " + std::to_string(span.count) + " tokens keeps their states, the session " +
+                       std::to_string(span.sequence->verify_rows()) + " rows of them");
+    for (std::size_t j = 0; j < i; ++j) {
+      STRATA_EXPECTS(batch[j].sequence != span.sequence, InvalidArgument,
+                     "a step takes each session once; its spans " + std::to_string(j) + " and " + std::to_string(i) +
+                         " are the same session");
     }
+    rows += span.count;
   }
+  STRATA_EXPECTS(!batch.empty() && rows <= prompt_->max_step_rows(), InvalidArgument,
+                 "a step takes 1.." + std::to_string(prompt_->max_step_rows()) +
+                     " rows (the leading session's prompt chunk, at most " + std::to_string(kMaxStepRows) +
+                     "), got " + std::to_string(rows) + " in " + std::to_string(batch.size()) + " spans");
+}
+
+void Runner::run(RowBatch& batch) {
+  check_batch(batch);
   const auto start = std::chrono::steady_clock::now();
-  if (g_.ple_layer >= 0) feed_rows_.resize(static_cast<std::size_t>(n) * ple_width);
-  std::vector<RowsSpan> spans(n);
-  std::vector<Sampler> samplers(n);
-  std::vector<long> key;  // the members' runners (by serial: never reused) and samplers
-  for (int i = 0; i < n; ++i) {
-    const BatchMember& m = members[i];
-    float* ple_row = feed_rows_.data() + static_cast<std::size_t>(i) * ple_width;
-    if (PleGather* ple = m.sequence->ple()) m.runner->gather_ple(*ple, m.token, ple_row);
-    else if (m.ple_rows) std::memcpy(ple_row, m.ple_rows, sizeof(float) * ple_width);
-    spans[i] = RowsSpan{m.sequence->span(i, 1, false), m.sequence->history(), m.sequence->position(), &m.token};
-    m.runner->stage_sampling(m.sampling, m.u, m.token, m.sequence->position());
-    samplers[i] = m.runner->sampler_for(sample);
-    key.push_back(m.runner->serial_);
-    key.push_back(static_cast<long>(samplers[i]));
+  const std::size_t ple_width = static_cast<std::size_t>(g_.ple_n_heads) * g_.ple_head_dim;
+  std::vector<RowsSpan> spans(batch.size());
+  std::vector<Sampler> samplers(batch.size());
+  std::vector<long> key;  // the spans' runners (by serial: never reused), rows and samplers
+  int rows = 0;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    const RowBatchSpan& span = batch[i];
+    spans[i] = RowsSpan{span.sequence->span(rows, span.count, span.keep_rows), span.sequence->history(),
+                        span.sequence->position(), span.tokens};
+    rows += span.count;
   }
-  prompt_->stage_step(spans.data(), n, g_.ple_layer >= 0 ? feed_rows_.data() : nullptr);
-  for (int i = 0; i < n; ++i) members[i].sequence->begin_step();  // broken until the step completes
+  for (RowBatchSpan& span : batch) {
+    span.sequence->begin_step();  // broken until the step completes
+    if (span.keep_rows) span.sequence->begin_verify(span.tokens, span.count);  // before the gather moves n-grams
+  }
+  if (g_.ple_layer >= 0) feed_rows_.resize(rows * ple_width);
+  std::vector<float> gathered;
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    RowBatchSpan& span = batch[i];
+    const float* ple = gathered_ple(*span.sequence, span.tokens, span.count, span.ple_rows, gathered);
+    if (ple) std::copy(ple, ple + span.count * ple_width, feed_rows_.begin() + spans[i].state.first * ple_width);
+    const int last = span.sequence->position() + span.count - 1;
+    span.runner->stage_sampling(span.sampling, span.u, span.tokens[span.count - 1], last);
+    samplers[i] = span.runner->sampler_for(span.sample);
+    key.insert(key.end(), {span.runner->serial_, span.count, static_cast<long>(samplers[i])});
+  }
+  prompt_->stage_step(spans.data(), static_cast<int>(spans.size()), g_.ple_layer >= 0 ? feed_rows_.data() : nullptr);
   refresh_cache();
-  // Each row's logits (the step's head over its rows) become its own runner's, whose sampler draws from them:
-  // so each session's logits() and logprobs() read its row afterwards.
+  // Each span's last row's logits become its own runner's, whose sampler draws from them: so each session's
+  // logits() and logprobs() read its last row afterwards.
   launch_step(key, [&](cudaStream_t s) {
     prompt_->enqueue_step(s);
-    for (int i = 0; i < n; ++i) members[i].runner->program_.adopt_logits(prompt_->step_logits(i), samplers[i], s);
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      const int last = spans[i].state.first + spans[i].state.count - 1;
+      batch[i].runner->program_.adopt_logits(prompt_->step_logits(last), samplers[i], s);
+    }
   });
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    if (!batch[i].logits) continue;
+    STRATA_CUDA_TRY(cudaMemcpyAsync(batch[i].logits, prompt_->step_logits(spans[i].state.first),
+                                    sizeof(float) * batch[i].count * g_.n_vocab, cudaMemcpyDeviceToHost,
+                                    stream_.get()));
+  }
   STRATA_CUDA_TRY(cudaStreamSynchronize(stream_.get()));
   const double seconds = seconds_since(start);
-  for (int i = 0; i < n; ++i) {
-    const BatchMember& m = members[i];
-    m.sequence->end_step(1);
-    ++m.runner->stats_.batch_tokens;
-    m.runner->stats_.batch_seconds += seconds;
-    out[i] = sample ? *m.runner->sampled_.host<volatile int>() : -1;
+  for (RowBatchSpan& span : batch) {
+    span.sequence->end_step(span.count);
+    span.runner->stats_.batch_tokens += span.count;
+    span.runner->stats_.batch_seconds += seconds;
+    span.sampled = span.sample ? *span.runner->sampled_.host<volatile int>() : -1;
   }
   ++stats_.batch_steps;
 }
@@ -323,7 +341,7 @@ int Runner::run_prompt(Sequence& sequence, const int* tokens, int n, const float
   if (row_states) sequence.begin_verify(tokens, n);  // before the gather below moves the n-gram state
   refresh_cache();
   const int chunk = prompt_->chunk(), ple_width = g_.ple_n_heads * g_.ple_head_dim;
-  ple_rows = gathered_ple(sequence, tokens, n, ple_rows);  // the whole prompt's rows at once
+  ple_rows = gathered_ple(sequence, tokens, n, ple_rows, feed_rows_);  // the whole prompt's rows at once
   const int position = sequence.position();
   for (int at = 0; at < n; at += chunk) {
     const int m = std::min(chunk, n - at);

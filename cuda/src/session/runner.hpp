@@ -32,6 +32,29 @@
 
 namespace strata {
 
+class Runner;
+
+// One span of a step of several rows (docs/rows.md; docs/architecture.md, "Sequences, row batches and the runner"):
+// `count` tokens of a sequence at its next positions, whether each row's state is kept (a verification, which
+// truncate() may then cut back to any row), whether every row's logits come back, and the last row's sampling.
+struct RowBatchSpan {
+  Runner* runner = nullptr;      // the sequence's own: its sampler draws from the span's last row, whose logits
+                                 // its logits() and logprobs() read after
+  Sequence* sequence = nullptr;
+  const int* tokens = nullptr;
+  int count = 0;
+  const float* ple_rows = nullptr;  // [count] PLE rows (null: none, or the sequence gathers them)
+  bool keep_rows = false;
+  float* logits = nullptr;          // host [count][n_vocab]: every row's logits (null: none come back)
+  bool sample = false;
+  SamplingValues sampling;
+  double u = 0.0;
+  int sampled = -1;                 // set by the step where `sample`
+};
+
+// A step as one value: its spans, rows one after another. DecodeSession::step_batch and verify build one.
+using RowBatch = std::vector<RowBatchSpan>;
+
 class Runner {
  public:
   // Programs over `tables` and `sequence` (both outlive the runner) in `options`' mode, device and prompt chunk;
@@ -44,18 +67,11 @@ class Runner {
            bool sample);
   int feed(Sequence& sequence, const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling,
            double u, bool sample, float* all_logits);
-  // DecodeSession::step_batch: one token of each member's sequence through this runner's prompt program at once,
-  // a step of one-row spans (docs/rows.md); each member's runner samples its row, so its logits() and logprobs()
-  // read that row after.
-  struct BatchMember {
-    Runner* runner = nullptr;
-    Sequence* sequence = nullptr;
-    int token = 0;
-    const float* ple_rows = nullptr;
-    SamplingValues sampling;
-    double u = 0.0;
-  };
-  void step_batch(const BatchMember* members, int n, bool sample, int* out);
+  // A step of several rows through this runner's prompt program (docs/rows.md): every span's rows at once, each
+  // span over its own sequence. The spans' sequences share this runner's model, context and KV format; none
+  // streams its KV (InvalidArgument otherwise, and for anything step() or verify() refuses, before any state
+  // changes).
+  void run(RowBatch& batch);
 
   // DecodeSession::verify and truncate on `sequence`.
   void verify(Sequence& sequence, const int* tokens, int n, const float* ple_rows, float* all_logits);
@@ -77,10 +93,9 @@ class Runner {
   void check_bound(const Sequence& sequence) const;
   int run_prompt(Sequence& sequence, const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling,
                  double u, bool sample, float* all_logits, bool row_states);
-  // verify() as a step of one span that keeps its rows' states (docs/rows.md).
-  void verify_step(Sequence& sequence, const int* tokens, int n, const float* ple_rows, float* all_logits);
-  // The PLE rows of `n` tokens of `sequence` where it gathers them itself (into feed_rows_), else `given`.
-  const float* gathered_ple(Sequence& sequence, const int* tokens, int n, const float* given);
+  void check_batch(const RowBatch& batch) const;
+  // The PLE rows of `n` tokens of `sequence` where it gathers them itself (into `out`), else `given`.
+  const float* gathered_ple(Sequence& sequence, const int* tokens, int n, const float* given, std::vector<float>& out);
   // Launches a step of several rows enqueued by `enqueue`: its graph (captured on first use, by `key`) where the
   // mode captures and the step's experts are all on the device, else enqueued as it is.
   void launch_step(const std::vector<long>& key, const std::function<void(cudaStream_t)>& enqueue);
