@@ -108,7 +108,10 @@ def candidates(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, 
     order = np.argsort(-logits.astype(np.float64), kind="stable")
     if params.top_k:
         order = order[: params.top_k]
-    scaled = logits[order].astype(np.float64) / params.temperature
+    with np.errstate(over="ignore"):
+        scaled = logits[order].astype(np.float64) / params.temperature
+        if np.isinf(scaled[0]):  # a temperature so small that logit / t overflows: relative to the largest, the
+            scaled = (logits[order].astype(np.float64) - float(logits[order[0]])) / params.temperature  # limit
     probs = np.exp(scaled - scaled[0])
     probs /= probs.sum()
     if params.top_p < 1.0:

@@ -129,3 +129,10 @@ def test_frequency_and_presence_penalties_count_only_the_answer(rng):
     counts = {u: sample(logits, params, u, seen) for u in np.linspace(0, 0.999, 50)}
     assert counts == {u: int(ids[min(np.searchsorted(np.cumsum(probs), u, side="right"), ids.size - 1)])
                       for u in counts}
+
+
+def test_a_temperature_too_small_for_the_division_draws_the_top_token(rng):
+    logits = rng.standard_normal(30).astype(np.float32) * 5
+    logits[11] = 9.0
+    ids, probs = candidates(logits, SamplingParams(temperature=1e-300))  # an overflow warning fails the test
+    assert ids[0] == 11 and probs[0] == 1.0 and sample(logits, SamplingParams(temperature=1e-300), 0.99) == 11

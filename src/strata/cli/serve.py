@@ -4,8 +4,11 @@ model, bound to localhost unless told otherwise."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from strata.cli import chat_template
@@ -32,7 +35,13 @@ def register(commands) -> None:
                           "time, which the server's batching does not yet beat: docs/server.md); a B above "
                           "--sessions makes B sessions, as many as memory holds")
     sub.add_argument("--queue", type=int, default=16, help="requests that may wait; more are answered 429")
-    sub.add_argument("--name", default=None, help="the model's name in /v1/models (default: the file's stem)")
+    sub.add_argument("--name", "--alias", default=None,
+                     help="the model's id in /v1/models (default: the file's stem; --alias is llama-server's "
+                          "spelling); a request naming any model is answered by this one, as llama-server does")
+    sub.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                     help="let browser pages from ORIGIN (e.g. http://localhost:5173, or * for any) call the "
+                          "server (repeatable; default: none)")
+    sub.add_argument("--quiet", action="store_true", help="no access log line per request on stderr")
     sub.add_argument("--max-body", type=int, default=None, metavar="BYTES",
                      help="request bodies larger are refused (413) unread (default: the server's, 8 MiB)")
     chat_template.add_arguments(sub)
@@ -67,12 +76,14 @@ def handle(args: argparse.Namespace) -> int:
                 limits = {} if args.max_body is None else {"max_body_bytes": args.max_body}
                 batch = min(args.batch, len(sessions))
                 server = Server(sessions, args.name or Path(args.model).stem, api_key=args.api_key,
-                                max_waiting=args.queue, batch=batch, **limits)
-                print(f"strata serve: {args.model} on http://{args.host}:{args.port}/v1 ({args.engine} engine, "
+                                max_waiting=args.queue, batch=batch, cors_origins=args.cors_origin, **limits)
+                host, port = sock.getsockname()[:2]  # the port taken, where --port 0 asked for any free one
+                print(f"strata serve: {args.model} on http://{_url_host(host)}:{port}/v1 ({args.engine} engine, "
                       f"{len(sessions)} session(s) of {sessions[0].engine.context} tokens), batch {batch}",
-                      file=sys.stderr)
+                      file=sys.stderr, flush=True)
                 try:
-                    uvicorn.Server(uvicorn.Config(server.app(), log_level="warning")).run(sockets=[sock])
+                    with _logged_to_stderr(quiet=args.quiet):
+                        uvicorn.Server(uvicorn.Config(server.app(), log_level="warning")).run(sockets=[sock])
                 except KeyboardInterrupt:
                     pass  # uvicorn raises the Ctrl-C it stopped on again once it has shut down: the stop asked for
                 finally:
@@ -83,6 +94,26 @@ def handle(args: argparse.Namespace) -> int:
     finally:
         sock.close()
     return 0
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+@contextmanager
+def _logged_to_stderr(quiet: bool) -> Iterator[None]:
+    """The server's log on stderr while it serves: its errors (with their request ids) and, unless `quiet`, a
+    line per request."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+    logger = logging.getLogger("strata.server")
+    level, logger.level = logger.level, logging.WARNING if quiet else logging.INFO
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def made_sessions(model, args: argparse.Namespace, wanted: int, sessions: list, reduce: bool) -> None:

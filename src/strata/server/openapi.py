@@ -12,7 +12,7 @@ from typing import Any
 import strata
 from strata.generation import MAX_LOGPROBS
 from strata.sampling import MAX_BIAS, MAX_PENALTY
-from strata.server.requests import IGNORED, MAX_CHOICES, MAX_STOPS, NEUTRAL, TEMPLATE_NAMES
+from strata.server.requests import IGNORED, MAX_CHOICES, MAX_STOPS, NEUTRAL, REPEAT_PENALTY, TEMPLATE_NAMES
 
 _JSON_TYPES = {bool: "boolean", dict: "object", str: "string"}
 
@@ -60,8 +60,8 @@ COMMON_FIELDS: dict[str, Any] = {
     "top_p": _number(0.0, 1.0, low_open=True),
     "top_k": _integer(0),
     "min_p": _number(0.0, 0.999999),
-    "repetition_penalty": _number(0.0, 10.0, low_open=True),
-    "repeat_penalty": _number(0.0, 10.0, low_open=True),
+    "repetition_penalty": _number(*REPEAT_PENALTY),
+    "repeat_penalty": _number(*REPEAT_PENALTY),
     "frequency_penalty": _number(-MAX_PENALTY, MAX_PENALTY),
     "presence_penalty": _number(-MAX_PENALTY, MAX_PENALTY),
     "logit_bias": {"anyOf": [

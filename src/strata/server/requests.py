@@ -19,6 +19,9 @@ __all__ = ["BadRequest", "Call", "check_model", "parse_chat", "parse_completion"
 
 MAX_CHOICES = 16  # answers one request may ask for: n times the prompts (each runs as its own generation)
 MAX_STOPS = 4
+# repetition_penalty's range: at least 0.01, so that a logit divided by it stays a float32 (a smaller one would make
+# the seen tokens' logits infinite), at most 10 (a penalty past that leaves a seen token no chance anyway)
+REPEAT_PENALTY = (0.01, 10.0)
 
 
 @dataclass(frozen=True)
@@ -158,8 +161,8 @@ def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
 
 def _repeat_penalty(body: Mapping[str, Any]) -> float:
     """repetition_penalty (vLLM's name) or repeat_penalty (llama-server's): one of them, or both alike."""
-    given = {key: _number(body, key, 1.0, 0.0, 10.0, low_open=True) for key in ("repetition_penalty",
-                                                                                "repeat_penalty") if key in body}
+    given = {key: _number(body, key, 1.0, *REPEAT_PENALTY) for key in ("repetition_penalty", "repeat_penalty")
+             if key in body}
     if len(set(given.values())) > 1:
         raise BadRequest("'repetition_penalty' and 'repeat_penalty' name one thing: give one value",
                          "repeat_penalty", "invalid_value")
