@@ -5,6 +5,8 @@ and not at the first request."""
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from strata.chat import render_chat
@@ -31,6 +33,7 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 BUILT_IN = {"chatml": CHATML_TEMPLATE}
+MAX_TEMPLATE_BYTES = 1 << 20  # a chat template file larger is refused (the largest models' are tens of kB)
 JINJA_MARKS = ("{{", "{%")
 
 
@@ -57,11 +60,36 @@ def chosen_template(text: str | None = None, file: str | Path | None = None) -> 
 
 
 def _read(path: Path) -> str:
-    try:
-        template = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
-        raise InvalidArgument(f"--chat-template-file {path}: {reason}") from None
+    template = read_user_text(path, "--chat-template-file", MAX_TEMPLATE_BYTES)
     if not template.strip():
         raise InvalidArgument(f"--chat-template-file {path} is empty")
     return template
+
+
+def read_user_text(path: str | Path, option: str, limit: int) -> str:
+    """The UTF-8 text of the regular file at `path`, given with the command line's `option`, of at most `limit`
+    bytes, read without blocking: a FIFO (whose read waits for a writer), a device (/dev/zero never ends) or a
+    directory is refused, as is a larger file, each an InvalidArgument naming the option."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, writer or not
+    except OSError as error:
+        raise InvalidArgument(f"{option} {path}: {error.strerror or error}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise InvalidArgument(f"{option} {path}: not a regular file (a FIFO, device or directory); give a "
+                                  "file's path")
+        chunks, size = [], 0
+        while size <= limit and (chunk := os.read(fd, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as error:
+        raise InvalidArgument(f"{option} {path}: {error.strerror or error}") from None
+    finally:
+        os.close(fd)
+    if size > limit:
+        raise InvalidArgument(f"{option} {path}: over {limit} bytes")
+    try:
+        return b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InvalidArgument(f"{option} {path}: not UTF-8 text ({error.reason} at byte {error.start})") from None

@@ -117,7 +117,7 @@ def test_clients_against_strata_serve_count_what_the_whole_answers_count(tiny, p
         whole = {a["request"]: whole_answer(server.url, every[a["request"]], 5)
                  for level in result["levels"] for a in level["answers"]}
     assert popened and all(p.poll() is not None for p in popened), "the server outlived its block"
-    assert result["ignore_eos"] is False  # strata refuses fields it does not know
+    assert result["ignore_eos"] is True  # strata takes it, as llama-server and vLLM do
     assert [json.loads(line)["clients"] for line in lines] == [1, 2]
     numbers = []
     for level, line in zip(result["levels"], lines):
@@ -259,7 +259,7 @@ def test_the_script_prints_its_table_and_writes_its_json(tiny, tmp_path):
     assert len(result) == 1 and result[0].startswith("RESULT strata serve (reference engine): clients 1/2:")
     runs = json.loads(out.read_text())["runs"]
     assert [level["clients"] for level in runs[0]["levels"]] == [1, 2]
-    assert runs[0]["command"][3:5] == ["serve", str(path)] and not runs[0]["ignore_eos"]
+    assert runs[0]["command"][3:5] == ["serve", str(path)] and runs[0]["ignore_eos"]
     assert np.isfinite(runs[0]["levels"][1]["aggregate_tokens_per_second"])
 
 

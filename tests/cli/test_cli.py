@@ -325,7 +325,7 @@ def test_expert_deferral_runs_on_the_reference_and_is_refused_past_the_routed_ex
     assert capsys.readouterr().out
     assert cli.main(["run", str(tiny_model), "-p", "x", "--engine", "reference", "--defer-experts", "2"]) == 1
     err = capsys.readouterr().err
-    assert "defer_experts must be in 0..1 (below the 2 routed experts of a token), got 2" in err, err
+    assert "--defer-experts must be in 0..1 (below the 2 routed experts of a token), got 2" in err, err
 
 
 def test_a_closed_pipe_is_one_line(tiny_model, monkeypatch, capsys):
@@ -421,7 +421,7 @@ def test_run_with_drafts_prints_the_same_answer_and_the_acceptance(tiny_model, c
     assert cli.main(["run", str(tiny_model), "-p", "x", "--engine", "reference", "--draft", "auto",
                      "--draft-tokens", "9"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("strata run: draft_tokens must be in 1..7, got 9") and err.count("\n") == 1, err
+    assert err.startswith("strata run: --draft-tokens must be in 1..7, got 9") and err.count("\n") == 1, err
 
 
 def test_run_with_mtp_drafts_on_the_reference_prints_the_plain_answer(tmp_path, capsys):

@@ -110,7 +110,7 @@ def test_run_on_the_reference_applies_a_vector_and_the_gpu_commands_refuse_one(t
     assert cli.main([*run, "--control-vector-layer-range", "1", "2"]) == 0
     assert "engine: reference" in capsys.readouterr().err
     assert cli.main([*run, "--control-vector-layer-range", "9", "9"]) == 1
-    assert "control_layers (9, 9): start is past the model's last layer" in capsys.readouterr().err
+    assert "--control-vector-layer-range (9, 9): start is past the model's last layer" in capsys.readouterr().err
     for command in (["bench", str(path)], ["run", str(path), "-p", "x"]):  # refused before the GPU's load
         assert cli.main([*command, "--control-vector", out]) == 1
         assert "control vectors run on the reference engine only, for now" in capsys.readouterr().err

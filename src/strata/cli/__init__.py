@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 import strata
@@ -46,12 +47,24 @@ def _discard_stdout() -> None:
         pass
 
 
+# The library's argument names, where its errors reach the command line, as the command line spells them.
+CLI_WORDS = {"draft_tokens": "--draft-tokens", "control_layers": "--control-vector-layer-range",
+             "defer_experts": "--defer-experts", "expert_cache": "--expert-cache", "cache_policy": "--cache-policy",
+             "vram_limit": "--vram-limit", "kv_streaming": "--kv-streaming", "control_vectors": "--control-vector"}
+_API_NAMES = re.compile(r"\b(" + "|".join(CLI_WORDS) + r")\b")
+
+
+def in_cli_words(message: str) -> str:
+    """An error of the library said as the command line has it: its arguments named by their flags."""
+    return _API_NAMES.sub(lambda match: CLI_WORDS[match.group(1)], message.replace(" (overwrite=True)", ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         return args.handler(args)
     except StrataError as error:
-        print(f"strata {args.command}: {error}", file=sys.stderr)
+        print(f"strata {args.command}: {in_cli_words(str(error))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"strata {args.command}: interrupted", file=sys.stderr)

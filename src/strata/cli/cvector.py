@@ -4,9 +4,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 from pathlib import Path
 
 from strata.cli.help import ShowDefaults
+
+MAX_PROMPTS_BYTES = 16 << 20  # a prompts file larger is refused before it is read whole
 
 
 def register(commands) -> None:
@@ -33,14 +37,28 @@ def handle(args: argparse.Namespace) -> int:
     from strata.format import inspect
     from strata.reference import Reference
 
-    pairs = prompt_pairs(_lines(args.positive), _lines(args.negative))
+    pairs = prompt_pairs(_lines(args.positive, "--positive"), _lines(args.negative, "--negative"))
     check_target(Path(args.output), args.force)
     with inspect(args.model) as model_file:
-        directions = make_control_vector(Reference(model_file), model_file.tokenizer(), pairs, args.method)
+        directions = make_control_vector(Reference(model_file), model_file.tokenizer(), pairs, args.method,
+                                         progress=_PromptProgress())
         write_control_vector(args.output, directions, model_file.geometry.arch)
     print(args.output)
     return 0
 
 
-def _lines(path: str) -> list[str]:
-    return Path(path).read_text(encoding="utf-8").splitlines()
+class _PromptProgress:
+    """A line on stderr per prompt run (each takes seconds to minutes on the reference), with the time so far."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+
+    def __call__(self, done: int, total: int) -> None:
+        print(f"strata cvector: {done} of {total} prompts run ({time.monotonic() - self.start:.1f} s)",
+              file=sys.stderr, flush=True)
+
+
+def _lines(path: str, option: str) -> list[str]:
+    from strata.chat_templates import read_user_text
+
+    return read_user_text(path, option, MAX_PROMPTS_BYTES).splitlines()

@@ -163,9 +163,15 @@ def describe(model: ModelFile) -> list[str]:
     types = Counter(info.ggml_type.name for info in model.tensors.values())
     lines.append("tensor types  " + ", ".join(f"{name} x{count}" for name, count in types.most_common()))
     total = sum(info.nbytes for info in model.tensors.values())
-    ignored = [name for name in model.tensors if name not in specs]
-    lines.append(f"bytes         {total / GIB:.2f} GiB in {len(model.tensors)} tensors"
-                 + (f" ({len(ignored)} not run, e.g. {ignored[0]})" if ignored else ""))
+    # the file's tensors past the architecture's inventory: an MTP block (the format check refuses any other)
+    mtp = [name for name in model.tensors if name not in specs]
+    lines.append(f"bytes         {total / GIB:.2f} GiB in {len(model.tensors)} tensors")
+    if mtp:
+        from strata.models import MTP_ARCHITECTURES
+
+        use = ("--draft mtp drafts with it (reference engine; the GPU engine does not run it yet)"
+               if g.arch in MTP_ARCHITECTURES else f"strata runs no MTP block of {g.arch} yet")
+        lines.append(f"MTP block     {len(mtp)} tensors (e.g. {mtp[0]}): {use}")
     lines += placement_lines(model)
     lines += kv_lines(model)
     lines += tokenizer_lines(model)
@@ -174,7 +180,7 @@ def describe(model: ModelFile) -> list[str]:
     refusals = gpu_refusals(model)
     lines.append("GPU engine    " + ("runs this file as it is" if not refusals else "cannot run this file as it is:"))
     lines += [f"  {reason}" for reason in refusals]
-    lines += [f"warning       {warning}" for warning in model.warnings]
+    lines += [f"warning       {warning}" for warning in model.warnings if not (mtp and "MTP tensor" in warning)]
     return lines
 
 

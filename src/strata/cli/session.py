@@ -35,11 +35,13 @@ class _GivenFlag(_Given):
 
 def add_engine_arguments(sub: argparse.ArgumentParser) -> None:
     """The model file, the engine and the session's shape."""
-    sub.add_argument("model", help="path of a .gguf file")
+    sub.add_argument("model", nargs="?", default=argparse.SUPPRESS, help="path of a .gguf file (or -m)")
+    sub.add_argument("-m", "--model", dest="model", default=None, metavar="MODEL",
+                     help="path of a .gguf file, as llama.cpp's tools take it")
     sub.add_argument("--engine", choices=["gpu", "reference"], default="gpu",
                      help="gpu: the decode session on GPU 0 plus the CPU expert pool; reference: the numpy oracle "
                           "on the CPU (exact, slow: small models; no GPU needed)")
-    sub.add_argument("--context", type=int, default=None,
+    sub.add_argument("-c", "--context", "--ctx-size", type=int, default=None,
                      help=f"tokens the session holds (default: the model's, at most {DEFAULT_CONTEXT})")
     sub.add_argument("--kv", choices=KV.values(), default=DEFAULT_KV.value, action=_Given,
                      help="KV cache format (gpu engine)")
@@ -62,7 +64,8 @@ def add_control_vector_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--control-vector-scaled", action="append", nargs=2, default=None, metavar=("FILE", "SCALE"),
                      help="add a control vector times SCALE (repeatable)")
     sub.add_argument("--control-vector-layer-range", nargs=2, type=int, default=None, metavar=("START", "END"),
-                     help="steer only layers START..END, both inclusive (default: every layer)")
+                     help="steer only layers START..END, both inclusive (default: every layer); needs "
+                          "--control-vector or --control-vector-scaled")
 
 
 def control_vectors(args: argparse.Namespace) -> dict:
@@ -92,8 +95,8 @@ def add_draft_arguments(sub: argparse.ArgumentParser) -> None:
                           "answer repeats its context); mtp: the file's MTP block (qwen3next, qwen35moe; the "
                           "reference engine only, for now); auto: lookup, the drafter every model has; "
                           "the number drafted per step follows the measured cost and acceptance (default: none)")
-    sub.add_argument("--draft-tokens", type=int, default=DEFAULT_DRAFT_TOKENS, metavar="K",
-                     help=f"the most tokens drafted per step with --draft (1..{MAX_DRAFT_TOKENS})")
+    sub.add_argument("--draft-tokens", type=int, default=DEFAULT_DRAFT_TOKENS, metavar="K", action=_Given,
+                     help=f"the most tokens drafted per step (1..{MAX_DRAFT_TOKENS}); needs --draft")
 
 
 def add_deferral_argument(sub: argparse.ArgumentParser) -> None:
@@ -118,8 +121,9 @@ def add_placement_arguments(sub: argparse.ArgumentParser, action: type[argparse.
 def add_arguments(sub: argparse.ArgumentParser) -> None:
     """The engine's arguments, then those of one answer: its length and sampling."""
     add_engine_arguments(sub)
-    sub.add_argument("-n", "--max-tokens", type=int, default=128, help="tokens per answer at most (0: until EOS)")
-    sub.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    sub.add_argument("-n", "--max-tokens", "--n-predict", type=int, default=128,
+                     help="tokens per answer at most (0 or -1: until EOS)")
+    sub.add_argument("--temperature", "--temp", type=float, default=0.0, help="0: greedy")
     sub.add_argument("--top-k", type=int, default=0, help="0: off")
     sub.add_argument("--top-p", type=float, default=1.0)
     sub.add_argument("--min-p", type=float, default=0.0)
@@ -131,7 +135,23 @@ def add_arguments(sub: argparse.ArgumentParser) -> None:
 def sampling(args: argparse.Namespace) -> dict:
     return {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
             "repeat_penalty": args.repeat_penalty, "seed": args.seed, "stop": args.stop,
-            "max_tokens": args.max_tokens or None}
+            "max_tokens": args.max_tokens if args.max_tokens > 0 else None}
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """What argparse cannot say, in the command line's words (InvalidArgument): the model given once, and a flag
+    that only modifies another not given without it."""
+    if args.model is None:
+        raise InvalidArgument(f"name the model file: strata {args.command} MODEL (or -m MODEL)")
+    if "draft_tokens" in getattr(args, "given", ()):
+        if args.draft is None:
+            raise InvalidArgument("--draft-tokens sets how many --draft drafts: give --draft too (lookup, mtp or "
+                                  "auto)")
+        if not 1 <= args.draft_tokens <= MAX_DRAFT_TOKENS:
+            raise InvalidArgument(f"--draft-tokens must be in 1..{MAX_DRAFT_TOKENS}, got {args.draft_tokens}")
+    if args.control_vector_layer_range is not None and not (args.control_vector or args.control_vector_scaled):
+        raise InvalidArgument("--control-vector-layer-range sets the layers a control vector steers: give "
+                              "--control-vector or --control-vector-scaled too")
 
 
 def require_gpu(hint: str) -> None:
@@ -164,6 +184,7 @@ def opened_model(args: argparse.Namespace) -> Iterator:
     """The model of `--engine` on the file, closed on exit."""
     from strata.api import load
 
+    check_arguments(args)
     warn_ignored(args)
     if args.engine == "gpu":
         refuse_control_vectors_on_gpu(args, "use --engine reference")

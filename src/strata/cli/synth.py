@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from strata.cli.help import ShowDefaults
 from strata.models import ARCHITECTURES
@@ -39,6 +40,6 @@ def handle(args: argparse.Namespace) -> int:
         types = {**vars(default_types(args.preset)), **types}
     out = synthesize(args.out, args.arch, preset=args.preset, n_layer=args.layers, types=types or None,
                      seed=args.seed, progress=ByteProgress("synth"), full_ple=args.full_ple, overwrite=args.force,
-                     mtp=args.mtp)
+                     mtp=args.mtp, notice=lambda line: print(f"strata synth: {line}", file=sys.stderr))
     print(out)
     return 0

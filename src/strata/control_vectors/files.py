@@ -43,7 +43,7 @@ class ControlVectorFile:
 def read_control_vector(path: str | os.PathLike[str]) -> ControlVectorFile:
     """The directions of the control-vector file at `path`. Refused (FormatError naming the file and the tensor):
     another architecture, no direction tensor, a tensor not named direction.N with N >= 1 (llama.cpp has no
-    vector for layer 0), one not float32 or not 1-D, directions of different lengths."""
+    vector for layer 0), one not float32 or not 1-D, directions of different lengths, a NaN or infinite value."""
     name = os.fspath(path)
     data = Path(name).read_bytes()
     try:
@@ -67,6 +67,10 @@ def read_control_vector(path: str | os.PathLike[str]) -> ControlVectorFile:
                               f"{info.ggml_type.name} of shape {list(info.ne)}")
         start = scanned.data_start + info.offset
         vector = np.frombuffer(data, dtype="<f4", count=info.ne[0], offset=start).astype(np.float32)
+        if not np.all(np.isfinite(vector)):  # it would make every hidden state it touches NaN, token after token
+            bad = int(np.flatnonzero(~np.isfinite(vector))[0])
+            raise FormatError(f"control vector {name}: tensor {info.name} holds {vector[bad]} at index {bad}; "
+                              "a direction must be finite")
         if directions and len(vector) != len(next(iter(directions.values()))):
             raise FormatError(f"control vector {name}: tensor {info.name} has {len(vector)} values, the file's "
                               f"other directions {len(next(iter(directions.values())))}")

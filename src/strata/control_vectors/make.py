@@ -4,7 +4,7 @@ direction.N from model layer N's output (docs/control_vectors.md says where this
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,15 +38,22 @@ def last_token_states(reference: Any, ids: Sequence[int]) -> np.ndarray:
 
 
 def make_control_vector(reference: Any, tokenizer: Any, pairs: Sequence[tuple[str, str]],
-                        method: str = "mean") -> dict[int, np.ndarray]:
+                        method: str = "mean", progress: Callable[[int, int], None] | None = None
+                        ) -> dict[int, np.ndarray]:
     """{N: float32 [n_embd]} for every layer N >= 1: from the difference positive - negative of layer N's
     last-token output over the prompt pairs, their mean ("mean") or the first principal component of the
     differences ("pca": the top right singular vector, turned to agree with the mean), scaled to unit length as
-    the generator's are. `reference`: a strata.reference.Reference (exact: no deferral, no control vector)."""
+    the generator's are. `reference`: a strata.reference.Reference (exact: no deferral, no control vector).
+    `progress(done, total)` is called after each prompt (total: both prompts of every pair)."""
     if method not in METHODS:
         raise InvalidArgument(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    diffs = np.stack([last_token_states(reference, tokenizer.encode(pos, special=True))
-                      - last_token_states(reference, tokenizer.encode(neg, special=True)) for pos, neg in pairs])
+    prompts = [prompt for pair in pairs for prompt in pair]
+    states = []
+    for done, prompt in enumerate(prompts, 1):
+        states.append(last_token_states(reference, tokenizer.encode(prompt, special=True)))
+        if progress is not None:
+            progress(done, len(prompts))
+    diffs = np.stack([positive - negative for positive, negative in zip(states[::2], states[1::2])])
     directions = {}
     for layer in range(1, diffs.shape[1]):
         rows = diffs[:, layer]

@@ -7,7 +7,9 @@ Nothing is buffered: a 100 GB model streams through a few chunks of memory.
 
 from __future__ import annotations
 
+import glob
 import os
+import stat
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -51,6 +53,32 @@ def _add_metadata(writer: gguf.GGUFWriter, kv: Iterable[tuple[str, Any, gguf.GGU
             writer.add_key_value(key, value, vtype)
 
 
+PARTIAL = ".partial-"  # NAME.partial-PID: the file being written for NAME by process PID
+
+
+def remove_stale_partials(final: Path) -> None:
+    """Remove the partial files beside `final` left by writes to its name whose process is gone: one ended by
+    SIGKILL (or a power cut) could not remove its own. A partial file of a process still running is its write in
+    progress, and stays (a process of another PID namespace writing the same folder would look gone: not done)."""
+    for partial in final.parent.glob(glob.escape(final.name + PARTIAL) + "*"):
+        pid = partial.name.rsplit("-", 1)[1]
+        try:
+            if pid.isdigit() and stat.S_ISREG(partial.lstat().st_mode) and not _running(int(pid)):
+                partial.unlink()
+        except FileNotFoundError:  # another write's cleanup took it first
+            pass
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: running
+        pass
+    return True
+
+
 class GGUFStream:
     """An open GGUF file with its layout fixed; fill tensors with `write` (thread-safe), then leave the `with`
     block. The file is written under a temporary name beside `path` and renamed to it only when complete, so an
@@ -62,7 +90,8 @@ class GGUFStream:
                  progress: Progress | None = None, overwrite: bool = False):
         self.final, self.overwrite = Path(path), overwrite
         check_target(self.final, overwrite)
-        self.path = self.final.with_name(f"{self.final.name}.partial-{os.getpid()}")
+        remove_stale_partials(self.final)
+        self.path = self.final.with_name(f"{self.final.name}{PARTIAL}{os.getpid()}")
         self._fd = -1
         self._signals = EndingSignals()
         try:

@@ -59,6 +59,8 @@ def read_header(path: Path) -> dict[str, StoredTensor]:
     from safetensors import SafetensorError, safe_open
 
     size = path.stat().st_size
+    with open(path, "rb"):  # an OSError as it is (the package calls any file it cannot open "No such file")
+        pass
     try:
         with safe_open(path, framework="numpy") as f:
             order = f.offset_keys()

@@ -13,11 +13,13 @@ from strata.errors import InvalidArgument, StrataError
 from strata.server.app import Server
 
 STARTUP_SECONDS = 10.0
+LISTEN_BACKLOG = 2048  # uvicorn's
 
 
 def listening(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port (0: a free port), for a server to listen on; taken before a model loads, so a
-    busy port or an unknown host is said in one line at once. InvalidArgument for a port outside 0..65535,
+    """A socket bound to host:port (0: a free port) and listening, for a server to serve on; taken before a model
+    loads, so a busy port or an unknown host is said in one line at once, and a client that connects before the
+    server serves waits rather than being refused. InvalidArgument for a port outside 0..65535,
     StrataError where it cannot be bound."""
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise InvalidArgument(f"port must be in 0..65535, got {port!r}")
@@ -32,6 +34,7 @@ def listening(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)  # from here a client's connection waits in the backlog, never refused
     except OSError as error:
         sock.close()
         raise StrataError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None

@@ -23,6 +23,7 @@ from strata.convert.encode import encode
 from strata.convert.file_type import file_type_metadata
 from strata.convert.gguf_stream import GGUFStream
 from strata.errors import InvalidArgument
+from strata.quant.forms import fitting_type
 from strata.synth import blocks, presets, values
 from strata.synth.presets import TypeMix
 
@@ -56,21 +57,27 @@ def _mix(types: TypeMix | Mapping[str, str] | str | None, preset: str) -> TypeMi
     return TypeMix(**types)
 
 
-def _class_type(name: str, mix: TypeMix) -> str:
+def _class_of(name: str) -> str:
+    """The TypeMix field (the tensor class) of a tensor."""
     if name.endswith(("ffn_gate_exps.weight", "ffn_up_exps.weight")):
-        return mix.experts
+        return "experts"
     if name.endswith("ffn_down_exps.weight"):
-        return mix.expert_down
+        return "expert_down"
     if name in ("token_embd.weight", "output.weight"):
-        return mix.embeddings
+        return "embeddings"
     if name == "per_layer_token_embd.weight":
-        return mix.ple
-    return mix.dense
+        return "ple"
+    return "dense"
+
+
+def _class_type(name: str, mix: TypeMix) -> str:
+    return getattr(mix, _class_of(name))
 
 
 def tensor_type(spec: models.TensorSpec, mix: TypeMix) -> T:
-    """The type a tensor gets: F32 if forced; a quantized type only where ne0 fills its blocks
-    (K-quants fall back to Q8_0, 32-block types to F16), and never on tensors llama-quantize leaves alone."""
+    """The type a tensor gets: F32 if forced; a quantized type only where ne0 fills its blocks (else the type
+    llama-quantize falls back to, strata.quant.forms.fitting_type, where that fills them, else F16), and never on
+    tensors llama-quantize leaves alone."""
     if spec.forced_f32:
         return T.F32
     t = parse_type(_class_type(spec.name, mix))
@@ -78,10 +85,26 @@ def tensor_type(spec: models.TensorSpec, mix: TypeMix) -> T:
         return t
     if not spec.quantizable or (values.special(spec.name) and t not in _ENCODABLE):
         return T.F16
-    block = gguf.GGML_QUANT_SIZES[t][0]
-    if spec.ne[0] % block == 0:
-        return t
-    return T.Q8_0 if spec.ne[0] % 32 == 0 else T.F16
+    for candidate in (t, fitting_type(t, spec.ne[0])):
+        if spec.ne[0] % gguf.GGML_QUANT_SIZES[candidate][0] == 0:
+            return candidate
+    return T.F16
+
+
+def fallbacks(specs: list[models.TensorSpec], mix: TypeMix) -> list[str]:
+    """A line for each tensor class some of whose tensors cannot take the class's type (rows not whole blocks,
+    values it cannot hold) and get another, saying which, as llama-quantize says its fallbacks. Tensors kept in
+    float on purpose (forced F32, not quantizable) need no word."""
+    counts: dict[tuple[str, str, str, int], int] = {}
+    for spec in specs:
+        if spec.forced_f32 or not spec.quantizable:
+            continue
+        wanted, got = parse_type(_class_type(spec.name, mix)), tensor_type(spec, mix)
+        if got != wanted:
+            key = (_class_of(spec.name).replace("_", "-"), wanted.name, got.name, spec.ne[0])
+            counts[key] = counts.get(key, 0) + 1
+    return [f"{count} {option} tensor(s) of {cols} columns cannot be {wanted}: written as {got}"
+            for (option, wanted, got, cols), count in sorted(counts.items())]
 
 
 class _Writer:
@@ -117,15 +140,18 @@ class _Writer:
 def synthesize(path: str | Path, arch: str, preset: str = "tiny", n_layer: int | None = None,
                types: TypeMix | Mapping[str, str] | str | None = None, seed: int = 0,
                progress: Callable[[int, int], None] | None = None, threads: int | None = None,
-               full_ple: bool = False, overwrite: bool = False, mtp: bool = False) -> Path:
+               full_ple: bool = False, overwrite: bool = False, mtp: bool = False,
+               notice: Callable[[str], None] | None = None) -> Path:
     """Write a synthetic GGUF of `arch` at `path`; returns the path.
 
     preset: tiny (seconds, for tests), bench (released width, 16 layers, Q4_K/Q4_0/Q8_0, ~1M-row PLE table)
     or full (the released geometry; its PLE table is ~1M rows unless full_ple). types: a TypeMix, a mapping
     of its field names, or one type name for everything (forced-F32 tensors stay F32). `path` must not exist,
     or be a regular file and `overwrite`; a symbolic link, FIFO or device is refused. With `mtp`, the file
-    also holds an MTP block (qwen3next, qwen35moe) in llama.cpp's converter layout, its tensors after every
-    other, so the main model's bytes equal those of the same seed's file without it.
+    also holds an MTP block (models.mtp_inventory: qwen4exp, qwen3next, qwen35moe) in llama.cpp's converter
+    layout, its tensors after every other, so the main model's bytes equal those of the same seed's file
+    without it (its metadata differs: block_count and nextn_predict_layers count the block). `notice` is told, a line
+    each, of the tensor classes whose type some tensors could not take and what they got instead (fallbacks).
     """
     g = presets.geometry(arch, preset, n_layer, full_ple)
     mix = _mix(types, preset)
@@ -137,6 +163,8 @@ def synthesize(path: str | Path, arch: str, preset: str = "tiny", n_layer: int |
         g = dataclasses.replace(g, n_mtp=1)
         specs += models.mtp_inventory(g)
     plan = [(s.name, s.ne, tensor_type(s, mix)) for s in specs]
+    for line in fallbacks(specs, mix) if notice is not None else ():
+        notice(line)
     eos = g.ple_eos if g.ple_layers else g.n_vocab - 1
     kv = [(gguf.Keys.General.NAME, f"strata-synth-{arch}-{preset}", gguf.GGUFValueType.STRING),
           *models.metadata_for(g), *file_type_metadata((ne, t) for _, ne, t in plan),
