@@ -8,7 +8,7 @@ import pytest
 
 from strata.errors import FormatError
 from strata.models import (ARCHITECTURES, Role, geometry_from_metadata, metadata_for, mtp_inventory, mtp_optional,
-                           released, tensor_alternatives, tensor_inventory)
+                           mtp_specs, released, tensor_alternatives, tensor_inventory, tensor_specs)
 
 
 def _kv(g) -> dict:
@@ -29,7 +29,7 @@ def test_metadata_round_trip(arch: str) -> None:
     assert geometry_from_metadata(_kv(g)) == g
 
 
-@pytest.mark.parametrize("arch", ["qwen3next", "qwen35moe"])
+@pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_an_mtp_block_is_counted_by_block_count_not_by_the_main_layers(arch: str) -> None:
     g = dataclasses.replace(released(arch), n_mtp=1)
     kv = _kv(g)
@@ -43,13 +43,35 @@ def test_an_mtp_block_is_counted_by_block_count_not_by_the_main_layers(arch: str
     assert block[f"blk.{n}.nextn.hnorm.weight"].forced_f32 and f"blk.{n}.attn_qkv.weight" not in block
     assert [s.name for s in mtp_optional(g)] == [f"blk.{n}.nextn.embed_tokens.weight",
                                                  f"blk.{n}.nextn.shared_head_head.weight"]
+    assert set(mtp_specs(g)) == {*block, *(s.name for s in mtp_optional(g)), f"blk.{n}.ffn_gate_up_exps.weight"}
+    assert not set(mtp_specs(g)) & set(tensor_specs(g))   # the GPU engine's specs hold none of the block's
 
 
-def test_an_mtp_block_is_refused_where_there_is_none_or_strata_runs_none() -> None:
+def test_qwen4exps_mtp_block_as_llama_cpps_converter_writes_it() -> None:
+    """32 tensors (the released MTP files' count): an attention layer with its HC mixers and QSA indexer, the
+    input projection and norms (the hidden one over every stream), the block's own output mixer, no final norm;
+    the compress ratios have an entry for the block, 0."""
+    g = dataclasses.replace(released("qwen4exp"), n_mtp=1)
+    block = {s.name: s for s in mtp_inventory(g)}
+    assert len(block) == 32
+    p = "blk.48."
+    assert block[p + "nextn.hnorm.weight"].ne == (4 * 2560,) and block[p + "nextn.enorm.weight"].ne == (2560,)
+    assert block[p + "nextn.hc_head_norm.weight"].forced_f32
+    assert block[p + "nextn.hc_head_down.weight"].ne == (10240, 320) and p + "nextn.hc_head_inject.weight" not in block
+    assert block[p + "indexer.q_proj.weight"].ne == (2560, 512) and block[p + "hc_attn_inject.weight"].ne == (10240, 4)
+    assert p + "nextn.shared_head_norm.weight" not in block
+    kv = _kv(g)
+    assert kv["qwen4exp.attention.compress_ratios"] == [*g.compress_ratios, 0]
+    assert geometry_from_metadata({**kv, "qwen4exp.attention.compress_ratios": list(g.compress_ratios)}) == g
+    assert geometry_from_metadata({**kv, "qwen4exp.attention.compress_ratios": [*g.compress_ratios, 4]}) == g
+    with pytest.raises(FormatError, match="0 or 4 for the MTP blocks"):
+        geometry_from_metadata({**kv, "qwen4exp.attention.compress_ratios": [*g.compress_ratios, 8]})
+
+
+def test_an_mtp_block_is_refused_where_there_is_none() -> None:
     with pytest.raises(FormatError, match="qwen35moe: the file has no MTP block"):
         mtp_inventory(released("qwen35moe"))
-    with pytest.raises(FormatError, match="qwen4exp: its MTP block is not supported"):
-        mtp_inventory(dataclasses.replace(released("qwen4exp"), n_mtp=1))
+    assert mtp_specs(released("qwen35moe")) == {}
 
 
 def test_qwen4exp_released_shapes_and_dtypes() -> None:

@@ -1,12 +1,12 @@
-"""The reference's MTP block (strata.reference.mtp) on tiny synthesized files with a block: against an independent
-torch implementation of vLLM's / llama.cpp's equations, its chained drafts against the block run step by step, its
-cache through a prompt fed at once, token by token and through drafted sessions; errors for a missing or malformed
-block."""
+"""The reference's MTP block (strata.reference.mtp) on tiny synthesized files with a block, for every architecture:
+against an independent torch implementation of the equations (support.mtp_torch), its chained drafts against the
+block run step by step, its caches through a prompt fed at once, token by token and through drafted sessions;
+errors for a missing or malformed block. qwen4exp's runs long enough that its QSA indexer leaves tokens out (the
+tiny budget is 8 tokens)."""
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 
 import numpy as np
 import pytest
@@ -17,14 +17,17 @@ from strata.generation import Session
 from strata.generation.draft_length import FixedDraftLength
 from strata.reference import Reference
 from strata.reference.engine import ReferenceEngine
-from strata.reference.mtp import MtpBlock, MtpDrafter, MtpReference
+from strata.reference.mtp import MtpBlock, MtpCache, MtpDrafter, MtpReference
 from strata.reference.weights import Weights
-from strata.synth import presets, synthesize
+from strata.synth import synthesize
 from support.compare import relative_error
-from support.mtp_torch import TorchMtp
+from support.mtp_torch import TorchHcMtp, TorchMtp
 
-ARCHS = ("qwen3next", "qwen35moe")
-TOLERANCE = 1e-5  # the reference rounds activations to float32 (about 1e-7 seen); the torch oracle is float64
+ARCHS = ("qwen4exp", "qwen3next", "qwen35moe")
+# The reference rounds activations to float32 (about 1e-7 seen); the torch oracles are float64. Routing (the MoE's
+# top-k, QSA's top blocks) is discrete: a near-tie within that rounding could pick differently, at odds of about
+# 1e-6 a choice; exact ties (blocks no indexer head scores above 0) go to the lower index in both.
+TOLERANCE = 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -35,10 +38,19 @@ def files(tmp_path_factory):
                    synthesize(root / f"{arch}.gguf", arch, seed=11)) for arch in ARCHS}
 
 
-def _torch_block(reference: Reference) -> TorchMtp:
+def _torch_block(reference: Reference) -> TorchMtp | TorchHcMtp:
     g, w = reference.geometry, reference.weights
-    return TorchMtp(w.get, w.has, layer=g.n_layer, n_head=g.n_head, n_head_kv=g.n_head_kv, head_dim=g.head_dim,
-                    rope_dim=g.rope_dim, rope_theta=g.rope_theta, eps=g.rms_eps, top_k=g.n_expert_used)
+    shape = dict(layer=g.n_layer, n_head=g.n_head, n_head_kv=g.n_head_kv, head_dim=g.head_dim, rope_dim=g.rope_dim,
+                 rope_theta=g.rope_theta, eps=g.rms_eps, top_k=g.n_expert_used)
+    if not g.has_hyper_connections:
+        return TorchMtp(w.get, w.has, **shape)
+    indexer = (g.indexer_n_heads, g.indexer_head_dim, g.qsa_ratio(g.n_layer), g.indexer_top_k)
+    return TorchHcMtp(w.get, w.has, hc=g.hc_count, indexer=indexer, **shape)
+
+
+def _rows(arch: str) -> tuple[int, ...]:
+    """Rows per call of the oracle test: qwen4exp's run past its QSA budget (8 tokens; 2 blocks + the tail)."""
+    return (4, 1, 3, 9) if arch == "qwen4exp" else (4, 1, 3)
 
 
 def _prompt(rng: np.random.Generator, vocab: int, n: int) -> list[int]:
@@ -53,8 +65,8 @@ def test_block_against_an_independent_torch_implementation(files, arch):
         g = reference.geometry
         block, oracle = MtpBlock(g, reference.weights), _torch_block(reference)
         cache = block.new_cache()
-        for rows in (4, 1, 3):  # rows in one call, then more after them in the same cache
-            hidden = rng.standard_normal((rows, g.n_embd)).astype(np.float32)
+        for rows in _rows(arch):  # rows in one call, then more after them in the same cache
+            hidden = rng.standard_normal((rows, block.width)).astype(np.float32)
             ids = rng.integers(0, g.n_vocab, rows)
             logits, out = block.forward(cache, hidden, ids)
             want = [oracle.step(hidden[j], int(ids[j])) for j in range(rows)]
@@ -69,14 +81,15 @@ def test_drafts_chain_the_block_step_by_step_and_match_torch(files, arch):
     with ModelFile(files[arch][0]) as f:
         mtp = MtpReference(Reference(f))
         g = mtp.geometry
-        prompt, token = _prompt(rng, g.n_vocab, 6), int(rng.integers(0, g.n_vocab))
+        prompt, token = _prompt(rng, g.n_vocab, 12), int(rng.integers(0, g.n_vocab))
         mtp.forward(prompt)
-        hidden = mtp.main.last_hidden
+        hidden = mtp.block.state_of(mtp.main)
         before = copy.deepcopy(mtp.state)
         drafts = MtpDrafter(mtp).propose(prompt + [token], 4)
         assert len(drafts) == 4
-        # the block's cache is left as it was
-        assert np.array_equal(mtp.state[1].k, before[1].k) and np.array_equal(mtp.state[2], before[2])
+        # the block's caches are left as they were
+        _assert_same_cache(mtp.state[1], before[1])
+        assert np.array_equal(mtp.state[2], before[2])
 
         cache, h, t, stepped = copy.deepcopy(mtp.state[1]), mtp.state[2][None], token, []
         oracle = _torch_block(mtp.main)
@@ -96,15 +109,14 @@ def test_drafts_chain_the_block_step_by_step_and_match_torch(files, arch):
 def test_a_prompt_fed_at_once_leaves_the_cache_of_one_fed_token_by_token(files, arch):
     rng = np.random.default_rng()
     with ModelFile(files[arch][0]) as f:
-        prompt = _prompt(rng, f.geometry.n_vocab, 7)
+        prompt = _prompt(rng, f.geometry.n_vocab, 14)
         at_once, by_token = MtpReference(Reference(f)), MtpReference(Reference(f))
         at_once.forward(prompt[:5])
         at_once.forward(prompt[5:])
         for token in prompt:
             by_token.forward([token])
-        for a, b in ((at_once.state[1].k, by_token.state[1].k), (at_once.state[1].v, by_token.state[1].v)):
-            assert a.shape[1] == len(prompt) - 1
-            assert relative_error(a, b) < TOLERANCE
+        assert at_once.state[1].rows == len(prompt) - 1
+        _assert_close_cache(at_once.state[1], by_token.state[1])
         assert relative_error(at_once.state[2], by_token.state[2]) < TOLERANCE
 
 
@@ -134,14 +146,29 @@ def test_mtp_drafted_greedy_output_is_stepping_output(files, arch):
 
 
 def _assert_in_step(mtp: MtpReference, fed: list[int], file) -> None:
-    """The block's cache and last hidden state are those of `fed` fed token by token."""
+    """The block's caches and last input state are those of `fed` fed token by token."""
     replay = MtpReference(Reference(file))
     for token in fed:
         replay.forward([token])
     (_, cache, hidden), (_, want_cache, want_hidden) = mtp.state, replay.state
-    assert mtp.n_past == len(fed) and cache.k.shape == want_cache.k.shape
-    for got, want in ((cache.k, want_cache.k), (cache.v, want_cache.v), (hidden, want_hidden)):
-        assert relative_error(got, want) < TOLERANCE
+    assert mtp.n_past == len(fed)
+    _assert_close_cache(cache, want_cache)
+    assert relative_error(hidden, want_hidden) < TOLERANCE
+
+
+def _cache_arrays(cache: MtpCache) -> list[np.ndarray]:
+    return [cache.kv.k, cache.kv.v] + ([cache.indexer.raw_keys] if cache.indexer is not None else [])
+
+
+def _assert_close_cache(got: MtpCache, want: MtpCache) -> None:
+    assert (got.indexer is None) == (want.indexer is None)
+    for a, b in zip(_cache_arrays(got), _cache_arrays(want)):
+        assert a.shape == b.shape and relative_error(a, b) < TOLERANCE
+
+
+def _assert_same_cache(got: MtpCache, want: MtpCache) -> None:
+    assert (got.indexer is None) == (want.indexer is None)
+    assert all(np.array_equal(a, b) for a, b in zip(_cache_arrays(got), _cache_arrays(want)))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -177,10 +204,23 @@ def test_mtp_drafts_need_a_block(files):
         assert model.session(draft="lookup") is not None
 
 
-def test_qwen4exps_block_is_not_run():
-    g = dataclasses.replace(presets.geometry("qwen4exp"), n_mtp=1)
-    with pytest.raises(strata.InvalidArgument, match="draft 'mtp': the MTP block of qwen4exp is not supported"):
-        MtpReference(Reference(geometry=g, weights={}))
+def test_qwen4exps_block_attends_through_its_own_indexer(files):
+    """Past the QSA budget the block's rows see fewer tokens than dense attention would give them: the oracle
+    held to dense attention then differs where the QSA oracle agrees (the oracle test above)."""
+    rng = np.random.default_rng()
+    with ModelFile(files["qwen4exp"][0]) as f:
+        reference = Reference(f)
+        block, qsa, dense = MtpBlock(f.geometry, reference.weights), _torch_block(reference), _torch_block(reference)
+        dense.indexer = None
+        hidden = rng.standard_normal((16, block.width)).astype(np.float32)
+        ids = rng.integers(0, f.geometry.n_vocab, 16)
+        logits = block.forward(block.new_cache(), hidden, ids)[0]
+        with_qsa = np.stack([qsa.step(hidden[j], int(ids[j]))[0].numpy() for j in range(16)])
+        with_dense = np.stack([dense.step(hidden[j], int(ids[j]))[0].numpy() for j in range(16)])
+        assert relative_error(logits, with_qsa) < TOLERANCE
+        # rows 0..11 see every token (2 blocks + a tail of up to 3 cover them); later rows leave some out
+        assert relative_error(logits[:11], with_dense[:11]) < TOLERANCE
+        assert relative_error(logits[12:], with_dense[12:]) > 1e-3
 
 
 def _dict_reference(path) -> tuple[dict[str, np.ndarray], strata.models.Geometry]:
@@ -189,30 +229,37 @@ def _dict_reference(path) -> tuple[dict[str, np.ndarray], strata.models.Geometry
         return {name: weights.get(name) for name in f.tensors}, f.geometry
 
 
-@pytest.mark.parametrize(("edit", "fragment"), [
-    ("drop", "MTP block: tensor 'blk.4.nextn.eh_proj.weight' .* is missing"),
-    ("reshape", r"MTP block: tensor 'blk.4.nextn.eh_proj.weight': expected ne \(512, 256\), found \(256, 512\)"),
+@pytest.mark.parametrize(("arch", "name", "edit", "fragment"), [
+    ("qwen3next", "blk.4.nextn.eh_proj.weight", "drop", "MTP block: tensor 'blk.4.nextn.eh_proj.weight' .* is missing"),
+    ("qwen3next", "blk.4.nextn.eh_proj.weight", "reshape",
+     r"MTP block: tensor 'blk.4.nextn.eh_proj.weight': expected ne \(512, 256\), found \(256, 512\)"),
+    ("qwen4exp", "blk.4.nextn.hc_head_up.weight", "drop",
+     "qwen4exp MTP block: tensor 'blk.4.nextn.hc_head_up.weight' .* is missing"),
+    ("qwen4exp", "blk.4.nextn.hnorm.weight", "one stream",
+     r"qwen4exp MTP block: tensor 'blk.4.nextn.hnorm.weight': expected ne \(1024,\), found \(256,\)"),
 ])
-def test_a_malformed_block_is_named(files, edit, fragment):
-    tensors, g = _dict_reference(files["qwen3next"][0])
+def test_a_malformed_block_is_named(files, arch, name, edit, fragment):
+    tensors, g = _dict_reference(files[arch][0])
     assert g.n_layer == 4 and g.n_embd == 256
-    name = "blk.4.nextn.eh_proj.weight"
     if edit == "drop":
         del tensors[name]
-    else:
+    elif edit == "reshape":
         tensors[name] = tensors[name].T.copy()
+    else:
+        tensors[name] = tensors[name][:g.n_embd].copy()
     with pytest.raises(strata.FormatError, match=fragment):
         MtpBlock(g, Weights(tensors))
 
 
-def test_a_block_with_merged_expert_gate_and_up_runs_as_with_both(files):
+@pytest.mark.parametrize("arch", ["qwen4exp", "qwen35moe"])
+def test_a_block_with_merged_expert_gate_and_up_runs_as_with_both(files, arch):
     rng = np.random.default_rng()
-    tensors, g = _dict_reference(files["qwen35moe"][0])
+    tensors, g = _dict_reference(files[arch][0])
     p = f"blk.{g.n_layer}."
     merged = dict(tensors)
     merged[p + "ffn_gate_up_exps.weight"] = np.concatenate(
         [merged.pop(p + "ffn_gate_exps.weight"), merged.pop(p + "ffn_up_exps.weight")], axis=1)
-    hidden, ids = rng.standard_normal((3, g.n_embd)).astype(np.float32), rng.integers(0, g.n_vocab, 3)
+    hidden, ids = rng.standard_normal((3, g.hc_width)).astype(np.float32), rng.integers(0, g.n_vocab, 3)
     separate, joined = MtpBlock(g, Weights(tensors)), MtpBlock(g, Weights(merged))
     want, got = separate.forward(separate.new_cache(), hidden, ids), joined.forward(joined.new_cache(), hidden, ids)
     assert relative_error(got[0], want[0]) < TOLERANCE and relative_error(got[1], want[1]) < TOLERANCE

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Container, Mapping
+from collections.abc import Callable, Container, Mapping
 
 from strata.errors import FormatError
 from strata.format.scanner import TensorInfo
 from strata.format.types import T
-from strata.models import Alternative, Geometry, TensorSpec, tensor_alternatives, tensor_inventory, validate
+from strata.models import (Alternative, Geometry, TensorSpec, mtp_alternatives, mtp_inventory, mtp_optional, mtp_specs,
+                           tensor_alternatives, tensor_inventory, validate)
 
 _LISTED = 5     # names quoted in one message; the rest are counted
 
@@ -58,8 +59,27 @@ def with_alternatives(inventory: list[TensorSpec], alternatives: list[Alternativ
     return specs
 
 
+def check_mtp_block(g: Geometry, ne_of: Callable[[str], tuple[int, ...] | None]) -> None:
+    """FormatError unless the MTP block strata runs (models.mtp_inventory, with its optional tensors and
+    alternatives) is complete and well-formed, naming the tensor at fault; `ne_of(name)` is a tensor's ggml
+    shape, None where it is absent."""
+    inventory, alternatives, optional = mtp_inventory(g), mtp_alternatives(g), mtp_optional(g)
+    named = [s.name for s in (*inventory, *optional)] + [alt.spec.name for alt in alternatives]
+    held = {name for name in named if ne_of(name) is not None}
+    specs = with_alternatives(inventory, alternatives, held)
+    specs.update((s.name, s) for s in optional if s.name in held)
+    for name, spec in specs.items():
+        ne = ne_of(name)
+        if ne is None:
+            raise FormatError(f"{g.arch} MTP block: tensor {name!r} (ne {spec.ne}) is missing")
+        if squeeze(ne) != squeeze(spec.ne):
+            raise FormatError(f"{g.arch} MTP block: tensor {name!r}: expected ne {spec.ne}, found {ne}")
+
+
 def check_tensors(g: Geometry, tensors: Mapping[str, TensorInfo], n_mtp_layers: int) -> list[str]:
-    """FormatError on the first violation; returns warnings (e.g. ignored MTP tensors)."""
+    """FormatError on the first violation; returns warnings: MTP tensors no engine runs (blocks after the first,
+    an architecture's block strata does not run, names outside the block), and a block that MTP drafts refuse
+    (the main model still runs)."""
     specs = expected_specs(g, tensors)
     missing = [n for n in specs if n not in tensors]
     if missing:
@@ -77,7 +97,15 @@ def check_tensors(g: Geometry, tensors: Mapping[str, TensorInfo], n_mtp_layers: 
         if s.forced_f32 and info.ggml_type != T.F32:
             raise FormatError(f"tensor {name!r}: expected F32 (the converter always writes it F32), "
                               f"found {info.ggml_type.name}")
-    return [f"{len(mtp)} MTP tensor(s) of blocks >= {g.n_layer} are ignored"] if mtp else []
+    block = mtp_specs(g)
+    ignored = [n for n in mtp if n not in block]
+    warnings = [f"{len(ignored)} MTP tensor(s) of blocks >= {g.n_layer} are ignored"] if ignored else []
+    if block:
+        try:
+            check_mtp_block(g, lambda n: tensors[n].ne if n in tensors else None)
+        except FormatError as exc:
+            warnings.append(f"{exc}: draft='mtp' refuses this file's block")
+    return warnings
 
 
 def _layer_of(name: str) -> int | None:

@@ -66,8 +66,8 @@ def tensor_alternatives(g: Geometry) -> list[Alternative]:
     return qwen4exp.alternatives(g) if g.arch == qwen4exp.ARCH else qwen3next.alternatives(g)
 
 
-# The architectures whose MTP block strata writes and runs (qwen4exp's has another structure: docs/models.md).
-MTP_ARCHITECTURES: tuple[str, ...] = qwen3next.ARCHS
+# The architectures whose MTP block strata writes and runs (docs/speculative.md, "MTP drafts").
+MTP_ARCHITECTURES: tuple[str, ...] = (qwen4exp.ARCH, *qwen3next.ARCHS)
 
 
 def _mtp_arch(g: Geometry) -> None:
@@ -81,13 +81,13 @@ def mtp_inventory(g: Geometry) -> list[TensorSpec]:
     """The required tensors of the MTP block (block n_layer; strata runs the first of g.n_mtp blocks);
     FormatError where `g` has none or its architecture's block is not supported."""
     _mtp_arch(g)
-    return qwen3next.mtp_inventory(g)
+    return qwen4exp.mtp_inventory(g) if g.arch == qwen4exp.ARCH else qwen3next.mtp_inventory(g)
 
 
 def mtp_optional(g: Geometry) -> list[TensorSpec]:
     """Tensors the MTP block may hold: its own embedding and LM head."""
     _mtp_arch(g)
-    return qwen3next.mtp_optional(g)
+    return qwen4exp.mtp_optional(g) if g.arch == qwen4exp.ARCH else qwen3next.mtp_optional(g)
 
 
 def mtp_alternatives(g: Geometry) -> list[Alternative]:
@@ -97,9 +97,21 @@ def mtp_alternatives(g: Geometry) -> list[Alternative]:
 
 
 @functools.lru_cache(maxsize=16)
+def mtp_specs(g: Geometry) -> Mapping[str, TensorSpec]:
+    """The spec of every tensor the MTP block strata runs may hold (its inventory, optional tensors and accepted
+    alternatives), by name; empty where `g` has no block or its architecture's is not supported. The GPU engine
+    loads none of them (tensor_specs); the reference's MTP drafts read them."""
+    if not g.n_mtp or g.arch not in MTP_ARCHITECTURES:
+        return MappingProxyType({})
+    specs = {s.name: s for s in (*mtp_inventory(g), *mtp_optional(g))}
+    specs.update((alt.spec.name, alt.spec) for alt in mtp_alternatives(g))
+    return MappingProxyType(specs)
+
+
+@functools.lru_cache(maxsize=16)
 def tensor_specs(g: Geometry) -> Mapping[str, TensorSpec]:
     """The spec (layer, role, ...) of every tensor a file of `g` may hold: its inventory and every accepted
-    alternative. Names not in it (the tensors of MTP blocks: mtp_inventory, read by the reference's MTP drafts
+    alternative. Names not in it (the tensors of MTP blocks: mtp_specs, read by the reference's MTP drafts
     only) are not loaded."""
     specs = {s.name: s for s in tensor_inventory(g)}
     specs.update((alt.spec.name, alt.spec) for alt in tensor_alternatives(g))
@@ -125,5 +137,5 @@ def released(arch: str) -> Geometry:
 
 
 __all__ = ["ARCHITECTURES", "MTP_ARCHITECTURES", "Alternative", "Geometry", "PleShape", "Role", "TensorSpec",
-           "geometry_from_metadata", "metadata_for", "mtp_alternatives", "mtp_inventory", "mtp_optional", "released", "tensor_alternatives",
-           "tensor_inventory", "tensor_specs", "validate", "variant"]
+           "geometry_from_metadata", "metadata_for", "mtp_alternatives", "mtp_inventory", "mtp_optional", "mtp_specs",
+           "released", "tensor_alternatives", "tensor_inventory", "tensor_specs", "validate", "variant"]

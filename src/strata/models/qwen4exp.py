@@ -32,7 +32,7 @@ def geometry(kv: Mapping[str, Any], n_vocab: int) -> Geometry:
         indexer_n_heads=r.int("attention.indexer.head_count"),
         indexer_head_dim=r.int("attention.indexer.key_length"),
         indexer_top_k=r.int("attention.indexer.top_k"),
-        compress_ratios=r.ints("attention.compress_ratios", length=n_layer),
+        compress_ratios=_read_ratios(r, n_layer, fields["n_mtp"]),
     )
     ple_layers = r.ints("ple.layers", default=[])
     if ple_layers:
@@ -50,6 +50,20 @@ def geometry(kv: Mapping[str, Any], n_vocab: int) -> Geometry:
     g = Geometry(**fields)
     validate(g)
     return g
+
+
+def _read_ratios(r: MetadataReader, n_layer: int, n_mtp: int) -> tuple[int, ...]:
+    """The main layers' compress ratios. llama.cpp's converter writes one entry per block, the MTP block's 0
+    (its graph attends densely); strata runs the block's QSA in blocks of DEFAULT_QSA_BLOCK, as every attention
+    layer whose ratio is 0 (docs/models/qwen4exp.md §7), so an MTP entry must be 0 or that block."""
+    key = "attention.compress_ratios"
+    listed = r.kv.get(r.key(key))
+    if not (n_mtp and isinstance(listed, (list, tuple)) and len(listed) == n_layer + n_mtp):
+        return r.ints(key, length=n_layer)
+    ratios = r.ints(key, length=n_layer + n_mtp)
+    check(all(x in (0, DEFAULT_QSA_BLOCK) for x in ratios[n_layer:]), r.key(key),
+          f"0 or {DEFAULT_QSA_BLOCK} for the MTP blocks (entries {n_layer}..{n_layer + n_mtp - 1})", ratios[n_layer:])
+    return ratios[:n_layer]
 
 
 def validate(g: Geometry) -> None:
@@ -97,7 +111,8 @@ def metadata(g: Geometry) -> list[common.MetadataItem]:
         (f"{a}.attention.indexer.head_count", g.indexer_n_heads, U32),
         (f"{a}.attention.indexer.key_length", g.indexer_head_dim, U32),
         (f"{a}.attention.indexer.top_k", g.indexer_top_k, U32),
-        (f"{a}.attention.compress_ratios", list(g.compress_ratios), I32),
+        # one entry per block as llama.cpp's converter writes it: 0 for the MTP blocks
+        (f"{a}.attention.compress_ratios", [*g.compress_ratios, *[0] * g.n_mtp], I32),
     ]
     if g.ple_layers:
         items += [
@@ -170,6 +185,33 @@ def inventory(g: Geometry) -> list[TensorSpec]:
 
 def alternatives(g: Geometry) -> list[Alternative]:
     return [common.merged_experts(g, layer) for layer in range(g.n_layer)]
+
+
+def mtp_inventory(g: Geometry) -> list[TensorSpec]:
+    """The MTP block's required tensors as llama.cpp's converter writes the checkpoint's `mtp.*` (§7): block
+    n_layer is an attention layer as the main model's, hyper-connection mixers and QSA indexer included, plus the
+    input projection (`fc_embedding` and `fc_hidden` side by side), the two input norms (the hidden one over
+    all the streams) and the block's own output mixer. Norms are stored 1 + w, as the main layers'."""
+    layer, e, s = g.n_layer, g.n_embd, g.hc_width
+    p = f"blk.{layer}."
+    return [
+        spec(p + "nextn.eh_proj.weight", (2 * e, e), layer),      # inputs: [enorm(embed) | hnorm(stream k)]
+        spec(p + "nextn.enorm.weight", (e,), layer),
+        spec(p + "nextn.hnorm.weight", (s,), layer),
+        *_hc_tensors(g, p + "hc_attn", layer, inject=True),
+        *_qsa_tensors(g, layer),
+        *_hc_tensors(g, p + "hc_ffn", layer, inject=True),
+        *common.moe_tensors(g, layer),
+        *_hc_tensors(g, p + "nextn.hc_head", layer, inject=False),
+    ]
+
+
+def mtp_optional(g: Geometry) -> list[TensorSpec]:
+    """The MTP block's own embedding and LM head, which llama.cpp's loader accepts (the checkpoint has none:
+    mtp_use_dedicated_embeddings is false; the main model's are read)."""
+    layer, p = g.n_layer, f"blk.{g.n_layer}."
+    return [spec(p + "nextn.embed_tokens.weight", (g.n_embd, g.n_vocab), layer, Role.ROW_GATHERED),
+            spec(p + "nextn.shared_head_head.weight", (g.n_embd, g.n_vocab), layer)]
 
 
 # PLE constants of the released checkpoint (qwen4exp.md §2.1): splitmix64 multipliers and prime head sizes

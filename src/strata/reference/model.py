@@ -103,6 +103,8 @@ class Reference:
         g = self.geometry
         self.n_past = 0
         self.last_hidden: np.ndarray | None = None  # [T, n] the normed rows the LM head read last (MTP input)
+        # [T, streams * n] the residual streams the final norm or mixer read last (qwen4exp's MTP input)
+        self.last_streams: np.ndarray | None = None
         self.state: list[dict[str, Any]] = []
         width = g.hc_count * g.n_embd
         for layer in range(g.n_layer):
@@ -201,6 +203,6 @@ class Reference:
             x, _ = hc_read(w, "output_hc", streams, g.rms_eps, inject=False)
         else:
             x = rms_norm(streams[:, 0], w.get("output_norm.weight"), g.rms_eps).astype(np.float32)
-        self.last_hidden = x
+        self.last_hidden, self.last_streams = x, streams.reshape(len(streams), -1)
         head = "output.weight" if w.has("output.weight") else "token_embd.weight"
         return w.matmul(head, x)
