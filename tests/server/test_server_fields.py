@@ -150,3 +150,26 @@ def test_kept_alive_connections_are_answered_without_nagles_delay(live):
         assert raw.send("GET", "/health").status == 200
         times.append(time.perf_counter() - start)
     assert statistics.median(times) < 0.02, times
+
+
+def test_a_client_written_for_llama_server_works_unchanged(live):
+    """What llama.cpp's web UI sends with every message (its samplers' settings, off ones included), and the
+    routes it and other llama-server clients read first."""
+    url, raw, alone = live
+    assert raw.send("GET", "/health").status == 200
+    props = json.loads(raw.send("GET", "/props", None, KEY).body)
+    assert props["default_generation_settings"]["n_ctx"] == CONTEXT
+    body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "cache_prompt": True,
+            "samplers": "edkypmxt", "temperature": 0.8, "dynatemp_range": 0, "dynatemp_exponent": 1, "top_k": 40,
+            "top_p": 0.95, "min_p": 0.05, "typical_p": 1, "xtc_probability": 0, "xtc_threshold": 0.1,
+            "repeat_last_n": 64, "repeat_penalty": 1, "presence_penalty": 0, "frequency_penalty": 0,
+            "dry_multiplier": 0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1,
+            "max_tokens": -1, "timings_per_token": False}
+    answer = raw.send("POST", "/v1/chat/completions", json.dumps(body).encode(), KEY)
+    assert answer.status == 200, answer.body
+    events = [line[6:] for line in answer.body.decode().split("\n\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["choices"][0]["finish_reason"] in ("stop", "length")
+    status, refused = post(raw, "/v1/chat/completions", {**body, "stream": False, "dry_multiplier": 0.8})
+    assert status == 400 and refused["error"]["param"] == "dry_multiplier"
+    status, tokens = post(raw, "/tokenize", {"content": "hi", "with_pieces": True})
+    assert status == 200 and "".join(t["piece"] for t in tokens["tokens"]) == "hi"

@@ -14,7 +14,7 @@ from strata.generation import MAX_LOGPROBS
 from strata.sampling import MAX_BIAS, MAX_PENALTY
 from strata.server.requests import IGNORED, MAX_CHOICES, MAX_STOPS, NEUTRAL, REPEAT_PENALTY, TEMPLATE_NAMES
 
-_JSON_TYPES = {bool: "boolean", dict: "object", str: "string"}
+_JSON_TYPES = {bool: "boolean", dict: "object", str: "string", list: "array", int: "number", float: "number"}
 
 
 def _null(schema: dict[str, Any]) -> dict[str, Any]:
@@ -28,6 +28,11 @@ def _integer(low: int, high: int | None = None) -> dict[str, Any]:
 def _number(low: float, high: float, low_open: bool = False) -> dict[str, Any]:
     bound = {"exclusiveMinimum": low} if low_open else {"minimum": low}
     return _null({"type": "number", **bound, "maximum": high})
+
+
+def _length() -> dict[str, Any]:
+    """A token count: >= 1, or -1 (llama-server's: until EOS or the context)."""
+    return {"anyOf": [{"type": "integer", "minimum": 1}, {"const": -1}, {"type": "null"}]}
 
 
 def _neutral(name: str) -> dict[str, Any]:
@@ -54,8 +59,8 @@ COMMON_FIELDS: dict[str, Any] = {
     "stream": _null({"type": "boolean"}),
     "stream_options": _null({"type": "object", "properties": {"include_usage": {"type": "boolean"}},
                              "additionalProperties": False}),
-    "max_tokens": _integer(1),
-    "n_predict": {"anyOf": [{"type": "integer", "minimum": 1}, {"const": -1}, {"type": "null"}]},
+    "max_tokens": _length(),
+    "n_predict": _length(),
     "temperature": _number(0.0, 2.0),
     "top_p": _number(0.0, 1.0, low_open=True),
     "top_k": _integer(0),
@@ -76,7 +81,7 @@ COMMON_FIELDS: dict[str, Any] = {
                        {"type": "null"}]},
     "n": _integer(1, MAX_CHOICES),
     "ignore_eos": _null({"type": "boolean"}),
-    **{name: _null({"type": _JSON_TYPES[kind]}) for name, kind in IGNORED.items()},
+    **{name: _null({"type": sorted({_JSON_TYPES[kind] for kind in kinds})}) for name, kinds in IGNORED.items()},
     **{name: _neutral(name) for name in ("service_tier", "typical_p", "mirostat", "dry_multiplier",
                                          "xtc_probability", "dynatemp_range", "top_n_sigma", "id_slot",
                                          "timings_per_token")},
@@ -84,7 +89,7 @@ COMMON_FIELDS: dict[str, Any] = {
 CHAT_REQUEST = _request({
     **COMMON_FIELDS,
     "messages": {"type": "array", "items": _MESSAGE, "minItems": 1},
-    "max_completion_tokens": _integer(1),
+    "max_completion_tokens": _length(),
     "logprobs": _null({"type": "boolean"}),
     "top_logprobs": _integer(0, MAX_LOGPROBS),
     "tools": _null({"type": "array", "items": {"type": "object"}}),

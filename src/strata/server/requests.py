@@ -66,11 +66,18 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "dry_multiplier": (None, 0, 0.0), "xtc_probability": (None, 0, 0.0), "dynatemp_range": (None, 0, 0.0),
     "top_n_sigma": (None, -1, -1.0), "id_slot": (None, -1), "timings_per_token": (None, False),
 }
-# Fields taken and ignored, each of its type: nothing is stored (store, metadata); prefix reuse is automatic
-# (cache_prompt, prompt_cache_key); the rest identify the caller.
-IGNORED: dict[str, type] = {"store": bool, "metadata": dict, "cache_prompt": bool, "user": str,
-                            "prompt_cache_key": str, "safety_identifier": str}
-_TYPE_NAMES = {bool: "true or false", dict: "an object", str: "a string"}
+# Fields taken and ignored, each of its types: nothing is stored (store, metadata); prefix reuse is automatic
+# (cache_prompt, prompt_cache_key); some identify the caller; the rest are llama-server's settings of samplers that
+# are off here (its web UI sends them all), its sampler order (strata's is fixed: llama.cpp's default) and the
+# repetition penalty's window (strata's counts the whole sequence).
+NUMBER = (int, float)
+IGNORED: dict[str, tuple[type, ...]] = {
+    "store": (bool,), "metadata": (dict,), "cache_prompt": (bool,), "user": (str,), "prompt_cache_key": (str,),
+    "safety_identifier": (str,), "samplers": (str, list), "dynatemp_exponent": NUMBER, "xtc_threshold": NUMBER,
+    "dry_base": NUMBER, "dry_allowed_length": NUMBER, "dry_penalty_last_n": NUMBER, "repeat_last_n": NUMBER,
+}
+_TYPE_NAMES = {bool: "true or false", dict: "an object", str: "a string", list: "a list", int: "a number",
+               float: "a number"}
 LLAMA_SERVER_NEUTRAL = {"typical_p", "mirostat", "dry_multiplier", "xtc_probability", "dynatemp_range",
                         "top_n_sigma", "id_slot", "timings_per_token"}
 COMMON = {"model", "stream", "stream_options", "max_tokens", "n_predict", "temperature", "top_p", "top_k", "min_p",
@@ -138,9 +145,11 @@ def _check_fields(body: Any, allowed: set[str]) -> None:
         if not any(type(body[key]) is type(value) and body[key] == value for value in NEUTRAL[key]):
             accepted = " or ".join(json.dumps(value) for value in NEUTRAL[key])
             raise BadRequest(f"'{key}' is not supported here (accepted: {accepted})", key, "unsupported_parameter")
-    for key, kind in IGNORED.items():
-        if body.get(key) is not None and not isinstance(body[key], kind):
-            raise BadRequest(f"'{key}' must be {_TYPE_NAMES[kind]}", key, "invalid_type")
+    for key, kinds in IGNORED.items():
+        if body.get(key) is not None and (not isinstance(body[key], kinds) or isinstance(body[key], bool)
+                                          and bool not in kinds):
+            names = " or ".join(dict.fromkeys(_TYPE_NAMES[kind] for kind in kinds))
+            raise BadRequest(f"'{key}' must be {names}", key, "invalid_type")
 
 
 def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -202,15 +211,15 @@ def _choices(body: Mapping[str, Any], prompts: int = 1) -> int:
 
 
 def _max_tokens(body: Mapping[str, Any], keys: tuple[str, ...], default: int | None) -> int | None:
-    """The first of `keys` given (each >= 1), else llama-server's n_predict (-1: until EOS or the context), else
-    `default`."""
-    for key in keys:
-        if (value := _integer(body, key, 1)) is not None:
-            return value
-    value = _integer(body, "n_predict", -1)
-    if value == 0:
-        raise BadRequest("'n_predict' must be >= 1 (or -1: until EOS or the context)", "n_predict", "invalid_value")
-    return default if value is None else None if value == -1 else value
+    """The first of `keys` given, else llama-server's n_predict, each >= 1 or -1 (llama-server's: until EOS or the
+    context), else `default`."""
+    for key in (*keys, "n_predict"):
+        value = _integer(body, key, -1)
+        if value == 0:
+            raise BadRequest(f"'{key}' must be >= 1 (or -1: until EOS or the context)", key, "invalid_value")
+        if value is not None:
+            return None if value == -1 else value
+    return default
 
 
 def _include_usage(body: Mapping[str, Any]) -> bool:
