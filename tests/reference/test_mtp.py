@@ -197,6 +197,30 @@ def test_a_file_with_a_block_runs_its_main_model_as_the_same_seeds_file_without(
         assert np.array_equal(Reference(with_block).forward(prompt), Reference(without).forward(prompt))
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_strata_synth_mtp_then_info_then_drafted_greedy_run(arch, tmp_path, capsys):
+    """The command line end to end: `strata synth --mtp` writes a file that loads with no warning, `strata info`
+    names its block, and the reference drafts from it (ReferenceModel.session(draft="mtp")) greedy output
+    identical to stepping's."""
+    from strata import cli
+
+    path = tmp_path / "mtp.gguf"
+    seed = int(np.random.default_rng().integers(1 << 30))
+    assert cli.main(["synth", str(path), "--arch", arch, "--mtp", "--seed", str(seed)]) == 0
+    capsys.readouterr()
+    assert cli.main(["info", str(path)]) == 0
+    out = capsys.readouterr().out
+    count = 32 if arch == "qwen4exp" else 20
+    assert f"MTP block     {count} tensors" in out and "--draft mtp drafts with it" in out
+    assert "warning" not in out
+    with strata.load(path, engine="reference") as model:
+        assert not model.file.warnings
+        prompt = _prompt(np.random.default_rng(), model.file.geometry.n_vocab, 6)
+        want = model.session().complete(prompt, max_tokens=10, temperature=0).tokens
+        session = model.session(draft="mtp", draft_tokens=2)
+        assert session.complete(prompt, max_tokens=10, temperature=0).tokens == want
+
+
 def test_mtp_drafts_need_a_block(files):
     with strata.load(files["qwen35moe"][1], engine="reference") as model:
         with pytest.raises(strata.InvalidArgument, match="draft 'mtp': this qwen35moe file has no MTP block"):

@@ -23,7 +23,8 @@ def register(commands) -> None:
     sub.add_argument("--seed", type=int, default=0)
     sub.add_argument("--full-ple", action="store_true", help="the released n-gram table size (full preset)")
     sub.add_argument("--mtp", action="store_true",
-                     help="also write an MTP block (qwen3next, qwen35moe), for draft='mtp' on the reference engine")
+                     help="also write an MTP block in llama.cpp's layout (every architecture), for --draft mtp on "
+                          "the reference engine")
     for name in TENSOR_CLASSES:
         sub.add_argument(f"--{name}-type", default=None, metavar="TYPE", help=f"GGML type of the {name} tensors")
     sub.set_defaults(handler=handle)
