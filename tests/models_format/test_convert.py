@@ -348,3 +348,78 @@ def test_malformed_checkpoint_errors_name_the_file_and_tensor(tmp_path, checkpoi
     with pytest.raises(FormatError, match=rf"model\.safetensors: .*{first}"):
         convert(bad, tmp_path / "m.gguf")
     assert not (tmp_path / "m.gguf").exists()
+
+
+def _mtp_block(arch: str, seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """A checkpoint's `mtp.*` tensors (random: the block's layer is another random model's attention layer 3) and
+    the GGUF block they convert to, blk.4 (its layer's tensors as layer 3's, the block's own ones written out)."""
+    model = _model(arch)
+    sd = _randomize(model, seed)
+    layer = _expected(arch, sd, model.config.linear_num_value_heads)
+    hf = {"mtp.layers.0." + k.removeprefix("layers.3."): v for k, v in sd.items() if k.startswith("layers.3.")}
+    want = {"blk.4." + k.removeprefix("blk.3."): v for k, v in layer.items() if k.startswith("blk.3.")}
+    rng = np.random.default_rng(seed)
+
+    def r(*shape: int) -> np.ndarray:
+        return (0.5 * rng.standard_normal(shape)).astype(np.float32)
+
+    if arch == "qwen4exp":
+        wide, rank = 4 * H, 16
+        own = {"fc_embedding.weight": r(H, H), "fc_hidden.weight": r(H, H), "pre_fc_norm_embedding.weight": r(H),
+               "pre_fc_norm_hidden.weight": r(wide), "hyper_connection_mixer.hc_norm.weight": r(wide),
+               "hyper_connection_mixer.input_mix_weight_down.weight": r(rank, wide),
+               "hyper_connection_mixer.input_mix_weight_up.weight": r(wide, rank)}
+        want.update({"blk.4.nextn.eh_proj.weight": np.hstack([own["fc_embedding.weight"], own["fc_hidden.weight"]]),
+                     "blk.4.nextn.hc_head_norm.weight": own["hyper_connection_mixer.hc_norm.weight"] + 1,
+                     "blk.4.nextn.hc_head_down.weight": own["hyper_connection_mixer.input_mix_weight_down.weight"],
+                     "blk.4.nextn.hc_head_up.weight": own["hyper_connection_mixer.input_mix_weight_up.weight"]})
+    else:
+        own = {"fc.weight": r(H, 2 * H), "pre_fc_norm_embedding.weight": r(H), "pre_fc_norm_hidden.weight": r(H),
+               "norm.weight": r(H)}
+        want.update({"blk.4.nextn.eh_proj.weight": own["fc.weight"],
+                     "blk.4.nextn.shared_head_norm.weight": own["norm.weight"] + 1})
+    want.update({"blk.4.nextn.enorm.weight": own["pre_fc_norm_embedding.weight"] + 1,
+                 "blk.4.nextn.hnorm.weight": own["pre_fc_norm_hidden.weight"] + 1})
+    hf.update({"mtp." + k: v for k, v in own.items()})
+    return hf, want
+
+
+def test_an_mtp_block_is_kept_where_asked(checkpoint, tmp_path):
+    """convert(mtp=True) writes the checkpoint's mtp.* as block n_layer in llama.cpp's layout, value for value;
+    by default it drops them as llama.cpp's --no-mtp. The file loads with no warning and the reference drafts
+    from it; a checkpoint without a block is refused by name."""
+    import json
+    import shutil
+
+    from safetensors.numpy import save_file
+    from strata.errors import FormatError
+    from strata.format import ModelFile
+    from strata.reference import Reference
+    from strata.reference.mtp import MtpDrafter, MtpReference
+
+    arch, hf_dir, expected, seed, _ = checkpoint
+    with pytest.raises(FormatError, match="no MTP block to keep"):
+        convert(hf_dir, tmp_path / "none.gguf", mtp=True)
+    work = tmp_path / "hf"
+    shutil.copytree(hf_dir, work)
+    hf, want = _mtp_block(arch, seed + 1)
+    save_file({k: np.ascontiguousarray(v) for k, v in hf.items()}, work / "mtp.safetensors")
+    cfg = json.loads((work / "config.json").read_text())
+    (work / "config.json").write_text(json.dumps({**cfg, "mtp_num_hidden_layers": 1}))
+
+    tensors, _ = _read(convert(work, tmp_path / "plain.gguf"))
+    assert set(tensors) == set(expected)
+    out = convert(work, tmp_path / "m.gguf", mtp=True)
+    tensors, fields = _read(out)
+    assert set(tensors) == set(expected) | set(want), f"seed {seed}: {sorted(set(tensors) ^ (set(expected) | set(want)))}"
+    for name, value in {**expected, **want}.items():
+        got = np.asarray(tensors[name].data)
+        np.testing.assert_array_equal(got.reshape(value.shape), value.astype(np.float32), err_msg=f"{name} seed {seed}")
+    assert int(fields[f"{arch}.block_count"].parts[-1][0]) == 5
+    assert int(fields[f"{arch}.nextn_predict_layers"].parts[-1][0]) == 1
+    with ModelFile(out) as f:
+        assert f.geometry.n_layer == 4 and f.geometry.n_mtp == 1 and not f.warnings, f.warnings
+        mtp = MtpReference(Reference(f))
+        prompt = np.random.default_rng(seed).integers(0, VOCAB, 5).tolist()
+        mtp.forward(prompt)
+        assert len(MtpDrafter(mtp).propose(prompt + [1], 2)) == 2

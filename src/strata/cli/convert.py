@@ -15,6 +15,8 @@ def register(commands) -> None:
                                  "symbolic link, FIFO or device is refused)")
     sub.add_argument("--force", action="store_true", help="replace the file at OUT if there is one")
     sub.add_argument("--outtype", default="f32", choices=["f32", "f16", "bf16", "q8_0"])
+    sub.add_argument("--mtp", action="store_true",
+                     help="also write the checkpoint's MTP block (mtp.*) in llama.cpp's layout, for --draft mtp")
     sub.set_defaults(handler=handle)
 
 
@@ -23,5 +25,5 @@ def handle(args: argparse.Namespace) -> int:
     from strata.progress import ByteProgress
 
     print(convert(args.hf_dir, args.out, outtype=args.outtype, progress=ByteProgress("convert"),
-                  overwrite=args.force))
+                  overwrite=args.force, mtp=args.mtp))
     return 0

@@ -2,13 +2,15 @@
 
 Supports qwen4_exp, qwen3_next and qwen3_5_moe checkpoints as `save_pretrained` writes them (config.json
 plus *.safetensors, sharded or not). The output is tensor for tensor and key for key what llama.cpp's
-convert_hf_to_gguf.py writes (tests/data/llamacpp_*.txt list it; MTP blocks are dropped, as its --no-mtp does).
+convert_hf_to_gguf.py writes (tests/data/llamacpp_*.txt list it; MTP blocks are dropped, as its --no-mtp does,
+unless `mtp` keeps the checkpoint's block as block n_layer in llama.cpp's MTP layout: docs/speculative.md).
 Tensor names, shapes and metadata keys come from strata.models; the HF -> GGUF transforms are in `tensor_map`.
 Tensors stream one piece at a time, so memory stays bounded by the largest single expert / table piece.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from strata.convert import tokenizer_meta
 from strata.convert.encode import encode, out_type, tensor_type
 from strata.convert.file_type import file_type_metadata
 from strata.convert.gguf_stream import GGUFStream
-from strata.convert.hf_config import converter_metadata, geometry_fields, load_text_config
+from strata.convert.hf_config import converter_metadata, geometry_fields, load_text_config, mtp_blocks
 from strata.convert.naming import general_metadata
 from strata.convert.safetensors_reader import Checkpoint
 from strata.convert.tensor_map import HFSource, tensor_source
@@ -57,11 +59,13 @@ def _write_tensor(out: GGUFStream, name: str, pieces: Iterator[np.ndarray]) -> N
 
 
 def convert(hf_dir: str | Path, out_path: str | Path, outtype: str = "f32",
-            progress: Callable[[int, int], None] | None = None, overwrite: bool = False) -> Path:
+            progress: Callable[[int, int], None] | None = None, overwrite: bool = False, mtp: bool = False) -> Path:
     """Convert a transformers checkpoint directory to a GGUF at `out_path`; returns the path.
 
     outtype is one of f32, f16, bf16, q8_0 (norms, router and conv weights stay F32, as llama.cpp does).
     `out_path` must not exist, or be a regular file and `overwrite`; a symbolic link, FIFO or device is refused.
+    With `mtp`, the checkpoint's MTP block (`mtp.*`) is written too, after every other tensor (FormatError where
+    it has none).
     """
     hf_dir, out_path = Path(hf_dir), Path(out_path)
     otype = out_type(outtype)
@@ -69,7 +73,9 @@ def convert(hf_dir: str | Path, out_path: str | Path, outtype: str = "f32",
     ckpt = Checkpoint(hf_dir)
     try:
         g = models.Geometry(**geometry_fields(arch, cfg, ckpt))
-        specs = models.tensor_inventory(g)
+        if mtp:
+            g = dataclasses.replace(g, n_mtp=mtp_blocks(cfg, ckpt))
+        specs = models.tensor_inventory(g) + (models.mtp_inventory(g) if mtp else [])
         plan = [(s.name, s.ne, tensor_type(s.ne, s.forced_f32, otype)) for s in specs]
         eos = cfg.get("eos_token_id")
         vocab = tokenizer_meta.from_hf_dir(arch, hf_dir, g.n_vocab, cfg) or tokenizer_meta.byte_level(

@@ -168,6 +168,20 @@ def _qwen4exp_fields(cfg: dict[str, Any], ckpt: Checkpoint, fields: dict[str, An
     )
 
 
+def mtp_blocks(cfg: dict[str, Any], ckpt: Checkpoint) -> int:
+    """The MTP blocks a checkpoint carries (config `mtp_num_hidden_layers`, or `num_nextn_predict_layers`, and its
+    `mtp.*` tensors), for a conversion that keeps them; FormatError where it has none or more than strata maps."""
+    n = int(cfg.get("mtp_num_hidden_layers") or cfg.get("num_nextn_predict_layers") or 0)
+    has = any(name.startswith(("mtp.", "model.mtp.", "model.language_model.mtp.")) for name in ckpt.names())
+    if n == 0 or not has:
+        raise FormatError("the checkpoint has no MTP block to keep (config.json mtp_num_hidden_layers is "
+                          f"{n}; {'some' if has else 'no'} mtp.* tensors)")
+    if n != 1:
+        raise FormatError(f"config.json: mtp_num_hidden_layers is {n}; strata converts a checkpoint of one MTP "
+                          "block (the layout llama.cpp's converter writes)")
+    return n
+
+
 def converter_metadata(arch: str, cfg: dict[str, Any], g: Geometry) -> list[tuple[str, Any, gguf.GGUFValueType]]:
     """Keys llama.cpp's converter writes from config.json beyond those of strata.models.metadata_for: the dense
     FFN size a MoE config still carries (qwen3next) and qwen4exp's PLE stand-in for image placeholder tokens,
@@ -180,7 +194,9 @@ def converter_metadata(arch: str, cfg: dict[str, Any], g: Geometry) -> list[tupl
     if arch == "qwen4exp" and cfg.get("ple_layer_ids") and cfg.get("image_token_id") is not None:
         items.append((f"{arch}.ple.image_token_id", int(cfg["image_token_id"]), U32))
     if arch == "qwen4exp" and cfg.get("layer_types") is not None and attention_interval(g) is not None:
-        items.append((f"{arch}.attention.recurrent_layers", list(g.recurrent), gguf.GGUFValueType.BOOL))
+        # one entry per block, as llama.cpp's loader reads it: an MTP block's is False (attention)
+        items.append((f"{arch}.attention.recurrent_layers", [*g.recurrent, *[False] * g.n_mtp],
+                      gguf.GGUFValueType.BOOL))
     return items
 
 

@@ -206,6 +206,58 @@ LAYER_RECIPES: dict[str, dict[str, Recipe]] = {
 }
 
 
+class MtpSource(HFSource):
+    """The checkpoint's MTP block seen as layer n_layer, so that the main layers' recipes map it: `layers.{n_layer}.X`
+    is `mtp.layers.0.X`, and `mtp.*` is read at the top level (the released checkpoints) or under the model's
+    prefix."""
+
+    def __init__(self, base: HFSource):
+        self.ckpt, self.g, self.prefix = base.ckpt, base.g, base.prefix
+        self._layer = f"layers.{base.g.n_layer}."
+
+    def name(self, short: str) -> str:
+        if short.startswith(self._layer):
+            short = "mtp.layers.0." + short[len(self._layer):]
+        if not short.startswith("mtp."):
+            return super().name(short)
+        return short if short in self.ckpt or self.prefix + short not in self.ckpt else self.prefix + short
+
+
+def _mtp_plain(name: str) -> Recipe:
+    return _one(lambda s, L: s.f32(name))
+
+
+def _mtp_gamma(name: str) -> Recipe:
+    return _one(lambda s, L: tf.gamma_plus_one(s.f32(name)))
+
+
+# The MTP block's own tensors (docs/speculative.md, "MTP drafts"); the rest of the block is a main layer's, mapped by
+# LAYER_RECIPES through MtpSource. Its norms take the +1 as the main layers' do.
+_MTP_NEXT: dict[str, Recipe] = {
+    "nextn.eh_proj.weight": _mtp_plain("mtp.fc.weight"),
+    "nextn.enorm.weight": _mtp_gamma("mtp.pre_fc_norm_embedding.weight"),
+    "nextn.hnorm.weight": _mtp_gamma("mtp.pre_fc_norm_hidden.weight"),
+    "nextn.shared_head_norm.weight": _mtp_gamma("mtp.norm.weight"),
+}
+
+_MTP_QWEN4EXP: dict[str, Recipe] = {
+    # fc_embedding and fc_hidden side by side: the input's embedding columns first (qwen4exp.md §7.1)
+    "nextn.eh_proj.weight": _one(lambda s, L: np.concatenate(
+        [s.f32("mtp.fc_embedding.weight"), s.f32("mtp.fc_hidden.weight")], axis=1)),
+    "nextn.enorm.weight": _mtp_gamma("mtp.pre_fc_norm_embedding.weight"),
+    "nextn.hnorm.weight": _mtp_gamma("mtp.pre_fc_norm_hidden.weight"),
+    "nextn.hc_head_norm.weight": _mtp_gamma("mtp.hyper_connection_mixer.hc_norm.weight"),
+    "nextn.hc_head_down.weight": _mtp_plain("mtp.hyper_connection_mixer.input_mix_weight_down.weight"),
+    "nextn.hc_head_up.weight": _mtp_plain("mtp.hyper_connection_mixer.input_mix_weight_up.weight"),
+}
+
+MTP_RECIPES: dict[str, dict[str, Recipe]] = {
+    "qwen4exp": {**LAYER_RECIPES["qwen4exp"], **_MTP_QWEN4EXP},
+    "qwen35moe": {**LAYER_RECIPES["qwen35moe"], **_MTP_NEXT},
+    "qwen3next": {**LAYER_RECIPES["qwen3next"], **_MTP_NEXT},
+}
+
+
 def _output(src: HFSource) -> Iterator[np.ndarray]:
     # a tied checkpoint has no lm_head; llama.cpp's loader would reuse token_embd, the file still needs it here
     yield src.f32("lm_head.weight" if src.has("lm_head.weight") else "embed_tokens.weight")
@@ -243,7 +295,11 @@ def tensor_source(src: HFSource, name: str) -> Iterator[np.ndarray]:
             raise FormatError(f"converter has no source for global tensor {name!r} ({src.g.arch})")
         return recipe(src)
     layer, suffix = int(m.group(1)), m.group(2)
-    recipe = LAYER_RECIPES[src.g.arch].get(suffix)
+    if src.g.n_mtp and layer == src.g.n_layer:  # the MTP block
+        src, recipes = MtpSource(src), MTP_RECIPES[src.g.arch]
+    else:
+        recipes = LAYER_RECIPES[src.g.arch]
+    recipe = recipes.get(suffix)
     if recipe is None:
         raise FormatError(f"converter has no source for tensor {name!r} ({src.g.arch})")
     return recipe(src, layer)
