@@ -2,9 +2,10 @@
 
 Order of operations (llama.cpp's sampler chain): logit bias, repetition penalty on the tokens seen, frequency
 and presence penalties on the answer's tokens (OpenAI's definitions), temperature, top-k, top-p, min-p, then one
-draw. The GPU sampler applies temperature through the repetition penalty; logit bias and the frequency and
-presence penalties only the numpy definition here (an engine that samples with it says so: `full_sampling`). A draw is a pure function of the filtered distribution and
-one uniform number u in [0, 1), so the GPU and this module pick the same token for the same u.
+draw. The GPU sampler applies the repetition penalty through min-p; logit bias and the frequency and presence
+penalties only this definition does, for now (an engine that samples with it says so: `full_sampling`). A draw is
+a pure function of the filtered distribution and one uniform number u in [0, 1), so the GPU and this module pick
+the same token for the same u.
 Ties are broken towards the lower token id everywhere (greedy, top-k, the sorted order of a draw).
 
 Drafted tokens (speculative decoding) are verified by `accept_draft`, position by position (`verify_drafts`):

@@ -127,11 +127,12 @@ def test_generated_requests_get_no_5xx_and_answers_the_schema_allows(live):
         cut = data.draw(st.integers(0, len(raw) - 1))
         flipped = bytearray(raw)
         flipped[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+        prompt = body.get("prompt")
+        ids = prompt if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) else [1, 2]
         sends = [(route, raw), (route, json.dumps(wrong).encode()), (route, json.dumps({**body, "zz": 1}).encode()),
                  (other, raw), (route, raw[:cut]), (route, bytes(flipped)),
                  ("/tokenize", json.dumps({"content": _text(body), "with_pieces": data.draw(st.booleans())}).encode()),
-                 ("/detokenize", json.dumps({"tokens": body.get("prompt") if isinstance(body.get("prompt"), list)
-                                             and all(isinstance(t, int) for t in body["prompt"]) else [1, 2]}).encode())]
+                 ("/detokenize", json.dumps({"tokens": ids}).encode())]
         for path, payload in sends:
             schemas.check(path, "POST", client.send("POST", path, payload))
 

@@ -124,7 +124,8 @@ _USAGE = {"type": "object", "required": ["prompt_tokens", "completion_tokens", "
     "prompt_tokens_details": {"type": "object", "properties": {"cached_tokens": {"type": "integer", "minimum": 0}}}}}
 _FINISH = {"enum": ["stop", "length", "tool_calls"]}
 _TOKEN_LOGPROB = {"type": "object", "required": ["token", "logprob", "bytes"], "properties": {
-    "token": {"type": "string"}, "logprob": {"type": "number"}, "bytes": {"type": "array", "items": {"type": "integer"}}}}
+    "token": {"type": "string"}, "logprob": {"type": "number"},
+    "bytes": {"type": "array", "items": {"type": "integer"}}}}
 _CHAT_LOGPROBS = _null({"type": "object", "required": ["content"], "properties": {"content": {
     "type": "array", "items": {**_TOKEN_LOGPROB, "properties": {
         **_TOKEN_LOGPROB["properties"], "top_logprobs": {"type": "array", "items": _TOKEN_LOGPROB}}}}}})
@@ -139,7 +140,8 @@ _TOOL_CALL_OUT = {"type": "object", "required": ["id", "type", "function"], "pro
 
 
 def _answer(kind: str, choice: dict[str, Any], usage: bool) -> dict[str, Any]:
-    return {"type": "object", "required": ["id", "object", "created", "model", "choices", *(["usage"] if usage else [])],
+    required = ["id", "object", "created", "model", "choices", *(["usage"] if usage else [])]
+    return {"type": "object", "required": required,
             "properties": {"id": {"type": "string"}, "object": {"const": kind},
                            "created": {"type": "integer"}, "model": {"type": "string"},
                            "choices": {"type": "array", "items": {"type": "object", **choice}},
