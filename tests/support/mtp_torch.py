@@ -138,8 +138,8 @@ class TorchHcMtp(_TorchLayer):
             return super().visible(x, position)
         heads, dim, block, budget = self.indexer
         b = self.b
-        q = self.rope(self.norm((self.t(b + "indexer.q_proj.weight") @ x).view(heads, dim), b + "indexer.q_norm.weight"),
-                      position)
+        q = (self.t(b + "indexer.q_proj.weight") @ x).view(heads, dim)
+        q = self.rope(self.norm(q, b + "indexer.q_norm.weight"), position)
         self.index_keys.append(self.t(b + "indexer.k_proj.weight") @ x)
         complete = (position + 1) // block
         scores = []

@@ -78,7 +78,8 @@ class MtpBlock:
         if self.streams and w.has(p + "indexer.q_proj.weight"):
             self._indexer = IndexerShape(g.indexer_n_heads, g.indexer_head_dim, g.qsa_ratio(self.layer),
                                          g.indexer_top_k, g.rope_dim, g.rope_theta)
-        self._embedding = p + "nextn.embed_tokens.weight" if w.has(p + "nextn.embed_tokens.weight") else "token_embd.weight"
+        own = p + "nextn.embed_tokens.weight"
+        self._embedding = own if w.has(own) else "token_embd.weight"
         self._head = next(name for name in (p + "nextn.shared_head_head.weight", "output.weight", "token_embd.weight")
                           if w.has(name))
 
