@@ -1,8 +1,9 @@
 """Token sampling: the numpy definition the GPU sampler is checked against.
 
 Order of operations (llama.cpp's sampler chain): logit bias, repetition penalty on the tokens seen, frequency
-and presence penalties on the answer's tokens (OpenAI's definitions), temperature, top-k, top-p, min-p, then one
-draw. The GPU sampler applies the repetition penalty through min-p; logit bias and the frequency and presence
+and presence penalties on the answer's tokens (OpenAI's definitions), the token mask (structured output: the tokens
+a grammar allows, `TokenMask`; every other token is out before any filter), temperature, top-k, top-p, min-p, then
+one draw. The GPU sampler applies the repetition penalty through min-p; logit bias and the frequency and presence
 penalties only this definition does, for now (an engine that samples with it says so: `full_sampling`). A draw is
 a pure function of the filtered distribution and one uniform number u in [0, 1), so the GPU and this module pick
 the same token for the same u.
@@ -15,8 +16,8 @@ the tokens a step yields are distributed as stepping's whatever the drafter prop
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,65 @@ MAX_PENALTY = 2.0  # |frequency_penalty| and |presence_penalty| at most (OpenAI'
 MAX_BIAS = 100.0  # |a logit bias| at most (OpenAI's range)
 # The fields only the numpy definition applies (an engine that samples with it has `full_sampling` true).
 EXTENDED = ("logit_bias", "frequency_penalty", "presence_penalty")
+MASK_BITS = 32  # tokens per word of a TokenMask
+
+
+class TokenMask:
+    """The tokens the next draw may pick (structured output): bit t % 32 of the int32 word t // 32 is set where token
+    t is allowed, llguidance's and xgrammar's layout; a token past the words' bits (logits wider than the tokenizer's
+    vocabulary) is never allowed. `words` holds `size` words, computed on first use where the mask was made with
+    `compute` (a function that writes them into the int32 array it is given) and kept; `fill(out)` writes them into an
+    engine's own buffer, computing them straight there when they were not yet (what lets an engine compute the mask
+    while its device runs the step: docs/api.md, "Structured output"). A mask is valid during the engine call it came
+    with; it never changes once computed."""
+
+    __slots__ = ("size", "_words", "_compute")
+
+    def __init__(self, words: np.ndarray | None = None, *, size: int | None = None,
+                 compute: Callable[[np.ndarray], None] | None = None):
+        if (words is None) == (compute is None):
+            raise InvalidArgument("a TokenMask takes its words or a function that computes them, not both")
+        if words is not None:
+            words = np.ascontiguousarray(words, dtype=np.int32).reshape(-1)
+            size = words.size
+        if size is None or size < 1:
+            raise InvalidArgument(f"a TokenMask has at least one word, got {size}")
+        self.size, self._words, self._compute = int(size), words, compute
+
+    @classmethod
+    def allowing(cls, tokens: Iterable[int], vocab: int) -> TokenMask:
+        """The mask of exactly `tokens` over a vocabulary of `vocab` ids."""
+        bits = np.zeros(-(-vocab // MASK_BITS) * MASK_BITS, np.uint8)
+        bits[np.fromiter(tokens, np.int64)] = 1
+        return cls(np.packbits(bits, bitorder="little").view(np.int32))
+
+    @property
+    def words(self) -> np.ndarray:
+        """int32 [size]: the mask's words (computed now if they were not yet)."""
+        if self._words is None:
+            out = np.zeros(self.size, np.int32)
+            self.fill(out)
+        return self._words
+
+    def fill(self, out: np.ndarray) -> None:
+        """Write the words into `out` (C-contiguous int32, at least `size` words; any words past them are set to 0:
+        no token there is allowed)."""
+        if out.dtype != np.int32 or out.ndim != 1 or not out.flags.c_contiguous or out.size < self.size:
+            raise InvalidArgument(f"a TokenMask fills a C-contiguous int32 array of >= {self.size} words, got "
+                                  f"{out.dtype} {out.shape}")
+        if self._words is None:
+            self._compute(out[:self.size])
+            self._words = out[:self.size].copy()
+        else:
+            out[:self.size] = self._words
+        out[self.size:] = 0
+
+    def allowed(self, n: int) -> np.ndarray:
+        """bool [n]: whether each of the first n token ids is allowed."""
+        bits = np.unpackbits(self.words.view(np.uint8), bitorder="little").astype(bool)
+        if bits.size >= n:
+            return bits[:n]
+        return np.concatenate([bits, np.zeros(n - bits.size, bool)])
 
 
 @dataclass(frozen=True)
@@ -40,6 +100,8 @@ class SamplingParams:
     presence_penalty: float = 0.0  # subtracted once from the logit of a token that is in the answer so far
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit); a mapping is taken too
     answer_start: int = 0  # where in `seen` the answer begins: the two penalties count seen[answer_start:]
+    # the tokens this draw may pick (structured output), None: every token; not part of the parameters' identity
+    token_mask: TokenMask | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # Plain Python numbers, so a numpy scalar argument cannot change the arithmetic's precision.
@@ -48,6 +110,8 @@ class SamplingParams:
         object.__setattr__(self, "top_k", int(self.top_k))
         object.__setattr__(self, "answer_start", int(self.answer_start))
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        if self.token_mask is not None and not isinstance(self.token_mask, TokenMask):
+            raise InvalidArgument(f"token_mask must be a TokenMask or None, got {type(self.token_mask).__name__}")
         if not np.all(np.isfinite([self.temperature, self.top_p, self.min_p, self.repeat_penalty,
                                    self.frequency_penalty, self.presence_penalty])):
             raise InvalidArgument(f"sampling parameters must be finite, got {self}")
@@ -107,6 +171,8 @@ def candidates(logits: np.ndarray, params: SamplingParams) -> tuple[np.ndarray, 
     """Token ids and probabilities left after temperature, top-k, top-p and min-p, most likely first."""
     # A stable sort of -logits orders by logit descending with ties towards the lower id.
     order = np.argsort(-logits.astype(np.float64), kind="stable")
+    if not np.isfinite(logits[order[-1]]):  # a token mask's -inf sort last: they are no candidates
+        order = order[:np.count_nonzero(np.isfinite(logits))]
     if params.top_k:
         order = order[: params.top_k]
     with np.errstate(over="ignore"):
@@ -148,6 +214,18 @@ def _penalized(logits: np.ndarray, params: SamplingParams, seen: Iterable[int]) 
         out[ids] -= (counts * params.frequency_penalty + params.presence_penalty).astype(np.float32)
     if not np.all(np.isfinite(out)):
         raise InvalidArgument("logits contain NaN or infinity")
+    return _masked(out, params.token_mask)
+
+
+def _masked(logits: np.ndarray, mask: TokenMask | None) -> np.ndarray:
+    """`logits` with every token `mask` does not allow at -inf (unchanged without a mask)."""
+    if mask is None:
+        return logits
+    allowed = mask.allowed(logits.size)
+    if not allowed.any():
+        raise InvalidArgument("the token mask allows no token of the logits")
+    out = np.array(logits, dtype=np.float32, copy=True)
+    out[~allowed] = -np.inf
     return out
 
 
@@ -204,13 +282,21 @@ def accept_draft(logits: np.ndarray, params: SamplingParams, draft: int, u_accep
 
 
 def verify_drafts(rows: np.ndarray, params: SamplingParams, drafts: list[int], uniforms: np.ndarray,
-                  seen: Iterable[int] = (), draft_probs: np.ndarray | None = None) -> list[int]:
+                  seen: Iterable[int] = (), draft_probs: np.ndarray | None = None,
+                  masks: list[TokenMask] | None = None) -> list[int]:
     """The tokens one verification step yields: `rows` [k + 1, vocab] are the logits after the context and after
     each of the k drafts; position i accepts drafts[i] or yields its replacement and stops; when every draft is
     accepted, the last row yields one token more. `uniforms` [k + 1, 2]: position i's (u_accept, u_residual), the
     last row's draw in uniforms[k, 0]. The penalty's seen tokens grow by each token yielded, as when stepping;
-    `draft_probs` [k, vocab] is the drafter's distribution per position (None: certain drafts)."""
+    `draft_probs` [k, vocab] is the drafter's distribution per position (None: certain drafts); `masks` (structured
+    output) the token mask of each of the k + 1 rows, row i's the grammar's after drafts[:i] (None: params' own)."""
     k = len(drafts)
+    if masks is not None:
+        if len(masks) != k + 1:
+            raise InvalidArgument(f"{k} drafts need {k + 1} token masks, got {len(masks)}")
+        rows_params = [replace(params, token_mask=mask) for mask in masks]
+    else:
+        rows_params = [params] * (k + 1)
     rows = np.asarray(rows)
     uniforms = np.asarray(uniforms, np.float64)
     if rows.ndim != 2 or rows.shape[0] != k + 1 or uniforms.shape != (k + 1, 2):
@@ -220,22 +306,31 @@ def verify_drafts(rows: np.ndarray, params: SamplingParams, drafts: list[int], u
     out: list[int] = []
     for i, draft in enumerate(drafts):
         q = None if draft_probs is None else draft_probs[i]
-        accepted, token = accept_draft(rows[i], params, int(draft), uniforms[i, 0], uniforms[i, 1], seen, q)
+        accepted, token = accept_draft(rows[i], rows_params[i], int(draft), uniforms[i, 0], uniforms[i, 1], seen, q)
         out.append(token)
         seen.append(token)
         if not accepted:
             return out
-    out.append(sample(rows[k], params, float(uniforms[k, 0]), seen))
+    out.append(sample(rows[k], rows_params[k], float(uniforms[k, 0]), seen))
     return out
 
 
-def log_probabilities(logits: np.ndarray, token: int, n: int) -> tuple[float, list[tuple[int, float]]]:
+def log_probabilities(logits: np.ndarray, token: int, n: int, token_mask: TokenMask | None = None
+                      ) -> tuple[float, list[tuple[int, float]]]:
     """The log-probability of `token` and the `n` most likely ids with theirs, under the model's distribution at
     that position: the softmax of the raw logits (before the repetition penalty and temperature), computed in
-    float64; ties go to the lower id. The GPU engine's logprobs follow this definition."""
+    float64; ties go to the lower id. With a `token_mask` (structured output) the softmax is over the allowed tokens
+    only, as OpenAI reports them: the alternatives are allowed tokens (fewer than n where fewer are allowed), and
+    `token` must be one. The GPU engine's logprobs follow this definition."""
     x = np.asarray(logits, dtype=np.float64).reshape(-1)
     if not 0 <= token < x.size:
         raise InvalidArgument(f"token {token} is outside the {x.size} logits")
+    if token_mask is not None:
+        allowed = token_mask.allowed(x.size)
+        if not allowed[token]:
+            raise InvalidArgument(f"token {token} is not one the token mask allows")
+        x = np.where(allowed, x, -np.inf)
+        n = min(n, int(np.count_nonzero(allowed)))
     log_z = float(np.max(x) + np.log(np.sum(np.exp(x - np.max(x)))))
     top = np.argsort(-x, kind="stable")[:n]
     return float(x[token] - log_z), [(int(i), float(x[i] - log_z)) for i in top]

@@ -6,6 +6,10 @@ uniform draw u (strata.sampling); the GPU session samples on the device and retu
 reference engine samples its numpy logits. An engine that verifies appends several ids at once and returns every
 row's logits, which a session with a drafter accepts here (strata.sampling.verify_drafts), truncating the engine
 to what it accepted. Everything above that line lives here, once.
+
+Structured output (strata.generation.constraints): a call with a JSON schema, a regular expression or a grammar hands
+the engine, with each draw's sampling parameters, the tokens its grammar allows there (SamplingParams.token_mask), on
+an engine whose sampler takes a mask (`token_masks`); the constraint advances by every token drawn.
 """
 
 from __future__ import annotations
@@ -24,13 +28,14 @@ import numpy as np
 from strata.chat import render_chat, render_chat_segments
 from strata.errors import FormatError, InvalidArgument, StrataError
 from strata.generation.arguments import OptionRefused, checked_flag, checked_integer, checked_number
+from strata.generation.constraints import CONSTRAINT_OPTIONS, Constraint, Grammar, can_mask, compile_constraint
 from strata.generation.draft_length import DraftLength, FixedDraftLength
 from strata.generation.drafts import Drafter
 from strata.generation.prefix import Snapshots, common_prefix
 from strata.generation.records import FINISH_REASONS, Completion, Engine, Piece, Stats, TextCodec, Usage
 from strata.generation.text import TextStream
 from strata.options import DEFAULT_CONTEXT
-from strata.sampling import SamplingParams, log_probabilities, verify_drafts
+from strata.sampling import SamplingParams, TokenMask, log_probabilities, verify_drafts
 
 MAX_LOGPROBS = 20  # the most alternatives a position reports (OpenAI's limit)
 RANDOM_SEED = -1  # seed=-1, as on the command line: a fresh random seed (as None)
@@ -39,8 +44,8 @@ SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", 
 # what Session.render gives the template itself: template_options cannot replace them
 RESERVED_TEMPLATE_VALUES = ("messages", "add_generation_prompt", "bos_token", "eos_token")
 
-__all__ = ["FINISH_REASONS", "Completion", "Engine", "Piece", "Session", "Stats", "TextCodec", "Usage",
-           "session_context"]
+__all__ = ["CONSTRAINT_OPTIONS", "FINISH_REASONS", "Completion", "Engine", "Piece", "Session", "Stats", "TextCodec",
+           "Usage", "session_context"]
 
 
 def session_context(context: int | None, context_length: int) -> int:
@@ -104,6 +109,8 @@ class _Request:
     seed: int | None
     logprobs: int | None
     ignore_eos: bool = False
+    grammar: Grammar | None = None  # the call's constraint, compiled
+    constraint: Constraint | None = None  # its state while the call generates
 
 
 class Session:
@@ -209,7 +216,13 @@ class Session:
         off), logit_bias ({token id: bias}), seed (None or -1: a random one), stop (a string or strings),
         ignore_eos (EOS does not end the answer: it runs to max_tokens or the context), logprobs (that many
         alternatives per token); any other name is refused. The last three sampling options need an engine whose
-        sampler applies them (`full_sampling`: the reference's; the GPU sampler's come in a later change)."""
+        sampler applies them (`full_sampling`: the reference's; the GPU sampler's come in a later change).
+        Structured output (at most one of them; an engine whose sampler takes a token mask, `token_masks`):
+        response_format (OpenAI's: {"type": "json_object"}, or {"type": "json_schema", "json_schema": {"schema":
+        ...}}), json_schema (a JSON schema, or its text), grammar (llama.cpp's GBNF text, or a
+        strata.generation.constraints.Grammar compiled already), regex (a regular expression the whole answer
+        matches): the answer is held to it token by token and ends, with EOS, where it is complete. Logprobs are
+        then over the tokens it allows."""
         request = self._request(max_tokens, sampling)
         ids = self._ids(prompt, special)
         self._close_abandoned()  # its last token is part of the sequence this call continues
@@ -262,10 +275,11 @@ class Session:
     # ---------------------------------------------------------------------------------------- internals
 
     def _request(self, max_tokens: int | None, options: Mapping[str, Any]) -> _Request:
-        unknown = sorted(set(options) - set(SAMPLING_OPTIONS))
+        unknown = sorted(set(options) - set(SAMPLING_OPTIONS) - set(CONSTRAINT_OPTIONS))
         if unknown:
             raise InvalidArgument(f"unknown option {', '.join(map(repr, unknown))}; the sampling options are "
-                                  f"{', '.join(SAMPLING_OPTIONS)}")
+                                  f"{', '.join(SAMPLING_OPTIONS)}, and the structured output's "
+                                  f"{', '.join(CONSTRAINT_OPTIONS)}")
         numbers_given: dict[str, Any] = {
             name: checked_number(name, options[name]) for name in ("temperature", "top_p", "min_p", "repeat_penalty",
                                                                    "frequency_penalty", "presence_penalty")
@@ -295,8 +309,29 @@ class Session:
                 raise InvalidArgument(f"logprobs must be in 0..{MAX_LOGPROBS}, got {logprobs}")
             if not hasattr(self.engine, "logprobs"):
                 raise InvalidArgument("this engine does not report log-probabilities")
+        ignore_eos = checked_flag("ignore_eos", options.get("ignore_eos", False))
         return _Request(params, max_tokens, tuple(s for s in stops if s), None if seed == RANDOM_SEED else seed,
-                        logprobs, checked_flag("ignore_eos", options.get("ignore_eos", False)))
+                        logprobs, ignore_eos, self._grammar(options, ignore_eos))
+
+    def _grammar(self, options: Mapping[str, Any], ignore_eos: bool) -> Grammar | None:
+        """The call's constraint (CONSTRAINT_OPTIONS, at most one), compiled; refused by name on an engine whose
+        sampler cannot mask tokens, and with ignore_eos (the grammar says where the answer ends)."""
+        given = [name for name in CONSTRAINT_OPTIONS if options.get(name) is not None]
+        if not given:
+            return None
+        if len(given) > 1:
+            raise OptionRefused(given[1], f"{given[1]}: give one constraint of {', '.join(CONSTRAINT_OPTIONS)}, "
+                                f"got {' and '.join(given)}")
+        name = given[0]
+        if name == "response_format" and isinstance(options[name], Mapping) and options[name].get("type") == "text":
+            return None
+        if not can_mask(self.engine):
+            raise OptionRefused(name, f"{name}: this engine's sampler does not take a token mask yet (the GPU "
+                                "sampler takes one in a later change; the reference engine does)")
+        if ignore_eos:
+            raise OptionRefused("ignore_eos", f"ignore_eos cannot go with {name}: the grammar says where the answer "
+                                "ends")
+        return compile_constraint(self.codec, name, options[name])
 
     def _checked_bias(self, bias: Any) -> tuple[tuple[int, float], ...]:
         """logit_bias as SamplingParams holds it, its token ids within the vocabulary (OptionRefused names it)."""
@@ -418,6 +453,14 @@ class Session:
         self._history += ids
         return token
 
+    @staticmethod
+    def _masked(request: _Request) -> SamplingParams:
+        """The sampling parameters of the next draw: the call's, with its constraint's mask of the tokens allowed
+        now."""
+        if request.constraint is None:
+            return request.params
+        return replace(request.params, token_mask=request.constraint.mask())
+
     def _feed_prompt(self, target: list[int], held: int, params: SamplingParams, u: float) -> int:
         """Feed target[held:] and return the next token. Where the engine keeps snapshots, the state before the
         prompt's last token is snapshotted on the way (a turn boundary): a later prompt that extends this one,
@@ -433,29 +476,34 @@ class Session:
             self.engine.snapshot(slot)
         return self._feed(target[-1:], params, u)
 
-    def _piece(self, token: int, text: str, request: _Request, row: np.ndarray | None) -> Piece:
+    def _piece(self, token: int, text: str, request: _Request, row: np.ndarray | None, mask: TokenMask | None
+               ) -> Piece:
         """The piece of `token`; its logprobs from the logits `row` a verify gave (the engine's own after a
-        truncate are undefined), else from the engine's last step."""
+        truncate are undefined), else from the engine's last step; over the tokens `mask` allowed, if any."""
         if request.logprobs is None:
             return Piece(token, text)
-        if row is None:
-            logprob, top = self.engine.logprobs(token, request.logprobs)
+        if row is not None:
+            logprob, top = log_probabilities(row, token, request.logprobs, mask)
+        elif mask is not None:
+            logprob, top = self.engine.logprobs(token, request.logprobs, token_mask=mask)
         else:
-            logprob, top = log_probabilities(row, token, request.logprobs)
+            logprob, top = self.engine.logprobs(token, request.logprobs)
         return Piece(token, text, logprob, tuple(top))
 
-    def _tokens(self, request: _Request, rng: np.random.Generator, stats: Stats
-                ) -> Iterator[tuple[int, np.ndarray | None]]:
+    def _tokens(self, request: _Request, rng: np.random.Generator, stats: Stats, first_mask: TokenMask | None
+                ) -> Iterator[tuple[int, np.ndarray | None, TokenMask | None]]:
         """The call's tokens in order from the pending one, each with the logits row a verify gave it (None after
-        a plain step). Whenever this is suspended the session holds the token it yielded last as pending and the
-        ones before it as fed; closing it leaves the engine holding exactly those."""
-        yield self._pending[0], None
+        a plain step) and the token mask it was drawn under (None: none). Whenever this is suspended the session
+        holds the token it yielded last as pending and the ones before it as fed; closing it leaves the engine
+        holding exactly those. The caller advances the constraint by each token before asking for the next."""
+        yield self._pending[0], None, first_mask
         while True:
             drafts, draft_probs = self._drafts(request, stats)
             if drafts:
                 yield from self._window(drafts, draft_probs, request, rng, stats)
             else:
-                yield self._step(request, rng, stats), None
+                params = self._masked(request)
+                yield self._step(request, params, rng, stats), None, params.token_mask
 
     def _drafts(self, request: _Request, stats: Stats) -> tuple[list[int], np.ndarray | None]:
         """This step's drafts and the drafter's distribution over them (None: certain), as many as the policy
@@ -471,6 +519,8 @@ class Session:
             return [], None
         history = self.tokens
         drafts = self._checked_drafts(self.drafter.propose(history, k)[:k])
+        if request.constraint is not None:  # only what the grammar accepts is verified
+            drafts = drafts[:request.constraint.valid_prefix(drafts, self.codec.eos_ids)]
         probabilities = getattr(self.drafter, "draft_probs", None)
         return drafts, probabilities(history, drafts) if drafts and probabilities is not None else None
 
@@ -484,35 +534,38 @@ class Session:
                                   f"{f' 0..{vocab - 1}' if vocab else ''}")
         return [int(t) for t in drafts]
 
-    def _step(self, request: _Request, rng: np.random.Generator, stats: Stats) -> int:
+    def _step(self, request: _Request, params: SamplingParams, rng: np.random.Generator, stats: Stats) -> int:
         """Feed the pending token; the next becomes pending (the pending one stays so if the feed raises)."""
         start = time.perf_counter()
-        self._pending = [self._feed([self._pending[0]], request.params, rng.random())]
+        self._pending = [self._feed([self._pending[0]], params, rng.random())]
         if self.draft_length is not None:
             self.draft_length.stepped(time.perf_counter() - start)
         stats.steps += 1
         return self._pending[0]
 
     def _window(self, drafts: list[int], draft_probs: np.ndarray | None, request: _Request,
-                rng: np.random.Generator, stats: Stats) -> Iterator[tuple[int, np.ndarray]]:
+                rng: np.random.Generator, stats: Stats
+                ) -> Iterator[tuple[int, np.ndarray, TokenMask | None]]:
         """Verify the pending token and `drafts` in one engine call and yield the tokens it accepts and the one
-        after them, one by one; the engine is truncated to what the caller took, once it stops taking them."""
+        after them, one by one (each row under its grammar's mask, if any: the state after the drafts before it);
+        the engine is truncated to what the caller took, once it stops taking them."""
         ids = [self._pending[0], *drafts]
         fed = len(self._history)
+        masks = None if request.constraint is None else request.constraint.draft_masks(drafts)
         start = time.perf_counter()
         rows = self.engine.verify(ids, self._history + ids)
         seconds = time.perf_counter() - start
         try:
             produced = verify_drafts(rows, request.params, drafts, rng.random((len(ids), 2)),
-                                     self._history + ids[:1], draft_probs)
+                                     self._history + ids[:1], draft_probs, masks)
             self.draft_length.verified(len(drafts), len(produced) - 1, seconds)
             stats.steps += 1
             stats.drafted += len(drafts)
             stats.accepted += len(produced) - 1
-            for fed_before, token, row in zip(ids, produced, rows):
+            for i, (fed_before, token, row) in enumerate(zip(ids, produced, rows)):
                 self._history.append(fed_before)
                 self._pending = [token]
-                yield token, row
+                yield token, row, None if masks is None else masks[i]
         finally:
             # A truncate keeps at least the pending token (the engine cannot go back before it): where nothing
             # was yielded (an error), the engine is one token ahead of the history, as after a failed step.
@@ -522,7 +575,8 @@ class Session:
 
     def _stream(self, target: list[int], request: _Request) -> Iterator[Piece]:
         # the answer begins after the whole sequence given: what frequency and presence penalties count
-        request = replace(request, params=replace(request.params, answer_start=len(target)))
+        request = replace(request, params=replace(request.params, answer_start=len(target)),
+                          constraint=None if request.grammar is None else request.grammar.start())
         with self._exclusive(), _Interrupt() as interrupt:
             stats = self.stats = Stats(prompt_tokens=len(target))
             eos = set() if request.ignore_eos else set(self.codec.eos_ids)
@@ -532,17 +586,20 @@ class Session:
             tokens = None  # the call's tokens (_tokens) once the prompt is in
             try:
                 stats.cached_tokens = self._reuse(target)
-                self._pending = [self._feed_prompt(target, stats.cached_tokens, request.params, rng.random())]
+                params = self._masked(request)
+                self._pending = [self._feed_prompt(target, stats.cached_tokens, params, rng.random())]
                 stats.prefill_seconds = time.perf_counter() - start
                 start = time.perf_counter()
-                tokens = self._tokens(request, rng, stats)
-                for token, row in tokens:
+                tokens = self._tokens(request, rng, stats, params.token_mask)
+                for token, row, mask in tokens:
                     if token in eos:
                         stats.finish_reason = "eos"
                         break
                     stats.generated_tokens += 1
                     new, stopped = text.push(token)
-                    piece = self._piece(token, new, request, row)
+                    piece = self._piece(token, new, request, row, mask)
+                    if request.constraint is not None:
+                        request.constraint.advance(token)
                     with interrupt.paused():
                         yield piece
                     stats.finish_reason = (

@@ -10,7 +10,7 @@ import numpy as np
 
 from strata.errors import InvalidArgument
 from strata.reference.model import Reference
-from strata.sampling import SamplingParams, log_probabilities, sample
+from strata.sampling import SamplingParams, TokenMask, log_probabilities, sample
 
 SNAPSHOTS = 4  # states kept for a session's prefix reuse (each a full copy: the reference runs tiny models)
 VERIFY_ROWS = 8  # ids one verify takes by default: the pending token and strata's most drafts (7)
@@ -20,9 +20,11 @@ class ReferenceEngine:
     """strata.generation.Engine over strata.reference.Reference, with state snapshots, logprobs, and verifies of
     up to `verify_rows` ids (0: none) that truncate rolls back. `reference` may be an MtpReference
     (strata.reference.mtp), whose state holds its MTP block's with the main model's. It samples with
-    strata.sampling.sample, which applies every SamplingParams field (`full_sampling`)."""
+    strata.sampling.sample, which applies every SamplingParams field (`full_sampling`), the token mask included
+    (`token_masks`: structured output)."""
 
     full_sampling = True
+    token_masks = True
 
     def __init__(self, reference: Reference, context: int | None = None, snapshots: int = SNAPSHOTS,
                  verify_rows: int = VERIFY_ROWS):
@@ -86,10 +88,11 @@ class ReferenceEngine:
         self._verified = None
         self._logits = self.reference.forward(list(ids))[-1]
 
-    def logprobs(self, token: int, n: int) -> tuple[float, list[tuple[int, float]]]:
+    def logprobs(self, token: int, n: int, token_mask: TokenMask | None = None
+                 ) -> tuple[float, list[tuple[int, float]]]:
         if self._logits is None:
             raise InvalidArgument("logprobs come after a feed")
-        return log_probabilities(self._logits, token, n)
+        return log_probabilities(self._logits, token, n, token_mask)
 
     def snapshot(self, slot: int) -> None:
         """Keep the state after the tokens fed so far in `slot` (0 .. snapshots - 1)."""

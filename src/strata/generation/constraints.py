@@ -1,0 +1,309 @@
+"""Structured output: JSON schemas, regular expressions and grammars enforced while decoding.
+
+A constraint is compiled once against the model's tokenizer (`compile_constraint`: a `Grammar`) and started for
+each generation (`Grammar.start()`: a `Constraint`, the parser's state). Before each draw the session asks the
+state for the tokens it allows next (`Constraint.mask()`, a strata.sampling.TokenMask handed to the engine with the
+sampling parameters), and advances it by the token drawn; where the grammar is complete only EOS is allowed, so the
+answer ends there. Drafted tokens (speculative decoding) are cut to the prefix the grammar accepts and each
+verification row gets the mask of the state after the drafts before it (`draft_masks`), the parser rolled back
+after.
+
+The grammar engine is llguidance (the optional extra `strata-moe[structured]`): Rust, no dependencies, masks in
+tens of microseconds, JSON schema, Lark (and llama.cpp's GBNF, converted by its own converter) and regular
+expressions, rollback. None of it is written here.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from strata.errors import InvalidArgument, StrataError
+from strata.generation.arguments import OptionRefused
+from strata.sampling import MASK_BITS, TokenMask
+
+# The options of a generation that constrain it (Session.generate and friends), at most one a call.
+CONSTRAINT_OPTIONS = ("response_format", "json_schema", "grammar", "regex")
+# What a grammar is written in: JSON schema, llama.cpp's GBNF, a regular expression, llguidance's Lark.
+KINDS = ("json_schema", "gbnf", "regex", "lark")
+EXTRA = "pip install 'strata-moe[structured]'"
+# JSON as the constraint lets it be written: one line, ", " between items and ": " after keys, no other whitespace
+# (a model's usual single-line JSON; free whitespace would let a weak model pad forever). A schema's own
+# "x-guidance" object overrides it (llguidance's options: whitespace_flexible, item_separator, ...).
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+ANY_OBJECT = {"type": "object"}  # response_format json_object
+MAX_MESSAGE = 400  # characters of the grammar engine's message kept in a refusal
+
+__all__ = ["CONSTRAINT_OPTIONS", "Constraint", "Grammar", "can_mask", "compile_constraint", "compile_grammar",
+           "check_source"]
+
+
+def can_mask(engine: Any) -> bool:
+    """Whether `engine`'s sampler takes a token mask (the engine contract's `token_masks`: docs/api.md)."""
+    return bool(getattr(engine, "token_masks", False))
+
+
+def _library(option: str) -> Any:
+    try:
+        import llguidance
+    except ImportError:
+        raise OptionRefused(option, f"{option}: structured output needs the grammar engine llguidance, which is not "
+                                    f"installed ({EXTRA})") from None
+    return llguidance
+
+
+# ------------------------------------------------------------------------------------------------ the tokenizer
+
+
+class _Vocabulary:
+    """A codec as llguidance's TokenizerWrapper reads a tokenizer: each token's bytes, EOS, the control tokens
+    (special: never matched by text) and an encoder of text."""
+
+    def __init__(self, codec: Any):
+        tokens = getattr(codec, "tokens", None)
+        if not tokens:
+            raise InvalidArgument("structured output needs the tokenizer's vocabulary (the codec lists no tokens)")
+        token_bytes = getattr(codec, "token_bytes", None) or (lambda t: codec.decode([t]).encode())
+        self.tokens = [token_bytes(i) for i in range(len(tokens))]
+        eos = list(codec.eos_ids)
+        if not eos:
+            raise InvalidArgument("structured output needs the tokenizer's EOS id")
+        self.eos_token_id, self.bos_token_id = eos[0], None
+        control = set(getattr(codec, "control_tokens", ()))
+        self.special_token_ids = [i for i, text in enumerate(tokens) if text in control]
+        self._encode = codec.encode
+
+    def __call__(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise TypeError("the codec encodes text")
+        return self._encode(text)
+
+
+_tokenizers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_tokenizers_lock = threading.Lock()
+
+
+def _tokenizer(codec: Any, option: str) -> Any:
+    """llguidance's tokenizer of `codec`, made once per codec (about 0.6 s for 152,000 tokens) and kept with it."""
+    llg = _library(option)
+    with _tokenizers_lock:
+        try:
+            made = _tokenizers.get(codec)
+        except TypeError:  # a codec that cannot be referenced weakly is made each time
+            made = None
+        if made is None:
+            made = llg.LLTokenizer(llg.TokenizerWrapper(_Vocabulary(codec)), eos_token=list(codec.eos_ids))
+            try:
+                _tokenizers[codec] = made
+            except TypeError:
+                pass
+        return made
+
+
+# ------------------------------------------------------------------------------------------------ compiling
+
+
+def _refused(option: str, message: str) -> OptionRefused:
+    message = " ".join(str(message).split())
+    if len(message) > MAX_MESSAGE:
+        message = message[:MAX_MESSAGE] + " ..."
+    return OptionRefused(option, f"{option}: {message}")
+
+
+def _source(kind: str, value: Any, option: str) -> str:
+    """llguidance's grammar of `value` written as `kind` (KINDS); OptionRefused naming `option` where it is not
+    one."""
+    llg = _library(option)
+    if kind not in KINDS:
+        raise InvalidArgument(f"a grammar is one of {', '.join(KINDS)}, got {kind!r}")
+    if kind == "json_schema":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as error:
+                raise _refused(option, f"the JSON schema is not JSON ({error})") from None
+        if isinstance(value, bool):  # the schemas true (any JSON value) and false (none)
+            value = {} if value else {"not": {}}
+        if not isinstance(value, Mapping):
+            raise _refused(option, f"a JSON schema is an object, got {type(value).__name__}")
+        try:
+            return llg.LLMatcher.grammar_from_json_schema(dict(value), defaults=dict(JSON_LAYOUT))
+        except (ValueError, TypeError) as error:
+            raise _refused(option, error) from None
+    if not isinstance(value, str):
+        raise _refused(option, f"a {'regular expression' if kind == 'regex' else 'grammar'} is text, got "
+                               f"{type(value).__name__}")
+    if kind == "regex":
+        return llg.LLMatcher.grammar_from_regex(value)
+    if kind == "gbnf":
+        from llguidance.gbnf_to_lark import gbnf_to_lark
+
+        try:
+            value = gbnf_to_lark(value)
+        except Exception as error:  # noqa: BLE001 - the converter raises bare Exceptions for a missing rule
+            raise _refused(option, f"the GBNF grammar cannot be read: {error}") from None
+    return llg.LLMatcher.grammar_from_lark(value)
+
+
+def _checked(grammar: str, option: str, tokenizer: Any = None) -> None:
+    llg = _library(option)
+    try:
+        failed, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+    except (ValueError, TypeError, RuntimeError) as error:
+        raise _refused(option, error) from None
+    if failed:
+        raise _refused(option, messages[0] if messages else "the grammar is invalid")
+
+
+def check_source(kind: str, value: Any, option: str) -> None:
+    """Refuse (OptionRefused naming `option`) a grammar that cannot compile for any tokenizer: before a model
+    loads."""
+    _checked(_source(kind, value, option), option)
+
+
+def compile_grammar(codec: Any, kind: str, value: Any, option: str) -> Grammar:
+    """`value`, a grammar written as `kind` (KINDS), compiled against `codec`'s vocabulary; OptionRefused naming
+    `option` with the grammar engine's words where it cannot be (an unsupported JSON schema keyword, a regex
+    look-around, a GBNF rule that is missing, ...)."""
+    source = _source(kind, value, option)
+    tokenizer = _tokenizer(codec, option)
+    _checked(source, option, tokenizer)
+    return Grammar(source, tokenizer, option)
+
+
+def _response_format(value: Any, option: str) -> Any:
+    """The JSON schema OpenAI's response_format asks for: None for text, any object for json_object, the schema of
+    json_schema (enforced whether `strict` is true or not)."""
+    if not isinstance(value, Mapping):
+        raise _refused(option, "response_format is an object with a type: text, json_object or json_schema")
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return ANY_OBJECT
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, Mapping):
+            raise _refused(option, "response_format json_schema needs its json_schema object (name, schema, strict)")
+        schema = spec.get("schema", ANY_OBJECT)
+        return ANY_OBJECT if schema is None else schema
+    raise _refused(option, f"response_format's type is text, json_object or json_schema, got {kind!r:.40}")
+
+
+def compile_constraint(codec: Any, option: str, value: Any) -> Grammar | None:
+    """The constraint a generation option asks for (CONSTRAINT_OPTIONS: OpenAI's `response_format`, a
+    `json_schema` (an object or its JSON text), a `grammar` in llama.cpp's GBNF, a `regex`), compiled against
+    `codec`; None where it constrains nothing (response_format text). A Grammar already compiled is taken as it is."""
+    if isinstance(value, Grammar):
+        vocab = len(getattr(codec, "tokens", ()) or ())
+        if vocab and vocab != value.vocab:
+            raise OptionRefused(option, f"{option}: the grammar was compiled for a vocabulary of {value.vocab} tokens, "
+                                        f"not this model's {vocab}")
+        return value
+    if option == "response_format":
+        schema = _response_format(value, option)
+        return None if schema is None else compile_grammar(codec, "json_schema", schema, option)
+    kind = {"json_schema": "json_schema", "grammar": "gbnf", "regex": "regex"}.get(option)
+    if kind is None:
+        raise InvalidArgument(f"the constraint options are {', '.join(CONSTRAINT_OPTIONS)}, got {option!r}")
+    return compile_grammar(codec, kind, value, option)
+
+
+# ------------------------------------------------------------------------------------------------ compiled, running
+
+
+class Grammar:
+    """A constraint compiled against one tokenizer (immutable, shared by any number of generations): `start()`
+    gives one generation's state. `option` names what asked for it (a refusal or a failure names it)."""
+
+    def __init__(self, source: str, tokenizer: Any, option: str):
+        self.source, self.tokenizer, self.option = source, tokenizer, option
+        self.vocab = int(tokenizer.vocab_size)
+        self.words = -(-self.vocab // MASK_BITS)
+
+    def start(self) -> Constraint:
+        return Constraint(self)
+
+
+class Constraint:
+    """One generation's place in its grammar: the tokens it allows next (`mask`), advanced by each token drawn
+    (`advance`), and the masks of a verification's rows (`valid_prefix`, `draft_masks`)."""
+
+    def __init__(self, grammar: Grammar):
+        llg = _library(grammar.option)
+        self.grammar = grammar
+        self._matcher = llg.LLMatcher(grammar.tokenizer, grammar.source, log_level=0)
+        self._moves = 0  # tokens consumed so far: a mask is of the state it was made in
+        self._failed()
+
+    def _failed(self) -> None:
+        if self._matcher.is_error():
+            raise StrataError(f"{self.grammar.option}: the grammar engine failed: "
+                              f"{' '.join(self._matcher.get_error().split())[:MAX_MESSAGE]}")
+
+    def _fill(self, out: np.ndarray) -> None:
+        self._matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
+        self._failed()
+
+    def mask(self) -> TokenMask:
+        """The tokens allowed next, computed when the engine first asks (`fill` or `words`) and only in the state it
+        was made in: the constraint does not move while the engine call it goes with runs."""
+        moves = self._moves
+
+        def compute(out: np.ndarray) -> None:
+            if self._moves != moves:
+                raise StrataError(f"{self.grammar.option}: a token mask was computed after its constraint moved on")
+            self._fill(out)
+
+        return TokenMask(size=self.grammar.words, compute=compute)
+
+    def _now(self) -> TokenMask:
+        out = np.zeros(self.grammar.words, np.int32)
+        self._fill(out)
+        return TokenMask(out)
+
+    def advance(self, token: int) -> None:
+        """The token drawn (never an EOS: that ends the answer); StrataError where the grammar does not allow it (an
+        engine that did not apply the mask)."""
+        if not self._matcher.consume_token(int(token)):
+            raise StrataError(f"{self.grammar.option}: the engine produced token {token}, which the grammar does not "
+                              f"allow there ({' '.join(self._matcher.get_error().split())[:200]})")
+        self._moves += 1
+
+    def valid_prefix(self, tokens: Sequence[int], eos: Sequence[int] = ()) -> int:
+        """How many of `tokens`, from the start, the grammar accepts in turn, stopping before an EOS id (an answer
+        drafted past its end is verified only up to it)."""
+        stop = next((i for i, t in enumerate(tokens) if t in eos), len(tokens))
+        return self._matcher.validate_tokens([int(t) for t in tokens[:stop]]) if stop else 0
+
+    def draft_masks(self, drafts: Sequence[int]) -> list[TokenMask]:
+        """The masks of a verification's k + 1 rows: row i's is the state's after drafts[:i] (`drafts` as
+        valid_prefix leaves them); the state is as before afterwards."""
+        if drafts and self._matcher.validate_tokens([int(t) for t in drafts]) != len(drafts):
+            raise InvalidArgument("the drafts are not all ones the grammar allows in turn (cut them with valid_prefix)")
+        masks = [self._now()]
+        consumed = 0
+        try:
+            for token in drafts:
+                self._matcher.consume_token(int(token))
+                consumed += 1
+                masks.append(self._now())
+        finally:
+            if consumed:
+                self._matcher.rollback(consumed)
+        return masks
+
+    @property
+    def accepting(self) -> bool:
+        """Whether the text so far is a whole sentence of the grammar (EOS may come now)."""
+        return self._matcher.is_accepting()
+
+    @property
+    def done(self) -> bool:
+        """Whether only EOS may come now."""
+        return self._matcher.is_stopped()
