@@ -265,16 +265,8 @@ void DecodeProgram::mixer_attention(int layer, const Products& inputs, cudaStrea
   const int* position = &stage_->position;
   project_quantized(x_, inputs, q8_, s, &branches_);
   const Products output{{t.o, y_}};
-  kernels::AttentionPrepArgs prep;
-  prep.q_gate = qg_;
-  prep.k = k_;
-  prep.v = v_;
-  prep.q_norm = t.q_norm;
-  prep.k_norm = t.k_norm;
-  prep.rope_cos = cos_;
-  prep.rope_sin = sin_;
+  kernels::AttentionPrepArgs prep = attention_prep_args(t, cos_, sin_, qg_, k_, v_, q_);
   prep.position = position;
-  prep.q_out = q_;
   // Streaming: row p's block into the window before prep writes it there (sequence_views: kv is the window).
   if (seq_.kv_streaming) STRATA_CUDA_TRY(kernels::kv_window_claim(seq_.window[layer], position, s));
   STRATA_CUDA_TRY(kernels::attention_prep(attention_, prep, seq_.kv[layer], s));
@@ -288,15 +280,9 @@ void DecodeProgram::mixer_attention(int layer, const Products& inputs, cudaStrea
   if (t.index_q) {
     const kernels::IndexerShape& shape = seq_.index_shape[layer];
     STRATA_CUDA_TRY(kernels::qsa_append(shape, seq_.index_cache[layer], ik_, t.index_k_norm, cos_, sin_, position, s));
-    kernels::IndexerSelectArgs select;
-    select.q = iq_;
-    select.q_norm = t.index_q_norm;
-    select.rope_cos = cos_;
-    select.rope_sin = sin_;
+    kernels::IndexerSelectArgs select =
+        indexer_select_args(t, cos_, sin_, iq_, scores_, selected_, n_selected_);
     select.position = position;
-    select.scores = scores_;
-    select.selected_blocks = selected_;
-    select.n_selected = n_selected_;
     STRATA_CUDA_TRY(kernels::qsa_select(shape, seq_.index_cache[layer], select, s));
     if (seq_.kv_streaming) {  // row p back to the host copy, the selected blocks into the window
       STRATA_CUDA_TRY(kernels::kv_window_fill(seq_.window[layer], selected_, n_selected_, position, s));

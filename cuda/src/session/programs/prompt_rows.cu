@@ -123,15 +123,7 @@ void PromptProgram::attention_step_rows(int layer, int rows, cudaStream_t s) con
   const LayerTensors& t = t_.layers[layer];
   const kernels::StepSpans spans = step_spans();
   const kernels::AttentionRows at{positions_, spans, rows};
-  kernels::AttentionPrepArgs prep;
-  prep.q_gate = qg_;
-  prep.k = k_;
-  prep.v = v_;
-  prep.q_norm = t.q_norm;
-  prep.k_norm = t.k_norm;
-  prep.rope_cos = rope_cos_;
-  prep.rope_sin = rope_sin_;
-  prep.q_out = q_;
+  const kernels::AttentionPrepArgs prep = attention_prep_args(t, rope_cos_, rope_sin_, qg_, k_, v_, q_);
   STRATA_CUDA_TRY(kernels::attention_prep_rows(attention_, prep, offsets_.kv[layer], at, s));
   kernels::AttentionDecodeArgs decode;
   decode.q = q_;
@@ -144,14 +136,8 @@ void PromptProgram::attention_step_rows(int layer, int rows, cudaStream_t s) con
     const kernels::IndexerCache& cache = offsets_.index_cache[layer];
     const kernels::IndexerRows indexed{positions_, spans, rows};
     STRATA_CUDA_TRY(kernels::qsa_append_rows(shape, cache, ik_, t.index_k_norm, rope_cos_, rope_sin_, indexed, s));
-    kernels::IndexerSelectArgs select;
-    select.q = iq_;
-    select.q_norm = t.index_q_norm;
-    select.rope_cos = rope_cos_;
-    select.rope_sin = rope_sin_;
-    select.scores = rows_scores_;
-    select.selected_blocks = selected_;
-    select.n_selected = n_selected_;
+    const kernels::IndexerSelectArgs select =
+        indexer_select_args(t, rope_cos_, rope_sin_, iq_, rows_scores_, selected_, n_selected_);
     STRATA_CUDA_TRY(
         kernels::qsa_select_rows(shape, cache, select, g_.indexer_n_heads * g_.indexer_head_dim, indexed, s));
     decode.selected_blocks = selected_;

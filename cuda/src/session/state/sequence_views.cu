@@ -30,6 +30,33 @@ kernels::PleStepArgs ple_layer_args(const LayerTensors& t, const SequenceViews& 
   return args;
 }
 
+kernels::AttentionPrepArgs attention_prep_args(const LayerTensors& t, const float* rope_cos, const float* rope_sin,
+                                               const float* q_gate, const float* k, const float* v, float* q_out) {
+  kernels::AttentionPrepArgs prep;
+  prep.q_gate = q_gate;
+  prep.k = k;
+  prep.v = v;
+  prep.q_norm = t.q_norm;
+  prep.k_norm = t.k_norm;
+  prep.rope_cos = rope_cos;
+  prep.rope_sin = rope_sin;
+  prep.q_out = q_out;
+  return prep;
+}
+
+kernels::IndexerSelectArgs indexer_select_args(const LayerTensors& t, const float* rope_cos, const float* rope_sin,
+                                               const float* q, float* scores, int* selected, int* n_selected) {
+  kernels::IndexerSelectArgs select;
+  select.q = q;
+  select.q_norm = t.index_q_norm;
+  select.rope_cos = rope_cos;
+  select.rope_sin = rope_sin;
+  select.scores = scores;
+  select.selected_blocks = selected;
+  select.n_selected = n_selected;
+  return select;
+}
+
 namespace {
 
 // `count` row states from the slot at `slot` (the first row's), `layout`'s slot regions after it.

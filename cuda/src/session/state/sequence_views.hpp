@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "../../kernels/attention.cuh"
 #include "../../kernels/gdn.cuh"
 #include "../../kernels/kv.cuh"
 #include "../../kernels/kv_window.cuh"
@@ -46,6 +47,16 @@ kernels::GdnStepArgs gdn_layer_args(const LayerTensors& t, const SequenceViews& 
 
 // The PLE layer's weights and history as ple_step and ple_chunk take them; the per-token pointers stay null.
 kernels::PleStepArgs ple_layer_args(const LayerTensors& t, const SequenceViews& v);
+
+// Attention layer `t`'s prep of the rows q_gate, k, v into q_out, with the RoPE tables; the position stays null
+// (decode's comes from its stage, a step's rows' from their own).
+kernels::AttentionPrepArgs attention_prep_args(const LayerTensors& t, const float* rope_cos, const float* rope_sin,
+                                               const float* q_gate, const float* k, const float* v, float* q_out);
+
+// Attention layer `t`'s QSA selection from the indexer's q rows into scores, selected and n_selected, with the RoPE
+// tables; the position stays null.
+kernels::IndexerSelectArgs indexer_select_args(const LayerTensors& t, const float* rope_cos, const float* rope_sin,
+                                               const float* q, float* scores, int* selected, int* n_selected);
 
 // The views of `arena`'s regions; its last `row_states` snapshot slots are the rows' (RowStates).
 SequenceViews sequence_views(const ModelGeometry& g, const ModelTensors& t, const SessionArena& arena,
