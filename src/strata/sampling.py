@@ -68,6 +68,11 @@ class TokenMask:
             self.fill(out)
         return self._words
 
+    @property
+    def computed(self) -> bool:
+        """Whether the words are known (given, or computed by `words` or `fill`)."""
+        return self._words is not None
+
     def fill(self, out: np.ndarray) -> None:
         """Write the words into `out` (C-contiguous int32, at least `size` words; any words past them are set to 0:
         no token there is allowed)."""

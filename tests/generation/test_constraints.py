@@ -366,12 +366,29 @@ def test_what_cannot_be_enforced_is_refused_by_name_before_anything_runs(session
         ({"grammar": "no rules here"}, "grammar", "GBNF"),
         ({"regex": "a", "grammar": 'root ::= "a"'}, "regex", "one constraint"),
         ({"regex": "a", "ignore_eos": True}, "ignore_eos", "where the answer ends"),
+        ({"json_schema": {"$ref": "#"}}, "json_schema", "allows no answer"),
+        ({"grammar": 'root ::= root "a"'}, "grammar", "allows no answer"),
+        ({"regex": "a" * 70_000}, "regex", "70000 characters; at most 65536"),
+        ({"grammar": "root ::= r0\n" + "".join(f"r{i} ::= r{i + 1}\n" for i in range(3000)) + 'r3000 ::= "a"\n'},
+         None, None),  # a chain of 3,000 rules, which overflowed an 8 MiB stack: built on the builder's deep one
     ]
     for options, option, words in cases:
+        if option is None:
+            continue
         with pytest.raises(OptionRefused, match=words) as refused:
             session.complete("hi", 4, **options)
         assert refused.value.option == option, options
     assert engine.position == before  # nothing was fed
+    assert session.complete("hi", 4, **cases[-1][0]).text == "a"
+
+
+def test_a_grammar_the_engine_cannot_follow_to_its_end_is_refused_where_it_stops(session):
+    """A schema that nests itself without end: llguidance's parser meets its limit after the first token."""
+    schema = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
+    with pytest.raises(OptionRefused, match="cannot go on") as refused:
+        session.complete("hi", 20, json_schema=schema)
+    assert refused.value.option == "json_schema" and session.stats.finish_reason == "error"
+    assert session.complete("hi", 3, regex="abc").text == "abc"
 
 
 def test_a_grammar_compiled_for_another_vocabulary_is_refused(session):

@@ -88,8 +88,15 @@ def test_tools_reach_the_template_unless_turned_off():
     body = {"messages": [{"role": "user", "content": "hi"}], "tools": tools}
     assert parse_chat(body).template_options == {"tools": tools}
     assert parse_chat({**body, "tool_choice": "none"}).tools is None
-    with pytest.raises(BadRequest, match="tool_choice"):
-        parse_chat({**body, "tool_choice": "required"})
+    required = parse_chat({**body, "tool_choice": "required"})
+    assert required.constraint.field == "tool_choice" and required.template_options == {"tools": tools}
+    named = parse_chat({**body, "tool_choice": {"type": "function", "function": {"name": "f"}}}).constraint
+    assert named.kind == "lark" and '{"const": "f"}' in named.source
+    with pytest.raises(BadRequest, match="no tool named") as refused:
+        parse_chat({**body, "tool_choice": {"type": "function", "function": {"name": "g"}}})
+    assert refused.value.param == "tool_choice"
+    with pytest.raises(BadRequest, match="gives no 'tools'"):
+        parse_chat({"messages": body["messages"], "tool_choice": "required"})
 
 
 def test_an_assistant_tool_call_reaches_the_template_with_arguments_as_an_object():

@@ -175,12 +175,28 @@ def _hostile() -> list[tuple[str, bytes]]:
         ("/tokenize", b'{"content": "\\udc00"}'), ("/tokenize", b'{"content": 5}'), ("/tokenize", b"[]"),
         ("/detokenize", b'{"tokens": [99999999]}'), ("/detokenize", b'{"tokens": [-1]}'),
         ("/detokenize", b'{"tokens": [' + b"7" * 5000 + b"]}"), ("/detokenize", b'{"tokens": "1 2"}'),
+        # structured output: grammars with no answer, or that the grammar engine cannot follow, or too large to build
+        (text, json.dumps({"prompt": "hi", "max_tokens": 4, "json_schema": {"$ref": "#"}}).encode()),
+        (text, json.dumps({"prompt": "hi", "max_tokens": 4, "grammar": 'root ::= root "a"'}).encode()),
+        *((text, json.dumps({"prompt": "hi", "max_tokens": 4, "stream": stream, "json_schema": {
+            "type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}}).encode()) for stream in (0, 1)),
+        (text, json.dumps({"prompt": "hi", "grammar": "root ::= r0\n" + "".join(
+            f"r{i} ::= r{i + 1}\n" for i in range(5000)) + 'r5000 ::= "a"\n'}).encode()),
+        (text, json.dumps({"prompt": "hi", "grammar": "root ::= " + "(" * 3000 + '"a"' + ")" * 3000}).encode()),
+        (text, json.dumps({"prompt": "hi", "max_tokens": 2, "grammar": 'root ::= "a"{1,99999}'}).encode()),
+        (chat, json.dumps({**hello, "response_format": {"type": "json_schema", "json_schema": {"schema": {
+            "anyOf": [{"anyOf": [{"anyOf": [{"type": "null"}] * 60}] * 60}] * 60}}}}).encode()),
+        (chat, json.dumps({**hello, "response_format": {"type": "json_schema", "json_schema": {"schema": {
+            "enum": [str(i) for i in range(9000)]}}}}).encode()),
+        (chat, json.dumps({**hello, "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "integer", "minimum": 1e300}}}], "tool_choice": "required"}).encode()),
     ]
     for route, schema_fields in ((chat, {**hello}), (text, {"prompt": "hi", "max_tokens": 1})):
         for field in ("model", "stream", "stream_options", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
                       "n", "logit_bias", "frequency_penalty", "presence_penalty", "repetition_penalty",
                       "repeat_penalty", "ignore_eos", "store", "metadata", "user", "logprobs", "cache_prompt",
-                      "messages" if route == chat else "prompt", "tools", "tool_choice", "response_format"):
+                      "messages" if route == chat else "prompt", "tools", "tool_choice", "response_format",
+                      "grammar", "json_schema"):
             for value in (True, 3, -7, 2.5, "x", [], ["x", 1], {}, {"a": None}):
                 out.append((route, json.dumps({**schema_fields, field: value}).encode()))
     return out

@@ -599,7 +599,7 @@ class Session:
                     new, stopped = text.push(token)
                     piece = self._piece(token, new, request, row, mask)
                     if request.constraint is not None:
-                        request.constraint.advance(token)
+                        request.constraint.advance(token, mask)
                     with interrupt.paused():
                         yield piece
                     stats.finish_reason = (

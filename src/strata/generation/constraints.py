@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -38,9 +39,16 @@ EXTRA = "pip install 'strata-moe[structured]'"
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_OBJECT = {"type": "object"}  # response_format json_object
 MAX_MESSAGE = 400  # characters of the grammar engine's message kept in a refusal
+# The most characters a grammar may be (a JSON schema as JSON text): what the grammar engine builds in well under a
+# second (64 KiB of alternatives, enum values or optional properties: 0.03-0.43 s on the CPU machine; 1 MiB of them
+# ran for minutes). Far more than a schema or grammar written for a model needs.
+MAX_SOURCE = 1 << 16
+# The stack of the thread that builds grammars: llguidance recurses along a grammar's rules (a chain of 5,000 rules
+# overflowed the main thread's 8 MiB); 256 MiB of address space, of which only what a build touches is used.
+BUILD_STACK = 256 << 20
 
-__all__ = ["CONSTRAINT_OPTIONS", "Constraint", "Grammar", "can_mask", "compile_constraint", "compile_grammar",
-           "check_source"]
+__all__ = ["CONSTRAINT_OPTIONS", "Constraint", "Grammar", "can_mask", "check_source", "compile_constraint",
+           "compile_grammar", "warm"]
 
 
 def can_mask(engine: Any) -> bool:
@@ -105,14 +113,27 @@ def _tokenizer(codec: Any, option: str) -> Any:
         return made
 
 
+def warm(codec: Any) -> bool:
+    """Make `codec`'s llguidance tokenizer now (what the first constraint would wait for: about 0.6 s for 152,000
+    tokens), where llguidance is installed; whether it was."""
+    try:
+        _tokenizer(codec, "warm")
+    except OptionRefused:
+        return False
+    return True
+
+
 # ------------------------------------------------------------------------------------------------ compiling
 
 
-def _refused(option: str, message: str) -> OptionRefused:
-    message = " ".join(str(message).split())
-    if len(message) > MAX_MESSAGE:
-        message = message[:MAX_MESSAGE] + " ..."
-    return OptionRefused(option, f"{option}: {message}")
+def _said(message: Any) -> str:
+    """The grammar engine's message on one line, without the parser state it appends, at most MAX_MESSAGE long."""
+    text = " ".join(str(message).split("<state>")[0].split())
+    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + " ..."
+
+
+def _refused(option: str, message: Any) -> OptionRefused:
+    return OptionRefused(option, f"{option}: {_said(message)}")
 
 
 def _source(kind: str, value: Any, option: str) -> str:
@@ -123,21 +144,28 @@ def _source(kind: str, value: Any, option: str) -> str:
         raise InvalidArgument(f"a grammar is one of {', '.join(KINDS)}, got {kind!r}")
     if kind == "json_schema":
         if isinstance(value, str):
+            _check_size(value, "the JSON schema", option)
             try:
                 value = json.loads(value)
-            except json.JSONDecodeError as error:
+            except (json.JSONDecodeError, RecursionError) as error:
                 raise _refused(option, f"the JSON schema is not JSON ({error})") from None
         if isinstance(value, bool):  # the schemas true (any JSON value) and false (none)
             value = {} if value else {"not": {}}
         if not isinstance(value, Mapping):
             raise _refused(option, f"a JSON schema is an object, got {type(value).__name__}")
         try:
-            return llg.LLMatcher.grammar_from_json_schema(dict(value), defaults=dict(JSON_LAYOUT))
-        except (ValueError, TypeError) as error:
+            text = json.dumps(value)
+        except (ValueError, TypeError, RecursionError) as error:
+            raise _refused(option, f"the JSON schema is not JSON ({error})") from None
+        _check_size(text, "the JSON schema", option)
+        try:
+            return llg.LLMatcher.grammar_from_json_schema(text, defaults=dict(JSON_LAYOUT))
+        except (ValueError, TypeError, RecursionError) as error:
             raise _refused(option, error) from None
     if not isinstance(value, str):
         raise _refused(option, f"a {'regular expression' if kind == 'regex' else 'grammar'} is text, got "
                                f"{type(value).__name__}")
+    _check_size(value, "the regular expression" if kind == "regex" else "the grammar", option)
     if kind == "regex":
         return llg.LLMatcher.grammar_from_regex(value)
     if kind == "gbnf":
@@ -148,6 +176,29 @@ def _source(kind: str, value: Any, option: str) -> str:
         except Exception as error:  # noqa: BLE001 - the converter raises bare Exceptions for a missing rule
             raise _refused(option, f"the GBNF grammar cannot be read: {error}") from None
     return llg.LLMatcher.grammar_from_lark(value)
+
+
+def _check_size(text: str, what: str, option: str) -> None:
+    if len(text) > MAX_SOURCE:
+        raise _refused(option, f"{what} is {len(text)} characters; at most {MAX_SOURCE}")
+
+
+_builder: ThreadPoolExecutor | None = None
+_builder_lock = threading.Lock()
+
+
+def _built(work: Callable[[], Any]) -> Any:
+    """`work()` run on the grammar builder's thread (BUILD_STACK of stack), its result or its exception."""
+    global _builder
+    with _builder_lock:
+        if _builder is None:
+            previous = threading.stack_size(BUILD_STACK)
+            try:
+                _builder = ThreadPoolExecutor(1, thread_name_prefix="strata-grammar")
+                _builder.submit(lambda: None).result()  # its thread starts now, with that stack
+            finally:
+                threading.stack_size(previous)
+    return _builder.submit(work).result()
 
 
 def _checked(grammar: str, option: str, tokenizer: Any = None) -> None:
@@ -163,17 +214,21 @@ def _checked(grammar: str, option: str, tokenizer: Any = None) -> None:
 def check_source(kind: str, value: Any, option: str) -> None:
     """Refuse (OptionRefused naming `option`) a grammar that cannot compile for any tokenizer: before a model
     loads."""
-    _checked(_source(kind, value, option), option)
+    _built(lambda: _checked(_source(kind, value, option), option))
 
 
 def compile_grammar(codec: Any, kind: str, value: Any, option: str) -> Grammar:
     """`value`, a grammar written as `kind` (KINDS), compiled against `codec`'s vocabulary; OptionRefused naming
     `option` with the grammar engine's words where it cannot be (an unsupported JSON schema keyword, a regex
-    look-around, a GBNF rule that is missing, ...)."""
-    source = _source(kind, value, option)
-    tokenizer = _tokenizer(codec, option)
-    _checked(source, option, tokenizer)
-    return Grammar(source, tokenizer, option)
+    look-around, a GBNF rule that is missing, a grammar over MAX_SOURCE characters, ...). Built on a thread of its
+    own with a deep stack (BUILD_STACK)."""
+    def build() -> Grammar:
+        source = _source(kind, value, option)
+        tokenizer = _tokenizer(codec, option)
+        _checked(source, option, tokenizer)
+        return Grammar(source, tokenizer, option)
+
+    return _built(build)
 
 
 def _response_format(value: Any, option: str) -> Any:
@@ -219,12 +274,22 @@ def compile_constraint(codec: Any, option: str, value: Any) -> Grammar | None:
 
 class Grammar:
     """A constraint compiled against one tokenizer (immutable, shared by any number of generations): `start()`
-    gives one generation's state. `option` names what asked for it (a refusal or a failure names it)."""
+    gives one generation's state. `option` names what asked for it (a refusal or a failure names it). Its parser
+    is built here, once (by compile_grammar, on its deep stack), with its first mask: a grammar that allows no
+    answer at all (a schema that only refers to itself, a left-recursive rule) is refused now; each generation
+    starts from a copy of that parser and mask."""
 
     def __init__(self, source: str, tokenizer: Any, option: str):
         self.source, self.tokenizer, self.option = source, tokenizer, option
         self.vocab = int(tokenizer.vocab_size)
         self.words = -(-self.vocab // MASK_BITS)
+        llg = _library(option)
+        self._parser = llg.LLMatcher(tokenizer, source, log_level=0)
+        self.first = np.zeros(self.words, np.int32)
+        if not self._parser.is_error():
+            self._parser.unsafe_compute_mask_ptr(self.first.ctypes.data, self.first.nbytes)
+        if self._parser.is_error():
+            raise _refused(option, f"the grammar allows no answer ({_said(self._parser.get_error())})")
 
     def start(self) -> Constraint:
         return Constraint(self)
@@ -235,16 +300,16 @@ class Constraint:
     (`advance`), and the masks of a verification's rows (`valid_prefix`, `draft_masks`)."""
 
     def __init__(self, grammar: Grammar):
-        llg = _library(grammar.option)
         self.grammar = grammar
-        self._matcher = llg.LLMatcher(grammar.tokenizer, grammar.source, log_level=0)
+        self._matcher = grammar._parser.deep_copy()  # a copy of the built parser: nothing is built again
         self._moves = 0  # tokens consumed so far: a mask is of the state it was made in
         self._failed()
 
     def _failed(self) -> None:
+        """A grammar the engine cannot follow further (one of llguidance's limits: a schema too ambiguous, a lexer
+        too large) is the request's: OptionRefused naming its option."""
         if self._matcher.is_error():
-            raise StrataError(f"{self.grammar.option}: the grammar engine failed: "
-                              f"{' '.join(self._matcher.get_error().split())[:MAX_MESSAGE]}")
+            raise _refused(self.grammar.option, f"the grammar engine cannot go on: {self._matcher.get_error()}")
 
     def _fill(self, out: np.ndarray) -> None:
         self._matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
@@ -254,6 +319,8 @@ class Constraint:
         """The tokens allowed next, computed when the engine first asks (`fill` or `words`) and only in the state it
         was made in: the constraint does not move while the engine call it goes with runs."""
         moves = self._moves
+        if moves == 0:
+            return TokenMask(self.grammar.first)
 
         def compute(out: np.ndarray) -> None:
             if self._moves != moves:
@@ -267,12 +334,16 @@ class Constraint:
         self._fill(out)
         return TokenMask(out)
 
-    def advance(self, token: int) -> None:
-        """The token drawn (never an EOS: that ends the answer); StrataError where the grammar does not allow it (an
-        engine that did not apply the mask)."""
+    def advance(self, token: int, mask: TokenMask | None = None) -> None:
+        """The token drawn (never an EOS: that ends the answer) under `mask`. Where the grammar does not take it:
+        StrataError if the mask did not allow it or was never computed (an engine that did not apply it), else
+        OptionRefused (the grammar engine met one of its limits: the grammar's fault)."""
         if not self._matcher.consume_token(int(token)):
+            said = _said(self._matcher.get_error())
+            if mask is not None and mask.computed and mask.allowed(int(token) + 1)[int(token)]:
+                raise _refused(self.grammar.option, f"the grammar engine cannot go on: {said}")
             raise StrataError(f"{self.grammar.option}: the engine produced token {token}, which the grammar does not "
-                              f"allow there ({' '.join(self._matcher.get_error().split())[:200]})")
+                              f"allow there ({said})")
         self._moves += 1
 
     def valid_prefix(self, tokens: Sequence[int], eos: Sequence[int] = ()) -> int:

@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import hmac
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -24,7 +26,9 @@ from starlette.routing import Route
 import strata
 from strata.errors import FormatError, InvalidArgument, StrataError
 from strata.generation import Session
+from strata.generation.arguments import OptionRefused
 from strata.generation.batcher import Batcher
+from strata.generation.constraints import can_mask, compile_grammar, warm
 from strata.server.access import AccessLog, internal_error, log
 from strata.server.answers import FINISH, Answers, data, usage
 from strata.server.body import read_json
@@ -95,6 +99,10 @@ class Server:
             self.executor = ThreadPoolExecutor(len(sessions), thread_name_prefix="strata-run")
         self.metrics = Metrics()
         self.created = int(time.time())
+        # structured output: the grammar engine's tokenizer made now, off the first such request's time
+        self.masks = can_mask(self._engines[0])
+        if self.masks:
+            threading.Thread(target=warm, args=(self.codec,), name="strata-grammar-warm", daemon=True).start()
 
     def close(self) -> None:
         """Let the compute thread go once the requests it has are done; the sessions get their engines back."""
@@ -296,9 +304,12 @@ class Server:
     @staticmethod
     def _failure(error: Exception, request: Request) -> BadRequest:
         """A run's error as an answer: refused arguments are the client's (400, naming the field where the session
-        did), the rest the model's or the engine's (500, logged: NaN logits, a CUDA error, ...)."""
+        did), as is a grammar the grammar engine cannot follow further; the rest the model's or the engine's (500,
+        logged: NaN logits, a CUDA error, ...)."""
         if isinstance(error, Refused):
             return BadRequest(str(error), getattr(error.error, "option", None), code="invalid_value")
+        if isinstance(error, OptionRefused):  # a grammar the grammar engine could not follow to its end
+            return BadRequest(str(error), error.option, code="invalid_value")
         log.error("request %s: the model failed: %s", request.state.request_id, error)
         return BadRequest(f"the model failed: {error}", code="model_error", status=500)
 
@@ -315,11 +326,30 @@ class Server:
     def _prepare(self, body: bytes, parse) -> tuple[Call, list[list[int]]]:
         """The request's call and its prompts' ids (BadRequest names what is wrong); runs on a worker thread."""
         fields = read_json(body)
-        call = parse(fields)
+        call = self._compiled(parse(fields))
         check_model(fields.get("model"))
         if call.kind == "chat":
             return call, [self._chat_ids(call)]
         return call, [self._prompt_ids(prompt) for prompt in call.prompts]
+
+    def _compiled(self, call: Call) -> Call:
+        """The call with its constraint compiled against the model's tokenizer (before it waits for a session): a
+        schema or grammar that cannot be enforced is refused naming the request's field and what it cannot take;
+        an engine whose sampler takes no token mask refuses any."""
+        asked = call.constraint
+        if asked is None:
+            return call
+        if not self.masks:
+            raise BadRequest(f"{asked.field}: this server's engine cannot hold an answer to a grammar yet (its sampler "
+                             "takes no token mask: the GPU sampler takes one in a later change; --engine reference "
+                             "does)", asked.field, "unsupported_parameter")
+        if call.sampling.get("ignore_eos"):
+            raise BadRequest(f"'ignore_eos' cannot go with '{asked.field}': the grammar says where the answer ends",
+                             "ignore_eos", "invalid_value")
+        try:
+            return replace(call, grammar=compile_grammar(self.codec, asked.kind, asked.source, asked.field))
+        except StrataError as error:
+            raise BadRequest(str(error), asked.field, "invalid_value") from None
 
     def _chat_ids(self, call: Call) -> list[int]:
         if not getattr(self.codec, "chat_template", None):

@@ -12,7 +12,9 @@ from typing import Any
 import strata
 from strata.generation import MAX_LOGPROBS
 from strata.sampling import MAX_BIAS, MAX_PENALTY
-from strata.server.requests import IGNORED, MAX_CHOICES, MAX_STOPS, NEUTRAL, REPEAT_PENALTY, TEMPLATE_NAMES
+from strata.server.requests import (
+    IGNORED, JSON_SCHEMA_KEYS, MAX_CHOICES, MAX_STOPS, NEUTRAL, REPEAT_PENALTY, TEMPLATE_NAMES,
+)
 
 _JSON_TYPES = {bool: "boolean", dict: "object", str: "string", list: "array", int: "number", float: "number"}
 
@@ -53,6 +55,23 @@ _MESSAGE = {"type": "object", "required": ["role"], "properties": {
     "content": {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": _TEXT_PART}]},
     "tool_calls": _null({"type": "array", "items": _TOOL_CALL_IN})}}
 _TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+# a JSON schema the answer is held to (structured output): what the grammar engine cannot enforce is refused by name
+_SCHEMA = {"type": ["object", "boolean"]}
+_RESPONSE_FORMAT = {"anyOf": [
+    {"type": "null"},
+    {"type": "object", "properties": {"type": {"const": "text"}}, "required": ["type"], "additionalProperties": False},
+    {"type": "object", "properties": {"type": {"const": "json_object"}, "schema": _null(_SCHEMA)},
+     "required": ["type"], "additionalProperties": False},
+    {"type": "object", "properties": {
+        "type": {"const": "json_schema"},
+        "json_schema": {"type": "object", "additionalProperties": False, "properties": {
+            "name": _null({"type": "string"}), "description": _null({"type": "string"}), "schema": _null(_SCHEMA),
+            "strict": _null({"type": "boolean"})}, "propertyNames": {"enum": sorted(JSON_SCHEMA_KEYS)}}},
+     "required": ["type", "json_schema"], "additionalProperties": False}]}
+_TOOL_CHOICE = {"anyOf": [{"enum": [None, "auto", "none", "required"]}, {
+    "type": "object", "required": ["type", "function"], "properties": {
+        "type": {"const": "function"},
+        "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}}]}
 
 COMMON_FIELDS: dict[str, Any] = {
     "model": _null({"type": "string"}),
@@ -81,6 +100,8 @@ COMMON_FIELDS: dict[str, Any] = {
                        {"type": "null"}]},
     "n": _integer(1, MAX_CHOICES),
     "ignore_eos": _null({"type": "boolean"}),
+    "grammar": _null({"type": "string"}),  # llama-server's: GBNF
+    "json_schema": _null(_SCHEMA),  # llama-server's
     **{name: _null({"type": sorted({_JSON_TYPES[kind] for kind in kinds})}) for name, kinds in IGNORED.items()},
     **{name: _neutral(name) for name in ("service_tier", "typical_p", "mirostat", "dry_multiplier",
                                          "xtc_probability", "dynatemp_range", "top_n_sigma", "id_slot",
@@ -93,11 +114,10 @@ CHAT_REQUEST = _request({
     "logprobs": _null({"type": "boolean"}),
     "top_logprobs": _integer(0, MAX_LOGPROBS),
     "tools": _null({"type": "array", "items": {"type": "object"}}),
-    "tool_choice": {"enum": [None, "auto", "none"]},
+    "tool_choice": _TOOL_CHOICE,
     "parallel_tool_calls": _null({"type": "boolean"}),
     "chat_template_kwargs": _null({"type": "object", "propertyNames": {"not": {"enum": sorted(TEMPLATE_NAMES)}}}),
-    "response_format": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {"type": {"const": "text"}},
-                                                     "required": ["type"], "additionalProperties": False}]},
+    "response_format": _RESPONSE_FORMAT,
     **{name: _neutral(name) for name in ("modalities", "audio", "prediction", "functions", "function_call",
                                          "reasoning_effort", "verbosity", "web_search_options")},
 }, ["messages"])

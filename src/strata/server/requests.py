@@ -14,14 +14,26 @@ from strata.generation import MAX_LOGPROBS, RANDOM_SEED
 from strata.sampling import MAX_BIAS, MAX_PENALTY
 from strata.server.body import read_json
 from strata.server.errors import BadRequest
+from strata.server.tools import tool_call_grammar
 
-__all__ = ["BadRequest", "Call", "check_model", "parse_chat", "parse_completion"]
+__all__ = ["BadRequest", "Call", "Constraint", "check_model", "parse_chat", "parse_completion"]
 
 MAX_CHOICES = 16  # answers one request may ask for: n times the prompts (each runs as its own generation)
 MAX_STOPS = 4
 # repetition_penalty's range: at least 0.01, so that a logit divided by it stays a float32 (a smaller one would make
 # the seen tokens' logits infinite), at most 10 (a penalty past that leaves a seen token no chance anyway)
 REPEAT_PENALTY = (0.01, 10.0)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What a request asks its answer to be held to (structured output), as it came: the request's `field` that
+    asked (response_format, json_schema, grammar, tool_choice), the grammar's `kind`
+    (strata.generation.constraints.KINDS) and its `source`. The server compiles it before the request waits."""
+
+    field: str
+    kind: str
+    source: Any
 
 
 @dataclass(frozen=True)
@@ -40,6 +52,8 @@ class Call:
     logprobs: int | None = None                 # alternatives per token, None: no logprobs
     sampling: dict[str, Any] = field(default_factory=dict)  # Session's sampling options (SAMPLING_OPTIONS)
     template_options: dict[str, Any] = field(default_factory=dict)
+    constraint: Constraint | None = None        # structured output, as asked for
+    grammar: Any = None                         # ... and compiled (strata.generation.constraints.Grammar)
 
     @property
     def answers(self) -> int:
@@ -50,6 +64,8 @@ class Call:
         """The Session options of `answer`: a seed given goes up by one from one choice of a prompt to the next,
         so that the n choices differ and the request repeated gives them again."""
         options = {**self.sampling, "max_tokens": self.max_tokens, "logprobs": self.logprobs}
+        if self.grammar is not None:
+            options["grammar"] = self.grammar
         if answer % self.n and options.get("seed") is not None and options["seed"] >= 0:
             options["seed"] += answer % self.n
         return options
@@ -82,13 +98,18 @@ LLAMA_SERVER_NEUTRAL = {"typical_p", "mirostat", "dry_multiplier", "xtc_probabil
                         "top_n_sigma", "id_slot", "timings_per_token"}
 COMMON = {"model", "stream", "stream_options", "max_tokens", "n_predict", "temperature", "top_p", "top_k", "min_p",
           "repetition_penalty", "repeat_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "seed",
-          "stop", "n", "ignore_eos", "service_tier", *IGNORED, *LLAMA_SERVER_NEUTRAL}
+          "stop", "n", "ignore_eos", "service_tier", "grammar", "json_schema", *IGNORED, *LLAMA_SERVER_NEUTRAL}
 CHAT = COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
                  "parallel_tool_calls", "chat_template_kwargs", "response_format", "modalities", "audio",
                  "prediction", "functions", "function_call", "reasoning_effort", "verbosity", "web_search_options"}
 COMPLETION = COMMON | {"prompt", "logprobs", "echo", "best_of", "suffix"}
 # the names the chat template is rendered with besides chat_template_kwargs (strata.chat.render_chat's own)
 TEMPLATE_NAMES = {"template", "messages", "add_generation_prompt", "bos_token", "eos_token"}
+# response_format's keys, by its type, and those of its json_schema object (OpenAI's; json_object's schema is
+# llama-server's)
+RESPONSE_FORMATS = {"text": {"type"}, "json_object": {"type", "schema"}, "json_schema": {"type", "json_schema"}}
+JSON_SCHEMA_KEYS = {"name", "description", "schema", "strict"}
+ANY_OBJECT = {"type": "object"}
 
 
 def _number(body: Mapping[str, Any], key: str, default: float, low: float, high: float,
@@ -273,10 +294,9 @@ def parse_chat(body: Any) -> Call:
     tools = body.get("tools")
     if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
         raise BadRequest("'tools' must be a list of tool objects", "tools", "invalid_type")
-    if body.get("tool_choice") not in (None, "auto", "none"):
-        raise BadRequest("'tool_choice' must be auto or none", "tool_choice", "unsupported_value")
-    if body.get("response_format") not in (None, {"type": "text"}):
-        raise BadRequest("'response_format' must be text", "response_format", "unsupported_value")
+    choice = _tool_choice(body.get("tool_choice"), tools)
+    constraint = _one_constraint([_response_format(body.get("response_format")), *_llama_constraints(body),
+                                  None if choice is None else _tool_constraint(tools, choice, body)])
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise BadRequest("'chat_template_kwargs' must be an object", "chat_template_kwargs", "invalid_type")
@@ -292,7 +312,7 @@ def parse_chat(body: Any) -> Call:
                 n=_choices(body), max_tokens=_max_tokens(body, ("max_completion_tokens", "max_tokens"), None),
                 stream=_flag(body, "stream"), include_usage=_include_usage(body),
                 logprobs=(top or 0) if _flag(body, "logprobs") else None, sampling=_sampling(body),
-                template_options=options)
+                template_options=options, constraint=constraint)
 
 
 def parse_completion(body: Any) -> Call:
@@ -301,7 +321,102 @@ def parse_completion(body: Any) -> Call:
     return Call("completion", prompts=prompts, n=_choices(body, len(prompts)),
                 max_tokens=_max_tokens(body, ("max_tokens",), 16),  # 16: OpenAI's default for completions
                 stream=_flag(body, "stream"), include_usage=_include_usage(body),
-                logprobs=_integer(body, "logprobs", 0, 5), sampling=_sampling(body))
+                logprobs=_integer(body, "logprobs", 0, 5), sampling=_sampling(body),
+                constraint=_one_constraint(_llama_constraints(body)))
+
+
+# ------------------------------------------------------------------------------------------ structured output
+
+
+def _response_format(value: Any) -> Constraint | None:
+    """OpenAI's response_format: text (nothing), json_object (any object; llama-server's `schema` beside it, that
+    schema), json_schema ({name, description, schema, strict}: the schema, enforced whether strict or not)."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind not in RESPONSE_FORMATS:
+        raise BadRequest("'response_format' must be an object whose type is text, json_object or json_schema",
+                         "response_format", "invalid_value")
+    if unknown := sorted(set(value) - RESPONSE_FORMATS[kind]):
+        raise BadRequest(f"'response_format' of type {kind} takes no {unknown[0]!r}", "response_format",
+                         "unknown_parameter")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema = value.get("schema")
+        if schema is not None and not isinstance(schema, (dict, bool)):
+            raise BadRequest("'response_format.schema' must be a JSON schema (an object)", "response_format",
+                             "invalid_type")
+        return Constraint("response_format", "json_schema", ANY_OBJECT if schema is None else schema)
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise BadRequest("'response_format' of type json_schema needs its 'json_schema' object (name, schema, "
+                         "strict)", "response_format", "invalid_value")
+    if unknown := sorted(set(spec) - JSON_SCHEMA_KEYS):
+        raise BadRequest(f"'response_format.json_schema' takes no {unknown[0]!r} (it takes "
+                         f"{', '.join(sorted(JSON_SCHEMA_KEYS))})", "response_format", "unknown_parameter")
+    for key, kinds in (("name", str), ("description", str), ("strict", bool)):
+        if spec.get(key) is not None and not isinstance(spec[key], kinds):
+            raise BadRequest(f"'response_format.json_schema.{key}' must be {_TYPE_NAMES[kinds]}", "response_format",
+                             "invalid_type")
+    schema = spec.get("schema")
+    if schema is not None and not isinstance(schema, (dict, bool)):
+        raise BadRequest("'response_format.json_schema.schema' must be a JSON schema (an object)", "response_format",
+                         "invalid_type")
+    return Constraint("response_format", "json_schema", ANY_OBJECT if schema is None else schema)
+
+
+def _llama_constraints(body: Mapping[str, Any]) -> list[Constraint | None]:
+    """llama-server's fields: `grammar` (GBNF text) and `json_schema` (a JSON schema)."""
+    out: list[Constraint | None] = []
+    grammar = body.get("grammar")
+    if grammar is not None:
+        if not isinstance(grammar, str):
+            raise BadRequest("'grammar' must be a string (a GBNF grammar)", "grammar", "invalid_type")
+        out.append(Constraint("grammar", "gbnf", grammar) if grammar else None)  # "": no grammar, as llama-server
+    schema = body.get("json_schema")
+    if schema is not None:
+        if not isinstance(schema, (dict, bool)):
+            raise BadRequest("'json_schema' must be a JSON schema (an object)", "json_schema", "invalid_type")
+        out.append(Constraint("json_schema", "json_schema", schema))
+    return out
+
+
+def _one_constraint(given: list[Constraint | None]) -> Constraint | None:
+    found = [c for c in given if c is not None]
+    if len(found) > 1:
+        raise BadRequest(f"'{found[0].field}' and '{found[1].field}' each constrain the answer: give one",
+                         found[1].field, "invalid_value")
+    return found[0] if found else None
+
+
+def _tool_choice(choice: Any, tools: list[dict[str, Any]] | None) -> str | None:
+    """None where the model may answer as it likes (auto, none, not given); "" where it must call a tool
+    (required); a function's name where it must call that one."""
+    if choice in (None, "auto", "none"):
+        return None
+    if choice == "required":
+        name = ""
+    elif (isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict)
+          and isinstance(choice["function"].get("name"), str)):
+        name = choice["function"]["name"]
+    else:
+        raise BadRequest("'tool_choice' must be auto, none, required or {\"type\": \"function\", \"function\": "
+                         "{\"name\": ...}}", "tool_choice", "invalid_value")
+    if not tools:
+        raise BadRequest("'tool_choice' asks for a tool call, but the request gives no 'tools'", "tool_choice",
+                         "invalid_value")
+    return name
+
+
+def _tool_constraint(tools: list[dict[str, Any]], name: str, body: Mapping[str, Any]) -> Constraint:
+    """The answer as the Qwen models write tool calls, each call's arguments held to its tool's parameters."""
+    try:
+        grammar = tool_call_grammar(tools, name or None, parallel=body.get("parallel_tool_calls") is not False)
+    except ValueError as error:
+        param = "tool_choice" if name and "no tool named" in str(error) else "tools"
+        raise BadRequest(str(error), param, "invalid_value") from None
+    return Constraint("tool_choice", "lark", grammar)
 
 
 def _prompts(prompt: Any) -> list[str | list[int]]:

@@ -1,5 +1,7 @@
 """Tool calls in the Qwen models' output (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, as their
-chat templates teach them) as OpenAI `tool_calls`; while streaming, the text of a call is held back."""
+chat templates teach them) as OpenAI `tool_calls`; while streaming, the text of a call is held back. Where a request
+must call a tool (tool_choice required, or a function named), `tool_call_grammar` is the answer's grammar: calls in
+that form, each call's arguments held to its tool's parameters schema."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import re
 import uuid
 from typing import Any
 
+from strata.generation.constraints import JSON_LAYOUT
 from strata.generation.text import pending_stop
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -55,3 +58,47 @@ class ToolCallStream:
         if calls:
             return "", calls  # the content before the first call was already shown
         return self.text[self.shown:], []
+
+
+# A function without parameters takes none: its arguments are the empty object (OpenAI's reading).
+NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+def _call_schema(tool: Any, index: int) -> tuple[str, dict[str, Any]]:
+    """A tool's name and the JSON schema of a call of it, {"name": that name, "arguments": its parameters} (the
+    parameters' definitions, `$defs` or `definitions`, at the call schema's root, where their references point)."""
+    function = tool.get("function") if isinstance(tool, dict) and tool.get("type", "function") == "function" else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+        raise ValueError(f"tools[{index}] must be {{\"type\": \"function\", \"function\": {{\"name\": ..., "
+                         "\"parameters\": {...}}}")
+    parameters = function.get("parameters")
+    if parameters is None:
+        parameters = NO_PARAMETERS
+    if not isinstance(parameters, (dict, bool)):
+        raise ValueError(f"tools[{index}].function.parameters must be a JSON schema (an object)")
+    hoisted = {}
+    if isinstance(parameters, dict):
+        hoisted = {key: parameters[key] for key in ("$defs", "definitions") if key in parameters}
+        parameters = {key: value for key, value in parameters.items() if key not in hoisted}
+    return function["name"], {**hoisted, "type": "object", "properties": {"name": {"const": function["name"]},
+                                                                          "arguments": parameters},
+                              "required": ["name", "arguments"], "additionalProperties": False,
+                              "x-guidance": dict(JSON_LAYOUT)}
+
+
+def tool_call_grammar(tools: list[Any], name: str | None, parallel: bool = True) -> str:
+    """The grammar (llguidance's Lark) of an answer that calls tools as the Qwen models write calls: one call of the
+    function `name`, or (None: tool_choice required) one or more calls (one where not `parallel`) of any of `tools`.
+    ValueError names a tool that is no function, or a name no tool has."""
+    calls = dict(_call_schema(tool, i) for i, tool in enumerate(tools))
+    if name is not None:
+        if name not in calls:
+            raise ValueError(f"tool_choice names the function {name!r:.80}, but there is no tool named so "
+                             f"(the tools: {', '.join(map(repr, calls))[:200]})")
+        calls = {name: calls[name]}
+    more = ' ("\\n" call)*' if name is None and parallel else ""
+    rules = [f"function{i}: %json {json.dumps(schema, ensure_ascii=True)}" for i, schema in enumerate(calls.values())]
+    choice = " | ".join(f"function{i}" for i in range(len(rules)))
+    return "\n".join([
+        "%llguidance {}", "", f"start: call{more}",
+        f"call: {json.dumps(OPEN + chr(10))} ({choice}) {json.dumps(chr(10) + CLOSE)}", *rules, ""])
