@@ -16,6 +16,7 @@ from strata.options import (
 
 # options the reference engine has no use for
 GPU_ONLY = ("kv", "kv_streaming", "mode", "expert_cache", "cache_policy", "vram_limit")
+MAX_GRAMMAR_BYTES = 1 << 20  # a --json-schema or --grammar file larger is refused unread (a grammar is 64 KiB at most)
 
 
 class _Given(argparse.Action):
@@ -130,12 +131,57 @@ def add_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--repeat-penalty", type=float, default=1.0, help="1: off")
     sub.add_argument("--seed", type=int, default=-1, help="the sampler's seed (-1: a random one)")
     sub.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    add_structured_arguments(sub)
+
+
+def add_structured_arguments(sub: argparse.ArgumentParser) -> None:
+    """--json-schema FILE and --grammar FILE: the answer held to a JSON schema or a GBNF grammar (structured
+    output, docs/structured.md; llama.cpp's --json-schema-file and --grammar-file are the same flags)."""
+    given = sub.add_mutually_exclusive_group()
+    given.add_argument("--json-schema", "--json-schema-file", dest="json_schema", metavar="FILE", default=None,
+                       help="hold every answer to the JSON schema in FILE (needs strata-moe[structured]; the reference "
+                            "engine, for now)")
+    given.add_argument("--grammar", "--grammar-file", dest="grammar", metavar="FILE", default=None,
+                       help="hold every answer to the GBNF grammar in FILE, as llama.cpp reads it (needs "
+                            "strata-moe[structured]; the reference engine, for now)")
+
+
+def structured(args: argparse.Namespace) -> dict:
+    """The constraint --json-schema or --grammar gives (Session's json_schema or grammar option), its file read and
+    checked before the model loads: a file that is not there, not JSON or not a grammar is one line naming the
+    flag."""
+    from strata.chat_templates import read_user_text
+    from strata.generation.constraints import check_source
+
+    for option, flag, kind in (("json_schema", "--json-schema", "json_schema"), ("grammar", "--grammar", "gbnf")):
+        path = getattr(args, option, None)
+        if path is None:
+            continue
+        text = read_user_text(path, flag, MAX_GRAMMAR_BYTES)  # a schema as its JSON text: Session reads it so
+        try:
+            check_source(kind, text, option)
+        except InvalidArgument as error:
+            raise InvalidArgument(f"{flag} {path}: {str(error).removeprefix(option + ': ')}") from None
+        return {option: text}
+    return {}
+
+
+def refuse_structured_on_gpu(args: argparse.Namespace) -> None:
+    """Session's refusal of a constraint on an engine whose sampler takes no token mask, before a GPU load that would
+    end in it (the GPU engine says whether its sampler takes one: `token_masks`)."""
+    from strata.runtime.engine import GpuEngine
+
+    flag = "--json-schema" if getattr(args, "json_schema", None) else "--grammar" if getattr(args, "grammar", None) \
+        else None
+    if flag is not None and not getattr(GpuEngine, "token_masks", False):
+        raise InvalidArgument(f"{flag}: the GPU engine's sampler does not take a token mask yet (a later change); use "
+                              "--engine reference")
 
 
 def sampling(args: argparse.Namespace) -> dict:
     return {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
             "repeat_penalty": args.repeat_penalty, "seed": args.seed, "stop": args.stop,
-            "max_tokens": args.max_tokens if args.max_tokens > 0 else None}
+            "max_tokens": args.max_tokens if args.max_tokens > 0 else None, **getattr(args, "structured", {})}
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -152,6 +198,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.control_vector_layer_range is not None and not (args.control_vector or args.control_vector_scaled):
         raise InvalidArgument("--control-vector-layer-range sets the layers a control vector steers: give "
                               "--control-vector or --control-vector-scaled too")
+    args.structured = structured(args)
 
 
 def require_gpu(hint: str) -> None:
@@ -188,6 +235,7 @@ def opened_model(args: argparse.Namespace) -> Iterator:
     warn_ignored(args)
     if args.engine == "gpu":
         refuse_control_vectors_on_gpu(args, "use --engine reference")
+        refuse_structured_on_gpu(args)
         require_gpu("use --engine reference to run a small model on the CPU")
     options = placement(args) if args.engine == "gpu" else {}
     with load(args.model, engine=args.engine, **options) as model:
