@@ -118,7 +118,8 @@ def main() -> None:
         answer_tokens.append(len(seconds))
     added = [c + s for c, s in zip(compile_ms, start_ms)]
     figures = {
-        "vocab": vocab, "fields": args.fields, "schemas": args.schemas, "tokenizer_seconds": round(tokenizer_seconds, 3),
+        "vocab": vocab, "fields": args.fields, "schemas": args.schemas,
+        "tokenizer_seconds": round(tokenizer_seconds, 3),
         "first_token_added_ms": {"median": round(statistics.median(added), 2),
                                  "p90": round(float(np.percentile(added, 90)), 2), "max": round(max(added), 2)},
         "compile_ms_median": round(statistics.median(compile_ms), 2),
