@@ -27,20 +27,34 @@ PROMPT, N = "hello strata", 16
 
 
 def _native_greedy(model, ids: list[int], n: int) -> list[int]:
-    """n greedy tokens after `ids` from a DecodeSession driven directly (no generation.Session, no GpuEngine).
+    """n greedy tokens after `ids` from a DecodeSession driven directly (no generation.Session, no GpuEngine), the
+    prompt fed as the GPU engine feeds it: through the prompt path in the session's chunk where the prompt is long
+    enough (PROMPT_MIN_TOKENS), else token by token.
 
-    Tokens are compared GPU to GPU: the same kernels give the same logits, so equality is exact. Agreement with
-    the reference is tests/session/test_decode_session.py's job, with a tolerance (near-ties of a random tiny model's
-    logits can flip a greedy token between two correct implementations).
+    Tokens are compared GPU to GPU: the same kernels in the same order give the same logits, so equality is exact.
+    Agreement with the reference is tests/session/test_decode_session.py's job, with a tolerance (near-ties of a
+    random tiny model's logits can flip a greedy token between two correct implementations, as between the prompt
+    path's products and the steps' GEMVs).
     """
-    from support.native_session import open_native_session, ple_rows
+    from strata.runtime.ple_rows import PleRows
+    from strata.runtime.prompt import PROMPT_MIN_TOKENS
+    from support.native_session import open_native_session
 
-    ple = ple_rows(model)
-    native = open_native_session(model, context=256, kv="int8", mode="uncaptured", cache=model.cache)
+    probe = model.session(context=256, kv="int8")
+    chunk = probe.engine.prompt_chunk
+    probe.close()
+    g = model.info.geometry
+    gather = PleRows(model.file, g) if g.ple_layers else None  # one n-gram state for the prompt and the steps
+    ple = gather.rows if gather else (lambda token: None)
+    native = open_native_session(model, context=256, kv="int8", mode="uncaptured", cache=model.cache,
+                                 prompt_chunk=chunk, staging=model.staging)
     greedy = (0.0, 0, 1.0, 0.0, 1.0)
     try:
-        for i, t in enumerate(ids):
-            token = native.step(t, ple(t), greedy, 0.0, sample=i == len(ids) - 1)
+        if chunk and len(ids) >= PROMPT_MIN_TOKENS:
+            token = native.feed(ids, gather.rows_for(ids) if gather else None, greedy, 0.0, sample=True)
+        else:
+            for i, t in enumerate(ids):
+                token = native.step(t, ple(t), greedy, 0.0, sample=i == len(ids) - 1)
         out = []
         for _ in range(n):
             out.append(token)
