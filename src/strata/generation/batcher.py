@@ -46,7 +46,7 @@ GRACE_SECONDS = 0.002
 STEPPED_PROMPT_CHUNK = 8
 # What an engine reads once, when it becomes a member: fixed for its life, and asked for on every token.
 FIXED_ATTRIBUTES = ("context", "snapshots", "verify_rows", "prompt_chunk", "prompt_min_tokens", "mode", "batch_key",
-                    "max_batch")
+                    "max_batch", "token_masks")
 
 __all__ = ["GRACE_SECONDS", "Batcher", "Member", "prompt_pieces"]
 
