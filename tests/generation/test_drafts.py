@@ -93,3 +93,12 @@ def test_named_drafters_and_their_errors():
     assert named_drafter("mtp", 3, mtp=lambda: mtp) is mtp
     with pytest.raises(strata.InvalidArgument, match="unknown draft 'medusa'; choose None or one of lookup, auto"):
         named_drafter("medusa", 3)
+
+
+def test_the_draft_bound_is_the_native_sessions_verify_rows():
+    """The most drafts a step takes (the generation layer's one fact) and the most rows a GPU session's verification
+    keeps (the native core's): the pending token and every draft fit, and no row is kept that no draft could use."""
+    from strata import _native
+    from strata.generation.drafts import MAX_DRAFT_TOKENS
+
+    assert MAX_DRAFT_TOKENS + 1 == _native.MAX_VERIFY_ROWS <= _native.MAX_STEP_ROWS
