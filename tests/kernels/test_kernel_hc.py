@@ -208,7 +208,7 @@ def test_hc_read_fused_other_shapes(rng, hc, n, rank):
 @pytest.mark.gpu
 @pytest.mark.parametrize("up_type", [T.Q8_0, T.F32])
 def test_hc_read_fused_without_q8_writes_the_same_x(rng, up_type):
-    """Readers of x that take its floats ask for no q8_32 form (session/programs/projection.hpp, q8_for): x's bits stay."""
+    """Readers of x that take its floats ask for no q8_32 form (session/products/projection.hpp, q8_for): x's bits stay."""
     w, h = hc_weights(T.Q8_0, up_type, rng), random_streams(rng)
     floats = _native_check.hc_read(h, w["norm"], w["down"], w["up"], w["inject"], eps=EPS, fused=True)
     with_q8 = _native_check.hc_read(h, w["norm"], w["down"], w["up"], w["inject"], eps=EPS, fused=True, q8=True)

@@ -13,7 +13,7 @@
 #include "../kernels/hc_read.cuh"
 #include "../kernels/norm.cuh"
 #include "../kernels/quantize.cuh"
-#include "../session/programs/projection.hpp"
+#include "../session/products/projection.hpp"
 #include "kernel_check_support.hpp"
 #include "strata/device_weights.hpp"
 #include "strata/check/kernel_check.hpp"

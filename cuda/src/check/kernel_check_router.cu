@@ -12,7 +12,7 @@
 #include "../runtime/pinned_memory.hpp"
 #include "../runtime/stream.hpp"
 #include "../session/programs/graph.hpp"
-#include "../session/programs/projection.hpp"
+#include "../session/products/projection.hpp"
 #include "kernel_check_support.hpp"
 #include "strata/check/kernel_check.hpp"
 #include "strata/device_weights.hpp"

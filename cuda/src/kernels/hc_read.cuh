@@ -5,7 +5,7 @@
 //     inject products and their gates, lo = silu(W_down Hn / hc) [rank], inj = 2 sigmoid(W_inj Hn / hc) [hc],
 //     read Hn as the GEMVs read their activations (every CTA staging and quantizing Hn itself cost 14 us a read);
 //   hc_read_up_mix: up = W_up lo, the block input x = (1/hc) Σ_k sigmoid(up_k) Hn_k [n] and x's q8_32 form,
-//     so that the projections reading x skip their quantization (session/programs/projection.hpp, project_quantized).
+//     so that the projections reading x skip their quantization (session/products/projection.hpp, project_quantized).
 //     Each CTA stages lo (rank floats) in shared memory in the form the up weight's row dot takes.
 // The row dots are the GEMVs' own device code (gemv_quant_rows.cuh, gemv_float_rows.cuh): the same arithmetic as
 // the chain, up to summation order.
@@ -55,7 +55,7 @@ cudaError_t hc_read_down(const HcReadShape& shape, const float* streams, const f
                          const WeightMatrix* inject, const HcReadStage& stage, float* low, float* inj, float* rms,
                          cudaStream_t stream);
 
-// From hc_read_down's low and rms: x [n] and, where x_q8 asks for it (its readers' rule: session/programs/projection.hpp,
+// From hc_read_down's low and rms: x [n] and, where x_q8 asks for it (its readers' rule: session/products/projection.hpp,
 // q8_for), x's q8_32 form, quantize_q8_32(x) bit for bit. Shapes or weights hc_read_fusable refuses ->
 // cudaErrorInvalidValue.
 cudaError_t hc_read_up_mix(const HcReadShape& shape, const float* streams, const float* norm, const float* rms,

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "../../runtime/pinned_memory.hpp"
-#include "../programs/projection.hpp"
+#include "../products/projection.hpp"
 #include "../weights/decode_tensors.hpp"
 #include "chunk_routes.hpp"
 #include "strata/expert_cache.hpp"

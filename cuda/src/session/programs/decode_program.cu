@@ -14,7 +14,7 @@
 #include "../../kernels/router.cuh"
 #include "strata/device.hpp"
 #include "layer_recipe.hpp"
-#include "mixer_shapes.hpp"
+#include "../products/mixer_shapes.hpp"
 #include "scratch_carver.hpp"
 #include "strata/error.hpp"
 

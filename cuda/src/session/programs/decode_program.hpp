@@ -21,7 +21,7 @@
 #include "../state/sequence_views.hpp"
 #include "../weights/decode_tensors.hpp"
 #include "program_inputs.hpp"
-#include "projection.hpp"
+#include "../products/projection.hpp"
 #include "strata/expert_cache.hpp"
 #include "token_schedule.hpp"
 

@@ -38,8 +38,8 @@
 #include "../../kernels/moe.cuh"
 #include "../../kernels/norm.cuh"
 #include "../weights/decode_tensors.hpp"
-#include "mixer_shapes.hpp"
-#include "projection.hpp"
+#include "../products/mixer_shapes.hpp"
+#include "../products/projection.hpp"
 #include "strata/error.hpp"
 #include "strata/geometry.hpp"
 

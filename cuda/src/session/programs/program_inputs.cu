@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "../../kernels/rope.cuh"
-#include "mixer_shapes.hpp"
+#include "../products/mixer_shapes.hpp"
 #include "scratch_carver.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"

@@ -16,7 +16,7 @@
 #include "../../kernels/ple.cuh"
 #include "../../kernels/router.cuh"
 #include "layer_recipe.hpp"
-#include "mixer_shapes.hpp"
+#include "../products/mixer_shapes.hpp"
 #include "scratch_carver.hpp"
 #include "strata/decode_session.hpp"
 #include "strata/device.hpp"

@@ -24,7 +24,7 @@
 #include "../../runtime/pinned_memory.hpp"
 #include "../experts/chunk_experts.hpp"
 #include "program_inputs.hpp"
-#include "projection.hpp"
+#include "../products/projection.hpp"
 #include "strata/decode_session.hpp"
 #include "strata/expert_cache.hpp"
 #include "strata/expert_pool.hpp"

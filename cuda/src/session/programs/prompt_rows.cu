@@ -11,7 +11,7 @@
 #include "../../kernels/moe.cuh"
 #include "../../kernels/ple.cuh"
 #include "../../kernels/qsa.cuh"
-#include "mixer_shapes.hpp"
+#include "../products/mixer_shapes.hpp"
 #include "prompt_program.hpp"
 #include "strata/error.hpp"
 

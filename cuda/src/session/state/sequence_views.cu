@@ -1,6 +1,6 @@
 #include "sequence_views.hpp"
 
-#include "../programs/mixer_shapes.hpp"
+#include "../products/mixer_shapes.hpp"
 
 #include <cstddef>
 #include <string>
