@@ -177,6 +177,11 @@ class DecodeSession {
   void snapshot(int slot);
   void restore(int slot);
 
+  // Which sessions may step together (step_batch, docs/rows.md): those whose keys are equal and not empty. The
+  // one definition of it: the weights, pool, expert cache, staging, device, context and KV format a step's rows
+  // share. Empty where this session steps with none: it has no prompt path, or its KV streams.
+  std::string batch_key() const;
+
   int position() const noexcept;
   int context() const noexcept;
   int prompt_chunk() const noexcept;  // 0: no prompt path

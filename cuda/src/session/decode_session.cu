@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -162,21 +163,17 @@ void DecodeSession::step_batch(DecodeSession* const* sessions, int n, const int*
   STRATA_EXPECTS(n >= 1 && sessions != nullptr, InvalidArgument,
                  "a batched step needs at least one session, got " + std::to_string(n));
   const Impl& lead = *sessions[0]->impl_;
+  const std::string key = sessions[0]->batch_key();
   RowBatch batch(n);
   for (int i = 0; i < n; ++i) {
     Impl& m = *sessions[i]->impl_;
     const std::string which = "session " + std::to_string(i) + " of the batch ";
-    STRATA_EXPECTS(m.shared == lead.shared, InvalidArgument,
-                   which + "runs on other weights, pool, expert cache or staging than session 0's");
-    STRATA_EXPECTS(m.options.device == lead.options.device, InvalidArgument,
-                   which + "is on GPU " + std::to_string(m.options.device) + ", session 0 on GPU " +
-                       std::to_string(lead.options.device));
-    STRATA_EXPECTS(m.sequence.context() == lead.sequence.context() && m.options.kv == lead.options.kv,
-                   InvalidArgument,
-                   which + "holds " + std::to_string(m.sequence.context()) + " tokens of KV, session 0 " +
-                       std::to_string(lead.sequence.context()) +
-                       ": batched sessions share the context and the KV format");
     STRATA_EXPECTS(!m.options.kv_streaming, InvalidArgument, which + "streams its KV; batched steps read it in VRAM");
+    STRATA_EXPECTS(sessions[i]->batch_key() == key && !key.empty(), InvalidArgument,
+                   which + "runs on other weights, pool, expert cache, staging or GPU than session 0, or holds " +
+                       std::to_string(m.sequence.context()) + " tokens of KV in another format (session 0: " +
+                       std::to_string(lead.sequence.context()) +
+                       "): batched sessions share all of these (batch_key)");
     RowBatchSpan& span = batch[i];
     span.runner = &m.runner;
     span.sequence = &m.sequence;
@@ -227,6 +224,15 @@ void DecodeSession::snapshot(int slot) {
 void DecodeSession::restore(int slot) {
   DeviceScope scope(impl_->options.device);
   impl_->runner.restore(impl_->sequence, slot);
+}
+
+std::string DecodeSession::batch_key() const {
+  const Impl& m = *impl_;
+  if (m.runner.prompt_chunk() == 0 || m.options.kv_streaming) return {};
+  const auto address = [](const void* p) { return std::to_string(reinterpret_cast<std::uintptr_t>(p)); };
+  return address(m.shared.weights) + "/" + address(m.shared.pool) + "/" + address(m.shared.cache) + "/" +
+         address(m.shared.staging) + "/gpu" + std::to_string(m.options.device) + "/context" +
+         std::to_string(m.sequence.context()) + "/kv" + std::to_string(static_cast<int>(m.options.kv));
 }
 
 int DecodeSession::position() const noexcept { return impl_->sequence.position(); }

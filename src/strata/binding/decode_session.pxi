@@ -1,5 +1,6 @@
 # One sequence decoding on the GPU and the CPU pool, and the scratch it needs
 # (strata/decode_session.hpp).
+from libcpp.string cimport string
 from libcpp.vector cimport vector
 
 from strata.libstrata.decode_session cimport (
@@ -214,6 +215,13 @@ cdef class DecodeSession:
     @property
     def prompt_chunk(self) -> int:
         return self.native().prompt_chunk()
+
+    @property
+    def batch_key(self) -> str | None:
+        """Which sessions may step together (step_batch): those of equal keys; None where this one steps with none
+        (no prompt path, or its KV streams)."""
+        cdef string key = self.native().batch_key()
+        return key.decode() if key.size() else None
 
     def logits(self):
         """float32 [n_vocab] of the last step."""

@@ -1,5 +1,6 @@
 # Declarations of the decode session (cuda/include/strata/decode_session.hpp).
 from libcpp cimport bool as cbool
+from libcpp.string cimport string
 from libcpp.vector cimport vector
 
 from strata.binding.errors cimport raise_strata_error
@@ -90,6 +91,7 @@ cdef extern from "strata/decode_session.hpp" nogil:
         TokenLogprobs logprobs(int token, int n) except +raise_strata_error
         void snapshot(int slot) except +raise_strata_error
         void restore(int slot) except +raise_strata_error
+        string batch_key() except +raise_strata_error
         int position()
         int context()
         int prompt_chunk()

@@ -156,9 +156,8 @@ class Model:
                                        prompt_cpu=prompt_cpu, kv_streaming=kv_streaming,
                                        defer_experts=defer_experts, ple=gather,
                                        verify_rows=verify_rows)
-        # sessions of this model, context and KV format step together where their KV is in VRAM (docs/batch.md)
-        batch_key = (id(self), context, kv) if chunk > 0 and not kv_streaming else None
-        engine = GpuEngine(native, ple if gather is None else None, snapshots, batch_key)
+        # which sessions step together: the native session's one definition (docs/rows.md)
+        engine = GpuEngine(native, ple if gather is None else None, snapshots, native.batch_key)
         return Session(engine, self.tokenizer, drafter, draft_tokens if drafter else 0)
 
     def _vram_room(self) -> tuple[int, int]:
