@@ -43,6 +43,8 @@ class FakeDecodeSession:
         self.saved: dict[int, int] = {}
         self.context, self.mode, self.position, self.n_vocab = context, mode, 0, n_vocab
         self.prompt_chunk, self.verify_rows = prompt_chunk, verify_rows
+        # as the native key: what the step's rows share, none without a prompt path or with KV streaming
+        self.batch_key = None if not prompt_chunk or kv_streaming else f"{id(weights)}/{context}/{kv}"
         self.feeds: list[tuple] = []
         self.verified = 0  # the last verify's ids; truncate cuts back into them
         self.steps: list[tuple] = []
