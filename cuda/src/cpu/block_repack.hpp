@@ -1,5 +1,5 @@
 // The disk tier's repack: blocks of a file's expert tensor into the planes of their canonical form (docs/forms.md,
-// "From GGUF types"), bit for bit what strata.quant.repack makes of the same bytes (tests/pool/test_tiers.py
+// "From GGUF types"), bit for bit what strata.quant.repack makes of the same bytes (tests/pool/test_pool_tiers.py
 // holds every type to it). Python repacks what it loads itself; the pool repacks what it reads from the file
 // while a token runs.
 #pragma once

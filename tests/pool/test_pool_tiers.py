@@ -44,13 +44,16 @@ class LayerFile:
     weights: tuple  # gate, up, down as repack makes them: what the all-in-RAM pool holds
 
 
-def write_layer(path: Path, types: tuple[T, T, T], rng: np.random.Generator, merged: bool = False) -> LayerFile:
+def write_layer(path: Path, types: tuple[T, T, T], rng: np.random.Generator, merged: bool = False, *,
+                n_embd: int = N_EMBD, ff: int = FF, repacked: bool = True) -> LayerFile:
     """One layer's experts as GGUF blocks in `path` behind odd-sized junk, gate and up as separate tensors or as one
-    merged gate_up tensor (each expert's gate rows, then its up rows, as ffn_gate_up_exps holds them)."""
-    shapes = ((N_EMBD, FF), (N_EMBD, FF), (FF, N_EMBD))  # (cols, rows) per expert
+    merged gate_up tensor (each expert's gate rows, then its up rows, as ffn_gate_up_exps holds them); with
+    `repacked`, also as strata.quant.repack makes them."""
+    shapes = ((n_embd, ff), (n_embd, ff), (ff, n_embd))  # (cols, rows) per expert
     fitted = [fitting_type(t, cols) for t, (cols, _) in zip(types, shapes)]
     raw = [random_blocks(t, cols * rows * N_EXPERT, rng) for t, (cols, rows) in zip(fitted, shapes)]
-    weights = tuple(repack(r, t, (cols, rows, N_EXPERT)) for r, t, (cols, rows) in zip(raw, fitted, shapes))
+    weights = tuple(repack(r, t, (cols, rows, N_EXPERT)) for r, t, (cols, rows) in zip(raw, fitted, shapes)
+                    if repacked)
     per_expert = [r.size // N_EXPERT for r in raw]
     chunks, places = [rng.bytes(37)], []
     at = 37
@@ -261,6 +264,44 @@ def test_sizes_are_the_allocations(tmp_path, rng):
 def whole_layer_bytes(f: LayerFile) -> int:
     return sum(w.nbytes if isinstance(w, np.ndarray) else sum(p.nbytes for p in w.planes().values())
                for w in f.weights)
+
+
+def status_bytes(field: str) -> int:
+    """A size field of /proc/self/status (VmRSS: resident, VmLck: page-locked) in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} in /proc/self/status")
+
+
+def test_memory_is_what_the_figures_say(tmp_path, rng):
+    """A tiered pool takes its arenas and its staging, page-locked where RLIMIT_MEMLOCK allows, and no more while
+    it reads: what a RAM budget counts (strata.runtime.tiers) is what the process holds, and the reads leave
+    nothing resident behind them (O_DIRECT)."""
+    n_embd, ff, layers, k = 2048, 512, 2, 2
+    f = write_layer(tmp_path / "experts.bin", LAYERS["Q4_K|Q4_K|Q6_K"], rng, n_embd=n_embd, ff=ff, repacked=False)
+    slot, bounce = tier_sizes(0, f.matrices, N_EXPERT)
+    slots = round(0.3 * N_EXPERT)
+    figure = layers * slots * slot + 2 * k * (slot + bounce)
+    everything = layers * N_EXPERT * slot
+    rss, locked = status_bytes("VmRSS"), status_bytes("VmLck")
+    with ExpertPool(n_embd, ff, k) as pool:
+        pool.open_file(str(f.path), io_threads=3)
+        for layer in range(layers):  # both layers read the same bytes: what is measured is the pool's memory
+            pool.set_tiered_layer(layer, f.matrices, N_EXPERT, slots, list(range(slots)))
+        info = pool.file_info()
+        assert info["arena_bytes"] + info["staging_bytes"] == figure
+        if info["arenas_locked"] and info["staging_locked"]:
+            assert status_bytes("VmLck") - locked == figure
+        grown = status_bytes("VmRSS") - rss
+        for call in range(40):
+            x = rng.standard_normal(n_embd, dtype=np.float32)
+            ids = rng.choice(N_EXPERT, k, replace=False).astype(np.int32)
+            pool.run_layer_sum(call % layers, x, ids, np.ones(k, np.float32))
+        assert sum(s["misses"] for s in pool.tier_stats()) > 20
+        after = status_bytes("VmRSS") - rss
+        assert grown <= figure + (4 << 20) < everything, (grown, figure, everything)
+        assert after - grown <= 2 << 20, f"the reads left {(after - grown) >> 20} MiB resident"
 
 
 def poisoned_call(pool: ExpertPool, rng: np.random.Generator, ids: list[int]) -> None:
