@@ -1,7 +1,7 @@
 // Reads of byte ranges of the model file past the page cache (docs/tiers.md): with O_DIRECT where the file
 // system takes it, else plain reads whose pages are dropped from the page cache after each read
-// (POSIX_FADV_DONTNEED), so that reading the experts and the n-gram rows a token needs never fills memory with
-// the file. The file's size and times are kept from the open: a file truncated or rewritten under the reader is
+// (POSIX_FADV_DONTNEED), so that reading the experts a token needs never fills memory with the file (or, for
+// small random reads, keep_pages: buffered, readahead off, the pages left to the kernel). The file's size and times are kept from the open: a file truncated or rewritten under the reader is
 // refused, never read as if nothing happened. Host-only, no CUDA.
 #pragma once
 
@@ -13,7 +13,9 @@
 namespace strata {
 
 struct FileReaderOptions {
-  bool direct = true;  // O_DIRECT where the file system takes it; false: buffered reads, pages dropped after
+  bool direct = true;       // O_DIRECT where the file system takes it; false: buffered reads
+  bool keep_pages = false;  // buffered reads leave their pages to the page cache, readahead off (small random
+                            // reads, strata/file_rows.hpp); else they drop them after each read
 };
 
 class FileReader {
@@ -57,6 +59,7 @@ class FileReader {
   std::string path_;
   int buffered_fd_ = -1;  // always open: the fallback, and fstat's
   int direct_fd_ = -1;    // -1 where O_DIRECT is refused or not asked for
+  bool keep_pages_ = false;
   std::int64_t size_ = 0;
   std::int64_t mtime_ns_ = 0, ctime_ns_ = 0;
   mutable std::atomic<bool> direct_{false};

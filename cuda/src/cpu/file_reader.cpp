@@ -35,6 +35,8 @@ FileReader::FileReader(const std::string& path, const FileReaderOptions& options
   ctime_ns_ = nanoseconds(st.st_ctim);
   if (!options.direct) {
     reason_ = "buffered reads were asked for";
+    keep_pages_ = options.keep_pages;
+    if (keep_pages_) ::posix_fadvise(buffered_fd_, 0, 0, POSIX_FADV_RANDOM);  // a miss reads its pages, no more
     return;
   }
   direct_fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
@@ -92,7 +94,7 @@ const std::uint8_t* FileReader::read(std::int64_t offset, std::int64_t length, s
   }
   if (got < 0 && !direct()) {
     got = read_span(buffered_fd_, start, span, bounce);
-    if (got >= 0) ::posix_fadvise(buffered_fd_, start, got, POSIX_FADV_DONTNEED);
+    if (got >= 0 && !keep_pages_) ::posix_fadvise(buffered_fd_, start, got, POSIX_FADV_DONTNEED);
   }
   if (got < 0) {
     const int error = errno;
