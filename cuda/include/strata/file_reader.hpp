@@ -1,8 +1,9 @@
 // Reads of byte ranges of the model file past the page cache (docs/tiers.md): with O_DIRECT where the file
 // system takes it, else plain reads whose pages are dropped from the page cache after each read
 // (POSIX_FADV_DONTNEED), so that reading the experts a token needs never fills memory with the file (or, for
-// small random reads, keep_pages: buffered, readahead off, the pages left to the kernel). The file's size and times are kept from the open: a file truncated or rewritten under the reader is
-// refused, never read as if nothing happened. Host-only, no CUDA.
+// small random reads, keep_pages: buffered, readahead off, the pages left to the kernel). The file's size and
+// times are kept from the open: a file truncated or rewritten under the reader is refused, never read as if
+// nothing happened. Host-only, no CUDA.
 #pragma once
 
 #include <atomic>

@@ -201,7 +201,8 @@ void q6_k(const u8* b, const Out& o) {
   copy_f16(b + 208, o.d);
   for (int h = 0; h < 2; ++h) {
     for (int r = 0; r < 128; ++r) {
-      const int low = (ql[64 * h + r % 64] >> (4 * (r / 64))) & 0x0F, high = (qh[32 * h + r % 32] >> (2 * (r / 32))) & 3;
+      const int low = (ql[64 * h + r % 64] >> (4 * (r / 64))) & 0x0F;
+      const int high = (qh[32 * h + r % 32] >> (2 * (r / 32))) & 3;
       o.codes[128 * h + r] = static_cast<u8>(low | high << 4);
     }
   }

@@ -309,7 +309,8 @@ void ExpertPool::set_tiered_layer(int layer, const ExpertMatrix& gate, const Exp
   std::vector<bool> seen(gate.n_expert, false);
   for (const int e : hold) {
     STRATA_EXPECTS(e >= 0 && e < gate.n_expert && !seen[e], InvalidArgument,
-                   name + ": expert " + str(e) + " to hold is outside 0.." + str(gate.n_expert - 1) + " or given twice");
+                   name + ": expert " + str(e) + " to hold is outside 0.." + str(gate.n_expert - 1) +
+                       " or given twice");
     seen[e] = true;
   }
   const auto matrices = l.matrices();

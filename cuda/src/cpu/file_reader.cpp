@@ -14,7 +14,9 @@ namespace {
 
 std::string str(std::int64_t v) { return std::to_string(v); }
 
-std::int64_t nanoseconds(const struct timespec& t) { return static_cast<std::int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec; }
+std::int64_t nanoseconds(const struct timespec& t) {
+  return static_cast<std::int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
 
 std::int64_t align_down(std::int64_t v) { return v / FileReader::kAlign * FileReader::kAlign; }
 std::int64_t align_up(std::int64_t v) { return align_down(v + FileReader::kAlign - 1); }
