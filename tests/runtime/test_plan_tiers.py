@@ -16,7 +16,9 @@ from strata.models import Role
 from strata.runtime.loader import load_experts
 from strata.runtime.plan import GIB, bytes_by_role, file_tensors, memory_plan, pinned_bytes
 from strata.runtime.pool import ExpertPool
-from strata.runtime.tiers import RamBudget, arena_slots, expert_file_bytes, plan_ram, ram_budget, spare_ram
+from strata.runtime.tiers import (
+    RamBudget, arena_slots, expert_file_bytes, plan_ram, ram_budget, share_budget, spare_ram,
+)
 from strata.synth import synthesize
 
 pytest.importorskip("strata._native")
@@ -170,3 +172,25 @@ def test_a_file_truncated_after_the_plan_fails_the_load(tmp_path, rng):
         with ExpertPool(g.n_embd, g.expert_ff, g.n_expert_used, pin_caller=False) as pool:
             with pytest.raises(FormatError, match=rf"short\.gguf: layer {g.n_layer - 1} expert 0 down at bytes"):
                 load_experts(file, pool, None, plan)
+
+
+def test_a_share_of_the_experts_is_a_budget_that_holds_it(model):
+    with inspect(model) as file:
+        g = file.geometry
+        budget = share_budget(file, 0.5)
+        assert budget.source == "50% of the routed experts"
+        assert plan_ram(file, budget).slots == (g.n_expert // 2,) * g.n_layer
+        assert not plan_ram(file, share_budget(file, 1.0)).tiered
+
+
+def test_info_shows_where_the_model_lands(model):
+    from strata.cli.info import tier_lines
+
+    dense, experts, _ = parts(model)
+    with inspect(model) as file:
+        tiered = "\n".join(tier_lines(file, str(dense + experts // 3)))
+        whole = "\n".join(tier_lines(file, str(10 * (dense + experts))))
+        refused = "\n".join(tier_lines(file, "1K"))
+    assert "VRAM: dense weights" in tiered and "in pinned RAM" in tiered and "on disk" in tiered
+    assert "all in host RAM" in whole and "on disk" not in whole
+    assert "cannot load: RAM budget 0.00 MiB (ram_budget) is below the dense part's" in refused

@@ -267,8 +267,8 @@ def describe(g: Geometry, ranges: Sequence[LayerRange]) -> list[str]:
             lines.append(f"    host (page-locked): {_parts(r.host)}")
     if g.ple_layers:
         (holder,) = [r for r in ranges if r.first <= g.ple_layers[0] < r.last]
-        lines.append(f"  the n-gram table stays in the file, its rows read on the host; they go to GPU "
-                     f"{holder.device}, which runs the PLE layer {g.ple_layers[0]}")
+        lines.append(f"  the n-gram table stays in the file, read on the host; its rows go to GPU {holder.device}, "
+                     f"which runs the PLE layer {g.ple_layers[0]}")
     lines += [f"  every range holds its own {', '.join(PER_DEVICE)}; the one CPU pool answers every range's routed "
               "experts",
               "  planned only: load, run and serve use one GPU until the engine runs ranges (docs/layer_ranges.md)"]

@@ -61,6 +61,7 @@ def repacked(model: ModelFile, names: list[str], progress: Progress | None = Non
         if elementwise and not (isinstance(held, np.ndarray) and held.dtype == np.float32):
             held = dequantize(held)
         yield name, held
+        model.release(name)  # its file pages were read: they leave the process's memory
         done += info.nbytes
         if progress:
             progress(done, total)

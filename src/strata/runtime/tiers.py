@@ -137,51 +137,89 @@ def expert_layers(g: Geometry, tensors: Tensors) -> list[int]:
     return sorted({specs[name].layer for name in tensors if name in specs and specs[name].role is Role.ROUTED_EXPERT})
 
 
+@dataclass(frozen=True)
+class _Parts:
+    """A file's figures for the plan: the dense part, every routed expert in RAM, the pinned buffers, the MoE
+    layers."""
+
+    dense: int
+    experts: int
+    pinned: int
+    layers: list[int]
+
+
+def _parts(file: ModelFile) -> _Parts:
+    g, tensors = file.geometry, file_tensors(file)
+    roles = bytes_by_role(g, tensors)
+    return _Parts(sum(roles[role] for role in DENSE_ROLES), roles[Role.ROUTED_EXPERT], pinned_bytes(g),
+                  expert_layers(g, tensors))
+
+
+def _tiering(file: ModelFile, budget: RamBudget, parts: _Parts):
+    """Where each MoE layer's experts lie in the file, one expert's (arena slot, staging bounce) bytes per layer,
+    and the staging: refused (OutOfMemory) where a type is one the tier does not read."""
+    g = file.geometry
+    matrices = {layer: file_matrices(file, layer) for layer in parts.layers}
+    refused = sorted({form_for(m.ggml_type).name for ms in matrices.values() for m in ms
+                      if m.ggml_type not in tier_types()})
+    if refused:
+        raise OutOfMemory(f"the routed experts take {size_text(parts.experts)}, more than the RAM budget "
+                          f"{budget.line} holds, and the disk tier does not read {', '.join(refused)} experts yet "
+                          "(the lattice i-quants): requantize them, or give a budget that holds them all")
+    sizes = {layer: tier_sizes(layer, m, g.n_expert) for layer, m in matrices.items()}
+    # two halves of n_expert_used slots, each as large as the largest layer's expert and its reads
+    staging = 2 * g.n_expert_used * (max(s for s, _ in sizes.values()) + max(b for _, b in sizes.values()))
+    return matrices, sizes, staging
+
+
 def plan_ram(file: ModelFile, budget: RamBudget) -> RamPlan:
     """The placement of `file`'s routed experts within `budget`: all in RAM where they fit beside the pinned
     buffers, else every MoE layer tiered. Refused (OutOfMemory, with the figures) where the budget is below the
     dense part, or holds not even the disk tier's staging, or the file has expert types the tier does not read."""
-    g, tensors = file.geometry, file_tensors(file)
-    roles = bytes_by_role(g, tensors)
-    dense = sum(roles[role] for role in DENSE_ROLES)
-    if budget.nbytes < dense:
-        raise OutOfMemory(f"RAM budget {budget.line} is below the dense part's {size_text(dense)}, which is "
+    g = file.geometry
+    parts = _parts(file)
+    if budget.nbytes < parts.dense:
+        raise OutOfMemory(f"RAM budget {budget.line} is below the dense part's {size_text(parts.dense)}, which is "
                           "repacked in host memory at load before it goes to VRAM")
-    layers = expert_layers(g, tensors)
-    everything, pinned = roles[Role.ROUTED_EXPERT], pinned_bytes(g)
-    if everything + pinned <= budget.nbytes:
-        slots = tuple(g.n_expert if layer in layers else 0 for layer in range(g.n_layer))
-        return RamPlan(budget, slots, {}, everything, 0, 0, g.n_expert)
-    matrices = {layer: file_matrices(file, layer) for layer in layers}
-    refused = sorted({form_for(m.ggml_type).name for ms in matrices.values() for m in ms
-                      if m.ggml_type not in tier_types()})
-    if refused:
-        raise OutOfMemory(f"the routed experts take {size_text(everything)}, more than the RAM budget {budget.line} "
-                          f"holds, and the disk tier does not read {', '.join(refused)} experts yet (the lattice "
-                          "i-quants): requantize them, or give a budget that holds them all")
-    sizes = {layer: tier_sizes(layer, m, g.n_expert) for layer, m in matrices.items()}
-    # two halves of n_expert_used slots, each as large as the largest layer's expert and its reads
-    staging = 2 * g.n_expert_used * (max(s for s, _ in sizes.values()) + max(b for _, b in sizes.values()))
-    room = budget.nbytes - pinned - staging
+    if parts.experts + parts.pinned <= budget.nbytes:
+        slots = tuple(g.n_expert if layer in parts.layers else 0 for layer in range(g.n_layer))
+        return RamPlan(budget, slots, {}, parts.experts, 0, 0, g.n_expert)
+    matrices, sizes, staging = _tiering(file, budget, parts)
+    room = budget.nbytes - parts.pinned - staging
     if room < 0:
         raise OutOfMemory(f"RAM budget {budget.line} holds not even the disk tier's staging ({size_text(staging)}) "
-                          f"and the pinned buffers ({size_text(pinned)})")
-    held = arena_slots([sizes[layer][0] for layer in layers], g.n_expert, room)
+                          f"and the pinned buffers ({size_text(parts.pinned)})")
+    held = arena_slots([sizes[layer][0] for layer in parts.layers], g.n_expert, room)
     slots = [0] * g.n_layer
-    for layer, n in zip(layers, held):
+    for layer, n in zip(parts.layers, held):
         slots[layer] = n
-    on_disk = sum((g.n_expert - slots[layer]) * expert_file_bytes(matrices[layer]) for layer in layers)
-    expert_ram = sum(slots[layer] * sizes[layer][0] for layer in layers)
+    on_disk = sum((g.n_expert - slots[layer]) * expert_file_bytes(matrices[layer]) for layer in parts.layers)
+    expert_ram = sum(slots[layer] * sizes[layer][0] for layer in parts.layers)
     return RamPlan(budget, tuple(slots), matrices, expert_ram, staging, on_disk, g.n_expert)
+
+
+def share_budget(file: ModelFile, share: float) -> RamBudget:
+    """The budget that holds `share` (0..1) of each layer's routed experts in RAM (rounded to whole experts, all
+    of them at 1), beside the staging and the pinned buffers, and at least the dense part."""
+    g = file.geometry
+    parts = _parts(file)
+    what = f"{share:.0%} of the routed experts"
+    if share >= 1:
+        return RamBudget(max(parts.dense, parts.experts + parts.pinned), what)
+    _, sizes, staging = _tiering(file, RamBudget(0, what), parts)
+    held = sum(round(share * g.n_expert) * sizes[layer][0] for layer in parts.layers)
+    return RamBudget(max(parts.dense, parts.pinned + staging + held), what)
+
+
+def matrix_file_bytes(m: FileMatrix) -> int:
+    """One expert's bytes of matrix `m` in the file: its blocks."""
+    elements, nbytes = GGML_QUANT_SIZES[T(m.ggml_type)]
+    return m.rows * m.cols // elements * nbytes
 
 
 def expert_file_bytes(matrices: tuple[FileMatrix, FileMatrix, FileMatrix]) -> int:
     """One expert's bytes in the file: its gate, up and down blocks."""
-    total = 0
-    for m in matrices:
-        elements, nbytes = GGML_QUANT_SIZES[T(m.ggml_type)]
-        total += m.rows * m.cols // elements * nbytes
-    return total
+    return sum(matrix_file_bytes(m) for m in matrices)
 
 
 def arena_slots(slot_bytes: list[int], n_expert: int, room: int) -> list[int]:
