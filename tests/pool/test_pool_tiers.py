@@ -164,6 +164,23 @@ def test_tiered_calls_match_all_in_ram(tmp_path, rng, layer, share, merged):
         assert sorted(e for e in stats["experts"] if e >= 0) == sorted(set(stats["experts"]) - {-1})
 
 
+def test_an_expert_in_several_groups(tmp_path, rng):
+    """Groups need not be one per expert (a batch's rows, a caller's choice): an expert in two groups, one of them
+    empty now and not in the call before, is read once per wave and computed for both."""
+    f = write_layer(tmp_path / "experts.bin", LAYERS["Q8_0|F16|Q4_0"], rng)
+    with whole_pool(f) as whole, tiered_pool(f, 0.25, staging_slots=K) as tiered:
+        for call in range(12):
+            experts = rng.integers(0, N_EXPERT, rng.integers(1, 12)).astype(np.int32)
+            sizes = rng.integers(0, 4, experts.size)
+            begin = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+            if begin[-1] == 0:
+                continue
+            x = rng.standard_normal((int(begin[-1]), N_EMBD), dtype=np.float32)
+            want = whole.run_groups(0, x, experts, begin, np.full(x.shape, np.nan, np.float32))
+            got = tiered.run_groups(0, x, experts, begin, np.full(x.shape, np.nan, np.float32))
+            same_bits(got, want, f"call {call}, experts {experts}, begin {begin}")
+
+
 def test_misses_are_read_once_per_call(tmp_path, rng):
     """A decode call reads each missed expert once, an id given twice included; a grouped call reads each of
     its experts once; nothing is read for a hit or for a skipped slot. The arena's fill is read once too."""

@@ -106,7 +106,7 @@ def test_the_default_budget_is_what_the_machine_spares(tmp_path):
     proc.mkdir()
     (proc / "meminfo").write_text("MemTotal: 33554432 kB\nMemAvailable: 25165824 kB\n")  # 32 GiB, 24 available
     spare = spare_ram(proc)
-    assert spare.nbytes == 20 * GIB and "24.00 GiB available less a reserve of 4.00 GiB" in spare.source
+    assert spare.nbytes == 22 * GIB and "24.00 GiB available less a reserve of 2.00 GiB" in spare.source
     assert ram_budget(None, proc) == spare
     assert ram_budget(8 * GIB, proc) == RamBudget(8 * GIB, "ram_budget")
     with pytest.raises(OutOfMemory, match="ram_budget 30.00 GiB is more than the 24.00 GiB"):

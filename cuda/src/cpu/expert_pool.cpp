@@ -525,7 +525,10 @@ void ExpertPool::Impl::run_tiered_groups(const PoolLayer& l, const float* x, con
     for (int misses = 0; next < groups; ++next) {
       ExpertRef& ref = group_refs[next];
       const int e = experts[next];
-      if (begin[next + 1] == begin[next]) continue;  // an empty group reads nothing
+      if (begin[next + 1] == begin[next]) {  // an empty group reads nothing
+        ref = ExpertRef{};
+        continue;
+      }
       if (const int s = t.policy.slot_of(0, e); s >= 0) {
         ref = t.in_arena(s, matrices.data());
         ++t.hits;

@@ -27,10 +27,11 @@ from strata.runtime.plan import (
 )
 from strata.runtime.pool import FileMatrix, tier_sizes, tier_types
 
-# What a load leaves to the rest of the machine when it picks the budget itself: an eighth of the RAM, at least
-# 2 GiB (the page cache the reads and the GPU driver need, the process's own heap, other programs).
-RESERVE_SHARE = 8
-MIN_RESERVE = 2 * GIB
+# What a load leaves to the rest of the machine when it picks the budget itself: a sixteenth of the RAM, at least
+# 1 GiB (the GPU driver, the process's own heap, other programs). Small, because a model that fitted MemAvailable
+# loaded whole before the budget existed, and a tiered load has no VRAM cache yet (docs/tiers.md).
+RESERVE_SHARE = 16
+MIN_RESERVE = 1 * GIB
 # The I/O threads of the disk tier: reads in flight. An NVMe drive reaches its rate with a few large reads in
 # flight; the reads are whole matrices of an expert.
 IO_THREADS = 8
@@ -82,7 +83,7 @@ class RamPlan:
 
 
 def spare_ram(proc: Path = Path("/proc")) -> RamBudget:
-    """What the machine can spare now: MemAvailable less a reserve of an eighth of MemTotal (at least 2 GiB)."""
+    """What the machine can spare now: MemAvailable less a reserve of a sixteenth of MemTotal (at least 1 GiB)."""
     available = available_ram_bytes(proc)
     try:
         total = meminfo_bytes((proc / "meminfo").read_text(), "MemTotal")
