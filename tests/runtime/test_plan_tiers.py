@@ -194,3 +194,27 @@ def test_info_shows_where_the_model_lands(model):
     assert "VRAM: dense weights" in tiered and "in pinned RAM" in tiered and "on disk" in tiered
     assert "all in host RAM" in whole and "on disk" not in whole
     assert "cannot load: RAM budget 0.00 MiB (ram_budget) is below the dense part's" in refused
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["qwen3next", "qwen4exp"])
+def test_a_tiered_load_decodes_what_a_whole_load_decodes(tmp_path, arch):
+    """On the GPU, end to end: the same greedy tokens with every routed expert in RAM and with a third
+    of them in the pool's arena (the rest read from the file as decoding routes them); qwen4exp's n-gram rows come
+    from the file too. The tiered load keeps the VRAM cache and the prompt staging off."""
+    from strata.runtime.model import load
+
+    path = synthesize(tmp_path / "m.gguf", arch, "tiny", types=TYPES, seed=7)
+    with inspect(path) as file:
+        budget = share_budget(file, 0.33)
+    prompt = list(range(3, 12))
+    runs = []
+    for options in ({"expert_cache": 0}, {"ram_budget": budget.nbytes}):
+        with load(path, progress=False, **options) as model:
+            assert (model.ram.tiered, model.cache, model.staging) == ("ram_budget" in options, None, None)
+            with model.session(context=64, mode="token_graph") as session:
+                runs.append([piece.token for piece in session.generate(prompt, max_tokens=24)])
+            if model.ram.tiered:
+                stats = model.pool.tier_stats()
+                assert sum(s["misses"] for s in stats) > 0 and sum(s["hits"] for s in stats) > 0
+    assert runs[0] == runs[1]
