@@ -9,6 +9,7 @@ from strata.libstrata.device_weights cimport CppDeviceWeights, HostTensor
 from strata.libstrata.expert_cache cimport CppExpertCache
 from strata.libstrata.expert_pool cimport CppExpertPool, ExpertMatrix, Isa
 from strata.libstrata.expert_staging cimport CppExpertStaging
+from strata.libstrata.file_rows cimport CppFileRows
 from strata.libstrata.forms cimport FloatKind, QuantForm, QuantPlanes
 from strata.libstrata.geometry cimport ModelGeometry
 from strata.libstrata.kv_format cimport KvStorage
@@ -41,9 +42,13 @@ cdef class ExpertStaging:
     cdef readonly object pool, host_weights
 
 
+cdef class FileRows:
+    cdef unique_ptr[CppFileRows] rows
+
+
 cdef class PleGather:
     cdef unique_ptr[CppPleGather] gather
-    cdef readonly object table
+    cdef readonly FileRows table
     cdef readonly int n_heads, head_dim
 
 

@@ -22,7 +22,8 @@ GPU_SESSION_OPTIONS = ("mode", "timeout", "prompt_chunk", "prompt_cpu", "kv_stre
 
 def load(path: str | os.PathLike[str], *, engine: str = "gpu", **options: Any):
     """Open the GGUF at `path` for `engine`: a strata.Model ("gpu"; options: device, threads, cache_dir,
-    progress, expert_cache, cache_policy, vram_limit, prompt) or a ReferenceModel ("reference"). Both have `session(...)`, `tokenizer` and `close()`."""
+    progress, expert_cache, cache_policy, vram_limit, prompt, ram_budget) or a ReferenceModel ("reference"). Both
+    have `session(...)`, `tokenizer` and `close()`."""
     if not isinstance(path, (str, os.PathLike)):
         raise InvalidArgument(f"path must be a file path (str or os.PathLike), got {type(path).__name__}")
     if engine == "gpu":

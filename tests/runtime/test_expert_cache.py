@@ -113,7 +113,10 @@ def test_the_command_line_passes_the_placement_to_load():
 
     parser = argparse.ArgumentParser()
     add_engine_arguments(parser)
-    args = parser.parse_args(["m.gguf", "--expert-cache", "8G", "--vram-limit", "24G", "--cache-policy", "static"])
-    assert placement(args) == {"progress": True, "expert_cache": "8G", "cache_policy": "static", "vram_limit": "24G"}
+    args = parser.parse_args(["m.gguf", "--expert-cache", "8G", "--vram-limit", "24G", "--cache-policy", "static",
+                              "--ram-budget", "16G"])
+    assert placement(args) == {"progress": True, "expert_cache": "8G", "cache_policy": "static", "vram_limit": "24G",
+                               "ram_budget": "16G"}
     assert placement(parser.parse_args(["m.gguf"])) == {"progress": True, "expert_cache": "auto",
-                                                        "cache_policy": "lfru", "vram_limit": None}
+                                                        "cache_policy": "lfru", "vram_limit": None,
+                                                        "ram_budget": "auto"}

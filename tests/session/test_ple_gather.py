@@ -6,15 +6,16 @@ hash both run (strata._native.PleNgrams) against the reference's numpy oracle.""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import gguf
 import numpy as np
 import pytest
 
 from support.compare import assert_same_bits
-from support.ple_tables import ids_with_eos, table_file
+from support.ple_tables import TABLE_OFFSET, ids_with_eos, table_file
 from strata import _native
-from strata.errors import InvalidArgument
+from strata.errors import FormatError, InvalidArgument
 from strata.reference.ple import ngram_context, ngram_rows
 from strata.runtime.ple_rows import PleRows
 from strata.synth import presets
@@ -129,15 +130,51 @@ def test_the_native_gather_refuses_a_table_its_hash_would_read_past(rng):
     shape = g.ple
     last = shape.n_heads - 1
     short = shape.head_offsets[last] + shape.head_sizes[last] - 1  # the last head's last row missing
+    path, offset, _, row_bytes = rows.where
+
+    def first(n: int) -> _native.FileRows:
+        return _native.FileRows(path, offset, n, row_bytes)
+
     with pytest.raises(InvalidArgument, match=rf"head {last} reads rows {shape.head_offsets[last]} \+ "
                                               rf"\[0, {shape.head_sizes[last]}\), past the table's {short} rows"):
-        _native.PleGather(rows.table[:short], "f16", shape)
-    _native.PleGather(rows.table[:short + 1], "f16", shape)  # exactly the rows the hash reads
+        _native.PleGather(first(short), "f16", shape)
+    _native.PleGather(first(short + 1), "f16", shape)  # exactly the rows the hash reads
     with pytest.raises(InvalidArgument, match="rows of 64 bytes; 32 values of its type take 128"):
-        _native.PleGather(rows.table, "f32", shape)
+        _native.PleGather(rows.reader(), "f32", shape)
     with pytest.raises(InvalidArgument, match="layer_multipliers: 2 values for ngram_size 3"):
-        _native.PleGather(rows.table, "f16", dataclasses.replace(shape, multipliers=shape.multipliers[:2]))
+        _native.PleGather(rows.reader(), "f16", dataclasses.replace(shape, multipliers=shape.multipliers[:2]))
     with pytest.raises(InvalidArgument, match="Q8_0 rows of 20 values"):
-        _native.PleGather(rows.table, "q8_0", dataclasses.replace(shape, head_dim=20))
+        _native.PleGather(rows.reader(), "q8_0", dataclasses.replace(shape, head_dim=20))
     with pytest.raises(InvalidArgument, match="PLE row type 'q4_0'"):
-        _native.PleGather(rows.table, "q4_0", shape)
+        _native.PleGather(rows.reader(), "q4_0", shape)
+
+
+def test_a_table_truncated_or_rewritten_under_the_gather_is_refused(rng):
+    """The rows are read from the file as tokens need them: a file cut short under the reader, or written into,
+    raises FormatError naming the file and the table (the row where it ended), and the n-gram state stays that
+    of the tokens before; never rows of another file."""
+    g = tiny()
+    file, _ = table_file(g, T.Q8_0, rng)
+    python = PleRows(file, g)
+    native = python.native()
+    ids = ids_with_eos(g, rng, 16)
+    native.rows_for(ids[:4])
+    os.truncate(file.path, TABLE_OFFSET + 10 * python.where[3])
+    with pytest.raises(FormatError, match=rf"{os.path.basename(file.path)}: .*(row \d+ at bytes .*file ends|changed)"):
+        for token in ids[4:]:  # their rows lie past the cut
+            before = native.previous
+            native.rows(token)
+    assert np.array_equal(native.previous, before), "the token whose rows failed joined the n-gram state"
+    with pytest.raises(FormatError, match=rf"{os.path.basename(file.path)}: .*changed while it was being read"):
+        python.table.gather([0])  # a row the cut kept, in a file that is no longer what was opened
+
+
+def test_rows_are_read_once_and_kept(rng):
+    """A row read once is served from the reader's cache: a token's rows repeated cost no read."""
+    g = tiny()
+    file, _ = table_file(g, T.F16, rng)
+    reader = PleRows(file, g).reader()
+    reader.gather([5, 7, 5])
+    assert (reader.misses, reader.hits) == (2, 1)
+    reader.gather([7, 5])
+    assert (reader.misses, reader.hits) == (2, 3)

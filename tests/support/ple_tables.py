@@ -3,12 +3,31 @@ sequences whose EOS ids cut the n-gram context (tests/runtime/test_engine.py, te
 
 from __future__ import annotations
 
+import os
+import tempfile
+import weakref
 from types import SimpleNamespace
 
 import gguf
 import numpy as np
 
 from strata.runtime.ple_rows import TABLE
+
+# Bytes before the table in the stand-in's file: the table's rows start off any alignment, as in a GGUF.
+TABLE_OFFSET = 100
+
+
+class TableFile:
+    """A ModelFile as PleRows reads one: its path, data section and tensors. The file (the table behind
+    TABLE_OFFSET bytes of junk) is removed once the stand-in is dropped; readers that opened it keep reading."""
+
+    def __init__(self, raw: np.ndarray, info: SimpleNamespace):
+        descriptor, self.path = tempfile.mkstemp(suffix=".gguf", prefix="ple-table-")
+        with os.fdopen(descriptor, "wb") as out:
+            out.write(b"\xa5" * TABLE_OFFSET + raw.tobytes())
+        weakref.finalize(self, os.unlink, self.path)
+        self.data_start = 0
+        self.tensors = {TABLE: info}
 
 
 def table_file(g, ggml_type, rng: np.random.Generator, spread: float = 0.0):
@@ -22,8 +41,9 @@ def table_file(g, ggml_type, rng: np.random.Generator, spread: float = 0.0):
         encoded = gguf.quants.quantize(values, ggml_type)
         floats = gguf.quants.dequantize(encoded, ggml_type).reshape(g.ple_rows, g.ple_head_dim)
     raw = np.ascontiguousarray(encoded).view(np.uint8).reshape(-1)  # the file's bytes
-    info = SimpleNamespace(ne=(g.ple_head_dim, g.ple_rows), ggml_type=ggml_type, nbytes=raw.nbytes)
-    return SimpleNamespace(path="table.gguf", tensors={TABLE: info}, raw=lambda name: raw), floats
+    info = SimpleNamespace(ne=(g.ple_head_dim, g.ple_rows), ggml_type=ggml_type, nbytes=raw.nbytes,
+                           offset=TABLE_OFFSET)
+    return TableFile(raw, info), floats
 
 
 def ids_with_eos(g, rng: np.random.Generator, n: int = 12) -> list[int]:

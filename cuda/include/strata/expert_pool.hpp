@@ -1,12 +1,16 @@
 // The CPU expert pool: pinned workers that compute the routed experts of one MoE layer, streaming the
 // expert weights (canonical forms, docs/forms.md: float or quantized, any mix within a layer) at the machine's
-// memory bandwidth. Host-only, no CUDA.
+// memory bandwidth. A layer's experts are all in host RAM (set_layer), or tiered (set_tiered_layer): some in the
+// pool's page-locked arena, the rest read from the model file while the pool computes (docs/tiers.md). Host-only,
+// no CUDA.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "strata/expert_tiers.hpp"
 #include "strata/forms.hpp"
 
 namespace strata::cpu {
@@ -54,6 +58,35 @@ struct PoolOptions {
   int max_rows = 0;       // rows run_groups takes per call, its scratch allocated at construction (0: none)
 };
 
+// The model file of the disk tier (open_expert_file).
+struct ExpertFileOptions {
+  bool direct = true;     // O_DIRECT where the file system takes it; else buffered reads, their pages dropped
+  int io_threads = 8;     // threads reading (the reads in flight)
+  int staging_slots = 0;  // experts per half of the staging: the misses a decode call and a grouped wave may
+                          // have (0: max_k)
+};
+
+// What the disk tier holds and has read (expert_file_info).
+struct ExpertFileInfo {
+  std::string path;
+  bool direct = false;
+  std::string buffered_reason;  // why reads are not O_DIRECT ("" when they are)
+  int io_threads = 0;
+  int staging_slots = 0;
+  std::int64_t staging_bytes = 0;  // page-locked where staging_locked
+  bool staging_locked = false;
+  std::int64_t arena_bytes = 0;    // every tiered layer's arena, page-locked where arenas_locked
+  bool arenas_locked = true;
+  std::int64_t bytes_read = 0;     // file bytes read so far (O_DIRECT's aligned spans)
+};
+
+// A tiered layer's sizes, before anything is allocated: one expert in an arena slot (its canonical planes, each
+// 64-byte aligned) and the bounce its reads take in a staging slot (ExpertPool::tier_sizes).
+struct TierSizes {
+  std::int64_t slot_bytes = 0;
+  std::int64_t bounce_bytes = 0;
+};
+
 class ExpertPool {
  public:
   ExpertPool(int64_t n_embd, int64_t expert_ff, int max_k, const PoolOptions& options);
@@ -66,9 +99,39 @@ class ExpertPool {
   // InvalidArgument naming the layer, matrix and limit on any size mismatch.
   void set_layer(int layer, const ExpertMatrix& gate, const ExpertMatrix& up, const ExpertMatrix& down);
 
+  // Opens the model file for the tiered layers: once, before the first set_tiered_layer. Throws FormatError
+  // naming the file when it cannot be opened.
+  void open_expert_file(const std::string& path, const ExpertFileOptions& options);
+
+  // Registers layer `layer` as tiered: gate, up and down give the form, n_expert and shape of its matrices (no
+  // planes), files where each expert's matrices lie in the open file. `slots` experts fit in the layer's arena,
+  // which starts with `hold` (at most `slots` distinct experts, read here by the I/O threads and repacked by the
+  // workers) and then follows the decode calls' routing as `policy` says. Nothing is registered when it throws:
+  // InvalidArgument naming the layer and matrix (a shape, a type the pool does not repack, a file range that
+  // cannot hold the matrix), FormatError naming the file, offset, layer and expert of a read that failed.
+  void set_tiered_layer(int layer, const ExpertMatrix& gate, const ExpertMatrix& up, const ExpertMatrix& down,
+                        const FileMatrix& gate_file, const FileMatrix& up_file, const FileMatrix& down_file, int slots,
+                        const std::vector<int>& hold, const TierPolicy& policy);
+
+  // The sizes a tiered layer of these matrices takes (validated as set_tiered_layer validates them).
+  static TierSizes tier_sizes(int layer, const ExpertMatrix& gate, const ExpertMatrix& up, const ExpertMatrix& down,
+                              const FileMatrix& gate_file, const FileMatrix& up_file, const FileMatrix& down_file);
+
+  bool is_tiered(int layer) const;
+  std::vector<TierLayerStats> tier_stats() const;  // every tiered layer, in layer order
+  ExpertFileInfo expert_file_info() const;         // InvalidArgument when no file is open
+
+  // One expert's canonical planes wherever it lives (planes, arena or file): gate, up, then down, each plane
+  // that its form has in the order codes, d, sub_scales, mins, sub_mins, packed, into `out` of expert_bytes(layer)
+  // bytes. What the tier's reads repack is held to strata.quant.repack through it.
+  std::int64_t expert_bytes(int layer) const;
+  void read_expert(int layer, int expert, std::uint8_t* out);
+
   // out[j][:] = weights[j] * down(silu(gate x) * up x) for expert ids[j], j < k, except where skip[j] != 0
   // (those rows of out are not written). x: n_embd floats; out: k * n_embd floats. Blocking; allocates
-  // nothing. skip may be null.
+  // nothing (a tiered layer: its policy's list of moves, when there are some). skip may be null. On a tiered
+  // layer the experts in its arena are computed while its misses arrive from the file, each read once; a read
+  // that fails, or a file changed under the reads, throws (out is then undefined), and so does every call after.
   void run_layer(int layer, const float* x, const int32_t* ids, const float* weights, const uint8_t* skip, int k,
                  float* out);
 
@@ -84,13 +147,16 @@ class ExpertPool {
   // Each row is computed as run_layer computes one token's expert (the same q8_32 of x and h, the same kernels):
   // it equals run_layer's row for that token and expert with weight 1, bit for bit. Each expert's weights are
   // streamed about once per call, not once per row. begin has groups + 1 entries, begin[0] = 0, non-decreasing,
-  // begin[groups] <= PoolOptions::max_rows; a group may be empty. Blocking; allocates nothing.
+  // begin[groups] <= PoolOptions::max_rows; a group may be empty. Blocking; allocates nothing (past the largest
+  // number of groups seen so far). On a tiered layer the groups go in waves of at most staging_slots misses, the
+  // next wave's reads in flight while one computes; the arena does not move for them. Errors as run_layer's.
   void run_groups(int layer, const float* x, const int32_t* experts, const int* begin, int groups, float* out);
 
   // Layers registered so far: set_layer's highest layer + 1 (a layer below it may be unset).
   int layers() const;
   bool has_layer(int layer) const;
-  // Layer `layer`'s weights as registered. InvalidArgument when the layer is unset or the pool closed.
+  // Layer `layer`'s weights as registered. InvalidArgument when the layer is unset, tiered (its experts are not in
+  // planes: the VRAM cache and the prompt staging, which copy from them, take whole layers only) or the pool closed.
   LayerMatrices layer_matrices(int layer) const;
 
   // Best read bandwidth (bytes/s) of all workers streaming their slice of a `bytes` buffer (huge-page advised,

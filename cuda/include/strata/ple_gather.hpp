@@ -1,6 +1,7 @@
 // The PLE layer's n-gram table rows of each new token, gathered on the host (docs/models/qwen4exp.md §3(d)):
-// strata.reference.ple's hash over the last ngram-1 ids (EOS-cut), the rows read from the memory-mapped table
-// and widened to float32, bit for bit as strata.runtime.ple_rows.PleRows gives them. The decode session runs it
+// strata.reference.ple's hash over the last ngram-1 ids (EOS-cut), the rows read from the file as they are needed
+// (strata/file_rows.hpp: the table never needs RAM) and widened to float32, bit for bit as
+// strata.runtime.ple_rows.PleRows gives them. The decode session runs it
 // on its host loop while the GPU works on the layers below the PLE layer (docs/session.md). PleNgrams is the
 // runtime's one copy of the hash: PleGather reads its rows by it, and PleRows (the table types read in Python)
 // takes its row indices from it. Host-only header.
@@ -10,17 +11,17 @@
 #include <cstdint>
 #include <vector>
 
+#include "strata/file_rows.hpp"
+
 namespace strata {
 
 // How per_layer_token_embd stores its rows: the types a converter writes for it (any other type stays on the
 // Python path, strata.runtime.ple_rows).
 enum class PleRowType : int { F32 = 0, F16 = 1, BF16 = 2, Q8_0 = 3 };
 
-// The n-gram table as mapped: `rows` rows of `row_bytes` bytes, each `head_dim` values of `type`.
+// The n-gram table in the file: its rows, each `head_dim` values of `row_type`, read through `rows`.
 struct PleTable {
-  const void* data = nullptr;
-  std::int64_t rows = 0;
-  std::size_t row_bytes = 0;
+  FileRows* rows = nullptr;
   int head_dim = 0;
   PleRowType row_type = PleRowType::F32;
 };
@@ -63,7 +64,7 @@ class PleNgrams {
 class PleGather {
  public:
   // Throws InvalidArgument naming the field where the hash and the table disagree (a head reaching past the
-  // table's rows, a row that is not head_dim values of its type). `table.data` must outlive the gather.
+  // table's rows, a row that is not head_dim values of its type). `table.rows` must outlive the gather.
   PleGather(const PleTable& table, PleHash hash);
 
   int n_heads() const noexcept { return ngrams_.n_heads(); }
@@ -71,7 +72,8 @@ class PleGather {
   int width() const noexcept { return n_heads() * head_dim(); }
 
   // The rows of `token` appended after the ids seen so far, which it then joins: float32 [n_heads][head_dim]
-  // into `out`. Allocates nothing: it runs on the host loop.
+  // into `out`. Allocates nothing: it runs on the host loop. Throws FormatError (the ids unchanged) when the file
+  // ended before a row or changed since it was opened.
   void rows(std::int64_t token, float* out);
 
   // An empty sequence: the ids before it read as EOS.
@@ -87,6 +89,7 @@ class PleGather {
   PleTable table_;
   PleNgrams ngrams_;
   std::vector<std::uint64_t> rows_;  // the token's row indices, sized once
+  std::vector<std::int64_t> kept_;   // the ids before the token being gathered, sized once
 };
 
 }  // namespace strata

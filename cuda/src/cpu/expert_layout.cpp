@@ -51,6 +51,16 @@ PlaneBytes matrix_plane_bytes(const ExpertMatrix& m, int64_t rows) {
 }  // namespace
 
 void validate_matrix(const ExpertMatrix& m, int64_t rows, int64_t cols, const std::string& what) {
+  validate_shape(m, rows, cols, what);
+  const PlaneBytes b = matrix_plane_bytes(m, m.n_expert * rows);
+  check_plane(m.codes, static_cast<int64_t>(b.codes), what, m.is_float ? "codes (the float elements)" : "codes");
+  check_plane(m.d, static_cast<int64_t>(b.d), what, "d");
+  check_plane(m.sub_scales, static_cast<int64_t>(b.sub_scales), what, "sub_scales");
+  check_plane(m.mins, static_cast<int64_t>(b.mins), what, "mins");
+  check_plane(m.sub_mins, static_cast<int64_t>(b.sub_mins), what, "sub_mins");
+}
+
+void validate_shape(const ExpertMatrix& m, int64_t rows, int64_t cols, const std::string& what) {
   if (m.is_float) {
     STRATA_EXPECTS(m.float_kind == FloatKind::F32 || m.float_kind == FloatKind::F16 || m.float_kind == FloatKind::BF16,
                    InvalidArgument, what + ": unknown float kind " + str(static_cast<int64_t>(m.float_kind)));
@@ -68,13 +78,9 @@ void validate_matrix(const ExpertMatrix& m, int64_t rows, int64_t cols, const st
                  what + ": cols " + str(cols) + " is not a multiple of " + rule);
   STRATA_EXPECTS(cols <= kMaxCols, InvalidArgument,
                  what + ": cols " + str(cols) + " exceeds the limit " + str(kMaxCols));
-  const PlaneBytes b = matrix_plane_bytes(m, m.n_expert * rows);
-  check_plane(m.codes, static_cast<int64_t>(b.codes), what, m.is_float ? "codes (the float elements)" : "codes");
-  check_plane(m.d, static_cast<int64_t>(b.d), what, "d");
-  check_plane(m.sub_scales, static_cast<int64_t>(b.sub_scales), what, "sub_scales");
-  check_plane(m.mins, static_cast<int64_t>(b.mins), what, "mins");
-  check_plane(m.sub_mins, static_cast<int64_t>(b.sub_mins), what, "sub_mins");
 }
+
+PlaneBytes expert_plane_bytes(const ExpertMatrix& m) { return matrix_plane_bytes(m, m.rows); }
 
 MatrixRows expert_rows(const ExpertMatrix& m, int64_t e) {
   const PlaneBytes rb = matrix_plane_bytes(m, 1);  // bytes per row

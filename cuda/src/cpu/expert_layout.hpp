@@ -13,6 +13,13 @@ namespace strata::cpu {
 // float matrix, a multiple of 32: the float kernels read whole 32-element blocks).
 void validate_matrix(const ExpertMatrix& m, int64_t rows, int64_t cols, const std::string& what);
 
+// validate_matrix without the planes: the form, the expert count and the shape (a tiered layer's matrices, whose
+// experts are in the pool's arena and the file, not in planes of the caller's).
+void validate_shape(const ExpertMatrix& m, int64_t rows, int64_t cols, const std::string& what);
+
+// The bytes of each plane of one expert of `m` (a float matrix has only `codes`: its elements).
+PlaneBytes expert_plane_bytes(const ExpertMatrix& m);
+
 // Expert `e`'s row 0 in every plane of `m`.
 MatrixRows expert_rows(const ExpertMatrix& m, int64_t e);
 

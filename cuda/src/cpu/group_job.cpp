@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "expert_hidden.hpp"
-#include "expert_layout.hpp"
 
 namespace strata::cpu {
 namespace {
@@ -40,7 +39,8 @@ void GroupJob::gate_up_item(int64_t item) {
   const RowBlock& b = blocks_[item / gate_up_per_block_];
   const int64_t o0 = (item % gate_up_per_block_) * kGateUpRows, o1 = std::min(ff_, o0 + kGateUpRows);
   const PoolLayer& l = *layer_;
-  const MatrixRows gate = expert_rows(l.gate, b.expert), up = expert_rows(l.up, b.expert);
+  if (!b.expert->gate_up_ready()) return;
+  const MatrixRows &gate = b.expert->gate, &up = b.expert->up;
   for (int64_t r = b.row0; r < b.row1; ++r) {
     const Activation h = h_row(r);
     float* hr = h_.data() + r * ff_;
@@ -53,7 +53,8 @@ void GroupJob::down_item(int64_t item) {
   const RowBlock& b = blocks_[item / down_per_block_];
   const int64_t o0 = (item % down_per_block_) * kDownRows, o1 = std::min(n_embd_, o0 + kDownRows);
   const PoolLayer& l = *layer_;
-  const MatrixRows down = expert_rows(l.down, b.expert);
+  if (!b.expert->down_ready()) return;
+  const MatrixRows& down = b.expert->down;
   for (int64_t r = b.row0; r < b.row1; ++r) l.down_kernel(down, o0, o1, h_row(r), 1.0f, out_ + r * n_embd_ + o0);
 }
 
@@ -69,14 +70,14 @@ void GroupJob::job(void* context, int /*worker*/) {
   for (int64_t i; (i = j.next_down_.fetch_add(1, std::memory_order_relaxed)) < down_items;) j.down_item(i);
 }
 
-void GroupJob::run(WorkerTeam& team, const PoolLayer& layer, const float* x, const int32_t* experts, const int* begin,
+void GroupJob::run(WorkerTeam& team, const PoolLayer& layer, const float* x, const ExpertRef* refs, const int* begin,
                    int groups, float* out) {
   n_blocks_ = 0;
   for (int g = 0; g < groups; ++g) {
     const int64_t rows = begin[g + 1] - begin[g];
     const int64_t n = (rows + kBlockRows - 1) / kBlockRows;
     for (int64_t k = 0; k < n; ++k)  // near-equal blocks: k * rows / n .. (k + 1) * rows / n
-      blocks_[n_blocks_++] = {experts[g], static_cast<int32_t>(begin[g] + k * rows / n),
+      blocks_[n_blocks_++] = {refs + g, static_cast<int32_t>(begin[g] + k * rows / n),
                               static_cast<int32_t>(begin[g] + (k + 1) * rows / n)};
   }
   rows_ = groups == 0 ? 0 : begin[groups];

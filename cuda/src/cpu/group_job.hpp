@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "activation.hpp"
+#include "expert_load.hpp"
 #include "pool_layer.hpp"
 #include "worker_team.hpp"
 
@@ -21,15 +22,17 @@ class GroupJob {
 
   int max_rows() const { return max_rows_; }
 
-  // out row r = down(silu(gate x_r) * up x_r) of expert experts[g] for every row r in begin[g]..begin[g+1]-1,
-  // computed by the per-token job's code on each row. The caller has validated the arguments (experts in
-  // range, begin from 0, non-decreasing, begin[groups] <= max_rows). Blocking; allocates nothing.
-  void run(WorkerTeam& team, const PoolLayer& layer, const float* x, const int32_t* experts, const int* begin,
+  // out row r = down(silu(gate x_r) * up x_r) of the expert refs[g] finds for every row r in
+  // begin[g]..begin[g+1]-1, computed by the per-token job's code on each row; an item of an expert still arriving
+  // from the file waits for it (and skips its rows if the read failed: the caller throws then). The caller has
+  // validated the arguments (begin from 0, non-decreasing, begin[groups] <= max_rows). Blocking; allocates
+  // nothing.
+  void run(WorkerTeam& team, const PoolLayer& layer, const float* x, const ExpertRef* refs, const int* begin,
            int groups, float* out);
 
  private:
   struct RowBlock {
-    int32_t expert;
+    const ExpertRef* expert;
     int32_t row0, row1;
   };
 

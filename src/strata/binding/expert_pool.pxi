@@ -1,8 +1,15 @@
 # The CPU expert pool (strata::cpu::ExpertPool). strata.runtime.pool lays the weights out and owns the arrays;
 # this binding only passes addresses and sizes, which the native side validates.
-from libc.stdint cimport int32_t, uint8_t, uintptr_t
+import os
 
-from strata.libstrata.expert_pool cimport ExpertMatrix, Isa, PoolOptions, cpp_cpu_has_avx2, cpp_cpu_has_avx512_vnni
+from libc.stdint cimport int32_t, int64_t, uint8_t, uintptr_t
+from libcpp.string cimport string
+
+from strata.libstrata.expert_pool cimport (
+    ExpertFileInfo, ExpertFileOptions, ExpertMatrix, Isa, PoolOptions, TierSizes, cpp_cpu_has_avx2,
+    cpp_cpu_has_avx512_vnni,
+)
+from strata.libstrata.expert_tiers cimport FileMatrix, TierLayerStats, TierPolicy
 from strata.libstrata.forms cimport FloatKind
 
 _ISAS = {"auto": Isa.kAuto, "avx2": Isa.kAvx2, "avx512": Isa.kAvx512}
@@ -154,6 +161,72 @@ cdef class CpuExpertPool:
         cdef const int32_t* ep = &ev[0] if groups > 0 else NULL
         with nogil:
             pool.run_groups(layer, xp, ep, &bv[0], groups, op)
+        return out
+
+    def open_expert_file(self, str path, bint direct=True, int io_threads=8, int staging_slots=0):
+        """Opens the model file for the tiered layers: O_DIRECT reads where its file system takes them (else
+        buffered ones whose pages are dropped), `io_threads` reading, `staging_slots` experts per half of the
+        staging (0: max_k)."""
+        cdef CppExpertPool* pool = self.native()
+        cdef ExpertFileOptions options
+        options.direct = direct
+        options.io_threads = io_threads
+        options.staging_slots = staging_slots
+        cdef string cpath = os.fsencode(path)
+        with nogil:
+            pool.open_expert_file(cpath, options)
+
+    def set_tiered_layer(self, int layer, dict gate, dict up, dict down, list files, int slots, hold,
+                         dict policy=None):
+        """Registers one layer as tiered: its matrices' specs without planes, files [(offset, expert_stride, ggml
+        type)] for gate, up and down, `slots` experts in the pool's arena starting with `hold` (read here), then
+        moved by the decode calls as `policy` says ({"replace", "admit_after", "window", "max_moves"})."""
+        cdef CppExpertPool* pool = self.native()
+        cdef ExpertMatrix g = expert_matrix(gate), u = expert_matrix(up), d = expert_matrix(down)
+        cdef FileMatrix f[3]
+        file_matrices(files, f)
+        cdef vector[int] held = [int(e) for e in hold]
+        cdef TierPolicy p = tier_policy(policy or {})
+        with nogil:
+            pool.set_tiered_layer(layer, g, u, d, f[0], f[1], f[2], slots, held, p)
+
+    @staticmethod
+    def tier_sizes(int layer, dict gate, dict up, dict down, list files) -> tuple:
+        """(arena slot bytes, staging bounce bytes) of one expert of a tiered layer of these matrices."""
+        cdef ExpertMatrix g = expert_matrix(gate), u = expert_matrix(up), d = expert_matrix(down)
+        cdef FileMatrix f[3]
+        file_matrices(files, f)
+        cdef TierSizes sizes = CppExpertPool.tier_sizes(layer, g, u, d, f[0], f[1], f[2])
+        return sizes.slot_bytes, sizes.bounce_bytes
+
+    def is_tiered(self, int layer) -> bool:
+        return self.native().is_tiered(layer)
+
+    def tier_stats(self) -> list:
+        """Per tiered layer: layer, slots, hits, misses, moves, bytes_read and the arena's experts."""
+        cdef vector[TierLayerStats] stats = self.native().tier_stats()
+        return [tier_layer_stats(s) for s in stats]
+
+    def expert_file_info(self) -> dict:
+        """The disk tier's file, read mode, staging and arenas, and the bytes read so far."""
+        cdef ExpertFileInfo i = self.native().expert_file_info()
+        return {"path": os.fsdecode(i.path), "direct": i.direct, "buffered_reason": i.buffered_reason.decode(),
+                "io_threads": i.io_threads, "staging_slots": i.staging_slots, "staging_bytes": i.staging_bytes,
+                "staging_locked": i.staging_locked, "arena_bytes": i.arena_bytes, "arenas_locked": i.arenas_locked,
+                "bytes_read": i.bytes_read}
+
+    def expert_bytes(self, int layer) -> int:
+        """Bytes of one expert of `layer` in canonical form (gate, up and down, every plane)."""
+        return self.native().expert_bytes(layer)
+
+    def read_expert(self, int layer, int expert):
+        """One expert's canonical planes wherever it lives: uint8, gate then up then down, each's planes in the
+        order codes, d, sub_scales, mins, sub_mins."""
+        cdef CppExpertPool* pool = self.native()
+        out = np.empty(pool.expert_bytes(layer), np.uint8)
+        cdef uint8_t[::1] view = out
+        with nogil:
+            pool.read_expert(layer, expert, &view[0])
         return out
 
     def read_bandwidth(self, long nbytes, int reps=5) -> float:

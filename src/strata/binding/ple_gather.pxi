@@ -1,7 +1,7 @@
 # The PLE layer's n-gram rows gathered natively (strata::PleGather): strata.runtime.ple_rows.PleRows.native()
 # builds one for the table types it reads, and the DecodeSession's host loop runs it. PleNgrams is the hash alone
 # (strata::PleNgrams), which PleRows picks every other table type's rows by.
-from libc.stdint cimport int64_t, uint8_t, uint64_t
+from libc.stdint cimport int64_t, uint64_t
 from libcpp.memory cimport unique_ptr
 from libcpp.vector cimport vector
 
@@ -67,17 +67,16 @@ cdef class PleNgrams:
 
 
 cdef class PleGather:
-    """The rows PleRows.rows / rows_for give, and the same n-gram state, in the native core. `table`: the mapped
-    n-gram table as C-contiguous uint8 [rows, bytes per row], kept alive here; `row_type`: one of "f32", "f16",
-    "bf16", "q8_0"; `shape`: the strata.models.PleShape whose hash it runs."""
+    """The rows PleRows.rows / rows_for give, and the same n-gram state, in the native core. `table`: the n-gram
+    table's rows in the file (a FileRows of its own: the host loop reads through it), kept alive here; `row_type`:
+    one of "f32", "f16", "bf16", "q8_0"; `shape`: the strata.models.PleShape whose hash it runs."""
 
-    def __cinit__(self, table, str row_type, shape):
+    def __cinit__(self, FileRows table not None, str row_type, shape):
         if row_type not in _PLE_ROW_TYPES:
             raise InvalidArgument(f"PLE row type {row_type!r}: the native gather reads {sorted(_PLE_ROW_TYPES)}")
-        cdef const uint8_t[:, ::1] rows = table
         cdef PleTable t
-        t.data = &rows[0, 0] if rows.shape[0] > 0 and rows.shape[1] > 0 else NULL
-        t.rows, t.row_bytes, t.head_dim = rows.shape[0], rows.shape[1], shape.head_dim
+        t.rows = table.rows.get()
+        t.head_dim = shape.head_dim
         t.row_type = _PLE_ROW_TYPES[row_type]
         cdef PleHash h = ple_hash(shape)
         self.table = table

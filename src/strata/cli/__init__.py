@@ -50,7 +50,8 @@ def _discard_stdout() -> None:
 # The library's argument names, where its errors reach the command line, as the command line spells them.
 CLI_WORDS = {"draft_tokens": "--draft-tokens", "control_layers": "--control-vector-layer-range",
              "defer_experts": "--defer-experts", "expert_cache": "--expert-cache", "cache_policy": "--cache-policy",
-             "vram_limit": "--vram-limit", "kv_streaming": "--kv-streaming", "control_vectors": "--control-vector"}
+             "vram_limit": "--vram-limit", "kv_streaming": "--kv-streaming", "control_vectors": "--control-vector",
+             "ram_budget": "--ram-budget"}
 _API_NAMES = re.compile(r"\b(" + "|".join(CLI_WORDS) + r")\b")
 
 

@@ -1,7 +1,7 @@
 """`strata info`: what a model file holds (architecture, geometry, tensor types, bytes by part) and, before any
-load, where each part runs and in which canonical form, what the forms cost beside the file's types, and what
-the GPU engine would refuse; with --devices, the plan of a split of its layers over several GPUs (planned only:
-docs/layer_ranges.md)."""
+load, where each part runs and in which canonical form, what the forms cost beside the file's types, what lands
+in VRAM, pinned RAM and on disk within the RAM budget (--ram-budget, docs/tiers.md), and what the GPU engine would
+refuse; with --devices, the plan of a split of its layers over several GPUs (planned only: docs/layer_ranges.md)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,9 @@ SPLIT_OPTIONS = ("layer_split", "vram_free", "vram_limit", "context", "kv")
 def register(commands) -> None:
     sub = commands.add_parser("info", help="validate a GGUF model file and describe it")
     sub.add_argument("model", help="path of a .gguf file")
+    sub.add_argument("--ram-budget", default="auto", metavar="SIZE",
+                     help="the host RAM a load may keep, as strata run takes it: auto (what this machine can spare) "
+                          "or a size such as 16G; shows which routed experts it keeps in RAM and which on disk")
     split = sub.add_argument_group(
         "a split over several GPUs (planned only: the engine runs one GPU for now; docs/layer_ranges.md)")
     split.add_argument("--devices", default=None, metavar="0,1",
@@ -59,7 +62,7 @@ def handle(args: argparse.Namespace) -> int:
 
         raise InvalidArgument(f"{', '.join(given)} plan a split over several GPUs: name them with --devices")
     with inspect(args.model) as model:
-        lines = describe(model)
+        lines = describe(model, args.ram_budget)
         if args.devices is not None:
             lines += split_lines(model, args)
         print("\n".join(lines))
@@ -135,13 +138,13 @@ def part_of(spec: TensorSpec) -> tuple[str, str]:
     if spec.role is Role.ROUTED_EXPERT:
         return "routed experts (host RAM)", "CPU pool"
     if spec.role is Role.NGRAM_TABLE:
-        return "n-gram table (memory-mapped)", "host"
+        return "n-gram table (read from the file)", "host"
     if spec.role is Role.ROW_GATHERED or spec.name == HEAD:
         return "embedding + LM head (VRAM)", "GPU"
     return "dense layers (VRAM)", "GPU"
 
 
-def describe(model: ModelFile) -> list[str]:
+def describe(model: ModelFile, ram_budget: str | int = "auto") -> list[str]:
     from strata.models import tensor_specs
 
     g = model.geometry
@@ -173,6 +176,7 @@ def describe(model: ModelFile) -> list[str]:
                if g.arch in MTP_ARCHITECTURES else f"strata runs no MTP block of {g.arch} yet")
         lines.append(f"MTP block     {len(mtp)} tensors (e.g. {mtp[0]}): {use}")
     lines += placement_lines(model)
+    lines += tier_lines(model, ram_budget)
     lines += kv_lines(model)
     lines += tokenizer_lines(model)
     from strata.runtime.loader import gpu_refusals
@@ -181,6 +185,31 @@ def describe(model: ModelFile) -> list[str]:
     lines.append("GPU engine    " + ("runs this file as it is" if not refusals else "cannot run this file as it is:"))
     lines += [f"  {reason}" for reason in refusals]
     lines += [f"warning       {warning}" for warning in model.warnings if not (mtp and "MTP tensor" in warning)]
+    return lines
+
+
+def tier_lines(model: ModelFile, ram_budget: str | int) -> list[str]:
+    """Where a load within `ram_budget` puts the model (docs/tiers.md): the dense part in VRAM, the routed experts
+    in host RAM or split between the CPU pool's pinned arenas and the file, the n-gram table in the file; a
+    budget the model cannot load in says so, with the figures."""
+    from strata.errors import OutOfMemory
+    from strata.models import Role
+    from strata.runtime.expert_cache import parse_budget
+    from strata.runtime.plan import DENSE_ROLES, bytes_by_role, file_tensors
+    from strata.runtime.plan import size_text as _size
+    from strata.runtime.tiers import plan_ram
+    from strata.runtime.tiers import ram_budget as budget_of
+
+    roles = bytes_by_role(model.geometry, file_tensors(model))
+    lines = [f"memory        VRAM: dense weights {_size(sum(roles[role] for role in DENSE_ROLES))} (and the "
+             "session's state, and the expert cache that --expert-cache holds)"]
+    try:
+        ram = plan_ram(model, budget_of(parse_budget(ram_budget, "--ram-budget")))
+    except OutOfMemory as refusal:
+        return lines + [f"  cannot load: {refusal}"]
+    lines += [f"  {line}" for line in ram.lines()]
+    if roles[Role.NGRAM_TABLE]:
+        lines.append(f"  n-gram table: {_size(roles[Role.NGRAM_TABLE])} read from the file as tokens need its rows")
     return lines
 
 

@@ -15,7 +15,7 @@ from strata.options import (
 )
 
 # options the reference engine has no use for
-GPU_ONLY = ("kv", "kv_streaming", "mode", "expert_cache", "cache_policy", "vram_limit")
+GPU_ONLY = ("kv", "kv_streaming", "mode", "expert_cache", "cache_policy", "vram_limit", "ram_budget")
 MAX_GRAMMAR_BYTES = 1 << 20  # a --json-schema or --grammar file larger is refused unread (a grammar is 64 KiB at most)
 
 
@@ -117,6 +117,10 @@ def add_placement_arguments(sub: argparse.ArgumentParser, action: type[argparse.
                      help="whether routing replaces the experts a partial cache holds (lfru) or not (static)")
     sub.add_argument("--vram-limit", default=None, action=action,
                      help="cap the VRAM the model and its session take, as on a smaller card (e.g. 16G)")
+    sub.add_argument("--ram-budget", default="auto", action=action, metavar="SIZE",
+                     help="host RAM the model may keep (gpu engine): auto (what the machine can spare) or a size "
+                          "such as 16G; routed experts beyond it are read from the file as decoding routes them "
+                          "(docs/tiers.md)")
 
 
 def add_arguments(sub: argparse.ArgumentParser) -> None:
@@ -223,7 +227,7 @@ def warn_ignored(args: argparse.Namespace) -> None:
 def placement(args: argparse.Namespace) -> dict:
     """strata.load's options for the gpu engine from the command line."""
     return {"progress": True, "expert_cache": args.expert_cache, "cache_policy": args.cache_policy,
-            "vram_limit": args.vram_limit}
+            "vram_limit": args.vram_limit, "ram_budget": args.ram_budget}
 
 
 @contextmanager

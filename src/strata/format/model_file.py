@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,17 @@ class ModelFile:
             raise FormatError(f"{self.path}: no tensor named {name!r}")
         start = self.data_start + info.offset
         return self._map[start:start + info.nbytes]
+
+    def release(self, name: str) -> None:
+        """Drops the pages of tensor `name` that this process has mapped (MADV_DONTNEED): once a load has repacked
+        a tensor, its file bytes no longer count against the process's memory. A view of them still reads the
+        file's bytes, from the page cache or the disk."""
+        if self._map is None:
+            raise FormatError(f"{self.path}: the file is closed")
+        info = self.tensors[name]
+        start = (self.data_start + info.offset) // mmap.PAGESIZE * mmap.PAGESIZE
+        end = self.data_start + info.offset + info.nbytes
+        self._map._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
 
     def tokenizer(self) -> Tokenizer:
         """The file's tokenizer, built on first use (a large vocabulary takes a moment) and kept."""

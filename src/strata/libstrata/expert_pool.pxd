@@ -2,9 +2,11 @@
 # kernels' (strata/forms.hpp).
 from libc.stdint cimport int32_t, int64_t, uint8_t
 from libcpp cimport bool
+from libcpp.string cimport string
 from libcpp.vector cimport vector
 
 from strata.binding.errors cimport raise_strata_error
+from strata.libstrata.expert_tiers cimport FileMatrix, TierLayerStats, TierPolicy
 from strata.libstrata.forms cimport FloatKind, QuantForm
 
 
@@ -41,6 +43,25 @@ cdef extern from "strata/expert_pool.hpp" namespace "strata::cpu" nogil:
         int spin_us
         int max_rows
 
+    cdef cppclass ExpertFileOptions "strata::cpu::ExpertFileOptions":
+        bool direct
+        int io_threads
+        int staging_slots
+
+    cdef cppclass ExpertFileInfo "strata::cpu::ExpertFileInfo":
+        string path
+        bool direct
+        string buffered_reason
+        int io_threads, staging_slots
+        int64_t staging_bytes
+        bool staging_locked
+        int64_t arena_bytes
+        bool arenas_locked
+        int64_t bytes_read
+
+    cdef cppclass TierSizes "strata::cpu::TierSizes":
+        int64_t slot_bytes, bounce_bytes
+
     cdef cppclass CppExpertPool "strata::cpu::ExpertPool":
         CppExpertPool(int64_t n_embd, int64_t expert_ff, int max_k,
                       const PoolOptions& options) except +raise_strata_error
@@ -52,6 +73,19 @@ cdef extern from "strata/expert_pool.hpp" namespace "strata::cpu" nogil:
                            const uint8_t* skip, int k, float* out) except +raise_strata_error
         void run_groups(int layer, const float* x, const int32_t* experts, const int* begin, int groups,
                         float* out) except +raise_strata_error
+        void open_expert_file(const string& path, const ExpertFileOptions& options) except +raise_strata_error
+        void set_tiered_layer(int layer, const ExpertMatrix& gate, const ExpertMatrix& up, const ExpertMatrix& down,
+                              const FileMatrix& gate_file, const FileMatrix& up_file, const FileMatrix& down_file,
+                              int slots, const vector[int]& hold, const TierPolicy& policy) except +raise_strata_error
+        @staticmethod
+        TierSizes tier_sizes(int layer, const ExpertMatrix& gate, const ExpertMatrix& up, const ExpertMatrix& down,
+                             const FileMatrix& gate_file, const FileMatrix& up_file,
+                             const FileMatrix& down_file) except +raise_strata_error
+        bool is_tiered(int layer)
+        vector[TierLayerStats] tier_stats() except +raise_strata_error
+        ExpertFileInfo expert_file_info() except +raise_strata_error
+        int64_t expert_bytes(int layer) except +raise_strata_error
+        void read_expert(int layer, int expert, uint8_t* out) except +raise_strata_error
         double read_bandwidth(int64_t nbytes, int reps) except +raise_strata_error
         void close()
         int threads()

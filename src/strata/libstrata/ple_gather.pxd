@@ -3,6 +3,7 @@ from libc.stdint cimport int64_t, uint64_t
 from libcpp.vector cimport vector
 
 from strata.binding.errors cimport raise_strata_error
+from strata.libstrata.file_rows cimport CppFileRows
 
 
 cdef extern from "strata/ple_gather.hpp" nogil:
@@ -13,9 +14,7 @@ cdef extern from "strata/ple_gather.hpp" nogil:
         Q8_0
 
     cdef cppclass PleTable "strata::PleTable":
-        const void* data
-        int64_t rows
-        size_t row_bytes
+        CppFileRows* rows
         int head_dim
         PleRowType row_type
 
@@ -37,7 +36,7 @@ cdef extern from "strata/ple_gather.hpp" nogil:
         int n_heads()
         int head_dim()
         int width()
-        void rows(int64_t token, float* out)
+        void rows(int64_t token, float* out) except +raise_strata_error
         void reset()
         const vector[int64_t]& previous()
         void set_previous(const vector[int64_t]& ids) except +raise_strata_error

@@ -28,13 +28,14 @@ RESERVE_BYTES = 1 * GIB  # VRAM "auto" leaves free beyond the plan: graphs, the 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
-def parse_budget(budget: Budget) -> int | None:
-    """Bytes of `budget`, or None for "auto". Strings take a binary unit: "24G" = 24 GiB, "512M", "0"."""
+def parse_budget(budget: Budget, what: str = "expert_cache") -> int | None:
+    """Bytes of `budget`, or None for "auto". Strings take a binary unit: "24G" = 24 GiB, "512M", "0". `what`
+    names the option in a refusal."""
     if isinstance(budget, bool):
-        raise InvalidArgument(f"expert_cache must be 'auto', a byte count or a size such as '24G', got {budget!r}")
+        raise InvalidArgument(f"{what} must be 'auto', a byte count or a size such as '24G', got {budget!r}")
     if isinstance(budget, int):
         if budget < 0:
-            raise InvalidArgument(f"expert_cache must be >= 0 bytes, got {budget}")
+            raise InvalidArgument(f"{what} must be >= 0 bytes, got {budget}")
         return budget
     if isinstance(budget, str):
         text = budget.strip().upper()
@@ -43,7 +44,7 @@ def parse_budget(budget: Budget) -> int | None:
         match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?", text)
         if match:
             return int(float(match.group(1)) * _UNITS[match.group(2)])
-    raise InvalidArgument(f"expert_cache must be 'auto', a byte count or a size such as '24G', got {budget!r}")
+    raise InvalidArgument(f"{what} must be 'auto', a byte count or a size such as '24G', got {budget!r}")
 
 
 def expert_bytes(g: Geometry, tensors: Tensors) -> list[int]:

@@ -9,8 +9,8 @@ layer, and the snapshots of that recurrent state); the first range holds the tok
 the hidden state arrives in, the decode scratch (with the sampler's workspace on the last range only), the prompt
 chunk's scratch and the allocation slack. Every figure is the one-device plan's (strata.runtime.plan), per layer:
 the ranges' bytes sum to the one-device plan's, but for the per-device parts, which each range after the first
-holds again. The n-gram table stays memory-mapped on the host and the routed experts in the one CPU pool; what a
-device has left beside its range is its expert cache's room, for its own layers' experts only.
+holds again. The n-gram table stays in the file (its rows read on the host) and the routed experts in the one CPU
+pool; what a device has left beside its range is its expert cache's room, for its own layers' experts only.
 
 Without a given split, the layers are split so that each range fits its device and the smallest of the ranges' room
 ratios (room / routed expert bytes of its layers: the share of them its cache could hold) is as large as any
@@ -267,7 +267,7 @@ def describe(g: Geometry, ranges: Sequence[LayerRange]) -> list[str]:
             lines.append(f"    host (page-locked): {_parts(r.host)}")
     if g.ple_layers:
         (holder,) = [r for r in ranges if r.first <= g.ple_layers[0] < r.last]
-        lines.append(f"  the n-gram table stays memory-mapped on the host; its rows go to GPU {holder.device}, "
+        lines.append(f"  the n-gram table stays in the file, read on the host; its rows go to GPU {holder.device}, "
                      f"which runs the PLE layer {g.ple_layers[0]}")
     lines += [f"  every range holds its own {', '.join(PER_DEVICE)}; the one CPU pool answers every range's routed "
               "experts",

@@ -1,6 +1,8 @@
 """Loading a model: every tensor repacked into its canonical form and put where its role says it lives at run
 time (architecture.md, 'What lives where'): dense, elementwise and row-gathered weights to one VRAM arena, the
-routed experts to host memory for the CPU pool; the n-gram table stays memory-mapped."""
+routed experts to host memory for the CPU pool, or, where the RAM budget does not hold them all, to the pool's
+disk tier (docs/tiers.md: some in its arena, read now, the rest read from the file as decoding routes them);
+the n-gram table's rows are read from the file as tokens need them."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from strata.models import Role
 from strata.quant import QuantTensor, cache, dequantize, repack
 from strata.runtime.plan import specs_of
 from strata.runtime.pool import ExpertPool
+from strata.runtime.tiers import IO_THREADS, RamPlan, expert_file_bytes
 
 Held = QuantTensor | np.ndarray
 Progress = Callable[[int, int], None]
@@ -58,6 +61,7 @@ def repacked(model: ModelFile, names: list[str], progress: Progress | None = Non
         if elementwise and not (isinstance(held, np.ndarray) and held.dtype == np.float32):
             held = dequantize(held)
         yield name, held
+        model.release(name)  # its file pages were read: they leave the process's memory
         done += info.nbytes
         if progress:
             progress(done, total)
@@ -102,8 +106,14 @@ def split_gate_up(merged: Held, n_expert: int) -> tuple[Held, Held]:
     return halves[0], halves[1]
 
 
-def load_experts(file: ModelFile, pool: ExpertPool, progress: Progress | None = None) -> None:
-    """Every layer's routed experts repacked and registered with the CPU pool, layer by layer."""
+def load_experts(file: ModelFile, pool: ExpertPool, progress: Progress | None = None,
+                 ram: RamPlan | None = None, *, direct: bool = True) -> None:
+    """Every layer's routed experts registered with the CPU pool, layer by layer: repacked here into host RAM, or,
+    where `ram` tiers them, each tiered layer's arena read by the pool from the file (O_DIRECT unless `direct` is
+    off) and the rest left there; only those bytes of the file are read."""
+    if ram is not None and ram.tiered:
+        load_tiered(file, pool, ram, progress, direct)
+        return
     g = file.geometry
     specs = specs_of(g)
     per_layer: list[list[str]] = [[] for _ in range(g.n_layer)]
@@ -123,3 +133,16 @@ def load_experts(file: ModelFile, pool: ExpertPool, progress: Progress | None = 
         else:
             gate, up = held[prefix + "ffn_gate_exps.weight"], held[prefix + "ffn_up_exps.weight"]
         pool.set_layer(layer, gate, up, held[prefix + "ffn_down_exps.weight"], g.n_expert)
+
+
+def load_tiered(file: ModelFile, pool: ExpertPool, ram: RamPlan, progress: Progress | None, direct: bool) -> None:
+    """The tiered layers of `ram` registered with the pool, each arena starting with its lowest expert ids."""
+    pool.open_file(str(file.path), direct=direct, io_threads=IO_THREADS)
+    total = sum(ram.slots[layer] * expert_file_bytes(m) for layer, m in ram.matrices.items())
+    done = 0
+    for layer, matrices in ram.matrices.items():
+        slots = ram.slots[layer]
+        pool.set_tiered_layer(layer, matrices, file.geometry.n_expert, slots, list(range(slots)))
+        done += slots * expert_file_bytes(matrices)
+        if progress:
+            progress(done, total)

@@ -1,10 +1,11 @@
 """strata.load: a model file made ready to run, each part where it lives (architecture.md, 'What lives where'),
 and Model.session: a generation session on the GPU engine.
 
-Before anything is allocated the memory plan is checked against the GPU's free memory and the host's
-available RAM; what does not fit is refused with the numbers. Then the dense weights go to one VRAM
-arena and the routed experts, repacked once, to the CPU pool, and as many of them as the expert cache's
-budget holds to VRAM (strata.runtime.expert_cache); the n-gram table stays memory-mapped.
+Before anything is allocated the memory plan is checked against the GPU's free memory and the host's RAM
+budget; what does not fit is refused with the numbers. Then the dense weights go to one VRAM arena and the
+routed experts, repacked once, to the CPU pool (or, where the RAM budget does not hold them, to its disk tier:
+strata.runtime.tiers), and as many of them as the expert cache's budget holds to VRAM
+(strata.runtime.expert_cache); the n-gram table's rows are read from the file as tokens need them.
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ from strata.runtime.plan import (
     GIB, MemoryPlan, can_stream, check_fits, file_tensors, kv_page_tokens, largest_context,
     memory_plan,
 )
+from strata.runtime import tiers
 from strata.runtime.ple_rows import PleRows
 from strata.runtime.pool import ExpertPool
+from strata.runtime.tiers import RamPlan, plan_ram
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -58,9 +61,10 @@ class Model:
     (None: the GPU's free memory)."""
 
     def __init__(self, file: ModelFile, info: ModelInfo, weights, pool: ExpertPool, device: int = 0, cache=None,
-                 cache_slots: list[int] | None = None, vram_limit: int | None = None, staging=None):
+                 cache_slots: list[int] | None = None, vram_limit: int | None = None, staging=None,
+                 ram: RamPlan | None = None):
         self.file, self.info, self.weights, self.pool, self.device = file, info, weights, pool, device
-        self.cache, self.vram_limit, self.staging = cache, vram_limit, staging
+        self.cache, self.vram_limit, self.staging, self.ram = cache, vram_limit, staging, ram
         self.cache_slots = cache_slots or [0] * info.geometry.n_layer
 
     @property
@@ -137,7 +141,8 @@ class Model:
                                   "reads all of their KV and it must stay in VRAM (KV streaming serves qwen4exp)")
         host_resident = self.info.plan.host_total  # the experts and pinned buffers, in place since load
         verify_rows = draft_tokens + 1 if drafter is not None else 0  # their row states are state slots too
-        plan = check_fits(g, tensors, context, kv, vram_free=free, device=self.device, resident=resident,
+        tiers = self.ram.tier_bytes if self.ram is not None else None
+        plan = check_fits(g, tensors, context, kv, vram_free=free, device=self.device, resident=resident, tiers=tiers,
                           snapshots=snapshots + verify_rows, kv_streaming=kv_streaming, host_resident=host_resident,
                           host_available=available_ram_bytes() if kv_streaming else None, **placed)
         chunk = 0
@@ -226,7 +231,8 @@ def prompt_staging(placed: ExpertPlacement, pool: ExpertPool, device: int, n_exp
 def load(path: str | os.PathLike[str], *, device: int = 0, threads: int | None = None,
          cache_dir: str | os.PathLike[str] | None = None, progress: bool = True,
          expert_cache: cache_plan.Budget = DEFAULT_EXPERT_CACHE, vram_limit: cache_plan.Budget | None = None,
-         cache_policy: str = DEFAULT_CACHE_POLICY, prompt: bool = True) -> Model:
+         cache_policy: str = DEFAULT_CACHE_POLICY, prompt: bool = True,
+         ram_budget: cache_plan.Budget = "auto") -> Model:
     """Validate, plan and load the GGUF at `path` onto GPU `device` and the host's CPU pool.
 
     `cache_dir` keeps the repacked dense weights for the next load; `threads` sets the pool's workers
@@ -237,9 +243,13 @@ def load(path: str | os.PathLike[str], *, device: int = 0, threads: int | None =
     smaller card (bytes or "16G"; None: the whole GPU). With `prompt`, prompts run in chunks on the GPU
     (docs/prompt.md): unless the cache holds every routed expert, the prompt path's staging takes two layers'
     worth of experts of VRAM, and is left out (prompts step token by token) where the smallest session would
-    not fit beside it.
+    not fit beside it. `ram_budget` is the host RAM the model may keep ("auto": what the machine can spare, the
+    plan says how much; bytes or "16G"): where the routed experts do not fit in it, the CPU pool keeps what it holds
+    of them and reads the rest from the file as decoding routes them (docs/tiers.md); the VRAM cache and the
+    prompt staging do not read from that disk tier yet, so they stay off then.
     """
     budget = cache_plan.parse_budget(expert_cache)  # a bad budget or policy is refused before the long work
+    ram_limit = cache_plan.parse_budget(ram_budget, "ram_budget")
     cache_plan.policy_options(cache_policy)
     limit = None if vram_limit is None else cache_plan.parse_budget(vram_limit)
     if vram_limit is not None and limit is None:
@@ -247,20 +257,30 @@ def load(path: str | os.PathLike[str], *, device: int = 0, threads: int | None =
     file = inspect(path)
     try:
         g, tensors = file.geometry, file_tensors(file)
+        ram = plan_ram(file, tiers.ram_budget(ram_limit))
+        if ram.tiered and budget:
+            raise InvalidArgument(f"expert_cache {expert_cache!r}: the RAM budget keeps part of the routed experts on "
+                                  "disk, and the VRAM cache does not read from the disk tier yet: expert_cache=0, "
+                                  "or a RAM budget that holds every routed expert")
         # The model with its smallest session must fit before anything is allocated: the one plan of the load.
         smallest = check_fits(g, tensors, kv_page_tokens(), DEFAULT_KV, vram_free=vram_free(device, limit, 0),
-                              device=device, host_available=available_ram_bytes())
+                              device=device, host_available=ram.budget.nbytes, tiers=ram.tier_bytes)
         info = describe(file, smallest)
+        if progress:
+            print("\n".join(f"load: {line}" for line in ram.lines()), file=sys.stderr)
         dense_cache = None if cache_dir is None else os.path.join(cache_dir, os.path.basename(file.path) + ".dense")
         weights = upload_dense(file, device, dense_cache, ByteProgress("load: dense weights") if progress else None)
         # run_groups' rows: the prompt path gives the pool a share of chunks below its prefetch rows.
         pool = ExpertPool(g.n_embd, g.expert_ff, g.n_expert_used, threads=threads, pin_caller=False,
                           max_rows=prompt_prefetch_rows(g) if prompt else 0)
         try:
-            load_experts(file, pool, ByteProgress("load: routed experts") if progress else None)
+            load_experts(file, pool, ByteProgress("load: routed experts") if progress else None, ram)
             # The exact figures read the pool's planes, so the experts' placement is decided once they are in it.
-            placed = place_experts(g, tensors, info.plan, pool, budget,
-                                   vram_free(device, limit, info.plan.vram["dense weights"]), device, prompt)
+            if ram.tiered:  # the cache and the staging copy from whole layers only (docs/tiers.md)
+                placed = ExpertPlacement([0] * g.n_layer, 0, False, 0, 0, False)
+            else:
+                placed = place_experts(g, tensors, info.plan, pool, budget,
+                                       vram_free(device, limit, info.plan.vram["dense weights"]), device, prompt)
             slots = placed.cache_slots
             if progress:
                 line = cache_plan.describe(g, tensors, slots, placed.cache_bytes)
@@ -271,7 +291,7 @@ def load(path: str | os.PathLike[str], *, device: int = 0, threads: int | None =
         except BaseException:
             pool.close()
             raise
-        return Model(file, info, weights, pool, device, cache, slots, limit, staging)
+        return Model(file, info, weights, pool, device, cache, slots, limit, staging, ram)
     except BaseException:
         file.close()
         raise

@@ -82,10 +82,20 @@ def bytes_by_role(g: Geometry, tensors: Tensors) -> dict[Role, int]:
 
 
 @dataclass(frozen=True)
+class TierBytes:
+    """The routed experts below VRAM when a RAM budget tiers them (strata.runtime.tiers, docs/tiers.md)."""
+
+    in_ram: int   # in the CPU pool's page-locked arenas
+    staging: int  # the disk tier's staging
+    on_disk: int  # left in the model file, read as decoding routes them
+
+
+@dataclass(frozen=True)
 class MemoryPlan:
     vram: dict[str, int]
     host: dict[str, int]
-    mapped: dict[str, int] = field(default_factory=dict)  # read through the page cache, never resident
+    mapped: dict[str, int] = field(default_factory=dict)  # read from the file as needed, never resident
+    disk: dict[str, int] = field(default_factory=dict)    # left in the file, read as decoding routes them
 
     @property
     def vram_total(self) -> int:
@@ -100,8 +110,10 @@ class MemoryPlan:
         out += [f"  {name:<28}{nbytes / GIB:8.2f} GiB" for name, nbytes in self.vram.items()]
         out.append(f"host  {self.host_total / GIB:8.2f} GiB")
         out += [f"  {name:<28}{nbytes / GIB:8.2f} GiB" for name, nbytes in self.host.items()]
-        out += [f"mapped {name}: {nbytes / GIB:.2f} GiB (page cache, not resident)"
+        out += [f"mapped {name}: {nbytes / GIB:.2f} GiB (rows read from the file as tokens need them)"
                 for name, nbytes in self.mapped.items()]
+        out += [f"disk  {name}: {nbytes / GIB:.2f} GiB (read from the file as decoding routes them)"
+                for name, nbytes in self.disk.items()]
         return out
 
 
@@ -221,12 +233,13 @@ def check_context(g: Geometry, context: int) -> None:
 
 def memory_plan(g: Geometry, tensors: Tensors, context: int, kv: KV | str = DEFAULT_KV,
                 snapshots: int = DEFAULT_SNAPSHOTS, expert_cache: int = 0, prompt_staging: int = 0,
-                prompt_chunk: int = 0, *, kv_streaming: bool = False) -> MemoryPlan:
+                prompt_chunk: int = 0, *, kv_streaming: bool = False, tiers: TierBytes | None = None) -> MemoryPlan:
     """The plan for a model whose tensors are {name: (ggml_type, ne)} with `expert_cache` bytes of routed experts
     in VRAM (strata.runtime.expert_cache) and `prompt_staging` bytes of the prompt path's staging
     (strata.runtime.prompt), one session of `context` tokens with `snapshots` slots of recurrent state and a
     prompt path of `prompt_chunk` tokens per chunk (0: none); with `kv_streaming`, the attention layers' KV in
-    page-locked host memory and a VRAM window of it (docs/session.md, "KV streaming")."""
+    page-locked host memory and a VRAM window of it (docs/session.md, "KV streaming"); with `tiers`, the routed
+    experts split between host RAM and the file (docs/tiers.md), else all in host RAM."""
     kv = KV.parse(kv)
     check_context(g, context)
     parts = bytes_by_role(g, tensors)
@@ -239,9 +252,13 @@ def memory_plan(g: Geometry, tensors: Tensors, context: int, kv: KV | str = DEFA
     on_device, on_host = session_state_bytes(g, context, kv, snapshots, kv_streaming=kv_streaming)
     vram = {"dense weights": dense, **model, **on_device, "scratch": scratch_bytes(g, context), **prompt,
             "allocation slack": SESSION_SLACK_BYTES}
-    host = {"routed experts": parts[Role.ROUTED_EXPERT], "pinned buffers": pinned_bytes(g), **on_host}
+    experts = parts[Role.ROUTED_EXPERT] if tiers is None else tiers.in_ram
+    host = {"routed experts": experts, "pinned buffers": pinned_bytes(g), **on_host}
+    if tiers is not None:
+        host["disk tier staging"] = tiers.staging
     table = parts[Role.NGRAM_TABLE]
-    return MemoryPlan(vram=vram, host=host, mapped={"n-gram table": table} if table else {})
+    return MemoryPlan(vram=vram, host=host, mapped={"n-gram table": table} if table else {},
+                      disk={"routed experts": tiers.on_disk} if tiers is not None else {})
 
 
 def largest_context(g: Geometry, tensors: Tensors, kv: KV, vram_free: int, snapshots: int = DEFAULT_SNAPSHOTS,
@@ -262,16 +279,16 @@ def largest_context(g: Geometry, tensors: Tensors, kv: KV, vram_free: int, snaps
 def check_fits(g: Geometry, tensors: Tensors, context: int, kv: KV | str, *, vram_free: int, device: int,
                resident: int = 0, host_available: int | None = None, snapshots: int = DEFAULT_SNAPSHOTS,
                expert_cache: int = 0, prompt_staging: int = 0, prompt_chunk: int = 0,
-               kv_streaming: bool = False, host_resident: int = 0) -> MemoryPlan:
+               kv_streaming: bool = False, host_resident: int = 0, tiers: TierBytes | None = None) -> MemoryPlan:
     """The plan of one session of `context` tokens in `kv` with `snapshots` state slots beside `expert_cache`
     bytes of cached experts, refused with OutOfMemory unless it fits: on GPU `device` its VRAM beyond the
     `resident` bytes already there (a loaded model's dense weights and cache) within `vram_free`; with
     `host_available`, its host part beyond the `host_resident` bytes already there (a loaded model's experts)
     within that. The refusal names the parts and what fits (each KV format, and KV streaming where the model's
-    attention can stream)."""
+    attention can stream). `tiers`: the routed experts below VRAM as a RAM budget split them (None: all in RAM)."""
     kv = KV.parse(kv)
     plan = memory_plan(g, tensors, context, kv, snapshots, expert_cache, prompt_staging, prompt_chunk,
-                       kv_streaming=kv_streaming)
+                       kv_streaming=kv_streaming, tiers=tiers)
     need = plan.vram_total - resident
     if need > vram_free:
         streams = [False, True] if can_stream(g) else [False]
@@ -293,7 +310,8 @@ def check_fits(g: Geometry, tensors: Tensors, context: int, kv: KV | str, *, vra
         parts = ", ".join(f"{name} {nbytes / GIB:.2f}" for name, nbytes in plan.host.items())
         raise OutOfMemory(
             f"host RAM: {host_available / GIB:.2f} GiB available, the plan needs {plan.host_total / GIB:.2f} GiB "
-            f"({parts} GiB); use a smaller quantization of the experts"
+            f"({parts} GiB); use a smaller quantization of the experts, or a RAM budget (ram_budget) that leaves "
+            "some of them on disk"
             + (", a shorter context or a smaller KV format" if kv_streaming else "")
         )
     return plan

@@ -7,12 +7,19 @@ makes them from the 3-D GGUF expert tensors (``ne = {cols, rows, n_expert}``): a
 bits), expert-major, so each expert's rows are already contiguous in every plane, which is the layout the
 pool streams. Float and quantized matrices mix freely within a layer. This class keeps those arrays alive
 for as long as the native pool points into them.
+
+A layer may instead be tiered (docs/tiers.md): `slots` of its experts in the native pool's page-locked arena,
+the rest read from the model file while the pool computes, each described by where its matrices lie in the file
+(FileMatrix); the native pool repacks what it reads.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
+
+import os
 
 import numpy as np
 
@@ -48,6 +55,43 @@ def matrix_spec(q: ExpertWeight, n_expert: int, what: str) -> tuple[dict[str, An
         planes[name] = (array.ctypes.data, array.nbytes)
     spec = {"form": form, "n_expert": n_expert, "rows": rows // n_expert, "cols": cols, "planes": planes}
     return spec, keep
+
+
+@dataclass(frozen=True)
+class FileMatrix:
+    """One matrix of a layer's routed experts in the model file: its canonical form and shape per expert (rows x
+    cols), and where expert e's blocks of ggml type `ggml_type` lie: `offset + e * stride`, absolute in the file."""
+
+    form: Form
+    rows: int
+    cols: int
+    ggml_type: int
+    offset: int
+    stride: int
+
+    def spec(self, n_expert: int) -> dict[str, Any]:
+        """The native matrix description without planes: the experts are in the pool's arena and the file."""
+        return {"form": self.form, "n_expert": n_expert, "rows": self.rows, "cols": self.cols, "planes": {}}
+
+    @property
+    def where(self) -> tuple[int, int, int]:
+        return self.offset, self.stride, int(self.ggml_type)
+
+
+def tier_sizes(layer: int, matrices: tuple[FileMatrix, FileMatrix, FileMatrix], n_expert: int) -> tuple[int, int]:
+    """(bytes of one expert in a tiered layer's arena, bytes its reads take in a staging slot): the native pool's
+    own figures, before anything is allocated."""
+    from strata import _native
+
+    return _native.CpuExpertPool.tier_sizes(layer, *(m.spec(n_expert) for m in matrices),
+                                            [m.where for m in matrices])
+
+
+def tier_types() -> frozenset[int]:
+    """The ggml type ids of expert tensors the pool reads from the file itself (the lattice i-quants are not yet)."""
+    from strata import _native
+
+    return _native.tier_block_types()
 
 
 def physical_cores() -> list[tuple[tuple[int, ...], int]]:
@@ -133,12 +177,44 @@ class ExpertPool:
                                        np.ascontiguousarray(experts, dtype=np.int32),
                                        np.ascontiguousarray(begin, dtype=np.int32), out)
 
+    def open_file(self, path: str, *, direct: bool = True, io_threads: int = 8, staging_slots: int = 0) -> None:
+        """Opens the model file that tiered layers read their missed experts from: O_DIRECT where its file system
+        takes it (`direct`), else buffered reads whose pages are dropped; `io_threads` reads in flight; the staging
+        holds 2 x `staging_slots` experts (0: max_k per half)."""
+        self._native.open_expert_file(os.fspath(path), direct, io_threads, staging_slots)
+
+    def set_tiered_layer(self, layer: int, matrices: tuple[FileMatrix, FileMatrix, FileMatrix], n_expert: int,
+                         slots: int, hold: list[int], policy: dict[str, Any] | None = None) -> None:
+        """Registers layer `layer` as tiered: gate, up and down in the open file, `slots` experts in the pool's
+        arena starting with `hold` (read now), then moved by the decode calls' routing as `policy` says
+        ({"replace", "admit_after", "window", "max_moves"}; docs/tiers.md)."""
+        self._native.set_tiered_layer(layer, *(m.spec(n_expert) for m in matrices), [m.where for m in matrices],
+                                      slots, list(hold), policy)
+        self._n_expert[layer] = n_expert
+
+    def is_tiered(self, layer: int) -> bool:
+        return self._native.is_tiered(layer)
+
+    def tier_stats(self) -> list[dict[str, Any]]:
+        """Per tiered layer: layer, slots, hits, misses, moves, bytes_read and the experts its arena holds."""
+        return self._native.tier_stats()
+
+    def file_info(self) -> dict[str, Any]:
+        """The disk tier's file: path, direct (and buffered_reason), io_threads, staging_slots, staging_bytes,
+        arena_bytes, whether they are page-locked, bytes_read."""
+        return self._native.expert_file_info()
+
+    def read_expert(self, layer: int, expert: int) -> np.ndarray:
+        """One expert's canonical planes wherever it lives (uint8: gate, up, down, each's planes in the order codes,
+        d, sub_scales, mins, sub_mins)."""
+        return self._native.read_expert(layer, expert)
+
     def read_bandwidth(self, nbytes: int, reps: int = 5) -> float:
         """Best bytes/s of all workers reading an ``nbytes`` buffer."""
         return self._native.read_bandwidth(nbytes, reps)
 
     def host_weights(self) -> list[list[np.ndarray]]:
-        """The arrays the native pool's planes point into, per layer: whoever else reads them through the
+        """The arrays the native pool's planes point into, per whole layer: whoever else reads them through the
         native pool (the expert cache) keeps this list, so that close() cannot free them under it."""
         return list(self._weights.values())
 
@@ -148,7 +224,7 @@ class ExpertPool:
 
     def layer_bytes(self, layer: int) -> int:
         """Weight bytes of one expert of ``layer`` (gate + up + down, every plane)."""
-        return sum(a.nbytes for a in self._weights[layer]) // self._n_expert[layer]
+        return self._native.expert_bytes(layer) if self._n_expert.get(layer) else 0
 
     @property
     def native(self):

@@ -57,14 +57,13 @@ std::size_t row_bytes_of(PleRowType type, int head_dim) {
 // The table's own fields, before the hash's (so a file whose table and hash are both off names the table first).
 const PleTable& checked(const PleTable& t) {
   const std::string table = "per_layer_token_embd.weight: ";
-  STRATA_EXPECTS(t.data != nullptr && t.rows >= 1 && t.head_dim >= 1, InvalidArgument,
-                 table + "no rows mapped (" + std::to_string(t.rows) + " rows of " + std::to_string(t.head_dim) +
-                     " values)");
+  STRATA_EXPECTS(t.rows != nullptr && t.head_dim >= 1, InvalidArgument,
+                 table + "no rows to read (" + std::to_string(t.head_dim) + " values a row)");
   STRATA_EXPECTS(t.row_type != PleRowType::Q8_0 || t.head_dim % kQ8Block == 0, InvalidArgument,
                  table + "Q8_0 rows of " + std::to_string(t.head_dim) + " values are not whole 32-value blocks");
   const std::size_t expected = row_bytes_of(t.row_type, t.head_dim);
-  STRATA_EXPECTS(t.row_bytes == expected, InvalidArgument,
-                 table + "rows of " + std::to_string(t.row_bytes) + " bytes; " + std::to_string(t.head_dim) +
+  STRATA_EXPECTS(t.rows->row_bytes() == expected, InvalidArgument,
+                 table + "rows of " + std::to_string(t.rows->row_bytes()) + " bytes; " + std::to_string(t.head_dim) +
                      " values of its type take " + std::to_string(expected));
   return t;
 }
@@ -89,7 +88,7 @@ void check_hash(const PleHash& h) {
 // Every head's rows inside the table.
 void check_reach(const PleTable& t, const PleHash& h) {
   const std::string table = "per_layer_token_embd.weight: ";
-  const auto rows = static_cast<std::uint64_t>(t.rows);
+  const auto rows = static_cast<std::uint64_t>(t.rows->rows());
   for (std::size_t i = 0; i < h.head_sizes.size(); ++i) {
     const std::uint64_t size = h.head_sizes[i], offset = h.head_offsets[i];
     STRATA_EXPECTS(offset <= rows && size <= rows - offset, InvalidArgument,
@@ -134,18 +133,25 @@ void PleNgrams::next(std::int64_t token, std::uint64_t* rows) {
 }
 
 PleGather::PleGather(const PleTable& table, PleHash hash)
-    : table_(checked(table)), ngrams_(std::move(hash)), rows_(ngrams_.n_heads()) {
+    : table_(checked(table)), ngrams_(std::move(hash)), rows_(ngrams_.n_heads()), kept_(ngrams_.previous()) {
   check_reach(table_, ngrams_.hash());
 }
 
 void PleGather::rows(std::int64_t token, float* out) {
+  kept_ = ngrams_.previous();  // the ids before, back where a read fails (the same size: no allocation)
   ngrams_.next(token, rows_.data());
-  for (int head = 0; head < n_heads(); ++head) widen(rows_[head], out + static_cast<std::size_t>(head) * head_dim());
+  try {
+    for (int head = 0; head < n_heads(); ++head) widen(rows_[head], out + static_cast<std::size_t>(head) * head_dim());
+    table_.rows->check_read();
+  } catch (...) {
+    ngrams_.set_previous(kept_);
+    throw;
+  }
 }
 
 // Row `row` as float32, as strata.quant.dequantize gives it: Q8_0 as float(d) * float(code), one rounding.
 void PleGather::widen(std::uint64_t row, float* out) const {
-  const unsigned char* p = static_cast<const unsigned char*>(table_.data) + row * table_.row_bytes;
+  const unsigned char* p = table_.rows->row(static_cast<std::int64_t>(row));
   const int n = table_.head_dim;
   switch (table_.row_type) {
     case PleRowType::F32:

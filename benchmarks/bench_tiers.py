@@ -1,0 +1,183 @@
+"""The disk tier on a model file against the limit its reads set (docs/tiers.md, "On the GPU box").
+
+    python3 benchmarks/bench_tiers.py [MODEL.gguf] [--shares 33,100 | --ram-budget 16G] [--tokens 64]
+        [--prompt-tokens 16] [--pool-only] [--json PATH]
+
+Without MODEL, `strata bench`'s default benchmark model (synthesized once into the cache; keep the cache on a
+local disk, not /dev/shm, for the figures to be the disk's).
+First the file's read rate, measured with the tier's own kind of reads: O_DIRECT, 8 in flight, each one matrix
+of an expert at a random place among the routed experts. Then, for each share of the routed experts in RAM (or
+the one --ram-budget), the model is loaded with the VRAM cache off and decodes greedily in the token graph (with
+--pool-only: the CPU pool alone runs every MoE layer of each token, routing uniform as the synthetic models').
+Per share, RESULT lines: tok/s; the tier's misses and bytes read per token (the prompt's steps counted in); the
+limit, which adds the routed bytes in RAM at the host read rate, the missed bytes at the disk rate and, on the
+GPU, the dense bytes at the HBM rate and the doorbells; its fraction; VmRSS and VmLck against the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+import strata
+from strata.bench.decode import run_modes
+from strata.bench.default_model import bench_model, cache_dir
+from strata.bench.limit import machine_limit
+from strata.bench.rates import READ_BANDWIDTH_BYTES, measure
+from strata.format import inspect
+from strata.options import KV, Mode
+from strata.progress import ByteProgress
+from strata.runtime.expert_cache import parse_budget
+from strata.runtime.loader import load_experts
+from strata.runtime.plan import file_tensors
+from strata.runtime.pool import ExpertPool
+from strata.synth import synthesize
+from strata.runtime.tiers import (
+    IO_THREADS, RamBudget, file_matrices, matrix_file_bytes, plan_ram, ram_budget, share_budget,
+)
+
+ALIGN = 4096
+
+
+def status_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def disk_rate(path: str, spans: list[tuple[int, int]], seconds: float = 4.0, threads: int = IO_THREADS) -> float:
+    """Bytes/s of O_DIRECT reads of `spans` (offset, length) picked at random, `threads` in flight."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    rng = np.random.default_rng()
+    deadline = time.monotonic() + seconds
+
+    def reader(seed: int) -> int:
+        picks = np.random.default_rng(seed)
+        longest = max(length for _, length in spans) + 2 * ALIGN
+        buffer = mmap.mmap(-1, longest)  # page-aligned, as O_DIRECT wants
+        done = 0
+        while time.monotonic() < deadline:
+            offset, length = spans[int(picks.integers(len(spans)))]
+            start = offset // ALIGN * ALIGN
+            size = (offset + length + ALIGN - 1) // ALIGN * ALIGN - start
+            done += os.preadv(fd, [memoryview(buffer)[:size]], start)
+        return done
+
+    try:
+        start = time.monotonic()
+        with ThreadPoolExecutor(threads) as pool:
+            total = sum(pool.map(reader, rng.integers(1 << 31, size=threads)))
+        return total / (time.monotonic() - start)
+    finally:
+        os.close(fd)
+
+
+def expert_spans(file) -> list[tuple[int, int]]:
+    """(offset, length) of every matrix of every routed expert in the file: what the tier reads."""
+    g = file.geometry
+    spans = []
+    for layer in range(g.n_layer):
+        matrices = file_matrices(file, layer)
+        for m in matrices or ():
+            spans += [(m.offset + e * m.stride, matrix_file_bytes(m)) for e in range(g.n_expert)]
+    return spans
+
+
+def tier_counts(pool: ExpertPool) -> tuple[int, int, int]:
+    stats = pool.tier_stats()
+    return (sum(s["hits"] for s in stats), sum(s["misses"] for s in stats), sum(s["bytes_read"] for s in stats))
+
+
+def gpu_share(path: str, budget: RamBudget, rate: float, args) -> dict:
+    with strata.load(path, ram_budget=budget.nbytes, expert_cache=0) as model:
+        g, tensors = model.info.geometry, file_tensors(model.file)
+        rates = measure(model.pool, model.device)
+        before = tier_counts(model.pool)
+        decoded = run_modes(model, [Mode.TOKEN_GRAPH], args.prompt_tokens, args.tokens, None, KV.INT8,
+                            np.random.default_rng())[Mode.TOKEN_GRAPH.value]
+        hits, misses, read = (a - b for a, b in zip(tier_counts(model.pool), before))
+        steps = args.prompt_tokens + args.tokens + 1  # every token stepped: the prompt's and the decoded
+        base = machine_limit(g, tensors, rates)
+        missed = misses / max(hits + misses, 1)
+        limit = ((1 - missed) * base.routed_bytes / rates.host_read + read / steps / rate + base.dense_seconds
+                 + base.doorbell_seconds)
+        return {"tokens_per_second": decoded["tokens_per_second"], "limit_tokens_per_second": 1 / limit,
+                "fraction_of_limit": limit / decoded["seconds_per_token"], "misses_per_token": misses / steps,
+                "disk_bytes_per_token": read / steps, "host_read": rates.host_read, "tiered": model.ram.tiered,
+                "budget": budget.nbytes, "vm_rss": status_bytes("VmRSS"), "vm_lck": status_bytes("VmLck")}
+
+
+def pool_share(path: str, budget: RamBudget, rate: float, args) -> dict:
+    with inspect(path) as file:
+        g = file.geometry
+        plan = plan_ram(file, budget)
+        with ExpertPool(g.n_embd, g.expert_ff, g.n_expert_used) as pool:
+            load_experts(file, pool, None, plan)
+            host_read = pool.read_bandwidth(READ_BANDWIDTH_BYTES)
+            rng = np.random.default_rng()
+            layers = [layer for layer in range(g.n_layer) if pool.n_expert(layer)]
+            out = np.empty(g.n_embd, np.float32)
+            weights = np.full(g.n_expert_used, 1 / g.n_expert_used, np.float32)
+            before = tier_counts(pool) if plan.tiered else (0, 0, 0)
+            start = time.perf_counter()
+            for _ in range(args.tokens):
+                for layer in layers:
+                    x = rng.standard_normal(g.n_embd, dtype=np.float32)
+                    ids = rng.choice(g.n_expert, g.n_expert_used, replace=False).astype(np.int32)
+                    pool.run_layer_sum(layer, x, ids, weights, out=out)
+            seconds = (time.perf_counter() - start) / args.tokens
+            hits, misses, read = ((a - b for a, b in zip(tier_counts(pool), before)) if plan.tiered
+                                  else (args.tokens * len(layers) * g.n_expert_used, 0, 0))
+            in_ram = sum(pool.layer_bytes(layer) for layer in layers) * g.n_expert_used * hits
+            in_ram /= max(hits + misses, 1) * len(layers)
+            limit = in_ram / host_read + read / args.tokens / rate
+            return {"tokens_per_second": 1 / seconds, "limit_tokens_per_second": 1 / limit,
+                    "fraction_of_limit": limit / seconds, "misses_per_token": misses / args.tokens,
+                    "disk_bytes_per_token": read / args.tokens, "host_read": host_read, "tiered": plan.tiered,
+                    "budget": budget.nbytes, "vm_rss": status_bytes("VmRSS"), "vm_lck": status_bytes("VmLck")}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", nargs="?", default=None)
+    parser.add_argument("--shares", default="33", help="percentages of the routed experts in RAM, e.g. 33,100")
+    parser.add_argument("--ram-budget", default=None, help="one budget instead of --shares (e.g. 16G)")
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--prompt-tokens", type=int, default=16)
+    parser.add_argument("--pool-only", action="store_true", help="the CPU pool alone: no GPU")
+    parser.add_argument("--disk-seconds", type=float, default=4.0, help="how long the read rate is measured")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    if args.model is None:
+        args.model = str(bench_model(cache_dir(), synthesize, ByteProgress("bench: synth")))
+    with inspect(args.model) as file:
+        rate = disk_rate(str(file.path), expert_spans(file), args.disk_seconds)
+        if args.ram_budget is not None:
+            budgets = [ram_budget(parse_budget(args.ram_budget, "--ram-budget"))]
+        else:
+            budgets = [share_budget(file, int(p) / 100) for p in args.shares.split(",")]
+    print(f"RESULT disk_read_rate {rate / 1e9:.3f} GB/s (O_DIRECT, {IO_THREADS} in flight, expert matrices)")
+    run = pool_share if args.pool_only else gpu_share
+    results = {"model": args.model, "disk_read_rate": rate, "shares": {}}
+    for budget in budgets:
+        r = run(args.model, budget, rate, args)
+        results["shares"][budget.source] = r
+        print(f"RESULT {budget.source}: {r['tokens_per_second']:.2f} tok/s, limit {r['limit_tokens_per_second']:.2f} "
+              f"({r['fraction_of_limit']:.1%}); misses {r['misses_per_token']:.1f}/token, "
+              f"{r['disk_bytes_per_token'] / 1e6:.1f} MB/token from disk; budget {budget.nbytes / 2**30:.2f} GiB, "
+              f"VmRSS {r['vm_rss'] / 2**30:.2f} GiB, VmLck {r['vm_lck'] / 2**30:.2f} GiB")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

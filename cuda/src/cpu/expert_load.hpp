@@ -1,0 +1,64 @@
+// Where a job finds one expert's weights (ExpertRef), and one matrix of an expert on its way from the model
+// file (MatrixLoad): an I/O thread reads its blocks into the staging's bounce buffer, then the first pool
+// participant that needs the matrix repacks them into canonical planes while the others compute what is in RAM.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <exception>
+
+#include "block_repack.hpp"
+#include "dot.hpp"
+#include "io_queue.hpp"
+#include "strata/file_reader.hpp"
+
+namespace strata::cpu {
+
+class MatrixLoad final : public IoTask {
+ public:
+  enum State : int { kIdle = 0, kReading, kRaw, kRepacking, kReady, kFailed };
+
+  // The read of one expert's matrix: `length` bytes at `offset`, `n_blocks` blocks of `type`, repacked into
+  // `dst`. `bounce` holds FileReader::bounce_bytes(length). The previous load must be settled. Allocates nothing.
+  void start(const FileReader* file, std::int64_t offset, std::int64_t length, std::uint8_t* bounce, BlockType type,
+             std::int64_t n_blocks, const PlaneTargets& dst, int layer, int expert, const char* matrix);
+
+  void run() noexcept override;  // the read, on an I/O thread
+
+  // Returns once the matrix's planes are written, repacking them here if no participant has yet; false when the
+  // read failed.
+  bool await() noexcept;
+
+  // Waits until no thread works on this load any more (its read returned, no repack in flight): its bounce and
+  // planes may be reused then. Returns false when the read failed.
+  bool settle() noexcept;
+
+  std::exception_ptr error() const noexcept { return error_; }  // the read's exception, after a failed settle
+
+ private:
+  std::atomic<int> state_{kIdle};
+  const FileReader* file_ = nullptr;
+  std::int64_t offset_ = 0, length_ = 0, n_blocks_ = 0;
+  std::uint8_t* bounce_ = nullptr;
+  const std::uint8_t* raw_ = nullptr;  // the blocks, inside bounce_
+  BlockType type_ = BlockType::F32;
+  PlaneTargets dst_;
+  char what_[64] = {};
+  std::exception_ptr error_;  // written before state_ becomes kFailed
+};
+
+// One expert as a job reads it: its rows in every plane of gate, up and down and, for one still arriving from
+// the file, the loads its items wait on (null: the expert is in RAM).
+struct ExpertRef {
+  MatrixRows gate, up, down;
+  MatrixLoad* gate_load = nullptr;
+  MatrixLoad* up_load = nullptr;
+  MatrixLoad* down_load = nullptr;
+
+  bool gate_up_ready() const noexcept {
+    return (gate_load == nullptr || gate_load->await()) && (up_load == nullptr || up_load->await());
+  }
+  bool down_ready() const noexcept { return down_load == nullptr || down_load->await(); }
+};
+
+}  // namespace strata::cpu
