@@ -18,6 +18,7 @@ from strata.format import inspect
 from strata.generation import Session
 from strata.generation.batcher import STEPPED_PROMPT_CHUNK, Batcher, prompt_pieces
 from strata.generation.draft_length import FixedDraftLength
+from strata.generation.drafts import LookupDrafter
 from strata.reference import Reference
 from strata.reference.engine import ReferenceEngine
 from support.batch_engine import AlwaysBatch, BatchingReference, BatchingTable, BatchLog, FailingAt
@@ -41,9 +42,17 @@ class Job:
     prelude: str | list[int] | None = None
     cancel_after: int | None = None
     joins_after: int | None = None
+    drafts: bool = False  # its session drafts by prompt lookup, 3 a verification
 
 
-def run_job(session: Session, job: Job, on_token=None) -> list[int]:
+def job_session(engine, codec, job: Job, drafter=LookupDrafter) -> Session:
+    if job.drafts:
+        return Session(engine, codec, drafter(), 3, draft_length=FixedDraftLength(3))
+    return Session(engine, codec)
+
+
+def run_job(session: Session, job: Job, on_token=None) -> list:
+    """The job's tokens (with logprobs asked: each token with its logprob and alternatives)."""
     if job.prelude is not None:
         session.complete(job.prelude, max_tokens=3)
         stream = session.generate(job.prompt, **job.options)
@@ -52,7 +61,7 @@ def run_job(session: Session, job: Job, on_token=None) -> list[int]:
     tokens = []
     try:
         for piece in stream:
-            tokens.append(piece.token)
+            tokens.append(piece.token if piece.logprob is None else (piece.token, piece.logprob, piece.top_logprobs))
             if on_token is not None:
                 on_token(len(tokens))
             if job.cancel_after is not None and len(tokens) >= job.cancel_after:
@@ -120,17 +129,39 @@ def stop_string(codec, make_session, prompt: list[int]) -> str:
     return next((text for t in tokens[1:] if (text := codec.decode([t]).strip())), "")
 
 
-def check_mix(make_engine, codec, rng, vocab: int, batcher: Batcher) -> None:
-    """The mixed jobs on sessions over engines of `make_engine(batched=False)` alone, and over members of `batcher`
-    (engines of `make_engine(batched=True)`), answer alike."""
+# a small JSON schema for the structured members of the whole mix
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["n"],
+          "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}, "ok": {"type": "boolean"}}}
+
+
+def whole_mix(rng: np.random.Generator, vocab: int) -> list[Job]:
+    """What the mixed jobs lack: structured output (a regex greedy, a JSON schema sampled), drafts (plain, and under
+    a regex), logprobs (sampled)."""
+    seed = int(rng.integers(0, 2**31))
+    return [Job(random_ids(rng, vocab, 6), {"max_tokens": 12, "regex": "[a-f]{3,9}"}),
+            Job(random_ids(rng, vocab, 4), {"max_tokens": 24, "json_schema": SCHEMA, "temperature": 0.8,
+                                            "seed": seed}),
+            Job(random_ids(rng, vocab, 7), {"max_tokens": 14}, drafts=True),
+            Job(random_ids(rng, vocab, 5), {"max_tokens": 10, "regex": "[0-9]{2,6}"}, drafts=True),
+            Job(random_ids(rng, vocab, 3), {"max_tokens": 8, "logprobs": 2, "temperature": 0.6, "seed": seed + 1})]
+
+
+def check_mix(make_engine, codec, rng, vocab: int, batcher: Batcher, whole: bool = False,
+              drafter=LookupDrafter) -> list[Session]:
+    """The mixed jobs (`whole`: and the whole mix's, drafting with `drafter()`) on sessions over engines of
+    `make_engine(batched=False)` alone, and over members of `batcher` (engines of `make_engine(batched=True)`),
+    answer alike; the batched sessions."""
     stop_prompt = random_ids(rng, vocab, STEPPED_PROMPT_CHUNK)
     jobs = mixed_jobs(rng, vocab, stop_prompt,
                       stop_string(codec, lambda: Session(make_engine(False), codec), stop_prompt))
-    alone = [run_job(Session(make_engine(False), codec), job) for job in jobs]
-    together = run_batched([Session(batcher.member(make_engine(True)), codec) for _ in jobs], jobs)
+    jobs += whole_mix(rng, vocab) if whole else []
+    alone = [run_job(job_session(make_engine(False), codec, job, drafter), job) for job in jobs]
+    sessions = [job_session(batcher.member(make_engine(True)), codec, job, drafter) for job in jobs]
+    together = run_batched(sessions, jobs)
     for i, (a, b) in enumerate(zip(alone, together)):
         assert b == a, f"job {i}: {b} through the batcher, {a} alone"
     assert len(alone[2]) <= 3 and len(alone[4]) <= 6 and len(alone[3]) < 16
+    return sessions
 
 
 # -------------------------------------------------------------------------------------------- the tests
@@ -222,7 +253,8 @@ def model_file(request, tiny_model):
 
 
 def test_reference_sessions_through_the_batcher_answer_as_alone(model_file, rng):
-    """The reference engine as it is (no batched step: stepped one by one) and with the batched step."""
+    """The reference engine as it is (no batched step: stepped one by one) and with the batched step, the latter
+    under the whole mix (structured output, drafts, logprobs too)."""
     codec = model_file.tokenizer()
     vocab = min(model_file.geometry.n_vocab, 200)
     with Batcher(grace_seconds=GRACE, policy=AlwaysBatch()) as batcher:
@@ -230,7 +262,7 @@ def test_reference_sessions_through_the_batcher_answer_as_alone(model_file, rng)
     log = BatchLog()
     with Batcher(grace_seconds=GRACE, policy=AlwaysBatch()) as batcher:
         check_mix(lambda batched: BatchingReference(Reference(model_file), CONTEXT, log=log if batched else BatchLog()),
-                  codec, rng, vocab, batcher)
+                  codec, rng, vocab, batcher, whole=True)
     assert log.threads == {batcher.thread_id} and max(log.sizes) > 1
 
 

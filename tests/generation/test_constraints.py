@@ -23,7 +23,7 @@ from strata.generation.drafts import ForcedDrafter
 from strata.reference import Reference
 from strata.reference.engine import ReferenceEngine
 from strata.sampling import SamplingParams, TokenMask, log_probabilities, sample, verify_drafts
-from support.batch_engine import BatchingReference, BatchLog
+from support.batch_engine import AlwaysBatch, BatchingReference, BatchLog
 from support.char_engine import ScriptedEngine
 
 pytest.importorskip("llguidance")
@@ -311,10 +311,9 @@ def test_batched_members_each_keep_their_own_constraint_and_the_others_pay_nothi
     alone = [Session(reference(model_file), codec).complete(p, 60, temperature=1.0, seed=i, **o).tokens
              for i, (p, o) in enumerate(zip(prompts, options))]
     log = BatchLog()
-    with Batcher(grace_seconds=0.05) as batcher:
+    with Batcher(grace_seconds=0.05, policy=AlwaysBatch()) as batcher:
         engines = [MaskLog(Reference(model_file), CONTEXT, log=log) for _ in prompts]
         sessions = [Session(batcher.member(e), codec) for e in engines]
-        batcher.policy.batches = lambda key, rows: True
         from concurrent.futures import ThreadPoolExecutor
 
         def run(i):

@@ -1,13 +1,17 @@
 """Engines with the batched step a Batcher gathers decode steps into (strata.generation.batcher): step_batch
 delegates to each engine's own feed, so its answers are the engine's, and records what it was given, and every
-engine call records the thread it ran on."""
+engine call records the thread it ran on. CostedTable's calls cost stated seconds on a ScriptedClock, which a
+Batcher can be timed by instead of the machine's."""
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
 
+from strata.errors import InvalidArgument
+from strata.generation.batch_policy import chunks
 from strata.reference.engine import ReferenceEngine
+from strata.sampling import log_probabilities
 from support.table_engine import TableEngine
 
 # what a caller of the Engine protocol reaches on an engine: each use is recorded with its thread
@@ -91,11 +95,78 @@ class FailingAt(Batching, TableEngine):
 
 
 class AlwaysBatch:
-    """A batch policy that batches every group: what tests of the gathering use, whose engines' step_batch costs
-    as much as its rows alone (the measured policy would rightly step them alone)."""
+    """A batch policy that batches every group as one (split only by the limit) and always gathers: what tests of
+    the gathering use, whose engines' step_batch costs as much as its rows alone (the measured policy would rightly
+    step them alone)."""
 
-    def batches(self, key, rows) -> bool:
+    def plan(self, key, rows, limit=None) -> list[int]:
+        return chunks(rows, limit or rows)
+
+    def gathers(self, key) -> bool:
         return True
 
     def record(self, key, rows, seconds) -> None:
         pass
+
+
+class ScriptedClock:
+    """Seconds that pass only when an engine call says they do (`advance`), for a Batcher's `clock`: the batcher is
+    then timed by the stated costs alone, and its grace never runs out while no engine computes (a batch waits for
+    every member it gathers, however slowly the machine runs the threads)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.paused = False
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        if not self.paused:
+            self.now += seconds
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What an engine call costs, in seconds: a lone decode step, a batched step of n rows, a prompt piece of n
+    ids (a feed or prefill of more than one)."""
+
+    lone: float
+    batch: object  # Callable[[int], float]
+    prompt: object  # Callable[[int], float]
+
+
+class CostedTable(BatchingTable):
+    """A BatchingTable whose calls advance a ScriptedClock by stated Costs, with the token mask of structured output
+    (token_masks, logprobs under a mask)."""
+
+    token_masks = True
+
+    def __init__(self, *args, clock: ScriptedClock, costs: Costs, **kwargs):
+        object.__setattr__(self, "clock", clock)
+        object.__setattr__(self, "costs", costs)
+        super().__init__(*args, **kwargs)
+
+    def feed(self, ids, params, u, seen) -> int:
+        self.clock.advance(self.costs.lone if len(ids) == 1 else self.costs.prompt(len(ids)))
+        return super().feed(ids, params, u, seen)
+
+    def prefill(self, ids, seen) -> None:
+        self.clock.advance(self.costs.prompt(len(ids)))
+        super().prefill(ids, seen)
+
+    def logprobs(self, token, n, token_mask=None):
+        if self._logits is None:
+            raise InvalidArgument("logprobs are undefined after a truncate")
+        return log_probabilities(self._logits, token, n, token_mask)
+
+    @staticmethod
+    def step_batch(engines, ids, params, us, seens) -> list[int]:
+        engines[0].log.calls.append((None, "step_batch", len(engines)))  # the rows' feeds follow it
+        clock = engines[0].clock
+        clock.advance(engines[0].costs.batch(len(engines)))
+        clock.paused = True  # the rows' own feeds cost nothing more
+        try:
+            return Batching.step_batch(engines, ids, params, us, seens)
+        finally:
+            clock.paused = False

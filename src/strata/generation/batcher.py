@@ -16,9 +16,15 @@ The batched step an engine class may offer (same model: the same non-None `batch
     def step_batch(engines, ids, params, us, seens) -> list[int]:
         # what engines[i].feed([ids[i]], params[i], us[i], seens[i]) would return, for each i, in one step
 
-A step_batch that raises fails each of its rows' calls with that error (one call stepped them all). A group of
-steps runs as one batch only where a batch of its size has cost less than its steps alone
-(strata.generation.batch_policy, from the seconds each took here); else its steps run alone, one after another.
+A step_batch that raises fails each of its rows' calls with that error (one call stepped them all). The steps of a
+batch key waiting together run as the policy plans them (strata.generation.batch_policy, from the seconds each
+size took here): as batches of the sizes that cost least, or one at a time where no batch beats its steps alone.
+
+A decode batch is gathered: it waits for the active members of its batch key that have no call pending (busy in
+Python between their tokens), at most `grace_seconds` counted from when its first step came or the thread last
+finished a job, whichever is later (a step that came while the thread was busy does not run alone for having waited
+then: it is gathered with the members that job stepped). Members of other keys, members whose engine never batches,
+and keys whose batches lose (the policy's `gathers`) are not waited for.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import inspect
 import os
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,8 +44,9 @@ from strata.generation.batch_policy import BatchPolicy
 from strata.sampling import SamplingParams
 
 # How long a gathered decode batch waits for the active members that have no call pending (busy in Python:
-# detokenizing, stop strings, a client write) after its first step arrived: a few of those per token, against the
-# tens of milliseconds a decode step of a large MoE takes, so one slow member does not stall the others long.
+# detokenizing, stop strings, a client write) after its first step arrived or the thread's last job ended: a few of
+# those per token, against the milliseconds a decode step of a large MoE takes, so one slow member does not stall
+# the others long.
 GRACE_SECONDS = 0.002
 # Prompt ids per chunk for an engine without a prompt path (it steps each id, so any split feeds the same): a long
 # prompt then holds the decode batch back by this many steps at most.
@@ -86,18 +93,20 @@ class _Call:
 
 class Batcher:
     """The compute thread of a set of members (`member(engine)`), pinned to `cpus` (None: left as it is), stepping
-    at most `max_batch` of them together (None: as many as the engine takes) where `policy` finds a batch cheaper
-    (default: a BatchPolicy of its own), a decode batch waiting at most `grace_seconds` for its active members'
-    steps. `close()` lets it finish what is queued and stop."""
+    at most `max_batch` of them together (None: as many as the engine takes) as `policy` plans (default: a
+    BatchPolicy of its own), a decode batch waiting at most `grace_seconds` for its active members' steps. `clock`
+    (seconds) times the grace, the policy's measurements and the counters. `close()` lets it finish what is queued
+    and stop."""
 
     def __init__(self, cpus: set[int] | None = None, max_batch: int | None = None,
-                 grace_seconds: float = GRACE_SECONDS, policy: BatchPolicy | None = None):
+                 grace_seconds: float = GRACE_SECONDS, policy: BatchPolicy | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
         if max_batch is not None and max_batch < 1:
             raise InvalidArgument(f"max_batch must be >= 1 (or None: no limit), got {max_batch}")
         if not grace_seconds >= 0:
             raise InvalidArgument(f"grace_seconds must be >= 0, got {grace_seconds}")
-        self.max_batch, self.grace_seconds = max_batch, grace_seconds
-        # whether a group of steps runs as one batch, from what each way cost here
+        self.max_batch, self.grace_seconds, self.clock = max_batch, grace_seconds, clock
+        # how a group of waiting steps runs, from what each size cost here
         self.policy = policy if policy is not None else BatchPolicy()
         self._cond = threading.Condition()
         self._steps: list[_Call] = []      # decode steps waiting, at most one per member
@@ -108,6 +117,8 @@ class Batcher:
         self._turn_start = 0.0  # when the thread last finished a job
         self._closing = False
         self._counts = {"decode_batches": 0, "decode_rows": 0, "prompt_chunks": 0, "calls": 0}
+        self._sizes: Counter[int] = Counter()  # decode engine calls by their rows
+        self._seconds = {"busy": 0.0, "gathering": 0.0}
         self._thread = threading.Thread(target=self._run, args=(cpus,), name="strata-batcher", daemon=True)
         self._thread.start()
 
@@ -120,11 +131,14 @@ class Batcher:
             self._members.append(member)
         return member
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, Any]:
         """Counters since start: decode_batches (engine calls that stepped decode rows: a step_batch, or a lone
-        feed), decode_rows (rows they stepped; rows / batches is the mean batch), prompt_chunks, calls (the rest)."""
+        feed), decode_rows (rows they stepped; rows / batches is the mean batch), batch_sizes ({rows: engine
+        calls}), prompt_chunks, calls (the rest); busy_seconds (in engine calls), gathering_seconds (waiting, a
+        decode step in, for the members a batch gathers)."""
         with self._cond:
-            return dict(self._counts)
+            return {**self._counts, "batch_sizes": dict(self._sizes), "busy_seconds": self._seconds["busy"],
+                    "gathering_seconds": self._seconds["gathering"]}
 
     @property
     def thread_id(self) -> int | None:
@@ -156,7 +170,7 @@ class Batcher:
             call.member._joined = True
             if call.step is not None:
                 if not self._steps:
-                    self._first_step = time.monotonic()
+                    self._first_step = self.clock()
                 self._steps.append(call)
             elif call.prompt:
                 self._chunks.append(call)
@@ -187,6 +201,7 @@ class Batcher:
                         return
                     self._cond.wait(self._gather_left())
             kind, calls = job
+            start = self.clock()
             if kind == "steps":
                 self._step_all(calls)
             else:
@@ -194,7 +209,8 @@ class Batcher:
             if kind != "call":  # the calls between them do not change whose turn it is
                 last_was_chunk = kind == "chunk"
             with self._cond:
-                self._turn_start = time.monotonic()
+                self._turn_start = self.clock()
+                self._seconds["busy"] += self._turn_start - start
 
     def _next(self, last_was_chunk: bool) -> tuple[str, list[_Call]] | None:
         """The next job under the policy (called holding the lock), taken off its queue; None: wait. After a prompt
@@ -203,6 +219,7 @@ class Batcher:
             return "call", [self._calls.popleft()]
         ready = self._gathered() or self._gather_left() == 0.0 or self._closing
         if self._steps and ready and (last_was_chunk or not self._chunks):
+            self._seconds["gathering"] += max(0.0, self.clock() - max(self._first_step, self._turn_start))
             steps, self._steps = self._steps, []
             return "steps", steps
         if self._chunks and (not last_was_chunk or (not self._steps and ready)):
@@ -210,17 +227,25 @@ class Batcher:
         return None
 
     def _gathered(self) -> bool:
-        """Whether every active member that has called since it began has a call waiting."""
+        """Whether every member a decode batch now waits for has a call waiting: the active members that have
+        called since they began, of the batch keys of the steps waiting that the policy finds worth gathering (with
+        no step waiting, of every key: a prompt's next chunk waits for the steps coming)."""
         waiting = {id(c.member) for c in (*self._steps, *self._chunks, *self._calls)}
-        return all(id(m) in waiting for m in self._members if m._active and m._joined)
+        if self._steps:
+            groups = {c.member._group for c in self._steps}
+            groups = {g for g in groups if g is not None and self.policy.gathers(g)}
+            awaited = [m for m in self._members if m._group in groups]
+        else:
+            awaited = self._members
+        return all(id(m) in waiting for m in awaited if m._active and m._joined)
 
     def _gather_left(self) -> float | None:
-        """Seconds left to wait for the active members' steps (None: nothing waits): from the first step waiting,
-        else from the end of the last job."""
+        """Seconds left to wait for the active members' steps (None: nothing waits): from the first step waiting or
+        the end of the last job, whichever came later."""
         if not (self._steps or self._chunks):
             return None
-        since = self._first_step if self._steps else self._turn_start
-        return max(0.0, since + self.grace_seconds - time.monotonic())
+        since = max(self._first_step, self._turn_start) if self._steps else self._turn_start
+        return max(0.0, since + self.grace_seconds - self.clock())
 
     def _advance(self, call: _Call, kind: str) -> None:
         """Run the call's next piece; finish it after its last, else queue it behind the other prompts."""
@@ -237,32 +262,27 @@ class Batcher:
             call.done.set()
 
     def _step_all(self, calls: list[_Call]) -> None:
-        """One decode batch: the steps of engines that share a batch key as step_batch calls of at most max_batch
-        rows (the batcher's and the engine's), every other step alone."""
-        groups: dict[tuple[type, object], list[_Call]] = {}
+        """One decode round: the steps of engines that share a batch key as the policy plans them (step_batch calls
+        of at most max_batch rows, the batcher's and the engine's, or lone feeds), every other step alone."""
+        groups: dict[Hashable, list[_Call]] = {}
         for call in calls:
-            engine = call.member.engine
-            key = call.member._fixed.get("batch_key")
-            if key is None or not hasattr(type(engine), "step_batch"):
+            if call.member._group is None:
                 self._step_rows([call])
             else:
-                groups.setdefault((type(engine), key), []).append(call)
+                groups.setdefault(call.member._group, []).append(call)
         for key, group in groups.items():
             limits = [n for n in (self.max_batch, group[0].member._fixed.get("max_batch")) if n]
-            size = min(limits) if limits else len(group)
-            for start in range(0, len(group), size):
-                rows = group[start:start + size]
-                if len(rows) == 1 or self.policy.batches(key, len(rows)):
-                    self._step_timed(key, rows)
-                else:  # that many alone have cost less than a batch of them (batch_policy)
-                    for call in rows:
-                        self._step_timed(key, [call])
+            start = 0
+            for size in (self.policy.plan(key, len(group), min(limits) if limits else None)
+                         if len(group) > 1 else [1]):
+                self._step_timed(key, group[start:start + size])
+                start += size
 
     def _step_timed(self, key: Hashable, calls: list[_Call]) -> None:
         """_step_rows, its seconds told to the policy where it succeeded."""
-        start = time.perf_counter()
+        start = self.clock()
         if self._step_rows(calls):
-            self.policy.record(key, len(calls), time.perf_counter() - start)
+            self.policy.record(key, len(calls), self.clock() - start)
 
     def _step_rows(self, calls: list[_Call]) -> bool:
         """The calls' steps in one engine call; whether it succeeded (else every call has its error)."""
@@ -286,6 +306,7 @@ class Batcher:
         with self._cond:
             self._counts["decode_batches"] += 1
             self._counts["decode_rows"] += len(calls)
+            self._sizes[len(calls)] += 1
         for call in calls:
             call.done.set()
         return ok
@@ -302,6 +323,9 @@ class Member:
         self._active = False
         self._joined = False  # called since begin(): a member is waited for from its first call
         self._fixed = self._call(self._read_fixed)
+        # the batch key its steps are gathered under (its engine's class and batch_key); None: it steps alone
+        key = self._fixed.get("batch_key")
+        self._group = None if key is None or not hasattr(type(engine), "step_batch") else (type(engine), key)
 
     def _read_fixed(self) -> dict[str, Any]:
         return {name: getattr(self.engine, name) for name in FIXED_ATTRIBUTES if hasattr(self.engine, name)}
