@@ -23,6 +23,8 @@ from strata.generation import Session
 from strata.reference import Reference
 from strata.server import Server
 from strata.server.background import serving
+from strata.generation.draft_length import FixedDraftLength
+from strata.generation.drafts import LookupDrafter
 from support.batch_engine import BatchingReference, BatchLog
 from support.server_harness import ScriptedEngine, client, echo_session, get, turn_start, wait_idle
 
@@ -45,6 +47,95 @@ def metric(text: str, name: str) -> float:
     return float(line.split()[1])
 
 
+
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["n"],
+          "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}, "ok": {"type": "boolean"}}}
+# A mix of requests: chat and completions, greedy and sampled, streamed and whole, a JSON schema, logprobs, a stop,
+# n choices, different lengths; more requests than sessions, so some wait and join as others leave
+MIX = [("chat", {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 12, "temperature": 0,
+                 "stream": True}),
+       ("completion", {"prompt": "one two three", "max_tokens": 10, "temperature": 0.9, "seed": 5, "stream": True}),
+       ("chat", {"messages": [{"role": "user", "content": "a number"}], "max_tokens": 40, "temperature": 0.7,
+                 "seed": 3, "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA}}}),
+       ("completion", {"prompt": "tell me", "max_tokens": 8, "logprobs": 2, "temperature": 0, "stream": True}),
+       ("chat", {"messages": [{"role": "user", "content": "the sea"}], "max_tokens": 16, "stop": ["e"],
+                 "temperature": 0}),
+       ("completion", {"prompt": "four five", "max_tokens": 6, "n": 2, "temperature": 1.0, "seed": 11}),
+       ("completion", {"prompt": "long long", "max_tokens": 20, "temperature": 0, "stream": True})]
+
+
+def answer(api, kind: str, body: dict) -> list:
+    """What a client gets: each choice's text (and logprobs), whole or streamed."""
+    body = {"model": "tiny", **body}
+    if kind == "chat":
+        got = api.chat.completions.create(**body)
+        if body.get("stream"):
+            return ["".join(c.choices[0].delta.content or "" for c in got)]
+        return [c.message.content for c in got.choices]
+    got = api.completions.create(**body)
+    if body.get("stream"):
+        chunks = list(got)
+        text = "".join(c.choices[0].text for c in chunks)
+        logprobs = [c.choices[0].logprobs.top_logprobs for c in chunks if c.choices[0].logprobs]
+        return [text, logprobs]
+    return [(c.index, c.text) for c in got.choices]
+
+
+@pytest.mark.parametrize("drafts", [False, True], ids=["plain", "drafted"])
+def test_a_mix_of_requests_answers_each_as_alone_with_drafts_on_and_off(model_file, drafts):
+    """The mix against a server of three batching sessions (drafting by prompt lookup, or not), all at once with
+    a stream cancelled among them, answers each request as a server of one session at batch 1 answers it alone."""
+    pytest.importorskip("llguidance")
+
+    def sessions(count: int) -> list[Session]:
+        made = []
+        for _ in range(count):
+            engine = BatchingReference(Reference(model_file), CONTEXT, log=BatchLog())
+            made.append(Session(engine, model_file.tokenizer(), LookupDrafter(), 3, draft_length=FixedDraftLength(3))
+                        if drafts else Session(engine, model_file.tokenizer()))
+        return made
+
+    alone_server = Server(sessions(1), "tiny")
+    with serving(alone_server) as url, client(url) as api:
+        alone = [answer(api, kind, body) for kind, body in MIX]
+    alone_server.close()
+    server = Server(sessions(3), "tiny", batch=3)
+    start = threading.Barrier(len(MIX) + 1)
+
+    def ask(api, kind, body):
+        start.wait(timeout=30)
+        return answer(api, kind, body)
+
+    def cancelled(api):
+        start.wait(timeout=30)
+        stream = api.completions.create(model="tiny", prompt="cut short", max_tokens=40, stream=True)
+        for i, _ in enumerate(stream):
+            if i == 2:
+                break
+        stream.close()
+
+    with serving(server) as url, client(url) as api, ThreadPoolExecutor(len(MIX) + 1) as pool:
+        quitter = pool.submit(cancelled, api)
+        together = list(pool.map(lambda job: ask(api, *job), MIX))
+        quitter.result(timeout=60)
+        wait_idle(server, 20.0)
+        metrics = get(url, "/metrics")
+        stats = server.batcher.stats()
+    server.close()
+    for i, (a, b) in enumerate(zip(alone, together)):
+        assert b == a, f"request {i}: {b} with the others, {a} alone"
+    json.loads(together[2][0])  # the schema held
+    assert (metric(metrics, "strata_drafted_tokens_total") > 0) == drafts
+    assert stats["decode_rows"] > stats["decode_batches"]  # some steps ran together
+    requests = sum(metric(metrics, f'strata_requests_total{{endpoint="/v1/{route}",status="{status}"}}')
+                   for route in ("chat/completions", "completions") for status in (200, 499)
+                   if f'endpoint="/v1/{route}",status="{status}"' in metrics)
+    assert requests == len(MIX) + 1
+    assert metric(metrics, "strata_queue_depth_on_arrival_count") == len(MIX) + 1
+    assert metric(metrics, "strata_time_to_first_token_seconds_count") == len(MIX) + 1
+    assert metric(metrics, "strata_decode_batch_rows_count") == stats["decode_batches"]
+    assert metric(metrics, "strata_decode_batch_rows_sum") == stats["decode_rows"]
 
 
 def test_concurrent_streams_answer_as_each_alone_and_the_metrics_count_batches(model_file):

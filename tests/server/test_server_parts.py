@@ -107,6 +107,11 @@ def test_an_assistant_tool_call_reaches_the_template_with_arguments_as_an_object
     assert body["messages"][0]["tool_calls"][0]["function"]["arguments"] == '{"x": 1}'  # the body is not changed
 
 
+def samples(text: str) -> dict[str, float]:
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            if line and not line.startswith("#")}
+
+
 def test_metrics_speak_prometheus_text():
     metrics = Metrics()
     metrics.answered("/v1/chat/completions", 200, Stats(prompt_tokens=10, cached_tokens=4, generated_tokens=5,
@@ -114,9 +119,10 @@ def test_metrics_speak_prometheus_text():
                                                         finish_reason="eos", steps=2, drafted=6, accepted=3))
     metrics.answered("/v1/completions", 200, Stats(generated_tokens=1, finish_reason="length", drafted=2))
     metrics.answered("/v1/chat/completions", 429)
+    metrics.timed(0.5, [0.004, 0.004, 0.02])
+    metrics.timed(None, [])
     text = metrics.text(SessionPool([object(), object()], 4))
-    lines = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-             if line and not line.startswith("#")}
+    lines = samples(text)
     assert lines['strata_requests_total{endpoint="/v1/chat/completions",status="200"}'] == 1
     assert lines['strata_requests_total{endpoint="/v1/chat/completions",status="429"}'] == 1
     assert lines["strata_prompt_tokens_total"] == 10 and lines["strata_cached_prompt_tokens_total"] == 4
@@ -124,7 +130,51 @@ def test_metrics_speak_prometheus_text():
     assert lines["strata_drafted_tokens_total"] == 8 and lines["strata_accepted_tokens_total"] == 3
     assert lines["strata_decode_tokens_per_second"] == pytest.approx(40.0)
     assert lines["strata_time_to_first_token_seconds_sum"] == 0.5
+    assert lines["strata_time_to_first_token_seconds_count"] == 1
+    assert lines["strata_inter_token_latency_seconds_count"] == 3
     assert lines["strata_queue_depth"] == 0 and lines["strata_busy_sessions"] == 0
     # every sample has its HELP and TYPE
-    names = {key.split("{")[0].removesuffix("_sum").removesuffix("_count") for key in lines}
+    names = {key.split("{")[0].removesuffix("_sum").removesuffix("_count").removesuffix("_bucket") for key in lines}
     assert all(f"# TYPE {name} " in text and f"# HELP {name} " in text for name in names)
+
+
+def test_histograms_keep_prometheus_conventions():
+    """_bucket samples cumulative in le order (an observation equal to a bound counts in its bucket), ending at
+    +Inf equal to _count; _sum the observations' sum; seconds as the unit of time."""
+    metrics = Metrics()
+    for depth in (0, 0, 1, 3, 200):
+        metrics.arrived(depth)
+    metrics.timed(0.05, [0.001, 0.0025, 0.003, 2.0])
+
+    class Batcher:
+        max_batch = 8
+
+        @staticmethod
+        def stats():
+            return {"decode_batches": 7, "decode_rows": 30, "prompt_chunks": 2, "calls": 0, "busy_seconds": 1.5,
+                    "gathering_seconds": 0.25, "batch_sizes": {1: 2, 4: 1, 8: 3}, }
+
+    text = metrics.text(SessionPool([object()], 4), Batcher())
+    lines = samples(text)
+    for name, bounds_seen in (("strata_inter_token_latency_seconds", 14), ("strata_queue_depth_on_arrival", 9),
+                              ("strata_time_to_first_token_seconds", 12), ("strata_decode_batch_rows", 7)):
+        assert f"# TYPE {name} histogram" in text
+        buckets = [(key, value) for key, value in lines.items() if key.startswith(name + "_bucket{")]
+        assert len(buckets) == bounds_seen + 1 and buckets[-1][0] == name + '_bucket{le="+Inf"}'
+        counts = [value for _, value in buckets]
+        assert counts == sorted(counts) and counts[-1] == lines[name + "_count"]
+        bounds = [float(key.split('"')[1]) for key, _ in buckets]
+        assert bounds == sorted(bounds)
+    assert lines['strata_inter_token_latency_seconds_bucket{le="0.001"}'] == 1
+    assert lines['strata_inter_token_latency_seconds_bucket{le="0.0025"}'] == 2
+    assert lines['strata_inter_token_latency_seconds_bucket{le="0.005"}'] == 3
+    assert lines['strata_inter_token_latency_seconds_bucket{le="1.0"}'] == 3
+    assert lines["strata_inter_token_latency_seconds_sum"] == pytest.approx(2.0065)
+    assert lines['strata_queue_depth_on_arrival_bucket{le="0"}'] == 2
+    assert lines['strata_queue_depth_on_arrival_bucket{le="4"}'] == 4
+    assert lines['strata_queue_depth_on_arrival_bucket{le="128"}'] == 4
+    assert lines["strata_queue_depth_on_arrival_count"] == 5 and lines["strata_queue_depth_on_arrival_sum"] == 204
+    assert lines['strata_decode_batch_rows_bucket{le="1"}'] == 2 and lines['strata_decode_batch_rows_bucket{le="4"}'] == 3
+    assert lines["strata_decode_batch_rows_sum"] == 30 and lines["strata_decode_batch_rows_count"] == 6
+    assert lines["strata_compute_busy_seconds_total"] == 1.5
+    assert lines["strata_compute_gathering_seconds_total"] == 0.25

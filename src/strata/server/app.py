@@ -201,19 +201,22 @@ class Server:
     # ----------------------------------------------------------------------------------------- generation
 
     async def _generate(self, request: Request, endpoint: str, parse) -> Response:
+        arrived = time.perf_counter()
         try:
             self._authorize(request)
             body = await self._body(request)
             # reading, rendering and tokenizing take time in proportion to the body: off the event loop, so that
             # /health and the other streams go on meanwhile
             call, prompts = await anyio.to_thread.run_sync(self._prepare, body, parse)
+            self.metrics.arrived(self.pool.waiting)
             lease = self.pool.lease(prompts[0])
             session = await lease.__aenter__()
         except BadRequest as error:
             return self._refuse(endpoint, error)
         except QueueFull as error:
             return self._refuse(endpoint, BadRequest(str(error), code="rate_limit_exceeded", status=429))
-        run = Run(session, call, prompts, self.executor, active=session.engine.active if self.batcher else None)
+        run = Run(session, call, prompts, self.executor, active=session.engine.active if self.batcher else None,
+                  arrived=arrived)
         head = self.answers.head(call)
         watcher = asyncio.create_task(self._watch(request, run))
         events = run.events()
@@ -291,6 +294,7 @@ class Server:
         with anyio.CancelScope(shield=True):
             await run.finish()
             await lease.__aexit__(None, None, None)
+        self.metrics.timed(run.first_token, run.between)
         stats = run.stats
         request.state.tokens = (stats.prompt_tokens, stats.generated_tokens)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Executor
 from contextlib import AbstractContextManager, nullcontext
@@ -39,15 +40,19 @@ class Event:
 
 
 class Run:
-    """The call's answers: answer i * n + j is choice j of prompt i (`prompts`: each one's token ids)."""
+    """The call's answers: answer i * n + j is choice j of prompt i (`prompts`: each one's token ids). `arrived`
+    (time.perf_counter()) is when the request came: its first token's time is counted from there."""
 
     def __init__(self, session: Session, call: Call, prompts: Sequence[Sequence[int]], executor: Executor, *,
-                 active: Callable[[], AbstractContextManager] | None = None):
+                 active: Callable[[], AbstractContextManager] | None = None, arrived: float | None = None):
         self.session, self.call, self.executor = session, call, executor
         self.prompts = [list(ids) for ids in prompts]
         self.active = active or nullcontext
         self.cancelled = threading.Event()
         self.answers: list[Stats] = []  # each finished answer's, in order
+        self.arrived = time.perf_counter() if arrived is None else arrived
+        self.first_token: float | None = None  # seconds from arrival to the first token (None: none yet)
+        self.between: list[float] = []  # seconds between consecutive tokens of an answer, as generated
         self._future: asyncio.Future | None = None
 
     def _work(self, emit) -> None:
@@ -60,8 +65,15 @@ class Run:
                     stream = self.session.stream(ids, **self.call.generate_options(answer))
                 except StrataError as error:
                     raise Refused(error) from None
+                last = None
                 try:
                     for piece in stream:
+                        now = time.perf_counter()
+                        if self.first_token is None:
+                            self.first_token = now - self.arrived
+                        elif last is not None:
+                            self.between.append(now - last)
+                        last = now
                         emit(Event(answer, piece))
                         if self.cancelled.is_set():
                             break
