@@ -1,10 +1,11 @@
-"""`strata serve` under concurrent clients: aggregate and per-stream tok/s and time to first token at 1, 2, 4, 8
-and 16 clients, with the routed experts on the CPU, half in VRAM and all in VRAM; llama-server beside it on the
-same file where one is given.
+"""`strata serve` under concurrent clients: aggregate and per-stream tok/s, time to first token and time between
+tokens at 1, 2, 4, 8, 16 and 32 clients, with the routed experts on the CPU, half in VRAM and all in VRAM;
+llama-server beside it on the same file where one is given.
 
-    python3 benchmarks/bench_server.py [--model FILE | --url URL] [--clients 1,2,4,8,16] [--requests 2]
+    python3 benchmarks/bench_server.py [--model FILE | --url URL] [--clients 1,2,4,8,16,32] [--requests 2]
         [--prompt-tokens 64] [--max-tokens 64] [--expert-cache 0%,50%,100%] [--batch B] [--sessions S]
         [--llama-server PATH] [--parallel 8] [--json PATH]
+    python3 benchmarks/bench_server.py --engine scripted [--costs-ms 2.5,1.9,0.88,0.1] [--batch B] ...
 
 Without --url it starts `strata serve` on the file (without --model: the default benchmark model, synthesized
 once into the cache) once per --expert-cache placement, waits for /health, measures, and stops it, also on
@@ -12,8 +13,15 @@ Ctrl-C or an error; with --llama-server, llama-server on the same file with --pa
 the experts in VRAM, after each. With --url it measures the server already running there (strata or
 llama-server; its vocabulary from --model or --vocab). Each client sends --requests streamed greedy completions
 of --prompt-tokens token ids (every request its own prompt, from --seed) one after another
-(strata.bench.server). ignore_eos is asked for; strata refuses it, and its answers count the tokens generated up
-to an EOS ("short" in the table).
+(strata.bench.server). ignore_eos is asked for; strata takes it. Where sessions step together, the table has what
+the server's /metrics counted over each level: rows per decode batch, and the shares of the level's time its
+compute thread was busy and gathering (waiting, a step in, for the rest of a batch).
+
+With --engine scripted no GPU is needed: the bench serves, in a child process, the server over sessions whose
+engine sleeps stated times (strata.bench.server_scripted: --costs-ms, a lone step, a batch's base and its cost per
+row, a prompt token; by default the GPU box's step of several rows with every expert in VRAM) and the tokenizer of
+--model (by default a tiny model synthesized in a temporary folder): what the server, the batcher and the streams
+add between steps, measured on any machine.
 """
 
 from __future__ import annotations
@@ -22,14 +30,19 @@ import argparse
 import shutil
 import signal
 import sys
+import tempfile
+import threading
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
 from typing import Any
 
 from strata.bench.default_model import bench_model, cache_dir
 from strata.bench.records import write_json
 from strata.bench.server import run
 from strata.bench.server_process import (
-    cpu_moe_layers, expert_budget, free_port, llama_server_command, started, strata_serve_command,
+    HOST, cpu_moe_layers, expert_budget, free_port, llama_server_command, started, strata_serve_command,
 )
+from strata.bench.server_scripted import StepCosts, TimedEngine
 from strata.errors import InvalidArgument
 from strata.format import inspect
 from strata.runtime.expert_cache import expert_bytes
@@ -37,6 +50,15 @@ from strata.runtime.plan import file_tensors
 from strata.synth import synthesize
 
 PASSED_TO_SERVE = ("batch", "sessions", "queue", "kv", "mode", "cache_policy", "vram_limit")
+
+
+def costs_ms(text: str) -> StepCosts:
+    try:
+        values = [float(x) / 1e3 for x in text.split(",")]
+        return StepCosts(*values)
+    except (ValueError, TypeError):
+        raise InvalidArgument(f"--costs-ms takes up to four milliseconds (a lone step, a batch's base, a row, a "
+                              f"prompt token), got {text!r}") from None
 
 
 def counts(text: str) -> list[int]:
@@ -63,13 +85,18 @@ def parse() -> argparse.Namespace:
     target.add_argument("--url", help="a server already running (http://HOST:PORT[/v1]): measured as it is")
     parser.add_argument("--model", help="the .gguf file to serve (with --url: the one served, for its vocabulary)")
     parser.add_argument("--vocab", type=int, help="with --url and no --model: prompt ids are drawn below this")
-    parser.add_argument("--clients", type=counts, default=[1, 2, 4, 8, 16], help="concurrency levels, in turn")
+    parser.add_argument("--clients", type=counts, default=[1, 2, 4, 8, 16, 32], help="concurrency levels, in turn")
     parser.add_argument("--requests", type=int, default=2, help="per client, one after another")
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0, help="the prompts' seed")
-    parser.add_argument("--engine", choices=["gpu", "reference"], default="gpu",
-                        help="strata serve's engine (reference: a tiny model without a GPU; no placements)")
+    parser.add_argument("--engine", choices=["gpu", "reference", "scripted"], default="gpu",
+                        help="strata serve's engine (reference: a tiny model without a GPU; scripted: an engine "
+                             "sleeping --costs-ms, over --model's tokenizer; neither has placements)")
+    parser.add_argument("--costs-ms", type=costs_ms, default=StepCosts(),
+                        help="the scripted engine's milliseconds: a lone step, a batch's base, its cost per row, a "
+                             "prompt token (default: 2.5,1.9,0.88,0.1, the GPU box with every expert in VRAM)")
+    parser.add_argument("--serve-scripted", type=int, metavar="PORT", help=argparse.SUPPRESS)  # the child
     parser.add_argument("--expert-cache", default="0%,50%,100%",
                         help="placements, each a server run: a share of every layer's routed experts in VRAM "
                              "(llama-server gets the same share of layers), or strata's own auto or size")
@@ -81,6 +108,8 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--startup-timeout", type=float, default=900.0, help="seconds for a server to load")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
+    if args.engine == "scripted" and args.llama_server:
+        parser.error("--llama-server has no match for --engine scripted")
     if args.url and args.model is None and args.vocab is None:
         parser.error("--url needs --model (the file served) or --vocab for its prompts' token ids")
     return args
@@ -111,8 +140,56 @@ def served(label: str, command: list[str], port: int, args: argparse.Namespace, 
     return result
 
 
+def scripted_command(args: argparse.Namespace, path: str, port: int, context: int) -> list[str]:
+    """This script as the child that serves the scripted engine on HOST:port."""
+    costs = args.costs_ms
+    command = [sys.executable, str(Path(__file__).resolve()), "--serve-scripted", str(port), "--model", path,
+               "--context", str(context), "--queue", args.queue or str(max(args.clients)),
+               "--costs-ms", ",".join(f"{x * 1e3:g}" for x in (costs.lone, costs.batch, costs.row, costs.prompt_token))]
+    for name in ("batch", "sessions"):
+        if getattr(args, name) is not None:
+            command += ["--" + name, getattr(args, name)]
+    return command
+
+
+def serve_scripted(args: argparse.Namespace) -> int:
+    """The child: the server over sessions of the scripted engine, on HOST:--serve-scripted, until SIGINT or
+    SIGTERM."""
+    from strata.generation import Session
+    from strata.server import Server
+    from strata.server.background import serving
+
+    with inspect(args.model) as file:
+        codec = file.tokenizer()
+    batch, sessions = int(args.batch or 1), int(args.sessions or 1)
+    made = [Session(TimedEngine(len(codec.tokens), args.context, args.costs_ms, codec.eos_ids), codec)
+            for _ in range(max(batch, sessions))]
+    server = Server(made, "scripted", max_waiting=int(args.queue or 16), batch=min(batch, len(made)))
+    stop = threading.Event()
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, lambda *_: stop.set())
+    try:
+        with serving(server, HOST, args.serve_scripted) as url:
+            print(f"bench_server: the scripted engine ({args.costs_ms}) at {url}, {len(made)} session(s), batch "
+                  f"{batch}", flush=True)
+            stop.wait()
+    finally:
+        server.close()
+    return 0
+
+
 def runs(args: argparse.Namespace, out: list[dict[str, Any]]) -> None:
     """Each server's result appended to `out` as it is measured (so an error later keeps what was measured)."""
+    if args.engine == "scripted" and not args.url:
+        with tempfile.TemporaryDirectory() as folder:
+            path = args.model or str(synthesize(Path(folder) / "tokenizer.gguf", "qwen3next"))
+            with inspect(path) as file:
+                vocab = file.geometry.n_vocab
+            context = args.context or args.prompt_tokens + args.max_tokens + 8
+            port = free_port()
+            out.append(served(f"strata serve (scripted engine: {args.costs_ms})",
+                              scripted_command(args, path, port, context), port, args, vocab, set()))
+        return
     path = args.model or (None if args.url else str(bench_model(cache_dir(), synthesize)))
     per_expert, g = [], None
     if path is not None:
@@ -165,23 +242,33 @@ def table(results: list[dict[str, Any]]) -> list[str]:
             lines.append("  command: " + " ".join(result["command"]))
         lines += [f"  {line.strip()}" for line in result.get("placement", [])]
         lines.append(f"  {'clients':>7} {'requests':>8} {'errors':>6} {'tokens':>7} {'short':>5} {'tok/s':>8} "
-                     f"{'stream tok/s':>12} {'TTFT p50 ms':>11} {'TTFT p90 ms':>11}")
+                     f"{'stream tok/s':>12} {'TTFT p50 ms':>11} {'TTFT p90 ms':>11} {'ITL p50 ms':>10} "
+                     f"{'ITL p90 ms':>10} {'rows/batch':>10} {'busy %':>6} {'gather %':>8}")
         for level in result["levels"]:
+            batching = level.get("server") or {}
             lines.append(f"  {level['clients']:>7} {level['requests']:>8} {level['errors']:>6} {level['tokens']:>7} "
                          f"{level['short']:>5} {figure(level['aggregate_tokens_per_second']):>8} "
                          f"{figure(level['stream_tokens_per_second']):>12} {figure(level['ttft_p50'], 1e3, 0):>11} "
-                         f"{figure(level['ttft_p90'], 1e3, 0):>11}")
+                         f"{figure(level['ttft_p90'], 1e3, 0):>11} {figure(level.get('itl_p50'), 1e3, 2):>10} "
+                         f"{figure(level.get('itl_p90'), 1e3, 2):>10} "
+                         f"{figure(batching.get('rows_per_batch'), 1, 2):>10} "
+                         f"{figure(batching.get('busy_share'), 100, 0):>6} "
+                         f"{figure(batching.get('gathering_share'), 100, 1):>8}")
         levels = result["levels"]
         lines.append(f"RESULT {result['server']}: clients " + "/".join(str(x["clients"]) for x in levels) +
                      ": aggregate " + "/".join(figure(x["aggregate_tokens_per_second"]) for x in levels) +
                      " tok/s, per stream " + "/".join(figure(x["stream_tokens_per_second"]) for x in levels) +
-                     " tok/s, TTFT p50 " + "/".join(figure(x["ttft_p50"], 1e3, 0) for x in levels) + " ms, errors "
-                     + str(sum(x["errors"] for x in levels)))
+                     " tok/s, TTFT p50 " + "/".join(figure(x["ttft_p50"], 1e3, 0) for x in levels) +
+                     " ms, TTFT p90 " + "/".join(figure(x["ttft_p90"], 1e3, 0) for x in levels) +
+                     " ms, ITL p90 " + "/".join(figure(x.get("itl_p90"), 1e3, 1) for x in levels) +
+                     " ms, errors " + str(sum(x["errors"] for x in levels)))
     return lines
 
 
 def main() -> int:
     args = parse()
+    if args.serve_scripted is not None:
+        return serve_scripted(args)
     # a SIGTERM unwinds as Ctrl-C does, through the blocks that stop the servers
     signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
     results: list[dict[str, Any]] = []
@@ -190,7 +277,8 @@ def main() -> int:
     finally:
         print("\n".join(table(results)), flush=True)
         if args.json:
-            write_json(args.json, {"arguments": {k: v for k, v in vars(args).items()}, "runs": results})
+            write_json(args.json, {"arguments": {k: asdict(v) if is_dataclass(v) else v for k, v in vars(args).items()},
+                                   "runs": results})
     return 1 if any(level["errors"] for result in results for level in result["levels"]) else 0
 
 

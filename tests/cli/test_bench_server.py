@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 from strata.bench import server_process
-from strata.bench.server import Answer, completion, Endpoint, prompts, run, summary, takes_ignore_eos
+from strata.bench.server import (
+    COUNTERS, Answer, Endpoint, batching, completion, prompts, run, summary, takes_ignore_eos,
+)
 from strata.bench.server_process import (
     cpu_moe_layers, expert_budget, free_port, llama_server_command, started, strata_serve_command,
 )
@@ -104,6 +106,24 @@ def test_a_levels_figures_from_known_answers(rng):
     assert got["ttft_p50"] == pytest.approx(statistics.median(ttft), rel=1e-12)
     assert ttft[0] <= got["ttft_p50"] <= got["ttft_p90"] <= ttft[-1]
     assert summary(1, [failed], wall, max_tokens)["ttft_p50"] is None
+    assert got["itl_p50"] is None  # no answer here has its gaps
+
+
+def test_a_levels_time_between_tokens_is_over_every_gap_of_every_answer():
+    answers = [Answer(0, 1, 5, 0.1, 1.0, 4, 0.6, gaps=(0.1, 0.2, 0.3)),
+               Answer(1, 2, 5, 0.1, 1.0, 3, 0.5, gaps=(0.4, 0.5)),
+               Answer(1, 3, 5, None, 1.0, 0, 0.0, "HTTP 500: no", gaps=(9.0,))]
+    got = summary(2, answers, 2.0, 4)
+    assert got["itl_p50"] == pytest.approx(0.3) and got["itl_p90"] == pytest.approx(0.46)
+
+
+def test_the_servers_counters_give_a_levels_batching():
+    before = {name: 0.0 for name in COUNTERS}
+    after = {"strata_decode_batches_total": 10.0, "strata_decode_rows_total": 64.0,
+             "strata_compute_busy_seconds_total": 1.5, "strata_compute_gathering_seconds_total": 0.1}
+    assert batching(before, after, 2.0) == {"decode_batches": 10, "decode_rows": 64, "rows_per_batch": 6.4,
+                                            "busy_share": 0.75, "gathering_share": 0.05}
+    assert batching(None, after, 2.0) is None and batching(before, None, 2.0) is None
 
 
 def test_clients_against_strata_serve_count_what_the_whole_answers_count(tiny, popened):
@@ -133,6 +153,8 @@ def test_clients_against_strata_serve_count_what_the_whole_answers_count(tiny, p
         assert level["tokens"] == sum(a["tokens"] for a in level["answers"])
         assert level["short"] == sum(a["tokens"] < 5 for a in level["answers"])
         assert level["aggregate_tokens_per_second"] == pytest.approx(level["tokens"] / level["wall_seconds"])
+        assert level["server"] is None  # batch 1: no batching counters
+        assert all(len(a["gaps"]) == a["tokens"] - 1 for a in level["answers"])
     assert sorted(numbers) == list(range(1, 7))  # every prompt once, the warm-up's (0) not among them
 
 
@@ -261,6 +283,24 @@ def test_the_script_prints_its_table_and_writes_its_json(tiny, tmp_path):
     assert [level["clients"] for level in runs[0]["levels"]] == [1, 2]
     assert runs[0]["command"][3:5] == ["serve", str(path)] and runs[0]["ignore_eos"]
     assert np.isfinite(runs[0]["levels"][1]["aggregate_tokens_per_second"])
+
+
+def test_the_script_serves_the_scripted_engine_in_a_child_and_reads_its_batching(tmp_path):
+    out = tmp_path / "scripted.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--engine", "scripted", "--batch", "4", "--sessions", "4",
+                           "--clients", "1,4", "--requests", "1", "--prompt-tokens", "4", "--max-tokens", "6",
+                           "--costs-ms", "1,1,0.5,0.01", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = [line for line in done.stdout.splitlines() if line.startswith("RESULT")]
+    assert len(result) == 1 and result[0].startswith("RESULT strata serve (scripted engine: 1 ms alone, 1 + 0.5 ms a row")
+    run_ = json.loads(out.read_text())["runs"][0]
+    assert "--serve-scripted" in run_["command"] and run_["ignore_eos"]
+    for level in run_["levels"]:
+        assert level["errors"] == 0 and level["tokens"] == 6 * level["clients"] and level["short"] == 0
+        batching_ = level["server"]
+        assert batching_["decode_rows"] == 5 * level["clients"] and batching_["rows_per_batch"] >= 1
+        assert 0 < batching_["busy_share"] <= 1 and 0 <= batching_["gathering_share"] <= 1
 
 
 def test_the_script_against_a_url_needs_a_vocabulary_and_says_when_nothing_answers():

@@ -1,8 +1,11 @@
 """Concurrent streaming clients against an OpenAI-compatible server (`strata serve`, llama-server, any other):
 C clients, each a thread of this process sending R requests to /v1/completions back to back (token-id prompts,
-greedy, streamed), at each concurrency level in turn; per request the time to its first token, its tokens and
-its decode seconds; per level the aggregate and per-stream tok/s, the time to first token's p50 and p90, the
-requests and the errors. HTTP is the standard library's (http.client), so no dependency comes with it.
+greedy, streamed), at each concurrency level in turn; per request the time to its first token, its tokens, its
+decode seconds and the gaps between its token events; per level the aggregate and per-stream tok/s, the time to
+first token's p50 and p90, the time between tokens' p50 and p90, the requests and the errors, and where the server
+is strata's with sessions stepping together, what its /metrics counted over the level (rows per decode batch, the
+compute thread's busy and gathering shares of the level's time). HTTP is the standard library's (http.client), so
+no dependency comes with it.
 
 `ignore_eos` is asked for when the server takes it (llama-server and vLLM do); a server that refuses the field by
 name (strata serve does: it refuses unknown fields) is asked without it, and the records then count the tokens
@@ -41,6 +44,7 @@ class Answer:
     tokens: int                     # generated: the server's usage count, else the token events received
     decode_seconds: float           # from the first token to the last
     error: str | None = None
+    gaps: tuple[float, ...] = ()    # seconds between consecutive token events, as received
 
     @property
     def stream_tokens_per_second(self) -> float | None:
@@ -118,7 +122,8 @@ def completion(endpoint: Endpoint, prompt: Sequence[int], max_tokens: int, *, cl
         error = "the stream ended without a token"
     tokens = usage_tokens if usage_tokens is not None else len(arrivals)
     return Answer(client, request, len(prompt), arrivals[0] - start if arrivals else None, end - start, tokens,
-                  arrivals[-1] - arrivals[0] if arrivals else 0.0, error)
+                  arrivals[-1] - arrivals[0] if arrivals else 0.0, error,
+                  tuple(b - a for a, b in zip(arrivals, arrivals[1:])))
 
 
 def _events(response: http.client.HTTPResponse):
@@ -176,22 +181,67 @@ def level(endpoint: Endpoint, clients: int, requests: list[list[tuple[int, list[
 def summary(clients: int, answers: list[Answer], wall: float, max_tokens: int) -> dict[str, Any]:
     """A level's figures: aggregate tok/s (every generated token over the level's wall seconds), per-stream tok/s
     (the median over requests of tokens after the first over seconds after the first), the time to first token's
-    p50 and p90 (over answered requests), requests, errors (with the first few messages), tokens and the requests
-    that came back short of `max_tokens`."""
+    p50 and p90 (over answered requests), the time between tokens' p50 and p90 (over every gap of every answered
+    request), requests, errors (with the first few messages), tokens and the requests that came back short of
+    `max_tokens`."""
     answered = [a for a in answers if a.error is None]
     streams = [r for a in answered if (r := a.stream_tokens_per_second) is not None]
     ttft = [a.ttft for a in answered]
+    gaps = [g for a in answered for g in a.gaps]
     tokens = sum(a.tokens for a in answered)
 
-    def quantile(q: float) -> float | None:
-        return float(np.quantile(ttft, q)) if ttft else None
+    def quantile(values: list[float], q: float) -> float | None:
+        return float(np.quantile(values, q)) if values else None
 
     return {"clients": clients, "requests": len(answers), "errors": len(answers) - len(answered),
             "error_messages": [a.error for a in answers if a.error is not None][:ERRORS_KEPT],
             "tokens": tokens, "short": sum(a.tokens < max_tokens for a in answered), "wall_seconds": wall,
             "aggregate_tokens_per_second": tokens / wall if wall > 0 else None,
             "stream_tokens_per_second": statistics.median(streams) if streams else None,
-            "ttft_p50": quantile(0.5), "ttft_p90": quantile(0.9)}
+            "ttft_p50": quantile(ttft, 0.5), "ttft_p90": quantile(ttft, 0.9),
+            "itl_p50": quantile(gaps, 0.5), "itl_p90": quantile(gaps, 0.9)}
+
+
+# strata serve's /metrics samples a level reads before and after it runs (strata.server.metrics)
+COUNTERS = ("strata_decode_batches_total", "strata_decode_rows_total", "strata_compute_busy_seconds_total",
+            "strata_compute_gathering_seconds_total")
+
+
+def server_counters(endpoint: Endpoint) -> dict[str, float] | None:
+    """strata serve's batching counters from its /metrics (None: no such page, or no sessions stepping together, as
+    at --batch 1 or on llama-server)."""
+    connection = endpoint.connection(timeout=10)
+    try:
+        connection.request("GET", endpoint.path("/metrics"))
+        response = connection.getresponse()
+        text = response.read().decode(errors="replace") if response.status == 200 else ""
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        connection.close()
+    found = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in COUNTERS:
+            try:
+                found[name] = float(value)
+            except ValueError:
+                return None
+    return found if len(found) == len(COUNTERS) else None
+
+
+def batching(before: dict[str, float] | None, after: dict[str, float] | None, wall: float) -> dict[str, Any] | None:
+    """What the server's counters say of a level of `wall` seconds: its decode batches and rows, rows per batch,
+    and the compute thread's busy and gathering (waiting, a step in, for the rest of its batch) shares of the
+    level's time (None where the server has no such counters)."""
+    if before is None or after is None or wall <= 0:
+        return None
+    delta = {name: after[name] - before[name] for name in COUNTERS}
+    batches, rows = delta["strata_decode_batches_total"], delta["strata_decode_rows_total"]
+    return {"decode_batches": int(batches), "decode_rows": int(rows),
+            "rows_per_batch": rows / batches if batches else None,
+            "busy_share": delta["strata_compute_busy_seconds_total"] / wall,
+            "gathering_share": delta["strata_compute_gathering_seconds_total"] / wall}
 
 
 def run(base_url: str, client_counts: Sequence[int], requests: int, prompt_tokens: int, max_tokens: int,
@@ -217,8 +267,10 @@ def run(base_url: str, client_counts: Sequence[int], requests: int, prompt_token
     for clients in client_counts:
         mine = [numbered[used + c * requests:used + (c + 1) * requests] for c in range(clients)]
         used += clients * requests
+        before = server_counters(endpoint)
         answers, wall = level(endpoint, clients, mine, max_tokens, ignore_eos)
-        record = summary(clients, answers, wall, max_tokens)
+        record = {**summary(clients, answers, wall, max_tokens),
+                  "server": batching(before, server_counters(endpoint), wall)}
         if emit is not None:
             emit(json.dumps({"record": "server_level", "url": endpoint.base_url, "ignore_eos": ignore_eos,
                              **record}))
