@@ -53,12 +53,14 @@ def finished(threads: list[threading.Thread]) -> bool:
 
 
 def stepper(member, first: int, steps: int, errors: list, before=None):
-    """A thread that makes `member` active and steps it `steps` times greedily from token `first`."""
+    """A thread that makes `member` active, calls `before`, and steps it `steps` times greedily from token `first`
+    (a member is waited for from its first call after it began: a `before` that calls it and waits at a barrier
+    starts the members together)."""
     def run() -> None:
         try:
-            if before is not None:
-                before()
             with member.active():
+                if before is not None:
+                    before()
                 token, seen = first, []
                 for _ in range(steps):
                     seen = [*seen, token]
@@ -186,8 +188,9 @@ def test_prompt_chunks_and_decode_batches_interleave_within_the_stated_bounds(ta
             assert len(others) == len(set(others)) <= 2, (p, jobs)  # each other prompt at most once between
 
 
-def run_sessions(batcher: Batcher, make_engine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    sessions = [Session(batcher.member(make_engine()), CharCodec()) for _ in prompts]
+def run_sessions(batcher: Batcher, make_member, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """Greedy completions of `prompts`, each on a session over `make_member()`, all at once."""
+    sessions = [Session(make_member(), CharCodec()) for _ in prompts]
     gate = threading.Barrier(len(prompts))
 
     def work(i: int) -> list[int]:
@@ -211,7 +214,7 @@ def test_the_measuring_batcher_is_never_slower_than_taking_turns(table, rng, mod
     prompts = [random_ids(rng, VOCAB, 3) for _ in range(sessions)]
     clock, log = ScriptedClock(), BatchLog()
     with Batcher(grace_seconds=1.0, clock=clock) as batcher:
-        together = run_sessions(batcher, lambda: costed(table, clock, log, costs), prompts, tokens)
+        together = run_sessions(batcher, lambda: batcher.member(costed(table, clock, log, costs)), prompts, tokens)
         spent = clock.now
     turns_clock = ScriptedClock()
     alone = [list(Session(costed(table, turns_clock, BatchLog(), costs), CharCodec()).complete(
@@ -259,3 +262,29 @@ def test_the_whole_mix_on_a_scripted_engine_answers_as_alone(tokenizer, rng):
         sessions = check_mix(make, tokenizer, rng, 200, batcher, whole=True, drafter=Greedy)
     assert log.threads == {batcher.thread_id} and max(log.sizes) > 1
     assert sum(s.stats.accepted for s in sessions) > 0
+
+
+def test_before_compute_runs_on_the_compute_thread_right_before_each_engine_call_of_its_member(table, rng):
+    """A member's before_compute (where the server hands a stream's events to its event loop) runs before every
+    engine call that serves it, its prompt's chunks, its lone and batched steps alike, once each, on the batcher's
+    thread; a member without one is served as before."""
+    clock, log = ScriptedClock(), BatchLog()
+    with Batcher(grace_seconds=1.0, policy=AlwaysBatch(), clock=clock) as batcher:
+        members = [batcher.member(costed(table, clock, log)) for _ in range(3)]
+        threads: set[int] = set()
+        for i, member in enumerate(members[:2]):
+            def hook(i=i):
+                threads.add(threading.get_ident())
+                log.calls.append((f"hook {i}", "hook", 0))
+            member.before_compute = hook
+        made = iter(members)
+        run_sessions(batcher, lambda: next(made), [random_ids(rng, VOCAB, n) for n in (20, 3, 9)], 12)
+    assert threads == {batcher.thread_id}
+    for i, member in enumerate(members[:2]):
+        mine = ["hook" if who == f"hook {i}" else call for who, call, _ in log.calls
+                if who == f"hook {i}" or who is member.engine]
+        # every engine call right after a hook of its own (a hook may also precede a call that reads an attribute,
+        # which the log does not show)
+        assert all(mine[j - 1] == "hook" for j, call in enumerate(mine) if call != "hook"), mine
+        assert mine.count("prefill") == (2 if i == 0 else 0) and mine.count("feed") == 12, mine
+    assert not any(who == "hook 2" for who, _, _ in log.calls)

@@ -250,6 +250,7 @@ class Batcher:
     def _advance(self, call: _Call, kind: str) -> None:
         """Run the call's next piece; finish it after its last, else queue it behind the other prompts."""
         try:
+            _before_compute([call])
             call.result = call.work.popleft()()
         except BaseException as error:  # noqa: BLE001 - the caller's to handle, with its type
             call.error = error
@@ -288,6 +289,7 @@ class Batcher:
         """The calls' steps in one engine call; whether it succeeded (else every call has its error)."""
         ok = False
         try:
+            _before_compute(calls)
             if len(calls) == 1:
                 token, params, u, seen = calls[0].step
                 results = [calls[0].member.engine.feed([token], params, u, seen)]
@@ -312,14 +314,28 @@ class Batcher:
         return ok
 
 
+def _before_compute(calls: list[_Call]) -> None:
+    """The calls' members' before_compute, right before the engine call that serves them."""
+    for call in calls:
+        if call.member.before_compute is not None:
+            call.member.before_compute()
+
+
 class Member:
     """An engine driven through a Batcher: the Engine protocol, with the engine's own optional abilities (what it
     lacks, the member lacks), each call run on the batcher's thread. `active()` (or begin()/end()) marks a stretch
     of steady decoding, such as one generation: the batcher waits for an active member's next step (briefly)
-    before stepping the others without it."""
+    before stepping the others without it.
+
+    `before_compute` (None, or a callable its caller sets) runs on the batcher's thread right before each engine call
+    that serves this member (its decode step, batched or alone, a prompt chunk, any other call): what the caller
+    hands on there runs beside the engine's computing rather than between its steps (the server hands a stream's
+    events to its event loop there, so that writing them overlaps the step that makes the next). It must be quick;
+    what it raises fails that call."""
 
     def __init__(self, batcher: Batcher, engine: Any):
         self.batcher, self.engine = batcher, engine
+        self.before_compute: Callable[[], None] | None = None
         self._active = False
         self._joined = False  # called since begin(): a member is waited for from its first call
         self._fixed = self._call(self._read_fixed)

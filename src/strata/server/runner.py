@@ -1,5 +1,7 @@
 """One request's generations on its session, in a worker thread (an engine step blocks), with what they produce
-handed to the event loop as it comes; where the session's engine is a Batcher's member, it is active for the run.
+handed to the event loop as it comes; where the session's engine is a Batcher's member, it is active for the run,
+and its pieces are handed over as the engine call for the next token starts (Member.before_compute), so that the
+event loop writes them while the engine computes, not between two steps of the batch.
 A request of several answers (n choices, several prompts) runs them one after the other, each its own
 generation of its prompt. Cancelling (the client went away) stops at the next token boundary; the session then
 holds exactly what was generated, and is handed back only once the worker is done with it."""
@@ -9,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Executor
 from contextlib import AbstractContextManager, nullcontext
@@ -16,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from strata.errors import StrataError
 from strata.generation import Piece, Session, Stats
+from strata.generation.batcher import Member
 from strata.server.requests import Call
 
 _END = object()
@@ -56,6 +60,26 @@ class Run:
         self._future: asyncio.Future | None = None
 
     def _work(self, emit) -> None:
+        engine = self.session.engine
+        if not isinstance(engine, Member):
+            return self._answers(emit)
+        held: deque[Event] = deque()  # appended here, taken on the compute thread: deque's ends are thread-safe
+
+        def hand_over() -> None:
+            events = []
+            while held:
+                events.append(held.popleft())
+            if events:
+                emit(events)
+
+        engine.before_compute = hand_over
+        try:
+            self._answers(held.append)
+        finally:
+            engine.before_compute = None
+            hand_over()
+
+    def _answers(self, emit) -> None:
         with self.active():
             for answer in range(self.call.answers):
                 if self.cancelled.is_set():
@@ -87,8 +111,13 @@ class Run:
         (Refused: the session refused the arguments)."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
+
+        def put(events: Event | list[Event]) -> None:
+            for event in events if isinstance(events, list) else [events]:
+                queue.put_nowait(event)
+
         self._future = loop.run_in_executor(self.executor, self._work,
-                                            lambda event: loop.call_soon_threadsafe(queue.put_nowait, event))
+                                            lambda events: loop.call_soon_threadsafe(put, events))
         self._future.add_done_callback(lambda _: queue.put_nowait(_END))
         while (item := await queue.get()) is not _END:
             yield item
