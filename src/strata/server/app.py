@@ -60,8 +60,8 @@ def compute_thread(cpus: set[int] | None) -> ThreadPoolExecutor:
 class Server:
     """The routes over `sessions` (one request at a time on each) serving the model called `model_name` (every
     request's `model` is answered by it); request bodies over `max_body_bytes` are refused unread. Up to `batch`
-    sessions step together (None: all of them; 1, the default: one request computes at a time, which batching
-    does not yet beat: docs/server.md): their engines become members of one Batcher
+    sessions step together (None: all of them; 1, the default until the GPU box's measurement says otherwise: one
+    request computes at a time, docs/server.md): their engines become members of one Batcher
     (strata.generation.batcher) until close(), which gives them back. Browsers on `cors_origins` ("*": any) may
     call it."""
 
