@@ -30,6 +30,10 @@ class Tokenizer:
     template); by default a control token's text in the input is plain text, so user text cannot end a turn.
     """
 
+    # decode is the UTF-8 decoding (invalid bytes replaced) of the ids' bytes laid end to end (the ByteLevel
+    # decoder): a text that ends in a whole character stays as it is whatever follows (strata.generation.text)
+    byte_level = True
+
     def __init__(self, kv: Mapping[str, Any]):
         """kv: a file's metadata as strata.format.ModelFile holds it, its tokenizer keys checked when it opened."""
         if kv.get(K.MODEL) != "gpt2":

@@ -580,7 +580,7 @@ class Session:
         with self._exclusive(), _Interrupt() as interrupt:
             stats = self.stats = Stats(prompt_tokens=len(target))
             eos = set() if request.ignore_eos else set(self.codec.eos_ids)
-            text = TextStream(self.codec.decode, request.stops)
+            text = TextStream(self.codec.decode, request.stops, getattr(self.codec, "byte_level", False))
             rng = np.random.default_rng(request.seed)
             start = time.perf_counter()
             tokens = None  # the call's tokens (_tokens) once the prompt is in
