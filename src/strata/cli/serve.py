@@ -31,9 +31,10 @@ def register(commands) -> None:
     sub.add_argument("--sessions", type=int, default=1,
                      help="conversations held at once, each with its own state (memory allowing)")
     sub.add_argument("--batch", type=int, default=1, metavar="B",
-                     help="sessions whose decode steps may run together (default 1: one request computes at a "
-                          "time, which the server's batching does not yet beat: docs/server.md); a B above "
-                          "--sessions makes B sessions, as many as memory holds")
+                     help="sessions whose decode steps may run together, each batch only where batches of its size "
+                          "measured faster than stepping alone (default 1: one request computes at a time, until "
+                          "the GPU box's served figures decide it: docs/server.md); a B above --sessions makes B "
+                          "sessions, as many as memory holds")
     sub.add_argument("--queue", type=int, default=16, help="requests that may wait; more are answered 429")
     sub.add_argument("--name", "--alias", default=None,
                      help="the model's id in /v1/models (default: the file's stem; --alias is llama-server's "
