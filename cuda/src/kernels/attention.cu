@@ -311,7 +311,8 @@ cudaError_t attention_decode_rows(const AttentionShape& shape, const AttentionDe
   const dim3 grid(shape.n_head_kv * chunks, kDecodeSplits, rows.rows);
   const size_t smem = split_smem_bytes(shape);
   auto* split = split_lanes(shape.head_dim) == 8 ? attention_split_rows_kernel<8> : attention_split_rows_kernel<16>;
-  const cudaError_t launched = launch(split, grid, kDecodeThreads, smem, stream, shape, args, selection_stride, kv, rows);
+  const cudaError_t launched =
+      launch(split, grid, kDecodeThreads, smem, stream, shape, args, selection_stride, kv, rows);
   if (launched != cudaSuccess) return launched;
   return launch(attention_merge_rows_kernel, dim3(shape.n_head, rows.rows), kMergeThreads, 0, stream, shape, args,
                 selection_stride, kv, rows);

@@ -223,13 +223,14 @@ void Runner::verify(Sequence& sequence, const int* tokens, int n, const float* p
 }
 
 const float* Runner::gathered_ple(Sequence& sequence, const int* tokens, int n, const float* given,
-                                  std::vector<float>& out) {
+                                  std::vector<float>& out, int first) {
   PleGather* ple = sequence.ple();
   if (!ple) return given;
   const std::size_t ple_width = static_cast<std::size_t>(g_.ple_n_heads) * g_.ple_head_dim;
-  out.resize(n * ple_width);
-  for (int i = 0; i < n; ++i) gather_ple(*ple, tokens[i], out.data() + i * ple_width);
-  return out.data();
+  out.resize(std::max(out.size(), (first + n) * ple_width));
+  float* rows = out.data() + first * ple_width;
+  for (int i = 0; i < n; ++i) gather_ple(*ple, tokens[i], rows + i * ple_width);
+  return rows;
 }
 
 void Runner::launch_step(const std::vector<long>& key, const std::function<void(cudaStream_t)>& enqueue) {
@@ -253,9 +254,6 @@ void Runner::check_batch(const RowBatch& batch) const {
   for (std::size_t i = 0; i < batch.size(); ++i) {
     const RowBatchSpan& span = batch[i];
     span.runner->check_feed(*span.sequence, span.tokens, span.count, span.ple_rows, span.u);
-    STRATA_EXPECTS(!span.keep_rows || span.count <= span.sequence->verify_rows(), InvalidArgument,
-                   "a verification of " + std::to_string(span.count) + " tokens keeps their states, the session " +
-                       std::to_string(span.sequence->verify_rows()) + " rows of them");
     for (std::size_t j = 0; j < i; ++j) {
       STRATA_EXPECTS(batch[j].sequence != span.sequence, InvalidArgument,
                      "a step takes each session once; its spans " + std::to_string(j) + " and " + std::to_string(i) +
@@ -288,11 +286,14 @@ void Runner::run(RowBatch& batch) {
     if (span.keep_rows) span.sequence->begin_verify(span.tokens, span.count);  // before the gather moves n-grams
   }
   if (g_.ple_layer >= 0) feed_rows_.resize(rows * ple_width);
-  std::vector<float> gathered;
   for (std::size_t i = 0; i < batch.size(); ++i) {
     RowBatchSpan& span = batch[i];
-    const float* ple = gathered_ple(*span.sequence, span.tokens, span.count, span.ple_rows, gathered);
-    if (ple) std::copy(ple, ple + span.count * ple_width, feed_rows_.begin() + spans[i].state.first * ple_width);
+    const int first = spans[i].state.first;
+    // a sequence that gathers its rows writes them in their place; a caller's rows are copied there
+    const float* ple = gathered_ple(*span.sequence, span.tokens, span.count, span.ple_rows, feed_rows_, first);
+    if (ple && ple == span.ple_rows) {
+      std::copy(ple, ple + span.count * ple_width, feed_rows_.begin() + first * ple_width);
+    }
     const int last = span.sequence->position() + span.count - 1;
     span.runner->stage_sampling(span.sampling, span.u, span.tokens[span.count - 1], last);
     samplers[i] = span.runner->sampler_for(span.sample);

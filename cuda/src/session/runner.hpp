@@ -94,8 +94,10 @@ class Runner {
   int run_prompt(Sequence& sequence, const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling,
                  double u, bool sample, float* all_logits, bool row_states);
   void check_batch(const RowBatch& batch) const;
-  // The PLE rows of `n` tokens of `sequence` where it gathers them itself (into `out`), else `given`.
-  const float* gathered_ple(Sequence& sequence, const int* tokens, int n, const float* given, std::vector<float>& out);
+  // The PLE rows of `n` tokens of `sequence`: where it gathers them itself, into `out` from row `first` on (grown
+  // to hold them), else `given`.
+  const float* gathered_ple(Sequence& sequence, const int* tokens, int n, const float* given, std::vector<float>& out,
+                            int first = 0);
   // Launches a step of several rows enqueued by `enqueue`: its graph (captured on first use, by `key`) where the
   // mode captures and the step's experts are all on the device, else enqueued as it is.
   void launch_step(const std::vector<long>& key, const std::function<void(cudaStream_t)>& enqueue);

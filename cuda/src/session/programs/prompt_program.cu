@@ -53,13 +53,15 @@ void carve(Carver& c, const ModelGeometry& g, int chunk, int context, KvStorage 
   const int n = w.n, hc = w.hc, width = w.width, hv = g.ssm_n_v_heads, value_dim = w.value_dim, conv = w.conv;
   const int heads_dim = w.heads_dim, kv_dim = w.kv_dim, ple_width = w.ple_width, max_cols = w.max_cols;
   const std::size_t pairs = T * g.n_expert_used, ff = g.expert_ff;
-  // The QSA selections of every query of the chunk, and the chunk kernels' scratch, for the largest indexer.
-  std::size_t keep_blocks = 0, qsa_scratch = 0;
+  // The QSA selections of every query of the chunk, the chunk kernels' scratch and a step's rows' block scores, for
+  // the largest indexer.
+  std::size_t keep_blocks = 0, qsa_scratch = 0, max_blocks = 0;
   for (int l = 0; l < static_cast<int>(g.compress_ratios.size()); ++l) {
     if (g.recurrent[l] || g.indexer_head_dim == 0) continue;
     const kernels::IndexerShape shape = indexer_shape(g, l, context);
     keep_blocks = std::max<std::size_t>(keep_blocks, shape.keep_blocks);
     qsa_scratch = std::max(qsa_scratch, kernels::qsa_select_chunk_scratch_floats(shape, chunk));
+    max_blocks = std::max<std::size_t>(max_blocks, shape.max_blocks);
   }
   const kernels::AttentionShape attention = attention_shape(g);
   s.tokens_ = c.take<int>(2 * T);  // tokens, then positions: one copy up from the host's block
@@ -128,12 +130,6 @@ void carve(Carver& c, const ModelGeometry& g, int chunk, int context, KvStorage 
   // A step of several rows (a sequence whose KV streams is never one of its spans; the buffers are kept anyway, a
   // few MB beside that sequence's whole layer of KV above).
   const std::size_t R = std::min(chunk, kMaxStepRows);
-  std::size_t max_blocks = 0;
-  for (int l = 0; l < static_cast<int>(g.compress_ratios.size()); ++l) {
-    if (!g.recurrent[l] && g.indexer_head_dim > 0) {
-      max_blocks = std::max<std::size_t>(max_blocks, indexer_shape(g, l, context).max_blocks);
-    }
-  }
   s.rows_table_ = c.take<RowsTable>(1);
   s.rows_scores_ = c.take<float>(R * max_blocks);
   s.rows_partials_ = c.take<float>(g.attention_layers() > 0 ? R * kernels::attention_decode_partial_floats(attention)
@@ -290,7 +286,7 @@ struct PromptProgram::LayerPath {
   }
   void ple(int layer, cudaStream_t s) const { program.ple(layer, rows, s); }
   void mixer_gdn(int layer, const Products& inputs, cudaStream_t s) const {
-    program.mixer_gdn(layer, rows, position, inputs, s);
+    program.mixer_gdn(layer, rows, inputs, s);
   }
   void mixer_attention(int layer, const Products& inputs, cudaStream_t s) const {
     program.mixer_attention(layer, rows, position, inputs, s);
@@ -328,8 +324,7 @@ void PromptProgram::ple(int layer, int rows, cudaStream_t s) const {
   add_to_streams(streams_, ones_, 0, ple_out_, rows, 1, g_.hc_count * g_.n_embd, s);
 }
 
-void PromptProgram::mixer_gdn(int layer, int rows, int position, const Products& inputs, cudaStream_t s) const {
-  (void)position;  // a chunk's walk starts where the sequence's state is
+void PromptProgram::mixer_gdn(int layer, int rows, const Products& inputs, cudaStream_t s) const {
   project_rows(x_, rows, inputs, s);
   if (rows_step_) {
     gdn_step_rows(layer, rows, s);

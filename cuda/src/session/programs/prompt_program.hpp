@@ -145,8 +145,8 @@ class PromptProgram : private PromptScratch {
   void run_layers(int rows, int position, bool ahead, cudaStream_t s);
   void ple(int layer, int rows, cudaStream_t s) const;
   // The mixers of layer `layer` over the rows, on its input products (mixer_inputs, layer_recipe.hpp): the chunk's
-  // from `position` on in the program's sequence, or a step's spans (rows_step_).
-  void mixer_gdn(int layer, int rows, int position, const Products& inputs, cudaStream_t s) const;
+  // (attention: from `position` on) in the program's sequence, or a step's spans (rows_step_).
+  void mixer_gdn(int layer, int rows, const Products& inputs, cudaStream_t s) const;
   void mixer_attention(int layer, int rows, int position, const Products& inputs, cudaStream_t s) const;
   kernels::GdnChunkArgs gdn_args(int layer, int rows, const SequenceViews& views) const;
   void attention_chunk_rows(int layer, int rows, int position, cudaStream_t s) const;
