@@ -242,3 +242,48 @@ def test_gemv_batch_refuses_a_stack_of_unequal_matrices(rng):
         _native_check.gemv_batch(q, 4, [0], rng.standard_normal(256).astype(np.float32))
     with pytest.raises(strata.InvalidArgument, match=r"x has shape \(3, 256\); expected \(256,\) or \(2, x_stride\)"):
         _native_check.gemv_batch(q, 5, [0, 1], np.zeros((3, 256), np.float32))
+
+
+# The multi-input GEMV (gemv_inputs: one matrix, up to 8 activations, each weight block decoded once for all):
+# each input's row must be the single GEMV of that input bit for bit (the same walk per input), and so within
+# the single GEMV's bounds of the numpy reference.
+def check_inputs(q, inputs: int, x_stride: int, rng: np.random.Generator) -> None:
+    x = rng.standard_normal((inputs, x_stride)).astype(np.float32)
+    y = _native_check.gemv_inputs(q, x)
+    assert y.shape == (inputs, q.rows) and y.dtype == np.float32
+    for i in range(inputs):
+        xi = np.ascontiguousarray(x[i, :q.cols])
+        note = f"input {i} of {inputs} ({q.rows}x{q.cols}, x_stride {x_stride})"
+        err = error_of_terms(y[i], matvec(q, xi), q, xi)
+        assert err < QUANT_RTOL, f"{note}: max error {err:.2e} of max sum |w x|"
+        single = _native_check.gemv(q, xi)
+        differ = np.count_nonzero(y[i].view(np.uint32) != single.view(np.uint32))
+        assert differ == 0, f"{note}: {differ} rows differ from the single GEMV's bits"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ggml_type", QUANT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize(("inputs", "x_stride"), [(1, 512), (3, 512), (8, 512 + 64)])
+def test_quant_gemv_inputs_every_form(rng, ggml_type, inputs, x_stride):
+    check_inputs(random_weight(ggml_type, 37, 512, rng), inputs, x_stride, rng)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ggml_type", [T.Q8_0, T.Q4_K, T.Q6_K, T.Q4_0], ids=lambda t: t.name)
+@pytest.mark.parametrize(("rows", "cols", "inputs"), [(16384, 2560, 8), (2560, 6144, 5), (512, 2560, 2),
+                                                      (640, 2560, 7), (2560, 640, 4)])
+def test_quant_gemv_inputs_step_shapes(rng, ggml_type, rows, cols, inputs):
+    """A step's dense shapes (every row split of gemv_rows.cuh: 1, 2 and 4 warps a row) at row counts a step has."""
+    if cols % FORMS[ggml_type].super_size:
+        pytest.skip(f"{ggml_type.name} needs columns in {FORMS[ggml_type].super_size}s")
+    check_inputs(random_weight(ggml_type, rows, cols, rng), inputs, cols, rng)
+
+
+def test_gemv_inputs_refusals_without_a_device(rng):
+    q = random_weight(T.Q8_0, 8, 256, rng)
+    with pytest.raises(strata.InvalidArgument, match="gemv_quant_inputs needs 1 <= inputs <= 8, got 9"):
+        _native_check.gemv_inputs(q, np.zeros((9, 256), np.float32))
+    with pytest.raises(strata.InvalidArgument, match=r"at least cols \(256\) and a multiple of 32, got 296"):
+        _native_check.gemv_inputs(q, np.zeros((2, 296), np.float32))
+    with pytest.raises(strata.InvalidArgument, match="takes quantized weights; this one is float"):
+        _native_check.gemv_inputs(random_weight(T.F16, 8, 256, rng), np.zeros((2, 256), np.float32))

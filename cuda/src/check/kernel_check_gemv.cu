@@ -123,6 +123,29 @@ void gemv_quant_batch(int device, const QuantForm& form, const QuantPlanes& host
   d_y.copy_out(y, "gemv_quant_batch");
 }
 
+void gemv_quant_inputs(int device, const QuantForm& form, const QuantPlanes& host_planes, int rows, int cols,
+                       int inputs, int x_stride, const float* x, float* y) {
+  check_quant_shape(form, rows, cols);
+  STRATA_EXPECTS(inputs >= 1 && inputs <= kernels::kMaxGemvInputs, InvalidArgument,
+                 "gemv_quant_inputs needs 1 <= inputs <= " + std::to_string(kernels::kMaxGemvInputs) + ", got " +
+                     std::to_string(inputs));
+  STRATA_EXPECTS(x_stride >= cols && x_stride % 32 == 0, InvalidArgument,
+                 "gemv_quant_inputs needs x_stride at least cols (" + std::to_string(cols) +
+                     ") and a multiple of 32, got " + std::to_string(x_stride));
+  check_device(device);
+  DeviceScope scope(device);
+  const DevicePlanes planes(form, host_planes, rows, cols, 1);
+  const long x_floats = static_cast<long>(inputs) * x_stride;
+  DeviceBuffer d_x = upload(x, static_cast<std::size_t>(x_floats) * sizeof(float));
+  DeviceActivation a(x_floats);
+  GuardedOutput d_y(batch_y_bytes(inputs, rows));
+  STRATA_CUDA_TRY(a.quantize(d_x.as<float>(), x_floats));
+  STRATA_CUDA_TRY(kernels::gemv_quant_inputs(form, planes.at(0), rows, cols, inputs, x_stride, a.xq.as<std::int8_t>(),
+                                             a.dx.as<float>(), a.sums.as<std::int32_t>(), d_y.data<float>(), nullptr));
+  STRATA_CUDA_TRY(cudaDeviceSynchronize());
+  d_y.copy_out(y, "gemv_quant_inputs");
+}
+
 void gemv_float_batch(int device, FloatKind kind, const void* w_stack, int n_matrix, int rows, int cols,
                       const std::int32_t* slots, int count, int x_stride, const float* x, float* y) {
   STRATA_EXPECTS(rows > 0 && cols > 0, InvalidArgument,
@@ -143,6 +166,50 @@ void gemv_float_batch(int device, FloatKind kind, const void* w_stack, int n_mat
   d_y.copy_out(y, "gemv_float_batch");
 }
 
+namespace {
+
+// The cold-L2 timing of gemv_quant_batch (decode_once false; a single product of matrix 0 for one input) or
+// gemv_quant_inputs over `inputs` rows of `a`.
+double time_quant_inputs(const QuantForm& form, const DevicePlanes& planes, int copies, int rows, int cols,
+                         int inputs, bool decode_once, const DeviceActivation& a, const DeviceBuffer& slots,
+                         const DeviceBuffer& y, int reps) {
+  return median_launch_seconds(copies, reps, [&](int copy) {
+    const std::int8_t* xq = a.xq.as<std::int8_t>();
+    if (decode_once) {
+      return kernels::gemv_quant_inputs(form, planes.at(copy), rows, cols, inputs, cols, xq, a.dx.as<float>(),
+                                        a.sums.as<std::int32_t>(), y.as<float>(), nullptr);
+    }
+    const kernels::MatrixBatch batch{inputs > 1 ? slots.as<int>() : nullptr, inputs, inputs > 1 ? cols : 0};
+    return kernels::gemv_quant_batch(form, planes.at(copy), rows, cols, batch, xq, a.dx.as<float>(),
+                                     a.sums.as<std::int32_t>(), y.as<float>(), nullptr);
+  });
+}
+
+}  // namespace
+
+void time_gemv_quant_inputs(int device, const QuantForm& form, const QuantPlanes& host_planes, int rows, int cols,
+                            int max_inputs, int reps, double* batch_seconds, double* inputs_seconds) {
+  check_quant_shape(form, rows, cols);
+  STRATA_EXPECTS(max_inputs >= 1 && max_inputs <= kernels::kMaxGemvInputs, InvalidArgument,
+                 "time_gemv_quant_inputs needs 1 <= max_inputs <= " + std::to_string(kernels::kMaxGemvInputs) +
+                     ", got " + std::to_string(max_inputs));
+  check_device(device);
+  DeviceScope scope(device);
+  const int copies = cold_copies(plane_bytes(form, rows, cols).total());
+  const DevicePlanes planes(form, host_planes, rows, cols, copies);
+  DeviceActivation a(static_cast<long>(max_inputs) * cols);
+  STRATA_CUDA_TRY(cudaMemset(a.xq.as<void>(), 1, a.xq.bytes()));
+  STRATA_CUDA_TRY(cudaMemset(a.dx.as<void>(), 0, a.dx.bytes()));
+  STRATA_CUDA_TRY(cudaMemset(a.sums.as<void>(), 0, a.sums.bytes()));
+  DeviceBuffer y(batch_y_bytes(max_inputs, rows));
+  DeviceBuffer slots(static_cast<std::size_t>(max_inputs) * sizeof(int));
+  STRATA_CUDA_TRY(cudaMemset(slots.as<void>(), 0, slots.bytes()));  // every product reads matrix 0
+  for (int inputs = 1; inputs <= max_inputs; ++inputs) {
+    batch_seconds[inputs - 1] = time_quant_inputs(form, planes, copies, rows, cols, inputs, false, a, slots, y, reps);
+    inputs_seconds[inputs - 1] = time_quant_inputs(form, planes, copies, rows, cols, inputs, true, a, slots, y, reps);
+  }
+}
+
 double time_gemv_quant(int device, const QuantForm& form, const QuantPlanes& host_planes, int rows, int cols,
                        int reps) {
   check_quant_shape(form, rows, cols);
@@ -154,11 +221,9 @@ double time_gemv_quant(int device, const QuantForm& form, const QuantPlanes& hos
   STRATA_CUDA_TRY(cudaMemset(a.xq.as<void>(), 1, a.xq.bytes()));
   STRATA_CUDA_TRY(cudaMemset(a.dx.as<void>(), 0, a.dx.bytes()));
   STRATA_CUDA_TRY(cudaMemset(a.sums.as<void>(), 0, a.sums.bytes()));
-  DeviceBuffer d_y(static_cast<std::size_t>(rows) * sizeof(float));
-  return median_launch_seconds(copies, reps, [&](int copy) {
-    return kernels::gemv_quant(form, planes.at(copy), rows, cols, a.xq.as<std::int8_t>(), a.dx.as<float>(),
-                               a.sums.as<std::int32_t>(), d_y.as<float>(), nullptr);
-  });
+  DeviceBuffer y(static_cast<std::size_t>(rows) * sizeof(float));
+  const DeviceBuffer no_slots(0);  // one product of matrix 0
+  return time_quant_inputs(form, planes, copies, rows, cols, 1, false, a, no_slots, y, reps);
 }
 
 double time_gemv_float(int device, FloatKind kind, const void* w, int rows, int cols, int reps) {

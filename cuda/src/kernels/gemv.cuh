@@ -70,4 +70,16 @@ cudaError_t gemv_quant_batch(const QuantForm& form, const QuantPlanes& planes, i
 cudaError_t gemv_float_batch(FloatKind kind, const void* w, int rows, int cols, const MatrixBatch& batch,
                              const float* x, float* y, cudaStream_t stream);
 
+// One matrix times several activations, y_i = W x_i for i < inputs (1..kMaxGemvInputs): the rows of a step
+// (docs/rows.md) through one matrix, each weight block loaded and decoded once for all of them, where a batch of
+// `inputs` products of matrix 0 decodes it once per product. Input i's q8_32 form starts i * x_stride elements
+// after input 0's (x_stride >= cols, a multiple of 32); y_i = y + i * rows. Each y_i is, bit for bit, gemv_quant's
+// of x_i. Refused with cudaErrorInvalidValue: inputs outside 1..kMaxGemvInputs, a bad x_stride, or what
+// gemv_quant refuses.
+constexpr int kMaxGemvInputs = 8;
+
+cudaError_t gemv_quant_inputs(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, int inputs,
+                              int x_stride, const std::int8_t* xq, const float* dx, const std::int32_t* xsums,
+                              float* y, cudaStream_t stream);
+
 }  // namespace strata::kernels

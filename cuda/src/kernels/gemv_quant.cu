@@ -48,6 +48,28 @@ gemv_quant_kernel(QuantPlanes p, int rows, int cols, int code_bias, ValueTable b
   store_row(acc, row_in_range, rows, warp, lane, split, y);
 }
 
+// One matrix times `inputs` activations (gemv_quant_inputs): the one-matrix walk of gemv_quant_kernel, each
+// block decoded once for every input.
+template <class S>
+__global__ void __launch_bounds__(kRowsPerCta * 32)
+gemv_quant_inputs_kernel(QuantPlanes p, int rows, int cols, int code_bias, ValueTable book, StridedQ8 acts,
+                         int inputs, float* __restrict__ y, int split) {
+  await_producers();
+  release_consumers();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row_in_range = static_cast<int>(blockIdx.x) * (kRowsPerCta / split) + warp / split;
+  const bool live = row_in_range < rows;
+  const long row = live ? row_in_range : rows - 1;
+  float acc[kMaxGemvInputs];
+  quant_row_partials<S, kMaxGemvInputs>(p, row, live, cols, code_bias, book, acts, inputs, warp % split * 32 + lane,
+                                        32 * split, acc);
+#pragma unroll
+  for (int i = 0; i < kMaxGemvInputs; ++i) {
+    if (i < inputs) acc[i] = warp_sum(acc[i]);
+  }
+  store_rows(acc, inputs, row_in_range, rows, warp, lane, split, y);
+}
+
 // The single matrix's kernel when the batch is one product of matrix 0, so gemv_quant pays nothing for batches.
 template <class S>
 cudaError_t launch_shape(dim3 grid, cudaStream_t stream, const QuantPlanes& planes, int rows, int cols, int code_bias,
@@ -96,6 +118,25 @@ cudaError_t gemv_quant_batch(const QuantForm& form, const QuantPlanes& planes, i
   if (operands != cudaSuccess) return operands;
   if (!valid_batch(batch) || batch.x_stride % kBlock != 0) return cudaErrorInvalidValue;
   return launch_form(form, planes, rows, cols, batch, xq, dx, xsums, y, stream);
+}
+
+cudaError_t gemv_quant_inputs(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, int inputs,
+                              int x_stride, const std::int8_t* xq, const float* dx, const std::int32_t* xsums,
+                              float* y, cudaStream_t stream) {
+  const cudaError_t operands = gemv_quant_operands(form, planes, rows, cols, xq);
+  if (operands != cudaSuccess) return operands;
+  if (inputs < 1 || inputs > kMaxGemvInputs || x_stride < cols || x_stride % kBlock != 0) return cudaErrorInvalidValue;
+  const int split = row_split(rows);
+  const dim3 grid = gemv_grid(rows, split, 1);
+  if (grid.x == 0) return cudaErrorInvalidValue;
+  const ValueTable book = value_table(codebook_values(form.codebook));
+  const StridedQ8 acts{xq, dx, xsums, x_stride};
+  cudaError_t status = cudaErrorInvalidValue;
+  KnownShapes::visit(form, [&](auto shape) {
+    status = launch(gemv_quant_inputs_kernel<decltype(shape)>, grid, kRowsPerCta * 32, 0, stream, planes, rows, cols,
+                    form.code_bias, book, acts, inputs, y, split);
+  });
+  return status;
 }
 
 cudaError_t gemv_quant(const QuantForm& form, const QuantPlanes& planes, int rows, int cols,

@@ -100,54 +100,95 @@ struct SharedQ8 {
   __device__ __forceinline__ int sum(int b) const { return sums[b]; }
 };
 
-// This lane's share of the dot of the planes' row `row` [cols] with q8_32(x) (GlobalQ8, SharedQ8): code blocks
-// slot, slot + slots, ..., before the caller's reduction over the slots (a GEMV warp `part` of `split` per row is
-// slots part * 32 + lane of 32 * split). A spare lane (live false) walks no blocks.
-template <class S, class X>
-__device__ __forceinline__ float quant_row_partial(const QuantPlanes& p, long row, bool live, int cols, int code_bias,
-                                                   const ValueTable& book, const X& act, int slot, int slots) {
+// Several activations of one shape, the `inputs` rows of a multi-input GEMV: input i's q8_32 form starts
+// i * stride elements after input 0's (stride a multiple of 32).
+struct StridedQ8 {
+  const std::int8_t* __restrict__ xq;
+  const float* __restrict__ dx;
+  const std::int32_t* __restrict__ sums;
+  long stride;
+  __device__ __forceinline__ GlobalQ8 operator[](int i) const {
+    const long at = i * stride;
+    return GlobalQ8{xq + at, dx + at / kCodeBlock, sums + at / kCodeBlock};
+  }
+};
+
+// One activation as the N = 1 case of quant_row_partials reads it.
+template <class X>
+struct OneQ8 {
+  X x;
+  __device__ __forceinline__ const X& operator[](int) const { return x; }
+};
+
+// This lane's shares of the dots of the planes' row `row` [cols] with the first `inputs` (<= N) activations
+// acts[0 .. inputs - 1] (each a GlobalQ8 or SharedQ8) into acc[0 .. inputs - 1]: code blocks slot, slot + slots,
+// ..., before the caller's reduction over the slots (a GEMV warp `part` of `split` per row is slots part * 32 +
+// lane of 32 * split). Each block's codes and scales are loaded and decoded once for every input, and each
+// input's sum is taken in the order of the one-input walk, so input i's share is, bit for bit, what the walk over
+// acts[i] alone gives. A spare lane (live false) walks no blocks.
+template <class S, int N, class Acts>
+__device__ __forceinline__ void quant_row_partials(const QuantPlanes& p, long row, bool live, int cols, int code_bias,
+                                                   const ValueTable& book, const Acts& acts, int inputs, int slot,
+                                                   int slots, float (&acc)[N]) {
   using namespace quant_rows;
   const int n_blocks = cols / kCodeBlock, n_super = cols / S::kSuper, n_group = cols / S::kGroup;
   const std::uint8_t* codes = p.codes + static_cast<long>(row) * n_blocks * S::kCodeWords * 4;
   // Σ v xq = Σ operand xq + bias_shift Σ xq: the 8-bit operand is code - 128, the others code (or table).
   const int bias_shift = S::kBook ? 0 : (S::kBits == 8 ? 128 : 0) - code_bias;
-  float acc = 0.0f;
+#pragma unroll
+  for (int i = 0; i < N; ++i) acc[i] = 0.0f;
   for (int b = live ? slot : n_blocks; b < n_blocks; b += slots) {
     unsigned c[S::kCodeWords];
     load_codes<S>(codes + static_cast<long>(b) * S::kCodeWords * 4, c);
-    int x[8];
-    act.words(b, x);
-    int dot[S::kGroupsPerBlock];
-    block_dots<S>(c, x, book, dot);
-
     const long super_index = static_cast<long>(row) * n_super + b * kCodeBlock / S::kSuper;
     const float d = S::kScaleF32 ? __ldg(static_cast<const float*>(p.d) + super_index)
                                  : __half2float(__ldg(static_cast<const __half*>(p.d) + super_index));
     float m = 0.0f;
     if constexpr (S::kMins) m = __half2float(__ushort_as_half(__ldg(p.mins + super_index)));
-    float block_term = 0.0f;
+    float scale[S::kGroupsPerBlock], offset[S::kGroupsPerBlock];
 #pragma unroll
     for (int g = 0; g < S::kGroupsPerBlock; ++g) {
-      int xsum = 0;
-      if constexpr (S::kGroupsPerBlock == 1) {
-        xsum = act.sum(b);
-      } else {
-#pragma unroll
-        for (int k = 0; k < S::kGroup / 4; ++k) {
-          xsum = __dp4a(static_cast<int>(kByteOnes), x[g * S::kGroup / 4 + k], xsum);
-        }
-      }
       const long group_index = static_cast<long>(row) * n_group + b * S::kGroupsPerBlock + g;
-      float scale = d;
-      float offset = m;
-      if constexpr (S::kSubScales) scale = d * static_cast<float>(__ldg(p.sub_scales + group_index));
-      if constexpr (S::kMins && S::kSubScales) offset = m * static_cast<float>(__ldg(p.sub_mins + group_index));
-      block_term += scale * static_cast<float>(dot[g] + bias_shift * xsum);
-      if constexpr (S::kMins) block_term += offset * static_cast<float>(xsum);
+      scale[g] = d;
+      offset[g] = m;
+      if constexpr (S::kSubScales) scale[g] = d * static_cast<float>(__ldg(p.sub_scales + group_index));
+      if constexpr (S::kMins && S::kSubScales) offset[g] = m * static_cast<float>(__ldg(p.sub_mins + group_index));
     }
-    acc += act.scale(b) * block_term;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      if (i >= inputs) break;
+      const auto act = acts[i];
+      int x[8];
+      act.words(b, x);
+      int dot[S::kGroupsPerBlock];
+      block_dots<S>(c, x, book, dot);
+      float block_term = 0.0f;
+#pragma unroll
+      for (int g = 0; g < S::kGroupsPerBlock; ++g) {
+        int xsum = 0;
+        if constexpr (S::kGroupsPerBlock == 1) {
+          xsum = act.sum(b);
+        } else {
+#pragma unroll
+          for (int k = 0; k < S::kGroup / 4; ++k) {
+            xsum = __dp4a(static_cast<int>(kByteOnes), x[g * S::kGroup / 4 + k], xsum);
+          }
+        }
+        block_term += scale[g] * static_cast<float>(dot[g] + bias_shift * xsum);
+        if constexpr (S::kMins) block_term += offset[g] * static_cast<float>(xsum);
+      }
+      acc[i] += act.scale(b) * block_term;
+    }
   }
-  return acc;
+}
+
+// The one-activation walk (GlobalQ8, SharedQ8): what the GEMVs and the kernels that fuse one run per row.
+template <class S, class X>
+__device__ __forceinline__ float quant_row_partial(const QuantPlanes& p, long row, bool live, int cols, int code_bias,
+                                                   const ValueTable& book, const X& act, int slot, int slots) {
+  float acc[1];
+  quant_row_partials<S, 1>(p, row, live, cols, code_bias, book, OneQ8<X>{act}, 1, slot, slots, acc);
+  return acc[0];
 }
 
 }  // namespace strata::kernels

@@ -65,4 +65,34 @@ __device__ __forceinline__ void store_row(float acc, int row, int rows, int warp
   }
 }
 
+// store_row for the first `inputs` of a multi-input GEMV's kInputs sums (each already warp-reduced): input i's
+// row into y + i * rows.
+template <int kInputs>
+__device__ __forceinline__ void store_rows(const float (&acc)[kInputs], int inputs, int row, int rows, int warp,
+                                           int lane, int split, float* y) {
+  if (split == 1) {
+    if (lane != 0 || row >= rows) return;
+#pragma unroll
+    for (int i = 0; i < kInputs; ++i) {
+      if (i < inputs) y[static_cast<long>(i) * rows + row] = acc[i];
+    }
+    return;
+  }
+  __shared__ float partial[kInputs][kRowsPerCta];
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < kInputs; ++i) partial[i][warp] = acc[i];
+  }
+  __syncthreads();
+  if (lane == 0 && warp % split == 0 && row < rows) {
+#pragma unroll
+    for (int i = 0; i < kInputs; ++i) {
+      if (i >= inputs) break;
+      float sum = 0.0f;
+      for (int p = 0; p < split; ++p) sum += partial[i][warp + p];
+      y[static_cast<long>(i) * rows + row] = sum;
+    }
+  }
+}
+
 }  // namespace strata::kernels

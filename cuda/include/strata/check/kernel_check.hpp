@@ -56,11 +56,22 @@ void gemv_quant_batch(int device, const QuantForm& form, const QuantPlanes& host
 void gemv_float_batch(int device, FloatKind kind, const void* w_stack, int n_matrix, int rows, int cols,
                       const std::int32_t* slots, int count, int x_stride, const float* x, float* y);
 
+// The multi-input GEMV (kernels/gemv.cuh, gemv_quant_inputs): y [inputs][rows], y_i = W x_i, x [inputs][x_stride]
+// (x_stride >= cols, a multiple of 32; each row's first cols are the activation), quantized to q8_32 on the device
+// in one call. Arguments are checked before any device work.
+void gemv_quant_inputs(int device, const QuantForm& form, const QuantPlanes& host_planes, int rows, int cols,
+                       int inputs, int x_stride, const float* x, float* y);
+
 // Median time in seconds of one GEMV launch (CUDA events), with L2 cold: launches cycle through enough
 // device copies of the weight to overflow the L2 cache. Inputs as gemv_quant / gemv_float.
 double time_gemv_quant(int device, const QuantForm& form, const QuantPlanes& host_planes, int rows, int cols,
                        int reps);
 double time_gemv_float(int device, FloatKind kind, const void* w, int rows, int cols, int reps);
+// The same for 1..max_inputs activations of one matrix (one upload of its copies): batch_seconds[i - 1] of a
+// batch of i products of the matrix (gemv_quant_batch, each product decoding it again), inputs_seconds[i - 1] of
+// one multi-input GEMV (gemv_quant_inputs).
+void time_gemv_quant_inputs(int device, const QuantForm& form, const QuantPlanes& host_planes, int rows, int cols,
+                            int max_inputs, int reps, double* batch_seconds, double* inputs_seconds);
 
 // Throws the error kind named by `kind` ("invalid_argument", "out_of_memory", "format", "cuda", "error"),
 // so tests can prove that each arrives in Python as the right exception.

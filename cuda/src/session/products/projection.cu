@@ -59,6 +59,17 @@ void project_batch(const DeviceTensor& stack, const kernels::MatrixBatch& batch,
   }
 }
 
+void project_inputs(const DeviceTensor& w, int inputs, const int* slots, const float* x, const Q8Scratch& q8, float* y,
+                    cudaStream_t stream) {
+  const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
+  if (w.is_float) {
+    project_batch(w, {slots, inputs, cols}, x, q8, y, stream);
+  } else {
+    STRATA_CUDA_TRY(kernels::gemv_quant_inputs(w.form, w.planes, rows, cols, inputs, cols, q8.xq, q8.dx, q8.sums, y,
+                                               stream));
+  }
+}
+
 void route_and_publish(const DeviceTensor& router, const float* x, const Q8Scratch& q8, int k,
                        const kernels::RouteTargets& out, const kernels::RoutePublish& publish, cudaStream_t stream) {
   const kernels::RouterMatrix w{weight_matrix(router), static_cast<int>(router.rows), static_cast<int>(router.cols)};

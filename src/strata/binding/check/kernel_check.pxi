@@ -7,10 +7,10 @@ from libcpp.string cimport string
 from strata._native cimport float_kind, host_tensor, quant_form, quant_planes
 from strata.libstrata.check.kernel_check cimport (
     HcReadOutputs, RoutePublishOutputs, cpp_cache_slots, cpp_gather_rows, cpp_gemv_float, cpp_gemv_float_batch,
-    cpp_gemv_quant, cpp_gemv_quant_batch, cpp_hc_mix, cpp_hc_read, cpp_hc_read_fused, cpp_hc_write, cpp_l2_norm,
+    cpp_gemv_quant, cpp_gemv_quant_batch, cpp_gemv_quant_inputs, cpp_hc_mix, cpp_hc_read, cpp_hc_read_fused, cpp_hc_write, cpp_l2_norm,
     cpp_moe_cached_sum, cpp_moe_combine, cpp_moe_route, cpp_moe_weighted_rows, cpp_quantize_q8_32, cpp_raise_error,
     cpp_rms_norm, cpp_rms_norm_gated, cpp_rms_norm_grouped, cpp_rope_neox, cpp_route_publish, cpp_sample_tokens,
-    cpp_shared_expert_gate, cpp_swiglu, cpp_time_gemv_float, cpp_time_gemv_quant,
+    cpp_shared_expert_gate, cpp_swiglu, cpp_time_gemv_float, cpp_time_gemv_quant, cpp_time_gemv_quant_inputs,
 )
 from strata.libstrata.check.q8_host cimport Q8Host
 from strata.libstrata.device_weights cimport HostTensor
@@ -122,6 +122,31 @@ def gemv_batch(stack, int n_matrix, slots, x, int device=0):
     else:
         with nogil:
             cpp_gemv_quant_batch(device, form, planes, n_matrix, rows, cols, slots_at, count, x_stride, &xv[0], y_at)
+    return y
+
+
+def gemv_inputs(weight, x, int device=0):
+    """y [inputs, rows] (float32), y[i] = W x_i on GPU `device`, in one multi-input GEMV (each weight block decoded
+    once for every input). `weight` a QuantTensor as gemv takes it; x: float32 [inputs, x_stride], x_stride >= cols
+    and a multiple of 32, row i's first cols the activation. The native hook checks inputs and x_stride first.
+    """
+    cdef QuantForm form
+    cdef QuantPlanes planes
+    cdef FloatKind kind
+    cdef int inputs, x_stride, rows, cols
+    keep = []
+    rows, cols, float_bytes = _gemv_weight(weight, &form, &planes, &kind, keep)
+    if float_bytes is not None:
+        raise InvalidArgument("gemv_inputs: the multi-input GEMV takes quantized weights; this one is float")
+    xa = np.ascontiguousarray(x, dtype=np.float32)
+    if xa.ndim != 2 or xa.size == 0:
+        raise InvalidArgument(f"gemv_inputs: x has shape {xa.shape}; expected (inputs, x_stride >= {cols})")
+    inputs, x_stride = xa.shape[0], xa.shape[1]
+    cdef const float[::1] xv = xa.reshape(-1)
+    y = np.empty((inputs, rows), np.float32)
+    cdef float[::1] yv = y.reshape(-1)
+    with nogil:
+        cpp_gemv_quant_inputs(device, form, planes, rows, cols, inputs, x_stride, &xv[0], &yv[0])
     return y
 
 
@@ -562,3 +587,24 @@ def sample_tokens(logits, params, draws, seen=(), bint graph=False, bint argmax_
         cpp_sample_tokens(device, lp, vocab, sp, n_seen, temperature, top_k, top_p, min_p, repeat_penalty, dp,
                           n_draws, graph, argmax_path, tp)
     return tokens
+
+
+def time_gemv_inputs(weight, int max_inputs, int reps=20, int device=0) -> tuple:
+    """Median seconds of GEMVs of a QuantTensor `weight` with 1..max_inputs activations and a cold L2, as two
+    float64 arrays [max_inputs]: a batch of i products of the weight (each decoding it again), and one multi-input
+    launch (each block decoded once for every input)."""
+    cdef QuantForm form
+    cdef QuantPlanes planes
+    cdef FloatKind kind
+    cdef int rows, cols
+    keep = []
+    rows, cols, float_bytes = _gemv_weight(weight, &form, &planes, &kind, keep)
+    if float_bytes is not None:
+        raise InvalidArgument("time_gemv_inputs: the multi-input GEMV takes quantized weights; this one is float")
+    batch = np.zeros(max(max_inputs, 1), np.float64)
+    inputs = np.zeros(max(max_inputs, 1), np.float64)
+    cdef double[::1] bv = batch
+    cdef double[::1] iv = inputs
+    with nogil:
+        cpp_time_gemv_quant_inputs(device, form, planes, rows, cols, max_inputs, reps, &bv[0], &iv[0])
+    return batch, inputs
