@@ -175,6 +175,13 @@ def step_batch(
     params: Sequence[tuple[float, int, float, float, float]], us: Sequence[float], sample: bool = True,
 ) -> list[int]: ...
 
+def step_rows(
+    sessions: Sequence[DecodeSession], tokens: Sequence[Sequence[int]],
+    ple_rows: Sequence[npt.ArrayLike | None] | None, verify: Sequence[bool],
+    params: Sequence[tuple[float, int, float, float, float]], us: Sequence[float],
+    logits: Sequence[npt.NDArray[np.float32] | None],
+) -> list[int]: ...
+
 class DecodeSession:
     weights: DeviceWeights
     pool: CpuExpertPool

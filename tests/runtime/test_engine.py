@@ -422,3 +422,83 @@ def test_model_session_refuses_a_context_the_gpu_cannot_hold(tiny_qwen4exp, fake
     fake_gpu["free"] = 0
     with pytest.raises(OutOfMemory, match="nothing fits"):
         model.session(16)
+
+
+def fake_step_rows(calls: list):
+    """_native.step_rows over FakeDecodeSessions: each verifying part as verify(), each plain one as step()."""
+    def step_rows(sessions, tokens, ple_rows, verify, params, us, logits):
+        calls.append((list(map(list, tokens)), ple_rows, list(verify)))
+        out = []
+        for i, session in enumerate(sessions):
+            rows = None if ple_rows is None else ple_rows[i]
+            if verify[i]:
+                session.verify(tokens[i], rows, logits[i])
+                out.append(-1)
+            else:
+                out.append(session.step(tokens[i][0], rows, params[i], us[i]))
+        return out
+    return step_rows
+
+
+def stepping_pair(tiny_qwen4exp, rng):
+    g = tiny_qwen4exp.geometry
+    engines = [GpuEngine(FakeDecodeSession(prompt_chunk=8, verify_rows=5), PleRows(tiny_qwen4exp, g), batch_key="k")
+               for _ in range(2)]
+    prompts = [[int(t) for t in rng.integers(0, g.n_vocab, n)] for n in (9, 6)]
+    for engine, prompt in zip(engines, prompts):
+        engine.prefill(prompt, prompt)
+    return engines, prompts
+
+
+def test_step_rows_verifies_and_steps_and_keeps_each_hosts_ngram_state(tiny_qwen4exp, rng, monkeypatch):
+    g = tiny_qwen4exp.geometry
+    calls: list = []
+    monkeypatch.setattr(_native, "step_rows", fake_step_rows(calls))
+    (drafting, plain), (p0, p1) = stepping_pair(tiny_qwen4exp, rng)
+    window, token = [int(t) for t in rng.integers(0, g.n_vocab, 4)], 11
+    got = GpuEngine.step_rows([drafting, plain], [window, [token]], [True, False], [SamplingParams()] * 2, [0.0, 0.3],
+                              [p0 + window, p1 + [token]])
+    assert got[0].shape == (4, 512) and np.all(got[0] == np.arange(4)[:, None])  # the verified rows' logits
+    assert got[1] == plain.position * 7 % 512 and plain.position == len(p1) + 1
+    assert calls[0][0] == [window, [token]] and calls[0][2] == [True, False]
+    # each part's PLE rows are those its session would gather alone
+    alone = [PleRows(tiny_qwen4exp, g), PleRows(tiny_qwen4exp, g)]
+    alone[0].rows_for(p0)
+    alone[1].rows_for(p1)
+    np.testing.assert_array_equal(calls[0][1][0], alone[0].rows_for(window))
+    np.testing.assert_array_equal(calls[0][1][1], alone[1].rows(token))
+    # a cut after the step rebuilds the drafting engine's n-gram state from the kept ids
+    drafting.truncate(len(p0) + 2)
+    kept = PleRows(tiny_qwen4exp, g)
+    kept.rows_for(p0 + window[:2])
+    np.testing.assert_array_equal(drafting.ple.previous, kept.previous)
+
+
+def test_a_refused_step_of_rows_leaves_each_hosts_ngram_state(tiny_qwen4exp, rng, monkeypatch):
+    def refuse(*args):
+        raise InvalidArgument("session 0 of the step verifies 1..5 tokens (its verify rows), got 6")
+
+    monkeypatch.setattr(_native, "step_rows", refuse)
+    monkeypatch.setattr(_native, "step_batch", refuse)
+    engines, prompts = stepping_pair(tiny_qwen4exp, rng)
+    before = [e.ple.previous.copy() for e in engines]
+    with pytest.raises(InvalidArgument, match="got 6"):
+        GpuEngine.step_rows(engines, [[1] * 6, [2]], [True, False], [SamplingParams()] * 2, [0.0, 0.0],
+                            [prompts[0] + [1] * 6, prompts[1] + [2]])
+    with pytest.raises(InvalidArgument, match="got 6"):
+        GpuEngine.step_batch(engines, [1, 2], [SamplingParams()] * 2, [0.0, 0.0], [prompts[0] + [1], prompts[1] + [2]])
+    for engine, previous, prompt in zip(engines, before, prompts):
+        np.testing.assert_array_equal(engine.ple.previous, previous)
+        assert engine.position == len(prompt)
+
+
+def test_step_rows_refuses_a_plain_part_of_several_ids_and_engines_of_other_keys(tiny_qwen4exp, rng):
+    engines, prompts = stepping_pair(tiny_qwen4exp, rng)
+    with pytest.raises(InvalidArgument, match="does not verify steps one id, got 2"):
+        GpuEngine.step_rows(engines, [[1], [2, 3]], [True, False], [SamplingParams()] * 2, [0.0, 0.0],
+                            [prompts[0] + [1], prompts[1] + [2, 3]])
+    engines[1].batch_key = "other"
+    with pytest.raises(InvalidArgument, match="engines of one batch key"):
+        GpuEngine.step_rows(engines, [[1], [2]], [False, False], [SamplingParams()] * 2, [0.0, 0.0],
+                            [prompts[0] + [1], prompts[1] + [2]])
+    assert [e.position for e in engines] == [len(p) for p in prompts]

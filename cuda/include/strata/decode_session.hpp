@@ -160,10 +160,32 @@ class DecodeSession {
   // those of the prompt path's row for its token (feed's all_logits). Where the expert cache holds every expert,
   // the rows' routing stays on the device and, in a graph mode, the step is a captured graph per member set.
   // ple_rows[i]: as step's for session i. The sessions share the weights, pool, expert cache, staging, device,
-  // context and KV format, none streams its KV, n <= sessions[0]'s prompt chunk and 64 (InvalidArgument
-  // otherwise, before any state changes).
+  // context and KV format, none streams its KV, n <= sessions[0]'s prompt chunk and kMaxStepRows (InvalidArgument
+  // otherwise, before any state changes). step_rows with a one-token part per session.
   static void step_batch(DecodeSession* const* sessions, int n, const int* tokens, const float* const* ple_rows,
                          const SamplingValues* sampling, const double* u, bool sample, int* out);
+
+  // One session's part of a step of several sessions' rows (step_rows). A plain part is one token, sampled into
+  // `sampled` with `sample` as step() samples (else -1). A verification (`verify`) is 1..verify_rows() tokens,
+  // every row's logits into `logits` ([count][n_vocab] host floats), nothing sampled and each row's state kept,
+  // as verify() leaves the session (truncate() then cuts it back).
+  struct StepPart {
+    const int* tokens = nullptr;
+    int count = 1;
+    const float* ple_rows = nullptr;  // [count] as step's and verify's
+    bool verify = false;
+    float* logits = nullptr;
+    bool sample = false;
+    SamplingValues sampling;
+    double u = 0.0;
+    int sampled = -1;  // out
+  };
+
+  // The parts of n sessions as one step of their rows laid end to end (docs/rows.md): verifications of several
+  // sessions, and plain steps beside them, on sessions[0]'s prompt path, each row what its session gives in a
+  // step of its part alone, bit for bit. The sessions as step_batch's, their rows in all at most sessions[0]'s
+  // prompt chunk and kMaxStepRows (InvalidArgument otherwise, before any state changes).
+  static void step_rows(DecodeSession* const* sessions, StepPart* parts, int n);
 
   void logits(float* out) const;  // [n_vocab] of the last step or feed
   void reset();                   // an empty sequence; stats start over

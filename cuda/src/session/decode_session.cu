@@ -162,31 +162,61 @@ void DecodeSession::step_batch(DecodeSession* const* sessions, int n, const int*
                                bool sample, int* out) {
   STRATA_EXPECTS(n >= 1 && sessions != nullptr, InvalidArgument,
                  "a batched step needs at least one session, got " + std::to_string(n));
+  std::vector<StepPart> parts(n);
+  for (int i = 0; i < n; ++i) {
+    StepPart& part = parts[i];
+    part.tokens = tokens + i;
+    part.ple_rows = ple_rows ? ple_rows[i] : nullptr;
+    part.sample = sample;
+    part.sampling = sampling[i];
+    part.u = u[i];
+  }
+  step_rows(sessions, parts.data(), n);
+  for (int i = 0; i < n; ++i) out[i] = parts[i].sampled;
+}
+
+void DecodeSession::step_rows(DecodeSession* const* sessions, StepPart* parts, int n) {
+  STRATA_EXPECTS(n >= 1 && sessions != nullptr && parts != nullptr, InvalidArgument,
+                 "a step of several sessions' rows needs at least one session, got " + std::to_string(n));
   const Impl& lead = *sessions[0]->impl_;
   const std::string key = sessions[0]->batch_key();
   RowBatch batch(n);
   for (int i = 0; i < n; ++i) {
     Impl& m = *sessions[i]->impl_;
-    const std::string which = "session " + std::to_string(i) + " of the batch ";
+    const StepPart& part = parts[i];
+    const std::string which = "session " + std::to_string(i) + " of the step ";
     STRATA_EXPECTS(!m.options.kv_streaming, InvalidArgument, which + "streams its KV; batched steps read it in VRAM");
     STRATA_EXPECTS(sessions[i]->batch_key() == key && !key.empty(), InvalidArgument,
                    which + "runs on other weights, pool, expert cache, staging or GPU than session 0, or holds " +
                        std::to_string(m.sequence.context()) + " tokens of KV in another format (session 0: " +
                        std::to_string(lead.sequence.context()) +
                        "): batched sessions share all of these (batch_key)");
+    STRATA_EXPECTS(part.tokens != nullptr, InvalidArgument, which + "has no tokens");
+    if (part.verify) {
+      STRATA_EXPECTS(part.logits != nullptr && !part.sample, InvalidArgument,
+                     which + "verifies: its rows' logits need a buffer, and nothing is sampled");
+      STRATA_EXPECTS(part.count >= 1 && part.count <= m.sequence.verify_rows(), InvalidArgument,
+                     which + "verifies 1.." + std::to_string(m.sequence.verify_rows()) +
+                         " tokens (its verify rows), got " + std::to_string(part.count));
+    } else {
+      STRATA_EXPECTS(part.count == 1, InvalidArgument,
+                     which + "steps one token (a part of more is a verification), got " + std::to_string(part.count));
+    }
     RowBatchSpan& span = batch[i];
     span.runner = &m.runner;
     span.sequence = &m.sequence;
-    span.tokens = tokens + i;
-    span.count = 1;
-    span.ple_rows = ple_rows ? ple_rows[i] : nullptr;
-    span.sample = sample;
-    span.sampling = sampling[i];
-    span.u = u[i];
+    span.tokens = part.tokens;
+    span.count = part.count;
+    span.ple_rows = part.ple_rows;
+    span.keep_rows = part.verify;
+    span.logits = part.logits;
+    span.sample = part.sample;
+    span.sampling = part.sampling;
+    span.u = part.u;
   }
   DeviceScope scope(lead.options.device);
   sessions[0]->impl_->runner.run(batch);
-  for (int i = 0; i < n; ++i) out[i] = batch[i].sampled;
+  for (int i = 0; i < n; ++i) parts[i].sampled = batch[i].sampled;
 }
 
 void DecodeSession::verify(const int* tokens, int n, const float* ple_rows, float* all_logits) {

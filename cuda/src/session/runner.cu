@@ -273,7 +273,7 @@ void Runner::run(RowBatch& batch) {
   const std::size_t ple_width = static_cast<std::size_t>(g_.ple_n_heads) * g_.ple_head_dim;
   std::vector<RowsSpan> spans(batch.size());
   std::vector<Sampler> samplers(batch.size());
-  std::vector<long> key;  // the spans' runners (by serial: never reused), rows and samplers
+  std::vector<long> key;  // the spans' runners (by serial: never reused), rows, kept row states and samplers
   int rows = 0;
   for (std::size_t i = 0; i < batch.size(); ++i) {
     const RowBatchSpan& span = batch[i];
@@ -297,7 +297,7 @@ void Runner::run(RowBatch& batch) {
     const int last = span.sequence->position() + span.count - 1;
     span.runner->stage_sampling(span.sampling, span.u, span.tokens[span.count - 1], last);
     samplers[i] = span.runner->sampler_for(span.sample);
-    key.insert(key.end(), {span.runner->serial_, span.count, static_cast<long>(samplers[i])});
+    key.insert(key.end(), {span.runner->serial_, span.count, span.keep_rows, static_cast<long>(samplers[i])});
   }
   prompt_->stage_step(spans.data(), static_cast<int>(spans.size()), g_.ple_layer >= 0 ? feed_rows_.data() : nullptr);
   refresh_cache();

@@ -4,7 +4,7 @@ from libcpp.string cimport string
 from libcpp.vector cimport vector
 
 from strata.libstrata.decode_session cimport (
-    DecodeOptions, DecodeStats, SamplingValues, TokenLogprobs, cpp_decode_scratch_bytes,
+    DecodeOptions, DecodeStats, SamplingValues, StepPart, TokenLogprobs, cpp_decode_scratch_bytes,
     cpp_prompt_prefetch_rows, cpp_prompt_scratch_bytes, cpp_sampler_workspace_bytes, kGemvRows, kMaxStepRows,
     kMaxVerifyRows,
 )
@@ -96,6 +96,45 @@ def step_batch(sessions, tokens, ple_rows, params, us, bint sample=True) -> list
         CppDecodeSession.step_batch(natives.data(), n, ids.data(), rows.data(), values.data(), draws.data(), sample,
                                     out.data())
     return list(out)
+
+
+def step_rows(sessions, tokens, ple_rows, verify, params, us, logits) -> list:
+    """One step of several sessions' rows (DecodeSession::step_rows, docs/rows.md): sessions[i] appends the ids
+    tokens[i]. Where verify[i], that is a verification of 1..verify_rows ids, every row's logits into logits[i]
+    (C-contiguous float32 [len(tokens[i]), n_vocab]) and -1 returned for it; else one id, stepped and sampled
+    under params[i] and the draw us[i] as step's, its token returned. ple_rows: None, or per session None or its
+    rows as step's and verify's. The rows run on sessions[0]'s prompt path."""
+    cdef int n = len(sessions)
+    if not (len(tokens) == len(verify) == len(params) == len(us) == len(logits) == n) or (
+            ple_rows is not None and len(ple_rows) != n):
+        raise InvalidArgument(f"a step of several sessions' rows takes ids, a verify flag, sampling, a draw, logits "
+                              f"(and PLE rows) per session: {n} sessions, {len(tokens)} id lists, {len(verify)} "
+                              f"flags, {len(params)} samplings, {len(us)} draws, {len(logits)} logits")
+    if n == 0:
+        raise InvalidArgument("a step of several sessions' rows needs at least one session")
+    cdef vector[CppDecodeSession*] natives
+    cdef vector[StepPart] parts = vector[StepPart](n)
+    cdef DecodeSession session
+    cdef const int[::1] ids
+    cdef int i
+    held = []  # the ids the native call reads
+    for i in range(n):
+        session = sessions[i]
+        natives.push_back(session.native())
+        ids = token_ids(tokens[i])
+        held.append(ids)
+        parts[i].tokens = &ids[0]
+        parts[i].count = ids.shape[0]
+        parts[i].ple_rows = session.rows_of(ple_rows[i] if ple_rows is not None else None, ids.shape[0])
+        parts[i].verify = bool(verify[i])
+        parts[i].sample = not parts[i].verify
+        if parts[i].verify:
+            parts[i].logits = session.logits_of(logits[i], ids.shape[0])
+        parts[i].sampling = sampling_values(params[i])
+        parts[i].u = us[i]
+    with nogil:
+        CppDecodeSession.step_rows(natives.data(), parts.data(), n)
+    return [parts[i].sampled for i in range(n)]
 
 
 cdef class DecodeSession:

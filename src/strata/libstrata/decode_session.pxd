@@ -71,6 +71,17 @@ cdef extern from "strata/decode_session.hpp" nogil:
         cbool kv_streaming) except +raise_strata_error
     size_t cpp_sampler_workspace_bytes "strata::sampler_workspace_bytes"(int n_vocab) except +raise_strata_error
 
+    cdef cppclass StepPart "strata::DecodeSession::StepPart":
+        const int* tokens
+        int count
+        const float* ple_rows
+        cbool verify
+        float* logits
+        cbool sample
+        SamplingValues sampling
+        double u
+        int sampled
+
     cdef cppclass CppDecodeSession "strata::DecodeSession":
         CppDecodeSession(const CppDeviceWeights& weights, CppExpertPool& pool, const ModelGeometry& geometry,
                          const DecodeOptions& options, CppExpertCache* cache,
@@ -85,6 +96,8 @@ cdef extern from "strata/decode_session.hpp" nogil:
         void step_batch(CppDecodeSession* const* sessions, int n, const int* tokens, const float* const* ple_rows,
                         const SamplingValues* sampling, const double* u, cbool sample,
                         int* out) except +raise_strata_error
+        @staticmethod
+        void step_rows(CppDecodeSession* const* sessions, StepPart* parts, int n) except +raise_strata_error
         int verify_rows()
         void logits(float* out) except +raise_strata_error
         void reset() except +raise_strata_error

@@ -8,6 +8,7 @@ the native session does not gather them itself (a table type strata.runtime.ple_
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -138,16 +139,60 @@ class GpuEngine:
         through the prompt path would, row for row. The engines share a batch_key; the rows run on engines[0]'s."""
         from strata import _native
 
+        GpuEngine._check_step(engines, [[t] for t in ids], seens)
+        with _ple_kept_on_refusal(engines):
+            rows = [e.ple.rows(int(t)) if e.ple is not None else None for e, t in zip(engines, ids)]
+            sampling = [(p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty) for p in params]
+            return _native.step_batch([e.native for e in engines], [int(t) for t in ids],
+                                      rows if any(r is not None for r in rows) else None, sampling, list(us), True)
+
+    @staticmethod
+    def step_rows(engines: Sequence[GpuEngine], ids: Sequence[Sequence[int]], verify: Sequence[bool],
+                  params: Sequence[SamplingParams], us: Sequence[float],
+                  seens: Sequence[Sequence[int]]) -> list[int | np.ndarray]:
+        """One step of several engines' rows at once (docs/rows.md): engines[i] appends ids[i] (its history then
+        seens[i]). Where verify[i], that is engines[i].verify(ids[i], seens[i]): its float32 [len(ids[i]),
+        n_vocab] logits come back and each row's state is kept for truncate(). Else ids[i] is one id, stepped as
+        step_batch steps it: its next token for params[i] and the draw us[i] comes back. So drafting sessions
+        verify together, and beside sessions that decode. The engines share a batch_key; the rows run on
+        engines[0]'s."""
+        from strata import _native
+
+        GpuEngine._check_step(engines, ids, seens)
+        rows, logits = [], []
+        with _ple_kept_on_refusal(engines):
+            for engine, part, verifies in zip(engines, ids, verify, strict=True):
+                part = [int(t) for t in part]
+                if verifies:
+                    logits.append(np.empty((len(part), engine.native.n_vocab), dtype=np.float32))
+                    if engine.ple is not None:
+                        engine._verified = (engine.position, engine.ple.previous.copy(), part)
+                        rows.append(engine.ple.rows_for(part))
+                    else:
+                        rows.append(None)
+                else:
+                    if len(part) != 1:
+                        raise InvalidArgument(f"step_rows: an engine that does not verify steps one id, got "
+                                              f"{len(part)}")
+                    logits.append(None)
+                    rows.append(engine.ple.rows(part[0]) if engine.ple is not None else None)
+            sampling = [(p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty) for p in params]
+            sampled = _native.step_rows([e.native for e in engines], [[int(t) for t in part] for part in ids],
+                                        rows if any(r is not None for r in rows) else None, list(verify), sampling,
+                                        list(us), logits)
+        return [every if verifies else token for every, verifies, token in zip(logits, verify, sampled, strict=True)]
+
+    @staticmethod
+    def _check_step(engines: Sequence[GpuEngine], ids: Sequence[Sequence[int]],
+                    seens: Sequence[Sequence[int]]) -> None:
+        """What a step of several engines' rows needs of them before any state changes: one batch key, and each
+        engine's history as it will hold it."""
         keys = {e.batch_key for e in engines}
         if None in keys or len(keys) != 1:
-            raise InvalidArgument("step_batch takes engines of one batch key (sessions of one model, context and KV "
-                                  "format, with a prompt path and their KV in VRAM)")
-        for engine, token, seen in zip(engines, ids, seens, strict=True):
-            engine._check_history([token], seen)
-        rows = [e.ple.rows(int(t)) if e.ple is not None else None for e, t in zip(engines, ids)]
-        sampling = [(p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty) for p in params]
-        return _native.step_batch([e.native for e in engines], [int(t) for t in ids],
-                                  rows if any(r is not None for r in rows) else None, sampling, list(us), True)
+            raise InvalidArgument("a step of several engines' rows takes engines of one batch key (sessions of one "
+                                  "model, context and KV format, with a prompt path and their KV in VRAM)")
+        for engine, part, seen in zip(engines, ids, seens, strict=True):
+            engine._check_history(part, seen)
 
     def _feed_chunks(self, ids: Sequence[int], sampling: tuple, u: float, sample: bool) -> int:
         """The prompt path, chunk by chunk."""
@@ -227,3 +272,17 @@ class GpuEngine:
 
     def close(self) -> None:
         self.native.close()
+
+
+@contextlib.contextmanager
+def _ple_kept_on_refusal(engines: Sequence[GpuEngine]):
+    """The engines' PLE n-gram states as they were where the step is refused: gathering a step's rows advances
+    them before the native step checks its arguments, which leaves every session as it was when it refuses."""
+    before = [e.ple.previous.copy() if e.ple is not None else None for e in engines]
+    try:
+        yield
+    except BaseException:
+        for engine, previous in zip(engines, before):
+            if previous is not None:
+                engine.ple.previous = previous
+        raise
