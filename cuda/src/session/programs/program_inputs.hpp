@@ -1,8 +1,8 @@
 // What the decode program and the prompt program read and neither owns, as one value (docs/session.md): the
 // model's side (its resolved tensors, the embedding gather's view of token_embd, the attention shape and the RoPE
 // tables of the context), made once by ProgramTables, and the sequence's side (its device views, the penalty's
-// history of every token fed and its control vectors), which the Sequence owns. A runner builds one ProgramInputs for the
-// sequence it steps and gives it to each of its programs.
+// history of every token fed and its control vectors), which the Sequence owns. A runner builds one ProgramInputs
+// for the sequence it steps and gives it to each of its programs.
 #pragma once
 
 #include <cstddef>

@@ -7,8 +7,8 @@ from libcpp.string cimport string
 from strata._native cimport float_kind, host_tensor, quant_form, quant_planes
 from strata.libstrata.check.kernel_check cimport (
     HcReadOutputs, RoutePublishOutputs, cpp_cache_slots, cpp_gather_rows, cpp_gemv_float, cpp_gemv_float_batch,
-    cpp_gemv_quant, cpp_gemv_quant_batch, cpp_gemv_quant_inputs, cpp_hc_mix, cpp_hc_read, cpp_hc_read_fused, cpp_hc_stream_mean, cpp_hc_write,
-    cpp_hc_write_steered, cpp_l2_norm,
+    cpp_gemv_quant, cpp_gemv_quant_batch, cpp_gemv_quant_inputs, cpp_hc_mix, cpp_hc_read, cpp_hc_read_fused,
+    cpp_hc_stream_mean, cpp_hc_write, cpp_hc_write_steered, cpp_l2_norm,
     cpp_moe_cached_sum, cpp_moe_combine, cpp_moe_route, cpp_moe_weighted_rows, cpp_quantize_q8_32, cpp_raise_error,
     cpp_rms_norm, cpp_rms_norm_gated, cpp_rms_norm_grouped, cpp_rope_neox, cpp_route_publish, cpp_sample_tokens,
     cpp_shared_expert_gate, cpp_swiglu, cpp_time_gemv_float, cpp_time_gemv_quant, cpp_time_gemv_quant_inputs,
