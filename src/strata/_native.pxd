@@ -55,7 +55,7 @@ cdef class PleGather:
 cdef class DecodeSession:
     cdef unique_ptr[CppDecodeSession] session
     cdef readonly object weights, pool, cache, staging, ple
-    cdef readonly int n_vocab, ple_width
+    cdef readonly int n_vocab, ple_width, n_layer, n_embd
     cdef object held_rows
     cdef const float* rows_of(self, ple_rows, int n) except? NULL
     cdef float* logits_of(self, logits, int n) except NULL

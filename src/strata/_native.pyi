@@ -190,6 +190,8 @@ class DecodeSession:
     ple: PleGather | None
     n_vocab: int
     ple_width: int
+    n_layer: int
+    n_embd: int
     def __init__(
         self, weights: DeviceWeights, pool: CpuExpertPool, geometry: dict[str, Any], *, context: int,
         kv: KV | str, mode: Mode | str = ..., device: int = 0, timeout: float = 5.0, snapshots: int = 0,
@@ -208,6 +210,12 @@ class DecodeSession:
     def truncate(self, position: int) -> None: ...
     @property
     def verify_rows(self) -> int: ...
+    def set_control_vectors(self, table: npt.ArrayLike, layers: npt.ArrayLike) -> None: ...
+    @property
+    def control_vector_layers(self) -> list[int]: ...
+    def layer_states(
+        self, tokens: Sequence[int] | npt.ArrayLike, ple_rows: npt.ArrayLike | None,
+    ) -> npt.NDArray[np.float32]: ...
     @property
     def prompt_chunk(self) -> int: ...
     @property

@@ -61,8 +61,8 @@ class ReferenceModel:
         tokens at once (strata.generation.drafts), the output unchanged. `control_vectors`, (path, scale) pairs of
         llama.cpp control-vector files, are summed and added to each layer's output, on the layers of
         `control_layers` (start, end inclusive; default all), as llama.cpp's --control-vector-scaled and
-        --control-vector-layer-range (docs/control_vectors.md). The GPU engine's other options are refused by
-        name."""
+        --control-vector-layer-range (docs/control_vectors.md); `session.set_control_vectors` changes them between
+        turns. The GPU engine's other options are refused by name."""
         from strata.control_vectors import steering_table
         from strata.reference import Reference
         from strata.reference.engine import SNAPSHOTS, ReferenceEngine
@@ -86,7 +86,9 @@ class ReferenceModel:
         if draft == "mtp":
             reference = MtpReference(reference, kv)  # refused where the file has no block it runs
         drafter = named_drafter(draft, draft_tokens, mtp=lambda: MtpDrafter(reference))
-        engine = ReferenceEngine(reference, context, snapshots, draft_tokens + 1 if drafter else 0)
+        geometry = self.file.geometry
+        engine = ReferenceEngine(reference, context, snapshots, draft_tokens + 1 if drafter else 0,
+                                 steering=lambda vectors, layers: steering_table(vectors, geometry, layers))
         return Session(engine, self.tokenizer, drafter, draft_tokens if drafter else 0)
 
     def close(self) -> None:

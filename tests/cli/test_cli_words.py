@@ -101,13 +101,18 @@ def test_a_control_vector_that_is_not_finite_is_refused_at_load(tmp_path):
         read_control_vector(path)
 
 
-def test_cvector_says_its_progress(tiny_model, tmp_path, capsys):
+def test_cvector_says_its_engine_and_progress(tiny_model, tmp_path, capsys):
+    """The engine, then a line after the first prompt, after any that ends a second past the last line, and after
+    the last (on the GPU a prompt takes milliseconds: one line each would be noise)."""
     (tmp_path / "pos.txt").write_text("hello\nagain\n")
     (tmp_path / "neg.txt").write_text("world\nonce\n")
     assert cli.main(["cvector", str(tiny_model("qwen3next", seed=5)), "--positive", str(tmp_path / "pos.txt"),
-                     "--negative", str(tmp_path / "neg.txt"), "-o", str(tmp_path / "v.gguf")]) == 0
+                     "--negative", str(tmp_path / "neg.txt"), "-o", str(tmp_path / "v.gguf"), "--engine",
+                     "reference"]) == 0
     lines = capsys.readouterr().err.splitlines()
-    assert [line.split(" (")[0] for line in lines] == [f"strata cvector: {i} of 4 prompts run" for i in range(1, 5)]
+    assert lines[0] == "strata cvector: engine reference"
+    done = [int(re.fullmatch(r"strata cvector: (\d) of 4 prompts run \(\d+\.\d s\)", line)[1]) for line in lines[1:]]
+    assert done[0] == 1 and done[-1] == 4 and done == sorted(set(done)), lines
 
 
 def test_synth_says_which_type_it_used_instead_of_one_that_does_not_fit(tmp_path, capsys):

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import importlib
+from contextlib import nullcontext
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from strata import cli
 from strata.cli.session import control_vectors
-from strata.control_vectors import make_control_vector, read_control_vector, steering_table
+from strata.control_vectors import make_control_vector, read_control_vector, reference_states, steering_table
+from strata.control_vectors.make import last_token_states
 from strata.errors import InvalidArgument
 from strata.format import inspect
 from strata.reference import Reference
@@ -42,7 +46,7 @@ def test_cvector_writes_a_file_that_loads_and_steers_toward_the_positive_prompts
         (tmp_path / "neg.txt").write_text("\n".join(negative) + "\n")
         out = tmp_path / "steer.gguf"
         assert cli.main(["cvector", str(path), "--positive", str(tmp_path / "pos.txt"), "--negative",
-                         str(tmp_path / "neg.txt"), "-o", str(out)]) == 0
+                         str(tmp_path / "neg.txt"), "-o", str(out), "--engine", "reference"]) == 0
         assert capsys.readouterr().out.strip() == str(out)
 
         written = read_control_vector(out)
@@ -77,7 +81,8 @@ def test_cvector_refuses_unpaired_prompts_and_an_existing_output(tiny_model, tmp
     path = tiny_model("qwen3next", seed=5)
     (tmp_path / "pos.txt").write_text("a\nb\n")
     (tmp_path / "neg.txt").write_text("c\n")
-    base = ["cvector", str(path), "--positive", str(tmp_path / "pos.txt"), "-o", str(tmp_path / "o.gguf")]
+    base = ["cvector", str(path), "--positive", str(tmp_path / "pos.txt"), "-o", str(tmp_path / "o.gguf"), "--engine",
+            "reference"]
     assert cli.main([*base, "--negative", str(tmp_path / "neg.txt")]) == 1
     assert "2 positive prompts and 1 negative ones" in capsys.readouterr().err
     (tmp_path / "neg.txt").write_text("c\nd\n")
@@ -98,19 +103,108 @@ def test_the_control_vector_flags_parse_as_llamacpps(command: list[str]) -> None
         control_vectors(cli.parse_args([*command, "--control-vector-scaled", "b.gguf", "strong"]))
 
 
-def test_run_on_the_reference_applies_a_vector_and_the_gpu_commands_refuse_one(tiny_model, tmp_path: Path,
-                                                                              capsys) -> None:
+def test_run_on_the_reference_applies_a_vector_made_by_cvector(tiny_model, tmp_path: Path, capsys) -> None:
     path = tiny_model("qwen3next", seed=5)
     (tmp_path / "pos.txt").write_text("hello\n")
     (tmp_path / "neg.txt").write_text("world\n")
     out = str(tmp_path / "v.gguf")
     assert cli.main(["cvector", str(path), "--positive", str(tmp_path / "pos.txt"), "--negative",
-                     str(tmp_path / "neg.txt"), "-o", out, "--method", "pca"]) == 0
+                     str(tmp_path / "neg.txt"), "-o", out, "--method", "pca", "--engine", "reference"]) == 0
     run = ["run", str(path), "-p", "hello", "-n", "2", "--engine", "reference", "--control-vector-scaled", out, "3"]
     assert cli.main([*run, "--control-vector-layer-range", "1", "2"]) == 0
     assert "engine: reference" in capsys.readouterr().err
     assert cli.main([*run, "--control-vector-layer-range", "9", "9"]) == 1
     assert "--control-vector-layer-range (9, 9): start is past the model's last layer" in capsys.readouterr().err
-    for command in (["bench", str(path)], ["run", str(path), "-p", "x"]):  # refused before the GPU's load
-        assert cli.main([*command, "--control-vector", out]) == 1
-        assert "control vectors run on the reference engine only, for now" in capsys.readouterr().err
+
+
+def write_prompts(tmp_path: Path, positive: list[str], negative: list[str]) -> list[str]:
+    (tmp_path / "pos.txt").write_text("\n".join(positive) + "\n")
+    (tmp_path / "neg.txt").write_text("\n".join(negative) + "\n")
+    return ["--positive", str(tmp_path / "pos.txt"), "--negative", str(tmp_path / "neg.txt")]
+
+
+def test_cvector_measures_on_the_reference_where_there_is_no_gpu(tiny_model, tmp_path: Path, monkeypatch,
+                                                                 capsys) -> None:
+    path = tiny_model("qwen3next", seed=5)
+    prompts = write_prompts(tmp_path, ["hello there"], ["good bye"])
+    monkeypatch.setattr(importlib.import_module("strata.devices"), "device_count", lambda: 0)  # no GPU anywhere
+    out = tmp_path / "auto.gguf"
+    assert cli.main(["cvector", str(path), *prompts, "-o", str(out)]) == 0
+    assert "strata cvector: engine reference" in capsys.readouterr().err
+    assert read_control_vector(out).directions
+    assert cli.main(["cvector", str(path), *prompts, "-o", str(tmp_path / "gpu.gguf"), "--engine", "gpu"]) == 1
+    assert "no CUDA device found" in capsys.readouterr().err and not (tmp_path / "gpu.gguf").exists()
+
+
+class _StatesOnly:
+    """A GPU model as `strata cvector --engine gpu` uses one, whose engine's layer states are the reference's
+    (float32, as the native session returns them): what the command does around the GPU, without one."""
+
+    def __init__(self, model_file, asked: dict):
+        self.file, self.asked = model_file, asked
+        self.tokenizer = model_file.tokenizer()
+        self.info = SimpleNamespace(geometry=model_file.geometry)
+
+    def session(self, context, **options):
+        self.asked.update(context=context, **options)
+        reference = Reference(self.file)
+        engine = SimpleNamespace(prompt_chunk=16, layer_states=lambda ids: last_token_states(reference, ids)
+                                 .astype(np.float32))
+        return nullcontext(SimpleNamespace(engine=engine))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()
+
+
+def test_cvector_on_the_gpu_engine_writes_what_the_reference_measures(tiny_model, tmp_path: Path, monkeypatch,
+                                                                     capsys) -> None:
+    """One stream (qwen3next): the states are float32 values either way, so the files are the same bit for bit."""
+    path = tiny_model("qwen3next", seed=5)
+    prompts = write_prompts(tmp_path, ["hello there", "a b c d e f"], ["good bye", "x"])
+    asked: dict = {}
+    monkeypatch.setattr("strata.cli.session.require_gpu", lambda hint: None)
+    monkeypatch.setattr("strata.api.load", lambda model, engine: _StatesOnly(inspect(model), asked))
+    for method in ("mean", "pca"):
+        gpu, ref = tmp_path / f"gpu-{method}.gguf", tmp_path / f"ref-{method}.gguf"
+        assert cli.main(["cvector", str(path), *prompts, "-o", str(gpu), "--engine", "gpu", "--method", method]) == 0
+        assert "strata cvector: engine gpu" in capsys.readouterr().err
+        assert cli.main(["cvector", str(path), *prompts, "-o", str(ref), "--engine", "reference", "--method",
+                         method]) == 0
+        assert gpu.read_bytes() == ref.read_bytes(), method
+    with inspect(path) as model_file:
+        tokenizer = model_file.tokenizer()
+        longest = max(len(tokenizer.encode(p, special=True)) for p in ("hello there", "a b c d e f", "good bye", "x"))
+    assert asked == {"context": longest, "kv": "bf16", "snapshots": 0}
+
+
+def test_cvector_on_a_gpu_load_without_a_prompt_path_says_to_use_the_reference(tiny_model, tmp_path: Path,
+                                                                              monkeypatch, capsys) -> None:
+    path = tiny_model("qwen3next", seed=5)
+    prompts = write_prompts(tmp_path, ["hello"], ["bye"])
+
+    class NoPromptPath(_StatesOnly):
+        def session(self, context, **options):
+            return nullcontext(SimpleNamespace(engine=SimpleNamespace(prompt_chunk=0)))
+
+    monkeypatch.setattr("strata.cli.session.require_gpu", lambda hint: None)
+    monkeypatch.setattr("strata.api.load", lambda model, engine: NoPromptPath(inspect(model), {}))
+    assert cli.main(["cvector", str(path), *prompts, "-o", str(tmp_path / "o.gguf"), "--engine", "gpu"]) == 1
+    assert "which this load has not (its staging did not fit); use --engine reference" in capsys.readouterr().err
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def test_a_vector_from_any_measure_of_the_states_is_the_references_from_its_own(tiny_model, rng) -> None:
+    """make_control_vector takes the reference itself or a function of the ids (the GPU engine's layer_states):
+    the same states give the same vector."""
+    with inspect(tiny_model("qwen4exp", seed=5)) as model_file:
+        tokenizer, g = model_file.tokenizer(), model_file.geometry
+        pairs = list(zip(random_prompts(tokenizer, g.n_vocab, rng, 2), random_prompts(tokenizer, g.n_vocab, rng, 2)))
+        reference = Reference(model_file)
+        measured = make_control_vector(reference_states(reference), tokenizer, pairs, "pca")
+        direct = make_control_vector(reference, tokenizer, pairs, "pca")
+    assert sorted(measured) == sorted(direct) == list(range(1, g.n_layer))
+    for layer in direct:
+        assert np.array_equal(measured[layer], direct[layer]), layer

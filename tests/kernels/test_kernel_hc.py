@@ -280,6 +280,75 @@ def test_hc_write_rows(rng, rows, per_row):
     assert_same_bits(got, each, "the rows' write-back vs one row at a time")
 
 
+def steered_want(written: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """The write, then each row's vector (broadcast over the streams) in float32: a zero adds nothing."""
+    added = (written + vectors[:, None, :]).astype(np.float32)
+    return np.where(vectors[:, None, :] != 0, added, written)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("streams", [HC, 1])
+def test_a_steered_write_is_the_write_then_the_vector(rng, rows, streams):
+    """(h + inj * y) + v, in that order, every stream alike: the plain write's bits, then one float32 addition."""
+    h = (rng.standard_normal((rows, streams, N)) * 3).astype(np.float32)
+    inj = rng.uniform(0.0, 2.0, (rows, streams)).astype(np.float32)
+    y = rng.standard_normal((rows, N)).astype(np.float32)
+    v = rng.standard_normal(N).astype(np.float32)
+    v[::7] = 0.0  # zeros add nothing
+    written = _native_check.hc_write(h, inj, y)
+    got = _native_check.hc_write_steered(h, inj, y, v)
+    assert_same_bits(got, steered_want(written, np.broadcast_to(v, (rows, N))), "one vector for every row")
+
+
+@pytest.mark.gpu
+def test_a_zero_vector_leaves_the_plain_writes_bits(rng):
+    h = (rng.standard_normal((3, HC, N)) * 3).astype(np.float32)
+    h[0, 0, :5] = -0.0  # -0 + 0 * -1 is -0, and stays so: a zero addend is skipped, not added (-0 + 0 is +0)
+    inj = np.zeros((3, HC), np.float32)
+    y = rng.standard_normal((3, N)).astype(np.float32)
+    y[0, :5] = -1.0
+    got = _native_check.hc_write_steered(h, inj, y, np.zeros(N, np.float32))
+    assert_same_bits(got, _native_check.hc_write(h, inj, y), "a zero vector")
+    assert np.all(np.signbit(got[0, 0, :5]))
+
+
+@pytest.mark.gpu
+def test_each_row_adds_its_own_vector_through_the_table(rng):
+    """A step's rows: each row's vector through the pointer table at the layer's offset, none where its entry is
+    null."""
+    rows = 6
+    h = (rng.standard_normal((rows, HC, N)) * 3).astype(np.float32)
+    inj = rng.uniform(0.0, 2.0, (rows, HC)).astype(np.float32)
+    y = rng.standard_normal((rows, N)).astype(np.float32)
+    vectors = rng.standard_normal((rows, N)).astype(np.float32)
+    has = np.array([1, 0, 1, 1, 0, 1], np.uint8)
+    written = _native_check.hc_write(h, inj, y)
+    got = _native_check.hc_write_steered(h, inj, y, vectors, has)
+    assert_same_bits(got, steered_want(written, vectors * has[:, None]), "each row's vector")
+    each = np.concatenate([_native_check.hc_write_steered(h[r:r + 1], inj[r:r + 1], y[r:r + 1], vectors[r])
+                           if has[r] else written[r:r + 1] for r in range(rows)])
+    assert_same_bits(got, each, "the rows' table vs one row at a time")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("streams", [HC, 1])
+def test_the_stream_mean_is_the_float64_mean(rng, streams):
+    h = (rng.standard_normal((streams, N)) * 3).astype(np.float32)
+    want = h.astype(np.float64).mean(axis=0).astype(np.float32)
+    assert_same_bits(_native_check.hc_stream_mean(h), want, "the streams' mean")
+
+
+def test_steered_write_shapes_must_match_without_a_device(rng):
+    h = rng.standard_normal((3, HC, 64)).astype(np.float32)
+    with pytest.raises(strata.InvalidArgument, match=r"\(vectors\): expected .* of shape \(64,\); found \(63,\)"):
+        _native_check.hc_write_steered(h, np.ones(HC, np.float32), h[:, 0], np.ones(63, np.float32))
+    with pytest.raises(strata.InvalidArgument, match=r"\(vectors\): expected .* of shape \(3, 64\); found \(2, 64\)"):
+        _native_check.hc_write_steered(h, np.ones(HC, np.float32), h[:, 0], np.ones((2, 64), np.float32))
+    with pytest.raises(strata.InvalidArgument, match=r"\(row_has\): expected 3 flags"):
+        _native_check.hc_write_steered(h, np.ones(HC, np.float32), h[:, 0], np.ones((3, 64), np.float32), [1, 0])
+
+
 def test_hc_rows_shapes_must_match_without_a_device(rng):
     h = rng.standard_normal((3, HC, 64)).astype(np.float32)
     with pytest.raises(strata.InvalidArgument, match=r"\(inj\): expected .* of shape \(3, 4\); found \(2, 4\)"):

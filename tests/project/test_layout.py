@@ -25,7 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "generation": {"errors", "options", "chat", "sampling"},
     "reference": {"errors", "options", "models", "format", "quant", "sampling"},
     "runtime": {"errors", "options", "devices", "progress", "native", "models", "format", "quant", "sampling",
-                "generation"},
+                "generation", "control_vectors"},
     "convert": {"errors", "models", "format", "quant", "progress", "chat_templates"},
     "synth": {"errors", "models", "format", "quant", "progress", "convert"},
     "bench": {"errors", "options", "native", "models", "quant", "sampling", "generation", "runtime", "synth"},

@@ -160,7 +160,8 @@ def test_bad_reference_session_options_are_named(reference, options, fragment):
     (dict(draft="eagle"), "unknown draft 'eagle'"),
     (dict(draft="auto", prompt_chunk=0), "draft 'auto' needs the prompt path, which verifies the drafts: "
                                          "prompt_chunk=0 turns it off"),
-    (dict(control_vectors=[("v.gguf", 1.0)]), "control vectors run on the reference engine only, for now"),
+    (dict(control_vectors=["v.gguf"]), r"control_vectors takes \(path, scale\) pairs, got 'v.gguf'"),
+    (dict(control_layers=(3, 1)), r"control_layers \(3, 1\): need 0 <= start <= end"),
 ])
 def test_bad_gpu_session_options_are_named_before_the_gpu_is_touched(gpu_model, options, fragment):
     with pytest.raises(strata.InvalidArgument, match=fragment):

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -186,6 +187,22 @@ class DecodeSession {
   // step of its part alone, bit for bit. The sessions as step_batch's, their rows in all at most sessions[0]'s
   // prompt chunk and kMaxStepRows (InvalidArgument otherwise, before any state changes).
   static void step_rows(DecodeSession* const* sessions, StepPart* parts, int n);
+
+  // Control vectors (docs/control_vectors.md): from the next step on, every path (step, feed, verify, step_batch, in
+  // every mode; step_rows too) adds row l of `table` ([n_layer][n_embd] host floats) to every residual stream after layer l's last
+  // write, on the layers l where layers[l] ([n_layer]) is nonzero; the other rows are not read. All zero: none (the
+  // default), which runs exactly as a session without them. The state already fed keeps what its vectors gave. New
+  // values on the same layers are a copy into the session's table, which its captured graphs read; a layer that
+  // gains or loses a vector makes the session capture its decode graphs again, once. InvalidArgument, before
+  // anything changes, for a value that is not finite; the table (4 * n_layer * n_embd bytes of VRAM) is allocated
+  // the first time a layer has one (OutOfMemory).
+  void set_control_vectors(const float* table, const std::uint8_t* layers);
+  std::vector<int> control_vector_layers() const;  // the layers with a vector now
+
+  // feed() of the n tokens (nothing sampled), recording on the way each layer's output at the last of them, the mean
+  // of its residual streams (the streams after the layer's last write, its control vector included), into out
+  // [n_layer][n_embd]: what `strata cvector` measures (docs/control_vectors.md). Needs the prompt path.
+  void layer_states(const int* tokens, int n, const float* ple_rows, float* out);
 
   void logits(float* out) const;  // [n_vocab] of the last step or feed
   void reset();                   // an empty sequence; stats start over

@@ -4,6 +4,7 @@
 // over rows of tokens.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -192,6 +193,58 @@ void hc_write(int device, const float* h, const float* inj, int inj_stride, cons
                                     n, nullptr));
   STRATA_CUDA_TRY(cudaDeviceSynchronize());
   d_h.copy_out(h_out, "hc_write");
+}
+
+void hc_write_steered(int device, const float* h, const float* inj, int inj_stride, const float* y,
+                      const float* vectors, const std::uint8_t* row_has, bool per_row, float* h_out, int rows,
+                      int streams, int n) {
+  check_sizes("hc_write_steered", rows, streams, n);
+  STRATA_EXPECTS(inj_stride >= 0, InvalidArgument,
+                 "hc_write_steered needs inj_stride >= 0, got " + std::to_string(inj_stride));
+  check_device(device);
+  DeviceScope scope(device);
+  const long width = static_cast<long>(rows) * streams * n;
+  DeviceBuffer d_inj = upload(inj, floats(static_cast<long>(rows - 1) * inj_stride + streams));
+  DeviceBuffer d_y = upload(y, floats(static_cast<long>(rows) * n));
+  GuardedOutput d_h(floats(width));
+  STRATA_CUDA_TRY(cudaMemcpy(d_h.data<float>(), h, floats(width), cudaMemcpyHostToDevice));  // it works in place
+  kernels::StreamAddend add;
+  DeviceBuffer d_vectors(0), d_table(0);
+  if (per_row) {
+    // Each row's vector is the second of two rows of its own table, as a layer's is row `layer` of a sequence's: the
+    // kernel reads it `offset` floats in.
+    std::vector<float> tables(static_cast<std::size_t>(rows) * 2 * n, 0.0f);
+    for (int r = 0; r < rows; ++r) {
+      std::copy(vectors + static_cast<long>(r) * n, vectors + static_cast<long>(r + 1) * n,
+                tables.begin() + (2L * r + 1) * n);
+    }
+    d_vectors = upload(tables.data(), floats(static_cast<long>(tables.size())));
+    std::vector<const float*> pointers(rows, nullptr);
+    for (int r = 0; r < rows; ++r) {
+      if (row_has[r]) pointers[r] = d_vectors.as<float>() + 2L * r * n;
+    }
+    d_table = upload(pointers.data(), sizeof(const float*) * rows);
+    add.rows = d_table.as<const float*>();
+    add.offset = n;
+  } else {
+    d_vectors = upload(vectors, floats(n));
+    add.vector = d_vectors.as<float>();
+  }
+  STRATA_CUDA_TRY(kernels::hc_write(d_h.data<float>(), d_inj.as<float>(), inj_stride, d_y.as<float>(), rows, streams,
+                                    n, nullptr, add));
+  STRATA_CUDA_TRY(cudaDeviceSynchronize());
+  d_h.copy_out(h_out, "hc_write_steered");
+}
+
+void hc_stream_mean(int device, const float* h, float* out, int streams, int n) {
+  check_sizes("hc_stream_mean", 1, streams, n);
+  check_device(device);
+  DeviceScope scope(device);
+  DeviceBuffer d_h = upload(h, floats(static_cast<long>(streams) * n));
+  GuardedOutput d_out(floats(n));
+  STRATA_CUDA_TRY(kernels::hc_stream_mean(d_h.as<float>(), streams, n, d_out.data<float>(), nullptr));
+  STRATA_CUDA_TRY(cudaDeviceSynchronize());
+  d_out.copy_out(out, "hc_stream_mean");
 }
 
 }  // namespace strata::kernel_check

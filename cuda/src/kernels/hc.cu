@@ -50,6 +50,40 @@ __global__ void write_kernel(float* __restrict__ h, const float* __restrict__ in
   h[at] = fmaf(inj[row * inj_stride + k], y[row * n + i], h[at]);
 }
 
+// write_kernel, then each row's addend (StreamAddend): a separate kernel, so that a write without one is the
+// plain kernel as it always was. A zero addend is skipped, not added: h + 0 would turn a -0 into +0, and a zero
+// vector is to leave every bit of the streams as none does.
+__global__ void steered_write_kernel(float* __restrict__ h, const float* __restrict__ inj, int inj_stride,
+                                     const float* __restrict__ y, int streams, int n, long elements,
+                                     StreamAddend add) {
+  await_producers();
+  release_consumers();
+  const long at = element_index();
+  if (at >= elements) return;
+  const long row = at / (static_cast<long>(streams) * n);
+  const int k = static_cast<int>(at / n % streams);
+  const int i = static_cast<int>(at % n);
+  const float written = fmaf(inj[row * inj_stride + k], y[row * n + i], h[at]);
+  const float* vector = add.vector;
+  if (add.rows) {
+    vector = add.rows[row];
+    if (vector) vector += add.offset;
+  }
+  const float a = vector ? vector[i] : 0.0f;
+  h[at] = a != 0.0f ? written + a : written;
+}
+
+// One thread per element of out [n]: its column of every stream, summed in float64.
+__global__ void stream_mean_kernel(const float* __restrict__ h, int streams, int n, float* out) {
+  await_producers();
+  release_consumers();
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  double sum = 0.0;
+  for (int k = 0; k < streams; ++k) sum += h[static_cast<long>(k) * n + i];
+  out[i] = static_cast<float>(sum / streams);
+}
+
 }  // namespace
 
 cudaError_t scaled_activation(const float* in, float* out, int n, Activation act, float pre, float post,
@@ -66,10 +100,20 @@ cudaError_t hc_mix(const float* up, const float* normed, float* x, int rows, int
 }
 
 cudaError_t hc_write(float* h, const float* inj, int inj_stride, const float* y, int rows, int streams, int n,
-                     cudaStream_t stream) {
-  if (rows <= 0 || streams <= 0 || n <= 0 || inj_stride < 0) return cudaErrorInvalidValue;
+                     cudaStream_t stream, StreamAddend add) {
+  if (rows <= 0 || streams <= 0 || n <= 0 || inj_stride < 0 || add.offset < 0) return cudaErrorInvalidValue;
   const long elements = static_cast<long>(rows) * streams * n;
-  return launch(write_kernel, blocks_for(elements), kThreads, 0, stream, h, inj, inj_stride, y, streams, n, elements);
+  if (add.empty()) {
+    return launch(write_kernel, blocks_for(elements), kThreads, 0, stream, h, inj, inj_stride, y, streams, n,
+                  elements);
+  }
+  return launch(steered_write_kernel, blocks_for(elements), kThreads, 0, stream, h, inj, inj_stride, y, streams, n,
+                elements, add);
+}
+
+cudaError_t hc_stream_mean(const float* h, int streams, int n, float* out, cudaStream_t stream) {
+  if (streams <= 0 || n <= 0) return cudaErrorInvalidValue;
+  return launch(stream_mean_kernel, blocks_for(n), kThreads, 0, stream, h, streams, n, out);
 }
 
 }  // namespace strata::kernels

@@ -21,10 +21,27 @@ cudaError_t scaled_activation(const float* in, float* out, int n, Activation act
 cudaError_t hc_mix(const float* up, const float* normed, float* x, int rows, int streams, int n,
                    cudaStream_t stream);
 
+// A vector added to every stream of a row right after a write (a control vector: docs/control_vectors.md): the
+// same `vector` [n] for every row, or, for a step whose rows are several sequences', each row's own through
+// `rows`, a table in device memory [rows] of each row's vectors (null: nothing added to that row), its vector
+// `offset` floats in (the layer's row of the sequence's [n_layer][n] table). Neither: nothing is added.
+struct StreamAddend {
+  const float* vector = nullptr;
+  const float* const* rows = nullptr;
+  long offset = 0;
+  __host__ __device__ bool empty() const { return vector == nullptr && rows == nullptr; }
+};
+
 // The write-back h[r][k][i] += inj[r * inj_stride + k] * y[r][i] for every stream k < streams (onto the raw
 // streams): h [rows][streams][n], y [rows][n]. inj_stride 0 gives every row the same inj [streams] (the
 // embedding's and the PLE addend's unit weights); a block's injection weights are [rows][streams], stride streams.
+// With an `add`, each element is then (h + inj * y) + a, its row's addend a, in that order (the reference's);
+// an addend of zero leaves the element's bits. An empty `add` runs the plain write, bit for bit as without it.
 cudaError_t hc_write(float* h, const float* inj, int inj_stride, const float* y, int rows, int streams, int n,
-                     cudaStream_t stream);
+                     cudaStream_t stream, StreamAddend add = {});
+
+// out[i] = (1/streams) sum_k h[k][i] for i < n (summed in float64): one row's streams h [streams][n] as one vector,
+// what `strata cvector` measures a layer's output by (docs/control_vectors.md). out may be mapped host memory.
+cudaError_t hc_stream_mean(const float* h, int streams, int n, float* out, cudaStream_t stream);
 
 }  // namespace strata::kernels

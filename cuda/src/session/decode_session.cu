@@ -231,6 +231,20 @@ void DecodeSession::truncate(int position) {
 
 int DecodeSession::verify_rows() const noexcept { return impl_->sequence.verify_rows(); }
 
+void DecodeSession::set_control_vectors(const float* table, const std::uint8_t* layers) {
+  STRATA_EXPECTS(table != nullptr && layers != nullptr, InvalidArgument,
+                 "control vectors take a table of n_layer * n_embd floats and n_layer layer flags");
+  DeviceScope scope(impl_->options.device);
+  impl_->runner.set_control_vectors(impl_->sequence, table, layers);
+}
+
+std::vector<int> DecodeSession::control_vector_layers() const { return impl_->sequence.steering().layers(); }
+
+void DecodeSession::layer_states(const int* tokens, int n, const float* ple_rows, float* out) {
+  DeviceScope scope(impl_->options.device);
+  impl_->runner.layer_states(impl_->sequence, tokens, n, ple_rows, out);
+}
+
 void DecodeSession::logits(float* out) const {
   DeviceScope scope(impl_->options.device);
   impl_->runner.logits(out);

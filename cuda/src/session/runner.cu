@@ -273,12 +273,13 @@ void Runner::run(RowBatch& batch) {
   const std::size_t ple_width = static_cast<std::size_t>(g_.ple_n_heads) * g_.ple_head_dim;
   std::vector<RowsSpan> spans(batch.size());
   std::vector<Sampler> samplers(batch.size());
-  std::vector<long> key;  // the spans' runners (by serial: never reused), rows, kept row states and samplers
+  std::vector<long> key;  // the spans' runners (by serial: never reused), rows, kept row states, samplers and
+                          // steered layers
   int rows = 0;
   for (std::size_t i = 0; i < batch.size(); ++i) {
     const RowBatchSpan& span = batch[i];
     spans[i] = RowsSpan{span.sequence->span(rows, span.count, span.keep_rows), span.sequence->history(),
-                        span.sequence->position(), span.tokens};
+                        span.sequence->position(), span.tokens, &span.sequence->steering()};
     rows += span.count;
   }
   for (RowBatchSpan& span : batch) {
@@ -297,7 +298,8 @@ void Runner::run(RowBatch& batch) {
     const int last = span.sequence->position() + span.count - 1;
     span.runner->stage_sampling(span.sampling, span.u, span.tokens[span.count - 1], last);
     samplers[i] = span.runner->sampler_for(span.sample);
-    key.insert(key.end(), {span.runner->serial_, span.count, span.keep_rows, static_cast<long>(samplers[i])});
+    key.insert(key.end(), {span.runner->serial_, span.count, span.keep_rows, static_cast<long>(samplers[i]),
+                           span.sequence->steering().generation()});
   }
   prompt_->stage_step(spans.data(), static_cast<int>(spans.size()), g_.ple_layer >= 0 ? feed_rows_.data() : nullptr);
   refresh_cache();
@@ -333,7 +335,8 @@ void Runner::truncate(Sequence& sequence, int position) {
 }
 
 int Runner::run_prompt(Sequence& sequence, const int* tokens, int n, const float* ple_rows,
-                       const SamplingValues& sampling, double u, bool sample, float* all_logits, bool row_states) {
+                       const SamplingValues& sampling, double u, bool sample, float* all_logits, bool row_states,
+                       float* layer_states) {
   STRATA_EXPECTS(prompt_ != nullptr, InvalidArgument,
                  "this session has no prompt path (it was opened with a prompt chunk of 0 tokens)");
   check_feed(sequence, tokens, n, ple_rows, u);
@@ -344,8 +347,13 @@ int Runner::run_prompt(Sequence& sequence, const int* tokens, int n, const float
   const int chunk = prompt_->chunk(), ple_width = g_.ple_n_heads * g_.ple_head_dim;
   ple_rows = gathered_ple(sequence, tokens, n, ple_rows, feed_rows_);  // the whole prompt's rows at once
   const int position = sequence.position();
+  struct Unrecorded {  // the program records nothing after this call, however it ends
+    PromptProgram& program;
+    ~Unrecorded() { program.record_layer_states(nullptr); }
+  } unrecorded{*prompt_};
   for (int at = 0; at < n; at += chunk) {
     const int m = std::min(chunk, n - at);
+    prompt_->record_layer_states(at + m == n ? layer_states : nullptr);  // the prompt's last token is this chunk's
     prompt_->run(tokens + at, m, position + at, ple_rows ? ple_rows + static_cast<long>(at) * ple_width : nullptr,
                  all_logits ? all_logits + static_cast<std::size_t>(at) * g_.n_vocab : nullptr, row_states,
                  stream_.get());
@@ -363,6 +371,25 @@ int Runner::run_prompt(Sequence& sequence, const int* tokens, int n, const float
   stats_.prompt_staged_bytes = static_cast<long>(p.staged_bytes);
   stats_.prompt_seconds += seconds_since(start);
   return sample ? *sampled_.host<volatile int>() : -1;
+}
+
+void Runner::set_control_vectors(Sequence& sequence, const float* table, const std::uint8_t* layers) {
+  check_bound(sequence);
+  // The values are a copy into the table the graphs read; a layer that gains or loses its vector changes which
+  // kernels' arguments name it, so the decode graphs are captured again. A step's graphs name the steered sets of
+  // their spans in their keys (Runner::run).
+  if (sequence.steering().set(table, layers, stream_.get())) schedule_.drop_graphs();
+}
+
+void Runner::layer_states(Sequence& sequence, const int* tokens, int n, const float* ple_rows, float* out) {
+  STRATA_EXPECTS(prompt_ != nullptr, InvalidArgument,
+                 "layer states come from the prompt path: this session has none (a prompt chunk of 0 tokens)");
+  STRATA_EXPECTS(out != nullptr, InvalidArgument, "layer states need a buffer of n_layer * n_embd floats");
+  const std::size_t floats = static_cast<std::size_t>(g_.n_layer) * g_.n_embd;
+  if (!layer_states_) layer_states_ = std::make_unique<PinnedMapped>(sizeof(float) * floats);
+  run_prompt(sequence, tokens, n, ple_rows, SamplingValues{}, 0.0, false, nullptr, false,
+             layer_states_->device<float>());
+  std::copy(layer_states_->host<float>(), layer_states_->host<float>() + floats, out);  // the stream has drained
 }
 
 void Runner::reset(Sequence& sequence) {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -73,6 +74,12 @@ class Runner {
   // changes).
   void run(RowBatch& batch);
 
+  // DecodeSession::set_control_vectors and layer_states on `sequence`: its vectors from now on (where a layer gains
+  // or loses one, the decode program's graphs are dropped, captured again on the next token); feed()'s prompt path
+  // recording each layer's output at the last token into out [n_layer][n_embd].
+  void set_control_vectors(Sequence& sequence, const float* table, const std::uint8_t* layers);
+  void layer_states(Sequence& sequence, const int* tokens, int n, const float* ple_rows, float* out);
+
   // DecodeSession::verify and truncate on `sequence`.
   void verify(Sequence& sequence, const int* tokens, int n, const float* ple_rows, float* all_logits);
   void truncate(Sequence& sequence, int position);
@@ -91,8 +98,9 @@ class Runner {
 
  private:
   void check_bound(const Sequence& sequence) const;
+  // `layer_states` (device-visible [n_layer][n_embd], or null): where the last chunk records each layer's output.
   int run_prompt(Sequence& sequence, const int* tokens, int n, const float* ple_rows, const SamplingValues& sampling,
-                 double u, bool sample, float* all_logits, bool row_states);
+                 double u, bool sample, float* all_logits, bool row_states, float* layer_states = nullptr);
   void check_batch(const RowBatch& batch) const;
   // The PLE rows of `n` tokens of `sequence`: where it gathers them itself, into `out` from row `first` on (grown
   // to hold them), else `given`.
@@ -132,6 +140,7 @@ class Runner {
   DecodeStats stats_;
   ExchangeStats exchange_;
   std::vector<float> feed_rows_;  // feed(), verify() and step_batch(): the rows' PLE rows
+  std::unique_ptr<PinnedMapped> layer_states_;  // layer_states(): [n_layer][n_embd], made on its first call
   std::map<std::vector<long>, CapturedGraph> step_graphs_;  // the steps of several rows this runner led
 };
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from strata.options import KV, Mode
@@ -71,9 +71,11 @@ def decode(session: Session, prompt: list[int], tokens: int) -> dict[str, float]
 
 def run_modes(model: Any, modes: list[Mode], prompt_tokens: int, tokens: int, context: int | None, kv: KV,
               rng: np.random.Generator, kv_streaming: bool = False, defer_experts: int = 0,
-              draft: str | None = None, draft_tokens: int | None = None) -> dict[str, dict[str, float]]:
+              draft: str | None = None, draft_tokens: int | None = None,
+              steering: Mapping[str, Any] | None = None) -> dict[str, dict[str, float]]:
     """decode() on a fresh session (Model.session) of each mode in turn, KV in format `kv`, streamed or not,
-    `defer_experts` deferred, drafting with `draft` (one session in VRAM at a time)."""
+    `defer_experts` deferred, drafting with `draft`, steered by `steering` (Model.session's control_vectors and
+    control_layers; one session in VRAM at a time)."""
     g = model.info.geometry
     prompt = prompt_ids(g, prompt_tokens, rng)
     if context is None:
@@ -82,6 +84,6 @@ def run_modes(model: Any, modes: list[Mode], prompt_tokens: int, tokens: int, co
     results = {}
     for mode in modes:
         with model.session(context, kv=kv, mode=mode, kv_streaming=kv_streaming, defer_experts=defer_experts,
-                           **drafts) as session:
+                           **drafts, **(steering or {})) as session:
             results[mode.value] = decode(session, prompt, tokens)
     return results

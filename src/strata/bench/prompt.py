@@ -18,19 +18,21 @@ STEPPED_TOKENS = 64  # the token-by-token figure beside a prompt: its first ids,
 
 
 def prompt_speed(model: Any, lengths: list[int], kv: KV, rng: np.random.Generator, upload_rate: float,
-                 kv_streaming: bool = False) -> list[dict[str, float]]:
+                 kv_streaming: bool = False, steering: Mapping[str, Any] | None = None) -> list[dict[str, float]]:
     """Per length n: n random ids through the prompt path (the feed samples the next token, so its time is the
     time to first token) and their first STEPPED_TOKENS stepped token by token, each from an empty sequence; the
     bytes the staging copied and their floor at `upload_rate` (pinned host -> device bytes/s, measured here: the
-    streaming limit)."""
+    streaming limit). `steering`: Model.session's control_vectors and control_layers, for both sessions."""
     from strata.sampling import SamplingParams
 
     g = model.info.geometry
     context = min(g.context_length, max(lengths) + 1)
     greedy = SamplingParams()
     results = []
-    with model.session(context, kv=kv, snapshots=0, kv_streaming=kv_streaming) as chunked, \
-            model.session(context, kv=kv, snapshots=0, prompt_chunk=0, kv_streaming=kv_streaming) as stepped:
+    steering = steering or {}
+    with model.session(context, kv=kv, snapshots=0, kv_streaming=kv_streaming, **steering) as chunked, \
+            model.session(context, kv=kv, snapshots=0, prompt_chunk=0, kv_streaming=kv_streaming,
+                          **steering) as stepped:
         chunk = chunked.engine.prompt_chunk
         if not chunk:
             raise InvalidArgument("this model has no prompt path (load it with prompt=True and room for the staging)")

@@ -3,6 +3,7 @@ lengths; and the same over a sweep of expert cache shares."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -20,10 +21,13 @@ from strata.options import DEFAULT_KV, KV, Mode, check_defer_experts
 def run(model: Any, *, model_path: str, modes: list[Mode | str], prompt_tokens: int, tokens: int, emit: Emit,
         context: int | None = None, kv: KV | str = DEFAULT_KV, json_path: str | None = None,
         prompt_lengths: tuple[int, ...] = (), kv_streaming: bool = False, defer_experts: int = 0,
-        draft: str | None = None, draft_tokens: int | None = None, rates: Rates | None = None) -> dict[str, Any]:
+        draft: str | None = None, draft_tokens: int | None = None, rates: Rates | None = None,
+        control_vectors: Sequence[tuple[str, float]] = (), control_layers: tuple[int, int] | None = None
+        ) -> dict[str, Any]:
     """Bench a loaded model (strata.load's): emits the report, returns (and with `json_path` writes) the numbers;
     with `prompt_lengths`, the prompt path's speed at each length too (prompt_speed, exact: deferral is
     decode-only). With `draft`, decoding verifies that drafter's tokens (Model.session's draft, draft_tokens).
+    Every session steers with `control_vectors` on `control_layers` (Model.session's; docs/control_vectors.md).
     `rates`: the machine's, measured here when None (rates.measure)."""
     import numpy as np
 
@@ -45,13 +49,18 @@ def run(model: Any, *, model_path: str, modes: list[Mode | str], prompt_tokens: 
     rates = rates or measure(model.pool, model.device)
     tensors = file_tensors(model.file)
     limit = machine_limit(g, tensors, rates, model.cache_slots)
+    # Model.session's steering, only where some is given: a bench without it opens its sessions as it always did
+    steering = {"control_vectors": list(control_vectors), "control_layers": control_layers} \
+        if control_vectors or control_layers is not None else {}
     results = run_modes(model, modes, prompt_tokens, tokens, context, kv, np.random.default_rng(), kv_streaming,
-                        defer_experts, draft, draft_tokens)
+                        defer_experts, draft, draft_tokens, steering)
     for m in results.values():
         m["fraction_of_limit"] = limit.seconds / m["seconds_per_token"]
     result = {"model": model_path, "arch": g.arch, "n_layer": g.n_layer, "prompt_tokens": prompt_tokens,
               "tokens": tokens, "kv": kv.value, "kv_streaming": kv_streaming, "defer_experts": defer_experts,
               "draft": draft, "draft_tokens": draft_tokens if draft else None,
+              "control_vectors": [[str(path), float(scale)] for path, scale in control_vectors],
+              "control_layers": list(control_layers) if control_layers is not None else None,
               "expert_cache": describe(g, tensors, model.cache_slots, model.cache_bytes),
               "cache_slots": model.cache_slots,
               "rates": asdict(rates), "limit": {**asdict(limit), "seconds": limit.seconds}, "modes": results}
@@ -59,7 +68,7 @@ def run(model: Any, *, model_path: str, modes: list[Mode | str], prompt_tokens: 
         emit(line)
     if prompt_lengths:
         result["prompt"] = prompt_speed(model, list(prompt_lengths), kv, np.random.default_rng(), rates.pcie_upload,
-                                        kv_streaming)
+                                        kv_streaming, steering)
         for line in prompt_report(result["prompt"]):
             emit(line)
     if json_path:

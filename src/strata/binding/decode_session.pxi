@@ -1,5 +1,6 @@
 # One sequence decoding on the GPU and the CPU pool, and the scratch it needs
 # (strata/decode_session.hpp).
+from libc.stdint cimport uint8_t
 from libcpp.string cimport string
 from libcpp.vector cimport vector
 
@@ -167,7 +168,7 @@ cdef class DecodeSession:
         cdef CppExpertStaging* native_staging = staging.staging.get() if staging is not None else NULL
         cdef CppPleGather* native_ple = ple.gather.get() if ple is not None else NULL
         self.weights, self.pool, self.cache, self.staging, self.ple = weights, pool, cache, staging, ple
-        self.n_vocab = g.n_vocab
+        self.n_vocab, self.n_layer, self.n_embd = g.n_vocab, g.n_layer, g.n_embd
         self.ple_width = g.ple_n_heads * g.ple_head_dim if g.ple_layer >= 0 else 0
         with nogil:
             self.session.reset(new CppDecodeSession(weights.weights.get()[0], native_pool[0], g, o, native_cache,
@@ -230,6 +231,39 @@ cdef class DecodeSession:
     @property
     def verify_rows(self) -> int:
         return self.native().verify_rows()
+
+    def set_control_vectors(self, table, layers) -> None:
+        """The control vectors from the next step on (docs/control_vectors.md): `table` float32 [n_layer, n_embd], row l
+        added to every residual stream after layer l's last write where `layers` [n_layer] (bools) is true; all
+        false: none. strata.runtime.steering.ControlVectors.staged makes both from a {layer: vector} table."""
+        cdef CppDecodeSession* s = self.native()
+        t = np.ascontiguousarray(table, dtype=np.float32)
+        m = np.ascontiguousarray(layers, dtype=np.uint8)
+        if t.shape != (self.n_layer, self.n_embd) or m.shape != (self.n_layer,):
+            raise InvalidArgument(f"control vectors take a table of shape ({self.n_layer}, {self.n_embd}) and "
+                                  f"{self.n_layer} layer flags, got {t.shape} and {m.shape}")
+        cdef const float[:, ::1] tv = t
+        cdef const uint8_t[::1] mv = m
+        with nogil:
+            s.set_control_vectors(&tv[0, 0], &mv[0])
+
+    @property
+    def control_vector_layers(self) -> list:
+        """The layers whose control vector the session adds now."""
+        return list(self.native().control_vector_layers())
+
+    def layer_states(self, tokens, ple_rows):
+        """Feed the ids `tokens` through the prompt path (nothing sampled) and return float32 [n_layer, n_embd]: each
+        layer's output at the last of them, the mean of its residual streams (`strata cvector`'s measure). ple_rows
+        as feed's."""
+        cdef CppDecodeSession* s = self.native()
+        cdef const int[::1] ids = token_ids(tokens)
+        cdef const float* rows_ptr = self.rows_of(ple_rows, ids.shape[0])
+        out = np.empty((self.n_layer, self.n_embd), np.float32)
+        cdef float[:, ::1] ov = out
+        with nogil:
+            s.layer_states(&ids[0], ids.shape[0], rows_ptr, &ov[0, 0])
+        return out
 
     cdef const float* rows_of(self, ple_rows, int n) except? NULL:
         """ple_rows (float32 [n, ple heads, ple head dim] or None) as the native call takes them, checked."""

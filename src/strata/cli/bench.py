@@ -65,9 +65,8 @@ def cache_shares(text: str) -> list[float]:
 
 def handle(args) -> int:
     import strata
-    from strata.cli.session import placement, refuse_control_vectors_on_gpu, require_gpu
+    from strata.cli.session import control_vectors, placement, require_gpu
 
-    refuse_control_vectors_on_gpu(args, "strata bench measures the GPU engine")
     require_gpu("strata bench measures the GPU engine; `strata bench pool` measures the CPU expert pool alone")
     lengths = prompt_lengths(args.prompt_lengths)  # a wrong option is refused before the synth and the load
     shares = None if args.cache_shares is None else cache_shares(args.cache_shares)
@@ -81,7 +80,7 @@ def handle(args) -> int:
     options = {"model_path": str(path), "modes": modes, "prompt_tokens": args.prompt_tokens, "tokens": args.tokens,
                "context": args.context, "kv": args.kv, "prompt_lengths": lengths,
                "kv_streaming": args.kv_streaming, "defer_experts": args.defer_experts, "draft": args.draft,
-               "draft_tokens": args.draft_tokens}
+               "draft_tokens": args.draft_tokens, **control_vectors(args)}
     if shares is None:
         with strata.load(str(path), **placement(args)) as model:
             run(model, **options, emit=print, json_path=args.json)

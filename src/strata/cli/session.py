@@ -58,10 +58,10 @@ def add_engine_arguments(sub: argparse.ArgumentParser) -> None:
 
 
 def add_control_vector_arguments(sub: argparse.ArgumentParser) -> None:
-    """llama.cpp's control-vector flags (docs/control_vectors.md): the reference engine applies them."""
+    """llama.cpp's control-vector flags (docs/control_vectors.md): both engines apply them."""
     sub.add_argument("--control-vector", action="append", default=None, metavar="FILE",
                      help="add a control vector (a llama.cpp control-vector .gguf, scale 1; repeatable: the "
-                          "vectors sum); reference engine only, for now")
+                          "vectors sum)")
     sub.add_argument("--control-vector-scaled", action="append", nargs=2, default=None, metavar=("FILE", "SCALE"),
                      help="add a control vector times SCALE (repeatable)")
     sub.add_argument("--control-vector-layer-range", nargs=2, type=int, default=None, metavar=("START", "END"),
@@ -80,12 +80,6 @@ def control_vectors(args: argparse.Namespace) -> dict:
             raise InvalidArgument(f"--control-vector-scaled {path} {scale}: SCALE must be a number") from None
     layers = args.control_vector_layer_range
     return {"control_vectors": pairs, "control_layers": None if layers is None else tuple(layers)}
-
-
-def refuse_control_vectors_on_gpu(args: argparse.Namespace, hint: str) -> None:
-    """Model.session's refusal of control vectors, before a GPU load that would end in it."""
-    if args.control_vector or args.control_vector_scaled:
-        raise InvalidArgument(f"--control-vector: control vectors run on the reference engine only, for now; {hint}")
 
 
 def add_draft_arguments(sub: argparse.ArgumentParser) -> None:
@@ -238,7 +232,6 @@ def opened_model(args: argparse.Namespace) -> Iterator:
     check_arguments(args)
     warn_ignored(args)
     if args.engine == "gpu":
-        refuse_control_vectors_on_gpu(args, "use --engine reference")
         refuse_structured_on_gpu(args)
         require_gpu("use --engine reference to run a small model on the CPU")
     options = placement(args) if args.engine == "gpu" else {}

@@ -192,6 +192,19 @@ class Session:
             self._snapshots.clear()
             self.stats = Stats()
 
+    def set_control_vectors(self, control_vectors: Sequence[tuple[Any, float]] = (),
+                            control_layers: tuple[int, int] | None = None) -> None:
+        """Steer what is fed from now on with other control vectors (the model's `session(control_vectors=...,
+        control_layers=...)` arguments; an empty list: none; docs/control_vectors.md), between calls. The tokens the
+        session holds keep the state their vectors gave, as llama.cpp's cache does; reset() feeds them again under
+        the new ones. Refused (InvalidArgument) by an engine without control vectors, and before anything changes for
+        a file or range the model's session would refuse."""
+        setter = getattr(self.engine, "set_control_vectors", None)
+        if setter is None:
+            raise InvalidArgument("this session's engine takes no control vectors")
+        with self._exclusive():
+            setter(control_vectors, control_layers)
+
     def close(self) -> None:
         """Free the engine's resources (a GPU session's VRAM); the session cannot generate afterwards."""
         with self._exclusive():

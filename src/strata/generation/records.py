@@ -21,7 +21,9 @@ class Engine(Protocol):
     SamplingParams field, as strata.sampling.sample does; absent or false: temperature, top_k, top_p, min_p and
     repeat_penalty only, as the GPU sampler, so a Session refuses the others); `token_masks` (true: feed and
     step_batch apply SamplingParams.token_mask, the tokens a constraint allows, and `logprobs(token, n, token_mask)`
-    is over them; absent or false: a Session refuses structured output; docs/api.md, "The engine's side").
+    is over them; absent or false: a Session refuses structured output; docs/api.md, "The engine's side");
+    `set_control_vectors(control_vectors, control_layers)` (the control vectors added from the next token on:
+    docs/control_vectors.md).
 
     Verifying drafts (a Session with a drafter uses them): `verify_rows`, the most ids one `verify` takes (0 or
     absent: the engine cannot verify); `verify(ids, seen)` appends `ids` (seen: the history including them, as

@@ -1,4 +1,5 @@
 # Declarations of the decode session (cuda/include/strata/decode_session.hpp).
+from libc.stdint cimport uint8_t
 from libcpp cimport bool as cbool
 from libcpp.string cimport string
 from libcpp.vector cimport vector
@@ -99,6 +100,9 @@ cdef extern from "strata/decode_session.hpp" nogil:
         @staticmethod
         void step_rows(CppDecodeSession* const* sessions, StepPart* parts, int n) except +raise_strata_error
         int verify_rows()
+        void set_control_vectors(const float* table, const uint8_t* layers) except +raise_strata_error
+        vector[int] control_vector_layers()
+        void layer_states(const int* tokens, int n, const float* ple_rows, float* out) except +raise_strata_error
         void logits(float* out) except +raise_strata_error
         void reset() except +raise_strata_error
         TokenLogprobs logprobs(int token, int n) except +raise_strata_error

@@ -4,7 +4,7 @@ engine token by token. It samples its logits with strata.sampling, the definitio
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -21,18 +21,22 @@ class ReferenceEngine:
     up to `verify_rows` ids (0: none) that truncate rolls back. `reference` may be an MtpReference
     (strata.reference.mtp), whose state holds its MTP block's with the main model's. It samples with
     strata.sampling.sample, which applies every SamplingParams field (`full_sampling`), the token mask included
-    (`token_masks`: structured output)."""
+    (`token_masks`: structured output). `steering` reads control-vector files into a table for
+    set_control_vectors: (control_vectors, control_layers) -> {layer: float32 [n_embd]} (None: the engine takes
+    none)."""
 
     full_sampling = True
     token_masks = True
 
     def __init__(self, reference: Reference, context: int | None = None, snapshots: int = SNAPSHOTS,
-                 verify_rows: int = VERIFY_ROWS):
+                 verify_rows: int = VERIFY_ROWS,
+                 steering: Callable[[Sequence, tuple[int, int] | None], Mapping[int, np.ndarray]] | None = None):
         if verify_rows < 0:
             raise InvalidArgument(f"verify_rows must be >= 0 (0: no verify), got {verify_rows}")
         self.reference = reference
         self.context = context or reference.geometry.context_length
         self.snapshots, self.verify_rows = snapshots, verify_rows
+        self._steering = steering
         self._saved: dict[int, tuple[int, list]] = {}
         self._logits: np.ndarray | None = None
         # after a verify, until the next call that moves the sequence: its start and the state after each row
@@ -41,6 +45,16 @@ class ReferenceEngine:
     @property
     def position(self) -> int:
         return self.reference.n_past
+
+    def set_control_vectors(self, control_vectors: Sequence = (), control_layers: tuple[int, int] | None = None
+                            ) -> None:
+        """The control vectors added from the next token on (an empty list: none); the sequence held keeps its
+        state."""
+        if self._steering is None:
+            raise InvalidArgument("this engine was made without a way to read control vectors "
+                                  "(ReferenceModel.session makes one with it)")
+        main = getattr(self.reference, "main", self.reference)  # an MtpReference steers its main model
+        main.set_control_vectors(self._steering(control_vectors, control_layers))
 
     def feed(self, ids: Sequence[int], params: SamplingParams, u: float, seen: Sequence[int]) -> int:
         self._verified = None

@@ -91,6 +91,11 @@ class Reference:
         self.control_vectors = _checked_steering(control_vectors or {}, g.n_layer, g.n_embd)
         self.reset()
 
+    def set_control_vectors(self, vectors: Mapping[int, np.ndarray]) -> None:
+        """The control vectors ({layer: float32 [n_embd]}) added from the next forward on; the state is kept."""
+        g = self.geometry
+        self.control_vectors = _checked_steering(vectors, g.n_layer, g.n_embd)
+
     def _indexer_shape(self, layer: int) -> IndexerShape | None:
         g = self.geometry
         if not (g.qsa_block and self.weights.has(f"blk.{layer}.indexer.q_proj.weight")):

@@ -4,6 +4,8 @@ The native session runs one token per `step` (all layers on the GPU, routed expe
 sampler on the device) and keeps every id it was fed, so the repetition penalty's history lives there; this
 side only checks that the caller's history agrees, and hands the PLE layer each token's n-gram table rows where
 the native session does not gather them itself (a table type strata.runtime.ple_rows.NATIVE_ROW_TYPES lacks).
+Control vectors (docs/control_vectors.md) are the native session's: this side reads the files
+(strata.runtime.steering) and stages their table there.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from strata.runtime.prompt import PROMPT_MIN_TOKENS
 
 if TYPE_CHECKING:
     from strata.runtime.ple_rows import PleRows
+    from strata.runtime.steering import ControlVectors
     from strata.sampling import SamplingParams
 
 
@@ -56,12 +59,16 @@ class Graphs:
 
 class GpuEngine:
     """strata.generation.Engine over a DecodeSession (`native`), with `ple` rows when the model has PLE and the
-    session does not gather them, and `snapshots` state slots (the native session's) for prefix reuse."""
+    session does not gather them, and `snapshots` state slots (the native session's) for prefix reuse.
+    `control_vectors` (a strata.runtime.steering.ControlVectors, or None: the engine takes none) reads control-vector
+    files for set_control_vectors."""
 
     prompt_min_tokens = PROMPT_MIN_TOKENS  # a feed of fewer ids steps them one by one, not through the prompt path
 
-    def __init__(self, native: Any, ple: PleRows | None = None, snapshots: int = 0, batch_key: object = None):
+    def __init__(self, native: Any, ple: PleRows | None = None, snapshots: int = 0, batch_key: object = None,
+                 control_vectors: ControlVectors | None = None):
         self.native, self.ple, self.snapshots = native, ple, snapshots
+        self._control = control_vectors
         # engines with the same key step together (step_batch): sessions of one loaded model, of one context and KV
         # format, with a prompt path and their KV in VRAM (docs/batch.md); None: this one steps alone
         self.batch_key = batch_key
@@ -209,6 +216,40 @@ class GpuEngine:
         rows = self.ple.rows_for(ids) if self.ple is not None else None
         self.native.feed(ids, rows, (0.0, 0, 1.0, 0.0, 1.0), 0.0, sample=False, logits=logits)
         return logits
+
+    def set_control_vectors(self, control_vectors: Sequence[tuple[str, float]] = (),
+                            control_layers: tuple[int, int] | None = None) -> None:
+        """The control vectors added from the next token on (Model.session's arguments; an empty list: none). The
+        tokens the sequence holds keep what their vectors gave. Refused before anything changes: a file or range
+        steering_table refuses."""
+        self.set_steering(self._controls().table(control_vectors, control_layers))
+
+    def set_steering(self, table: Mapping[int, np.ndarray]) -> None:
+        """set_control_vectors with the files already read: {layer: float32 [n_embd]} (steering_table's)."""
+        self.native.set_control_vectors(*self._controls().staged(table))
+
+    def _controls(self) -> ControlVectors:
+        if self._control is None:
+            raise InvalidArgument("this engine was made without the model's control vectors (Model.session makes "
+                                  "one with them)")
+        return self._control
+
+    @property
+    def steered_layers(self) -> list[int]:
+        """The layers whose control vector the session adds now."""
+        return list(self.native.control_vector_layers)
+
+    def layer_states(self, ids: Sequence[int]) -> np.ndarray:
+        """float32 [n_layer, n_embd]: `ids` fed from an empty sequence through the prompt path, each layer's output at
+        the last of them (the mean of its residual streams): what `strata cvector` measures, in one pass. The engine
+        then holds `ids`."""
+        if not self.native.prompt_chunk:
+            raise InvalidArgument("layer_states() needs the prompt path: this session has none (prompt_chunk 0)")
+        if not ids:
+            raise InvalidArgument("a prompt encodes to no tokens")
+        self.reset()
+        rows = self.ple.rows_for(ids) if self.ple is not None else None
+        return self.native.layer_states(ids, rows)
 
     @property
     def verify_rows(self) -> int:

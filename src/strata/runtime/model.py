@@ -43,6 +43,7 @@ from strata.runtime.plan import (
 from strata.runtime import tiers
 from strata.runtime.ple_rows import PleRows
 from strata.runtime.pool import ExpertPool
+from strata.runtime.steering import ControlVectors
 from strata.runtime.tiers import RamPlan, plan_ram
 
 @dataclass(frozen=True)
@@ -106,15 +107,17 @@ class Model:
         deferral"; token by token only, the prompt path stays exact). With `draft` ("lookup", or "auto" which is
         lookup; "mtp" runs on the reference engine only, for now), each decode step verifies up to `draft_tokens`
         (1..7) drafted tokens in one pass of the prompt path, which it needs (strata.generation.drafts).
-        `control_vectors` and `control_layers` are the reference engine's (ReferenceModel.session); a non-empty list
-        is refused here for now. The native session is `session.engine.native`. Every option after `context` is
+        `control_vectors`, (path, scale) pairs of llama.cpp control-vector files, are summed and added to each layer's
+        output on the layers of `control_layers` (start, end inclusive; default all), as the reference engine's
+        (ReferenceModel.session, docs/control_vectors.md), in every path and mode; `session.set_control_vectors`
+        changes them between turns. The native session is `session.engine.native`. Every option after `context` is
         keyword-only, as on the reference engine."""
         if self.weights is None:
             raise StrataError("this model is closed: it opens no new sessions")
-        if control_vectors:
-            raise InvalidArgument("control vectors run on the reference engine only, for now "
-                                  "(strata.load(path, engine=\"reference\"))")
         g = self.info.geometry
+        controls = ControlVectors(g)
+        # the files read and checked before the GPU is touched
+        steering = controls.table(control_vectors, control_layers)
         kv, mode = KV.parse(kv), Mode.parse(mode)
         if not checked_number("timeout", timeout) > 0:
             raise InvalidArgument(f"timeout must be > 0 seconds, got {timeout}")
@@ -162,7 +165,13 @@ class Model:
                                        defer_experts=defer_experts, ple=gather,
                                        verify_rows=verify_rows)
         # which sessions step together: the native session's one definition (docs/rows.md)
-        engine = GpuEngine(native, ple if gather is None else None, snapshots, native.batch_key)
+        engine = GpuEngine(native, ple if gather is None else None, snapshots, native.batch_key, controls)
+        if steering:
+            try:
+                engine.set_steering(steering)
+            except BaseException:
+                native.close()
+                raise
         return Session(engine, self.tokenizer, drafter, draft_tokens if drafter else 0)
 
     def _vram_room(self) -> tuple[int, int]:

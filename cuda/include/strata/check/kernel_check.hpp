@@ -174,6 +174,16 @@ void hc_mix(int device, const float* up, const float* normed, float* x, int rows
 void hc_write(int device, const float* h, const float* inj, int inj_stride, const float* y, float* h_out, int rows,
               int streams, int n);
 
+// hc_write with an addend (kernels::StreamAddend, a layer's control vectors): without `per_row`, vectors [n] added to
+// every row; with it, vectors [rows][n], each row's own through a table of pointers in device memory (null for a
+// row whose row_has[r] is 0), each pointing `n` floats before its vector, as a sequence's table holds a layer's.
+void hc_write_steered(int device, const float* h, const float* inj, int inj_stride, const float* y,
+                      const float* vectors, const std::uint8_t* row_has, bool per_row, float* h_out, int rows,
+                      int streams, int n);
+
+// The mean of one row's streams h [streams][n] into out [n] (kernels::hc_stream_mean: `strata cvector`'s state).
+void hc_stream_mean(int device, const float* h, float* out, int streams, int n);
+
 // The token strata.sampling.sample picks, for each uniform draw u in draws [n_draws], into tokens [n_draws]:
 // logits [vocab], the seen ids [n_seen] for the repetition penalty, and the SamplingParams fields. Arguments
 // are checked as the reference checks them (before any device work); the per-token values travel in device

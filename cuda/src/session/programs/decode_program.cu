@@ -134,6 +134,7 @@ DecodeProgram::DecodeProgram(const ModelGeometry& g, const ProgramInputs& in, in
       cos_(in.rope_cos),
       sin_(in.rope_sin),
       seen_(in.history),
+      steering_(in.steering),
       scratch_(0) {
   std::size_t sample_bytes = 0;
   STRATA_CUDA_TRY(kernels::sample_scratch_bytes(g.n_vocab, &sample_bytes));
@@ -208,6 +209,9 @@ struct DecodeProgram::LayerPath {
   void late_rows(int layer, cudaStream_t s) const {
     if (program.takes_deferred(layer)) write_streams(*this, program.ffn_injection(layer - 1), program.deferred_, s);
   }
+  // The layer's vector, baked into post(layer) where it is captured: the runner drops its graphs when a layer gains
+  // or loses one.
+  kernels::StreamAddend steering(int layer) const { return {program.steering_->vector(layer), nullptr, 0}; }
 };
 
 bool DecodeProgram::hc_read_fused(const float* streams, const HcTensors& t, float* x, float* inj,

@@ -157,6 +157,7 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
   kernels::AttentionShape attention_;
   const float *cos_, *sin_;  // the RoPE tables
   int* seen_;                // the sequence's history of every token fed, for the repetition penalty
+  const Steering* steering_;  // the sequence's control vectors: a layer's, where it has one, in post(layer)
   bool ple_late_ = false;
 
   DeviceBuffer scratch_;

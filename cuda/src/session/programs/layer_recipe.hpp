@@ -29,7 +29,9 @@
 //   route(layer, s): the router's choice and the shared expert's gate and up (ffn_inputs);
 //   beside_routed(layer, s): the GPU's work while the routed experts are handed off;
 //   routed_rows(layer, s): the routed experts' weighted rows into buffers.routed_;
-//   late_rows(layer, s): rows of an earlier layer added to the streams before this layer's own.
+//   late_rows(layer, s): rows of an earlier layer added to the streams before this layer's own;
+//   steering(layer): the control vectors the layer's last write adds to every stream (docs/control_vectors.md;
+//     kernels::StreamAddend), empty where the layer has none, so that its write is then the plain one.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -46,10 +48,11 @@
 namespace strata {
 
 // y's rows into the residual streams h [rows][streams][width]: h[r][k] += inj[r * inj_stride + k] * y[r]
-// (kernels::hc_write; inj_stride 0: every row's weights are the same [streams]).
+// (kernels::hc_write; inj_stride 0: every row's weights are the same [streams]), then each row's `add` (none where
+// empty).
 inline void add_to_streams(float* h, const float* inj, int inj_stride, const float* y, int rows, int streams,
-                           int width, cudaStream_t s) {
-  STRATA_CUDA_TRY(kernels::hc_write(h, inj, inj_stride, y, rows, streams, width, s));
+                           int width, cudaStream_t s, kernels::StreamAddend add = {}) {
+  STRATA_CUDA_TRY(kernels::hc_write(h, inj, inj_stride, y, rows, streams, width, s, add));
 }
 
 // Where a GDN layer's z rows start in qkvz [rows][...]: beside each row's qkv in a merged projection's [qkv | z]
@@ -130,12 +133,12 @@ void read_streams(const Path& p, const float* streams, const HcTensors& hc, cons
 }
 
 // A block's output y [rows][n] into the streams: weighted per stream by inj [rows][hc] with hyper-connections,
-// added to the one stream without.
+// added to the one stream without; then `add` to every stream (a layer's control vectors, after its last write).
 template <class Path>
-void write_streams(const Path& p, const float* inj, const float* y, cudaStream_t s) {
+void write_streams(const Path& p, const float* inj, const float* y, cudaStream_t s, kernels::StreamAddend add = {}) {
   const ModelGeometry& g = p.geometry();
-  if (g.hc_count > 0) add_to_streams(p.streams(), inj, g.hc_count, y, p.rows, g.hc_count, g.n_embd, s);
-  else add_to_streams(p.streams(), p.ones(), 0, y, p.rows, 1, g.n_embd, s);
+  if (g.hc_count > 0) add_to_streams(p.streams(), inj, g.hc_count, y, p.rows, g.hc_count, g.n_embd, s, add);
+  else add_to_streams(p.streams(), p.ones(), 0, y, p.rows, 1, g.n_embd, s, add);
 }
 
 // The shared expert on its gate and up rows: SwiGLU, down, and its gate over x.
@@ -168,14 +171,15 @@ void layer_to_handoff(const Path& p, int layer, cudaStream_t s) {
 }
 
 // Layer `layer` from its routed experts' hand-off on: their rows, combined with the shared expert's, into the
-// streams.
+// streams, and the layer's control vectors with them: this write is the layer's last, so its output is the
+// streams after it (the reference's order: streams + write, then + vector; docs/control_vectors.md).
 template <class Path>
 void layer_from_handoff(const Path& p, int layer, cudaStream_t s) {
   const auto& b = p.buffers;
   p.routed_rows(layer, s);
   STRATA_CUDA_TRY(kernels::moe_combine(b.routed_, b.shared_, b.shared_gate_, b.y_, p.rows, p.geometry().n_embd, s));
   p.late_rows(layer, s);
-  write_streams(p, p.ffn_injection(layer), b.y_, s);
+  write_streams(p, p.ffn_injection(layer), b.y_, s, p.steering(layer));
 }
 
 }  // namespace strata

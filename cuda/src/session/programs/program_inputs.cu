@@ -84,6 +84,7 @@ ProgramInputs ProgramTables::inputs(const Sequence& sequence) const {
   in.sequence = sequence.views();
   in.layout = &sequence.layout();
   in.history = sequence.history();
+  in.steering = &sequence.steering();
   return in;
 }
 

@@ -1,8 +1,8 @@
 // What the decode program and the prompt program read and neither owns, as one value (docs/session.md): the
 // model's side (its resolved tensors, the embedding gather's view of token_embd, the attention shape and the RoPE
-// tables of the context), made once by ProgramTables, and the sequence's side (its device views and the
-// penalty's history of every token fed), which the Sequence owns. A runner builds one ProgramInputs for the
-// sequence it steps and gives it to each of its programs.
+// tables of the context), made once by ProgramTables, and the sequence's side (its device views, the penalty's
+// history of every token fed and its control vectors), which the Sequence owns. A runner builds one ProgramInputs
+// for the sequence it steps and gives it to each of its programs.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +26,7 @@ struct ProgramInputs {
   SequenceViews sequence;            // the stepped sequence's state
   const SessionLayout* layout = nullptr;  // ... and its arena's layout
   int* history = nullptr;            // [context] its every token fed, for the repetition penalty
+  const Steering* steering = nullptr;  // its control vectors, read when a program enqueues a layer's last write
 };
 
 // The model's side of ProgramInputs for sequences of `context` tokens (whole KV pages): built once, read by every

@@ -191,6 +191,7 @@ PromptProgram::PromptProgram(const ModelGeometry& g, const ProgramInputs& in, in
       rope_cos_(in.rope_cos),
       rope_sin_(in.rope_sin),
       history_(in.history),
+      steering_(in.steering),
       chunk_(chunk),
       scratch_(0),
       host_((check_chunk(chunk), host_layout(g, chunk).total)),
@@ -303,6 +304,7 @@ struct PromptProgram::LayerPath {
   void beside_routed(int, cudaStream_t) const {}
   void routed_rows(int layer, cudaStream_t s) const { program.routed_experts(layer, rows, s); }
   void late_rows(int, cudaStream_t) const {}  // the rows defer no expert
+  kernels::StreamAddend steering(int layer) const { return program.steering(layer); }
 };
 
 // The PLE layer over the rows: the chunk's, from and into the sequence's history, or a step's (ple_step_rows).
@@ -519,6 +521,11 @@ void PromptProgram::run_layers(int rows, int position, bool ahead, cudaStream_t 
     if (ahead) experts_.prefetch_after(layer);
     layer_to_handoff(path, layer, s);
     layer_from_handoff(path, layer, s);
+    if (layer_states_) {  // the last row's streams, as the layer left them (its control vectors in them)
+      const int hc = std::max(g_.hc_count, 1), n = g_.n_embd;
+      STRATA_CUDA_TRY(kernels::hc_stream_mean(streams_ + static_cast<long>(rows - 1) * hc * n, hc, n,
+                                              layer_states_ + static_cast<long>(layer) * n, s));
+    }
   }
 }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../../kernels/gdn_chunk.cuh"
+#include "../../kernels/hc.cuh"
 #include "../../kernels/state_spans.cuh"
 #include "../../runtime/device_buffer.hpp"
 #include "../../runtime/pinned_memory.hpp"
@@ -33,11 +34,13 @@
 namespace strata {
 
 // A step's spans in device memory (and, first, in the program's pinned block): each span's arena and row slot,
-// each row's span, and each row's sequence's seen ids (the penalty's history, which its token joins).
+// each row's span, each row's sequence's seen ids (the penalty's history, which its token joins), and each row's
+// sequence's control vector table [n_layer][n_embd] (null: it has none; kernels::StreamAddend).
 struct RowsTable {
   kernels::StateSpan spans[kMaxStepRows];
   int span_of[kMaxStepRows];
   int* seen[kMaxStepRows];
+  const float* steering[kMaxStepRows];
 };
 
 // The chunk's buffers, one row per token ([chunk][...]), carved out of one allocation (prompt_program.cu).
@@ -76,6 +79,7 @@ struct RowsSpan {
   int* seen = nullptr;          // the sequence's every token fed, for the repetition penalty
   int position = 0;             // its first row's
   const int* tokens = nullptr;  // host [state.count]
+  const Steering* steering = nullptr;  // the sequence's control vectors (null: none)
 };
 
 // Prompt path counters since the session began (DecodeStats reads them).
@@ -129,11 +133,18 @@ class PromptProgram : private PromptScratch {
   int max_step_rows() const noexcept;
   const float* step_logits(int row) const;  // device [n_vocab]
 
+  // Where the next run()s write each layer's output at their last row, the mean of its streams, as `strata cvector`
+  // measures it (docs/control_vectors.md): device-visible [n_layer][n_embd] floats; null: nowhere (the default).
+  void record_layer_states(float* out) noexcept { layer_states_ = out; }
+
   PromptStats stats() const noexcept;
   void reset_stats() noexcept;
 
  private:
   struct LayerPath;  // the chunk as the layer recipe's path: its rows (layer_recipe.hpp)
+  // Layer `layer`'s control vectors (programs/prompt_rows.cu): the chunk's sequence's, or, in a step, each row's
+  // sequence's through the RowsTable where any of the step's sequences steers the layer; empty where none does.
+  kernels::StreamAddend steering(int layer) const;
   void project_rows(const float* x, int rows, const Products& products, cudaStream_t s) const;
   void all_logits(int n, float* logits, cudaStream_t s);
   void head_rows(int first, int rows, cudaStream_t s);
@@ -169,6 +180,7 @@ class PromptProgram : private PromptScratch {
   kernels::AttentionShape attention_;
   const float *rope_cos_, *rope_sin_;
   int* history_;  // the sequence's every token fed, for the repetition penalty
+  const Steering* steering_;  // the sequence's control vectors
   int chunk_;
   DeviceBuffer scratch_;
   PinnedMapped host_;            // tokens and positions, PLE rows, staged for the copies
@@ -182,6 +194,8 @@ class PromptProgram : private PromptScratch {
   bool device_experts_ = false;  // ... with every expert in the cache: its pairs run on the device
   int step_rows_ = 0, step_spans_ = 0;  // the staged step's
   bool step_ple_ = false;        // ... has PLE rows
+  std::vector<char> step_steers_;  // ... per layer: whether any of its sequences has a control vector there
+  float* layer_states_ = nullptr;  // record_layer_states
 };
 
 }  // namespace strata

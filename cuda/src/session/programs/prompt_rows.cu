@@ -49,6 +49,7 @@ void PromptProgram::stage_step(const RowsSpan* spans, int n_spans, const float* 
                  "a step holds 1.." + std::to_string(most) + " spans, got " + std::to_string(n_spans));
   RowsTable* table = host_.host<RowsTable>(host_layout_rows());
   std::vector<int> tokens, positions;
+  step_steers_.assign(g_.n_layer, 0);
   for (int i = 0; i < n_spans; ++i) {
     const RowsSpan& span = spans[i];
     const int rows = static_cast<int>(tokens.size());
@@ -58,9 +59,12 @@ void PromptProgram::stage_step(const RowsSpan* spans, int n_spans, const float* 
                        std::to_string(span.state.first + span.state.count - 1) + "; spans follow one another from " +
                        "row 0, at most " + std::to_string(most) + " rows in all");
     table->spans[i] = span.state;
+    const float* steering = span.steering ? span.steering->table() : nullptr;
+    for (int l = 0; steering && l < g_.n_layer; ++l) step_steers_[l] |= span.steering->steers(l) ? 1 : 0;
     for (int j = 0; j < span.state.count; ++j) {
       table->span_of[rows + j] = i;
       table->seen[rows + j] = span.seen;
+      table->steering[rows + j] = steering;
       tokens.push_back(span.tokens[j]);
       positions.push_back(span.position + j);
     }
@@ -90,6 +94,15 @@ void PromptProgram::enqueue_step(cudaStream_t s) {
     throw;
   }
   rows_step_ = device_experts_ = false;
+}
+
+// A step's layer adds each row's own vector where any of its sequences steers the layer: the others' rows read
+// their table's zeros there, or, without a table, nothing. Which layers take the table is baked into a captured
+// step, whose key names each span's steered set (Steering::generation).
+kernels::StreamAddend PromptProgram::steering(int layer) const {
+  if (!rows_step_) return {steering_->vector(layer), nullptr, 0};
+  if (!step_steers_[layer]) return {};
+  return {nullptr, rows_table_->steering, static_cast<long>(layer) * g_.n_embd};
 }
 
 kernels::StepSpans PromptProgram::step_spans() const {

@@ -120,6 +120,14 @@ void TokenSchedule::run(Sampler sampler, cudaStream_t stream, const std::functio
 
 StageSeconds TokenSchedule::stage_seconds() const { return timer_ ? timer_->seconds() : StageSeconds{}; }
 
+void TokenSchedule::drop_graphs() noexcept {
+  begin_ = CapturedGraph();
+  pre_.clear();
+  post_.clear();
+  for (auto& g : end_) g.reset();
+  for (auto& g : whole_) g.reset();
+}
+
 bool TokenSchedule::captured() const noexcept {
   return std::any_of(whole_.begin(), whole_.end(), [](const auto& g) { return g != nullptr; }) || !pre_.empty();
 }

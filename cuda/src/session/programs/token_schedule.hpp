@@ -56,6 +56,9 @@ class TokenSchedule {
 
   DecodeMode mode() const noexcept { return mode_; }
   bool captured() const noexcept;
+  // Forgets every captured graph: the next run() captures again. For when what the program enqueues changes (a
+  // layer that gains or loses a control vector), never on the token path.
+  void drop_graphs() noexcept;
 
  private:
   class Timer;

@@ -18,6 +18,7 @@ Sequence::Sequence(int device, const ModelGeometry& g, const ModelTensors& t, co
       views_(sequence_views(g, t, arena_, options.kv, options.verify_rows)),
       history_(history_bytes(views_.context)),
       ple_(ple),
+      steering_(device, g.n_layer, g.n_embd),
       snapshot_position_(options.snapshots, -1),
       ple_saved_(options.snapshots),
       snapshots_(options.snapshots) {

@@ -1,6 +1,7 @@
 // One sequence's state (docs/architecture.md, "Sequences and the runner"): its arena (KV, recurrent and conv
 // state, indexer keys, the residual streams), the device views programs read that state through, the penalty's
-// history of every token fed, its position, and its state snapshots with the PLE n-gram state each keeps. What
+// history of every token fed, its position, its state snapshots with the PLE n-gram state each keeps, and the
+// control vectors its layers add (steering.hpp). What
 // steps a sequence (programs, schedule, doorbell, stream, scratch) is the Runner's (runner.hpp); a sequence holds
 // nothing of it, so one runner's programs can later step several sequences, or k rows of one.
 #pragma once
@@ -14,6 +15,7 @@
 #include "../../kernels/state_spans.cuh"
 #include "../../runtime/device_buffer.hpp"
 #include "sequence_views.hpp"
+#include "steering.hpp"
 #include "strata/geometry.hpp"
 #include "strata/ple_gather.hpp"
 #include "strata/session_arena.hpp"
@@ -48,6 +50,9 @@ class Sequence {
   kernels::StateSpan span(int first, int count, bool keep_rows) const;
   int* history() const noexcept { return history_.as<int>(); }
   PleGather* ple() const noexcept { return ple_; }
+  // Its control vectors, which a reset, snapshot or restore leaves as they are (they are the session's setting).
+  const Steering& steering() const noexcept { return steering_; }
+  Steering& steering() noexcept { return steering_; }
   int position() const noexcept { return position_; }
   int context() const noexcept { return context_; }
 
@@ -92,6 +97,7 @@ class Sequence {
   SequenceViews views_;
   DeviceBuffer history_;
   PleGather* ple_;
+  Steering steering_;
   int position_ = 0;
   bool broken_ = false;
   std::vector<int> snapshot_position_;                   // per slot; -1: empty

@@ -1,13 +1,14 @@
 # The kernels' host round trips (strata/check/kernel_check.hpp): each uploads its inputs, runs one kernel into a
 # poisoned, guarded output and copies it back. For tests and benchmarks, not the token path. The per-token
 # kernels take a leading rows (tokens) axis, one launch for all of them.
-from libc.stdint cimport int8_t, int32_t, uint32_t
+from libc.stdint cimport int8_t, int32_t, uint8_t, uint32_t
 from libcpp.string cimport string
 
 from strata._native cimport float_kind, host_tensor, quant_form, quant_planes
 from strata.libstrata.check.kernel_check cimport (
     HcReadOutputs, RoutePublishOutputs, cpp_cache_slots, cpp_gather_rows, cpp_gemv_float, cpp_gemv_float_batch,
-    cpp_gemv_quant, cpp_gemv_quant_batch, cpp_gemv_quant_inputs, cpp_hc_mix, cpp_hc_read, cpp_hc_read_fused, cpp_hc_write, cpp_l2_norm,
+    cpp_gemv_quant, cpp_gemv_quant_batch, cpp_gemv_quant_inputs, cpp_hc_mix, cpp_hc_read, cpp_hc_read_fused,
+    cpp_hc_stream_mean, cpp_hc_write, cpp_hc_write_steered, cpp_l2_norm,
     cpp_moe_cached_sum, cpp_moe_combine, cpp_moe_route, cpp_moe_weighted_rows, cpp_quantize_q8_32, cpp_raise_error,
     cpp_rms_norm, cpp_rms_norm_gated, cpp_rms_norm_grouped, cpp_rope_neox, cpp_route_publish, cpp_sample_tokens,
     cpp_shared_expert_gate, cpp_swiglu, cpp_time_gemv_float, cpp_time_gemv_quant, cpp_time_gemv_quant_inputs,
@@ -555,6 +556,47 @@ def hc_write(streams, inj, y, int device=0):
     cdef float[::1] ov = out.reshape(-1)
     with nogil:
         cpp_hc_write(device, &hv[0], &iv[0], inj_stride, &yv[0, 0], &ov[0], rows, hc, n)
+    return out
+
+
+def hc_write_steered(streams, inj, y, vectors, row_has=None, int device=0):
+    """hc_write, then each row's control vector: vectors [n] added to every row, or vectors [rows, n] each row's own
+    (row_has [rows] bools: False gives that row none), through the kernel's per-row table; returns the new streams."""
+    h_a = _shaped(streams, np.float32, "hc_write_steered (streams)", (None, None, None))
+    cdef int rows = h_a.shape[0], hc = h_a.shape[1], n = h_a.shape[2]
+    cdef const float[::1] hv = h_a.reshape(-1)
+    per_row_inj = np.ndim(inj) == 2
+    cdef int inj_stride = hc if per_row_inj else 0
+    inj_a = _shaped(inj, np.float32, "hc_write_steered (inj)", h_a.shape[:2] if per_row_inj else h_a.shape[1:2])
+    cdef const float[::1] iv = inj_a.reshape(-1)
+    cdef const float[:, ::1] yv = _shaped(y, np.float32, "hc_write_steered (y)", (rows, n))
+    cdef bint per_row = np.ndim(vectors) == 2
+    if per_row:
+        v_a = _shaped(vectors, np.float32, "hc_write_steered (vectors)", (rows, n))
+    else:
+        v_a = _shaped(vectors, np.float32, "hc_write_steered (vectors)", (n,))
+    cdef const float[::1] vv = v_a.reshape(-1)
+    has = np.ones(rows, np.uint8) if row_has is None else np.ascontiguousarray(row_has, dtype=np.uint8)
+    if has.shape != (rows,):
+        raise InvalidArgument(f"hc_write_steered (row_has): expected {rows} flags, found shape {has.shape}")
+    cdef const uint8_t[::1] hsv = has
+    out = np.empty((rows, hc, n), np.float32)
+    cdef float[::1] ov = out.reshape(-1)
+    with nogil:
+        cpp_hc_write_steered(device, &hv[0], &iv[0], inj_stride, &yv[0, 0], &vv[0], &hsv[0], per_row, &ov[0], rows,
+                             hc, n)
+    return out
+
+
+def hc_stream_mean(streams, int device=0):
+    """The mean of one row's streams [hc, n] (summed in float64, rounded to float32): `strata cvector`'s state."""
+    h_a = _shaped(streams, np.float32, "hc_stream_mean (streams)", (None, None))
+    cdef int hc = h_a.shape[0], n = h_a.shape[1]
+    cdef const float[::1] hv = h_a.reshape(-1)
+    out = np.empty(n, np.float32)
+    cdef float[::1] ov = out
+    with nogil:
+        cpp_hc_stream_mean(device, &hv[0], &ov[0], hc, n)
     return out
 
 

@@ -1,5 +1,5 @@
 # Declarations of the kernels' host round trips (cuda/include/strata/check/kernel_check.hpp).
-from libc.stdint cimport int8_t, int32_t, uint32_t
+from libc.stdint cimport int8_t, int32_t, uint8_t, uint32_t
 from libcpp.string cimport string
 
 from strata.binding.errors cimport raise_strata_error
@@ -102,6 +102,11 @@ cdef extern from "strata/check/kernel_check.hpp" nogil:
     void cpp_hc_write "strata::kernel_check::hc_write"(
         int device, const float* h, const float* inj, int inj_stride, const float* y, float* h_out, int rows,
         int streams, int n) except +raise_strata_error
+    void cpp_hc_write_steered "strata::kernel_check::hc_write_steered"(
+        int device, const float* h, const float* inj, int inj_stride, const float* y, const float* vectors,
+        const uint8_t* row_has, bint per_row, float* h_out, int rows, int streams, int n) except +raise_strata_error
+    void cpp_hc_stream_mean "strata::kernel_check::hc_stream_mean"(
+        int device, const float* h, float* out, int streams, int n) except +raise_strata_error
     void cpp_sample_tokens "strata::kernel_check::sample_tokens"(
         int device, const float* logits, int vocab, const int32_t* seen, int n_seen, double temperature,
         int top_k, double top_p, double min_p, double repeat_penalty, const double* draws, int n_draws,
