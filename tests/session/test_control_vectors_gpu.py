@@ -313,7 +313,8 @@ def test_a_batched_row_with_vectors_matches_the_reference(loaded, rng):
     name, model = loaded
     g = model.info.geometry
     plan = [table(model, rng, odd_layers(model)), None, table(model, rng, low_layers(model))]
-    engines = [engine(model, v, chunk=16) for v in plan]
+    staged = staging(model)  # sessions of one step share a staging
+    engines = [engine(model, v, chunk=16, staged=staged) for v in plan]
     try:
         prompts = [prompt_ids(model, rng, n) for n in (10, 13, 9)]
         for e, p in zip(engines, prompts):

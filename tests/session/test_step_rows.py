@@ -46,8 +46,9 @@ def test_verifications_and_steps_in_one_step_are_each_alone(loaded, mode, rng):
     name, model = loaded
     g = model.info.geometry
     prompts = [prompt_ids(model, rng, n) for n in (13, 9, 21, 7)]
-    together = [engine(model, staging(model), mode) for _ in PARTS]
-    apart = [engine(model, staging(model), mode) for _ in PARTS]
+    staged_together, staged_apart = staging(model), staging(model)  # sessions of one step share a staging
+    together = [engine(model, staged_together, mode) for _ in PARTS]
+    apart = [engine(model, staged_apart, mode) for _ in PARTS]
     try:
         for prompt, a, b in zip(prompts, together, apart):
             fed(a, prompt)
@@ -92,10 +93,11 @@ def test_verifications_and_steps_in_one_step_are_each_alone(loaded, mode, rng):
 
 def test_refusals_leave_every_session_as_it_was(loaded, rng):
     name, model = loaded
-    engines = [engine(model, staging(model), Mode.TOKEN_GRAPH) for _ in range(2)]
+    staged = staging(model)
+    engines = [engine(model, staged, Mode.TOKEN_GRAPH) for _ in range(2)]
     try:
         for e in engines:
-            fed(e, prompt_ids(model, rng, 6))
+            fed(e, prompt_ids(model, rng, 9))
         positions = [e.position for e in engines]
         greedy = [SamplingParams()] * 2
 
