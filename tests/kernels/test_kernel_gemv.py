@@ -263,7 +263,7 @@ def check_inputs(q, inputs: int, x_stride: int, rng: np.random.Generator) -> Non
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("ggml_type", QUANT_TYPES, ids=lambda t: t.name)
-@pytest.mark.parametrize(("inputs", "x_stride"), [(1, 512), (3, 512), (8, 512 + 64)])
+@pytest.mark.parametrize(("inputs", "x_stride"), [(1, 512), (2, 512), (3, 512), (5, 512 + 64), (8, 512 + 64)])
 def test_quant_gemv_inputs_every_form(rng, ggml_type, inputs, x_stride):
     check_inputs(random_weight(ggml_type, 37, 512, rng), inputs, x_stride, rng)
 

@@ -48,9 +48,10 @@ gemv_quant_kernel(QuantPlanes p, int rows, int cols, int code_bias, ValueTable b
   store_row(acc, row_in_range, rows, warp, lane, split, y);
 }
 
-// One matrix times `inputs` activations (gemv_quant_inputs): the one-matrix walk of gemv_quant_kernel, each
-// block decoded once for every input.
-template <class S>
+// One matrix times `inputs` (<= N) activations (gemv_quant_inputs): the one-matrix walk of gemv_quant_kernel, each
+// block decoded once for every input. N is a compile-time bound on the inputs, so that a kernel for few of them
+// holds no accumulators for more (measured: one of 8 for 2 inputs ran a wide matrix 5-25 % slower than 2 products).
+template <class S, int N>
 __global__ void __launch_bounds__(kRowsPerCta * 32)
 gemv_quant_inputs_kernel(QuantPlanes p, int rows, int cols, int code_bias, ValueTable book, StridedQ8 acts,
                          int inputs, float* __restrict__ y, int split) {
@@ -60,14 +61,22 @@ gemv_quant_inputs_kernel(QuantPlanes p, int rows, int cols, int code_bias, Value
   const int row_in_range = static_cast<int>(blockIdx.x) * (kRowsPerCta / split) + warp / split;
   const bool live = row_in_range < rows;
   const long row = live ? row_in_range : rows - 1;
-  float acc[kMaxGemvInputs];
-  quant_row_partials<S, kMaxGemvInputs>(p, row, live, cols, code_bias, book, acts, inputs, warp % split * 32 + lane,
-                                        32 * split, acc);
+  float acc[N];
+  quant_row_partials<S, N>(p, row, live, cols, code_bias, book, acts, inputs, warp % split * 32 + lane, 32 * split,
+                           acc);
 #pragma unroll
-  for (int i = 0; i < kMaxGemvInputs; ++i) {
+  for (int i = 0; i < N; ++i) {
     if (i < inputs) acc[i] = warp_sum(acc[i]);
   }
   store_rows(acc, inputs, row_in_range, rows, warp, lane, split, y);
+}
+
+// The multi-input kernel of the fewest accumulators for `inputs` (2..kMaxGemvInputs).
+template <class S>
+auto* inputs_kernel(int inputs) {
+  static_assert(kMaxGemvInputs == 8, "one kernel per bound 2, 4, 8");
+  return inputs <= 2 ? gemv_quant_inputs_kernel<S, 2> : inputs <= 4 ? gemv_quant_inputs_kernel<S, 4>
+                                                                    : gemv_quant_inputs_kernel<S, 8>;
 }
 
 // The single matrix's kernel when the batch is one product of matrix 0, so gemv_quant pays nothing for batches.
@@ -126,6 +135,7 @@ cudaError_t gemv_quant_inputs(const QuantForm& form, const QuantPlanes& planes, 
   const cudaError_t operands = gemv_quant_operands(form, planes, rows, cols, xq);
   if (operands != cudaSuccess) return operands;
   if (inputs < 1 || inputs > kMaxGemvInputs || x_stride < cols || x_stride % kBlock != 0) return cudaErrorInvalidValue;
+  if (inputs == 1) return gemv_quant(form, planes, rows, cols, xq, dx, xsums, y, stream);  // the same walk, lighter
   const int split = row_split(rows);
   const dim3 grid = gemv_grid(rows, split, 1);
   if (grid.x == 0) return cudaErrorInvalidValue;
@@ -133,7 +143,7 @@ cudaError_t gemv_quant_inputs(const QuantForm& form, const QuantPlanes& planes, 
   const StridedQ8 acts{xq, dx, xsums, x_stride};
   cudaError_t status = cudaErrorInvalidValue;
   KnownShapes::visit(form, [&](auto shape) {
-    status = launch(gemv_quant_inputs_kernel<decltype(shape)>, grid, kRowsPerCta * 32, 0, stream, planes, rows, cols,
+    status = launch(inputs_kernel<decltype(shape)>(inputs), grid, kRowsPerCta * 32, 0, stream, planes, rows, cols,
                     form.code_bias, book, acts, inputs, y, split);
   });
   return status;
