@@ -287,3 +287,25 @@ def test_gemv_inputs_refusals_without_a_device(rng):
         _native_check.gemv_inputs(q, np.zeros((2, 296), np.float32))
     with pytest.raises(strata.InvalidArgument, match="takes quantized weights; this one is float"):
         _native_check.gemv_inputs(random_weight(T.F16, 8, 256, rng), np.zeros((2, 256), np.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", [1, 2, 4])
+def test_a_batch_at_any_row_split_stays_within_the_bounds(rng, split):
+    """A batch's products at each row split a benchmark may force (bench_gemv_batch.py): another order of the same
+    sums, so within the single GEMV's bound of the reference, not its bits."""
+    q = random_weight(T.Q4_K, 4 * 640, 2560, rng)
+    x = rng.standard_normal((6, 2560)).astype(np.float32)
+    slots = np.array([0, 3, 1, 2, 3, 0], np.int32)
+    y = _native_check.gemv_batch(q, 4, slots, x, split=split)
+    for j, slot in enumerate(slots):
+        w = matrix_of(q, int(slot), 640)
+        assert error_of_terms(y[j], matvec(w, x[j]), w, x[j]) < QUANT_RTOL
+
+
+def test_gemv_batch_refuses_a_split_the_kernels_lack_without_a_device(rng):
+    q = random_weight(T.Q8_0, 4 * 8, 256, rng)
+    with pytest.raises(strata.InvalidArgument, match="split 0 \\(the rule\\), 1, 2 or 4, got 3"):
+        _native_check.time_gemv_batch(q, 4, 4, 3)
+    with pytest.raises(strata.InvalidArgument, match="split 0 \\(the rule\\), 1, 2 or 4, got 3"):
+        _native_check.gemv_batch(q, 4, [0, 1], np.zeros((2, 256), np.float32), split=3)

@@ -105,8 +105,11 @@ void gemv_float(int device, FloatKind kind, const void* w, int rows, int cols, c
 }
 
 void gemv_quant_batch(int device, const QuantForm& form, const QuantPlanes& host_stack, int n_matrix, int rows,
-                      int cols, const std::int32_t* slots, int count, int x_stride, const float* x, float* y) {
+                      int cols, const std::int32_t* slots, int count, int x_stride, const float* x, float* y,
+                      int split) {
   check_quant_shape(form, rows, cols);
+  STRATA_EXPECTS(split == 0 || split == 1 || split == 2 || split == 4, InvalidArgument,
+                 "gemv_quant_batch needs split 0 (the rule), 1, 2 or 4, got " + std::to_string(split));
   const long x_floats = checked_batch_x("gemv_quant_batch", n_matrix, cols, slots, count, x_stride, 32);
   check_device(device);
   DeviceScope scope(device);
@@ -116,7 +119,7 @@ void gemv_quant_batch(int device, const QuantForm& form, const QuantPlanes& host
   DeviceActivation a(x_floats);
   GuardedOutput d_y(batch_y_bytes(count, rows));
   STRATA_CUDA_TRY(a.quantize(d_x.as<float>(), x_floats));
-  const kernels::MatrixBatch batch{d_slots.as<int>(), count, x_stride};
+  const kernels::MatrixBatch batch{d_slots.as<int>(), count, x_stride, split};
   STRATA_CUDA_TRY(kernels::gemv_quant_batch(form, stack.at(0), rows, cols, batch, a.xq.as<std::int8_t>(),
                                             a.dx.as<float>(), a.sums.as<std::int32_t>(), d_y.data<float>(), nullptr));
   STRATA_CUDA_TRY(cudaDeviceSynchronize());
@@ -224,6 +227,35 @@ double time_gemv_quant(int device, const QuantForm& form, const QuantPlanes& hos
   DeviceBuffer y(static_cast<std::size_t>(rows) * sizeof(float));
   const DeviceBuffer no_slots(0);  // one product of matrix 0
   return time_quant_inputs(form, planes, copies, rows, cols, 1, false, a, no_slots, y, reps);
+}
+
+double time_gemv_quant_batch(int device, const QuantForm& form, const QuantPlanes& host_stack, int n_matrix, int rows,
+                             int cols, int count, int split, int reps) {
+  check_quant_shape(form, rows, cols);
+  STRATA_EXPECTS(n_matrix >= 1 && count >= 1 && count <= kernels::kMaxBatchProducts, InvalidArgument,
+                 "time_gemv_quant_batch needs a stack of at least one matrix and 1 <= count <= " +
+                     std::to_string(kernels::kMaxBatchProducts) + ", got " + std::to_string(n_matrix) + " and " +
+                     std::to_string(count));
+  STRATA_EXPECTS(split == 0 || split == 1 || split == 2 || split == 4, InvalidArgument,
+                 "time_gemv_quant_batch needs split 0 (the rule), 1, 2 or 4, got " + std::to_string(split));
+  check_device(device);
+  DeviceScope scope(device);
+  const long stack_rows = static_cast<long>(n_matrix) * rows;
+  const int copies = cold_copies(plane_bytes(form, stack_rows, cols).total());
+  const DevicePlanes stack(form, host_stack, stack_rows, cols, copies);
+  std::vector<int> slots(count);
+  for (int j = 0; j < count; ++j) slots[j] = j % n_matrix;
+  DeviceBuffer d_slots = upload(slots.data(), slots.size() * sizeof(int));
+  DeviceActivation a(static_cast<long>(count) * cols);
+  STRATA_CUDA_TRY(cudaMemset(a.xq.as<void>(), 1, a.xq.bytes()));
+  STRATA_CUDA_TRY(cudaMemset(a.dx.as<void>(), 0, a.dx.bytes()));
+  STRATA_CUDA_TRY(cudaMemset(a.sums.as<void>(), 0, a.sums.bytes()));
+  DeviceBuffer y(batch_y_bytes(count, rows));
+  const kernels::MatrixBatch batch{d_slots.as<int>(), count, cols, split};
+  return median_launch_seconds(copies, reps, [&](int copy) {
+    return kernels::gemv_quant_batch(form, stack.at(copy), rows, cols, batch, a.xq.as<std::int8_t>(), a.dx.as<float>(),
+                                     a.sums.as<std::int32_t>(), y.as<float>(), nullptr);
+  });
 }
 
 double time_gemv_float(int device, FloatKind kind, const void* w, int rows, int cols, int reps) {

@@ -53,7 +53,8 @@ cudaError_t gemv_float(FloatKind kind, const void* w, int rows, int cols, const 
 // alignment: a quantized row's codes are cols * code_bits / 8 bytes, a multiple of 8 (2-bit codes) or 16 since
 // cols is a multiple of 32; a float row takes the 16-byte vector path when cols * element bytes and, for x,
 // x_stride * 4 are multiples of 16. Plane offsets are 64-bit: 512 experts of 640 x 2560 are 3.4 GB in f32.
-// Refused with cudaErrorInvalidValue: count outside 1..kMaxBatchProducts, a null slots with count > 1,
+// Refused with cudaErrorInvalidValue: count outside 1..kMaxBatchProducts, a null slots with count > 1, a split
+// other than 0, 1, 2 or 4,
 // x_stride < 0 (or, for the quantized forms, not a multiple of 32), count times the row tiles past 2^31 - 1
 // (the products and the tiles share the grid's x dimension, gemv_rows.cuh).
 constexpr int kMaxBatchProducts = 65535;
@@ -62,6 +63,7 @@ struct MatrixBatch {
   const int* slots = nullptr;
   int count = 0;
   int x_stride = 0;
+  int split = 0;  // warps per weight row: 0 the kernels' rule (gemv_rows.cuh), else 1, 2 or 4 (benchmarks' choice)
 };
 
 cudaError_t gemv_quant_batch(const QuantForm& form, const QuantPlanes& planes, int rows, int cols,

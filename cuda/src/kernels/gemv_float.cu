@@ -43,7 +43,7 @@ gemv_float_kernel(const T* __restrict__ w, int rows, int cols, const int* __rest
 cudaError_t gemv_float_batch(FloatKind kind, const void* w, int rows, int cols, const MatrixBatch& batch,
                              const float* x, float* y, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0 || !valid_batch(batch)) return cudaErrorInvalidValue;
-  const int split = row_split(rows);
+  const int split = batch_split(batch, rows);
   const dim3 grid = gemv_grid(rows, split, batch.count);
   if (grid.x == 0) return cudaErrorInvalidValue;
   // The single matrix's kernel when the batch is one product of matrix 0, so gemv_float pays nothing for batches.

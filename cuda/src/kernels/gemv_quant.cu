@@ -93,7 +93,7 @@ cudaError_t launch_shape(dim3 grid, cudaStream_t stream, const QuantPlanes& plan
 cudaError_t launch_form(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, const MatrixBatch& batch,
                         const std::int8_t* xq, const float* dx, const std::int32_t* xsums, float* y,
                         cudaStream_t stream) {
-  const int split = row_split(rows);
+  const int split = batch_split(batch, rows);
   const dim3 grid = gemv_grid(rows, split, batch.count);
   if (grid.x == 0) return cudaErrorInvalidValue;
   const ValueTable book = value_table(codebook_values(form.codebook));

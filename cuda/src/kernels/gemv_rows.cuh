@@ -33,8 +33,11 @@ __device__ __forceinline__ int row_tile(int count) { return static_cast<int>(blo
 // The batch conditions both GEMV families share (gemv.cuh); the quantized forms add x_stride % 32 == 0.
 inline bool valid_batch(const MatrixBatch& batch) {
   return batch.count >= 1 && batch.count <= kMaxBatchProducts && (batch.slots != nullptr || batch.count == 1) &&
-         batch.x_stride >= 0;
+         batch.x_stride >= 0 && (batch.split == 0 || batch.split == 1 || batch.split == 2 || batch.split == 4);
 }
+
+// The warps per row of a batch's products: its own choice, else the rule.
+inline int batch_split(const MatrixBatch& batch, int rows) { return batch.split ? batch.split : row_split(rows); }
 
 // The matrix of product `product`, < 0 when the batch skips it. Every thread of the CTA reads the same slot, so
 // a skipped product's CTA returns as a whole and none waits at store_row's barrier.

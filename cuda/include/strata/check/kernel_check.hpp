@@ -51,8 +51,10 @@ void gemv_float(int device, FloatKind kind, const void* w, int rows, int cols, c
 // x_stride >= cols floats (product j reads row j; a multiple of 32 for the quantized forms, whose x is
 // quantized on the device in one q8_32 call). The rows of a skipped product (slots[j] < 0) come back as the
 // poison, NaN. Arguments are checked before any device work: count, x_stride, and every slot against the stack.
+// `split` (quantized stacks): warps per weight row, 0 the kernels' rule, else 1, 2 or 4 (what a benchmark forces).
 void gemv_quant_batch(int device, const QuantForm& form, const QuantPlanes& host_stack, int n_matrix, int rows,
-                      int cols, const std::int32_t* slots, int count, int x_stride, const float* x, float* y);
+                      int cols, const std::int32_t* slots, int count, int x_stride, const float* x, float* y,
+                      int split = 0);
 void gemv_float_batch(int device, FloatKind kind, const void* w_stack, int n_matrix, int rows, int cols,
                       const std::int32_t* slots, int count, int x_stride, const float* x, float* y);
 
@@ -72,6 +74,12 @@ double time_gemv_float(int device, FloatKind kind, const void* w, int rows, int 
 // one multi-input GEMV (gemv_quant_inputs).
 void time_gemv_quant_inputs(int device, const QuantForm& form, const QuantPlanes& host_planes, int rows, int cols,
                             int max_inputs, int reps, double* batch_seconds, double* inputs_seconds);
+
+// Median seconds of one batch of `count` products over a host stack of n_matrix quantized matrices (product j of
+// matrix j % n_matrix, each its own x), with the L2 cold, each weight row read by `split` warps (0: the kernels'
+// rule; 1, 2 or 4): the routed experts' GEMVs (a decode token's 10, a step's rows times 10).
+double time_gemv_quant_batch(int device, const QuantForm& form, const QuantPlanes& host_stack, int n_matrix, int rows,
+                             int cols, int count, int split, int reps);
 
 // Throws the error kind named by `kind` ("invalid_argument", "out_of_memory", "format", "cuda", "error"),
 // so tests can prove that each arrives in Python as the right exception.

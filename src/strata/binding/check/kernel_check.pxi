@@ -11,7 +11,7 @@ from strata.libstrata.check.kernel_check cimport (
     cpp_hc_stream_mean, cpp_hc_write, cpp_hc_write_steered, cpp_l2_norm,
     cpp_moe_cached_sum, cpp_moe_combine, cpp_moe_route, cpp_moe_weighted_rows, cpp_quantize_q8_32, cpp_raise_error,
     cpp_rms_norm, cpp_rms_norm_gated, cpp_rms_norm_grouped, cpp_rope_neox, cpp_route_publish, cpp_sample_tokens,
-    cpp_shared_expert_gate, cpp_swiglu, cpp_time_gemv_float, cpp_time_gemv_quant, cpp_time_gemv_quant_inputs,
+    cpp_shared_expert_gate, cpp_swiglu, cpp_time_gemv_float, cpp_time_gemv_quant, cpp_time_gemv_quant_batch, cpp_time_gemv_quant_inputs,
 )
 from strata.libstrata.check.q8_host cimport Q8Host
 from strata.libstrata.device_weights cimport HostTensor
@@ -84,13 +84,14 @@ def gemv(weight, x, int device=0):
     return y
 
 
-def gemv_batch(stack, int n_matrix, slots, x, int device=0):
+def gemv_batch(stack, int n_matrix, slots, x, int device=0, int split=0):
     """y [count, rows] (float32), y[j] = M[slots[j]] x_j, over a stack of n_matrix matrices on GPU `device`.
 
     `stack` is one weight as gemv takes it, of n_matrix * rows rows: matrix m is its rows m * rows .. m * rows +
     rows - 1. slots: int [count]; a negative slot skips its product, whose row of y comes back NaN (the poison,
     never written). x: float32 [cols], read by every product (x_stride 0), or [count, x_stride], x_stride >= cols,
-    product j reading row j's first cols. The native hook checks count, x_stride and the slots first.
+    product j reading row j's first cols. `split` (a quantized stack): warps per weight row, 0 the kernels' rule,
+    else 1, 2 or 4. The native hook checks count, x_stride, split and the slots first.
     """
     cdef const int32_t[::1] sv = np.ascontiguousarray(slots, dtype=np.int32).reshape(-1)
     cdef int count = sv.shape[0]
@@ -122,7 +123,8 @@ def gemv_batch(stack, int n_matrix, slots, x, int device=0):
             cpp_gemv_float_batch(device, kind, &wv[0], n_matrix, rows, cols, slots_at, count, x_stride, &xv[0], y_at)
     else:
         with nogil:
-            cpp_gemv_quant_batch(device, form, planes, n_matrix, rows, cols, slots_at, count, x_stride, &xv[0], y_at)
+            cpp_gemv_quant_batch(device, form, planes, n_matrix, rows, cols, slots_at, count, x_stride, &xv[0], y_at,
+                                 split)
     return y
 
 
@@ -650,3 +652,24 @@ def time_gemv_inputs(weight, int max_inputs, int reps=20, int device=0) -> tuple
     with nogil:
         cpp_time_gemv_quant_inputs(device, form, planes, rows, cols, max_inputs, reps, &bv[0], &iv[0])
     return batch, inputs
+
+
+def time_gemv_batch(stack, int n_matrix, int count, int split=0, int reps=20, int device=0) -> float:
+    """Median seconds of one batch of `count` products over a stack (a QuantTensor of n_matrix matrices, as
+    gemv_batch takes it; product j of matrix j % n_matrix, each its own x) with a cold L2, each weight row read by
+    `split` warps (0: the kernels' rule, else 1, 2 or 4)."""
+    cdef QuantForm form
+    cdef QuantPlanes planes
+    cdef FloatKind kind
+    cdef double seconds
+    cdef int stack_rows, cols, rows
+    keep = []
+    stack_rows, cols, float_bytes = _gemv_weight(stack, &form, &planes, &kind, keep)
+    if float_bytes is not None:
+        raise InvalidArgument("time_gemv_batch: times quantized stacks; this one is float")
+    if n_matrix < 1 or stack_rows % n_matrix:
+        raise InvalidArgument(f"time_gemv_batch: a stack of {stack_rows} rows is not {n_matrix} matrices of equal rows")
+    rows = stack_rows // n_matrix
+    with nogil:
+        seconds = cpp_time_gemv_quant_batch(device, form, planes, n_matrix, rows, cols, count, split, reps)
+    return seconds
