@@ -16,7 +16,7 @@ from strata.options import Mode
 from strata.runtime.engine import GpuEngine
 
 from support.compare import assert_same_bits, relative_errors
-from support.native_session import GREEDY, open_native_session
+from support.native_session import GREEDY, open_native_session, whole_cache
 from test_decode_session import GARBAGE, STEADY
 from test_prompt_path import bounds, loaded, prompt_ids, rows_of, staging  # noqa: F401 (loaded: a fixture)
 
@@ -245,15 +245,6 @@ def test_refusals_leave_every_session_as_it_was(loaded, rng):
             assert s1.position == s2.position == 3
         finally:
             close([s1, s2])
-
-
-def whole_cache(model):
-    g = model.info.geometry
-    cache = _native.ExpertCache(model.pool.native, [g.n_expert] * g.n_layer, 0, {},
-                                host_weights=model.pool.host_weights())
-    for layer in range(g.n_layer):
-        cache.hold(layer, list(range(g.n_expert)))
-    return cache
 
 
 def cached_engines(model, cache, count, mode):

@@ -17,7 +17,7 @@ from strata.runtime.engine import GpuEngine
 from strata.runtime.steering import ControlVectors
 
 from support.compare import assert_same_bits, relative_errors
-from support.native_session import GREEDY, open_native_session
+from support.native_session import GREEDY, open_native_session, whole_cache
 from test_decode_session import GARBAGE, MEDIAN, STEADY, decode
 from test_prompt_path import bounds, loaded, prompt_ids, rows_of, staging  # noqa: F401 (loaded: a fixture)
 
@@ -259,16 +259,6 @@ def batch(engines, ids):
     n = len(engines)
     return _native.step_batch([e.native for e in engines], ids, rows if rows[0] is not None else None, [GREEDY] * n,
                               [0.0] * n)
-
-
-def whole_cache(model):
-    """A VRAM cache of every expert: a step's routing stays on the device, so graph modes capture it (by key)."""
-    g = model.info.geometry
-    cache = _native.ExpertCache(model.pool.native, [g.n_expert] * g.n_layer, 0, {},
-                                host_weights=model.pool.host_weights())
-    for layer in range(g.n_layer):
-        cache.hold(layer, list(range(g.n_expert)))
-    return cache
 
 
 @pytest.mark.parametrize("mode", list(Mode))

@@ -38,3 +38,13 @@ def stepped_logits(native: _native.DecodeSession, model, ids) -> np.ndarray:
         native.step(int(t), ple(int(t)), GREEDY, 0.0, sample=False)
         out.append(native.logits())
     return np.array(out)
+
+
+def whole_cache(model) -> _native.ExpertCache:
+    """A VRAM cache of every routed expert: a step's routing then stays on the device, and graph modes capture it."""
+    g = model.info.geometry
+    cache = _native.ExpertCache(model.pool.native, [g.n_expert] * g.n_layer, 0, {},
+                                host_weights=model.pool.host_weights())
+    for layer in range(g.n_layer):
+        cache.hold(layer, list(range(g.n_expert)))
+    return cache

@@ -178,10 +178,16 @@ void hc_mix(int device, const float* up, const float* normed, float* x, int rows
   d_x.copy_out(x, "hc_mix");
 }
 
-void hc_write(int device, const float* h, const float* inj, int inj_stride, const float* y, float* h_out, int rows,
-              int streams, int n) {
-  check_sizes("hc_write", rows, streams, n);
-  STRATA_EXPECTS(inj_stride >= 0, InvalidArgument, "hc_write needs inj_stride >= 0, got " + std::to_string(inj_stride));
+namespace {
+
+// hc_write's round trip for both hooks: `addend(vectors, table)` makes the write's addend, uploading what it points
+// to into the two buffers (which live until the write has run).
+template <class Addend>
+void write_round_trip(const char* hook, int device, const float* h, const float* inj, int inj_stride, const float* y,
+                      float* h_out, int rows, int streams, int n, Addend addend) {
+  check_sizes(hook, rows, streams, n);
+  STRATA_EXPECTS(inj_stride >= 0, InvalidArgument,
+                 std::string(hook) + " needs inj_stride >= 0, got " + std::to_string(inj_stride));
   check_device(device);
   DeviceScope scope(device);
   const long width = static_cast<long>(rows) * streams * n;
@@ -189,28 +195,33 @@ void hc_write(int device, const float* h, const float* inj, int inj_stride, cons
   DeviceBuffer d_y = upload(y, floats(static_cast<long>(rows) * n));
   GuardedOutput d_h(floats(width));
   STRATA_CUDA_TRY(cudaMemcpy(d_h.data<float>(), h, floats(width), cudaMemcpyHostToDevice));  // it works in place
+  DeviceBuffer d_vectors(0), d_table(0);
+  const kernels::StreamAddend add = addend(d_vectors, d_table);
   STRATA_CUDA_TRY(kernels::hc_write(d_h.data<float>(), d_inj.as<float>(), inj_stride, d_y.as<float>(), rows, streams,
-                                    n, nullptr));
+                                    n, nullptr, add));
   STRATA_CUDA_TRY(cudaDeviceSynchronize());
-  d_h.copy_out(h_out, "hc_write");
+  d_h.copy_out(h_out, hook);
+}
+
+}  // namespace
+
+void hc_write(int device, const float* h, const float* inj, int inj_stride, const float* y, float* h_out, int rows,
+              int streams, int n) {
+  write_round_trip("hc_write", device, h, inj, inj_stride, y, h_out, rows, streams, n,
+                   [](DeviceBuffer&, DeviceBuffer&) { return kernels::StreamAddend{}; });
 }
 
 void hc_write_steered(int device, const float* h, const float* inj, int inj_stride, const float* y,
                       const float* vectors, const std::uint8_t* row_has, bool per_row, float* h_out, int rows,
                       int streams, int n) {
-  check_sizes("hc_write_steered", rows, streams, n);
-  STRATA_EXPECTS(inj_stride >= 0, InvalidArgument,
-                 "hc_write_steered needs inj_stride >= 0, got " + std::to_string(inj_stride));
-  check_device(device);
-  DeviceScope scope(device);
-  const long width = static_cast<long>(rows) * streams * n;
-  DeviceBuffer d_inj = upload(inj, floats(static_cast<long>(rows - 1) * inj_stride + streams));
-  DeviceBuffer d_y = upload(y, floats(static_cast<long>(rows) * n));
-  GuardedOutput d_h(floats(width));
-  STRATA_CUDA_TRY(cudaMemcpy(d_h.data<float>(), h, floats(width), cudaMemcpyHostToDevice));  // it works in place
-  kernels::StreamAddend add;
-  DeviceBuffer d_vectors(0), d_table(0);
-  if (per_row) {
+  write_round_trip("hc_write_steered", device, h, inj, inj_stride, y, h_out, rows, streams, n,
+                   [&](DeviceBuffer& d_vectors, DeviceBuffer& d_table) {
+    kernels::StreamAddend add;
+    if (!per_row) {
+      d_vectors = upload(vectors, floats(n));
+      add.vector = d_vectors.as<float>();
+      return add;
+    }
     // Each row's vector is the second of two rows of its own table, as a layer's is row `layer` of a sequence's: the
     // kernel reads it `offset` floats in.
     std::vector<float> tables(static_cast<std::size_t>(rows) * 2 * n, 0.0f);
@@ -226,14 +237,8 @@ void hc_write_steered(int device, const float* h, const float* inj, int inj_stri
     d_table = upload(pointers.data(), sizeof(const float*) * rows);
     add.rows = d_table.as<const float*>();
     add.offset = n;
-  } else {
-    d_vectors = upload(vectors, floats(n));
-    add.vector = d_vectors.as<float>();
-  }
-  STRATA_CUDA_TRY(kernels::hc_write(d_h.data<float>(), d_inj.as<float>(), inj_stride, d_y.as<float>(), rows, streams,
-                                    n, nullptr, add));
-  STRATA_CUDA_TRY(cudaDeviceSynchronize());
-  d_h.copy_out(h_out, "hc_write_steered");
+    return add;
+  });
 }
 
 void hc_stream_mean(int device, const float* h, float* out, int streams, int n) {

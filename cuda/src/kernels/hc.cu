@@ -37,25 +37,13 @@ __global__ void mix_kernel(const float* __restrict__ up, const float* __restrict
   x[at] = sum / static_cast<float>(streams);
 }
 
-// One thread per element of the streams h [rows][streams][n]; a row's y and inj are read by all its streams.
+// One thread per element of the streams h [rows][streams][n]; a row's y and inj are read by all its streams. Steered:
+// then each row's addend (StreamAddend), in a kernel of its own, so that a write without one is the plain kernel as
+// it always was. A zero addend is skipped, not added: h + 0 would turn a -0 into +0, and a zero vector is to leave
+// every bit of the streams as none does.
+template <bool kSteered>
 __global__ void write_kernel(float* __restrict__ h, const float* __restrict__ inj, int inj_stride,
-                             const float* __restrict__ y, int streams, int n, long elements) {
-  await_producers();
-  release_consumers();
-  const long at = element_index();
-  if (at >= elements) return;
-  const long row = at / (static_cast<long>(streams) * n);
-  const int k = static_cast<int>(at / n % streams);
-  const int i = static_cast<int>(at % n);
-  h[at] = fmaf(inj[row * inj_stride + k], y[row * n + i], h[at]);
-}
-
-// write_kernel, then each row's addend (StreamAddend): a separate kernel, so that a write without one is the
-// plain kernel as it always was. A zero addend is skipped, not added: h + 0 would turn a -0 into +0, and a zero
-// vector is to leave every bit of the streams as none does.
-__global__ void steered_write_kernel(float* __restrict__ h, const float* __restrict__ inj, int inj_stride,
-                                     const float* __restrict__ y, int streams, int n, long elements,
-                                     StreamAddend add) {
+                             const float* __restrict__ y, int streams, int n, long elements, StreamAddend add) {
   await_producers();
   release_consumers();
   const long at = element_index();
@@ -64,13 +52,17 @@ __global__ void steered_write_kernel(float* __restrict__ h, const float* __restr
   const int k = static_cast<int>(at / n % streams);
   const int i = static_cast<int>(at % n);
   const float written = fmaf(inj[row * inj_stride + k], y[row * n + i], h[at]);
-  const float* vector = add.vector;
-  if (add.rows) {
-    vector = add.rows[row];
-    if (vector) vector += add.offset;
+  if constexpr (!kSteered) {
+    h[at] = written;
+  } else {
+    const float* vector = add.vector;
+    if (add.rows) {
+      vector = add.rows[row];
+      if (vector) vector += add.offset;
+    }
+    const float a = vector ? vector[i] : 0.0f;
+    h[at] = a != 0.0f ? written + a : written;
   }
-  const float a = vector ? vector[i] : 0.0f;
-  h[at] = a != 0.0f ? written + a : written;
 }
 
 // One thread per element of out [n]: its column of every stream, summed in float64.
@@ -103,12 +95,8 @@ cudaError_t hc_write(float* h, const float* inj, int inj_stride, const float* y,
                      cudaStream_t stream, StreamAddend add) {
   if (rows <= 0 || streams <= 0 || n <= 0 || inj_stride < 0 || add.offset < 0) return cudaErrorInvalidValue;
   const long elements = static_cast<long>(rows) * streams * n;
-  if (add.empty()) {
-    return launch(write_kernel, blocks_for(elements), kThreads, 0, stream, h, inj, inj_stride, y, streams, n,
-                  elements);
-  }
-  return launch(steered_write_kernel, blocks_for(elements), kThreads, 0, stream, h, inj, inj_stride, y, streams, n,
-                elements, add);
+  auto* kernel = add.empty() ? write_kernel<false> : write_kernel<true>;
+  return launch(kernel, blocks_for(elements), kThreads, 0, stream, h, inj, inj_stride, y, streams, n, elements, add);
 }
 
 cudaError_t hc_stream_mean(const float* h, int streams, int n, float* out, cudaStream_t stream) {
