@@ -57,6 +57,7 @@ cdef class DecodeSession:
     cdef readonly object weights, pool, cache, staging, ple
     cdef readonly int n_vocab, ple_width, n_layer, n_embd
     cdef object held_rows
+    cdef object verified  # verified_rows(): made on first use
     cdef const float* rows_of(self, ple_rows, int n) except? NULL
     cdef float* logits_of(self, logits, int n) except NULL
     cdef CppDecodeSession* native(self) except NULL

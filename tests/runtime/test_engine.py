@@ -57,9 +57,18 @@ class FakeDecodeSession:
         self.position += len(tokens)
         return self.position * 7 % self.n_vocab if sample else -1
 
-    def verify(self, tokens, ple_rows, logits):
+    def verify(self, tokens, ple_rows, logits=None):
+        if logits is None:
+            logits = self.verified_rows()[:len(tokens)]
         self.feed(tokens, ple_rows, GREEDY_VALUES, 0.0, sample=False, logits=logits)
         self.verified = len(tokens)
+        return logits
+
+    def verified_rows(self):
+        """The native session's page-locked rows, as a plain array here: one block every verification reuses."""
+        if not hasattr(self, "_rows"):
+            self._rows = np.zeros((max(self.verify_rows, 1), self.n_vocab), np.float32)
+        return self._rows
 
     def truncate(self, position):
         if not self.position - self.verified < position <= self.position:
@@ -502,3 +511,16 @@ def test_step_rows_refuses_a_plain_part_of_several_ids_and_engines_of_other_keys
         GpuEngine.step_rows(engines, [[1], [2]], [False, False], [SamplingParams()] * 2, [0.0, 0.0],
                             [prompts[0] + [1], prompts[1] + [2]])
     assert [e.position for e in engines] == [len(p) for p in prompts]
+
+
+def test_verify_returns_the_sessions_reused_block_of_rows(tiny_qwen4exp, rng):
+    """The rows come back in the native session's one page-locked block (no array made per verification): the
+    next verification overwrites them."""
+    g = tiny_qwen4exp.geometry
+    engine = GpuEngine(FakeDecodeSession(prompt_chunk=8, verify_rows=5), PleRows(tiny_qwen4exp, g))
+    engine.prefill([1, 2, 3], [1, 2, 3])
+    first = engine.verify([4, 5, 6], [1, 2, 3, 4, 5, 6])
+    assert first.shape == (3, 512) and np.shares_memory(first, engine.native.verified_rows())
+    engine.truncate(4)
+    second = engine.verify([7, 8], [1, 2, 3, 4, 7, 8])
+    assert second.shape == (2, 512) and np.shares_memory(first, second)

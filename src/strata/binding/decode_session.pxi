@@ -102,7 +102,8 @@ def step_batch(sessions, tokens, ple_rows, params, us, bint sample=True) -> list
 def step_rows(sessions, tokens, ple_rows, verify, params, us, logits) -> list:
     """One step of several sessions' rows (DecodeSession::step_rows, docs/rows.md): sessions[i] appends the ids
     tokens[i]. Where verify[i], that is a verification of 1..verify_rows ids, every row's logits into logits[i]
-    (C-contiguous float32 [len(tokens[i]), n_vocab]) and -1 returned for it; else one id, stepped and sampled
+    (C-contiguous float32 [len(tokens[i]), n_vocab]; None: the first rows of its verified_rows()) and -1 returned
+    for it; else one id, stepped and sampled
     under params[i] and the draw us[i] as step's, its token returned. ple_rows: None, or per session None or its
     rows as step's and verify's. The rows run on sessions[0]'s prompt path."""
     cdef int n = len(sessions)
@@ -130,7 +131,9 @@ def step_rows(sessions, tokens, ple_rows, verify, params, us, logits) -> list:
         parts[i].verify = bool(verify[i])
         parts[i].sample = not parts[i].verify
         if parts[i].verify:
-            parts[i].logits = session.logits_of(logits[i], ids.shape[0])
+            rows_out = logits[i] if logits[i] is not None else session.verified_rows()[:ids.shape[0]]
+            held.append(rows_out)
+            parts[i].logits = session.logits_of(rows_out, ids.shape[0])
         parts[i].sampling = sampling_values(params[i])
         parts[i].u = us[i]
     with nogil:
@@ -211,16 +214,27 @@ cdef class DecodeSession:
             out = s.feed(&ids[0], ids.shape[0], rows_ptr, v, u, sample, logits_ptr)
         return out
 
-    def verify(self, tokens, ple_rows, logits) -> None:
+    def verify(self, tokens, ple_rows, logits=None):
         """A verification step: the ids `tokens` (at most verify_rows) through the prompt path as one chunk, every
-        position's logits into `logits` (C-contiguous float32 [len(tokens), n_vocab]), each row's state kept for
-        `truncate`. ple_rows as feed's."""
+        position's logits into `logits` (C-contiguous float32 [len(tokens), n_vocab]; None: the first rows of
+        verified_rows()), each row's state kept for `truncate`. ple_rows as feed's. Returns the logits."""
         cdef CppDecodeSession* s = self.native()
         cdef const int[::1] ids = token_ids(tokens)
         cdef const float* rows_ptr = self.rows_of(ple_rows, ids.shape[0])
+        if logits is None:
+            logits = self.verified_rows()[:ids.shape[0]]
         cdef float* logits_ptr = self.logits_of(logits, ids.shape[0])
         with nogil:
             s.verify(&ids[0], ids.shape[0], rows_ptr, logits_ptr)
+        return logits
+
+    def verified_rows(self):
+        """float32 [max(verify_rows, 1), n_vocab] of page-locked memory (made on first use): where verify() and
+        step_rows() put a verification's rows when given no array, copied there at the bus's rate (a pageable array
+        takes several times longer). Each verification of this session overwrites them."""
+        if self.verified is None:
+            self.verified = np.asarray(PinnedFloats(max(self.native().verify_rows(), 1), self.n_vocab))
+        return self.verified
 
     def truncate(self, int position) -> None:
         """Right after verify: back to the sequence's state after `position` tokens (one of the verified ones)."""

@@ -159,7 +159,8 @@ class GpuEngine:
                   seens: Sequence[Sequence[int]]) -> list[int | np.ndarray]:
         """One step of several engines' rows at once (docs/rows.md): engines[i] appends ids[i] (its history then
         seens[i]). Where verify[i], that is engines[i].verify(ids[i], seens[i]): its float32 [len(ids[i]),
-        n_vocab] logits come back and each row's state is kept for truncate(). Else ids[i] is one id, stepped as
+        n_vocab] logits come back (as verify()'s, valid until its next verification) and each row's state is kept
+        for truncate(). Else ids[i] is one id, stepped as
         step_batch steps it: its next token for params[i] and the draw us[i] comes back. So drafting sessions
         verify together, and beside sessions that decode. The engines share a batch_key; the rows run on
         engines[0]'s."""
@@ -171,7 +172,7 @@ class GpuEngine:
             for engine, part, verifies in zip(engines, ids, verify, strict=True):
                 part = [int(t) for t in part]
                 if verifies:
-                    logits.append(np.empty((len(part), engine.native.n_vocab), dtype=np.float32))
+                    logits.append(engine.native.verified_rows()[:len(part)])
                     if engine.ple is not None:
                         engine._verified = (engine.position, engine.ple.previous.copy(), part)
                         rows.append(engine.ple.rows_for(part))
@@ -259,15 +260,14 @@ class GpuEngine:
     def verify(self, ids: Sequence[int], seen: Sequence[int]) -> np.ndarray:
         """A verification step (docs/speculative.md): append `ids` as one prompt chunk and return float32
         [len(ids), n_vocab], row i the logits after ids[i]; each row's state is kept, so that truncate() can cut
-        the sequence back to any of them."""
+        the sequence back to any of them. The rows are the session's page-locked block (the device copies them
+        there at the bus's rate), valid until this engine's next verification: copy them to keep them longer."""
         self._check_history(ids, seen)
-        logits = np.empty((len(ids), self.native.n_vocab), dtype=np.float32)
         rows = None
         if self.ple is not None:
             self._verified = (self.position, self.ple.previous.copy(), [int(t) for t in ids])
             rows = self.ple.rows_for(ids)
-        self.native.verify(ids, rows, logits)
-        return logits
+        return self.native.verify(ids, rows)
 
     def truncate(self, position: int) -> None:
         """Right after verify(): the sequence as stepping its first `position` tokens leaves it."""
