@@ -10,10 +10,11 @@ the request's first session is taken as any request's (in turn, from the pool's 
 start, it takes another session wherever one is free and no other request waits for one (`SessionPool.spare`: at
 its start and whenever one of its answers ends), up to `lanes` at once; each session then runs the answers left,
 in index order, one after another. One of its sessions goes back to the pool at the end of an answer where a
-request waits, unless it is the request's last: so a request never waits for a session while holding one (no
-deadlock, whatever n and the pool's size: with one session free it runs its answers one after another, as a
-request always did at `lanes` 1), and a waiting request gets the next session that ends an answer. Each answer's
-seed is its own (Call.generate_options), so its tokens do not depend on the session or the order it ran in.
+request waits, unless it is the request's last (that one it keeps to its end, as a request always kept its one
+session): so a request never waits for a session while holding one (no deadlock, whatever n and the pool's size:
+with one session it runs its answers one after another, as every request did before), and a waiting request waits
+at most for the end of one answer of a request holding several. Each answer's seed is its own
+(Call.generate_options), so its tokens do not depend on the session or the order it ran in.
 
 Cancelling (the client went away) stops every answer at its next token boundary; each session then holds exactly
 what it generated, and is handed back only once its worker is done with it. An answer that fails stops the others
