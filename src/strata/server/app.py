@@ -61,7 +61,7 @@ class Server:
     """The routes over `sessions` (one request at a time on each) serving the model called `model_name` (every
     request's `model` is answered by it); request bodies over `max_body_bytes` are refused unread. Up to `batch`
     sessions step together (None: all of them; 1, the default until the GPU box's measurement says otherwise: one
-    request computes at a time, docs/server.md): their engines become members of one Batcher
+    answer computes at a time, docs/server.md): their engines become members of one Batcher
     (strata.generation.batcher) until close(), which gives them back; a request's answers (n choices, several
     prompts) run on up to `batch` sessions at once (strata.server.runner says how). Browsers on `cors_origins`
     ("*": any) may call it."""
