@@ -30,11 +30,14 @@ class Answers:
         return {"id": ident, "object": kind + (".chunk" if call.stream and call.kind == "chat" else ""),
                 "created": int(time.time()), "model": self.model_name}
 
-    def whole(self, call: Call, head: dict[str, Any], pieces: Sequence[Sequence[Piece]], answers: Sequence[Stats],
-              total: Stats) -> dict[str, Any]:
-        """The answer of a request that does not stream: `pieces[i]` and `answers[i]` are choice i's."""
+    def whole(self, call: Call, head: dict[str, Any], pieces: Sequence[Sequence[Piece]],
+              answers: Sequence[Stats | None], total: Stats) -> dict[str, Any]:
+        """The answer of a request that does not stream: `pieces[i]` and `answers[i]` are choice i's (None: it
+        never ran, its client gone first, and it is left out)."""
         choices = []
         for index, (got, stats) in enumerate(zip(pieces, answers)):
+            if stats is None:
+                continue
             text = "".join(p.text for p in got)
             finish = FINISH[stats.finish_reason]
             logprobs = self.logprobs(call, got)

@@ -61,9 +61,10 @@ class Server:
     """The routes over `sessions` (one request at a time on each) serving the model called `model_name` (every
     request's `model` is answered by it); request bodies over `max_body_bytes` are refused unread. Up to `batch`
     sessions step together (None: all of them; 1, the default until the GPU box's measurement says otherwise: one
-    request computes at a time, docs/server.md): their engines become members of one Batcher
-    (strata.generation.batcher) until close(), which gives them back. Browsers on `cors_origins` ("*": any) may
-    call it."""
+    answer computes at a time, docs/server.md): their engines become members of one Batcher
+    (strata.generation.batcher) until close(), which gives them back; a request's answers (n choices, several
+    prompts) run on up to `batch` sessions at once (strata.server.runner says how). Browsers on `cors_origins`
+    ("*": any) may call it."""
 
     def __init__(self, sessions: Sequence[Session], model_name: str, *, api_key: str | None = None,
                  max_waiting: int = 16, max_body_bytes: int = MAX_BODY_BYTES, batch: int | None = 1,
@@ -90,6 +91,9 @@ class Server:
         cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
         self.batcher: Batcher | None = None
         self._engines = [s.engine for s in sessions]
+        # the most sessions one request's answers (n choices, several prompts) run on at once: as many as step
+        # together; at batch 1 its one session runs them in turn, as the one compute thread would anyway
+        self.lanes = batch
         if batch == 1:
             self.executor = compute_thread(cpus)
         else:
@@ -209,14 +213,12 @@ class Server:
             # /health and the other streams go on meanwhile
             call, prompts = await anyio.to_thread.run_sync(self._prepare, body, parse)
             self.metrics.arrived(self.pool.waiting)
-            lease = self.pool.lease(prompts[0])
-            session = await lease.__aenter__()
+            session = await self.pool.take(prompts[0])
         except BadRequest as error:
             return self._refuse(endpoint, error)
         except QueueFull as error:
             return self._refuse(endpoint, BadRequest(str(error), code="rate_limit_exceeded", status=429))
-        run = Run(session, call, prompts, self.executor, active=session.engine.active if self.batcher else None,
-                  arrived=arrived)
+        run = Run(self.pool, session, call, prompts, self.executor, lanes=self.lanes, arrived=arrived)
         head = self.answers.head(call)
         watcher = asyncio.create_task(self._watch(request, run))
         events = run.events()
@@ -225,12 +227,12 @@ class Server:
                 first = await anext(events, None)
             except BaseException as error:
                 watcher.cancel()
-                await self._let_go(run, lease, request)
+                await self._let_go(run, request)
                 if isinstance(error, (Refused, StrataError)):
                     return self._refuse(endpoint, self._failure(error, request))
                 raise
             watcher.cancel()  # from here the streaming response notices a client that hangs up
-            return StreamingResponse(self._events(run, lease, head, endpoint, events, first, request),
+            return StreamingResponse(self._events(run, head, endpoint, events, first, request),
                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         try:
             got = [event async for event in events]
@@ -238,15 +240,15 @@ class Server:
             return self._refuse(endpoint, self._failure(error, request))
         finally:
             watcher.cancel()
-            await self._let_go(run, lease, request)
+            await self._let_go(run, request)
         self.metrics.answered(endpoint, 200 if run.whole else CLIENT_GONE, run.stats)
         pieces: list[list] = [[] for _ in range(call.answers)]
         for event in got:
             if event.piece is not None:
                 pieces[event.answer].append(event.piece)
-        return JSONResponse(self.answers.whole(call, head, pieces, run.answers, run.stats))
+        return JSONResponse(self.answers.whole(call, head, pieces, run.finished, run.stats))
 
-    async def _events(self, run: Run, lease, head: dict[str, Any], endpoint: str, events: AsyncIterator[Event],
+    async def _events(self, run: Run, head: dict[str, Any], endpoint: str, events: AsyncIterator[Event],
                       first: Event | None, request: Request) -> AsyncIterator[str]:
         call, answers = run.call, self.answers
         status = CLIENT_GONE  # until the last event is out
@@ -284,16 +286,15 @@ class Server:
             status = 500
             yield data(internal_error(request_id).body())
         finally:
-            await self._let_go(run, lease, request)
+            await self._let_go(run, request)
             self.metrics.answered(endpoint, status, run.stats)
         yield "data: [DONE]\n\n"
 
-    async def _let_go(self, run: Run, lease, request: Request) -> None:
-        """Stop the run and hand its session back, in order, even where the client is gone; the request's counts
-        go to its log line."""
+    async def _let_go(self, run: Run, request: Request) -> None:
+        """Stop the run and hand its sessions back, even where the client is gone; the request's counts go to its
+        log line."""
         with anyio.CancelScope(shield=True):
             await run.finish()
-            await lease.__aexit__(None, None, None)
         self.metrics.timed(run.first_token, run.between)
         stats = run.stats
         request.state.tokens = (stats.prompt_tokens, stats.generated_tokens)
