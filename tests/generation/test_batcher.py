@@ -21,7 +21,7 @@ from strata.generation.draft_length import FixedDraftLength
 from strata.generation.drafts import LookupDrafter
 from strata.reference import Reference
 from strata.reference.engine import ReferenceEngine
-from support.batch_engine import AlwaysBatch, BatchingReference, BatchingTable, BatchLog, FailingAt
+from support.batch_engine import AlwaysBatch, BatchingReference, BatchingTable, BatchLog, FailingAt, RowsTable
 from support.char_engine import CharCodec
 
 CONTEXT = 128
@@ -324,6 +324,46 @@ def test_drafted_sessions_verify_alone_and_answer_as_alone(table, rng):
         together = run_batched(sessions, [Job(p, {"max_tokens": 16}) for p in prompts])
     assert together == alone
     assert log.threads == {batcher.thread_id}
+    assert sessions[0].stats.accepted > 0 and sessions[0].stats.accepted < sessions[0].stats.drafted
+
+
+@pytest.mark.parametrize("max_batch", [None, 5])
+def test_drafted_sessions_verify_together_with_the_others_steps_where_the_engine_steps_rows(table, rng, max_batch):
+    """With step_rows, a drafting session's verification is gathered with the others' steps and verifications into
+    one step of their rows (at most max_batch rows), and every answer is its session's alone."""
+    log = BatchLog()
+    prompts = [random_ids(rng, VOCAB, n) for n in (5, 4, 11, 7)]
+
+    class Greedy:
+        """The table's greedy path, its second draft wrong at some lengths: windows taken whole and cut short."""
+
+        def propose(self, history, k):
+            drafts = [int(history[-1])]
+            for _ in range(k):
+                drafts.append(int(np.argmax(table[drafts[-1]])))
+            return [1 + t % (VOCAB - 1) if len(history) % 3 == 0 and i == 1 else t
+                    for i, t in enumerate(drafts[1:])]
+
+    def session(engine, i: int) -> Session:
+        if i == 1:  # a plain one beside them
+            return Session(engine, CharCodec())
+        return Session(engine, CharCodec(), Greedy(), 3, draft_length=FixedDraftLength(3))
+
+    def rows_engine(log_to):
+        return RowsTable(table, context=CONTEXT, log=log_to, batch_key="model", max_batch=max_batch)
+
+    with Batcher(grace_seconds=GRACE, policy=AlwaysBatch()) as batcher:
+        alone = [list(session(rows_engine(BatchLog()), i).complete(p, max_tokens=16).tokens)
+                 for i, p in enumerate(prompts)]
+        sessions = [session(batcher.member(rows_engine(log)), i) for i in range(len(prompts))]
+        together = run_batched(sessions, [Job(p, {"max_tokens": 16}) for p in prompts])
+        stats = batcher.stats()
+    assert together == alone
+    assert log.threads == {batcher.thread_id}
+    assert any(len(parts) > 1 and max(parts) > 1 for parts in log.rows), log.rows  # a verify beside other rows
+    if max_batch is not None:
+        assert max(sum(parts) for parts in log.rows) <= max_batch, log.rows
+    assert stats["decode_rows"] == sum(stats["batch_sizes"][r] * r for r in stats["batch_sizes"]), stats
     assert sessions[0].stats.accepted > 0 and sessions[0].stats.accepted < sessions[0].stats.drafted
 
 

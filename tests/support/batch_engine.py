@@ -25,6 +25,7 @@ class BatchLog:
     threads every engine call ran on, and (table engines) every call in order: (engine, call, ids)."""
 
     batches: list[list[object]] = field(default_factory=list)
+    rows: list[list[int]] = field(default_factory=list)  # each step_rows' parts' rows (RowsTable)
     threads: set[int] = field(default_factory=set)
     calls: list[tuple[object, str, int]] = field(default_factory=list)
     lock: threading.RLock = field(default_factory=threading.RLock)
@@ -75,6 +76,22 @@ class BatchingTable(Batching, TableEngine):
     def _append(self, call: str, ids, seen) -> None:
         super()._append(call, ids, seen)
         self.log.calls.append((self, call, len(ids)))
+
+
+class RowsTable(BatchingTable):
+    """A BatchingTable whose class also steps several engines' rows at once (step_rows: verifications beside
+    steps), delegating each part to the engine's own verify or feed; log.rows has each step_rows' parts' rows."""
+
+    @staticmethod
+    def step_rows(engines, ids, verify, params, us, seens) -> list:
+        log = engines[0].log
+        with log.lock:
+            log.rows.append([len(part) for part in ids])
+        limit = getattr(engines[0], "max_batch", None)
+        if limit is not None and sum(len(part) for part in ids) > limit:
+            raise AssertionError(f"{sum(len(part) for part in ids)} rows stepped together, over max_batch {limit}")
+        return [e.verify(part, seen) if v else e.feed(part, p, u, seen)
+                for e, part, v, p, u, seen in zip(engines, ids, verify, params, us, seens)]
 
 
 class BatchingReference(Batching, ReferenceEngine):

@@ -6,15 +6,23 @@ a `feed` of exactly one id: the members' steps are gathered and run together, as
 that share a `batch_key` (below), one by one for the others. A prompt (a feed or prefill of more ids) is split into
 its engine's chunks, and the thread alternates: one prompt chunk, then one decode batch of every step waiting. So
 a decoding member waits at most one chunk per token, and a new prompt advances a chunk per token step. The other
-calls (snapshot, logprobs, verify, ...) run alone, in the order they came, before either.
+calls (snapshot, logprobs, a verify the engine cannot batch, ...) run alone, in the order they came, before
+either.
 
 The batched step an engine class may offer (same model: the same non-None `batch_key`; None: never batched):
 
     batch_key: object | None
-    max_batch: int                      # optional: the most engines one step_batch takes (default: no limit)
+    max_batch: int                      # optional: the most rows one step takes (default: no limit)
     @staticmethod
     def step_batch(engines, ids, params, us, seens) -> list[int]:
         # what engines[i].feed([ids[i]], params[i], us[i], seens[i]) would return, for each i, in one step
+    @staticmethod
+    def step_rows(engines, ids, verify, params, us, seens) -> list:   # optional
+        # one step of several engines' rows: where verify[i], what engines[i].verify(ids[i], seens[i]) returns,
+        # else ids[i] is one id and the token engines[i].feed(ids[i], params[i], us[i], seens[i]) returns
+
+With step_rows, a member's verification (a drafting session's k + 1 rows) is gathered with the decode steps of its
+batch key and run in one step of their rows (as many rows as max_batch at most); without it, it runs alone.
 
 A step_batch that raises fails each of its rows' calls with that error (one call stepped them all). The steps of a
 batch key waiting together run as the policy plans them (strata.generation.batch_policy, from the seconds each
@@ -86,6 +94,12 @@ class _Call:
     prompt: bool = False
     work: deque[Callable[[], Any]] = field(default_factory=deque)
     step: tuple[int, SamplingParams, float, Sequence[int]] | None = None
+    verify: tuple[list[int], Sequence[int]] | None = None  # a verification gathered as a step: its ids and seen
+
+    @property
+    def rows(self) -> int:
+        """The rows of a step's engine call this call takes."""
+        return len(self.verify[0]) if self.verify is not None else 1
     result: Any = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -168,7 +182,7 @@ class Batcher:
             if self._closing:
                 raise StrataError("the batcher is closed: its members' engines take no more calls")
             call.member._joined = True
-            if call.step is not None:
+            if call.step is not None or call.verify is not None:
                 if not self._steps:
                     self._first_step = self.clock()
                 self._steps.append(call)
@@ -273,9 +287,13 @@ class Batcher:
                 groups.setdefault(call.member._group, []).append(call)
         for key, group in groups.items():
             limits = [n for n in (self.max_batch, group[0].member._fixed.get("max_batch")) if n]
+            limit = min(limits) if limits else None
+            if any(c.verify is not None for c in group):
+                for rows in _rows_of_at_most(group, limit):  # the policy knows one-row steps only
+                    self._step_rows(rows)
+                continue
             start = 0
-            for size in (self.policy.plan(key, len(group), min(limits) if limits else None)
-                         if len(group) > 1 else [1]):
+            for size in self.policy.plan(key, len(group), limit) if len(group) > 1 else [1]:
                 self._step_timed(key, group[start:start + size])
                 start += size
 
@@ -286,13 +304,19 @@ class Batcher:
             self.policy.record(key, len(calls), self.clock() - start)
 
     def _step_rows(self, calls: list[_Call]) -> bool:
-        """The calls' steps in one engine call; whether it succeeded (else every call has its error)."""
+        """The calls' steps (and verifications) in one engine call; whether it succeeded (else every call has its
+        error)."""
         ok = False
         try:
             _before_compute(calls)
-            if len(calls) == 1:
+            if len(calls) == 1 and calls[0].verify is not None:
+                ids, seen = calls[0].verify
+                results = [calls[0].member.engine.verify(ids, seen)]
+            elif len(calls) == 1:
                 token, params, u, seen = calls[0].step
                 results = [calls[0].member.engine.feed([token], params, u, seen)]
+            elif any(c.verify is not None for c in calls):
+                results = _step_rows_of(calls)
             else:
                 engines = [c.member.engine for c in calls]
                 ids, params, us, seens = zip(*(c.step for c in calls))
@@ -305,13 +329,51 @@ class Batcher:
         except BaseException as error:  # noqa: BLE001 - every row's caller gets it
             for call in calls:
                 call.error = error
+        rows = sum(c.rows for c in calls)
         with self._cond:
             self._counts["decode_batches"] += 1
-            self._counts["decode_rows"] += len(calls)
-            self._sizes[len(calls)] += 1
+            self._counts["decode_rows"] += rows
+            self._sizes[rows] += 1
         for call in calls:
             call.done.set()
         return ok
+
+
+def _rows_of_at_most(calls: list[_Call], limit: int | None) -> Iterator[list[_Call]]:
+    """The calls in order, as runs of at most `limit` rows (None: one run); a call of more rows runs alone."""
+    run: list[_Call] = []
+    for call in calls:
+        if run and limit is not None and sum(c.rows for c in run) + call.rows > limit:
+            yield run
+            run = []
+        run.append(call)
+    if run:
+        yield run
+
+
+def _step_rows_of(calls: list[_Call]) -> list[Any]:
+    """The calls' steps and verifications as one step_rows of their engines' class: a verification's rows' logits,
+    a step's token."""
+    engines = [c.member.engine for c in calls]
+    ids, verify, params, us, seens = [], [], [], [], []
+    for call in calls:
+        if call.verify is not None:
+            ids.append(call.verify[0])
+            verify.append(True)
+            params.append(SamplingParams())
+            us.append(0.0)
+            seens.append(call.verify[1])
+        else:
+            token, p, u, seen = call.step
+            ids.append([token])
+            verify.append(False)
+            params.append(p)
+            us.append(u)
+            seens.append(seen)
+    results = list(type(engines[0]).step_rows(engines, ids, verify, params, us, seens))
+    if len(results) != len(calls):
+        raise StrataError(f"step_rows returned {len(results)} parts for {len(calls)} engines")
+    return results
 
 
 def _before_compute(calls: list[_Call]) -> None:
@@ -370,6 +432,10 @@ class Member:
             return self.batcher._submit(_Call(self, step=(ids[0], params, u, seen)))
         return self._prompt(ids, seen, lambda piece, history: self.engine.feed(piece, params, u, history))
 
+    def _verify(self, ids: Sequence[int], seen: Sequence[int]) -> Any:
+        """A verification gathered with the other members' steps into one step of their rows (step_rows)."""
+        return self.batcher._submit(_Call(self, verify=([int(t) for t in ids], seen)))
+
     def _prefill(self, ids: Sequence[int], seen: Sequence[int]) -> None:
         self._prompt(ids, seen, lambda piece, history: self.engine.prefill(piece, history))
 
@@ -403,6 +469,8 @@ class Member:
             raise AttributeError(f"{type(self.engine).__name__} has no attribute {name!r}")
         if name == "prefill" and hasattr(type(self.engine), "prefill"):
             return self._prefill
+        if name == "verify" and self._group is not None and hasattr(type(self.engine), "step_rows"):
+            return self._verify
         try:
             found = inspect.getattr_static(self.engine, name)
         except AttributeError:
