@@ -297,30 +297,36 @@ def test_an_active_member_busy_elsewhere_holds_the_others_back_a_grace_per_step_
     assert grace * steps / 2 <= seconds < 1.0 + grace * steps, seconds  # it waited, a grace per step
 
 
+class GreedyDrafts:
+    """The table's greedy path, its second draft wrong at some lengths: windows taken whole and cut short."""
+
+    def __init__(self, table: np.ndarray):
+        self.table = table
+
+    def propose(self, history, k):
+        drafts = [int(history[-1])]
+        for _ in range(k):
+            drafts.append(int(np.argmax(self.table[drafts[-1]])))
+        return [1 + t % (VOCAB - 1) if len(history) % 3 == 0 and i == 1 else t for i, t in enumerate(drafts[1:])]
+
+
+def drafting_or_plain(engine, table: np.ndarray, i: int) -> Session:
+    """Session i of the drafting tests: the second a plain one beside the others, which draft 3 a verification."""
+    if i == 1:
+        return Session(engine, CharCodec())
+    return Session(engine, CharCodec(), GreedyDrafts(table), 3, draft_length=FixedDraftLength(3))
+
+
 def test_drafted_sessions_verify_alone_and_answer_as_alone(table, rng):
     """A drafting session's verifies and truncates run alone beside the others' gathered steps."""
     log = BatchLog()
     prompts = [random_ids(rng, VOCAB, n) for n in (5, 4, 11)]
 
-    class Greedy:
-        """The table's greedy path, its second draft wrong at some lengths: windows taken whole and cut short."""
-
-        def propose(self, history, k):
-            drafts = [int(history[-1])]
-            for _ in range(k):
-                drafts.append(int(np.argmax(table[drafts[-1]])))
-            return [1 + t % (VOCAB - 1) if len(history) % 3 == 0 and i == 1 else t
-                    for i, t in enumerate(drafts[1:])]
-
-    def session(make, i: int) -> Session:
-        if i == 1:  # a plain one beside them
-            return Session(make(), CharCodec())
-        return Session(make(), CharCodec(), Greedy(), 3, draft_length=FixedDraftLength(3))
-
     with Batcher(grace_seconds=GRACE, policy=AlwaysBatch()) as batcher:
-        alone = [list(session(table_engines(table, BatchLog()), i).complete(p, max_tokens=16).tokens)
+        alone = [list(drafting_or_plain(table_engines(table, BatchLog())(), table, i).complete(p, max_tokens=16).tokens)
                  for i, p in enumerate(prompts)]
-        sessions = [session(lambda: batcher.member(table_engines(table, log)()), i) for i in range(len(prompts))]
+        sessions = [drafting_or_plain(batcher.member(table_engines(table, log)()), table, i)
+                    for i in range(len(prompts))]
         together = run_batched(sessions, [Job(p, {"max_tokens": 16}) for p in prompts])
     assert together == alone
     assert log.threads == {batcher.thread_id}
@@ -334,28 +340,13 @@ def test_drafted_sessions_verify_together_with_the_others_steps_where_the_engine
     log = BatchLog()
     prompts = [random_ids(rng, VOCAB, n) for n in (5, 4, 11, 7)]
 
-    class Greedy:
-        """The table's greedy path, its second draft wrong at some lengths: windows taken whole and cut short."""
-
-        def propose(self, history, k):
-            drafts = [int(history[-1])]
-            for _ in range(k):
-                drafts.append(int(np.argmax(table[drafts[-1]])))
-            return [1 + t % (VOCAB - 1) if len(history) % 3 == 0 and i == 1 else t
-                    for i, t in enumerate(drafts[1:])]
-
-    def session(engine, i: int) -> Session:
-        if i == 1:  # a plain one beside them
-            return Session(engine, CharCodec())
-        return Session(engine, CharCodec(), Greedy(), 3, draft_length=FixedDraftLength(3))
-
     def rows_engine(log_to):
         return RowsTable(table, context=CONTEXT, log=log_to, batch_key="model", max_batch=max_batch)
 
     with Batcher(grace_seconds=GRACE, policy=AlwaysBatch()) as batcher:
-        alone = [list(session(rows_engine(BatchLog()), i).complete(p, max_tokens=16).tokens)
+        alone = [list(drafting_or_plain(rows_engine(BatchLog()), table, i).complete(p, max_tokens=16).tokens)
                  for i, p in enumerate(prompts)]
-        sessions = [session(batcher.member(rows_engine(log)), i) for i in range(len(prompts))]
+        sessions = [drafting_or_plain(batcher.member(rows_engine(log)), table, i) for i in range(len(prompts))]
         together = run_batched(sessions, [Job(p, {"max_tokens": 16}) for p in prompts])
         stats = batcher.stats()
     assert together == alone
