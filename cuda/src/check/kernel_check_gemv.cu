@@ -51,6 +51,21 @@ long checked_batch_x(const char* hook, int n_matrix, int cols, const std::int32_
   return x_stride == 0 ? cols : static_cast<long>(count) * x_stride;
 }
 
+// A batch's forced row split (kernels::MatrixBatch::split): 0 (the kernels' rule), 1, 2 or 4 warps a row.
+void check_split(const char* hook, int split) {
+  STRATA_EXPECTS(split == 0 || split == 1 || split == 2 || split == 4, InvalidArgument,
+                 std::string(hook) + " needs split 0 (the rule), 1, 2 or 4, got " + std::to_string(split));
+}
+
+// An activation of n constant codes: what the timed GEMVs read (its values do not change the time).
+DeviceActivation timing_activation(long n) {
+  DeviceActivation a(n);
+  STRATA_CUDA_TRY(cudaMemset(a.xq.as<void>(), 1, a.xq.bytes()));
+  STRATA_CUDA_TRY(cudaMemset(a.dx.as<void>(), 0, a.dx.bytes()));
+  STRATA_CUDA_TRY(cudaMemset(a.sums.as<void>(), 0, a.sums.bytes()));
+  return a;
+}
+
 std::size_t batch_y_bytes(int count, int rows) { return static_cast<std::size_t>(count) * rows * sizeof(float); }
 
 int cold_copies(std::size_t bytes) {
@@ -108,8 +123,7 @@ void gemv_quant_batch(int device, const QuantForm& form, const QuantPlanes& host
                       int cols, const std::int32_t* slots, int count, int x_stride, const float* x, float* y,
                       int split) {
   check_quant_shape(form, rows, cols);
-  STRATA_EXPECTS(split == 0 || split == 1 || split == 2 || split == 4, InvalidArgument,
-                 "gemv_quant_batch needs split 0 (the rule), 1, 2 or 4, got " + std::to_string(split));
+  check_split("gemv_quant_batch", split);
   const long x_floats = checked_batch_x("gemv_quant_batch", n_matrix, cols, slots, count, x_stride, 32);
   check_device(device);
   DeviceScope scope(device);
@@ -200,10 +214,7 @@ void time_gemv_quant_inputs(int device, const QuantForm& form, const QuantPlanes
   DeviceScope scope(device);
   const int copies = cold_copies(plane_bytes(form, rows, cols).total());
   const DevicePlanes planes(form, host_planes, rows, cols, copies);
-  DeviceActivation a(static_cast<long>(max_inputs) * cols);
-  STRATA_CUDA_TRY(cudaMemset(a.xq.as<void>(), 1, a.xq.bytes()));
-  STRATA_CUDA_TRY(cudaMemset(a.dx.as<void>(), 0, a.dx.bytes()));
-  STRATA_CUDA_TRY(cudaMemset(a.sums.as<void>(), 0, a.sums.bytes()));
+  const DeviceActivation a = timing_activation(static_cast<long>(max_inputs) * cols);
   DeviceBuffer y(batch_y_bytes(max_inputs, rows));
   DeviceBuffer slots(static_cast<std::size_t>(max_inputs) * sizeof(int));
   STRATA_CUDA_TRY(cudaMemset(slots.as<void>(), 0, slots.bytes()));  // every product reads matrix 0
@@ -220,10 +231,7 @@ double time_gemv_quant(int device, const QuantForm& form, const QuantPlanes& hos
   DeviceScope scope(device);
   const int copies = cold_copies(plane_bytes(form, rows, cols).total());
   const DevicePlanes planes(form, host_planes, rows, cols, copies);
-  DeviceActivation a(cols);
-  STRATA_CUDA_TRY(cudaMemset(a.xq.as<void>(), 1, a.xq.bytes()));
-  STRATA_CUDA_TRY(cudaMemset(a.dx.as<void>(), 0, a.dx.bytes()));
-  STRATA_CUDA_TRY(cudaMemset(a.sums.as<void>(), 0, a.sums.bytes()));
+  const DeviceActivation a = timing_activation(cols);
   DeviceBuffer y(static_cast<std::size_t>(rows) * sizeof(float));
   const DeviceBuffer no_slots(0);  // one product of matrix 0
   return time_quant_inputs(form, planes, copies, rows, cols, 1, false, a, no_slots, y, reps);
@@ -236,8 +244,7 @@ double time_gemv_quant_batch(int device, const QuantForm& form, const QuantPlane
                  "time_gemv_quant_batch needs a stack of at least one matrix and 1 <= count <= " +
                      std::to_string(kernels::kMaxBatchProducts) + ", got " + std::to_string(n_matrix) + " and " +
                      std::to_string(count));
-  STRATA_EXPECTS(split == 0 || split == 1 || split == 2 || split == 4, InvalidArgument,
-                 "time_gemv_quant_batch needs split 0 (the rule), 1, 2 or 4, got " + std::to_string(split));
+  check_split("time_gemv_quant_batch", split);
   check_device(device);
   DeviceScope scope(device);
   const long stack_rows = static_cast<long>(n_matrix) * rows;
@@ -246,10 +253,7 @@ double time_gemv_quant_batch(int device, const QuantForm& form, const QuantPlane
   std::vector<int> slots(count);
   for (int j = 0; j < count; ++j) slots[j] = j % n_matrix;
   DeviceBuffer d_slots = upload(slots.data(), slots.size() * sizeof(int));
-  DeviceActivation a(static_cast<long>(count) * cols);
-  STRATA_CUDA_TRY(cudaMemset(a.xq.as<void>(), 1, a.xq.bytes()));
-  STRATA_CUDA_TRY(cudaMemset(a.dx.as<void>(), 0, a.dx.bytes()));
-  STRATA_CUDA_TRY(cudaMemset(a.sums.as<void>(), 0, a.sums.bytes()));
+  const DeviceActivation a = timing_activation(static_cast<long>(count) * cols);
   DeviceBuffer y(batch_y_bytes(count, rows));
   const kernels::MatrixBatch batch{d_slots.as<int>(), count, cols, split};
   return median_launch_seconds(copies, reps, [&](int copy) {
