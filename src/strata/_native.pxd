@@ -60,6 +60,7 @@ cdef class DecodeSession:
     cdef object verified  # verified_rows(): made on first use
     cdef const float* rows_of(self, ple_rows, int n) except? NULL
     cdef float* logits_of(self, logits, int n) except NULL
+    cdef object verify_out(self, logits, int n)
     cdef CppDecodeSession* native(self) except NULL
 
 

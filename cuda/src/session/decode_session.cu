@@ -193,11 +193,11 @@ void DecodeSession::step_rows(DecodeSession* const* sessions, StepPart* parts, i
                        "): batched sessions share all of these (batch_key)");
     STRATA_EXPECTS(part.tokens != nullptr, InvalidArgument, which + "has no tokens");
     if (part.verify) {
-      STRATA_EXPECTS(part.logits != nullptr && !part.sample, InvalidArgument,
-                     which + "verifies: its rows' logits need a buffer, and nothing is sampled");
       STRATA_EXPECTS(part.count >= 1 && part.count <= m.sequence.verify_rows(), InvalidArgument,
                      which + "verifies 1.." + std::to_string(m.sequence.verify_rows()) +
                          " tokens (its verify rows), got " + std::to_string(part.count));
+      STRATA_EXPECTS(part.logits != nullptr && !part.sample, InvalidArgument,
+                     which + "verifies: its rows' logits need a buffer, and nothing is sampled");
     } else {
       STRATA_EXPECTS(part.count == 1, InvalidArgument,
                      which + "steps one token (a part of more is a verification), got " + std::to_string(part.count));

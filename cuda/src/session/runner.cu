@@ -200,11 +200,11 @@ int Runner::feed(Sequence& sequence, const int* tokens, int n, const float* ple_
 }
 
 void Runner::verify(Sequence& sequence, const int* tokens, int n, const float* ple_rows, float* all_logits) {
-  STRATA_EXPECTS(all_logits != nullptr, InvalidArgument, "a verification step needs a buffer for every row's logits");
   STRATA_EXPECTS(n >= 1 && n <= sequence.verify_rows() && n <= prompt_chunk(), InvalidArgument,
                  "a verification step takes 1.." + std::to_string(std::min(sequence.verify_rows(), prompt_chunk())) +
                      " tokens (the session's verify rows " + std::to_string(sequence.verify_rows()) +
                      ", its prompt chunk " + std::to_string(prompt_chunk()) + "), got " + std::to_string(n));
+  STRATA_EXPECTS(all_logits != nullptr, InvalidArgument, "a verification step needs a buffer for every row's logits");
   // A sequence whose KV streams cannot be a span (its state is in two arenas): its rows run as a prompt chunk.
   if (n > prompt_->max_step_rows()) {
     run_prompt(sequence, tokens, n, ple_rows, SamplingValues{}, 0.0, false, all_logits, true);

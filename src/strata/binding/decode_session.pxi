@@ -131,9 +131,9 @@ def step_rows(sessions, tokens, ple_rows, verify, params, us, logits) -> list:
         parts[i].verify = bool(verify[i])
         parts[i].sample = not parts[i].verify
         if parts[i].verify:
-            rows_out = logits[i] if logits[i] is not None else session.verified_rows()[:ids.shape[0]]
+            rows_out = session.verify_out(logits[i], ids.shape[0])
             held.append(rows_out)
-            parts[i].logits = session.logits_of(rows_out, ids.shape[0])
+            parts[i].logits = <float*>NULL if rows_out is None else session.logits_of(rows_out, ids.shape[0])
         parts[i].sampling = sampling_values(params[i])
         parts[i].u = us[i]
     with nogil:
@@ -221,12 +221,20 @@ cdef class DecodeSession:
         cdef CppDecodeSession* s = self.native()
         cdef const int[::1] ids = token_ids(tokens)
         cdef const float* rows_ptr = self.rows_of(ple_rows, ids.shape[0])
-        if logits is None:
-            logits = self.verified_rows()[:ids.shape[0]]
-        cdef float* logits_ptr = self.logits_of(logits, ids.shape[0])
+        logits = self.verify_out(logits, ids.shape[0])
+        cdef float* logits_ptr = <float*>NULL if logits is None else self.logits_of(logits, ids.shape[0])
         with nogil:
             s.verify(&ids[0], ids.shape[0], rows_ptr, logits_ptr)
         return logits
+
+    cdef object verify_out(self, logits, int n):
+        """Where a verification of n ids puts its rows: `logits`, else the first n of verified_rows(); None where
+        that block is too small (more ids than verify_rows: the native call refuses the count, naming its limit,
+        before it would read a buffer)."""
+        if logits is not None:
+            return logits
+        block = self.verified_rows()
+        return block[:n] if n <= block.shape[0] else None
 
     def verified_rows(self):
         """float32 [max(verify_rows, 1), n_vocab] of page-locked memory (made on first use): where verify() and

@@ -167,12 +167,11 @@ class GpuEngine:
         from strata import _native
 
         GpuEngine._check_step(engines, ids, seens)
-        rows, logits = [], []
+        rows = []
         with _ple_kept_on_refusal(engines):
             for engine, part, verifies in zip(engines, ids, verify, strict=True):
                 part = [int(t) for t in part]
                 if verifies:
-                    logits.append(engine.native.verified_rows()[:len(part)])
                     if engine.ple is not None:
                         engine._verified = (engine.position, engine.ple.previous.copy(), part)
                         rows.append(engine.ple.rows_for(part))
@@ -182,13 +181,14 @@ class GpuEngine:
                     if len(part) != 1:
                         raise InvalidArgument(f"step_rows: an engine that does not verify steps one id, got "
                                               f"{len(part)}")
-                    logits.append(None)
                     rows.append(engine.ple.rows(part[0]) if engine.ple is not None else None)
             sampling = [(p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty) for p in params]
             sampled = _native.step_rows([e.native for e in engines], [[int(t) for t in part] for part in ids],
                                         rows if any(r is not None for r in rows) else None, list(verify), sampling,
-                                        list(us), logits)
-        return [every if verifies else token for every, verifies, token in zip(logits, verify, sampled, strict=True)]
+                                        list(us), [None] * len(engines))
+        # each verification's rows are in its session's page-locked block (verified_rows)
+        return [engine.native.verified_rows()[:len(part)] if verifies else token
+                for engine, part, verifies, token in zip(engines, ids, verify, sampled, strict=True)]
 
     @staticmethod
     def _check_step(engines: Sequence[GpuEngine], ids: Sequence[Sequence[int]],
