@@ -342,11 +342,13 @@ class Batcher:
 def _rows_of_at_most(calls: list[_Call], limit: int | None) -> Iterator[list[_Call]]:
     """The calls in order, as runs of at most `limit` rows (None: one run); a call of more rows runs alone."""
     run: list[_Call] = []
+    rows = 0
     for call in calls:
-        if run and limit is not None and sum(c.rows for c in run) + call.rows > limit:
+        if run and limit is not None and rows + call.rows > limit:
             yield run
-            run = []
+            run, rows = [], 0
         run.append(call)
+        rows += call.rows
     if run:
         yield run
 
