@@ -3,11 +3,12 @@
 #   git archive --format=tar.gz -o before.tar.gz REF        # here: the tree to compare against
 #   tools/side_by_side.sh before.tar.gz [--runs N] [--script FILE] [--keep DIR] [-- args]   # on the GPU box
 # Each tree (the archive's and this checkout) is built as a wheel into a private folder (sm of this GPU, every
-# core), then `strata bench ARGS` (or, with --script, `python3 FILE ARGS`, e.g. benchmarks/bench_batch.py) runs N
-# times for each, before and after in turn, each importing its own build. Logs and JSON go to $OUT (or
-# ./side-by-side-out); a line per run says its tok/s (a script's RESULT lines). The benchmark model is synthesized
-# once into $STRATA_CACHE by the first run. With --keep DIR the builds stay in DIR, and a later call with the same
-# DIR benchmarks them without building again (several scripts, one build).
+# core, with the test hooks that kernel benchmarks and tests import), then `strata bench ARGS` (or, with --script,
+# `python3 FILE ARGS`, e.g. benchmarks/bench_batch.py) runs N times for each, before and after in turn, each
+# importing its own build. Logs and JSON go to $OUT (or ./side-by-side-out); a line per run says its tok/s (a
+# script's RESULT lines). The benchmark model is synthesized once into $STRATA_CACHE by the first run. With --keep
+# DIR the builds stay in DIR, and a later call with the same DIR benchmarks them without building again (several
+# scripts, one build).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 (($# >= 1)) || { echo "usage: tools/side_by_side.sh BEFORE.tar.gz [--runs N] [-- bench args]" >&2; exit 2; }
@@ -37,7 +38,8 @@ export CUDAARCHS=${CUDAARCHS:-${cap:+${cap}-real}} CMAKE_BUILD_PARALLEL_LEVEL=$(
 [[ -d $work/before-tree ]] || { mkdir -p "$work/before-tree" && tar xzf "$before" -C "$work/before-tree"; }
 build() {  # tree name
   [[ -d $work/$2/strata ]] && return 0  # kept from an earlier call
-  (cd "$1" && python3 -m pip install -q --no-build-isolation --no-deps --no-compile --target "$work/$2" .) \
+  (cd "$1" && python3 -m pip install -q --no-build-isolation --no-deps --no-compile \
+      --config-settings=cmake.define.STRATA_CHECKS=ON --target "$work/$2" .) \
     > "$out/build-$2.log" 2>&1 || { echo "building $2 failed (build-$2.log)"; tail -20 "$out/build-$2.log"; exit 1; }
 }
 build "$work/before-tree" before & first=$!

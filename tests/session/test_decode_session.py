@@ -305,8 +305,11 @@ def test_cached_experts_match_the_reference_token_by_token(loaded, share, rng):
 # logits after the first token then agree to ~1e-5 of their size. Quantized dense weights requantize x before
 # every GEMV, and any difference flips a few codes by 1/127 of their block's range each time: the box measured
 # 5.6e-3 after the first token (qwen4exp q8_0, 2026-12-01), as large as the GPU's distance from the reference.
-# Later steps carry such differences through the recurrent state; the reference's medians bound them.
-FIRST_STEP = {"float": 1e-3, "quant": MEDIAN["quant", "bf16"]}
+# Later steps carry such differences through the recurrent state; the reference's medians bound them. With float
+# dense weights one flipped code of an expert's input still moves a step's logits by ~1e-3 of their size (the box:
+# 1.17e-3, qwen35moe f32, every expert cached, 2026-12-06), so the first step is bounded above that, far under
+# the ~1e-1 of an expert computed wrongly.
+FIRST_STEP = {"float": 4e-3, "quant": MEDIAN["quant", "bf16"]}
 
 
 def test_where_an_expert_runs_moves_the_logits_only_by_rounding(loaded, rng):
