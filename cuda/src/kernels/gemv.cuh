@@ -59,6 +59,16 @@ cudaError_t gemv_float(FloatKind kind, const void* w, int rows, int cols, const 
 // (the products and the tiles share the grid's x dimension, gemv_rows.cuh).
 constexpr int kMaxBatchProducts = 65535;
 
+// Warps per row (1, 2 or 4) for a matrix of `rows` rows.
+inline int row_split(int rows) { return rows >= 2048 ? 1 : rows >= 1024 ? 2 : 4; }
+
+// Warps per row for a batch of `products` products of `rows`-row matrices, whose CTAs run side by side: together
+// they put in flight the loads that a split adds to one matrix alone. The box measured the routed experts' gate
+// matrices (640 x 2560, Q4_K) at one warp a row against the four their rows alone take: 10 products 7.9 us against
+// 10.2, 80 products 28.2 against 63.9 (bench_gemv_batch.py, H100, 2026-12-06). The routed experts pass their top k
+// as `products`, not the step's rows times it, so that a row's bits do not depend on the rows beside it.
+inline int side_by_side_split(int rows, int products) { return row_split(rows * products); }
+
 struct MatrixBatch {
   const int* slots = nullptr;
   int count = 0;

@@ -12,9 +12,6 @@ namespace strata::kernels {
 
 constexpr int kRowsPerCta = 4;
 
-// Warps per row (1, 2 or 4) for a matrix of `rows` rows.
-inline int row_split(int rows) { return rows >= 2048 ? 1 : rows >= 1024 ? 2 : 4; }
-
 // CTAs over a batch's products and one matrix's row tiles, in the grid's x dimension with the product fastest:
 // CTA i serves product i % count at row tile i / count. A tile's CTAs for every product then run side by side,
 // so products of one matrix (a batch of rows of x: a prompt chunk's, a verification step's, a batched step's)

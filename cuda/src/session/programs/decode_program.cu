@@ -7,6 +7,7 @@
 
 #include "../../kernels/embed.cuh"
 #include "../../kernels/gdn.cuh"
+#include "../../kernels/gemv.cuh"
 #include "../../kernels/hc_read.cuh"
 #include "../../kernels/launch.cuh"
 #include "../../kernels/moe.cuh"
@@ -331,12 +332,13 @@ bool DecodeProgram::rings(int layer) const { return layer_rings(cache_, layer); 
 void DecodeProgram::cached_experts(const CachedLayer& c, cudaStream_t s) const {
   const int k = g_.n_expert_used, ff = g_.expert_ff;
   if (reads_q8(c.gate) || reads_q8(c.up)) quantize(x_, g_.n_embd, ex_x8_, s);
-  const kernels::MatrixBatch inputs{cache_slots_, k, 0};
+  const kernels::MatrixBatch inputs{cache_slots_, k, 0, kernels::side_by_side_split(ff, k)};
   branches_.run(2, s, [&](int i, cudaStream_t side) {
     project_batch(i == 0 ? c.gate : c.up, inputs, x_, ex_x8_, i == 0 ? ex_gate_ : ex_up_, side);
   });
   STRATA_CUDA_TRY(kernels::swiglu(ex_gate_, ex_up_, ex_hidden_, k * ff, s, q8_for(c.down, ex_hidden8_)));
-  project_batch(c.down, {cache_slots_, k, ff}, ex_hidden_, ex_hidden8_, ex_rows_, s);
+  project_batch(c.down, {cache_slots_, k, ff, kernels::side_by_side_split(g_.n_embd, k)}, ex_hidden_, ex_hidden8_,
+                ex_rows_, s);
 }
 
 void DecodeProgram::post(int layer, cudaStream_t s) const { layer_from_handoff(LayerPath{*this}, layer, s); }

@@ -7,6 +7,7 @@
 
 #include "../../kernels/attention.cuh"
 #include "../../kernels/gdn_chunk.cuh"
+#include "../../kernels/gemv.cuh"
 #include "../../kernels/launch.cuh"
 #include "../../kernels/moe.cuh"
 #include "../../kernels/ple.cuh"
@@ -170,11 +171,12 @@ void PromptProgram::cached_pairs(int layer, int rows, cudaStream_t s) const {
   STRATA_CUDA_TRY(kernels::cache_slots(c.slot_of, route_ids_, pairs, pair_slots_, s));
   STRATA_CUDA_TRY(kernels::gather_rows(x_, pair_row_, pairs, n, ex_x_, s));
   if (reads_q8(c.gate) || reads_q8(c.up)) quantize(ex_x_, static_cast<long>(pairs) * n, ex_x8_, s);
-  const kernels::MatrixBatch inputs{pair_slots_, pairs, n};
+  const kernels::MatrixBatch inputs{pair_slots_, pairs, n, kernels::side_by_side_split(ff, k)};
   project_batch(c.gate, inputs, ex_x_, ex_x8_, ex_gate_, s);
   project_batch(c.up, inputs, ex_x_, ex_x8_, ex_up_, s);
   STRATA_CUDA_TRY(kernels::swiglu(ex_gate_, ex_up_, ex_hidden_, pairs * ff, s, q8_for(c.down, ex_h8_)));
-  project_batch(c.down, {pair_slots_, pairs, ff}, ex_hidden_, ex_h8_, ex_rows_, s);
+  project_batch(c.down, {pair_slots_, pairs, ff, kernels::side_by_side_split(n, k)}, ex_hidden_, ex_h8_, ex_rows_,
+                s);
   STRATA_CUDA_TRY(kernels::moe_cached_sum(ex_rows_, pair_slots_, route_weights_, rows, k, n, false, routed_, s));
 }
 
