@@ -34,6 +34,7 @@ struct TokenStage {
   int position = 0;
 };
 constexpr std::size_t kStagePleOffset = 256;  // PLE rows follow the stage in the same block
+static_assert(sizeof(TokenStage) <= kStagePleOffset, "the token's values overlap the PLE rows staged after them");
 
 // Where the program meets the host: staging and the doorbell.
 struct ProgramIo {
