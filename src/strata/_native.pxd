@@ -58,6 +58,7 @@ cdef class DecodeSession:
     cdef readonly int n_vocab, ple_width, n_layer, n_embd
     cdef object held_rows
     cdef object verified  # verified_rows(): made on first use
+    cdef object mask_words  # token_mask_words(): made on first use
     cdef const float* rows_of(self, ple_rows, int n) except? NULL
     cdef float* logits_of(self, logits, int n) except NULL
     cdef object verify_out(self, logits, int n)

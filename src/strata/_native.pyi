@@ -8,6 +8,11 @@ import numpy.typing as npt
 
 from strata.options import KV, Mode
 
+# (temperature, top_k, top_p, min_p, repeat_penalty), or those and (frequency_penalty, presence_penalty, answer_start,
+# logit_bias pairs, token_mask: whether token_mask_words() hold the draw's mask)
+SamplingTuple = (tuple[float, int, float, float, float]
+                 | tuple[float, int, float, float, float, float, float, int, Sequence[tuple[int, float]], bool])
+
 # The core's limits and field names (binding/session_layout.pxi, logprobs.pxi, geometry.pxi)
 KV_PAGE_TOKENS: int
 MAX_SNAPSHOTS: int
@@ -172,7 +177,7 @@ class PleGather:
 
 def step_batch(
     sessions: Sequence[DecodeSession], tokens: Sequence[int], ple_rows: Sequence[npt.ArrayLike | None] | None,
-    params: Sequence[tuple[float, int, float, float, float]], us: Sequence[float], sample: bool = True,
+    params: Sequence[SamplingTuple], us: Sequence[float], sample: bool = True,
 ) -> list[int]: ...
 
 class PinnedFloats:
@@ -182,7 +187,7 @@ class PinnedFloats:
 def step_rows(
     sessions: Sequence[DecodeSession], tokens: Sequence[Sequence[int]],
     ple_rows: Sequence[npt.ArrayLike | None] | None, verify: Sequence[bool],
-    params: Sequence[tuple[float, int, float, float, float]], us: Sequence[float],
+    params: Sequence[SamplingTuple], us: Sequence[float],
     logits: Sequence[npt.NDArray[np.float32] | None],
 ) -> list[int]: ...
 
@@ -205,7 +210,7 @@ class DecodeSession:
     ) -> None: ...
     def feed(
         self, tokens: Sequence[int] | npt.ArrayLike, ple_rows: npt.ArrayLike | None,
-        params: tuple[float, int, float, float, float], u: float, sample: bool = True,
+        params: SamplingTuple, u: float, sample: bool = True,
         logits: npt.NDArray[np.float32] | None = None,
     ) -> int: ...
     def verify(
@@ -227,12 +232,13 @@ class DecodeSession:
     @property
     def batch_key(self) -> str | None: ...
     def step(
-        self, token: int, ple_rows: npt.ArrayLike | None, params: tuple[float, int, float, float, float], u: float,
+        self, token: int, ple_rows: npt.ArrayLike | None, params: SamplingTuple, u: float,
         sample: bool = True,
     ) -> int: ...
     def logits(self) -> npt.NDArray[np.float32]: ...
     def reset(self) -> None: ...
-    def logprobs(self, token: int, n: int) -> tuple[float, list[tuple[int, float]]]: ...
+    def logprobs(self, token: int, n: int, token_mask: bool = False) -> tuple[float, list[tuple[int, float]]]: ...
+    def token_mask_words(self) -> npt.NDArray[np.int32]: ...
     def snapshot(self, slot: int) -> None: ...
     def restore(self, slot: int) -> None: ...
     @property

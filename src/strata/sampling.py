@@ -3,10 +3,10 @@
 Order of operations (llama.cpp's sampler chain): logit bias, repetition penalty on the tokens seen, frequency
 and presence penalties on the answer's tokens (OpenAI's definitions), the token mask (structured output: the tokens
 a grammar allows, `TokenMask`; every other token is out before any filter), temperature, top-k, top-p, min-p, then
-one draw. The GPU sampler applies the repetition penalty through min-p; logit bias and the frequency and presence
-penalties only this definition does, for now (an engine that samples with it says so: `full_sampling`). A draw is
-a pure function of the filtered distribution and one uniform number u in [0, 1), so the GPU and this module pick
-the same token for the same u.
+one draw. The GPU sampler (cuda/src/kernels/sample.cu) applies every step, in this order; an engine whose sampler
+applies them all says so (`full_sampling`, and `token_masks` for the mask). A draw is a pure function of the
+filtered distribution and one uniform number u in [0, 1), so the GPU and this module pick the same token for the
+same u.
 Ties are broken towards the lower token id everywhere (greedy, top-k, the sorted order of a draw).
 
 Drafted tokens (speculative decoding) are verified by `accept_draft`, position by position (`verify_drafts`):
@@ -26,7 +26,7 @@ from strata.errors import InvalidArgument
 
 MAX_PENALTY = 2.0  # |frequency_penalty| and |presence_penalty| at most (OpenAI's range)
 MAX_BIAS = 100.0  # |a logit bias| at most (OpenAI's range)
-# The fields only the numpy definition applies (an engine that samples with it has `full_sampling` true).
+# The fields an engine's sampler may lack (one that applies them has `full_sampling` true: the GPU's and this one's).
 EXTENDED = ("logit_bias", "frequency_penalty", "presence_penalty")
 MASK_BITS = 32  # tokens per word of a TokenMask
 

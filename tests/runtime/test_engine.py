@@ -24,7 +24,7 @@ from strata.runtime.model import Model, describe
 from strata.runtime.plan import SESSION_SLACK_BYTES
 from strata.runtime.ple_rows import TABLE, PleRows
 from strata.reference.ple import ngram_context, ngram_rows
-from strata.sampling import SamplingParams
+from strata.sampling import SamplingParams, TokenMask
 from strata.synth import presets, synthesize
 
 T = gguf.GGMLQuantizationType
@@ -95,6 +95,16 @@ class FakeDecodeSession:
         self.position = self.saved[slot]
 
     captured = False
+
+    def token_mask_words(self):
+        """The native session's page-locked mask words, as a plain array here."""
+        if not hasattr(self, "_mask"):
+            self._mask = np.zeros(-(-self.n_vocab // 32), np.int32)
+        return self._mask
+
+    def logprobs(self, token, n, token_mask=False):
+        self.logprobs_asked = (token, n, token_mask)
+        return 0.0, []
 
     def stats(self):
         return {"tokens": self.position, "seconds": 0.5, "ring_wait_seconds": 0.1, "pool_seconds": 0.2, "rings": 0,
@@ -524,3 +534,34 @@ def test_verify_returns_the_sessions_reused_block_of_rows(tiny_qwen4exp, rng):
     engine.truncate(4)
     second = engine.verify([7, 8], [1, 2, 3, 4, 7, 8])
     assert second.shape == (2, 512) and np.shares_memory(first, second)
+
+
+def test_a_draws_mask_and_bias_reach_the_native_session_and_plain_draws_stay_five_values():
+    native = FakeDecodeSession(prompt_chunk=8, verify_rows=3, n_vocab=100)
+    engine = GpuEngine(native, batch_key="k")
+    engine.feed([1], SamplingParams(temperature=0.5), 0.25, [1])
+    assert native.steps[-1][2] == (0.5, 0, 1.0, 0.0, 1.0)  # what every draw staged before
+    computed = []
+    mask = TokenMask(size=4, compute=lambda out: (computed.append(1), out.__setitem__(0, 0b1010)))
+    params = SamplingParams(token_mask=mask, logit_bias={7: -2.0}, frequency_penalty=0.5, answer_start=1)
+    engine.feed([2], params, 0.5, [1, 2])
+    assert native.steps[-1][2] == (0.0, 0, 1.0, 0.0, 1.0, 0.5, 0.0, 1, ((7, -2.0),), True)
+    assert computed == [1] and native.token_mask_words()[:4].tolist() == [0b1010, 0, 0, 0]
+    engine.logprobs(3, 5, mask)  # tokens 1 and 3 allowed: at most two alternatives
+    assert native.logprobs_asked == (3, 2, True)
+    with pytest.raises(InvalidArgument, match="token 2 is not one the token mask allows"):
+        engine.logprobs(2, 5, mask)
+
+
+def test_a_verification_part_never_computes_its_rows_mask():
+    native = FakeDecodeSession(prompt_chunk=8, verify_rows=3, n_vocab=100)
+    engine = GpuEngine(native, batch_key="k")
+    untouched = TokenMask(size=4, compute=lambda out: pytest.fail("a verification computed its mask"))
+    sampled = []
+    fake_rows = lambda sessions, ids, rows, verify, sampling, us, logits: sampled.extend(sampling) or [-1]
+    original, _native.step_rows = _native.step_rows, fake_rows
+    try:
+        GpuEngine.step_rows([engine], [[1, 2]], [True], [SamplingParams(token_mask=untouched)], [0.0], [[1, 2]])
+    finally:
+        _native.step_rows = original
+    assert sampled == [(0.0, 0, 1.0, 0.0, 1.0)]

@@ -201,7 +201,7 @@ def test_what_cannot_be_enforced_is_a_400_naming_it_before_any_token(live):
 
 
 class NoMask(ScriptedEngine):
-    """An engine whose sampler takes no token mask (as the GPU engine's, for now)."""
+    """An engine whose sampler takes no token mask (a Session's engine need not have one)."""
 
 
 def test_an_engine_that_cannot_mask_refuses_every_constraint_by_its_field(model):

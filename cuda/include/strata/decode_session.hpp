@@ -58,11 +58,22 @@ struct TokenLogprobs {
   std::vector<double> values;
 };
 
-// One token's sampling, as strata.sampling.SamplingParams defines it.
+// One token's sampling, as strata.sampling.SamplingParams defines it (in its order: the bias, the repetition
+// penalty, the frequency and presence penalties over the answer, the mask, then the filters and the draw).
 struct SamplingValues {
   double temperature = 0.0, top_p = 1.0, min_p = 0.0;
   float repeat_penalty = 1.0f;
   int top_k = 0;
+  double frequency_penalty = 0.0, presence_penalty = 0.0;  // [-2, 2]; over the history from answer_start on
+  int answer_start = 0;                                    // where in the history the answer begins
+  // The logit bias: n_bias (id, value) pairs, ids in [0, n_vocab), read during the call only. The session keeps the
+  // last bias it was given on the device and copies a new one (n_vocab floats) only when it differs.
+  const int* bias_ids = nullptr;
+  const float* bias_values = nullptr;
+  int n_bias = 0;
+  // Whether the draw is held to the token mask the caller wrote into the session's token_mask_words() before the
+  // call (structured output); a mask that allows no token of the vocabulary is refused (InvalidArgument).
+  bool token_mask = false;
 };
 
 // Sums since construction or reset().
@@ -208,8 +219,15 @@ class DecodeSession {
   void reset();                   // an empty sequence; stats start over
 
   // Log-probabilities at the last step's position for `token` and the n (<= 20) most likely ids, computed on
-  // the device from its logits.
-  TokenLogprobs logprobs(int token, int n) const;
+  // the device from its logits; with `token_mask`, over the tokens token_mask_words() allow (the caller keeps
+  // `token` one of them and n within their count).
+  TokenLogprobs logprobs(int token, int n, bool token_mask = false) const;
+
+  // The token mask of the next draw that sets SamplingValues::token_mask: token_mask_size() int32 words, bit t % 32
+  // of word t / 32 set where token t may be drawn (strata.sampling.TokenMask's layout), in page-locked memory the
+  // sampler reads where it stands, so the host writes it in place (no copy) before the call. Lives as the session.
+  std::int32_t* token_mask_words() const noexcept;
+  int token_mask_size() const noexcept;
 
   // The sequence so far kept in snapshot slot `slot` (options.snapshots of them), and brought back: restore
   // returns to that position; what was fed after it is forgotten.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../kernels/sample.cuh"
+#include "../runtime/pinned_memory.hpp"
 #include "../runtime/stream.hpp"
 #include "../session/programs/graph.hpp"
 #include "kernel_check_support.hpp"
@@ -64,16 +65,31 @@ void check_logits_and_seen(const float* logits, int vocab, const std::int32_t* s
   }
 }
 
+// The extras as strata.sampling checks them: finite values, a mask that allows some token of the logits.
+void check_extras(const SampleExtras& extras, int vocab) {
+  STRATA_EXPECTS(std::isfinite(extras.frequency_penalty) && std::isfinite(extras.presence_penalty) &&
+                     extras.answer_start >= 0,
+                 InvalidArgument, "sample_tokens: penalties must be finite and answer_start >= 0");
+  for (int i = 0; extras.bias && i < vocab; ++i)
+    STRATA_EXPECTS(std::isfinite(extras.bias[i]), InvalidArgument, "sample_tokens: the logit bias must be finite");
+  if (!extras.mask) return;
+  bool any = false;
+  for (int i = 0; i < vocab && !any; ++i) any = (static_cast<std::uint32_t>(extras.mask[i / 32]) >> (i % 32)) & 1u;
+  STRATA_EXPECTS(any, InvalidArgument, "the token mask allows no token of the logits");
+}
+
 }  // namespace
 
 void sample_tokens(int device, const float* logits, int vocab, const std::int32_t* seen, int n_seen,
                    double temperature, int top_k, double top_p, double min_p, double repeat_penalty,
-                   const double* draws, int n_draws, bool graph, bool argmax_path, std::int32_t* tokens) {
+                   const SampleExtras& extras, const double* draws, int n_draws, bool graph, bool argmax_path,
+                   std::int32_t* tokens) {
   check_sampling_values(temperature, top_k, top_p, min_p, repeat_penalty, draws, n_draws);
   STRATA_EXPECTS(!argmax_path || temperature == 0.0 || top_k == 1, InvalidArgument,
                  "sample_tokens: the argmax path needs temperature 0 or top_k 1, got temperature " +
                      std::to_string(temperature) + " and top_k " + std::to_string(top_k));
   check_logits_and_seen(logits, vocab, seen, n_seen, repeat_penalty);
+  check_extras(extras, vocab);
   check_device(device);
   DeviceScope scope(device);
   std::size_t scratch_bytes = 0;
@@ -84,11 +100,20 @@ void sample_tokens(int device, const float* logits, int vocab, const std::int32_
   DeviceBuffer d_params(sizeof(kernels::SampleParams));
   GuardedOutput d_scratch(scratch_bytes);  // guarded too: proves the sort and the kernels stay in their scratch
   GuardedOutput d_token(sizeof(std::int32_t));
+  // The session's buffers: the bias in device memory, the mask's words mapped, the answer's counts zeroed once.
+  const std::size_t vocab_bytes = static_cast<std::size_t>(vocab) * sizeof(float);
+  DeviceBuffer d_bias = extras.bias ? upload(extras.bias, vocab_bytes) : DeviceBuffer(0);
+  const int words = (vocab + 31) / 32;
+  PinnedMapped mask(sizeof(std::int32_t) * words);
+  if (extras.mask) std::memcpy(mask.host<void>(), extras.mask, sizeof(std::int32_t) * words);
+  GuardedOutput d_counts(static_cast<std::size_t>(vocab) * sizeof(int));
+  STRATA_CUDA_TRY(cudaMemset(d_counts.data<int>(), 0, static_cast<std::size_t>(vocab) * sizeof(int)));
+  const kernels::SampleInputs inputs{mask.device<unsigned>(), d_bias.as<float>(), d_counts.data<int>()};
   Stream stream;
   auto* sample = argmax_path ? kernels::sample_argmax : kernels::sample_token;
   auto enqueue = [&](cudaStream_t s) {
     STRATA_CUDA_TRY(sample(d_logits.as<float>(), vocab, d_seen.as<int>(), n_seen, d_params.as<kernels::SampleParams>(),
-                           d_scratch.data<void>(), scratch_bytes, d_token.data<int>(), s));
+                           inputs, d_scratch.data<void>(), scratch_bytes, d_token.data<int>(), s));
   };
   CapturedGraph captured;
   if (graph) captured = CapturedGraph(stream.get(), enqueue);
@@ -101,6 +126,11 @@ void sample_tokens(int device, const float* logits, int vocab, const std::int32_
   params.repeat_penalty = static_cast<float>(repeat_penalty);
   params.top_k = top_k;
   params.n_seen = n_seen;
+  params.frequency_penalty = extras.frequency_penalty;
+  params.presence_penalty = extras.presence_penalty;
+  params.answer_start = extras.answer_start;
+  params.biased = extras.bias ? 1 : 0;
+  params.masked = extras.mask ? 1 : 0;
   for (int k = 0; k < n_draws; ++k) {
     params.u = draws[k];
     // Ordered on the sampling stream; a pageable source is staged before the call returns.
@@ -115,6 +145,11 @@ void sample_tokens(int device, const float* logits, int vocab, const std::int32_
   }
   std::vector<unsigned char> scratch(scratch_bytes);
   d_scratch.copy_out(scratch.data(), "sample_token (scratch)");
+  std::vector<int> counts(vocab);
+  d_counts.copy_out(counts.data(), "sample_token (answer counts)");
+  for (int i = 0; i < vocab; ++i)
+    STRATA_EXPECTS(counts[i] == 0, Error, "sample_token left the answer's count of token " + std::to_string(i) +
+                                              " at " + std::to_string(counts[i]) + ", not zero");
 }
 
 }  // namespace strata::kernel_check

@@ -1,5 +1,6 @@
 // Token sampling (see sample.cuh). Three steps on the stream, all sized by the host-known vocab:
-//  1. a 64-bit sort key per logit (the repetition penalty applied to the seen ids),
+//  1. a 64-bit sort key per logit: each logit biased and masked, then the seen ids' rewritten from their logits
+//     after every adjustment (the bias, the repetition penalty, the answer's counts, the mask),
 //  2. a CUB radix sort of the keys: the candidates by logit descending, ties to the lower id,
 //  3. one CTA walks the sorted prefix: greedy, or top-k, float64 softmax, top-p, min-p and the draw.
 // The argmax (sample_argmax) needs only the smallest key of step 1: a reduction over many CTAs, no sort.
@@ -10,6 +11,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include <algorithm>
+#include <cmath>
 
 #include "launch.cuh"
 #include "sample.cuh"
@@ -49,30 +51,83 @@ __device__ __forceinline__ float key_logit(Key key) {
   return __uint_as_float((ascending & 0x80000000u) ? (ascending & 0x7fffffffu) : ~ascending);
 }
 
-// `ticket` (null on the sort's path): the smallest-key reduction's, zeroed here for the launch after this one.
-__global__ void key_kernel(const float* __restrict__ logits, int vocab, Key* __restrict__ keys, unsigned* ticket) {
-  await_producers();
-  release_consumers();
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < vocab) keys[i] = make_key(logits[i], i);
-  if (ticket != nullptr && i == 0) *ticket = 0;
+__device__ __forceinline__ bool allowed(const unsigned* mask, int id) { return (mask[id >> 5] >> (id & 31)) & 1u; }
+
+// The answer's ids, seen_ids[answer_start:n_seen] (clamped to max_seen), for the two penalties.
+struct AnswerRange {
+  int first, end;
+};
+__device__ __forceinline__ AnswerRange answer_range(const SampleParams& p, int max_seen) {
+  const int end = min(p.n_seen, max_seen);
+  return {min(max(p.answer_start, 0), end), end};
 }
 
-// Rewrites the keys of the seen ids from their penalised logits. Each write starts from the original logit, so
-// an id seen several times is penalised once (concurrent writes for one id store the same key). The float32
-// division and product are the reference's (numpy computes float32 logits with the penalty cast to float32).
-__global__ void penalty_kernel(const float* __restrict__ logits, int vocab, const int* __restrict__ seen_ids,
-                               int max_seen, const SampleParams* __restrict__ params, Key* keys) {
+// The logit strata.sampling draws from for `id`, in its order and its float32 / float64 arithmetic: the bias,
+// then (`seen`) the repetition penalty and the answer's counts, then the mask (-inf: no candidate, sorted last).
+// Every write of an id's key computes this from the original logit, so concurrent writes for one id agree and
+// an id seen several times is penalised once.
+__device__ __forceinline__ float adjusted_logit(const float* logits, int id, const SampleParams& p,
+                                                const SampleInputs& in, bool seen) {
+  float x = logits[id];
+  if (p.biased) x += in.bias[id];
+  if (seen) {
+    const float penalty = p.repeat_penalty;
+    if (penalty != 1.0f) x = x > 0.0f ? x / penalty : x * penalty;
+    if (counts_answer(p)) {
+      const int count = in.counts[id];
+      // numpy's (count * frequency + presence).astype(float32), rounded apart (no fused multiply-add)
+      if (count > 0) x -= static_cast<float>(__dadd_rn(__dmul_rn(count, p.frequency_penalty), p.presence_penalty));
+    }
+  }
+  if (p.masked && !allowed(in.mask, id)) x = -INFINITY;
+  return x;
+}
+
+// Every logit's key, as for an id neither seen nor in the answer (the penalty kernel rewrites those), and the
+// answer's ids counted into inputs.counts for the penalty kernel. `ticket` (null on the sort's path): the
+// smallest-key reduction's, zeroed here for the launch after this one.
+__global__ void key_kernel(const float* __restrict__ logits, int vocab, const int* __restrict__ seen_ids,
+                           int max_seen, const SampleParams* __restrict__ params, SampleInputs inputs,
+                           Key* __restrict__ keys, unsigned* ticket) {
   await_producers();
   release_consumers();
-  const float penalty = params->repeat_penalty;
-  if (penalty == 1.0f) return;
-  const int n_seen = min(params->n_seen, max_seen);
-  for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < n_seen; k += gridDim.x * blockDim.x) {
+  const SampleParams& p = *params;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < vocab) keys[i] = make_key(adjusted_logit(logits, i, p, inputs, false), i);
+  if (ticket != nullptr && i == 0) *ticket = 0;
+  if (!counts_answer(p)) return;
+  const AnswerRange answer = answer_range(p, max_seen);
+  for (int k = answer.first + i; k < answer.end; k += gridDim.x * blockDim.x) {
+    const int id = seen_ids[k];
+    if (id >= 0 && id < vocab) atomicAdd(inputs.counts + id, 1);
+  }
+}
+
+// Rewrites the keys of the seen ids (of the answer's only, where only the two penalties need them) from their
+// adjusted logits. The float32 division and product are the reference's (numpy computes float32 logits with the
+// penalty cast to float32).
+__global__ void penalty_kernel(const float* __restrict__ logits, int vocab, const int* __restrict__ seen_ids,
+                               int max_seen, const SampleParams* __restrict__ params, SampleInputs inputs, Key* keys) {
+  await_producers();
+  release_consumers();
+  const SampleParams& p = *params;
+  const int n_seen = min(p.n_seen, max_seen);
+  const int first = p.repeat_penalty != 1.0f ? 0 : counts_answer(p) ? answer_range(p, max_seen).first : n_seen;
+  for (int k = first + blockIdx.x * blockDim.x + threadIdx.x; k < n_seen; k += gridDim.x * blockDim.x) {
     const int id = seen_ids[k];
     if (id < 0 || id >= vocab) continue;
-    const float x = logits[id];
-    keys[id] = make_key(x > 0.0f ? x / penalty : x * penalty, id);
+    keys[id] = make_key(adjusted_logit(logits, id, p, inputs, true), id);
+  }
+}
+
+// The answer's counts back to zero, by the launch after the penalty kernel (thread `thread` of `threads`).
+__device__ __forceinline__ void clear_counts(const int* __restrict__ seen_ids, int max_seen, int vocab,
+                                             const SampleParams& p, int* counts, int thread, int threads) {
+  if (!counts_answer(p)) return;
+  const AnswerRange answer = answer_range(p, max_seen);
+  for (int k = answer.first + thread; k < answer.end; k += threads) {
+    const int id = seen_ids[k];
+    if (id >= 0 && id < vocab) counts[id] = 0;
   }
 }
 
@@ -86,9 +141,12 @@ struct SmallerKey {
 // partial[blockIdx.x], then the CTA that draws the last ticket (zeroed by key_kernel) reduces those.
 __global__ void __launch_bounds__(kMinThreads)
     smallest_key_kernel(const Key* __restrict__ keys, int vocab, Key* partial, unsigned* ticket,
-                        int* __restrict__ token) {
+                        int* __restrict__ token, const int* __restrict__ seen_ids, int max_seen,
+                        const SampleParams* __restrict__ params, int* counts) {
   await_producers();
   release_consumers();
+  clear_counts(seen_ids, max_seen, vocab, *params, counts, blockIdx.x * kMinThreads + threadIdx.x,
+               gridDim.x * kMinThreads);
   __shared__ MinReduce::TempStorage storage;
   __shared__ bool last;
   const SmallerKey min_of;
@@ -182,11 +240,12 @@ __device__ int last_kept(int count, Kept kept, DrawShared& shared) {
 // One CTA over the sorted keys; each step as in strata.sampling.candidates / sample, in float64.
 __global__ void __launch_bounds__(kDrawThreads)
     draw_kernel(const Key* __restrict__ sorted, int vocab, const SampleParams* __restrict__ params,
-                int* __restrict__ token) {
+                int* __restrict__ token, const int* __restrict__ seen_ids, int max_seen, int* counts) {
   await_producers();
   release_consumers();
   __shared__ DrawShared shared;
   const SampleParams p = *params;
+  clear_counts(seen_ids, max_seen, vocab, p, counts, threadIdx.x, kDrawThreads);
   if (picks_argmax(p)) {  // the first key is the largest logit with the lowest id among ties
     if (threadIdx.x == 0) *token = key_id(sorted[0]);
     return;
@@ -206,7 +265,11 @@ __global__ void __launch_bounds__(kDrawThreads)
   }
   // min-p against probs[0] = exp(0) / sum, applied as a mask over the top-p prefix, as the reference does.
   const double min_prob = p.min_p * (1.0 / weight_sum);
-  auto kept = [&](int i) { return p.min_p <= 0.0 || prob(i) >= min_prob; };
+  // A masked token's key (-inf, sorted after every allowed one) weighs 0, so no sum or crossing lands on it; it is
+  // out of the fallback below too, where the reference's candidates never held it.
+  auto kept = [&](int i) {
+    return (p.min_p <= 0.0 || prob(i) >= min_prob) && !(p.masked && isinf(key_logit(sorted[i])));
+  };
   auto kept_prob = [&](int i) { return kept(i) ? prob(i) : 0.0; };
   const double kept_sum = block_sum_of(keep, kept_prob, shared);
 
@@ -230,14 +293,15 @@ bool valid_arguments(const float* logits, int vocab, const int* seen_ids, int ma
          (max_seen == 0 || seen_ids != nullptr) && params != nullptr && scratch != nullptr && token != nullptr;
 }
 
-// Step 1: the keys of every logit, the seen ids' from their penalised logits.
+// Step 1: the keys of every logit, the seen ids' from their adjusted logits.
 cudaError_t enqueue_keys(const float* logits, int vocab, const int* seen_ids, int max_seen, const SampleParams* params,
-                         Key* keys, unsigned* ticket, cudaStream_t stream) {
-  const cudaError_t keyed =
-      launch(key_kernel, (vocab + kKeyThreads - 1) / kKeyThreads, kKeyThreads, 0, stream, logits, vocab, keys, ticket);
+                         const SampleInputs& inputs, Key* keys, unsigned* ticket, cudaStream_t stream) {
+  const cudaError_t keyed = launch(key_kernel, (vocab + kKeyThreads - 1) / kKeyThreads, kKeyThreads, 0, stream, logits,
+                                   vocab, seen_ids, max_seen, params, inputs, keys, ticket);
   if (keyed != cudaSuccess || max_seen <= 0) return keyed;
   const int blocks = std::min((max_seen + kPenaltyThreads - 1) / kPenaltyThreads, kMaxPenaltyBlocks);
-  return launch(penalty_kernel, blocks, kPenaltyThreads, 0, stream, logits, vocab, seen_ids, max_seen, params, keys);
+  return launch(penalty_kernel, blocks, kPenaltyThreads, 0, stream, logits, vocab, seen_ids, max_seen, params, inputs,
+                keys);
 }
 
 }  // namespace
@@ -252,8 +316,8 @@ cudaError_t sample_scratch_bytes(int vocab, std::size_t* bytes) {
 }
 
 cudaError_t sample_token(const float* logits, int vocab, const int* seen_ids, int max_seen,
-                         const SampleParams* params, void* scratch, std::size_t scratch_bytes, int* token,
-                         cudaStream_t stream) {
+                         const SampleParams* params, const SampleInputs& inputs, void* scratch,
+                         std::size_t scratch_bytes, int* token, cudaStream_t stream) {
   if (!valid_arguments(logits, vocab, seen_ids, max_seen, params, scratch, token)) return cudaErrorInvalidValue;
   std::size_t sort_bytes = 0;
   cudaError_t status = sort_workspace_bytes(vocab, &sort_bytes);
@@ -265,17 +329,18 @@ cudaError_t sample_token(const float* logits, int vocab, const int* seen_ids, in
   Key* keys = reinterpret_cast<Key*>(base);
   Key* sorted = reinterpret_cast<Key*>(base + keys_bytes);
   void* workspace = base + 2 * keys_bytes;
-  status = enqueue_keys(logits, vocab, seen_ids, max_seen, params, keys, nullptr, stream);
+  status = enqueue_keys(logits, vocab, seen_ids, max_seen, params, inputs, keys, nullptr, stream);
   if (status != cudaSuccess) return status;
   status = cub::DeviceRadixSort::SortKeys(workspace, sort_bytes, keys, sorted, vocab, 0,
                                           static_cast<int>(8 * sizeof(Key)), stream);
   if (status != cudaSuccess) return status;
-  return launch(draw_kernel, 1, kDrawThreads, 0, stream, sorted, vocab, params, token);
+  return launch(draw_kernel, 1, kDrawThreads, 0, stream, sorted, vocab, params, token, seen_ids, max_seen,
+                inputs.counts);
 }
 
 cudaError_t sample_argmax(const float* logits, int vocab, const int* seen_ids, int max_seen,
-                          const SampleParams* params, void* scratch, std::size_t scratch_bytes, int* token,
-                          cudaStream_t stream) {
+                          const SampleParams* params, const SampleInputs& inputs, void* scratch,
+                          std::size_t scratch_bytes, int* token, cudaStream_t stream) {
   if (!valid_arguments(logits, vocab, seen_ids, max_seen, params, scratch, token)) return cudaErrorInvalidValue;
   // Scratch layout: keys [vocab], then where sample_token sorts them the CTAs' minima [blocks] and the ticket
   // (blocks * 8 + 4 bytes fit in the 256-byte aligned room of vocab keys).
@@ -286,9 +351,10 @@ cudaError_t sample_argmax(const float* logits, int vocab, const int* seen_ids, i
   Key* keys = reinterpret_cast<Key*>(base);
   Key* partial = reinterpret_cast<Key*>(base + keys_bytes);
   auto* ticket = reinterpret_cast<unsigned*>(partial + blocks);
-  const cudaError_t status = enqueue_keys(logits, vocab, seen_ids, max_seen, params, keys, ticket, stream);
+  const cudaError_t status = enqueue_keys(logits, vocab, seen_ids, max_seen, params, inputs, keys, ticket, stream);
   if (status != cudaSuccess) return status;
-  return launch(smallest_key_kernel, blocks, kMinThreads, 0, stream, keys, vocab, partial, ticket, token);
+  return launch(smallest_key_kernel, blocks, kMinThreads, 0, stream, keys, vocab, partial, ticket, token, seen_ids,
+                max_seen, params, inputs.counts);
 }
 
 }  // namespace strata::kernels

@@ -231,6 +231,10 @@ void DecodeSession::truncate(int position) {
 
 int DecodeSession::verify_rows() const noexcept { return impl_->sequence.verify_rows(); }
 
+std::int32_t* DecodeSession::token_mask_words() const noexcept { return impl_->runner.sampler_inputs().mask_words(); }
+
+int DecodeSession::token_mask_size() const noexcept { return impl_->runner.sampler_inputs().mask_size(); }
+
 void DecodeSession::set_control_vectors(const float* table, const std::uint8_t* layers) {
   STRATA_EXPECTS(table != nullptr && layers != nullptr, InvalidArgument,
                  "control vectors take a table of n_layer * n_embd floats and n_layer layer flags");
@@ -255,9 +259,9 @@ void DecodeSession::reset() {
   impl_->runner.reset(impl_->sequence);
 }
 
-TokenLogprobs DecodeSession::logprobs(int token, int n) const {
+TokenLogprobs DecodeSession::logprobs(int token, int n, bool token_mask) const {
   DeviceScope scope(impl_->options.device);
-  return impl_->runner.logprobs(impl_->sequence, token, n);
+  return impl_->runner.logprobs(impl_->sequence, token, n, token_mask);
 }
 
 void DecodeSession::snapshot(int slot) {

@@ -63,6 +63,7 @@ Runner::Runner(cpu::ExpertPool& pool, const ModelGeometry& geometry, const Decod
       answerer_(pool, bell_, cache, deferral()),
       stage_(DecodeProgram::stage_bytes(g_)),
       sampled_(sizeof(int)),
+      sampler_inputs_(geometry.n_vocab),
       program_(g_, tables.inputs(sequence), options.device, program_io(), cache),
       schedule_(program_, options.mode),
       ring_timeout_(host_ring_timeout(options.timeout_seconds)) {
@@ -80,6 +81,7 @@ ProgramIo Runner::program_io() const {
   io.wait_status = bell_.status_device();
   io.answer_timeout_ns = static_cast<long long>(options_.timeout_seconds * 1e9);
   io.sampled = sampled_.device<int>();
+  io.token_mask = sampler_inputs_.mask_device();
   io.deferral = deferral();
   return io;
 }
@@ -133,9 +135,10 @@ void Runner::gather_ple(PleGather& ple, int token, float* out) {
 int Runner::step(Sequence& sequence, int token, const float* ple_rows, const SamplingValues& sampling, double u,
                  bool sample) {
   check_feed(sequence, &token, 1, ple_rows, u);
+  if (sample) sampler_inputs_.check(sampling);
   const auto start = std::chrono::steady_clock::now();
   const HostLoopPin pin(host_cpus_);
-  stage_sampling(sampling, u, token, sequence.position());
+  stage_sampling(sampling, u, token, sequence.position(), sample, stream_.get());
   if (ple_rows) {
     std::memcpy(stage_.host<char>(kStagePleOffset), ple_rows, sizeof(float) * g_.ple_n_heads * g_.ple_head_dim);
   }
@@ -186,10 +189,19 @@ Sampler Runner::sampler_for(bool sample) const {
   return kernels::picks_argmax(stage_.host<TokenStage>()->sampling) ? Sampler::kArgmax : Sampler::kDraw;
 }
 
-void Runner::stage_sampling(const SamplingValues& sampling, double u, int token, int at) {
+void Runner::stage_sampling(const SamplingValues& sampling, double u, int token, int at, bool sample,
+                            cudaStream_t stream) {
   auto* st = stage_.host<TokenStage>();
-  st->sampling = {sampling.temperature, sampling.top_p, sampling.min_p, u, sampling.repeat_penalty,
-                  sampling.top_k, at + 1};
+  kernels::SampleParams& p = st->sampling;
+  p = kernels::SampleParams{};
+  p.temperature = sampling.temperature;
+  p.top_p = sampling.top_p;
+  p.min_p = sampling.min_p;
+  p.u = u;
+  p.repeat_penalty = sampling.repeat_penalty;
+  p.top_k = sampling.top_k;
+  p.n_seen = at + 1;
+  if (sample) sampler_inputs_.stage(sampling, p, program_, stream);
   st->token = token;
   st->position = at;
 }
@@ -254,6 +266,7 @@ void Runner::check_batch(const RowBatch& batch) const {
   for (std::size_t i = 0; i < batch.size(); ++i) {
     const RowBatchSpan& span = batch[i];
     span.runner->check_feed(*span.sequence, span.tokens, span.count, span.ple_rows, span.u);
+    if (span.sample) span.runner->sampler_inputs_.check(span.sampling);
     for (std::size_t j = 0; j < i; ++j) {
       STRATA_EXPECTS(batch[j].sequence != span.sequence, InvalidArgument,
                      "a step takes each session once; its spans " + std::to_string(j) + " and " + std::to_string(i) +
@@ -296,7 +309,8 @@ void Runner::run(RowBatch& batch) {
       std::copy(ple, ple + span.count * ple_width, feed_rows_.begin() + first * ple_width);
     }
     const int last = span.sequence->position() + span.count - 1;
-    span.runner->stage_sampling(span.sampling, span.u, span.tokens[span.count - 1], last);
+    span.runner->stage_sampling(span.sampling, span.u, span.tokens[span.count - 1], last, span.sample,
+                                stream_.get());
     samplers[i] = span.runner->sampler_for(span.sample);
     key.insert(key.end(), {span.runner->serial_, span.count, span.keep_rows, static_cast<long>(samplers[i]),
                            span.sequence->steering().generation()});
@@ -340,6 +354,7 @@ int Runner::run_prompt(Sequence& sequence, const int* tokens, int n, const float
   STRATA_EXPECTS(prompt_ != nullptr, InvalidArgument,
                  "this session has no prompt path (it was opened with a prompt chunk of 0 tokens)");
   check_feed(sequence, tokens, n, ple_rows, u);
+  if (sample) sampler_inputs_.check(sampling);
   const auto start = std::chrono::steady_clock::now();
   sequence.begin_step();  // broken until the prompt completes
   if (row_states) sequence.begin_verify(tokens, n);  // before the gather below moves the n-gram state
@@ -358,7 +373,7 @@ int Runner::run_prompt(Sequence& sequence, const int* tokens, int n, const float
                  all_logits ? all_logits + static_cast<std::size_t>(at) * g_.n_vocab : nullptr, row_states,
                  stream_.get());
   }
-  stage_sampling(sampling, u, tokens[n - 1], position + n - 1);
+  stage_sampling(sampling, u, tokens[n - 1], position + n - 1, sample, stream_.get());
   program_.end_prompt(sampler_for(sample), stream_.get());
   STRATA_CUDA_TRY(cudaStreamSynchronize(stream_.get()));
   sequence.end_step(n);
@@ -410,7 +425,7 @@ void Runner::restore(Sequence& sequence, int slot) {
   sequence.restore(slot, stream_.get());
 }
 
-TokenLogprobs Runner::logprobs(const Sequence& sequence, int token, int n) {
+TokenLogprobs Runner::logprobs(const Sequence& sequence, int token, int n, bool token_mask) {
   check_bound(sequence);
   STRATA_EXPECTS(!sequence.broken() && sequence.position() > 0, InvalidArgument,
                  "logprobs come after a completed step");
@@ -419,7 +434,7 @@ TokenLogprobs Runner::logprobs(const Sequence& sequence, int token, int n) {
                      ")");
   STRATA_EXPECTS(n >= 0 && n <= kernels::kMaxLogprobs, InvalidArgument,
                  "logprobs: n must be in 0.." + std::to_string(kernels::kMaxLogprobs) + ", got " + std::to_string(n));
-  program_.enqueue_logprobs(token, n, stream_.get());
+  program_.enqueue_logprobs(token, n, token_mask, stream_.get());
   kernels::Logprobs host;
   STRATA_CUDA_TRY(cudaMemcpyAsync(&host, program_.logprobs(), sizeof(host), cudaMemcpyDeviceToHost, stream_.get()));
   STRATA_CUDA_TRY(cudaStreamSynchronize(stream_.get()));

@@ -25,6 +25,7 @@
 #include "programs/program_inputs.hpp"
 #include "programs/prompt_program.hpp"
 #include "programs/token_schedule.hpp"
+#include "sampler_inputs.hpp"
 #include "state/sequence.hpp"
 #include "strata/decode_session.hpp"
 #include "strata/expert_cache.hpp"
@@ -83,7 +84,8 @@ class Runner {
   // DecodeSession::verify and truncate on `sequence`.
   void verify(Sequence& sequence, const int* tokens, int n, const float* ple_rows, float* all_logits);
   void truncate(Sequence& sequence, int position);
-  TokenLogprobs logprobs(const Sequence& sequence, int token, int n);
+  TokenLogprobs logprobs(const Sequence& sequence, int token, int n, bool token_mask);
+  const SamplerInputs& sampler_inputs() const noexcept { return sampler_inputs_; }
   void logits(float* out) const;  // the last step's or feed's
 
   // `sequence` emptied (after the stream drains) and the counters started over.
@@ -117,7 +119,9 @@ class Runner {
   void run_token(Sampler sampler, int ring_base, PleGather* late_ple, int late_token);
   void gather_ple(PleGather& ple, int token, float* out);
   Sampler sampler_for(bool sample) const;
-  void stage_sampling(const SamplingValues& sampling, double u, int token, int at);
+  // The stage's values of the draw after `token` at position `at` (with `sample`: `sampling`'s, checked already by
+  // sampler_inputs_.check; a new bias copied on `stream`, the one the draw runs on).
+  void stage_sampling(const SamplingValues& sampling, double u, int token, int at, bool sample, cudaStream_t stream);
 
   // The most captured steps a runner keeps (shapes, member sets and samplers) before it drops them all.
   static constexpr std::size_t kMaxStepGraphs = 64;
@@ -131,6 +135,7 @@ class Runner {
   DoorbellHost bell_;
   RingAnswerer answerer_;
   PinnedMapped stage_, sampled_;
+  SamplerInputs sampler_inputs_;  // before program_, which reads its mask's address
   DecodeProgram program_;
   TokenSchedule schedule_;
   std::chrono::nanoseconds ring_timeout_;

@@ -1,6 +1,6 @@
 # One sequence decoding on the GPU and the CPU pool, and the scratch it needs
 # (strata/decode_session.hpp).
-from libc.stdint cimport uint8_t
+from libc.stdint cimport int32_t, uint8_t
 from libcpp.string cimport string
 from libcpp.vector cimport vector
 
@@ -54,10 +54,28 @@ def sampler_workspace_bytes(int n_vocab) -> int:
     return cpp_sampler_workspace_bytes(n_vocab)
 
 
-cdef SamplingValues sampling_values(tuple params) except *:
-    """params = (temperature, top_k, top_p, min_p, repeat_penalty)."""
+cdef SamplingValues sampling_values(tuple params, list held) except *:
+    """params = (temperature, top_k, top_p, min_p, repeat_penalty), or those and (frequency_penalty,
+    presence_penalty, answer_start, logit_bias, token_mask): logit_bias (token id, bias) pairs, token_mask whether
+    the session's token_mask_words() hold this draw's mask. The bias's arrays go into `held`, which the caller keeps
+    until the native call returns."""
     cdef SamplingValues v
-    v.temperature, v.top_k, v.top_p, v.min_p, v.repeat_penalty = params
+    cdef const int[::1] ids
+    cdef const float[::1] values
+    if len(params) == 5:
+        v.temperature, v.top_k, v.top_p, v.min_p, v.repeat_penalty = params
+        return v
+    if len(params) != 10:
+        raise InvalidArgument(f"sampling values are 5 or 10 numbers and flags, got {len(params)}")
+    (v.temperature, v.top_k, v.top_p, v.min_p, v.repeat_penalty, v.frequency_penalty, v.presence_penalty,
+     v.answer_start, bias, v.token_mask) = params
+    if bias:
+        pairs = np.asarray(bias, np.float64).reshape(-1, 2)
+        id_array = np.ascontiguousarray(pairs[:, 0], dtype=np.intc)
+        value_array = np.ascontiguousarray(pairs[:, 1], dtype=np.float32)  # strata.sampling's float32 cast
+        held.append((id_array, value_array))
+        ids, values = id_array, value_array
+        v.bias_ids, v.bias_values, v.n_bias = &ids[0], &values[0], ids.shape[0]
     return v
 
 
@@ -86,12 +104,13 @@ def step_batch(sessions, tokens, ple_rows, params, us, bint sample=True) -> list
     cdef vector[int] out = vector[int](n)
     cdef DecodeSession session
     cdef int i
+    held = []  # the bias arrays the native call reads
     for i in range(n):
         session = sessions[i]
         natives.push_back(session.native())
         ids.push_back(tokens[i])
         rows.push_back(session.rows_of(ple_rows[i] if ple_rows is not None else None, 1))
-        values.push_back(sampling_values(params[i]))
+        values.push_back(sampling_values(params[i], held))
         draws.push_back(us[i])
     with nogil:
         CppDecodeSession.step_batch(natives.data(), n, ids.data(), rows.data(), values.data(), draws.data(), sample,
@@ -134,7 +153,7 @@ def step_rows(sessions, tokens, ple_rows, verify, params, us, logits) -> list:
             rows_out = session.verify_out(logits[i], ids.shape[0])
             held.append(rows_out)
             parts[i].logits = <float*>NULL if rows_out is None else session.logits_of(rows_out, ids.shape[0])
-        parts[i].sampling = sampling_values(params[i])
+        parts[i].sampling = sampling_values(params[i], held)
         parts[i].u = us[i]
     with nogil:
         CppDecodeSession.step_rows(natives.data(), parts.data(), n)
@@ -188,10 +207,12 @@ cdef class DecodeSession:
 
     def step(self, int token, ple_rows, tuple params, double u, bint sample=True) -> int:
         """Feed `token`; with `sample`, the next token for the draw u under params = (temperature, top_k,
-        top_p, min_p, repeat_penalty), else -1. ple_rows: float32 [ple heads, ple head dim], or None (a model
+        top_p, min_p, repeat_penalty), or those and (frequency_penalty, presence_penalty, answer_start, logit_bias,
+        token_mask) (sampling_values), else -1. ple_rows: float32 [ple heads, ple head dim], or None (a model
         without PLE, or a session that gathers them)."""
         cdef CppDecodeSession* s = self.native()
-        cdef SamplingValues v = sampling_values(params)
+        held = []
+        cdef SamplingValues v = sampling_values(params, held)
         cdef const float* rows_ptr = self.rows_of(ple_rows, 1)
         cdef int out
         with nogil:
@@ -203,7 +224,8 @@ cdef class DecodeSession:
         else -1. ple_rows: float32 [len(tokens), ple heads, ple head dim] or None. `logits` (a C-contiguous
         float32 array [len(tokens), n_vocab], or None) receives every position's logits."""
         cdef CppDecodeSession* s = self.native()
-        cdef SamplingValues v = sampling_values(params)
+        held = []
+        cdef SamplingValues v = sampling_values(params, held)
         cdef const int[::1] ids = token_ids(tokens)
         cdef const float* rows_ptr = self.rows_of(ple_rows, ids.shape[0])
         cdef float* logits_ptr = NULL
@@ -332,14 +354,26 @@ cdef class DecodeSession:
         with nogil:
             s.reset()
 
-    def logprobs(self, int token, int n):
+    def logprobs(self, int token, int n, bint token_mask=False):
         """(log p(token), [(id, log p)] of the n most likely ids) at the last step's position, computed on the
-        device as strata.sampling.log_probabilities defines them."""
+        device as strata.sampling.log_probabilities defines them; with `token_mask`, over the tokens
+        token_mask_words() allow (`token` one of them, n at most their count)."""
         cdef CppDecodeSession* s = self.native()
         cdef TokenLogprobs out
         with nogil:
-            out = s.logprobs(token, n)
+            out = s.logprobs(token, n, token_mask)
         return out.token, [(out.ids[i], out.values[i]) for i in range(n)]
+
+    def token_mask_words(self):
+        """int32 [(n_vocab + 31) / 32]: the token mask of the next draw whose sampling values set token_mask, in the
+        session's page-locked memory that the sampler reads (strata.sampling.TokenMask's layout; TokenMask.fill
+        writes it in place). Valid while the session is open."""
+        cdef CppDecodeSession* s = self.native()
+        cdef int32_t[::1] words
+        if self.mask_words is None:
+            words = <int32_t[:s.token_mask_size()]> s.token_mask_words()
+            self.mask_words = np.asarray(words)
+        return self.mask_words
 
     def snapshot(self, int slot) -> None:
         """Keep the sequence so far (its recurrent state and position) in slot `slot`."""
@@ -376,5 +410,6 @@ cdef class DecodeSession:
         return st
 
     def close(self) -> None:
+        self.mask_words = None  # its memory goes with the native session
         with nogil:
             self.session.reset()

@@ -164,18 +164,6 @@ def structured(args: argparse.Namespace) -> dict:
     return {}
 
 
-def refuse_structured_on_gpu(args: argparse.Namespace) -> None:
-    """Session's refusal of a constraint on an engine whose sampler takes no token mask, before a GPU load that would
-    end in it (the GPU engine says whether its sampler takes one: `token_masks`)."""
-    from strata.runtime.engine import GpuEngine
-
-    flag = "--json-schema" if getattr(args, "json_schema", None) else "--grammar" if getattr(args, "grammar", None) \
-        else None
-    if flag is not None and not getattr(GpuEngine, "token_masks", False):
-        raise InvalidArgument(f"{flag}: the GPU engine's sampler does not take a token mask yet (a later change); use "
-                              "--engine reference")
-
-
 def sampling(args: argparse.Namespace) -> dict:
     return {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
             "repeat_penalty": args.repeat_penalty, "seed": args.seed, "stop": args.stop,
@@ -232,7 +220,6 @@ def opened_model(args: argparse.Namespace) -> Iterator:
     check_arguments(args)
     warn_ignored(args)
     if args.engine == "gpu":
-        refuse_structured_on_gpu(args)
         require_gpu("use --engine reference to run a small model on the CPU")
     options = placement(args) if args.engine == "gpu" else {}
     with load(args.model, engine=args.engine, **options) as model:

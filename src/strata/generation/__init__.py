@@ -228,8 +228,8 @@ class Session:
         repeat_penalty (1: off), frequency_penalty and presence_penalty (OpenAI's, over the answer's tokens; 0:
         off), logit_bias ({token id: bias}), seed (None or -1: a random one), stop (a string or strings),
         ignore_eos (EOS does not end the answer: it runs to max_tokens or the context), logprobs (that many
-        alternatives per token); any other name is refused. The last three sampling options need an engine whose
-        sampler applies them (`full_sampling`: the reference's; the GPU sampler's come in a later change).
+        alternatives per token); any other name is refused. frequency_penalty, presence_penalty and logit_bias need
+        an engine whose sampler applies them (`full_sampling`: the GPU and reference engines' do).
         Structured output (at most one of them; an engine whose sampler takes a token mask, `token_masks`):
         response_format (OpenAI's: {"type": "json_object"}, or {"type": "json_schema", "json_schema": {"schema":
         ...}}), json_schema (a JSON schema, or its text), grammar (llama.cpp's GBNF text, or a
@@ -304,9 +304,8 @@ class Session:
         params = SamplingParams(**numbers_given)
         extended = params.extended()
         if extended and not getattr(self.engine, "full_sampling", False):
-            raise OptionRefused(extended[0], f"{extended[0]}: this engine's sampler does not apply it yet (the GPU "
-                                "sampler applies logit_bias, frequency_penalty and presence_penalty in a later "
-                                "change; the reference engine does)")
+            raise OptionRefused(extended[0], f"{extended[0]}: this engine's sampler does not apply it (the GPU and "
+                                "reference engines' samplers do)")
         if max_tokens is not None and checked_integer("max_tokens", max_tokens) < 1:
             raise InvalidArgument(f"max_tokens must be >= 1 (or None: until EOS or the context), got {max_tokens}")
         stop = options.get("stop", ())
@@ -339,8 +338,8 @@ class Session:
         if name == "response_format" and isinstance(options[name], Mapping) and options[name].get("type") == "text":
             return None
         if not can_mask(self.engine):
-            raise OptionRefused(name, f"{name}: this engine's sampler does not take a token mask yet (the GPU "
-                                "sampler takes one in a later change; the reference engine does)")
+            raise OptionRefused(name, f"{name}: this engine's sampler does not take a token mask (the GPU and "
+                                "reference engines' samplers do)")
         if ignore_eos:
             raise OptionRefused("ignore_eos", f"ignore_eos cannot go with {name}: the grammar says where the answer "
                                 "ends")

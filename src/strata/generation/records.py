@@ -19,7 +19,7 @@ class Engine(Protocol):
     `prefill(ids, seen)` (append ids, no token wanted); `logprobs(token, n)` (the log-probability of `token` and
     the n most likely ids at the last fed position); `close()`; `full_sampling` (true: feed applies every
     SamplingParams field, as strata.sampling.sample does; absent or false: temperature, top_k, top_p, min_p and
-    repeat_penalty only, as the GPU sampler, so a Session refuses the others); `token_masks` (true: feed and
+    repeat_penalty only, so a Session refuses the others); `token_masks` (true: feed and
     step_batch apply SamplingParams.token_mask, the tokens a constraint allows, and `logprobs(token, n, token_mask)`
     is over them; absent or false: a Session refuses structured output; docs/api.md, "The engine's side");
     `set_control_vectors(control_vectors, control_layers)` (the control vectors added from the next token on:

@@ -1,5 +1,5 @@
 # Declarations of the decode session (cuda/include/strata/decode_session.hpp).
-from libc.stdint cimport uint8_t
+from libc.stdint cimport int32_t, uint8_t
 from libcpp cimport bool as cbool
 from libcpp.string cimport string
 from libcpp.vector cimport vector
@@ -46,6 +46,12 @@ cdef extern from "strata/decode_session.hpp" nogil:
         double temperature, top_p, min_p
         float repeat_penalty
         int top_k
+        double frequency_penalty, presence_penalty
+        int answer_start
+        const int* bias_ids
+        const float* bias_values
+        int n_bias
+        cbool token_mask
 
     # A struct, so Cython converts it to a dict keyed by the C++ field names.
     cdef struct DecodeStats "strata::DecodeStats":
@@ -105,7 +111,9 @@ cdef extern from "strata/decode_session.hpp" nogil:
         void layer_states(const int* tokens, int n, const float* ple_rows, float* out) except +raise_strata_error
         void logits(float* out) except +raise_strata_error
         void reset() except +raise_strata_error
-        TokenLogprobs logprobs(int token, int n) except +raise_strata_error
+        TokenLogprobs logprobs(int token, int n, cbool token_mask) except +raise_strata_error
+        int32_t* token_mask_words()
+        int token_mask_size()
         void snapshot(int slot) except +raise_strata_error
         void restore(int slot) except +raise_strata_error
         string batch_key() except +raise_strata_error

@@ -1,9 +1,11 @@
 """The GPU engine: strata.generation.Engine over the native decode session (strata._native.DecodeSession).
 
 The native session runs one token per `step` (all layers on the GPU, routed experts on the CPU pool, the
-sampler on the device) and keeps every id it was fed, so the repetition penalty's history lives there; this
-side only checks that the caller's history agrees, and hands the PLE layer each token's n-gram table rows where
-the native session does not gather them itself (a table type strata.runtime.ple_rows.NATIVE_ROW_TYPES lacks).
+sampler on the device) and keeps every id it was fed, so the penalties' history lives there (the repetition
+penalty's, and the answer's counts from answer_start on); this side only checks that the caller's history agrees,
+and hands the PLE layer each token's n-gram table rows where the native session does not gather them itself (a
+table type strata.runtime.ple_rows.NATIVE_ROW_TYPES lacks). The sampler applies every SamplingParams field: a draw's
+token mask is written straight into the native session's page-locked words, which its sampling kernel reads.
 Control vectors (docs/control_vectors.md) are the native session's: this side reads the files
 (strata.runtime.steering) and stages their table there.
 """
@@ -24,7 +26,15 @@ from strata.runtime.prompt import PROMPT_MIN_TOKENS
 if TYPE_CHECKING:
     from strata.runtime.ple_rows import PleRows
     from strata.runtime.steering import ControlVectors
-    from strata.sampling import SamplingParams
+    from strata.sampling import SamplingParams, TokenMask
+
+
+NO_DRAW = (0.0, 0, 1.0, 0.0, 1.0)  # the native sampling values of a step that draws nothing (greedy, unread)
+
+
+def _filters(params: SamplingParams) -> tuple:
+    """The native sampling values of the filters: (temperature, top_k, top_p, min_p, repeat_penalty)."""
+    return params.temperature, params.top_k, params.top_p, params.min_p, params.repeat_penalty
 
 
 # The native session's per-token stages: the GPU's work before each router as the host loop waits for its ring,
@@ -64,6 +74,8 @@ class GpuEngine:
     files for set_control_vectors."""
 
     prompt_min_tokens = PROMPT_MIN_TOKENS  # a feed of fewer ids steps them one by one, not through the prompt path
+    full_sampling = True  # the device sampler applies logit_bias and the frequency and presence penalties too
+    token_masks = True  # and SamplingParams.token_mask (structured output: docs/api.md, "The engine's side")
 
     def __init__(self, native: Any, ple: PleRows | None = None, snapshots: int = 0, batch_key: object = None,
                  control_vectors: ControlVectors | None = None):
@@ -96,8 +108,7 @@ class GpuEngine:
 
     def feed(self, ids: Sequence[int], params: SamplingParams, u: float, seen: Sequence[int]) -> int:
         """Step every id; only the last one samples (the earlier ones only fill the state)."""
-        sampling = (params.temperature, params.top_k, params.top_p, params.min_p, params.repeat_penalty)
-        return self._step(ids, seen, sampling, u, sample=True)
+        return self._step(ids, seen, self._sampling(params), u, sample=True)
 
     def feed_prompt_path(self, ids: Sequence[int], params: SamplingParams, u: float, seen: Sequence[int]) -> int:
         """feed() through the prompt path however few the ids (feed() steps fewer than PROMPT_MIN_TOKENS): what a
@@ -105,12 +116,35 @@ class GpuEngine:
         if not self.native.prompt_chunk:
             raise InvalidArgument("feed_prompt_path() needs the prompt path: this session has none (prompt_chunk 0)")
         self._check_history(ids, seen)
-        sampling = (params.temperature, params.top_k, params.top_p, params.min_p, params.repeat_penalty)
-        return self._feed_chunks(ids, sampling, u, sample=True)
+        return self._feed_chunks(ids, self._sampling(params), u, sample=True)
 
     def prefill(self, ids: Sequence[int], seen: Sequence[int]) -> None:
         """Step every id; nothing is sampled."""
-        self._step(ids, seen, (0.0, 0, 1.0, 0.0, 1.0), 0.0, sample=False)
+        self._step(ids, seen, NO_DRAW, 0.0, sample=False)
+
+    def _sampling(self, params: SamplingParams) -> tuple:
+        """A draw's values as the native session takes them: the filters' five where it sets nothing more (what
+        every draw staged before the sampler took more), else with the penalties, the bias, and whether the mask
+        holds it, written now into the session's page-locked words that its sampling kernel reads."""
+        filters = _filters(params)
+        if params.token_mask is None and not params.extended():
+            return filters
+        masked = params.token_mask is not None
+        if masked:
+            self._write_mask(params.token_mask)
+        return filters + (params.frequency_penalty, params.presence_penalty, params.answer_start, params.logit_bias,
+                          masked)
+
+    def _write_mask(self, mask: TokenMask) -> np.ndarray:
+        """`mask` in the native session's words (a lazy mask is computed straight into them); returns them."""
+        words = self.native.token_mask_words()
+        if mask.size <= words.size:
+            mask.fill(words)
+        else:  # a tokenizer wider than the logits: its tokens past them are never drawn
+            wide = np.zeros(mask.size, np.int32)
+            mask.fill(wide)
+            words[:] = wide[:words.size]
+        return words
 
     def _check_history(self, ids: Sequence[int], seen: Sequence[int]) -> None:
         if not ids:
@@ -149,7 +183,7 @@ class GpuEngine:
         GpuEngine._check_step(engines, [[t] for t in ids], seens)
         with _ple_kept_on_refusal(engines):
             rows = [e.ple.rows(int(t)) if e.ple is not None else None for e, t in zip(engines, ids)]
-            sampling = [(p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty) for p in params]
+            sampling = [e._sampling(p) for e, p in zip(engines, params, strict=True)]
             return _native.step_batch([e.native for e in engines], [int(t) for t in ids],
                                       rows if any(r is not None for r in rows) else None, sampling, list(us), True)
 
@@ -182,7 +216,9 @@ class GpuEngine:
                         raise InvalidArgument(f"step_rows: an engine that does not verify steps one id, got "
                                               f"{len(part)}")
                     rows.append(engine.ple.rows(part[0]) if engine.ple is not None else None)
-            sampling = [(p.temperature, p.top_k, p.top_p, p.min_p, p.repeat_penalty) for p in params]
+            # a verification draws nothing: its rows' masks are the session's, on the host
+            sampling = [_filters(p) if verifies else e._sampling(p)
+                        for e, p, verifies in zip(engines, params, verify, strict=True)]
             sampled = _native.step_rows([e.native for e in engines], [[int(t) for t in part] for part in ids],
                                         rows if any(r is not None for r in rows) else None, list(verify), sampling,
                                         list(us), [None] * len(engines))
@@ -215,7 +251,7 @@ class GpuEngine:
         self._check_history(ids, seen)
         logits = np.empty((len(ids), self.native.n_vocab), dtype=np.float32)
         rows = self.ple.rows_for(ids) if self.ple is not None else None
-        self.native.feed(ids, rows, (0.0, 0, 1.0, 0.0, 1.0), 0.0, sample=False, logits=logits)
+        self.native.feed(ids, rows, NO_DRAW, 0.0, sample=False, logits=logits)
         return logits
 
     def set_control_vectors(self, control_vectors: Sequence[tuple[str, float]] = (),
@@ -281,9 +317,17 @@ class GpuEngine:
         """float32 [n_vocab] of the last step."""
         return self.native.logits()
 
-    def logprobs(self, token: int, n: int) -> tuple[float, list[tuple[int, float]]]:
-        """log p(token) and the n most likely ids at the last step's position, from the device."""
-        return self.native.logprobs(token, n)
+    def logprobs(self, token: int, n: int,
+                 token_mask: TokenMask | None = None) -> tuple[float, list[tuple[int, float]]]:
+        """log p(token) and the n most likely ids at the last step's position, from the device; with `token_mask`
+        (the one the token was drawn under), over the tokens it allows (strata.sampling.log_probabilities)."""
+        if token_mask is None:
+            return self.native.logprobs(token, n)
+        words = self._write_mask(token_mask)
+        allowed = np.unpackbits(words.view(np.uint8), bitorder="little")[:self.native.n_vocab]
+        if not 0 <= token < allowed.size or not allowed[token]:
+            raise InvalidArgument(f"token {token} is not one the token mask allows")
+        return self.native.logprobs(token, min(n, int(np.count_nonzero(allowed))), True)
 
     def snapshot(self, slot: int) -> None:
         self.native.snapshot(slot)

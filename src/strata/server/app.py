@@ -345,9 +345,9 @@ class Server:
         if asked is None:
             return call
         if not self.masks:
-            raise BadRequest(f"{asked.field}: this server's engine cannot hold an answer to a grammar yet (its sampler "
-                             "takes no token mask: the GPU sampler takes one in a later change; --engine reference "
-                             "does)", asked.field, "unsupported_parameter")
+            raise BadRequest(f"{asked.field}: this server's engine cannot hold an answer to a grammar (its sampler "
+                             "takes no token mask; the GPU and reference engines' samplers do)", asked.field,
+                             "unsupported_parameter")
         if call.sampling.get("ignore_eos"):
             raise BadRequest(f"'ignore_eos' cannot go with '{asked.field}': the grammar says where the answer ends",
                              "ignore_eos", "invalid_value")

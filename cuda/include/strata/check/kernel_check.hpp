@@ -192,13 +192,26 @@ void hc_write_steered(int device, const float* h, const float* inj, int inj_stri
 // The mean of one row's streams h [streams][n] into out [n] (kernels::hc_stream_mean: `strata cvector`'s state).
 void hc_stream_mean(int device, const float* h, float* out, int streams, int n);
 
+// The SamplingParams fields sample_tokens takes beside the filters': the logit bias (dense [vocab], 0 where a
+// token has none; null: none), the frequency and presence penalties over seen[answer_start:], and the token mask
+// ([(vocab + 31) / 32] words, strata.sampling.TokenMask's layout; null: none).
+struct SampleExtras {
+  const float* bias = nullptr;
+  double frequency_penalty = 0.0, presence_penalty = 0.0;
+  int answer_start = 0;
+  const std::int32_t* mask = nullptr;
+};
+
 // The token strata.sampling.sample picks, for each uniform draw u in draws [n_draws], into tokens [n_draws]:
-// logits [vocab], the seen ids [n_seen] for the repetition penalty, and the SamplingParams fields. Arguments
+// logits [vocab], the seen ids [n_seen] for the penalties, and the SamplingParams fields. Arguments
 // are checked as the reference checks them (before any device work); the per-token values travel in device
-// memory as on the token path, and with `graph` one captured CUDA graph is replayed for every draw. With
-// `argmax_path` the launch is sample_argmax's (no sort), which the values must allow (kernels::picks_argmax).
+// memory as on the token path (the mask in mapped page-locked memory, as a session's), and with `graph` one
+// captured CUDA graph is replayed for every draw. With `argmax_path` the launch is sample_argmax's (no sort),
+// which the values must allow (kernels::picks_argmax). The answer's counts buffer is checked to be all zero
+// again after the draws (the sampler's invariant).
 void sample_tokens(int device, const float* logits, int vocab, const std::int32_t* seen, int n_seen,
                    double temperature, int top_k, double top_p, double min_p, double repeat_penalty,
-                   const double* draws, int n_draws, bool graph, bool argmax_path, std::int32_t* tokens);
+                   const SampleExtras& extras, const double* draws, int n_draws, bool graph, bool argmax_path,
+                   std::int32_t* tokens);
 
 }  // namespace strata::kernel_check

@@ -105,6 +105,8 @@ void carve_scratch(Carver& c, const ModelGeometry& g, int context, std::size_t s
   s.ple_out_ = c.take<float>(width);
   s.logits_ = c.take<float>(g.n_vocab);
   s.logprobs_ = c.take<kernels::Logprobs>(1);
+  s.sample_bias_ = c.take<float>(g.n_vocab);
+  s.answer_counts_ = c.take<int>(g.n_vocab);
   s.sample_scratch_bytes_ = sample_bytes;
   s.sample_scratch_ = c.take<char>(sample_bytes);
 }
@@ -156,6 +158,7 @@ DecodeProgram::DecodeProgram(const ModelGeometry& g, const ProgramInputs& in, in
   STRATA_CUDA_TRY(cudaMemset(ex_gate_, 0, hidden_bytes));
   STRATA_CUDA_TRY(cudaMemset(ex_up_, 0, hidden_bytes));
   STRATA_CUDA_TRY(cudaMemset(route_ticket_, 0, sizeof(unsigned)));  // every router launch leaves it zero again
+  STRATA_CUDA_TRY(cudaMemset(answer_counts_, 0, sizeof(int) * g.n_vocab));  // every draw leaves them zero again
   for (int l = 0; l < g.ple_layer; ++l) ple_late_ = ple_late_ || rings(l);
 }
 
@@ -357,8 +360,12 @@ void DecodeProgram::routed_rows(int layer, cudaStream_t s) const {
   }
 }
 
-void DecodeProgram::enqueue_logprobs(int token, int n, cudaStream_t s) const {
-  STRATA_CUDA_TRY(kernels::logprobs(logits_, g_.n_vocab, token, n, logprobs_, s));
+void DecodeProgram::enqueue_logprobs(int token, int n, bool masked, cudaStream_t s) const {
+  STRATA_CUDA_TRY(kernels::logprobs(logits_, g_.n_vocab, token, n, masked ? io_.token_mask : nullptr, logprobs_, s));
+}
+
+void DecodeProgram::upload_bias(const float* dense, cudaStream_t s) const {
+  STRATA_CUDA_TRY(cudaMemcpyAsync(sample_bias_, dense, sizeof(float) * g_.n_vocab, cudaMemcpyHostToDevice, s));
 }
 
 void DecodeProgram::end_prompt(Sampler sampler, cudaStream_t s) const {
@@ -383,7 +390,8 @@ void DecodeProgram::sample(Sampler sampler, cudaStream_t s) const {
   if (sampler == Sampler::kNone) return;
   // The argmax needs no sort: the host chose it from the values it staged (kernels::picks_argmax).
   auto* draw = sampler == Sampler::kArgmax ? kernels::sample_argmax : kernels::sample_token;
-  STRATA_CUDA_TRY(draw(logits_, g_.n_vocab, seen_, context_, &stage_->sampling, sample_scratch_,
+  const kernels::SampleInputs inputs{io_.token_mask, sample_bias_, answer_counts_};
+  STRATA_CUDA_TRY(draw(logits_, g_.n_vocab, seen_, context_, &stage_->sampling, inputs, sample_scratch_,
                        sample_scratch_bytes_, io_.sampled, s));
 }
 

@@ -34,6 +34,7 @@ struct TokenStage {
   int position = 0;
 };
 constexpr std::size_t kStagePleOffset = 256;  // PLE rows follow the stage in the same block
+static_assert(sizeof(TokenStage) <= kStagePleOffset, "the token's values overlap the PLE rows staged after them");
 
 // Where the program meets the host: staging and the doorbell.
 struct ProgramIo {
@@ -43,6 +44,7 @@ struct ProgramIo {
   int* wait_status = nullptr;        // mapped: the ring a device-side wait gave up on
   long long answer_timeout_ns = 0;
   int* sampled = nullptr;            // mapped: the sampled token id
+  const unsigned* token_mask = nullptr;  // mapped: the next draw's token mask words (read where its stage says)
   ExpertDeferral deferral;           // which layers' deferred rows post() adds a layer late (off: none)
 };
 
@@ -73,6 +75,8 @@ struct DecodeScratch {
   float *ple_key_ = nullptr, *ple_value_ = nullptr, *ple_out_ = nullptr;
   float* logits_ = nullptr;
   kernels::Logprobs* logprobs_ = nullptr;
+  float* sample_bias_ = nullptr;  // [n_vocab] the logit bias of the draws that set one (upload_bias)
+  int* answer_counts_ = nullptr;  // [n_vocab] zero between draws (kernels::SampleInputs::counts)
   void* sample_scratch_ = nullptr;
   std::size_t sample_scratch_bytes_ = 0;
 };
@@ -116,8 +120,12 @@ class DecodeProgram final : public TokenProgram, private DecodeScratch {
   // sampling values copied up, the row into logits(), then `sampler`.
   void adopt_logits(const float* row, Sampler sampler, cudaStream_t s) const;
 
-  // The log-probabilities of `token` and the n most likely ids at the last position, into logprobs().
-  void enqueue_logprobs(int token, int n, cudaStream_t s) const;
+  // The log-probabilities of `token` and the n most likely ids at the last position, into logprobs(); `masked`:
+  // over the tokens the mask words (ProgramIo::token_mask) allow.
+  void enqueue_logprobs(int token, int n, bool masked, cudaStream_t s) const;
+
+  // The dense logit bias (host [n_vocab], page-locked) the draws whose stage sets `biased` add, copied on `s`.
+  void upload_bias(const float* dense, cudaStream_t s) const;
   const kernels::Logprobs* logprobs() const noexcept { return logprobs_; }
 
  private:

@@ -11,7 +11,7 @@ from strata.libstrata.check.kernel_check cimport (
     cpp_hc_stream_mean, cpp_hc_write, cpp_hc_write_steered, cpp_l2_norm,
     cpp_moe_cached_sum, cpp_moe_combine, cpp_moe_route, cpp_moe_weighted_rows, cpp_quantize_q8_32, cpp_raise_error,
     cpp_rms_norm, cpp_rms_norm_gated, cpp_rms_norm_grouped, cpp_rope_neox, cpp_route_publish, cpp_sample_tokens,
-    cpp_shared_expert_gate, cpp_swiglu, cpp_time_gemv_float, cpp_time_gemv_quant, cpp_time_gemv_quant_batch, cpp_time_gemv_quant_inputs,
+    SampleExtras, cpp_shared_expert_gate, cpp_swiglu, cpp_time_gemv_float, cpp_time_gemv_quant, cpp_time_gemv_quant_batch, cpp_time_gemv_quant_inputs,
 )
 from strata.libstrata.check.q8_host cimport Q8Host
 from strata.libstrata.device_weights cimport HostTensor
@@ -606,7 +606,8 @@ def hc_stream_mean(streams, int device=0):
 def sample_tokens(logits, params, draws, seen=(), bint graph=False, bint argmax_path=False, int device=0):
     """The token strata.sampling.sample(logits, params, u, seen) picks for each u in `draws`, on GPU `device`.
 
-    `params` is a strata.sampling.SamplingParams; returns int32 [len(draws)]. With graph=True the sampler is
+    `params` is a strata.sampling.SamplingParams, every field taken (logit_bias, the frequency and presence
+    penalties over seen[answer_start:], token_mask); returns int32 [len(draws)]. With graph=True the sampler is
     captured once into a CUDA graph and replayed per draw, the values rewritten in device memory in between.
     With argmax_path=True the launch is the argmax's without a sort (sample_argmax), as the decode step runs it
     for greedy or top-k 1 values (anything else is refused).
@@ -620,6 +621,27 @@ def sample_tokens(logits, params, draws, seen=(), bint graph=False, bint argmax_
     cdef double temperature = params.temperature, top_p = params.top_p, min_p = params.min_p
     cdef double repeat_penalty = params.repeat_penalty
     cdef int top_k = params.top_k
+    # the fields past the filters' may be absent (a namespace of the filters' values): off
+    cdef SampleExtras extras
+    extras.frequency_penalty = getattr(params, "frequency_penalty", 0.0)
+    extras.presence_penalty = getattr(params, "presence_penalty", 0.0)
+    extras.answer_start = getattr(params, "answer_start", 0)
+    bias, mask = getattr(params, "logit_bias", ()), getattr(params, "token_mask", None)
+    cdef const float[::1] bias_view
+    cdef const int32_t[::1] mask_view
+    if bias:
+        ids, values = np.array(bias, np.float64).T
+        if ids.max() >= vocab:
+            raise InvalidArgument(f"logit_bias: token {int(ids.max())} is outside the {vocab} logits")
+        dense = np.zeros(vocab, np.float32)
+        dense[ids.astype(np.int64)] = values.astype(np.float32)
+        bias_view = dense
+        extras.bias = &bias_view[0]
+    if mask is not None:
+        words = np.zeros(max((vocab + 31) // 32, mask.size), np.int32)
+        mask.fill(words)
+        mask_view = words
+        extras.mask = &mask_view[0]
     tokens = np.empty(n_draws, np.int32)
     cdef int32_t[::1] tv = tokens
     # Empty inputs pass NULL; the native checks refuse them before reading.
@@ -628,8 +650,8 @@ def sample_tokens(logits, params, draws, seen=(), bint graph=False, bint argmax_
     cdef const double* dp = &dv[0] if n_draws else NULL
     cdef int32_t* tp = &tv[0] if n_draws else NULL
     with nogil:
-        cpp_sample_tokens(device, lp, vocab, sp, n_seen, temperature, top_k, top_p, min_p, repeat_penalty, dp,
-                          n_draws, graph, argmax_path, tp)
+        cpp_sample_tokens(device, lp, vocab, sp, n_seen, temperature, top_k, top_p, min_p, repeat_penalty, extras,
+                          dp, n_draws, graph, argmax_path, tp)
     return tokens
 
 

@@ -110,7 +110,12 @@ cdef extern from "strata/check/kernel_check.hpp" nogil:
         const uint8_t* row_has, bint per_row, float* h_out, int rows, int streams, int n) except +raise_strata_error
     void cpp_hc_stream_mean "strata::kernel_check::hc_stream_mean"(
         int device, const float* h, float* out, int streams, int n) except +raise_strata_error
+    cdef cppclass SampleExtras "strata::kernel_check::SampleExtras":
+        const float* bias
+        double frequency_penalty, presence_penalty
+        int answer_start
+        const int32_t* mask
     void cpp_sample_tokens "strata::kernel_check::sample_tokens"(
         int device, const float* logits, int vocab, const int32_t* seen, int n_seen, double temperature,
-        int top_k, double top_p, double min_p, double repeat_penalty, const double* draws, int n_draws,
-        bint graph, bint argmax_path, int32_t* tokens) except +raise_strata_error
+        int top_k, double top_p, double min_p, double repeat_penalty, const SampleExtras& extras,
+        const double* draws, int n_draws, bint graph, bint argmax_path, int32_t* tokens) except +raise_strata_error
