@@ -28,6 +28,7 @@ from strata.reference import Reference  # noqa: E402
 
 SEQ, SPLIT = 56, 37
 WORST, MEDIAN = 1e-3, 1e-4
+ROUTER_TIE = 1e-4  # a router gap float32 rounding cannot close
 DRAWS = 12
 
 
@@ -95,10 +96,40 @@ def _draw_without_cut_tie(arch: str, config: int, options: dict, rng: np.random.
     raise AssertionError(f"{DRAWS} draws in a row had an exact QSA score tie at a top-k cut")
 
 
+def _logits_and_router_margin(model: torch.nn.Module, ids: np.ndarray) -> tuple[np.ndarray, float]:
+    """transformers' logits for ids, and the smallest gap over every MoE layer and position between the router
+    logits of the k-th expert chosen and the first left out (routing is top k of their softmax, so by logit)."""
+    gates = [m for name, m in model.named_modules() if name.endswith("mlp.gate")]
+    assert gates, "no MoE router (mlp.gate) found"
+    outputs: list[torch.Tensor] = []
+    hooks = [m.register_forward_hook(lambda _m, _i, out: outputs.append(out[0] if isinstance(out, tuple) else out))
+             for m in gates]
+    try:
+        with torch.no_grad():
+            logits = model(torch.tensor(ids)[None]).logits[0].numpy()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    k = model.config.num_experts_per_tok
+    margins = []
+    for out in outputs:
+        ranked = np.sort(out.float().numpy().reshape(-1, out.shape[-1]), axis=1)[:, ::-1]
+        margins.append((ranked[:, k - 1] - ranked[:, k]).min())
+    return logits, float(min(margins))
+
+
 def _check_parity(arch: str, config: int, options: dict, rng: np.random.Generator, tmp_path: Path) -> None:
-    seed, model, ids, got, dumps = _draw_without_cut_tie(arch, config, options, rng, tmp_path)
-    with torch.no_grad():
-        expected = model(torch.tensor(ids)[None]).logits[0].numpy()
+    # Redrawn where a router's k-th and (k + 1)-th logits lie within float32 noise of each other: the reference and
+    # transformers may then route that token to different experts, and every later position of a recurrent layer
+    # carries it (seed 150522339, qwen35moe: a gap of 8e-7 at position 43, 0.28 of the logits from there on).
+    for attempt in range(DRAWS):
+        seed, model, ids, got, dumps = _draw_without_cut_tie(arch, config, options, rng, tmp_path / f"{attempt}")
+        expected, margin = _logits_and_router_margin(model, ids)
+        if margin > ROUTER_TIE:
+            break
+        print(f"seed={seed}: a router's top-k cut within {margin:.1e} of a tie, drawing again")
+    else:
+        raise AssertionError(f"{DRAWS} draws in a row had a router near-tie at a top-k cut")
 
     assert np.isfinite(got).all(), f"non-finite logits (seed={seed})"
     rel = np.abs(got - expected).max(axis=1) / np.abs(expected).max(axis=1)
