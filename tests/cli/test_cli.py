@@ -109,7 +109,7 @@ def test_convert_from_the_command_line(tmp_path, capsys):
     [
         (["synth", "x.gguf", "--experts-type", "q9_9"], "strata synth: type 'q9_9' is not a GGML type name"),
         (["convert", "no-such-dir", "x.gguf"], "strata convert: "),
-        (["synth", "missing/x.gguf"], "strata synth: No such file or directory (missing/x.gguf.partial-"),
+        (["synth", "missing/x.gguf"], "strata synth: missing/x.gguf: the folder missing does not exist"),
         (["synth", "."], "strata synth: . is a directory; name the .gguf file to write"),
         (["info", "x.gguf"], "strata info: x.gguf: cannot read the file (No such file or directory)"),
     ],

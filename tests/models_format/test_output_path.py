@@ -45,6 +45,23 @@ def test_an_existing_file_is_replaced_only_when_asked(tmp_path):
     assert _leftovers(tmp_path) == []
 
 
+def test_a_name_in_a_missing_or_closed_folder_is_refused_in_its_own_words(tmp_path, capsys):
+    """Not the system's words about the temporary file beside it (x.gguf.partial-PID)."""
+    with pytest.raises(InvalidArgument, match=r"m\.gguf: the folder .*nowhere does not exist"):
+        synthesize(tmp_path / "nowhere" / "m.gguf", "qwen3next", "tiny")
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(InvalidArgument, match=r"m\.gguf: .*file is not a folder"):
+        synthesize(tmp_path / "file" / "m.gguf", "qwen3next", "tiny")
+    assert main(["synth", str(tmp_path / "nowhere" / "m.gguf"), "--arch", "qwen3next"]) != 0
+    err = capsys.readouterr().err
+    assert "the folder" in err and ".partial-" not in err
+    if os.geteuid() != 0:  # root may write anywhere
+        closed = tmp_path / "closed"
+        closed.mkdir(mode=0o500)
+        with pytest.raises(InvalidArgument, match="may not write in"):
+            synthesize(closed / "m.gguf", "qwen3next", "tiny")
+
+
 @pytest.mark.parametrize("kind", ["symlink", "dangling symlink", "fifo", "directory"])
 def test_what_is_not_a_regular_file_is_refused_and_left_as_it_was(tmp_path, kind):
     target, path = tmp_path / "target.gguf", tmp_path / "m.gguf"

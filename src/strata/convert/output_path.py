@@ -4,6 +4,7 @@ temporary file beside the output is removed, and then end the process by the sam
 
 from __future__ import annotations
 
+import os
 import signal
 import stat
 import threading
@@ -16,12 +17,17 @@ ENDING_SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), getattr(sig
 
 
 def check_target(path: Path, overwrite: bool) -> None:
-    """InvalidArgument unless `path` is free, or a regular file and `overwrite`. A symbolic link is refused, not
-    followed: replacing a link's target through it would write where the name does not say."""
+    """InvalidArgument unless `path` is free in a folder this process may write in, or a regular file and
+    `overwrite`. A symbolic link is refused, not followed: replacing a link's target through it would write where
+    the name does not say. Checked before the long work, so that a bad name is said in its own words (the write
+    itself goes to a temporary name beside it, which the system's error would name instead)."""
     try:
         mode = path.lstat().st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
+        _check_folder(path)
         return
+    except OSError as exc:
+        raise InvalidArgument(f"{path}: cannot reach it ({exc.strerror})") from None
     if stat.S_ISLNK(mode):
         raise InvalidArgument(f"{path} is a symbolic link; name the file to write itself (strata replaces regular "
                               "files only)")
@@ -32,6 +38,15 @@ def check_target(path: Path, overwrite: bool) -> None:
                               "files only")
     if not overwrite:
         raise InvalidArgument(f"{path} exists; pass --force (overwrite=True) to replace it")
+
+
+def _check_folder(path: Path) -> None:
+    folder = path.parent
+    if not folder.is_dir():
+        raise InvalidArgument(f"{path}: the folder {folder} does not exist" if not folder.exists()
+                              else f"{path}: {folder} is not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InvalidArgument(f"{path}: this process may not write in {folder}")
 
 
 class Terminated(BaseException):
