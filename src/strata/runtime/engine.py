@@ -206,11 +206,7 @@ class GpuEngine:
             for engine, part, verifies in zip(engines, ids, verify, strict=True):
                 part = [int(t) for t in part]
                 if verifies:
-                    if engine.ple is not None:
-                        engine._verified = (engine.position, engine.ple.previous.copy(), part)
-                        rows.append(engine.ple.rows_for(part))
-                    else:
-                        rows.append(None)
+                    rows.append(engine._verification_ple_rows(part))
                 else:
                     if len(part) != 1:
                         raise InvalidArgument(f"step_rows: an engine that does not verify steps one id, got "
@@ -299,11 +295,15 @@ class GpuEngine:
         the sequence back to any of them. The rows are the session's page-locked block (the device copies them
         there at the bus's rate), valid until this engine's next verification: copy them to keep them longer."""
         self._check_history(ids, seen)
-        rows = None
-        if self.ple is not None:
-            self._verified = (self.position, self.ple.previous.copy(), [int(t) for t in ids])
-            rows = self.ple.rows_for(ids)
-        return self.native.verify(ids, rows)
+        return self.native.verify(ids, self._verification_ple_rows([int(t) for t in ids]))
+
+    def _verification_ple_rows(self, ids: list[int]) -> np.ndarray | None:
+        """The PLE rows of a verification of `ids` (None: the session gathers its own), keeping what truncate()
+        needs to put the n-gram state back at any of its rows."""
+        if self.ple is None:
+            return None
+        self._verified = (self.position, self.ple.previous.copy(), ids)
+        return self.ple.rows_for(ids)
 
     def truncate(self, position: int) -> None:
         """Right after verify(): the sequence as stepping its first `position` tokens leaves it."""
