@@ -1,14 +1,24 @@
-"""What structured output adds to a request on the CPU (strata.generation.constraints, llguidance): the tokenizer's
+"""What structured output adds to a request (strata.generation.constraints, llguidance): on the CPU, the tokenizer's
 one-time build, then per request the time to the first token a new JSON schema adds (compiling it against the
-tokenizer, its first mask, a generation's copy of the parser), and per generated token the mask and the advance.
+tokenizer, its first mask, a generation's copy of the parser), and per generated token the mask and the advance;
+with --decode, a loaded model's decode speed under a JSON schema against the same decode unconstrained.
 
     python3 benchmarks/bench_structured.py                      # the benchmark model's vocabulary (qwen4exp, bench)
     python3 benchmarks/bench_structured.py --vocab 151936 --fields 20 --schemas 30 --json out.json
+    python3 benchmarks/bench_structured.py --decode [MODEL.gguf] [--expert-cache auto] [--engine gpu] [--fields 20]
+        [--rounds 3] [--decode-tokens 1024] [--json out.json]
 
 The vocabulary is the synthetic byte-level one strata synth writes (the benchmark model's), of the geometry's size.
 Each schema is new (its own field names, kinds and bounds), so nothing is reused from the one before. Prints RESULT
 lines; --json PATH writes the figures. Without llguidance installed it says so in its RESULT line and exits 0.
-"""
+
+--decode loads MODEL (without one, `strata bench`'s default benchmark model, synthesized once into the cache) and
+decodes greedily from a fixed random prompt of 16 tokens, in alternating rounds: unconstrained, then under one
+schema of --fields properties, and again. The schema's answer ends with EOS where the schema is complete (or at
+--decode-tokens); the unconstrained answer decodes exactly as many tokens, past EOS, so both rates are over the
+same positions. A rate is (tokens - 1) / the seconds from the first token to the last: the prompt and the schema's
+compile (the first token's cost above) are outside it. Prints the medians over the rounds and whether each
+constrained answer parses as JSON and validates against the schema; --json adds every round's figures."""
 
 from __future__ import annotations
 
@@ -20,10 +30,16 @@ from pathlib import Path
 
 import numpy as np
 
+import strata
+from strata.api import ENGINES
+from strata.bench.decode import prompt_ids
+from strata.bench.default_model import bench_model, cache_dir
 from strata.convert import tokenizer_meta
 from strata.format import Tokenizer
+from strata.synth import synthesize
 from strata.synth.presets import geometry
 
+PROMPT_TOKENS = 16
 KINDS = ("string", "integer", "number", "boolean", "enum", "array", "object", "pattern", "nullable")
 
 
@@ -78,23 +94,9 @@ def walk(constraint, words: int, vocab: int, eos: set[int], rng: np.random.Gener
     return seconds
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--arch", default="qwen4exp", help="the geometry whose vocabulary size is used")
-    ap.add_argument("--preset", default="bench")
-    ap.add_argument("--vocab", type=int, default=None, help="the vocabulary's size (default: the geometry's)")
-    ap.add_argument("--fields", type=int, default=20, help="properties per schema")
-    ap.add_argument("--schemas", type=int, default=20, help="new schemas compiled, one after the other")
-    ap.add_argument("--tokens", type=int, default=300, help="the most tokens walked per schema")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH")
-    args = ap.parse_args()
-    try:
-        from strata.generation import constraints
-        import llguidance  # noqa: F401
-    except ImportError:
-        print("RESULT structured: skipped (llguidance is not installed: pip install 'strata-moe[structured]')")
-        return
+def cpu_costs(args: argparse.Namespace, constraints) -> None:
+    """The tokenizer's build, a new schema's first token and a token's mask and advance, over a synthetic
+    vocabulary (no model)."""
     vocab = args.vocab or geometry(args.arch, args.preset).n_vocab
     codec = Tokenizer({key: value for key, value, _ in tokenizer_meta.byte_level(vocab, chat=True)})
     start = time.perf_counter()
@@ -139,6 +141,116 @@ def main() -> None:
     print(f"RESULT structured per token: {figures['per_token_us']['median']} us median, "
           f"{figures['per_token_us']['p90']} us p90, {figures['per_token_us']['p99']} us p99 (mask + advance, "
           f"{sum(answer_tokens)} tokens)")
+
+
+def model_geometry(model):
+    """The loaded model's geometry, on either engine (a strata.Model's info, a ReferenceModel's file)."""
+    return model.info.geometry if hasattr(model, "info") else model.file.geometry
+
+
+def timed_answer(session, prompt: list[int], **options) -> tuple[list, float]:
+    """A greedy answer to `prompt` from an empty session: its pieces and the seconds from its first token to its
+    last, which leave out the prompt's feed and the schema's compile (both before the first token)."""
+    session.reset()  # every answer decodes from the same start, over the same positions
+    pieces, stamps = [], []
+    for piece in session.generate(prompt, temperature=0.0, **options):
+        stamps.append(time.perf_counter())
+        pieces.append(piece)
+    if len(pieces) < 2:
+        raise SystemExit(f"bench_structured: an answer of {len(pieces)} token(s) has no decode rate")
+    return pieces, stamps[-1] - stamps[0]
+
+
+def rate(pieces: list, seconds: float) -> float:
+    """Tokens per second of decode: the first token is the prompt's, so `seconds` spans the other len - 1."""
+    return (len(pieces) - 1) / seconds
+
+
+def validates(text: str, schema: dict) -> bool:
+    """Whether `text` parses as JSON and the value validates against `schema`."""
+    import jsonschema
+
+    try:
+        jsonschema.validate(json.loads(text), schema)
+    except (json.JSONDecodeError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+def decode_rounds(session, prompt: list[int], schema: dict, rounds: int, cap: int) -> dict:
+    """Alternating unconstrained and constrained answers, `rounds` of each, after one of each untimed: the first
+    tells the constrained answer's length (greedy, so every round's is the same), and both warm what a first
+    answer pays once (llguidance's tokenizer, the GPU's graphs and expert cache)."""
+    constrained = {"max_tokens": cap, "json_schema": schema}
+    warm, _ = timed_answer(session, prompt, **constrained)
+    complete = session.stats.finish_reason == "eos"  # else --decode-tokens cut it before the schema's end
+    unconstrained = {"max_tokens": len(warm), "ignore_eos": True}  # the same positions, past any EOS
+    timed_answer(session, prompt, **unconstrained)
+    per_round = []
+    for _ in range(rounds):
+        plain, plain_seconds = timed_answer(session, prompt, **unconstrained)
+        held, held_seconds = timed_answer(session, prompt, **constrained)
+        per_round.append({"unconstrained": {"tokens": len(plain), "tokens_per_second": rate(plain, plain_seconds)},
+                          "schema": {"tokens": len(held), "tokens_per_second": rate(held, held_seconds)},
+                          "valid": validates("".join(p.text for p in held), schema)})
+    return {"tokens": len(warm), "complete": complete, "rounds": per_round}
+
+
+def decode_costs(args: argparse.Namespace) -> None:
+    """Decode speed under a JSON schema against unconstrained, on a loaded model."""
+    path = args.decode or bench_model(cache_dir(), synthesize)
+    cache = None if args.engine == "reference" else args.expert_cache  # the reference engine has no expert cache
+    options = {} if cache is None else {"progress": False, "expert_cache": 0 if cache == "0" else cache}
+    rng = np.random.default_rng(args.seed)
+    schema = new_schema(args.fields, rng)
+    with strata.load(path, engine=args.engine, **options) as model:
+        prompt = prompt_ids(model_geometry(model), PROMPT_TOKENS, rng)
+        with model.session(PROMPT_TOKENS + args.decode_tokens + 1) as session:
+            got = decode_rounds(session, prompt, schema, args.rounds, args.decode_tokens)
+    plain = statistics.median(r["unconstrained"]["tokens_per_second"] for r in got["rounds"])
+    held = statistics.median(r["schema"]["tokens_per_second"] for r in got["rounds"])
+    valid = sum(r["valid"] for r in got["rounds"])
+    figures = {"model": str(path), "engine": args.engine, "expert_cache": cache, "fields": args.fields,
+               "unconstrained_tokens_per_second_median": round(plain, 2),
+               "schema_tokens_per_second_median": round(held, 2), "ratio": round(held / plain, 4), "valid": valid,
+               **got}
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures))
+    where = "engine=reference" if cache is None else f"cache={cache}"
+    cut = "" if got["complete"] else f", cut at --decode-tokens {args.decode_tokens} before the schema's end"
+    print(f"RESULT structured decode: unconstrained {plain:.1f} tok/s, schema {held:.1f} tok/s "
+          f"({100 * held / plain:.1f} %), {got['tokens']} tokens, {args.rounds} rounds, valid {valid}/{args.rounds}, "
+          f"{args.fields} fields, {where}{cut}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", default="qwen4exp", help="the geometry whose vocabulary size is used")
+    ap.add_argument("--preset", default="bench")
+    ap.add_argument("--vocab", type=int, default=None, help="the vocabulary's size (default: the geometry's)")
+    ap.add_argument("--fields", type=int, default=20, help="properties per schema")
+    ap.add_argument("--schemas", type=int, default=20, help="new schemas compiled, one after the other")
+    ap.add_argument("--tokens", type=int, default=300, help="the most tokens walked per schema")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH")
+    ap.add_argument("--decode", nargs="?", const="", default=None, metavar="MODEL",
+                    help="measure decode on MODEL (without one, the default benchmark model) instead")
+    ap.add_argument("--engine", choices=ENGINES, default="gpu", help="--decode's engine (strata.load's default)")
+    ap.add_argument("--expert-cache", default="auto", help="--decode's expert cache budget (0, auto, 24G, ...)")
+    ap.add_argument("--rounds", type=int, default=3, help="--decode's rounds of each")
+    ap.add_argument("--decode-tokens", type=int, default=1024,
+                    help="--decode's cap on the constrained answer (a 20-field schema's is some 550 tokens)")
+    args = ap.parse_args()
+    try:
+        from strata.generation import constraints
+        import llguidance  # noqa: F401
+    except ImportError:
+        print("RESULT structured: skipped (llguidance is not installed: pip install 'strata-moe[structured]')")
+        return
+    if args.decode is None:
+        cpu_costs(args, constraints)
+    else:
+        decode_costs(args)
 
 
 if __name__ == "__main__":
