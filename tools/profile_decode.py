@@ -12,6 +12,7 @@ its wait for the one before it: the totals per kernel overstate, what a kernel a
 
     python tools/profile_decode.py MODEL [--mode uncaptured] [--tokens 8] [--depth 3000] [--timeline]
                                    [--prompt 4096 [--expert-cache 0]] [--batch 8] [--verify 3]
+                                   [--control-vector V.gguf]
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def main() -> None:
     parser.add_argument("--timeline", action="store_true")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--verify", type=int, default=0)
+    parser.add_argument("--control-vector", default=None, metavar="FILE",
+                        help="steer the profiled session with FILE at scale 1 (to compare its kernels with a run without)")
     args = parser.parse_args()
 
     import torch
@@ -45,8 +48,10 @@ def main() -> None:
 
     cache = args.expert_cache if not args.expert_cache.isdigit() else int(args.expert_cache)
     model = strata.load(args.model, progress=False, expert_cache=cache)
-    drafts = dict(draft="lookup", draft_tokens=args.verify) if args.verify else {}
-    session = model.session(max(256, args.prompt + args.depth + 256), mode=args.mode, **drafts)
+    options = dict(draft="lookup", draft_tokens=args.verify) if args.verify else {}
+    if args.control_vector:
+        options["control_vectors"] = [(args.control_vector, 1.0)]
+    session = model.session(max(256, args.prompt + args.depth + 256), mode=args.mode, **options)
     engine = session.engine
     g = model.info.geometry
     rng = np.random.default_rng(0)
