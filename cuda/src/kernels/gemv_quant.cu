@@ -48,36 +48,52 @@ gemv_quant_kernel(QuantPlanes p, int rows, int cols, int code_bias, ValueTable b
   store_row(acc, row_in_range, rows, warp, lane, split, y);
 }
 
-// One matrix times `inputs` (<= N) activations (gemv_quant_inputs): the one-matrix walk of gemv_quant_kernel, each
-// block decoded once for every input. N is a compile-time bound on the inputs, so that a kernel for few of them
-// holds no accumulators for more (measured: one of 8 for 2 inputs ran a wide matrix 5-25 % slower than 2 products).
-template <class S, int N>
+// One matrix times `inputs` (<= N) activations (gemv_quant_inputs): the one-matrix walk of gemv_quant_kernel over
+// R rows a warp, each weight block decoded once for every input and each input block loaded once for the R rows. N
+// is a compile-time bound on the inputs, so that a kernel for few of them holds no accumulators for more
+// (measured: one of 8 for 2 inputs ran a wide matrix 5-25 % slower than 2 products).
+template <class S, int N, int R>
 __global__ void __launch_bounds__(kRowsPerCta * 32)
 gemv_quant_inputs_kernel(QuantPlanes p, int rows, int cols, int code_bias, ValueTable book, StridedQ8 acts,
                          int inputs, float* __restrict__ y, int split) {
   await_producers();
   release_consumers();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row_in_range = static_cast<int>(blockIdx.x) * (kRowsPerCta / split) + warp / split;
-  const bool live = row_in_range < rows;
-  const long row = live ? row_in_range : rows - 1;
-  float acc[N];
-  quant_row_partials<S, N>(p, row, live, cols, code_bias, book, acts, inputs, warp % split * 32 + lane, 32 * split,
-                           acc);
+  const int first_row = (static_cast<int>(blockIdx.x) * (kRowsPerCta / split) + warp / split) * R;
+  const bool live = first_row < rows;
+  long row[R];  // rows past the matrix repeat its last: walked, never stored
 #pragma unroll
-  for (int i = 0; i < N; ++i) {
-    if (i < inputs) acc[i] = warp_sum(acc[i]);
+  for (int r = 0; r < R; ++r) row[r] = first_row + r < rows ? first_row + r : rows - 1;
+  float acc[R][N];
+  quant_rows_partials<S, N, R>(p, row, live, cols, code_bias, book, acts, inputs, warp % split * 32 + lane,
+                               32 * split, acc);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      if (i < inputs) acc[r][i] = warp_sum(acc[r][i]);
+    }
   }
-  store_rows(acc, inputs, row_in_range, rows, warp, lane, split, y);
+  store_rows(acc, inputs, first_row, rows, warp, lane, split, y);
 }
+
+// Rows a warp takes for a bound of N inputs: at 8 inputs a lane's loads of the inputs' codes for each weight block
+// of one row came near L1's rate (the multi-input GEMV of 8 rows took qkvz 2.4x the single GEMV, H100 2026-12-06);
+// 4 rows divide them by 4, 2 rows at 2 inputs keep the warps many.
+template <int N>
+constexpr int kWarpRows = N >= 4 ? 4 : 2;
 
 // The multi-input kernel of the fewest accumulators for `inputs` (2..kMaxGemvInputs).
 template <class S>
 auto* inputs_kernel(int inputs) {
   static_assert(kMaxGemvInputs == 8, "one kernel per bound 2, 4, 8");
-  return inputs <= 2 ? gemv_quant_inputs_kernel<S, 2> : inputs <= 4 ? gemv_quant_inputs_kernel<S, 4>
-                                                                    : gemv_quant_inputs_kernel<S, 8>;
+  return inputs <= 2   ? gemv_quant_inputs_kernel<S, 2, kWarpRows<2>>
+         : inputs <= 4 ? gemv_quant_inputs_kernel<S, 4, kWarpRows<4>>
+                       : gemv_quant_inputs_kernel<S, 8, kWarpRows<8>>;
 }
+
+// Rows a warp of inputs_kernel(inputs) takes.
+inline int warp_rows(int inputs) { return inputs <= 2 ? kWarpRows<2> : inputs <= 4 ? kWarpRows<4> : kWarpRows<8>; }
 
 // The single matrix's kernel when the batch is one product of matrix 0, so gemv_quant pays nothing for batches.
 template <class S>
@@ -136,8 +152,8 @@ cudaError_t gemv_quant_inputs(const QuantForm& form, const QuantPlanes& planes, 
   if (operands != cudaSuccess) return operands;
   if (inputs < 1 || inputs > kMaxGemvInputs || x_stride < cols || x_stride % kBlock != 0) return cudaErrorInvalidValue;
   if (inputs == 1) return gemv_quant(form, planes, rows, cols, xq, dx, xsums, y, stream);  // the same walk, lighter
-  const int split = row_split(rows);
-  const dim3 grid = gemv_grid(rows, split, 1);
+  const int split = row_split(rows), per_warp = warp_rows(inputs);
+  const dim3 grid = gemv_grid((rows + per_warp - 1) / per_warp, split, 1);  // a CTA's warps take R rows each
   if (grid.x == 0) return cudaErrorInvalidValue;
   const ValueTable book = value_table(codebook_values(form.codebook));
   const StridedQ8 acts{xq, dx, xsums, x_stride};

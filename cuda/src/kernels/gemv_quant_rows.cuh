@@ -120,39 +120,46 @@ struct OneQ8 {
   __device__ __forceinline__ const X& operator[](int) const { return x; }
 };
 
-// This lane's shares of the dots of the planes' row `row` [cols] with the first `inputs` (<= N) activations
-// acts[0 .. inputs - 1] (each a GlobalQ8 or SharedQ8) into acc[0 .. inputs - 1]: code blocks slot, slot + slots,
-// ..., before the caller's reduction over the slots (a GEMV warp `part` of `split` per row is slots part * 32 +
-// lane of 32 * split). Each block's codes and scales are loaded and decoded once for every input, and each
-// input's sum is taken in the order of the one-input walk, so input i's share is, bit for bit, what the walk over
-// acts[i] alone gives. A spare lane (live false) walks no blocks.
-template <class S, int N, class Acts>
-__device__ __forceinline__ void quant_row_partials(const QuantPlanes& p, long row, bool live, int cols, int code_bias,
-                                                   const ValueTable& book, const Acts& acts, int inputs, int slot,
-                                                   int slots, float (&acc)[N]) {
+// This lane's shares of the dots of the planes' rows `row[0 .. R - 1]` [cols] with the first `inputs` (<= N)
+// activations acts[0 .. inputs - 1] (each a GlobalQ8 or SharedQ8) into acc[r][0 .. inputs - 1]: code blocks slot,
+// slot + slots, ..., before the caller's reduction over the slots (a GEMV warp `part` of `split` per row is slots
+// part * 32 + lane of 32 * split). Each block's codes and scales are loaded and decoded once for every input, each
+// input's codes once for every row (at 8 inputs a lane would otherwise load about 9x a weight block's bytes from
+// L1 for each block of each row), and each (row, input) sum is taken in the order of the one-row, one-input walk,
+// so it is, bit for bit, what that walk over row[r] and acts[i] alone gives. A spare lane (live false) walks no
+// blocks.
+template <class S, int N, int R, class Acts>
+__device__ __forceinline__ void quant_rows_partials(const QuantPlanes& p, const long (&row)[R], bool live, int cols,
+                                                    int code_bias, const ValueTable& book, const Acts& acts, int inputs,
+                                                    int slot, int slots, float (&acc)[R][N]) {
   using namespace quant_rows;
   const int n_blocks = cols / kCodeBlock, n_super = cols / S::kSuper, n_group = cols / S::kGroup;
-  const std::uint8_t* codes = p.codes + static_cast<long>(row) * n_blocks * S::kCodeWords * 4;
   // Σ v xq = Σ operand xq + bias_shift Σ xq: the 8-bit operand is code - 128, the others code (or table).
   const int bias_shift = S::kBook ? 0 : (S::kBits == 8 ? 128 : 0) - code_bias;
 #pragma unroll
-  for (int i = 0; i < N; ++i) acc[i] = 0.0f;
-  for (int b = live ? slot : n_blocks; b < n_blocks; b += slots) {
-    unsigned c[S::kCodeWords];
-    load_codes<S>(codes + static_cast<long>(b) * S::kCodeWords * 4, c);
-    const long super_index = static_cast<long>(row) * n_super + b * kCodeBlock / S::kSuper;
-    const float d = S::kScaleF32 ? __ldg(static_cast<const float*>(p.d) + super_index)
-                                 : __half2float(__ldg(static_cast<const __half*>(p.d) + super_index));
-    float m = 0.0f;
-    if constexpr (S::kMins) m = __half2float(__ushort_as_half(__ldg(p.mins + super_index)));
-    float scale[S::kGroupsPerBlock], offset[S::kGroupsPerBlock];
+  for (int r = 0; r < R; ++r) {
 #pragma unroll
-    for (int g = 0; g < S::kGroupsPerBlock; ++g) {
-      const long group_index = static_cast<long>(row) * n_group + b * S::kGroupsPerBlock + g;
-      scale[g] = d;
-      offset[g] = m;
-      if constexpr (S::kSubScales) scale[g] = d * static_cast<float>(__ldg(p.sub_scales + group_index));
-      if constexpr (S::kMins && S::kSubScales) offset[g] = m * static_cast<float>(__ldg(p.sub_mins + group_index));
+    for (int i = 0; i < N; ++i) acc[r][i] = 0.0f;
+  }
+  for (int b = live ? slot : n_blocks; b < n_blocks; b += slots) {
+    unsigned c[R][S::kCodeWords];
+    float scale[R][S::kGroupsPerBlock], offset[R][S::kGroupsPerBlock];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      load_codes<S>(p.codes + (row[r] * n_blocks + b) * S::kCodeWords * 4, c[r]);
+      const long super_index = row[r] * n_super + b * kCodeBlock / S::kSuper;
+      const float d = S::kScaleF32 ? __ldg(static_cast<const float*>(p.d) + super_index)
+                                   : __half2float(__ldg(static_cast<const __half*>(p.d) + super_index));
+      float m = 0.0f;
+      if constexpr (S::kMins) m = __half2float(__ushort_as_half(__ldg(p.mins + super_index)));
+#pragma unroll
+      for (int g = 0; g < S::kGroupsPerBlock; ++g) {
+        const long group_index = row[r] * n_group + b * S::kGroupsPerBlock + g;
+        scale[r][g] = d;
+        offset[r][g] = m;
+        if constexpr (S::kSubScales) scale[r][g] = d * static_cast<float>(__ldg(p.sub_scales + group_index));
+        if constexpr (S::kMins && S::kSubScales) offset[r][g] = m * static_cast<float>(__ldg(p.sub_mins + group_index));
+      }
     }
 #pragma unroll
     for (int i = 0; i < N; ++i) {
@@ -160,24 +167,32 @@ __device__ __forceinline__ void quant_row_partials(const QuantPlanes& p, long ro
       const auto act = acts[i];
       int x[8];
       act.words(b, x);
-      int dot[S::kGroupsPerBlock];
-      block_dots<S>(c, x, book, dot);
-      float block_term = 0.0f;
+      int xsum[S::kGroupsPerBlock];
 #pragma unroll
       for (int g = 0; g < S::kGroupsPerBlock; ++g) {
-        int xsum = 0;
         if constexpr (S::kGroupsPerBlock == 1) {
-          xsum = act.sum(b);
+          xsum[g] = act.sum(b);
         } else {
+          xsum[g] = 0;
 #pragma unroll
           for (int k = 0; k < S::kGroup / 4; ++k) {
-            xsum = __dp4a(static_cast<int>(kByteOnes), x[g * S::kGroup / 4 + k], xsum);
+            xsum[g] = __dp4a(static_cast<int>(kByteOnes), x[g * S::kGroup / 4 + k], xsum[g]);
           }
         }
-        block_term += scale[g] * static_cast<float>(dot[g] + bias_shift * xsum);
-        if constexpr (S::kMins) block_term += offset[g] * static_cast<float>(xsum);
       }
-      acc[i] += act.scale(b) * block_term;
+      const float dx = act.scale(b);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        int dot[S::kGroupsPerBlock];
+        block_dots<S>(c[r], x, book, dot);
+        float block_term = 0.0f;
+#pragma unroll
+        for (int g = 0; g < S::kGroupsPerBlock; ++g) {
+          block_term += scale[r][g] * static_cast<float>(dot[g] + bias_shift * xsum[g]);
+          if constexpr (S::kMins) block_term += offset[r][g] * static_cast<float>(xsum[g]);
+        }
+        acc[r][i] += dx * block_term;
+      }
     }
   }
 }
@@ -186,9 +201,10 @@ __device__ __forceinline__ void quant_row_partials(const QuantPlanes& p, long ro
 template <class S, class X>
 __device__ __forceinline__ float quant_row_partial(const QuantPlanes& p, long row, bool live, int cols, int code_bias,
                                                    const ValueTable& book, const X& act, int slot, int slots) {
-  float acc[1];
-  quant_row_partials<S, 1>(p, row, live, cols, code_bias, book, OneQ8<X>{act}, 1, slot, slots, acc);
-  return acc[0];
+  const long rows[1] = {row};
+  float acc[1][1];
+  quant_rows_partials<S, 1, 1>(p, rows, live, cols, code_bias, book, OneQ8<X>{act}, 1, slot, slots, acc);
+  return acc[0][0];
 }
 
 }  // namespace strata::kernels

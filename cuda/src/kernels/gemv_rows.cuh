@@ -65,32 +65,40 @@ __device__ __forceinline__ void store_row(float acc, int row, int rows, int warp
   }
 }
 
-// store_row for the first `inputs` of a multi-input GEMV's kInputs sums (each already warp-reduced): input i's
-// row into y + i * rows.
-template <int kInputs>
-__device__ __forceinline__ void store_rows(const float (&acc)[kInputs], int inputs, int row, int rows, int warp,
-                                           int lane, int split, float* y) {
+// store_row for the R rows first_row .. first_row + R - 1 of a multi-input GEMV's warp, the first `inputs` of each
+// row's kInputs sums (each already warp-reduced): input i's row into y + i * rows.
+template <int R, int kInputs>
+__device__ __forceinline__ void store_rows(const float (&acc)[R][kInputs], int inputs, int first_row, int rows,
+                                           int warp, int lane, int split, float* y) {
   if (split == 1) {
-    if (lane != 0 || row >= rows) return;
+    if (lane != 0) return;
 #pragma unroll
-    for (int i = 0; i < kInputs; ++i) {
-      if (i < inputs) y[static_cast<long>(i) * rows + row] = acc[i];
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int i = 0; i < kInputs; ++i) {
+        if (i < inputs && first_row + r < rows) y[static_cast<long>(i) * rows + first_row + r] = acc[r][i];
+      }
     }
     return;
   }
-  __shared__ float partial[kInputs][kRowsPerCta];
+  __shared__ float partial[R][kInputs][kRowsPerCta];
   if (lane == 0) {
 #pragma unroll
-    for (int i = 0; i < kInputs; ++i) partial[i][warp] = acc[i];
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int i = 0; i < kInputs; ++i) partial[r][i][warp] = acc[r][i];
+    }
   }
   __syncthreads();
-  if (lane == 0 && warp % split == 0 && row < rows) {
+  if (lane != 0 || warp % split != 0) return;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
 #pragma unroll
     for (int i = 0; i < kInputs; ++i) {
-      if (i >= inputs) break;
+      if (i >= inputs || first_row + r >= rows) break;
       float sum = 0.0f;
-      for (int p = 0; p < split; ++p) sum += partial[i][warp + p];
-      y[static_cast<long>(i) * rows + row] = sum;
+      for (int p = 0; p < split; ++p) sum += partial[r][i][warp + p];
+      y[static_cast<long>(i) * rows + first_row + r] = sum;
     }
   }
 }
