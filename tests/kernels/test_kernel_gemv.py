@@ -208,6 +208,16 @@ def test_gemv_batch_expert_shapes(rng, ggml_type, rows, cols, x_stride):
     check_batch(random_weight(ggml_type, 24 * rows, cols, rng), 24, 10, x_stride, rng)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("ggml_type", [T.Q4_0, T.Q8_0, T.Q4_K], ids=lambda t: t.name)
+def test_a_batch_of_short_rows_takes_several_a_warp_and_keeps_the_bits(rng, ggml_type):
+    """Rows of fewer blocks than a warp's lanes, one warp a row by the rule (2,048 rows or more): a warp takes 4 of
+    them; 2,051 rows leave the last warp of each product 3, whose fourth it must not store."""
+    if 256 % FORMS[ggml_type].super_size:
+        pytest.skip(f"{ggml_type.name} needs columns in {FORMS[ggml_type].super_size}s")
+    check_batch(random_weight(ggml_type, 3 * 2051, 256, rng), 3, 5, 256, rng)
+
+
 # Refusals the hook makes before it touches a device: these run without a GPU.
 def test_gemv_batch_refuses_bad_counts_without_a_device(rng):
     q = random_weight(T.Q8_0, 4 * 8, 256, rng)

@@ -15,8 +15,8 @@ constexpr int kBlock = kCodeBlock;
 
 // One matrix (Batched false: gemv_quant) or a product of a batch of `count` (gemv.cuh, gemv_rows.cuh's grid),
 // whose matrix starts at the stack's row slot * rows in every plane and whose x and y are offset here: the loop is
-// the same for both.
-template <class S, bool Batched>
+// the same for both. A warp takes R rows (each walked as the one-row walk walks it, so the same bits).
+template <class S, bool Batched, int R>
 __global__ void __launch_bounds__(kRowsPerCta * 32)
 gemv_quant_kernel(QuantPlanes p, int rows, int cols, int code_bias, ValueTable book, const int* __restrict__ slots,
                   int x_stride, int count, const std::int8_t* __restrict__ xq, const float* __restrict__ dx,
@@ -38,14 +38,35 @@ gemv_quant_kernel(QuantPlanes p, int rows, int cols, int code_bias, ValueTable b
     y += static_cast<long>(product) * rows;
   }
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row_in_range = tile * (kRowsPerCta / split) + warp / split;
+  const int row_in_range = (tile * (kRowsPerCta / split) + warp / split) * R;
   const bool live = row_in_range < rows;
-  // The row in the stack; a spare warp walks no blocks but joins the CTA's reduction.
-  const long row = first_row + (live ? row_in_range : rows - 1);
-  float acc = quant_row_partial<S>(p, row, live, cols, code_bias, book, GlobalQ8{xq, dx, xsums},
-                                   warp % split * 32 + lane, 32 * split);
-  acc = warp_sum(acc);
-  store_row(acc, row_in_range, rows, warp, lane, split, y);
+  const GlobalQ8 x{xq, dx, xsums};
+  if constexpr (R == 1) {
+    // The row in the stack; a spare warp walks no blocks but joins the CTA's reduction.
+    const long row = first_row + (live ? row_in_range : rows - 1);
+    float acc = quant_row_partial<S>(p, row, live, cols, code_bias, book, x, warp % split * 32 + lane, 32 * split);
+    acc = warp_sum(acc);
+    store_row(acc, row_in_range, rows, warp, lane, split, y);
+  } else {
+    long row[R];  // rows past the matrix repeat its last: walked, never stored
+#pragma unroll
+    for (int r = 0; r < R; ++r) row[r] = first_row + (row_in_range + r < rows ? row_in_range + r : rows - 1);
+    float acc[R][1];
+    quant_rows_partials<S, 1, R>(p, row, live, cols, code_bias, book, OneQ8<GlobalQ8>{x}, 1, warp % split * 32 + lane,
+                                 32 * split, acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r][0] = warp_sum(acc[r][0]);
+    store_rows(acc, 1, row_in_range, rows, warp, lane, split, y);
+  }
+}
+
+// Rows a warp of a batch takes where a row is shorter than a warp's lanes' blocks (cols < 32 x 32) and one warp
+// reads it: the routed experts' down matrices (640 columns: 20 blocks for 32 lanes) ran at a third of HBM's rate
+// with a warp a row, each lane one block in flight (bench_gemv_batch, H100, 2026-12-06); 4 rows put 4 in flight.
+constexpr int kShortRowsPerWarp = 4;
+
+inline int batch_warp_rows(const MatrixBatch& batch, int cols, int split) {
+  return batch.slots != nullptr && split == 1 && cols / kBlock < 32 ? kShortRowsPerWarp : 1;
 }
 
 // One matrix times `inputs` (<= N) activations (gemv_quant_inputs): the one-matrix walk of gemv_quant_kernel over
@@ -100,7 +121,11 @@ template <class S>
 cudaError_t launch_shape(dim3 grid, cudaStream_t stream, const QuantPlanes& planes, int rows, int cols, int code_bias,
                          const ValueTable& book, const MatrixBatch& batch, const std::int8_t* xq, const float* dx,
                          const std::int32_t* xsums, float* y, int split) {
-  auto* kernel = batch.slots != nullptr ? gemv_quant_kernel<S, true> : gemv_quant_kernel<S, false>;
+  auto* kernel = gemv_quant_kernel<S, false, 1>;
+  if (batch.slots != nullptr) {
+    kernel = batch_warp_rows(batch, cols, split) == 1 ? gemv_quant_kernel<S, true, 1>
+                                                      : gemv_quant_kernel<S, true, kShortRowsPerWarp>;
+  }
   return launch(kernel, grid, kRowsPerCta * 32, 0, stream, planes, rows, cols, code_bias, book, batch.slots,
                 batch.x_stride, batch.count, xq, dx, xsums, y, split);
 }
@@ -109,8 +134,8 @@ cudaError_t launch_shape(dim3 grid, cudaStream_t stream, const QuantPlanes& plan
 cudaError_t launch_form(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, const MatrixBatch& batch,
                         const std::int8_t* xq, const float* dx, const std::int32_t* xsums, float* y,
                         cudaStream_t stream) {
-  const int split = batch_split(batch, rows);
-  const dim3 grid = gemv_grid(rows, split, batch.count);
+  const int split = batch_split(batch, rows), per_warp = batch_warp_rows(batch, cols, split);
+  const dim3 grid = gemv_grid((rows + per_warp - 1) / per_warp, split, batch.count);  // a warp takes per_warp rows
   if (grid.x == 0) return cudaErrorInvalidValue;
   const ValueTable book = value_table(codebook_values(form.codebook));
   cudaError_t status = cudaErrorInvalidValue;
