@@ -98,23 +98,32 @@ gemv_quant_inputs_kernel(QuantPlanes p, int rows, int cols, int code_bias, Value
   store_rows(acc, inputs, first_row, rows, warp, lane, split, y);
 }
 
-// Rows a warp takes for a bound of N inputs: at 8 inputs a lane's loads of the inputs' codes for each weight block
-// of one row came near L1's rate (the multi-input GEMV of 8 rows took qkvz 2.4x the single GEMV, H100 2026-12-06);
-// 4 rows divide them by 4, 2 rows at 2 inputs keep the warps many.
+// Rows a warp takes for a bound of N inputs on a tall matrix: at 8 inputs a lane's loads of the inputs' codes for
+// each weight block of one row came near L1's rate (the multi-input GEMV of 8 rows took qkvz 2.4x the single GEMV on
+// the H100); 4 rows divide them by 4 (qkvz at 8 inputs 41.9 -> 32.5 us, the LM head 502 -> 322 us), 2 rows at 2
+// inputs keep the warps many.
 template <int N>
 constexpr int kWarpRows = N >= 4 ? 4 : 2;
 
-// The multi-input kernel of the fewest accumulators for `inputs` (2..kMaxGemvInputs).
-template <class S>
+// Below this many rows a matrix keeps a warp a row: 4 rows a warp left the 2560-row matrices too few warps to fill
+// the GPU (ssm_out at 4 inputs 11.7 -> 12.7 us, the shared expert's down 5.6 -> 7.3 us at 8) and the 640-row ones
+// a warp per SM (2x slower) (bench_gemv_inputs.py, H100, 2026-12-06).
+constexpr int kTallRows = 8192;
+
+// The multi-input kernel of the fewest accumulators for `inputs` (2..kMaxGemvInputs), for a tall matrix or not.
+template <class S, bool Tall>
 auto* inputs_kernel(int inputs) {
   static_assert(kMaxGemvInputs == 8, "one kernel per bound 2, 4, 8");
-  return inputs <= 2   ? gemv_quant_inputs_kernel<S, 2, kWarpRows<2>>
-         : inputs <= 4 ? gemv_quant_inputs_kernel<S, 4, kWarpRows<4>>
-                       : gemv_quant_inputs_kernel<S, 8, kWarpRows<8>>;
+  return inputs <= 2   ? gemv_quant_inputs_kernel<S, 2, Tall ? kWarpRows<2> : 1>
+         : inputs <= 4 ? gemv_quant_inputs_kernel<S, 4, Tall ? kWarpRows<4> : 1>
+                       : gemv_quant_inputs_kernel<S, 8, Tall ? kWarpRows<8> : 1>;
 }
 
-// Rows a warp of inputs_kernel(inputs) takes.
-inline int warp_rows(int inputs) { return inputs <= 2 ? kWarpRows<2> : inputs <= 4 ? kWarpRows<4> : kWarpRows<8>; }
+// Rows a warp of inputs_kernel takes for `inputs` on a matrix of `rows` rows.
+inline int warp_rows(int rows, int inputs) {
+  if (rows < kTallRows) return 1;
+  return inputs <= 2 ? kWarpRows<2> : inputs <= 4 ? kWarpRows<4> : kWarpRows<8>;
+}
 
 // The single matrix's kernel when the batch is one product of matrix 0, so gemv_quant pays nothing for batches.
 template <class S>
@@ -177,15 +186,17 @@ cudaError_t gemv_quant_inputs(const QuantForm& form, const QuantPlanes& planes, 
   if (operands != cudaSuccess) return operands;
   if (inputs < 1 || inputs > kMaxGemvInputs || x_stride < cols || x_stride % kBlock != 0) return cudaErrorInvalidValue;
   if (inputs == 1) return gemv_quant(form, planes, rows, cols, xq, dx, xsums, y, stream);  // the same walk, lighter
-  const int split = row_split(rows), per_warp = warp_rows(inputs);
+  const int split = row_split(rows), per_warp = warp_rows(rows, inputs);
   const dim3 grid = gemv_grid((rows + per_warp - 1) / per_warp, split, 1);  // a CTA's warps take R rows each
   if (grid.x == 0) return cudaErrorInvalidValue;
   const ValueTable book = value_table(codebook_values(form.codebook));
   const StridedQ8 acts{xq, dx, xsums, x_stride};
   cudaError_t status = cudaErrorInvalidValue;
   KnownShapes::visit(form, [&](auto shape) {
-    status = launch(inputs_kernel<decltype(shape)>(inputs), grid, kRowsPerCta * 32, 0, stream, planes, rows, cols,
-                    form.code_bias, book, acts, inputs, y, split);
+    using S = decltype(shape);
+    auto* kernel = per_warp == 1 ? inputs_kernel<S, false>(inputs) : inputs_kernel<S, true>(inputs);
+    status = launch(kernel, grid, kRowsPerCta * 32, 0, stream, planes, rows, cols, form.code_bias, book, acts, inputs,
+                    y, split);
   });
   return status;
 }
