@@ -6,7 +6,7 @@ with --decode, a loaded model's decode speed under a JSON schema against the sam
     python3 benchmarks/bench_structured.py                      # the benchmark model's vocabulary (qwen4exp, bench)
     python3 benchmarks/bench_structured.py --vocab 151936 --fields 20 --schemas 30 --json out.json
     python3 benchmarks/bench_structured.py --decode [MODEL.gguf] [--expert-cache auto] [--engine gpu] [--fields 20]
-        [--rounds 3] [--decode-tokens 1024] [--json out.json]
+        [--rounds 3] [--decode-tokens 1024] [--steps] [--json out.json]
 
 The vocabulary is the synthetic byte-level one strata synth writes (the benchmark model's), of the geometry's size.
 Each schema is new (its own field names, kinds and bounds), so nothing is reused from the one before. Prints RESULT
@@ -18,7 +18,10 @@ schema of --fields properties, and again. The schema's answer ends with EOS wher
 --decode-tokens); the unconstrained answer decodes exactly as many tokens, past EOS, so both rates are over the
 same positions. A rate is (tokens - 1) / the seconds from the first token to the last: the prompt and the schema's
 compile (the first token's cost above) are outside it. Prints the medians over the rounds and whether each
-constrained answer parses as JSON and validates against the schema; --json adds every round's figures."""
+constrained answer parses as JSON and validates against the schema; --json adds every round's figures. --steps then
+steps the engine itself, one token at a time with no Session, 200 greedy tokens a round: with no mask, with a
+constant all-allowed mask, and under the schema (the host's advance and mask before each step, timed apart): what a
+mask costs the device and the host."""
 
 from __future__ import annotations
 
@@ -36,10 +39,12 @@ from strata.bench.decode import prompt_ids
 from strata.bench.default_model import bench_model, cache_dir
 from strata.convert import tokenizer_meta
 from strata.format import Tokenizer
+from strata.sampling import SamplingParams, TokenMask
 from strata.synth import synthesize
 from strata.synth.presets import geometry
 
 PROMPT_TOKENS = 16
+STEP_TOKENS = 200  # --steps: greedy steps a round
 KINDS = ("string", "integer", "number", "boolean", "enum", "array", "object", "pattern", "nullable")
 
 
@@ -196,6 +201,53 @@ def decode_rounds(session, prompt: list[int], schema: dict, rounds: int, cap: in
     return {"tokens": len(warm), "complete": complete, "rounds": per_round}
 
 
+def engine_steps(engine, codec, grammar, prompt: list[int], kind: str, tokens: int) -> tuple[float, float]:
+    """Microseconds a token of `tokens` greedy steps of the engine itself (no Session) and of the host's grammar
+    work in them: `kind` "none" (no mask), "constant" (an all-allowed mask given as words: the fill's copy, the
+    staging and the device's reads) or "schema" (the constraint advanced and its mask computed before each step,
+    started again where it ends)."""
+    greedy = SamplingParams()
+    allowed = TokenMask(np.full(grammar.words, -1, np.int32))
+    engine.reset()
+    seen = list(prompt)
+    token = engine.feed(prompt, greedy, 0.0, seen)
+    constraint, host = None, 0.0
+    start = time.perf_counter()
+    for _ in range(tokens):
+        seen.append(token)
+        params = greedy
+        if kind == "constant":
+            params = SamplingParams(token_mask=allowed)
+        elif kind == "schema":
+            begun = time.perf_counter()
+            if constraint is None or token in codec.eos_ids or constraint.done:
+                constraint = grammar.start()  # the first token was drawn unconstrained
+            else:
+                constraint.advance(token)
+            words = np.zeros(grammar.words, np.int32)
+            constraint.mask().fill(words)
+            host += time.perf_counter() - begun
+            params = SamplingParams(token_mask=TokenMask(words))
+        token = engine.feed([token], params, 0.0, seen)
+    return (time.perf_counter() - start) / tokens * 1e6, host / tokens * 1e6
+
+
+def step_costs(session, codec, schema: dict, prompt: list[int], rounds: int) -> dict:
+    """engine_steps' three kinds in alternating rounds (after one untimed round of each)."""
+    from strata.generation import constraints
+
+    grammar = constraints.compile_grammar(codec, "json_schema", schema, "json_schema")
+    kinds = ("none", "constant", "schema")
+    for kind in kinds:
+        engine_steps(session.engine, codec, grammar, prompt, kind, STEP_TOKENS)
+    got = {kind: [] for kind in kinds}
+    for _ in range(rounds):
+        for kind in kinds:
+            us, host = engine_steps(session.engine, codec, grammar, prompt, kind, STEP_TOKENS)
+            got[kind].append({"us_per_token": round(us, 1), "host_grammar_us": round(host, 1)})
+    return got
+
+
 def decode_costs(args: argparse.Namespace) -> None:
     """Decode speed under a JSON schema against unconstrained, on a loaded model."""
     path = args.decode or bench_model(cache_dir(), synthesize)
@@ -207,13 +259,14 @@ def decode_costs(args: argparse.Namespace) -> None:
         prompt = prompt_ids(model_geometry(model), PROMPT_TOKENS, rng)
         with model.session(PROMPT_TOKENS + args.decode_tokens + 1) as session:
             got = decode_rounds(session, prompt, schema, args.rounds, args.decode_tokens)
+            steps = step_costs(session, model.tokenizer, schema, prompt, args.rounds) if args.steps else None
     plain = statistics.median(r["unconstrained"]["tokens_per_second"] for r in got["rounds"])
     held = statistics.median(r["schema"]["tokens_per_second"] for r in got["rounds"])
     valid = sum(r["valid"] for r in got["rounds"])
     figures = {"model": str(path), "engine": args.engine, "expert_cache": cache, "fields": args.fields,
                "unconstrained_tokens_per_second_median": round(plain, 2),
                "schema_tokens_per_second_median": round(held, 2), "ratio": round(held / plain, 4), "valid": valid,
-               **got}
+               "engine_steps": steps, **got}
     if args.json:
         Path(args.json).write_text(json.dumps(figures))
     where = "engine=reference" if cache is None else f"cache={cache}"
@@ -221,6 +274,9 @@ def decode_costs(args: argparse.Namespace) -> None:
     print(f"RESULT structured decode: unconstrained {plain:.1f} tok/s, schema {held:.1f} tok/s "
           f"({100 * held / plain:.1f} %), {got['tokens']} tokens, {args.rounds} rounds, valid {valid}/{args.rounds}, "
           f"{args.fields} fields, {where}{cut}")
+    for kind, runs in (steps or {}).items():
+        print(f"RESULT structured steps {kind}: " + ", ".join(
+            f"{r['us_per_token']} us/token (host grammar {r['host_grammar_us']} us)" for r in runs) + f", {where}")
 
 
 def main() -> None:
@@ -240,6 +296,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="--decode's rounds of each")
     ap.add_argument("--decode-tokens", type=int, default=1024,
                     help="--decode's cap on the constrained answer (a 20-field schema's is some 550 tokens)")
+    ap.add_argument("--steps", action="store_true",
+                    help="with --decode, also step the engine itself: no mask, a constant mask, the schema's")
     args = ap.parse_args()
     try:
         from strata.generation import constraints
