@@ -71,6 +71,18 @@ def test_several_files_scales_sum_in_float32(model, tmp_path, rng) -> None:
     assert np.array_equal(table[3], zero + second[3] * np.float32(b))
 
 
+def test_a_scale_that_overflows_float32_is_refused_at_load(model, tmp_path, rng) -> None:
+    g = model.geometry
+    directions = random_directions(rng, [1, 2], g.n_embd)
+    path = write_llamacpp_layout(tmp_path / "v.gguf", directions, g.arch)
+    with pytest.raises(InvalidArgument, match=r"v\.gguf: direction\.1 times 1e\+39 is not finite in float32"):
+        steering_table([(path, 1e39)], g)  # finite as a double, infinite as the float32 the vectors are
+    big = float(np.finfo(np.float32).max) / max(float(np.abs(d).max()) for d in directions.values()) * 0.75
+    steering_table([(path, big)], g)  # each alone fits; summed, they do not
+    with pytest.raises(InvalidArgument, match=r"direction\.[12] times .* plus the vectors before it is not finite"):
+        steering_table([(path, big), (path, big)], g)
+
+
 def test_the_layer_range_keeps_start_to_end_inclusive(model, tmp_path, rng) -> None:
     g = model.geometry
     path = write_llamacpp_layout(tmp_path / "v.gguf", random_directions(rng, range(1, g.n_layer), g.n_embd),

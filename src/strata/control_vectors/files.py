@@ -99,7 +99,8 @@ def steering_table(vectors: Sequence[tuple[str | os.PathLike[str], float]], geom
     pairs: every file's direction.N times its scale, summed in float32 in the order given (as llama.cpp's
     common_control_vector_load), kept only on the layers of `layers` (start, end inclusive; None: all).
     Refused, naming the file, tensor, layer and limit: a width other than the model's n_embd, a direction.N for
-    a layer the model lacks (N > n_layer - 1; llama.cpp drops those silently). A `controlvector.model_hint` other
+    a layer the model lacks (N > n_layer - 1; llama.cpp drops those silently), a scale that makes a layer's
+    vector overflow float32. A `controlvector.model_hint` other
     than the model's architecture is only warned about (llama.cpp's loader does not read it)."""
     n_embd, n_layer = geometry.n_embd, geometry.n_layer
     start, end = layer_range(layers, n_layer)
@@ -118,10 +119,17 @@ def steering_table(vectors: Sequence[tuple[str | os.PathLike[str], float]], geom
         if file.model_hint is not None and file.model_hint != geometry.arch:
             warnings.warn(f"control vector {file.path} was made for {file.model_hint!r}, this model is "
                           f"{geometry.arch!r}", stacklevel=2)
-        weight = np.float32(_scale(scale, file.path))
-        for layer, direction in file.directions.items():
-            if start <= layer <= end:
-                table[layer] = table.get(layer, np.zeros(n_embd, np.float32)) + direction * weight
+        scale = _scale(scale, file.path)
+        with np.errstate(over="ignore"):  # an overflow is refused below, by name
+            weight = np.float32(scale)
+            for layer, direction in file.directions.items():
+                if start <= layer <= end:
+                    before = table.get(layer)
+                    table[layer] = (np.zeros(n_embd, np.float32) if before is None else before) + direction * weight
+                    if not np.all(np.isfinite(table[layer])):  # every token would come out NaN
+                        raise InvalidArgument(f"control vector {file.path}: direction.{layer} times {scale:g}"
+                                              f"{'' if before is None else ' plus the vectors before it'} is not "
+                                              "finite in float32; give a smaller scale")
     return table
 
 
