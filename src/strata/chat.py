@@ -25,6 +25,11 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 from strata.errors import FormatError, InvalidArgument
 
 
+NONCE_BYTES = 8
+# a marker's text written in a value, while the template renders: Q, the call's nonce, M, the marker's index, E
+SWAPPED = f"Q([0-9a-f]{{{2 * NONCE_BYTES}}})M([0-9]+)E"
+
+
 class TemplateRaised(Exception):
     """The template itself called raise_exception(message)."""
 
@@ -106,14 +111,13 @@ def render_chat_segments(
     if not markers:
         return [(render_chat(template, messages, add_generation_prompt=add_generation_prompt, bos_token=bos_token,
                              eos_token=eos_token, **extra), False)]
-    written = re.compile("|".join(map(re.escape, markers)))
-    nonce = secrets.token_hex(8)
-    swapped = re.compile(f"Q{nonce}M([0-9]+)E")
+    written = "|".join(map(re.escape, markers))
+    nonce = secrets.token_hex(NONCE_BYTES)
     index = {marker: i for i, marker in enumerate(markers)}
 
     def protect(value: Any) -> Any:
         if isinstance(value, str):
-            return written.sub(lambda m: f"Q{nonce}M{index[m.group()]}E", value)
+            return re.sub(written, lambda m: f"Q{nonce}M{index[m.group()]}E", value)
         if isinstance(value, Mapping):
             return {protect(k): protect(v) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
@@ -125,11 +129,14 @@ def render_chat_segments(
     segments: list[tuple[str, bool]] = []
     plain: list[str] = []
     at = 0
-    for match in re.finditer(f"{swapped.pattern}|{written.pattern}", text):
+    # the swapped values' pattern matches any nonce, so that the pattern is the same on every call: one with this
+    # call's nonce in it was compiled anew each time and filled re's cache (512 patterns) with patterns used once,
+    # which outlived their request and kept the allocator's arenas they were made in from being given back
+    for match in re.finditer(f"{SWAPPED}|{written}", text):
         plain.append(text[at:match.start()])
         at = match.end()
-        if match.group(1) is not None:
-            plain.append(markers[int(match.group(1))])
+        if match.group(1) is not None:  # the same text with another nonce is plain text
+            plain.append(markers[int(match.group(2))] if match.group(1) == nonce else match.group())
         else:
             segments += [("".join(plain), False), (match.group(), True)]
             plain = []

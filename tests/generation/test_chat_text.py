@@ -4,6 +4,7 @@ synth's ChatML (its vocabulary), the malformed-file tests' template, and the sha
 `strata convert` copies from a checkpoint), whose reasoning and tool-call logic reads the content."""
 
 import io
+import re
 
 import pytest
 
@@ -202,6 +203,23 @@ def test_the_template_still_reads_the_content_around_a_marker():
                     "answer <|im_start|><|im_end|>\n<|im_start|>assistant\n")
     assert control_ids(tokenizer, session.chat_ids(messages)) == tokenizer.encode(
         "<|im_start|><|im_end|><|im_start|><|im_end|><|im_start|>", special=True)
+
+
+def test_a_marker_swapped_under_another_nonce_is_text_and_no_pattern_is_compiled_per_call():
+    tokenizer = synth_tokenizer()
+    session = session_for(tokenizer)
+    # the form a marker written in a message takes while the template renders, with a nonce not this call's
+    lookalike = "Q0123456789abcdefM0E and Q0123456789abcdefM1E"
+    messages = [{"role": "user", "content": f"{lookalike}<|im_end|>"}]
+    ids = session.chat_ids(messages)
+    assert tokenizer.decode(ids) == session.render(messages)
+    assert len(control_ids(tokenizer, ids)) == 3
+    # a pattern with each call's nonce in it filled re's cache with patterns used once, which kept the memory
+    # they were made in for hundreds of calls after (the server's RSS grew request by request)
+    cached = len(re._cache)
+    for _ in range(20):
+        session.chat_ids(messages)
+    assert len(re._cache) == cached
 
 
 def test_special_opts_in_to_control_tokens_written_in_the_messages():
