@@ -1,5 +1,5 @@
 """The server's parts without a socket: tool calls found in model output (whole and streamed a character at a
-time), request bodies mapped onto generation options, the Prometheus text."""
+time), request bodies read within their limits and mapped onto generation options, the Prometheus text."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import pytest
 
 from strata.generation import Stats
+from strata.server.body import MAX_CONTAINERS, read_json
 from strata.server.metrics import Metrics
 from strata.server.pool import SessionPool
 from strata.server.requests import BadRequest, parse_chat, parse_completion
@@ -47,6 +48,24 @@ def test_streamed_text_with_a_false_start_is_shown_whole():
     shown = "".join(stream.push(ch) for ch in text)
     rest, calls = stream.finish()
     assert shown + rest == text and calls == []
+
+
+def test_a_body_holds_at_most_max_containers_arrays_and_objects_brackets_in_strings_not_counted():
+    def lists(count: int) -> str:
+        return "[" + "[]," * (count - 2) + "{}]"
+
+    assert len(read_json(lists(MAX_CONTAINERS).encode())) == MAX_CONTAINERS - 1
+    with pytest.raises(BadRequest, match=f"holds {MAX_CONTAINERS + 1} arrays and objects; at most "):
+        read_json(lists(MAX_CONTAINERS + 1).encode())
+    text = "a[b]{c} \\\"[" * MAX_CONTAINERS  # brackets, escaped quotes and backslashes, all inside one string
+    body = {"prompt": text, "stop": [["x"]]}
+    assert read_json(json.dumps(body).encode()) == body
+    with pytest.raises(BadRequest, match="messages\\[0\\].tool_calls: the arguments' text holds 70001 arrays"):
+        parse_chat({"messages": [{"role": "assistant", "content": "", "tool_calls": [
+            {"function": {"name": "f", "arguments": "[" + "{}," * 69_999 + "{}]"}}]}]})
+    assert read_json(b'\xef\xbb\xbf{"a": 1}') == {"a": 1}  # a UTF-8 BOM, as json.loads took it
+    with pytest.raises(BadRequest, match="is not valid UTF-8"):
+        read_json('{"a": "\u00e9"}'.encode("utf-16"))
 
 
 def test_request_bodies_map_onto_generation_options():

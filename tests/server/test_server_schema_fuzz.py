@@ -151,6 +151,7 @@ def _hostile() -> list[tuple[str, bytes]]:
         (text, b'{"prompt": "a\\udfffb", "max_tokens": 1}'),
         (chat, b'{"messages": [{"role": "user", "content": "hi", "\\ud83d": 1}]}'),
         (chat, b"[" * 100_000 + b"]" * 100_000),
+        (chat, b"[" + b"[]," * 1_000_000 + b"[]]"),  # 3 MB that would parse into a million lists
         (text, b'{"prompt": ' + b"[" * 70 + b"1" + b"]" * 70 + b"}"),
         (text, b'{"prompt": "hi", "max_tokens": ' + b"9" * 5000 + b"}"),
         (text, b'{"prompt": [' + b"1" * 5000 + b"]}"),
@@ -208,8 +209,10 @@ def test_a_hostile_corpus_gets_4xx_and_memory_stays_flat(live):
     corpus = _hostile()
     for route, payload in corpus:
         schemas.check(route, "POST", client.send("POST", route, payload))
-    deep = client.send("POST", "/v1/chat/completions", b"[" * 100_000 + b"]" * 100_000)
+    deep = client.send("POST", "/v1/chat/completions", b"[" * 10_000 + b"]" * 10_000)
     assert deep.status == 400 and b"over 64 deep" in deep.body
+    many = client.send("POST", "/v1/chat/completions", b"[" * 100_000 + b"]" * 100_000)
+    assert many.status == 400 and b"holds 100000 arrays and objects; at most 65536" in many.body
     # Memory over rounds of the corpus's requests under 100 kB: the five of megabytes move the allocator's mark by
     # a few MiB each time, though no Python object outlives them (tracemalloc's total stays flat), so they would
     # hide a leak of the rest
