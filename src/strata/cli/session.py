@@ -87,8 +87,8 @@ def add_draft_arguments(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--draft", choices=["lookup", "mtp", "auto"], default=None,
                      help="draft tokens and verify them in one step, the output unchanged: lookup proposes what "
                           "followed the last n-gram's earlier occurrence in the text (no weights; pays where the "
-                          "answer repeats its context); mtp: the file's MTP block (qwen3next, qwen35moe; the "
-                          "reference engine only, for now); auto: lookup, the drafter every model has; "
+                          "answer repeats its context); mtp: the file's MTP block (qwen4exp, qwen3next, "
+                          "qwen35moe; the reference engine only, for now); auto: lookup, the drafter every model has; "
                           "the number drafted per step follows the measured cost and acceptance (default: none)")
     sub.add_argument("--draft-tokens", type=int, default=DEFAULT_DRAFT_TOKENS, metavar="K", action=_Given,
                      help=f"the most tokens drafted per step (1..{MAX_DRAFT_TOKENS}); needs --draft")
