@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -84,33 +86,40 @@ def test_cache_dir_rules(tmp_path):
     assert cache_dir({"STRATA_CACHE": "", "XDG_CACHE_HOME": ""}) == Path.home() / ".cache" / "strata"
 
 
-def test_bench_model_is_written_under_a_temp_name_then_reused(tmp_path, capsys):
+def test_bench_model_is_synthesized_once_then_reused(tmp_path, capsys):
     calls = []
 
     def fake_synth(path, arch, **kwargs):
         calls.append((Path(path), arch, kwargs))
-        assert not (tmp_path / "cache" / "qwen4exp-bench-16L.gguf").exists(), "the final name appears only when done"
         Path(path).write_bytes(b"GGUF model")
 
     cache = tmp_path / "cache"
     path = bench_model(cache, fake_synth)
     assert path == cache / "qwen4exp-bench-16L.gguf" and path.read_bytes() == b"GGUF model"
-    (written, arch, kwargs) = calls[0]
-    assert written != path and written.parent == cache and arch == "qwen4exp"
-    assert kwargs["preset"] == "bench" and kwargs["n_layer"] == 16
+    assert calls == [(path, "qwen4exp", {"preset": "bench", "n_layer": 16, "progress": None})]
     assert "synthesizing the default benchmark model" in capsys.readouterr().err
     assert bench_model(cache, fake_synth) == path and len(calls) == 1  # reused, not synthesized again
-    assert sorted(p.name for p in cache.iterdir()) == [path.name]
 
 
-def test_an_interrupted_synth_leaves_nothing_that_would_be_reused(tmp_path):
-    def failing_synth(path, arch, **kwargs):
-        Path(path).write_bytes(b"half a model")
+def test_what_a_killed_bench_synth_left_is_removed_and_an_interrupted_one_leaves_nothing(tmp_path):
+    def tiny(path, arch, **kwargs):  # the real synthesis, of a model small enough for a test
+        return synthesize(path, "qwen3next", preset="tiny", n_layer=1, progress=kwargs["progress"])
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(30)
+    name = "qwen4exp-bench-16L.gguf"
+    # a bench killed mid-way: its own temporary file (benches named one before synth wrote under one) and synth's
+    for left in (f"{name}.partial-{gone.pid}", f"{name}.partial-{gone.pid}.partial-{gone.pid}"):
+        (tmp_path / left).write_bytes(b"half a model")
+
+    def interrupted(done: int, total: int) -> None:
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        bench_model(tmp_path, failing_synth)
+        bench_model(tmp_path, tiny, interrupted)
     assert list(tmp_path.iterdir()) == []
+    path = bench_model(tmp_path, tiny)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
 
 
 def test_prompt_ids_avoid_the_ple_eos(tiny, rng):

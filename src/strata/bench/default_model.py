@@ -23,17 +23,12 @@ def cache_dir(environ: Mapping[str, str] = os.environ) -> Path:
 def bench_model(cache: Path, synthesize: Callable[..., Any], progress: Callable[[int, int], None] | None = None
                 ) -> Path:
     """The default benchmark model in `cache`, synthesized there first if absent (said on stderr, as load's
-    progress is). It is written under a temporary name and renamed when complete, so an interrupted synth is never
-    taken for the model."""
+    progress is). `synthesize` (strata.synth's) writes it under a temporary name and renames it when complete, so
+    an interrupted synth is never taken for the model, and removes what killed writes to that name left."""
     path = cache / f"{BENCH_ARCH}-{BENCH_PRESET}-{BENCH_LAYERS}L.gguf"
     if path.is_file():
         return path
     cache.mkdir(parents=True, exist_ok=True)
     print(f"bench: synthesizing the default benchmark model into {path} (about 26 GB, once)", file=sys.stderr)
-    partial = path.with_name(f"{path.name}.partial-{os.getpid()}")
-    try:
-        synthesize(partial, BENCH_ARCH, preset=BENCH_PRESET, n_layer=BENCH_LAYERS, progress=progress)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
+    synthesize(path, BENCH_ARCH, preset=BENCH_PRESET, n_layer=BENCH_LAYERS, progress=progress)
     return path
