@@ -39,6 +39,10 @@ def test_llama_cpp_spellings_run_as_strata_s(tiny_model, tmp_path, monkeypatch, 
     assert capsys.readouterr().out == plain
     assert cli.main(["run", "-p", "x", *REFERENCE]) == 1
     assert capsys.readouterr().err == "strata run: name the model file: strata run MODEL (or -m MODEL)\n"
+    assert cli.main(["run", path, "-m", path, "-p", "hello", *REFERENCE]) == 0  # the same file twice: that one
+    assert capsys.readouterr().out == plain
+    assert cli.main(["run", path, "-m", "other.gguf", "-p", "x", *REFERENCE]) == 1  # not the last one silently
+    assert capsys.readouterr().err == f"strata run: two model files named ({path} and -m other.gguf): give one\n"
 
 
 @pytest.mark.parametrize("flags, said", [

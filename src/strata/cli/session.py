@@ -37,7 +37,7 @@ class _GivenFlag(_Given):
 def add_engine_arguments(sub: argparse.ArgumentParser) -> None:
     """The model file, the engine and the session's shape."""
     sub.add_argument("model", nargs="?", default=argparse.SUPPRESS, help="path of a .gguf file (or -m)")
-    sub.add_argument("-m", "--model", dest="model", default=None, metavar="MODEL",
+    sub.add_argument("-m", "--model", dest="model_option", default=None, metavar="MODEL",
                      help="path of a .gguf file, as llama.cpp's tools take it")
     sub.add_argument("--engine", choices=["gpu", "reference"], default="gpu",
                      help="gpu: the decode session on GPU 0 plus the CPU expert pool; reference: the numpy oracle "
@@ -171,10 +171,14 @@ def sampling(args: argparse.Namespace) -> dict:
 
 
 def check_arguments(args: argparse.Namespace) -> None:
-    """What argparse cannot say, in the command line's words (InvalidArgument): the model given once, and a flag
-    that only modifies another not given without it."""
-    if args.model is None:
+    """What argparse cannot say, in the command line's words (InvalidArgument): the model given once (args.model
+    is then it, whichever way it came), and a flag that only modifies another not given without it."""
+    named = {getattr(args, "model", None), args.model_option} - {None}
+    if not named:
         raise InvalidArgument(f"name the model file: strata {args.command} MODEL (or -m MODEL)")
+    if len(named) > 1:
+        raise InvalidArgument(f"two model files named ({args.model} and -m {args.model_option}): give one")
+    args.model = named.pop()
     if "draft_tokens" in getattr(args, "given", ()):
         if args.draft is None:
             raise InvalidArgument("--draft-tokens sets how many --draft drafts: give --draft too (lookup, mtp or "
