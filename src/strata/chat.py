@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -115,17 +115,11 @@ def render_chat_segments(
     nonce = secrets.token_hex(NONCE_BYTES)
     index = {marker: i for i, marker in enumerate(markers)}
 
-    def protect(value: Any) -> Any:
-        if isinstance(value, str):
-            return re.sub(written, lambda m: f"Q{nonce}M{index[m.group()]}E", value)
-        if isinstance(value, Mapping):
-            return {protect(k): protect(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [protect(v) for v in value]
-        return value
+    def swap(text: str) -> str:
+        return re.sub(written, lambda m: f"Q{nonce}M{index[m.group()]}E", text)
 
-    text = _render(template, protect(_check_messages(messages)), add_generation_prompt=add_generation_prompt,
-                   bos_token=bos_token, eos_token=eos_token, **protect(extra))
+    text = _render(template, _swapped(_check_messages(messages), swap), add_generation_prompt=add_generation_prompt,
+                   bos_token=bos_token, eos_token=eos_token, **_swapped(extra, swap))
     segments: list[tuple[str, bool]] = []
     plain: list[str] = []
     at = 0
@@ -146,6 +140,18 @@ def render_chat_segments(
         raise FormatError("chat template changed message text that holds a control token's text beyond recognition; "
                           "it cannot be kept as text")
     return [(piece, marker) for piece, marker in segments if piece]
+
+
+def _swapped(value: Any, swap: Callable[[str], str]) -> Any:
+    """`value` with `swap` applied to every string in it, keys too (a function of the module's: one nested in
+    render_chat_segments that called itself was a reference cycle, left to the cyclic collector on every call)."""
+    if isinstance(value, str):
+        return swap(value)
+    if isinstance(value, Mapping):
+        return {_swapped(k, swap): _swapped(v, swap) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_swapped(v, swap) for v in value]
+    return value
 
 
 def _render(template: str, messages: list[dict[str, Any]], **values: Any) -> str:

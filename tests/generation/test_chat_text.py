@@ -3,6 +3,7 @@ any role), a tool's description or a template option says. Tried with every temp
 synth's ChatML (its vocabulary), the malformed-file tests' template, and the shape of Qwen's templates (what
 `strata convert` copies from a checkpoint), whose reasoning and tool-call logic reads the content."""
 
+import gc
 import io
 import re
 
@@ -205,7 +206,7 @@ def test_the_template_still_reads_the_content_around_a_marker():
         "<|im_start|><|im_end|><|im_start|><|im_end|><|im_start|>", special=True)
 
 
-def test_a_marker_swapped_under_another_nonce_is_text_and_no_pattern_is_compiled_per_call():
+def test_a_marker_swapped_under_another_nonce_is_text_and_a_render_leaves_no_pattern_or_cycle():
     tokenizer = synth_tokenizer()
     session = session_for(tokenizer)
     # the form a marker written in a message takes while the template renders, with a nonce not this call's
@@ -220,6 +221,13 @@ def test_a_marker_swapped_under_another_nonce_is_text_and_no_pattern_is_compiled
     for _ in range(20):
         session.chat_ids(messages)
     assert len(re._cache) == cached
+    gc.collect()
+    gc.disable()
+    try:
+        session.chat_ids(messages)
+        assert gc.collect() == 0  # nor a reference cycle left for the collector
+    finally:
+        gc.enable()
 
 
 def test_special_opts_in_to_control_tokens_written_in_the_messages():
