@@ -229,6 +229,25 @@ def test_a_hostile_corpus_gets_4xx_and_memory_stays_flat(live):
     assert client.send("GET", "/health").status == 200
 
 
+def test_a_refused_request_leaves_no_reference_cycle(live):
+    """Its objects (the parsed body among them) are freed as it is answered: held by a cycle, a body of megabytes
+    lived until the cyclic collector ran, and the allocations of the requests after it landed among its own."""
+    server, url, client, document = live
+    refused = [("/v1/completions", b'{"prompt": "hi", "temperature": 9}'),  # refused by a field
+               ("/v1/completions", json.dumps({"prompt": list(range(500)) * 10}).encode()),  # refused for its length
+               ("/v1/completions", b'{"prompt": "hi", "logit_bias": {"99999": 1}}'),  # refused by the session
+               ("/tokenize", b'{"content": 5}')]
+    gc.collect()
+    gc.disable()
+    try:
+        for route, payload in refused:
+            assert client.send("POST", route, payload).status == 400
+        wait_idle(server)
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+
+
 def test_clients_that_hang_up_mid_answer_leave_the_server_serving(live):
     server, url, client, document = live
     port = int(url.rsplit(":", 1)[1].split("/")[0])

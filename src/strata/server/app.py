@@ -171,7 +171,7 @@ class Server:
         try:
             self._authorize(request)
             body = await self._body(request)
-            return JSONResponse(await anyio.to_thread.run_sync(lambda: work(read_json(body))))
+            return JSONResponse(await _off_the_loop(lambda: work(read_json(body))))
         except BadRequest as error:
             return self._answer(error)
 
@@ -211,7 +211,7 @@ class Server:
             body = await self._body(request)
             # reading, rendering and tokenizing take time in proportion to the body: off the event loop, so that
             # /health and the other streams go on meanwhile
-            call, prompts = await anyio.to_thread.run_sync(self._prepare, body, parse)
+            call, prompts = await _off_the_loop(self._prepare, body, parse)
             self.metrics.arrived(self.pool.waiting)
             session = await self.pool.take(prompts[0])
         except BadRequest as error:
@@ -435,6 +435,26 @@ class Server:
     async def _not_allowed(self, request: Request, exc: Exception) -> Response:
         return self._answer(BadRequest(f"{request.method} is not allowed on {request.url.path[:120]}",
                                        code="method_not_allowed", status=405))
+
+
+async def _off_the_loop(work: Callable[..., Any], *args: Any) -> Any:
+    """work(*args) on a worker thread. A BadRequest it raises crosses back as a value, without its traceback, and
+    is raised here: raised across the thread's future it formed a cycle (the exception, its traceback, the frame
+    awaiting the future, the future) that kept the request's parsed body alive until the cyclic collector ran, while
+    the allocations of the requests after it landed among the body's and kept that memory from being given back."""
+    def caught() -> tuple[Any, BadRequest | None]:
+        try:
+            return work(*args), None
+        except BadRequest as error:
+            return None, error.with_traceback(None)
+
+    value, refused = await anyio.to_thread.run_sync(caught)
+    if refused is None:
+        return value
+    try:
+        raise refused
+    finally:
+        del refused  # this frame, in the exception's traceback, would hold it: a cycle again
 
 
 async def _chained(first: Event | None, rest: AsyncIterator[Event]) -> AsyncIterator[Event]:

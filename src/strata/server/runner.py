@@ -109,7 +109,13 @@ class Run:
                 continue
             ended += 1
             if self._error is not None:
-                raise self._error
+                # taken out of the run, whose frames its traceback holds: it and they would form a cycle, which
+                # kept the request's arguments and its sessions' frames until the cyclic collector ran
+                error, self._error = self._error, None
+                try:
+                    raise error
+                finally:
+                    del error
 
     def _lane(self, session: Session, emit: Callable, queue: asyncio.Queue) -> None:
         """Run the answers left on `session`, one after another, then give it back and say so on `queue`."""
