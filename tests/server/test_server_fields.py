@@ -1,8 +1,9 @@
 """What clients written for OpenAI, vLLM and llama-server send, against a live server on the reference engine:
 n choices and lists of prompts (each its own generation), logit_bias and the penalties applied as the sampler
 defines them, ignore_eos, /tokenize, /detokenize, /props, /openapi.json, CORS, the key's scheme in any case, the
-access log and its request ids, a fault of the server's own logged once and answered without its text, and
-kept-alive connections answered without Nagle's delay."""
+access log and its request ids, a fault of the server's own logged once and answered without its text, the C
+allocator's free memory given back after a large body, and kept-alive connections answered without Nagle's
+delay."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import time
 import pytest
 
 import strata
-from strata.server import Server
+from strata.server import Server, access
 from strata.server.background import serving
 from strata.synth import synthesize
 from support.http_client import RawClient
@@ -141,6 +142,18 @@ def test_each_request_is_logged_once_with_its_id_and_a_fault_of_the_server_is_a_
     assert lines[1].startswith("POST /v1/completions 200 prompt=") and "generated=2" in lines[1]
     request_id = lines[0].rsplit("id=", 1)[1]
     assert request_id in answer["error"]["message"] and request_id in failures[0].getMessage()
+
+
+def test_the_c_allocator_gives_back_what_a_large_body_took_once_its_request_is_done(live, monkeypatch):
+    url, raw, alone = live
+    trims = []
+    monkeypatch.setattr(access, "_malloc_trim", trims.append)
+    large = {"prompt": "x" * access.TRIM_BODY_BYTES, "max_tokens": 1}  # refused: longer than the context holds
+    assert post(raw, "/v1/completions", large)[0] == 400
+    assert post(raw, "/v1/completions", {"prompt": "hi", "max_tokens": 1})[0] == 200
+    assert raw.send("POST", "/v1/completions", b"x" * (2 * access.TRIM_BODY_BYTES), KEY).status == 400
+    assert raw.send("GET", "/health").status == 200  # on the same connection: after the request before is done
+    assert trims == [0, 0]  # the large bodies', after their answers; not the small ones'
 
 
 def test_kept_alive_connections_are_answered_without_nagles_delay(live):

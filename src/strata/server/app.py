@@ -412,17 +412,21 @@ class Server:
         return None
 
     async def _body(self, request: Request) -> bytes:
-        """The request's body, refused (413) as soon as it is known to be over `max_body_bytes`."""
+        """The request's body, refused (413) as soon as it is known to be over `max_body_bytes`; its size (what was
+        read of it) goes to request.state.body_bytes."""
         too_large = BadRequest(f"the request body is over {self.max_body_bytes} bytes", code="request_too_large",
                                status=413)
         declared = request.headers.get("content-length", "")
         if declared.isascii() and declared.isdigit() and int(declared) > self.max_body_bytes:
             raise too_large
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > self.max_body_bytes:
-                raise too_large
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > self.max_body_bytes:
+                    raise too_large
+        finally:
+            request.state.body_bytes = len(body)
         return bytes(body)
 
     @staticmethod
