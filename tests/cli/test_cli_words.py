@@ -2,11 +2,13 @@
 its errors in its own words (flags, not the library's argument names), a modifying flag refused without the flag
 it modifies, files read bounded and without blocking, and the smaller tools' defects of issue 48: the partial
 files of killed writes cleaned on the next write to that name, a NaN control vector refused at load, progress on
-`strata cvector`, a type synth cannot use replaced only with a line saying so, the real port of --port 0."""
+`strata cvector`, a type synth cannot use replaced only with a line saying so, the real port of --port 0 (and
+--alias, llama-server's name for --name)."""
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import signal
@@ -128,16 +130,18 @@ def test_synth_says_which_type_it_used_instead_of_one_that_does_not_fit(tmp_path
     assert down == {gguf.GGMLQuantizationType.Q4_0}  # llama-quantize's fallback, not the larger Q8_0
 
 
-def test_serve_on_port_0_says_the_port_it_took(tiny_model):
+def test_serve_on_port_0_says_the_port_it_took_and_alias_names_the_model(tiny_model):
     server = subprocess.Popen([sys.executable, "-m", "strata.cli", "serve", str(tiny_model("qwen3next", seed=5)),
-                               "--engine", "reference", "--port", "0", "--context", "64"], stderr=subprocess.PIPE,
-                              text=True)
+                               "--engine", "reference", "--port", "0", "--context", "64", "--alias", "my-model"],
+                              stderr=subprocess.PIPE, text=True)
     try:
         line = server.stderr.readline()
         port = int(re.search(r"http://127\.0\.0\.1:(\d+)/v1", line).group(1))
         assert port != 0
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30) as answer:
             assert answer.status == 200
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30) as answer:
+            assert [model["id"] for model in json.loads(answer.read())["data"]] == ["my-model"]
         with socket.create_connection(("127.0.0.1", port), timeout=10):
             pass
     finally:
