@@ -4,6 +4,7 @@ time), request bodies read within their limits and mapped onto generation option
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -66,6 +67,19 @@ def test_a_body_holds_at_most_max_containers_arrays_and_objects_brackets_in_stri
     assert read_json(b'\xef\xbb\xbf{"a": 1}') == {"a": 1}  # a UTF-8 BOM, as json.loads took it
     with pytest.raises(BadRequest, match="is not valid UTF-8"):
         read_json('{"a": "\u00e9"}'.encode("utf-16"))
+
+
+@pytest.mark.parametrize("raw, param, where", [
+    (b'{"messages": [{"role": "user", "content": "\\ud800"}]}', "messages[0].content", "messages[0].content"),
+    (b'{"messages": [{"role": "user", "content": "hi", "\\ud83d": 1}]}', "messages[0]", "a key of messages[0]"),
+    (b'{"a": ["x", {"b": ["ok", "\\udc00"]}]}', "a[1].b[1]", "a[1].b[1]"),
+    (b'"\\udfff"', None, "the body"),
+])
+def test_a_string_that_is_not_whole_unicode_is_refused_naming_where_it_is(raw, param, where):
+    said = rf"lone UTF-16 surrogate \(\\u[0-9a-f]{{4}}\) in {re.escape(where)}:"
+    with pytest.raises(BadRequest, match=said) as refused:
+        read_json(raw)
+    assert refused.value.param == param
 
 
 def test_request_bodies_map_onto_generation_options():

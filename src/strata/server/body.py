@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
@@ -22,14 +23,16 @@ MAX_DEPTH = 64  # arrays and objects inside each other
 MAX_CONTAINERS = 1 << 16
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string, escapes and all
 MAX_DIGITS = 20  # an integer's digits: every integer field fits (int64 seeds, token ids) with room
+MAX_PATH = 200  # characters of where a refused string is, as said (keys are the client's, of any length)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def read_json(raw: bytes | str, what: str = "the request body", param: str | None = None) -> Any:
     """The JSON value of `raw` within the module's limits; a BadRequest names `what` was read and the limit it
-    broke (code invalid_json for the body, invalid_value for the field `param`)."""
-    def refused(message: str) -> BadRequest:
-        return BadRequest(f"{what} {message}", param, "invalid_json" if param is None else "invalid_value")
+    broke (code invalid_json for the body, invalid_value for the field `param`), and its param is `param` or, for
+    a string that is not whole Unicode, where in the body it is (messages[0].content)."""
+    def refused(message: str, where: str | None = None) -> BadRequest:
+        return BadRequest(f"{what} {message}", param or where, "invalid_json" if param is None else "invalid_value")
 
     try:
         text = raw.decode("utf-8-sig") if isinstance(raw, bytes) else raw
@@ -82,18 +85,34 @@ def _check_tree(value: Any, refused) -> None:
     while stack:
         item, depth = stack.pop()
         if isinstance(item, str):
-            _check_text(item, refused)
+            _check_text(item, value, refused)
         elif isinstance(item, (list, dict)):
             if depth > MAX_DEPTH:
                 raise refused(f"nests arrays and objects over {MAX_DEPTH} deep")
             if isinstance(item, dict):
                 for key in item:
-                    _check_text(key, refused)
+                    _check_text(key, value, refused)
                 item = item.values()
             stack.extend((inner, depth + 1) for inner in item if isinstance(inner, (str, list, dict)))
 
 
-def _check_text(text: str, refused) -> None:
+def _check_text(text: str, value: Any, refused) -> None:
     if (found := _SURROGATE.search(text)) is not None:
-        raise refused(f"holds a lone UTF-16 surrogate (\\u{ord(found.group()):04x}) in a string: strings must be "
-                      "whole Unicode characters")
+        path, key = next((path, key) for path, key, string in _strings(value) if _SURROGATE.search(string))
+        where = f"{'a key of ' if key else ''}{path or 'the body'}"
+        raise refused(f"holds a lone UTF-16 surrogate (\\u{ord(found.group()):04x}) in {where}: strings must be "
+                      "whole Unicode characters", path or None)
+
+
+def _strings(value: Any, path: str = "") -> Iterator[tuple[str, bool, str]]:
+    """Every string in `value`, keys too, in order: (where it is, as OpenAI names a field: messages[0].content, a
+    key by its object's; whether it is a key; it). Walked only where one is refused, within MAX_DEPTH by then."""
+    if isinstance(value, str):
+        yield path, False, value
+    elif isinstance(value, dict):
+        for key, inner in value.items():
+            yield path, True, key
+            yield from _strings(inner, f"{path}.{key}"[:MAX_PATH] if path else key[:MAX_PATH])
+    elif isinstance(value, list):
+        for index, inner in enumerate(value):
+            yield from _strings(inner, f"{path}[{index}]")
