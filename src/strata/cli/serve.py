@@ -77,7 +77,8 @@ def handle(args: argparse.Namespace) -> int:
                 limits = {} if args.max_body is None else {"max_body_bytes": args.max_body}
                 batch = min(args.batch, len(sessions))
                 server = Server(sessions, args.name or Path(args.model).stem, api_key=args.api_key,
-                                max_waiting=args.queue, batch=batch, cors_origins=args.cors_origin, **limits)
+                                max_waiting=args.queue, batch=batch, cors_origins=args.cors_origin,
+                                **session_options.control_vectors(args), **limits)
                 host, port = sock.getsockname()[:2]  # the port taken, where --port 0 asked for any free one
                 print(f"strata serve: {args.model} on http://{_url_host(host)}:{port}/v1 ({args.engine} engine, "
                       f"{len(sessions)} session(s) of {sessions[0].engine.context} tokens), batch {batch}",

@@ -38,6 +38,7 @@ from strata.server.openapi import document
 from strata.server.pool import QueueFull, SessionPool
 from strata.server.requests import Call, check_model, parse_chat, parse_completion
 from strata.server.runner import Event, Refused, Run
+from strata.server.steering import ServedVectors
 from strata.server.tokens import detokenize, tokenize
 from strata.server.tools import ToolCallStream
 
@@ -64,11 +65,13 @@ class Server:
     answer computes at a time, docs/server.md): their engines become members of one Batcher
     (strata.generation.batcher) until close(), which gives them back; a request's answers (n choices, several
     prompts) run on up to `batch` sessions at once (strata.server.runner says how). Browsers on `cors_origins`
-    ("*": any) may call it."""
+    ("*": any) may call it. `control_vectors` and `control_layers` are the ones the sessions were made with (Model.session's
+    arguments): they steer every request, or a request picks its own of them (strata.server.steering)."""
 
     def __init__(self, sessions: Sequence[Session], model_name: str, *, api_key: str | None = None,
                  max_waiting: int = 16, max_body_bytes: int = MAX_BODY_BYTES, batch: int | None = 1,
-                 cors_origins: Sequence[str] = ()):
+                 cors_origins: Sequence[str] = (), control_vectors: Sequence[tuple[Any, float]] = (),
+                 control_layers: tuple[int, int] | None = None):
         if not sessions:
             raise InvalidArgument("the server needs at least one session")
         if max_body_bytes < 1:
@@ -76,7 +79,7 @@ class Server:
         batch = len(sessions) if batch is None else batch
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise InvalidArgument(f"batch must be an integer >= 1 (or None: every session), got {batch!r}")
-        self.pool = SessionPool(sessions, max_waiting)
+        self.pool = SessionPool(sessions, max_waiting, ServedVectors(control_vectors, control_layers))
         self.model_name, self.api_key, self.max_body_bytes = model_name, api_key, max_body_bytes
         self.cors_origins = list(cors_origins)
         self.codec = sessions[0].codec
@@ -124,6 +127,7 @@ class Server:
                   Route("/tokenize", self.tokenize, methods=["POST"]),
                   Route("/detokenize", self.detokenize, methods=["POST"]),
                   Route("/props", self.props, methods=["GET"]),
+                  Route("/control-vectors", self.control_vectors, methods=["GET"]),
                   Route("/openapi.json", self.openapi, methods=["GET"]),
                   Route("/health", self.health, methods=["GET"]),
                   Route("/metrics", self.metrics_text, methods=["GET"])]
@@ -188,6 +192,13 @@ class Server:
                              "modalities": {"vision": False, "audio": False},
                              "build_info": f"strata {strata.__version__}"})
 
+    async def control_vectors(self, request: Request) -> Response:
+        """The control vectors a request may name in its `control_vectors` (llama-server's /lora-adapters, for
+        steering): each one's id, file name and the scale it steers a request that names none at."""
+        if (refused := self._refused(request)) is not None:
+            return refused
+        return JSONResponse(self.pool.vectors.listing())
+
     async def openapi(self, request: Request) -> Response:
         if (refused := self._refused(request)) is not None:
             return refused
@@ -213,7 +224,7 @@ class Server:
             # /health and the other streams go on meanwhile
             call, prompts = await _off_the_loop(self._prepare, body, parse)
             self.metrics.arrived(self.pool.waiting)
-            session = await self.pool.take(prompts[0])
+            session = await self.pool.take(prompts[0], call.control_vectors)
         except BadRequest as error:
             return self._refuse(endpoint, error)
         except QueueFull as error:
@@ -332,6 +343,7 @@ class Server:
         """The request's call and its prompts' ids (BadRequest names what is wrong); runs on a worker thread."""
         fields = read_json(body)
         call = self._compiled(parse(fields))
+        call = replace(call, control_vectors=self.pool.vectors.key(call.control_vectors))
         check_model(fields.get("model"))
         if call.kind == "chat":
             return call, [self._chat_ids(call)]

@@ -15,6 +15,7 @@ from strata.sampling import MAX_BIAS, MAX_PENALTY
 from strata.server.requests import (
     IGNORED, JSON_SCHEMA_KEYS, MAX_CHOICES, MAX_STOPS, NEUTRAL, REPEAT_PENALTY, TEMPLATE_NAMES,
 )
+from strata.server.steering import MAX_SCALE
 
 _JSON_TYPES = {bool: "boolean", dict: "object", str: "string", list: "array", int: "number", float: "number"}
 
@@ -102,6 +103,11 @@ COMMON_FIELDS: dict[str, Any] = {
     "ignore_eos": _null({"type": "boolean"}),
     "grammar": _null({"type": "string"}),  # llama-server's: GBNF
     "json_schema": _null(_SCHEMA),  # llama-server's
+    # the control vectors the server loaded (GET /control-vectors), each at a scale: this request's steering
+    "control_vectors": _null({"type": "array", "items": {
+        "type": "object", "required": ["id"], "additionalProperties": False,
+        "properties": {"id": {"type": "integer", "minimum": 0},
+                       "scale": {"type": "number", "minimum": -MAX_SCALE, "maximum": MAX_SCALE}}}}),
     **{name: _null({"type": sorted({_JSON_TYPES[kind] for kind in kinds})}) for name, kinds in IGNORED.items()},
     **{name: _neutral(name) for name in ("service_tier", "typical_p", "mirostat", "dry_multiplier",
                                          "xtc_probability", "dynatemp_range", "top_n_sigma", "id_slot",
@@ -206,12 +212,14 @@ TOKENIZED = {"type": "object", "required": ["tokens"], "properties": {"tokens": 
         "id": {"type": "integer"},
         "piece": {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "integer"}}]}}}}]}}}
 DETOKENIZED = {"type": "object", "required": ["content"], "properties": {"content": {"type": "string"}}}
+CONTROL_VECTORS = {"type": "array", "items": {"type": "object", "required": ["id", "name", "scale"], "properties": {
+    "id": {"type": "integer", "minimum": 0}, "name": {"type": "string"}, "scale": {"type": "number"}}}}
 
 SCHEMAS = {"ChatRequest": CHAT_REQUEST, "CompletionRequest": COMPLETION_REQUEST, "TokenizeRequest": TOKENIZE_REQUEST,
            "DetokenizeRequest": DETOKENIZE_REQUEST, "Error": ERROR, "ChatCompletion": CHAT_COMPLETION,
            "ChatCompletionChunk": CHAT_CHUNK, "Completion": COMPLETION, "CompletionChunk": COMPLETION_CHUNK,
            "Model": MODEL, "ModelList": MODELS, "Health": HEALTH, "Props": PROPS, "Tokenized": TOKENIZED,
-           "Detokenized": DETOKENIZED}
+           "Detokenized": DETOKENIZED, "ControlVectors": CONTROL_VECTORS}
 # Statuses a route answers with the Error object: 400 a bad request, 401 no valid key, 404 not found, 413 a body
 # too large, 429 the queue full, 500 the model's or the server's own fault.
 ERROR_STATUSES = ("400", "401", "404", "413", "429", "500")
@@ -250,6 +258,8 @@ def document() -> dict[str, Any]:
         "/detokenize": {"post": _operation("token ids to text (llama-server's)", "Detokenized", "DetokenizeRequest",
                                            errors=("400", "401", "413"))},
         "/props": {"get": _operation("the server's settings (llama-server's)", "Props", errors=("401",))},
+        "/control-vectors": {"get": _operation("the control vectors a request may name in control_vectors",
+                                               "ControlVectors", errors=("401",))},
         "/health": {"get": _operation("for probes: no key needed", "Health", errors=())},
         "/metrics": {"get": {"summary": "Prometheus text", "responses": {
             "200": {"description": "the counters", "content": {"text/plain": {"schema": {"type": "string"}}}},

@@ -14,6 +14,7 @@ from strata.generation import MAX_LOGPROBS, RANDOM_SEED
 from strata.sampling import MAX_BIAS, MAX_PENALTY
 from strata.server.body import read_json
 from strata.server.errors import BadRequest
+from strata.server.steering import parse_control_vectors
 from strata.server.tools import tool_call_grammar
 
 __all__ = ["BadRequest", "Call", "Constraint", "check_model", "parse_chat", "parse_completion"]
@@ -54,6 +55,7 @@ class Call:
     template_options: dict[str, Any] = field(default_factory=dict)
     constraint: Constraint | None = None        # structured output, as asked for
     grammar: Any = None                         # ... and compiled (strata.generation.constraints.Grammar)
+    control_vectors: tuple[tuple[int, float], ...] | None = None  # (id, scale) of the server's; None: its own set
 
     @property
     def answers(self) -> int:
@@ -98,7 +100,8 @@ LLAMA_SERVER_NEUTRAL = {"typical_p", "mirostat", "dry_multiplier", "xtc_probabil
                         "top_n_sigma", "id_slot", "timings_per_token"}
 COMMON = {"model", "stream", "stream_options", "max_tokens", "n_predict", "temperature", "top_p", "top_k", "min_p",
           "repetition_penalty", "repeat_penalty", "frequency_penalty", "presence_penalty", "logit_bias", "seed",
-          "stop", "n", "ignore_eos", "service_tier", "grammar", "json_schema", *IGNORED, *LLAMA_SERVER_NEUTRAL}
+          "stop", "n", "ignore_eos", "service_tier", "grammar", "json_schema", "control_vectors", *IGNORED,
+          *LLAMA_SERVER_NEUTRAL}
 CHAT = COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
                  "parallel_tool_calls", "chat_template_kwargs", "response_format", "modalities", "audio",
                  "prediction", "functions", "function_call", "reasoning_effort", "verbosity", "web_search_options"}
@@ -312,7 +315,8 @@ def parse_chat(body: Any) -> Call:
                 n=_choices(body), max_tokens=_max_tokens(body, ("max_completion_tokens", "max_tokens"), None),
                 stream=_flag(body, "stream"), include_usage=_include_usage(body),
                 logprobs=(top or 0) if _flag(body, "logprobs") else None, sampling=_sampling(body),
-                template_options=options, constraint=constraint)
+                template_options=options, constraint=constraint,
+                control_vectors=parse_control_vectors(body.get("control_vectors")))
 
 
 def parse_completion(body: Any) -> Call:
@@ -322,7 +326,8 @@ def parse_completion(body: Any) -> Call:
                 max_tokens=_max_tokens(body, ("max_tokens",), 16),  # 16: OpenAI's default for completions
                 stream=_flag(body, "stream"), include_usage=_include_usage(body),
                 logprobs=_integer(body, "logprobs", 0, 5), sampling=_sampling(body),
-                constraint=_one_constraint(_llama_constraints(body)))
+                constraint=_one_constraint(_llama_constraints(body)),
+                control_vectors=parse_control_vectors(body.get("control_vectors")))
 
 
 # ------------------------------------------------------------------------------------------ structured output

@@ -141,7 +141,7 @@ class Run:
     def _widen(self, emit: Callable, queue: asyncio.Queue) -> None:
         """More sessions, as the pool spares them, while answers are left to start and lanes allow."""
         while self._left and self._live < self.lanes and not self.cancelled.is_set():
-            session = self.pool.spare(self.prompts[self._left[0] // self.call.n])
+            session = self.pool.spare(self.prompts[self._left[0] // self.call.n], self.call.control_vectors)
             if session is None:
                 return
             self._lane(session, emit, queue)
@@ -182,6 +182,7 @@ class Run:
         if self.cancelled.is_set():
             return
         ids = self.prompts[answer // self.call.n]
+        self.pool.steer(session, self.call.control_vectors)
         try:
             stream = session.stream(ids, **self.call.generate_options(answer))
         except StrataError as error:
