@@ -207,7 +207,7 @@ def test_sessions_through_the_batcher_answer_as_alone_on_a_batching_engine(table
     with Batcher(grace_seconds=GRACE, policy=AlwaysBatch()) as batcher:
         check_mix(lambda batched: table_engines(table, log if batched else BatchLog())(), CharCodec(), rng, VOCAB,
                   batcher)
-    assert log.threads == {batcher.thread_id}, "an engine call ran off the batcher's thread"
+    assert log.calls_one_at_a_time_on(batcher.thread_id), "engine calls overlapped, or a batch ran off its thread"
     assert max(log.sizes) > 1
 
 
@@ -263,7 +263,7 @@ def test_reference_sessions_through_the_batcher_answer_as_alone(model_file, rng)
     with Batcher(grace_seconds=GRACE, policy=AlwaysBatch()) as batcher:
         check_mix(lambda batched: BatchingReference(Reference(model_file), CONTEXT, log=log if batched else BatchLog()),
                   codec, rng, vocab, batcher, whole=True)
-    assert log.threads == {batcher.thread_id} and max(log.sizes) > 1
+    assert log.calls_one_at_a_time_on(batcher.thread_id) and max(log.sizes) > 1
 
 
 def test_a_long_prompt_advances_a_chunk_per_decode_batch(table, rng):
@@ -329,7 +329,7 @@ def test_drafted_sessions_verify_alone_and_answer_as_alone(table, rng):
                     for i in range(len(prompts))]
         together = run_batched(sessions, [Job(p, {"max_tokens": 16}) for p in prompts])
     assert together == alone
-    assert log.threads == {batcher.thread_id}
+    assert log.calls_one_at_a_time_on(batcher.thread_id)
     assert sessions[0].stats.accepted > 0 and sessions[0].stats.accepted < sessions[0].stats.drafted
 
 
@@ -350,7 +350,7 @@ def test_drafted_sessions_verify_together_with_the_others_steps_where_the_engine
         together = run_batched(sessions, [Job(p, {"max_tokens": 16}) for p in prompts])
         stats = batcher.stats()
     assert together == alone
-    assert log.threads == {batcher.thread_id}
+    assert log.calls_one_at_a_time_on(batcher.thread_id)
     assert any(len(parts) > 1 and max(parts) > 1 for parts in log.rows), log.rows  # a verify beside other rows
     if max_batch is not None:
         assert max(sum(parts) for parts in log.rows) <= max_batch, log.rows
@@ -398,7 +398,8 @@ def test_other_calls_reach_the_engine_on_the_thread_and_closing_refuses_more(tab
     with pytest.raises(InvalidArgument, match="verify takes"):
         member.verify([], [])
     batcher.close()
-    assert log.threads == {batcher.thread_id}
+    # the other calls ran on the batcher's thread, the lone decode steps on this one (nothing to gather them with)
+    assert log.calls_one_at_a_time_on(batcher.thread_id) and log.threads == {batcher.thread_id, threading.get_ident()}
     with pytest.raises(StrataError, match="batcher is closed"):
         member.feed([1], None, 0.0, [])
     counts = batcher.stats()
@@ -417,3 +418,19 @@ def test_the_batcher_steps_alone_where_its_policy_finds_batches_dearer(table, rn
         alone, together = alone_and_batched(batcher, table_engines(table, log), prompts, max_tokens=12)
     assert together == alone
     assert log.sizes == []  # no step_batch: every step alone
+
+
+def test_a_lone_members_decode_steps_run_on_its_own_thread(table):
+    """A decode step with nothing to gather it with (its member the only one active, nothing queued) runs on its
+    caller's thread, the answer the same; the compute thread still runs the prompt and the other calls."""
+    log = BatchLog()
+    with Batcher(grace_seconds=GRACE, policy=AlwaysBatch()) as batcher:
+        member = batcher.member(table_engines(table, log)())
+        with member.active():
+            tokens = list(Session(member, CharCodec()).complete([5, 6, 7], max_tokens=6).tokens)
+        stats = batcher.stats()
+    assert tokens == list(Session(table_engines(table, BatchLog())(), CharCodec()).complete([5, 6, 7],
+                                                                                          max_tokens=6).tokens)
+    assert stats["inline_steps"] == stats["decode_batches"] == 5  # the first token comes with the prompt
+    assert log.calls_one_at_a_time_on(batcher.thread_id)
+    assert log.threads == {batcher.thread_id, threading.get_ident()}

@@ -260,14 +260,15 @@ def test_the_whole_mix_on_a_scripted_engine_answers_as_alone(tokenizer, rng):
 
     with Batcher(grace_seconds=1.0, clock=clock) as batcher:
         sessions = check_mix(make, tokenizer, rng, 200, batcher, whole=True, drafter=Greedy)
-    assert log.threads == {batcher.thread_id} and max(log.sizes) > 1
+    assert log.calls_one_at_a_time_on(batcher.thread_id) and max(log.sizes) > 1
     assert sum(s.stats.accepted for s in sessions) > 0
 
 
-def test_before_compute_runs_on_the_compute_thread_right_before_each_engine_call_of_its_member(table, rng):
+def test_before_compute_runs_right_before_each_engine_call_of_its_member(table, rng):
     """A member's before_compute (where the server hands a stream's events to its event loop) runs before every
-    engine call that serves it, its prompt's chunks, its lone and batched steps alike, once each, on the batcher's
-    thread; a member without one is served as before."""
+    engine call that serves it, its prompt's chunks, its lone and batched steps alike, once each, on the thread
+    that makes the call (the batcher's; a lone step's, its member's own); a member without one is served as
+    before."""
     clock, log = ScriptedClock(), BatchLog()
     with Batcher(grace_seconds=1.0, policy=AlwaysBatch(), clock=clock) as batcher:
         members = [batcher.member(costed(table, clock, log)) for _ in range(3)]
@@ -279,7 +280,7 @@ def test_before_compute_runs_on_the_compute_thread_right_before_each_engine_call
             member.before_compute = hook
         made = iter(members)
         run_sessions(batcher, lambda: next(made), [random_ids(rng, VOCAB, n) for n in (20, 3, 9)], 12)
-    assert threads == {batcher.thread_id}
+    assert batcher.thread_id in threads and log.calls_one_at_a_time_on(batcher.thread_id)
     for i, member in enumerate(members[:2]):
         mine = ["hook" if who == f"hook {i}" else call for who, call, _ in log.calls
                 if who == f"hook {i}" or who is member.engine]

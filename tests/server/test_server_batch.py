@@ -158,7 +158,7 @@ def test_concurrent_streams_answer_as_each_alone_and_the_metrics_count_batches(m
         metrics = get(url, "/metrics")
     server.close()
     assert answers == alone
-    assert log.threads == {server.batcher.thread_id}
+    assert log.calls_one_at_a_time_on(server.batcher.thread_id)
     batches, rows = metric(metrics, "strata_decode_batches_total"), metric(metrics, "strata_decode_rows_total")
     assert rows == server.batcher.stats()["decode_rows"] and batches == server.batcher.stats()["decode_batches"]
     assert 0 < batches <= rows and metric(metrics, "strata_batch_limit") == len(QUESTIONS)
@@ -210,8 +210,10 @@ class ThreadRecorder(ScriptedEngine):
         return super().feed(ids, params, u, seen)
 
 
-@pytest.mark.parametrize("batch, thread", [(1, "strata-generate"), (2, "strata-batcher")])
-def test_batch_1_keeps_the_one_compute_thread_and_a_larger_one_the_batchers(tok, batch, thread):
+@pytest.mark.parametrize("batch, threads", [(1, {"strata-generate"}), (2, {"strata-batcher", "strata-run"})])
+def test_batch_1_keeps_the_one_compute_thread_and_a_larger_one_the_batchers(tok, batch, threads):
+    """At batch 1 every engine call runs on the one compute thread; above, on the batcher's, but a lone decode step
+    (its session the only one generating) on its generation's own thread, which saves two handoffs a token."""
     engines = [ThreadRecorder(lambda seen: tok.encode("fine thanks"), turn_start(tok), tok.eos_ids[0],
                               context=CONTEXT) for _ in range(2)]
     server = Server([Session(e, tok) for e in engines], "echo", batch=batch)
@@ -223,7 +225,7 @@ def test_batch_1_keeps_the_one_compute_thread_and_a_larger_one_the_batchers(tok,
         metrics = get(url, "/metrics")
     server.close()
     assert answers == ["fine thanks"] * 4
-    assert {name.rsplit("_", 1)[0] for e in engines for name in e.threads} == {thread}
+    assert {name.rsplit("_", 1)[0] for e in engines for name in e.threads} <= threads
     assert ("strata_decode_batches_total" in metrics) == (batch > 1)
 
 

@@ -6,6 +6,7 @@ Batcher can be timed by instead of the machine's."""
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from strata.errors import InvalidArgument
@@ -22,13 +23,39 @@ ENGINE_API = frozenset({"feed", "prefill", "verify", "truncate", "logprobs", "sn
 @dataclass
 class BatchLog:
     """What a set of batching engines saw: each step_batch's engines' keys (its size is their number), the
-    threads every engine call ran on, and (table engines) every call in order: (engine, call, ids)."""
+    threads every engine call ran on (and those of the batched steps), the most engine calls that ran at once, and
+    (table engines) every call in order: (engine, call, ids)."""
 
     batches: list[list[object]] = field(default_factory=list)
     rows: list[list[int]] = field(default_factory=list)  # each step_rows' parts' rows (RowsTable)
     threads: set[int] = field(default_factory=set)
+    batch_threads: set[int] = field(default_factory=set)
+    running: dict[int, int] = field(default_factory=dict)  # thread: depth of its engine calls (one may call another)
+    most_running: int = 0  # the most threads in engine calls at once
     calls: list[tuple[object, str, int]] = field(default_factory=list)
     lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def calls_one_at_a_time_on(self, thread: int | None) -> bool:
+        """Whether the engines' calls never overlapped (no two threads in them at once) and every batched step ran on
+        `thread` (a batcher's: a lone decode step may run on its member's own thread, where nothing could be gathered
+        with it)."""
+        return self.most_running <= 1 and self.batch_threads <= {thread}
+
+    @contextmanager
+    def call(self):
+        """An engine call, counted while it runs."""
+        thread = threading.get_ident()
+        with self.lock:
+            self.threads.add(thread)
+            self.running[thread] = self.running.get(thread, 0) + 1
+            self.most_running = max(self.most_running, len(self.running))
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.running[thread] -= 1
+                if not self.running[thread]:
+                    del self.running[thread]
 
     @property
     def sizes(self) -> list[int]:
@@ -49,7 +76,7 @@ class Batching:
     def step_batch(engines, ids, params, us, seens) -> list[int]:
         log = engines[0].log
         with log.lock:
-            log.threads.add(threading.get_ident())
+            log.batch_threads.add(threading.get_ident())
             log.batches.append([e.batch_key for e in engines])
         if len({e.batch_key for e in engines}) != 1 or any(e.batch_key is None for e in engines):
             raise AssertionError(f"engines of batch keys {[e.batch_key for e in engines]} stepped together")
@@ -59,11 +86,20 @@ class Batching:
         return [e.feed([i], p, u, s) for e, i, p, u, s in zip(engines, ids, params, us, seens)]
 
     def __getattribute__(self, name: str):
-        if name in ENGINE_API:
-            log = object.__getattribute__(self, "log")
+        value = super().__getattribute__(name)
+        if name not in ENGINE_API:
+            return value
+        log = object.__getattribute__(self, "log")
+        if not callable(value):
             with log.lock:
                 log.threads.add(threading.get_ident())
-        return super().__getattribute__(name)
+            return value
+
+        def counted(*args, **kwargs):
+            with log.call():
+                return value(*args, **kwargs)
+
+        return counted
 
 
 class BatchingTable(Batching, TableEngine):
@@ -86,6 +122,7 @@ class RowsTable(BatchingTable):
     def step_rows(engines, ids, verify, params, us, seens) -> list:
         log = engines[0].log
         with log.lock:
+            log.batch_threads.add(threading.get_ident())
             log.rows.append([len(part) for part in ids])
         limit = getattr(engines[0], "max_batch", None)
         if limit is not None and sum(len(part) for part in ids) > limit:

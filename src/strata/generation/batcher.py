@@ -1,7 +1,9 @@
 """Continuous batching: several sessions' decode steps gathered into one engine call, their prompts interleaved.
 
 A Batcher owns one compute thread; every engine call of every member (`Batcher.member(engine)`, an Engine that a
-Session drives as it would the engine itself) runs there, and the caller blocks for its result. A decode step is
+Session drives as it would the engine itself) runs there, and the caller blocks for its result, but for a decode
+step with nothing to be gathered with (_runs_inline), which its caller's thread runs while the compute thread
+waits: engine calls never overlap. A decode step is
 a `feed` of exactly one id: the members' steps are gathered and run together, as one `step_batch` for engines
 that share a `batch_key` (below), one by one for the others. A prompt (a feed or prefill of more ids) is split into
 its engine's chunks, and the thread alternates: one prompt chunk, then one decode batch of every step waiting. So
@@ -130,7 +132,9 @@ class Batcher:
         self._first_step = 0.0  # when the oldest waiting decode step came
         self._turn_start = 0.0  # when the thread last finished a job
         self._closing = False
-        self._counts = {"decode_batches": 0, "decode_rows": 0, "prompt_chunks": 0, "calls": 0}
+        self._job = False  # the compute thread is in an engine call
+        self._inline = False  # a caller's thread is in an engine call (_runs_inline)
+        self._counts = {"decode_batches": 0, "decode_rows": 0, "prompt_chunks": 0, "calls": 0, "inline_steps": 0}
         self._sizes: Counter[int] = Counter()  # decode engine calls by their rows
         self._seconds = {"busy": 0.0, "gathering": 0.0}
         self._thread = threading.Thread(target=self._run, args=(cpus,), name="strata-batcher", daemon=True)
@@ -147,9 +151,9 @@ class Batcher:
 
     def stats(self) -> dict[str, Any]:
         """Counters since start: decode_batches (engine calls that stepped decode rows: a step_batch, or a lone
-        feed), decode_rows (rows they stepped; rows / batches is the mean batch), batch_sizes ({rows: engine
-        calls}), prompt_chunks, calls (the rest); busy_seconds (in engine calls), gathering_seconds (waiting, a
-        decode step in, for the members a batch gathers)."""
+        feed; inline_steps of them ran on their callers' threads), decode_rows (rows they stepped; rows / batches
+        is the mean batch), batch_sizes ({rows: engine calls}), prompt_chunks, calls (the rest); busy_seconds (in
+        engine calls), gathering_seconds (waiting, a decode step in, for the members a batch gathers)."""
         with self._cond:
             return {**self._counts, "batch_sizes": dict(self._sizes), "busy_seconds": self._seconds["busy"],
                     "gathering_seconds": self._seconds["gathering"]}
@@ -182,7 +186,10 @@ class Batcher:
             if self._closing:
                 raise StrataError("the batcher is closed: its members' engines take no more calls")
             call.member._joined = True
-            if call.step is not None or call.verify is not None:
+            inline = self._runs_inline(call)
+            if inline:
+                self._inline = True  # the compute thread starts no job until it is done
+            elif call.step is not None or call.verify is not None:
                 if not self._steps:
                     self._first_step = self.clock()
                 self._steps.append(call)
@@ -191,10 +198,34 @@ class Batcher:
             else:
                 self._calls.append(call)
             self._cond.notify_all()
+        if inline:
+            self._step_inline(call)
         call.done.wait()
         if call.error is not None:
             raise call.error
         return call.result
+
+    def _runs_inline(self, call: _Call) -> bool:
+        """Whether `call` (called holding the lock) runs on its caller's thread: a decode step of the only active
+        member, with nothing queued and no engine call running, has nothing to be gathered with, and the two
+        handoffs to the compute thread and back cost one client alone some 8 % of its tokens (docs/server.md)."""
+        if call.step is None or self._job or self._inline or self._steps or self._chunks or self._calls:
+            return False
+        return not any(m._active and m._joined for m in self._members if m is not call.member)
+
+    def _step_inline(self, call: _Call) -> None:
+        """The decode step `call` on this thread, as the compute thread would run it alone; the compute thread
+        waits for it (_inline) before its next job."""
+        start = self.clock()
+        try:
+            self._step_all([call])
+        finally:
+            with self._cond:
+                self._inline = False
+                self._turn_start = self.clock()
+                self._seconds["busy"] += self._turn_start - start
+                self._counts["inline_steps"] += 1
+                self._cond.notify_all()
 
     def _set_active(self, member: Member, active: bool) -> None:
         """A member begins (waited for from its next call) or ends (waited for no more)."""
@@ -210,10 +241,11 @@ class Batcher:
         last_was_chunk = False
         while True:
             with self._cond:
-                while (job := self._next(last_was_chunk)) is None:
-                    if self._closing and not (self._steps or self._chunks or self._calls):
+                while self._inline or (job := self._next(last_was_chunk)) is None:
+                    if self._closing and not (self._steps or self._chunks or self._calls or self._inline):
                         return
-                    self._cond.wait(self._gather_left())
+                    self._cond.wait(None if self._inline else self._gather_left())
+                self._job = True
             kind, calls = job
             start = self.clock()
             if kind == "steps":
@@ -223,6 +255,7 @@ class Batcher:
             if kind != "call":  # the calls between them do not change whose turn it is
                 last_was_chunk = kind == "chunk"
             with self._cond:
+                self._job = False
                 self._turn_start = self.clock()
                 self._seconds["busy"] += self._turn_start - start
 

@@ -65,8 +65,9 @@ class Server:
     answer computes at a time, docs/server.md): their engines become members of one Batcher
     (strata.generation.batcher) until close(), which gives them back; a request's answers (n choices, several
     prompts) run on up to `batch` sessions at once (strata.server.runner says how). Browsers on `cors_origins`
-    ("*": any) may call it. `control_vectors` and `control_layers` are the ones the sessions were made with (Model.session's
-    arguments): they steer every request, or a request picks its own of them (strata.server.steering)."""
+    ("*": any) may call it. `control_vectors` and `control_layers` are the ones the sessions were made with
+    (Model.session's arguments): they steer every request, or a request picks its own of them
+    (strata.server.steering)."""
 
     def __init__(self, sessions: Sequence[Session], model_name: str, *, api_key: str | None = None,
                  max_waiting: int = 16, max_body_bytes: int = MAX_BODY_BYTES, batch: int | None = 1,
