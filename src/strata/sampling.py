@@ -16,8 +16,9 @@ the tokens a step yields are distributed as stepping's whatever the drafter prop
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -117,24 +118,35 @@ class SamplingParams:
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         if self.token_mask is not None and not isinstance(self.token_mask, TokenMask):
             raise InvalidArgument(f"token_mask must be a TokenMask or None, got {type(self.token_mask).__name__}")
-        if not np.all(np.isfinite([self.temperature, self.top_p, self.min_p, self.repeat_penalty,
-                                   self.frequency_penalty, self.presence_penalty])):
+        if not all(math.isfinite(value) for value in (self.temperature, self.top_p, self.min_p, self.repeat_penalty,
+                                                      self.frequency_penalty, self.presence_penalty)):
             raise InvalidArgument(f"sampling parameters must be finite, got {self}")
+        # each message made only where its check fails: a constrained answer makes a new SamplingParams every token
         checks = [
-            (self.temperature >= 0.0, f"temperature must be >= 0 (0 = greedy), got {self.temperature}"),
-            (self.top_k >= 0, f"top_k must be >= 0 (0 = off), got {self.top_k}"),
-            (0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}"),
-            (0.0 <= self.min_p < 1.0, f"min_p must be in [0, 1), got {self.min_p}"),
-            (self.repeat_penalty > 0.0, f"repeat_penalty must be > 0 (1 = off), got {self.repeat_penalty}"),
+            (self.temperature >= 0.0, lambda: f"temperature must be >= 0 (0 = greedy), got {self.temperature}"),
+            (self.top_k >= 0, lambda: f"top_k must be >= 0 (0 = off), got {self.top_k}"),
+            (0.0 < self.top_p <= 1.0, lambda: f"top_p must be in (0, 1], got {self.top_p}"),
+            (0.0 <= self.min_p < 1.0, lambda: f"min_p must be in [0, 1), got {self.min_p}"),
+            (self.repeat_penalty > 0.0, lambda: f"repeat_penalty must be > 0 (1 = off), got {self.repeat_penalty}"),
             (abs(self.frequency_penalty) <= MAX_PENALTY,
-             f"frequency_penalty must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {self.frequency_penalty}"),
+             lambda: f"frequency_penalty must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {self.frequency_penalty}"),
             (abs(self.presence_penalty) <= MAX_PENALTY,
-             f"presence_penalty must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {self.presence_penalty}"),
-            (self.answer_start >= 0, f"answer_start must be >= 0, got {self.answer_start}"),
+             lambda: f"presence_penalty must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {self.presence_penalty}"),
+            (self.answer_start >= 0, lambda: f"answer_start must be >= 0, got {self.answer_start}"),
         ]
         for ok, message in checks:
             if not ok:
-                raise InvalidArgument(message)
+                raise InvalidArgument(message())
+
+    def masked(self, mask: TokenMask | None) -> SamplingParams:
+        """These parameters with `mask` as the token mask: a copy without checking again what was checked when these
+        were made (a constrained answer makes one every token)."""
+        if mask is not None and not isinstance(mask, TokenMask):
+            raise InvalidArgument(f"token_mask must be a TokenMask or None, got {type(mask).__name__}")
+        copy = object.__new__(SamplingParams)
+        copy.__dict__.update(self.__dict__)
+        object.__setattr__(copy, "token_mask", mask)
+        return copy
 
     def extended(self) -> list[str]:
         """The EXTENDED fields this sets away from their neutral value (what only the numpy definition applies)."""
@@ -299,7 +311,7 @@ def verify_drafts(rows: np.ndarray, params: SamplingParams, drafts: list[int], u
     if masks is not None:
         if len(masks) != k + 1:
             raise InvalidArgument(f"{k} drafts need {k + 1} token masks, got {len(masks)}")
-        rows_params = [replace(params, token_mask=mask) for mask in masks]
+        rows_params = [params.masked(mask) for mask in masks]
     else:
         rows_params = [params] * (k + 1)
     rows = np.asarray(rows)

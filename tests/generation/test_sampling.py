@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import strata
-from strata.sampling import SamplingParams, apply_repeat_penalty, candidates, sample
+from strata.sampling import SamplingParams, TokenMask, apply_repeat_penalty, candidates, sample
 
 
 def softmax64(z):
@@ -85,6 +85,17 @@ def test_repeat_penalty_divides_positive_and_multiplies_negative_logits(rng):
 def test_bad_parameters_name_themselves(kwargs, fragment):
     with pytest.raises(strata.InvalidArgument, match=fragment):
         SamplingParams(**kwargs)
+
+
+def test_masked_copies_the_parameters_with_a_mask_and_leaves_them_as_they_were():
+    params = SamplingParams(temperature=0.7, top_k=5, logit_bias={3: 1.0}, answer_start=2)
+    mask = TokenMask.allowing([1, 3], 64)
+    masked = params.masked(mask)
+    assert masked == params and masked.token_mask is mask and params.token_mask is None
+    assert (masked.temperature, masked.top_k, masked.logit_bias, masked.answer_start) == (0.7, 5, ((3, 1.0),), 2)
+    assert masked.masked(None).token_mask is None
+    with pytest.raises(strata.InvalidArgument, match="token_mask must be a TokenMask or None, got list"):
+        params.masked([1, 3])
 
 
 def test_nan_logits_are_refused():

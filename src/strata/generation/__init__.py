@@ -471,7 +471,7 @@ class Session:
         now."""
         if request.constraint is None:
             return request.params
-        return replace(request.params, token_mask=request.constraint.mask())
+        return request.params.masked(request.constraint.mask())
 
     def _feed_prompt(self, target: list[int], held: int, params: SamplingParams, u: float) -> int:
         """Feed target[held:] and return the next token. Where the engine keeps snapshots, the state before the
