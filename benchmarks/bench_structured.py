@@ -1,6 +1,7 @@
 """What structured output adds to a request (strata.generation.constraints, llguidance): on the CPU, the tokenizer's
 one-time build, then per request the time to the first token a new JSON schema adds (compiling it against the
-tokenizer, its first mask, a generation's copy of the parser), and per generated token the mask and the advance;
+tokenizer, its first mask, a generation's copy of the parser), per generated token the mask and the advance, and
+what a Session does around each token with and without a schema (over an engine that computes nothing);
 with --decode, a loaded model's decode speed under a JSON schema against the same decode unconstrained.
 
     python3 benchmarks/bench_structured.py                      # the benchmark model's vocabulary (qwen4exp, bench)
@@ -99,6 +100,49 @@ def walk(constraint, words: int, vocab: int, eos: set[int], rng: np.random.Gener
     return seconds
 
 
+class InstantEngine:
+    """An engine that computes nothing: it draws a random token (of those its draw's mask allows, filled into a
+    buffer as the GPU engine fills its words), so a Session over it costs what the host does around each token."""
+
+    token_masks = True  # its draws take SamplingParams.token_mask
+
+    def __init__(self, vocab: int, context: int, seed: int):
+        self.context, self.position = context, 0
+        self.words = np.zeros((vocab + 31) // 32, np.int32)
+        self.rng = np.random.default_rng(seed)
+
+    def feed(self, ids, params, u, seen) -> int:
+        self.position += len(ids)
+        if params.token_mask is None:
+            return int(self.rng.integers(256, 4096))
+        params.token_mask.fill(self.words)
+        word = int(self.rng.choice(np.flatnonzero(self.words)))
+        bits = int(self.words[word]) & 0xFFFFFFFF
+        return word * 32 + (bits & -bits).bit_length() - 1  # the lowest token the word allows
+
+    def reset(self) -> None:
+        self.position = 0
+
+
+def session_costs(codec, schema: dict, seed: int) -> dict:
+    """Microseconds a token of Session.generate over InstantEngine: unconstrained (600 tokens), and under `schema`
+    (to its end), its first answer and a second one (what a client repeating the schema pays)."""
+    from strata.generation import Session
+
+    session = Session(InstantEngine(len(codec.tokens), 4096, seed), codec)
+
+    def per_token(**options) -> float:
+        session.reset()
+        start, tokens = time.perf_counter(), 0
+        for _ in session.generate([100, 200, 300], temperature=0.0, **options):
+            tokens += 1
+        return (time.perf_counter() - start) / tokens * 1e6
+
+    return {"unconstrained_us": round(per_token(max_tokens=600, ignore_eos=True), 1),
+            "schema_first_us": round(per_token(max_tokens=1024, json_schema=schema), 1),
+            "schema_again_us": round(per_token(max_tokens=1024, json_schema=schema), 1)}
+
+
 def cpu_costs(args: argparse.Namespace, constraints) -> None:
     """The tokenizer's build, a new schema's first token and a token's mask and advance, over a synthetic
     vocabulary (no model)."""
@@ -135,6 +179,7 @@ def cpu_costs(args: argparse.Namespace, constraints) -> None:
                          "p90": round(float(np.percentile(token_us, 90)), 1),
                          "p99": round(float(np.percentile(token_us, 99)), 1)},
         "answer_tokens_median": statistics.median(answer_tokens),
+        "session": session_costs(codec, schema, args.seed),
     }
     if args.json:
         Path(args.json).write_text(json.dumps(figures))
@@ -146,6 +191,10 @@ def cpu_costs(args: argparse.Namespace, constraints) -> None:
     print(f"RESULT structured per token: {figures['per_token_us']['median']} us median, "
           f"{figures['per_token_us']['p90']} us p90, {figures['per_token_us']['p99']} us p99 (mask + advance, "
           f"{sum(answer_tokens)} tokens)")
+    session = figures["session"]
+    print(f"RESULT structured session: {session['unconstrained_us']} us a token unconstrained, "
+          f"{session['schema_first_us']} us under a new {args.fields}-field schema, {session['schema_again_us']} us "
+          f"under it again (Session.generate over an engine that computes nothing: its draw from the mask included)")
 
 
 def model_geometry(model):

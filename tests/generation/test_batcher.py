@@ -271,10 +271,11 @@ def test_a_long_prompt_advances_a_chunk_per_decode_batch(table, rng):
     and the prompt advances while it decodes."""
     log = BatchLog()
     prompt = random_ids(rng, VOCAB, 5 * STEPPED_PROMPT_CHUNK + 3)
-    # the decoder runs long enough to be decoding throughout the prompt, however late the prompt's thread wakes
+    # the decoder runs long enough to be decoding throughout the prompt, however late the prompt's thread wakes: its
+    # steps take a millisecond each (alone, they run on its own thread, as fast as the table answers)
     jobs = [Job(random_ids(rng, VOCAB, 3), {"max_tokens": CONTEXT - 8}), Job(prompt, {"max_tokens": 3}, joins_after=5)]
     with Batcher(grace_seconds=GRACE, policy=AlwaysBatch()) as batcher:
-        engines = [table_engines(table, log)() for _ in jobs]
+        engines = [SlowTable(table, context=CONTEXT, log=log, batch_key="model"), table_engines(table, log)()]
         run_batched([Session(batcher.member(e), CharCodec()) for e in engines], jobs)
     decoder, prompted = engines
     chunks = [i for i, (engine, _, n) in enumerate(log.calls) if engine is prompted and n > 1]
@@ -282,6 +283,14 @@ def test_a_long_prompt_advances_a_chunk_per_decode_batch(table, rng):
     for before, after in zip(chunks, chunks[1:]):
         between = [call for engine, *call in log.calls[before + 1:after] if engine is decoder]
         assert between == [["feed", 1]], (before, after, between)
+
+
+class SlowTable(BatchingTable):
+    """A BatchingTable whose every feed takes at least a millisecond."""
+
+    def feed(self, ids, params, u, seen):
+        time.sleep(0.001)
+        return super().feed(ids, params, u, seen)
 
 
 def test_an_active_member_busy_elsewhere_holds_the_others_back_a_grace_per_step_at_most(table, rng):
