@@ -107,14 +107,14 @@ class InstantEngine:
     token_masks = True  # its draws take SamplingParams.token_mask
 
     def __init__(self, vocab: int, context: int, seed: int):
-        self.context, self.position = context, 0
+        self.context, self.position, self.vocab = context, 0, vocab
         self.words = np.zeros((vocab + 31) // 32, np.int32)
         self.rng = np.random.default_rng(seed)
 
     def feed(self, ids, params, u, seen) -> int:
         self.position += len(ids)
         if params.token_mask is None:
-            return int(self.rng.integers(256, 4096))
+            return int(self.rng.integers(self.vocab))
         params.token_mask.fill(self.words)
         word = int(self.rng.choice(np.flatnonzero(self.words)))
         bits = int(self.words[word]) & 0xFFFFFFFF

@@ -24,11 +24,12 @@ def test_the_bench_prints_its_results_and_writes_its_figures(tmp_path):
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT structured")]
     assert [line.split(":")[0] for line in lines] == ["RESULT structured tokenizer", "RESULT structured first token",
-                                                      "RESULT structured per token"]
+                                                      "RESULT structured per token", "RESULT structured session"]
     figures = json.loads(out.read_text())
     assert figures["vocab"] == 700 and figures["schemas"] == 3 and figures["fields"] == 20
     assert 0 < figures["first_token_added_ms"]["median"] <= figures["first_token_added_ms"]["max"]
     assert figures["per_token_us"]["median"] > 0
+    assert all(figures["session"][key] > 0 for key in ("unconstrained_us", "schema_first_us", "schema_again_us"))
 
 
 def test_its_schemas_are_new_each_time_and_valid():
