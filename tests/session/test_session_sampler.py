@@ -6,6 +6,7 @@ them steps bit for bit as one whose settings are neutral; a verification part ne
 structured output end to end on the GPU engine (JSON schemas through Session)."""
 
 import json
+from contextlib import contextmanager
 
 import jsonschema
 import numpy as np
@@ -39,6 +40,16 @@ class Tracked:
         return sample(self.engine.logits(), params, u, self.ids)
 
 
+@contextmanager
+def tracked(model, mode):
+    """A Tracked engine of the session's own staging in `mode`, closed on exit."""
+    e = Tracked(engine(model, staging(model), mode))
+    try:
+        yield e
+    finally:
+        e.engine.close()
+
+
 def settings(rng, vocab, answer_start):
     """One draw's settings of each kind, greedy and sampled."""
     mask = TokenMask.allowing(np.flatnonzero(rng.random(vocab) < 0.3), vocab)
@@ -54,8 +65,7 @@ def settings(rng, vocab, answer_start):
 def test_each_draw_is_the_references_on_the_sessions_logits(loaded, mode, rng):
     name, model = loaded
     vocab = model.info.geometry.n_vocab
-    e = Tracked(engine(model, staging(model), mode))
-    try:
+    with tracked(model, mode) as e:
         prompt = prompt_ids(model, rng, 13)  # through the prompt path, then one id per step
         every = settings(rng, vocab, len(prompt))
         u = float(rng.random())
@@ -72,16 +82,13 @@ def test_each_draw_is_the_references_on_the_sessions_logits(loaded, mode, rng):
                 assert abs(lp - want_lp) < 1e-6 and [t for t, _ in top] == [t for t, _ in want_top]
                 np.testing.assert_allclose([v for _, v in top], [v for _, v in want_top], atol=1e-6)
             token = got
-    finally:
-        e.engine.close()
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_one_allowed_token_is_always_drawn_and_a_bias_of_minus_100_never(loaded, mode, rng):
     _, model = loaded
     vocab = model.info.geometry.n_vocab
-    e = Tracked(engine(model, staging(model), mode))
-    try:
+    with tracked(model, mode) as e:
         token = e.draw(prompt_ids(model, rng, 9), SamplingParams(), 0.0)
         for _ in range(6):
             only = int(rng.integers(vocab))
@@ -90,8 +97,6 @@ def test_one_allowed_token_is_always_drawn_and_a_bias_of_minus_100_never(loaded,
             banned = SamplingParams(logit_bias={only: -100.0})
             token = e.draw([only], banned, 0.0)
             assert token != only and token == e.want(banned, 0.0)
-    finally:
-        e.engine.close()
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -187,8 +192,7 @@ def test_neutral_settings_step_bit_for_bit_as_none(loaded, mode, rng):
 def test_a_mask_allowing_nothing_is_refused_and_leaves_the_session_as_it_was(loaded, rng):
     _, model = loaded
     vocab = model.info.geometry.n_vocab
-    e = Tracked(engine(model, staging(model), Mode.TOKEN_GRAPH))
-    try:
+    with tracked(model, Mode.TOKEN_GRAPH) as e:
         token = e.draw(prompt_ids(model, rng, 9), SamplingParams(), 0.0)
         position = e.engine.position
         with pytest.raises(InvalidArgument, match="allows no token"):
@@ -198,8 +202,6 @@ def test_a_mask_allowing_nothing_is_refused_and_leaves_the_session_as_it_was(loa
             e.engine.feed([token], SamplingParams(logit_bias={vocab: 1.0}), 0.0, e.ids + [token])
         assert e.engine.position == position
         assert e.draw([token], SamplingParams(), 0.0) == e.want(SamplingParams(), 0.0)
-    finally:
-        e.engine.close()
 
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "ok"],
