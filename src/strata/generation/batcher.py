@@ -3,9 +3,8 @@
 A Batcher owns one compute thread; every engine call of every member (`Batcher.member(engine)`, an Engine that a
 Session drives as it would the engine itself) runs there, and the caller blocks for its result, but for a decode
 step with nothing to be gathered with (_runs_inline), which its caller's thread runs while the compute thread
-waits: engine calls never overlap. A decode step is
-a `feed` of exactly one id: the members' steps are gathered and run together, as one `step_batch` for engines
-that share a `batch_key` (below), one by one for the others. A prompt (a feed or prefill of more ids) is split into
+waits: engine calls never overlap. A decode step is a `feed` of exactly one id: the members' steps are gathered and
+run together, as one `step_batch` for engines that share a `batch_key` (below), one by one for the others. A prompt (a feed or prefill of more ids) is split into
 its engine's chunks, and the thread alternates: one prompt chunk, then one decode batch of every step waiting. So
 a decoding member waits at most one chunk per token, and a new prompt advances a chunk per token step. The other
 calls (snapshot, logprobs, a verify the engine cannot batch, ...) run alone, in the order they came, before
@@ -208,7 +207,7 @@ class Batcher:
     def _runs_inline(self, call: _Call) -> bool:
         """Whether `call` (called holding the lock) runs on its caller's thread: a decode step of the only active
         member, with nothing queued and no engine call running, has nothing to be gathered with, and the two
-        handoffs to the compute thread and back cost one client alone some 8 % of its tokens (docs/server.md)."""
+        handoffs to the compute thread and back cost one client alone 8-12 % of its tokens (docs/server.md)."""
         if call.step is None or self._job or self._inline or self._steps or self._chunks or self._calls:
             return False
         return not any(m._active and m._joined for m in self._members if m is not call.member)
@@ -222,10 +221,14 @@ class Batcher:
         finally:
             with self._cond:
                 self._inline = False
-                self._turn_start = self.clock()
-                self._seconds["busy"] += self._turn_start - start
                 self._counts["inline_steps"] += 1
+                self._turn_ended(start)
                 self._cond.notify_all()
+
+    def _turn_ended(self, start: float) -> None:
+        """An engine call that began at `start` has ended (called holding the lock): the turn's end, the busy time."""
+        self._turn_start = self.clock()
+        self._seconds["busy"] += self._turn_start - start
 
     def _set_active(self, member: Member, active: bool) -> None:
         """A member begins (waited for from its next call) or ends (waited for no more)."""
@@ -256,8 +259,7 @@ class Batcher:
                 last_was_chunk = kind == "chunk"
             with self._cond:
                 self._job = False
-                self._turn_start = self.clock()
-                self._seconds["busy"] += self._turn_start - start
+                self._turn_ended(start)
 
     def _next(self, last_was_chunk: bool) -> tuple[str, list[_Call]] | None:
         """The next job under the policy (called holding the lock), taken off its queue; None: wait. After a prompt

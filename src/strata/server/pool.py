@@ -62,14 +62,17 @@ class SessionPool:
     def steer(self, session: Session, key: Key | None = None) -> None:
         """Steer `session` (taken from this pool) by `key` where it is steered otherwise, emptying it. On the
         thread that runs it: a new set reads its files and may make a GPU session capture its graphs again."""
-        key = self.vectors.default if key is None else key
+        key = self._key(key)
         if self._steered[session] != key:
             self._steered[session] = None  # until it is done: a failure leaves it matching no request
             self.vectors.apply(session, key)
             self._steered[session] = key
 
+    def _key(self, key: Key | None) -> Key:
+        return self.vectors.default if key is None else key
+
     def _best(self, ids: Sequence[int], key: Key | None) -> Session:
-        key = self.vectors.default if key is None else key
+        key = self._key(key)
 
         def rank(session: Session) -> tuple:
             alike = self._steered[session] == key
