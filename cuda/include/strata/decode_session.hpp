@@ -74,6 +74,11 @@ struct SamplingValues {
   // Whether the draw is held to the token mask the caller wrote into the session's token_mask_words() before the
   // call (structured output); a mask that allows no token of the vocabulary is refused (InvalidArgument).
   bool token_mask = false;
+  // With token_mask, step()'s draw only (elsewhere InvalidArgument): 0, the words are written before the call;
+  // else the draw's ticket: the caller writes the words while the step runs (another thread) and then publishes
+  // the ticket (publish_token_mask), which the sampler waits for. A ticket is taken as published once the last
+  // one published equals it, so each deferred draw takes one never published before (a count from 1).
+  unsigned mask_ticket = 0;
 };
 
 // Sums since construction or reset().
@@ -228,6 +233,15 @@ class DecodeSession {
   // sampler reads where it stands, so the host writes it in place (no copy) before the call. Lives as the session.
   std::int32_t* token_mask_words() const noexcept;
   int token_mask_size() const noexcept;
+
+  // A step() whose draw takes a mask_ticket runs its layers without the mask; its sampler waits for the caller, on
+  // any thread, to write token_mask_words() and call publish_token_mask(ticket) (a release: the words' writes come
+  // first). Where that takes longer than options.timeout_seconds the sampler gives up, and the step, once the
+  // token is fed (its position counted, its state written), throws Error "the token mask of draw <ticket> was not
+  // published within <timeout> s". The caller checks the words first (check_token_mask): a mask that allows no
+  // token is refused before the step for a mask written before it, and by the writer for one written after.
+  void publish_token_mask(unsigned ticket) const noexcept;
+  void check_token_mask() const;  // InvalidArgument unless token_mask_words() allow some token of the vocabulary
 
   // The sequence so far kept in snapshot slot `slot` (options.snapshots of them), and brought back: restore
   // returns to that position; what was fed after it is forgotten.

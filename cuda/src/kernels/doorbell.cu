@@ -1,12 +1,12 @@
 #include "doorbell.cuh"
 #include "doorbell_ring.cuh"
+#include "host_poll.cuh"
 #include "launch.cuh"
 
 namespace strata::kernels {
 namespace {
 
 constexpr int kDoorbellThreads = 256;
-constexpr unsigned kPollSleepNs = 200;  // between polls: keeps PCIe traffic low, costs < 1 us of latency
 
 __global__ void doorbell_publish_kernel(Doorbell bell, const float* __restrict__ x, const int* __restrict__ ids,
                                         const float* __restrict__ weights, const int* __restrict__ ring_base,
@@ -23,13 +23,6 @@ __global__ void doorbell_publish_kernel(Doorbell bell, const float* __restrict__
   if (threadIdx.x == 0) ring_doorbell(bell, ring_base, ring_offset);
 }
 
-// Nanoseconds of the GPU's global timer: a timeout in time, whatever __nanosleep really sleeps.
-__device__ __forceinline__ unsigned long long global_timer_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 __global__ void doorbell_wait_kernel(Doorbell bell, const int* __restrict__ ring_base, int ring_offset,
                                      long long timeout_ns, int* status, float* __restrict__ answer_out,
                                      const float* deferred_in, float* __restrict__ deferred_out) {
@@ -39,12 +32,7 @@ __global__ void doorbell_wait_kernel(Doorbell bell, const int* __restrict__ ring
   if (threadIdx.x == 0) {
     const int expected = ring_at(*ring_base, ring_offset);
     const volatile int* flag = bell.flag;
-    const unsigned long long start = global_timer_ns();
-    while (!ring_reached(*flag, expected) &&
-           global_timer_ns() - start < static_cast<unsigned long long>(timeout_ns)) {
-      __nanosleep(kPollSleepNs);
-    }
-    answered = ring_reached(*flag, expected);
+    answered = poll_until([&] { return ring_reached(*flag, expected); }, timeout_ns);
     if (!answered) *status = ring_offset;
     __threadfence_system();  // acquire: the answer is read only after the flag was seen
   }

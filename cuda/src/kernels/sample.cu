@@ -3,7 +3,8 @@
 //     after every adjustment (the bias, the repetition penalty, the answer's counts, the mask),
 //  2. a CUB radix sort of the keys: the candidates by logit descending, ties to the lower id,
 //  3. one CTA walks the sorted prefix: greedy, or top-k, float64 softmax, top-p, min-p and the draw.
-// The argmax (sample_argmax) needs only the smallest key of step 1: a reduction over many CTAs, no sort.
+// The argmax (sample_argmax) needs only the smallest key of step 1: a reduction over many CTAs, no sort. Step 1 is
+// the first to read the token mask on both paths, so it is the one that waits for a mask published after the launch.
 // Probabilities are recomputed from the sorted keys in each pass rather than stored: the same instructions on
 // the same inputs give the same float64 values, so the passes agree with each other exactly.
 #include <cub/block/block_reduce.cuh>
@@ -13,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "host_poll.cuh"
 #include "launch.cuh"
 #include "sample.cuh"
 
@@ -51,7 +53,27 @@ __device__ __forceinline__ float key_logit(Key key) {
   return __uint_as_float((ascending & 0x80000000u) ? (ascending & 0x7fffffffu) : ~ascending);
 }
 
-__device__ __forceinline__ bool allowed(const unsigned* mask, int id) { return (mask[id >> 5] >> (id & 31)) & 1u; }
+// Volatile: the words may have been written after the kernel launched (a mask published late), so no cached copy of
+// them may serve the load.
+__device__ __forceinline__ bool allowed(const unsigned* mask, int id) {
+  return (static_cast<const volatile unsigned*>(mask)[id >> 5] >> (id & 31)) & 1u;
+}
+
+// Where the draw's mask is published after the launch (`ticket` nonzero), waits until it is: one thread of each CTA
+// polls the host's word, the CTA behind it at the barrier. A CTA that gives up writes the ticket into `late`, and
+// every other gives up as soon as it sees it there, so a grid that runs in several waves waits the timeout once.
+__device__ __forceinline__ void await_mask(unsigned ticket, const MaskPublication& m) {
+  if (ticket == 0) return;  // the same in every thread: all of them reach the barrier, or none
+  if (threadIdx.x == 0) {
+    const volatile unsigned* ready = m.ready;
+    volatile unsigned* late = m.late;
+    bool published = false;
+    poll_until([&] { return (published = *ready == ticket) || *late == ticket; }, m.timeout_ns);
+    if (!published) *late = ticket;
+    __threadfence_system();  // acquire: the words are read after the ticket was seen
+  }
+  __syncthreads();
+}
 
 // The answer's ids, seen_ids[answer_start:n_seen] (clamped to max_seen), for the two penalties.
 struct AnswerRange {
@@ -85,13 +107,15 @@ __device__ __forceinline__ float adjusted_logit(const float* logits, int id, con
 
 // Every logit's key, as for an id neither seen nor in the answer (the penalty kernel rewrites those), and the
 // answer's ids counted into inputs.counts for the penalty kernel. `ticket` (null on the sort's path): the
-// smallest-key reduction's, zeroed here for the launch after this one.
+// smallest-key reduction's, zeroed here for the launch after this one. The first reader of the mask on both paths:
+// it waits for a mask published after the launch (the kernels after it start once it has completed).
 __global__ void key_kernel(const float* __restrict__ logits, int vocab, const int* __restrict__ seen_ids,
                            int max_seen, const SampleParams* __restrict__ params, SampleInputs inputs,
                            Key* __restrict__ keys, unsigned* ticket) {
   await_producers();
   release_consumers();
   const SampleParams& p = *params;
+  await_mask(p.mask_ticket, inputs.published);
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < vocab) keys[i] = make_key(adjusted_logit(logits, i, p, inputs, false), i);
   if (ticket != nullptr && i == 0) *ticket = 0;

@@ -31,12 +31,24 @@ struct SampleParams {
   int answer_start = 0;            // seen_ids[answer_start:n_seen] are the answer's, which the two penalties count
   int biased = 0;                  // 1: SampleInputs::bias is added to the logits
   int masked = 0;                  // 1: only the tokens SampleInputs::mask allows are candidates
+  // Where `masked`: 0, the mask's words were written before the launch; else this draw's ticket, which the host
+  // publishes (SampleInputs::published) once it has written them: the sampler waits for it before it reads them, so
+  // the host may compute the mask while the device runs the token's layers.
+  unsigned mask_ticket = 0;
 };
 
 // Whether `p` sets the frequency or the presence penalty (the draw counts the answer's ids).
 __host__ __device__ inline bool counts_answer(const SampleParams& p) {
   return p.frequency_penalty != 0.0 || p.presence_penalty != 0.0;
 }
+
+// Where the host publishes a mask it wrote after the launch (SampleParams::mask_ticket): words of mapped host memory,
+// each on its own cache line. Tickets are compared for equality, so neither word needs resetting between draws.
+struct MaskPublication {
+  const unsigned* ready = nullptr;  // host -> device: the ticket of the last mask whose words are written
+  unsigned* late = nullptr;         // device -> host: the ticket of a mask the sampler gave up waiting for
+  long long timeout_ns = 0;         // how long the sampler waits for a ticket (the GPU's global timer)
+};
 
 // A session's buffers the sampler reads, each only where its SampleParams flag (or penalty) says so, so a draw
 // without them reads nothing more; fixed for a captured graph's life, their contents written between draws.
@@ -46,6 +58,7 @@ struct SampleInputs {
   const float* bias = nullptr;     // [vocab] where `biased`: added to each logit (0 for a token without a bias)
   int* counts = nullptr;           // [vocab] where counts_answer: all zero between draws (the owner zeroes it once);
                                    // a draw counts the answer's ids into it and clears them again
+  MaskPublication published;       // where `mask_ticket` is set (none otherwise)
 };
 
 // Whether `p` picks the argmax whatever u is: greedy (temperature 0), or top-k 1 (its one candidate has
@@ -60,7 +73,10 @@ cudaError_t sample_scratch_bytes(int vocab, std::size_t* bytes);
 // answer counts and mask of `inputs` as SamplingParams' logit_bias, answer_start and token_mask.
 // logits [vocab] float32 (finite: the reference refuses NaN and infinity, here they give an unspecified id);
 // seen_ids [max_seen] (may repeat; ids outside [0, vocab) are skipped); scratch of sample_scratch_bytes(vocab)
-// bytes, 256-byte aligned. A mask that allows no token gives an unspecified id: the host refuses it before.
+// bytes, 256-byte aligned. A mask that allows no token gives an unspecified id: the host refuses it before. With a
+// mask_ticket, the first kernel to read the mask waits for inputs.published.ready to equal it; a wait that gives up
+// after published.timeout_ns writes the ticket into published.late and the draw reads the words as they are (its id
+// unspecified): the host checks `late` after the draw.
 cudaError_t sample_token(const float* logits, int vocab, const int* seen_ids, int max_seen,
                          const SampleParams* params, const SampleInputs& inputs, void* scratch,
                          std::size_t scratch_bytes, int* token, cudaStream_t stream);

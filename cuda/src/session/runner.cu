@@ -63,7 +63,7 @@ Runner::Runner(cpu::ExpertPool& pool, const ModelGeometry& geometry, const Decod
       answerer_(pool, bell_, cache, deferral()),
       stage_(DecodeProgram::stage_bytes(g_)),
       sampled_(sizeof(int)),
-      sampler_inputs_(geometry.n_vocab),
+      sampler_inputs_(geometry.n_vocab, options.timeout_seconds),
       program_(g_, tables.inputs(sequence), options.device, program_io(), cache),
       schedule_(program_, options.mode),
       ring_timeout_(host_ring_timeout(options.timeout_seconds)) {
@@ -82,6 +82,7 @@ ProgramIo Runner::program_io() const {
   io.answer_timeout_ns = static_cast<long long>(options_.timeout_seconds * 1e9);
   io.sampled = sampled_.device<int>();
   io.token_mask = sampler_inputs_.mask_device();
+  io.mask_published = sampler_inputs_.publication();
   io.deferral = deferral();
   return io;
 }
@@ -135,7 +136,7 @@ void Runner::gather_ple(PleGather& ple, int token, float* out) {
 int Runner::step(Sequence& sequence, int token, const float* ple_rows, const SamplingValues& sampling, double u,
                  bool sample) {
   check_feed(sequence, &token, 1, ple_rows, u);
-  if (sample) sampler_inputs_.check(sampling);
+  if (sample) sampler_inputs_.check(sampling, true);
   const auto start = std::chrono::steady_clock::now();
   const HostLoopPin pin(host_cpus_);
   stage_sampling(sampling, u, token, sequence.position(), sample, stream_.get());
@@ -163,6 +164,8 @@ int Runner::step(Sequence& sequence, int token, const float* ple_rows, const Sam
   stats_.rings = exchange_.rings;
   stats_.expert_hits = exchange_.hits;
   stats_.expert_misses = exchange_.misses;
+  // The token is fed whatever its draw: a mask the sampler gave up waiting for voids the draw only.
+  if (sample) sampler_inputs_.check_published(stage_.host<TokenStage>()->sampling);
   return sample ? *sampled_.host<volatile int>() : -1;
 }
 
@@ -266,7 +269,7 @@ void Runner::check_batch(const RowBatch& batch) const {
   for (std::size_t i = 0; i < batch.size(); ++i) {
     const RowBatchSpan& span = batch[i];
     span.runner->check_feed(*span.sequence, span.tokens, span.count, span.ple_rows, span.u);
-    if (span.sample) span.runner->sampler_inputs_.check(span.sampling);
+    if (span.sample) span.runner->sampler_inputs_.check(span.sampling, false);
     for (std::size_t j = 0; j < i; ++j) {
       STRATA_EXPECTS(batch[j].sequence != span.sequence, InvalidArgument,
                      "a step takes each session once; its spans " + std::to_string(j) + " and " + std::to_string(i) +
@@ -354,7 +357,7 @@ int Runner::run_prompt(Sequence& sequence, const int* tokens, int n, const float
   STRATA_EXPECTS(prompt_ != nullptr, InvalidArgument,
                  "this session has no prompt path (it was opened with a prompt chunk of 0 tokens)");
   check_feed(sequence, tokens, n, ple_rows, u);
-  if (sample) sampler_inputs_.check(sampling);
+  if (sample) sampler_inputs_.check(sampling, false);
   const auto start = std::chrono::steady_clock::now();
   sequence.begin_step();  // broken until the prompt completes
   if (row_states) sequence.begin_verify(tokens, n);  // before the gather below moves the n-gram state

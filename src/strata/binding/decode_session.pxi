@@ -56,19 +56,22 @@ def sampler_workspace_bytes(int n_vocab) -> int:
 
 cdef SamplingValues sampling_values(tuple params, list held) except *:
     """params = (temperature, top_k, top_p, min_p, repeat_penalty), or those and (frequency_penalty,
-    presence_penalty, answer_start, logit_bias, token_mask): logit_bias (token id, bias) pairs, token_mask whether
-    the session's token_mask_words() hold this draw's mask. The bias's arrays go into `held`, which the caller keeps
-    until the native call returns."""
+    presence_penalty, answer_start, logit_bias, token_mask), and optionally mask_ticket: logit_bias (token id, bias)
+    pairs, token_mask whether the session's token_mask_words() hold this draw's mask, mask_ticket (step() only) the
+    ticket the caller publishes once it has written them while the step runs (0: written before the call). The
+    bias's arrays go into `held`, which the caller keeps until the native call returns."""
     cdef SamplingValues v
     cdef const int[::1] ids
     cdef const float[::1] values
     if len(params) == 5:
         v.temperature, v.top_k, v.top_p, v.min_p, v.repeat_penalty = params
         return v
-    if len(params) != 10:
-        raise InvalidArgument(f"sampling values are 5 or 10 numbers and flags, got {len(params)}")
+    if len(params) not in (10, 11):
+        raise InvalidArgument(f"sampling values are 5, 10 or 11 numbers and flags, got {len(params)}")
     (v.temperature, v.top_k, v.top_p, v.min_p, v.repeat_penalty, v.frequency_penalty, v.presence_penalty,
-     v.answer_start, bias, v.token_mask) = params
+     v.answer_start, bias, v.token_mask) = params[:10]
+    if len(params) == 11:
+        v.mask_ticket = params[10]
     if bias:
         pairs = np.asarray(bias, np.float64).reshape(-1, 2)
         id_array = np.ascontiguousarray(pairs[:, 0], dtype=np.intc)
@@ -374,6 +377,16 @@ cdef class DecodeSession:
             words = <int32_t[:s.token_mask_size()]> s.token_mask_words()
             self.mask_words = np.asarray(words)
         return self.mask_words
+
+    def publish_token_mask(self, unsigned ticket) -> None:
+        """The draw of `ticket` (a step's mask_ticket) has its words in token_mask_words(): its sampler, waiting for
+        them, goes on. Any thread may call it while the step runs (it takes no lock and never blocks)."""
+        self.native().publish_token_mask(ticket)
+
+    def check_token_mask(self) -> None:
+        """InvalidArgument unless token_mask_words() allow some token of the vocabulary (what a step refuses before
+        it runs where the mask was written before it)."""
+        self.native().check_token_mask()
 
     def snapshot(self, int slot) -> None:
         """Keep the sequence so far (its recurrent state and position) in slot `slot`."""

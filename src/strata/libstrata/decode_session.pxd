@@ -52,6 +52,7 @@ cdef extern from "strata/decode_session.hpp" nogil:
         const float* bias_values
         int n_bias
         cbool token_mask
+        unsigned mask_ticket
 
     # A struct, so Cython converts it to a dict keyed by the C++ field names.
     cdef struct DecodeStats "strata::DecodeStats":
@@ -114,6 +115,8 @@ cdef extern from "strata/decode_session.hpp" nogil:
         TokenLogprobs logprobs(int token, int n, cbool token_mask) except +raise_strata_error
         int32_t* token_mask_words()
         int token_mask_size()
+        void publish_token_mask(unsigned ticket)
+        void check_token_mask() except +raise_strata_error
         void snapshot(int slot) except +raise_strata_error
         void restore(int slot) except +raise_strata_error
         string batch_key() except +raise_strata_error

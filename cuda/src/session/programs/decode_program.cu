@@ -390,7 +390,7 @@ void DecodeProgram::sample(Sampler sampler, cudaStream_t s) const {
   if (sampler == Sampler::kNone) return;
   // The argmax needs no sort: the host chose it from the values it staged (kernels::picks_argmax).
   auto* draw = sampler == Sampler::kArgmax ? kernels::sample_argmax : kernels::sample_token;
-  const kernels::SampleInputs inputs{io_.token_mask, sample_bias_, answer_counts_};
+  const kernels::SampleInputs inputs{io_.token_mask, sample_bias_, answer_counts_, io_.mask_published};
   STRATA_CUDA_TRY(draw(logits_, g_.n_vocab, seen_, context_, &stage_->sampling, inputs, sample_scratch_,
                        sample_scratch_bytes_, io_.sampled, s));
 }

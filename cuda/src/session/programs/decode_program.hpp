@@ -45,6 +45,7 @@ struct ProgramIo {
   long long answer_timeout_ns = 0;
   int* sampled = nullptr;            // mapped: the sampled token id
   const unsigned* token_mask = nullptr;  // mapped: the next draw's token mask words (read where its stage says)
+  kernels::MaskPublication mask_published;  // mapped: where a mask written after the launch is published
   ExpertDeferral deferral;           // which layers' deferred rows post() adds a layer late (off: none)
 };
 
