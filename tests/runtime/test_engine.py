@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import threading
 from types import SimpleNamespace
 
 import gguf
@@ -31,7 +32,10 @@ T = gguf.GGMLQuantizationType
 
 
 class FakeDecodeSession:
-    """Records every call the engine makes; samples `position * 7 % n_vocab` so answers are checkable."""
+    """Records every call the engine makes; samples `position * 7 % n_vocab` so answers are checkable (under a token
+    mask, the first id it allows from there on). A draw whose mask comes with a ticket waits for the ticket to be
+    published, as the device's sampler does, and past `timeout` raises what the native step raises then (the token
+    fed)."""
 
     def __init__(self, weights=None, pool=None, geometry=None, *, context=64, kv=KV.INT8, mode=Mode.TOKEN_GRAPH,
                  device=0, timeout=5.0, snapshots=0, cache=None, prompt_chunk=0, staging=None, prompt_cpu=True,
@@ -49,6 +53,9 @@ class FakeDecodeSession:
         self.verified = 0  # the last verify's ids; truncate cuts back into them
         self.steps: list[tuple] = []
         self.resets = self.closes = 0
+        self.published: list[int] = []  # the mask tickets published, in order
+        self.drawn_under: np.ndarray | None = None  # the mask words the last masked draw read
+        self._publication = threading.Condition()
 
     def feed(self, tokens, ple_rows, params, u, sample=True, logits=None):
         self.feeds.append((list(tokens), None if ple_rows is None else ple_rows.copy(), params, u, sample))
@@ -77,9 +84,41 @@ class FakeDecodeSession:
         self.position = position
 
     def step(self, token, ple_rows, params, u, sample=True):
+        masked = sample and len(params) >= 10 and params[9]
+        deferred = masked and len(params) == 11
+        if masked and not deferred:
+            self.check_token_mask()  # refused before anything changes, as the native step refuses it
         self.steps.append((token, None if ple_rows is None else ple_rows.copy(), params, u, sample))
         self.position += 1
-        return self.position * 7 % self.n_vocab if sample else -1
+        if deferred:
+            self._await_mask(params[10])
+        return self._draw(masked) if sample else -1
+
+    def _draw(self, masked):
+        first = self.position * 7 % self.n_vocab
+        if not masked:
+            return first
+        self.drawn_under = self.token_mask_words().copy()
+        allowed = np.flatnonzero(np.roll(self._allowed(), -first))
+        return (first + int(allowed[0])) % self.n_vocab
+
+    def _allowed(self):
+        return np.unpackbits(self.token_mask_words().view(np.uint8), bitorder="little")[:self.n_vocab]
+
+    def _await_mask(self, ticket):
+        timeout = self.args["timeout"]
+        with self._publication:
+            if not self._publication.wait_for(lambda: self.published[-1:] == [ticket], timeout):
+                raise StrataError(f"the token mask of draw {ticket} was not published within {timeout} s")
+
+    def publish_token_mask(self, ticket):
+        with self._publication:
+            self.published.append(ticket)
+            self._publication.notify_all()
+
+    def check_token_mask(self):
+        if not self._allowed().any():
+            raise InvalidArgument("the token mask allows no token of the logits")
 
     def reset(self):
         self.position = 0
@@ -544,8 +583,8 @@ def test_a_draws_mask_and_bias_reach_the_native_session_and_plain_draws_stay_fiv
     computed = []
     mask = TokenMask(size=4, compute=lambda out: (computed.append(1), out.__setitem__(0, 0b1010)))
     params = SamplingParams(token_mask=mask, logit_bias={7: -2.0}, frequency_penalty=0.5, answer_start=1)
-    engine.feed([2], params, 0.5, [1, 2])
-    assert native.steps[-1][2] == (0.0, 0, 1.0, 0.0, 1.0, 0.5, 0.0, 1, ((7, -2.0),), True)
+    engine.feed([2], params, 0.5, [1, 2])  # the mask made lazily: computed while the step runs, with a ticket
+    assert native.steps[-1][2] == (0.0, 0, 1.0, 0.0, 1.0, 0.5, 0.0, 1, ((7, -2.0),), True, 1)
     assert computed == [1] and native.token_mask_words()[:4].tolist() == [0b1010, 0, 0, 0]
     engine.logprobs(3, 5, mask)  # tokens 1 and 3 allowed: at most two alternatives
     assert native.logprobs_asked == (3, 2, True)

@@ -461,9 +461,22 @@ class Session:
         return keep
 
     def _feed(self, ids: list[int], params: SamplingParams, u: float) -> int:
-        token = self.engine.feed(ids, params, u, self._history + ids)
+        try:
+            token = self.engine.feed(ids, params, u, self._history + ids)
+        except BaseException:
+            self._held_after_failure(ids)
+            raise
         self._history += ids
         return token
+
+    def _held_after_failure(self, ids: list[int]) -> None:
+        """The history as the engine holds it after a feed of `ids` that raised: most leave the engine as it was, but
+        one may have fed them and failed only the draw after (the GPU engine's mask computed while its step runs:
+        GpuEngine.feed); then they are fed here too, and nothing is pending (the draw that raised is void)."""
+        fed = self.engine.position - len(self._history)
+        if 0 < fed <= len(ids):
+            self._history += ids[:fed]
+            self._pending = []
 
     @staticmethod
     def _masked(request: _Request) -> SamplingParams:

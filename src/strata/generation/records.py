@@ -39,7 +39,9 @@ class Engine(Protocol):
     position: int  # tokens in the sequence so far
 
     def feed(self, ids: Sequence[int], params: SamplingParams, u: float, seen: Sequence[int]) -> int:
-        """Append `ids` to the sequence; return the next token for the draw `u`."""
+        """Append `ids` to the sequence; return the next token for the draw `u`. A feed that raises leaves the
+        sequence as it was, or holding `ids` with the draw void (the GPU engine's mask computed while its step
+        runs: docs/api.md, "The engine's side"); `position` tells which."""
         ...
 
     def reset(self) -> None: ...

@@ -5,7 +5,9 @@ sampler on the device) and keeps every id it was fed, so the penalties' history 
 penalty's, and the answer's counts from answer_start on); this side only checks that the caller's history agrees,
 and hands the PLE layer each token's n-gram table rows where the native session does not gather them itself (a
 table type strata.runtime.ple_rows.NATIVE_ROW_TYPES lacks). The sampler applies every SamplingParams field: a draw's
-token mask is written straight into the native session's page-locked words, which its sampling kernel reads.
+token mask is written straight into the native session's page-locked words, which its sampling kernel reads; a
+decode step's mask not computed yet (a constraint's) is computed there on the engine's mask worker while the device
+runs the step's layers (`defer_masks`; docs/structured.md, "Where it runs").
 Control vectors (docs/control_vectors.md) are the native session's: this side reads the files
 (strata.runtime.steering) and stages their table there.
 """
@@ -15,12 +17,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from strata.errors import InvalidArgument, StrataError
 from strata.options import Mode
+from strata.runtime.mask_worker import MaskWorker
 from strata.runtime.prompt import PROMPT_MIN_TOKENS
 
 if TYPE_CHECKING:
@@ -30,6 +34,8 @@ if TYPE_CHECKING:
 
 
 NO_DRAW = (0.0, 0, 1.0, 0.0, 1.0)  # the native sampling values of a step that draws nothing (greedy, unread)
+ALL_ALLOWED = -1  # a mask word allowing its 32 tokens
+MAX_TICKET = 0xFFFFFFFF  # a deferred mask's ticket is a native unsigned; 0 is no ticket
 
 
 def _filters(params: SamplingParams) -> tuple:
@@ -71,15 +77,20 @@ class GpuEngine:
     """strata.generation.Engine over a DecodeSession (`native`), with `ple` rows when the model has PLE and the
     session does not gather them, and `snapshots` state slots (the native session's) for prefix reuse.
     `control_vectors` (a strata.runtime.steering.ControlVectors, or None: the engine takes none) reads control-vector
-    files for set_control_vectors."""
+    files for set_control_vectors. `defer_masks` (an attribute too, to switch it for a measurement): a feed of one id
+    whose draw's token mask is not computed yet computes it on the engine's mask worker while the device runs the step
+    (_step_deferred); off, every mask is computed before its step."""
 
     prompt_min_tokens = PROMPT_MIN_TOKENS  # a feed of fewer ids steps them one by one, not through the prompt path
     full_sampling = True  # the device sampler applies logit_bias and the frequency and presence penalties too
     token_masks = True  # and SamplingParams.token_mask (structured output: docs/api.md, "The engine's side")
 
     def __init__(self, native: Any, ple: PleRows | None = None, snapshots: int = 0, batch_key: object = None,
-                 control_vectors: ControlVectors | None = None):
+                 control_vectors: ControlVectors | None = None, defer_masks: bool = True):
         self.native, self.ple, self.snapshots = native, ple, snapshots
+        self.defer_masks = defer_masks
+        self._masks = MaskWorker()  # its thread starts with the first deferred mask
+        self._ticket = 0  # the last deferred mask's (1, 2, ... modulo 2^32 without 0: never one published before)
         self._control = control_vectors
         # engines with the same key step together (step_batch): sessions of one loaded model, of one context and KV
         # format, with a prompt path and their KV in VRAM (docs/batch.md); None: this one steps alone
@@ -107,8 +118,43 @@ class GpuEngine:
         return self.native.prompt_chunk
 
     def feed(self, ids: Sequence[int], params: SamplingParams, u: float, seen: Sequence[int]) -> int:
-        """Step every id; only the last one samples (the earlier ones only fill the state)."""
+        """Step every id; only the last one samples (the earlier ones only fill the state). One id whose draw's mask is
+        not computed yet steps with the mask computed while the device runs it (defer_masks): where that mask fails
+        (its computation raises, it allows no token) or comes too late (the native session's timeout), the id is fed
+        all the same and the error raised after, the draw void (the engine's position counts the id)."""
+        mask = params.token_mask
+        if self.defer_masks and len(ids) == 1 and mask is not None and not mask.computed:
+            return self._step_deferred(int(ids[0]), params, u, seen)
         return self._step(ids, seen, self._sampling(params), u, sample=True)
+
+    def _step_deferred(self, token: int, params: SamplingParams, u: float, seen: Sequence[int]) -> int:
+        """Step `token` while the mask worker computes the draw's mask into the native words and publishes its
+        ticket, which the step's sampler waits for; then the worker's error, if any, is raised. The worker is done
+        before this returns or raises, so it never writes the words while a later draw reads them."""
+        self._check_history([token], seen)
+        self._ticket = self._ticket % MAX_TICKET + 1
+        job = self._masks.submit(partial(self._publish_mask, self._ticket, params.token_mask))
+        try:
+            drawn = self._step_one(token, self._sampling(params, self._ticket), u, sample=True)
+        finally:
+            failed = job.exception()  # waits for the job, however the step ended
+        if failed is not None:
+            raise failed
+        return drawn
+
+    def _publish_mask(self, ticket: int, mask: TokenMask) -> None:
+        """The mask worker's job: `mask` into the native words, checked as a step checks a mask written before it,
+        and `ticket` published. Published whatever happens, so that the sampler never waits out its timeout: where
+        the mask fails the words allow every token (the draw stays defined; the engine voids it) and the error is
+        the job's."""
+        try:
+            self._write_mask(mask)
+            self.native.check_token_mask()
+        except BaseException:
+            self.native.token_mask_words()[:] = ALL_ALLOWED
+            raise
+        finally:
+            self.native.publish_token_mask(ticket)
 
     def feed_prompt_path(self, ids: Sequence[int], params: SamplingParams, u: float, seen: Sequence[int]) -> int:
         """feed() through the prompt path however few the ids (feed() steps fewer than PROMPT_MIN_TOKENS): what a
@@ -122,18 +168,20 @@ class GpuEngine:
         """Step every id; nothing is sampled."""
         self._step(ids, seen, NO_DRAW, 0.0, sample=False)
 
-    def _sampling(self, params: SamplingParams) -> tuple:
+    def _sampling(self, params: SamplingParams, ticket: int = 0) -> tuple:
         """A draw's values as the native session takes them: the filters' five where it sets nothing more (what
         every draw staged before the sampler took more), else with the penalties, the bias, and whether the mask
-        holds it, written now into the session's page-locked words that its sampling kernel reads."""
+        holds it, written now into the session's page-locked words that its sampling kernel reads; or, with a
+        `ticket`, written by the mask worker while the step runs, which then publishes the ticket."""
         filters = _filters(params)
         if params.token_mask is None and not params.extended():
             return filters
         masked = params.token_mask is not None
-        if masked:
+        if masked and not ticket:
             self._write_mask(params.token_mask)
-        return filters + (params.frequency_penalty, params.presence_penalty, params.answer_start, params.logit_bias,
-                          masked)
+        values = filters + (params.frequency_penalty, params.presence_penalty, params.answer_start, params.logit_bias,
+                            masked)
+        return values + (ticket,) if ticket else values
 
     def _write_mask(self, mask: TokenMask) -> np.ndarray:
         """`mask` in the native session's words (a lazy mask is computed straight into them); returns them."""
@@ -160,9 +208,15 @@ class GpuEngine:
             return self._feed_chunks(ids, sampling, u, sample)
         token = -1
         for i, token_id in enumerate(ids):
-            rows = self.ple.rows(int(token_id)) if self.ple is not None else None
-            token = self.native.step(int(token_id), rows, sampling, u, sample=sample and i == len(ids) - 1)
+            token = self._step_one(int(token_id), sampling, u, sample=sample and i == len(ids) - 1)
         return token
+
+    def _step_one(self, token: int, sampling: tuple, u: float, sample: bool) -> int:
+        """The native step of one id with its PLE rows (the host's n-gram state as it was where the step refuses)."""
+        if self.ple is None:  # the decode path of most models: nothing to keep
+            return self.native.step(token, None, sampling, u, sample=sample)
+        with _ple_kept_on_refusal([self]):
+            return self.native.step(token, self.ple.rows(token), sampling, u, sample=sample)
 
     @property
     def max_batch(self) -> int:
@@ -356,18 +410,21 @@ class GpuEngine:
         return self.native.stats()
 
     def close(self) -> None:
+        self._masks.close()  # before the words it writes into go with the native session
         self.native.close()
 
 
 @contextlib.contextmanager
 def _ple_kept_on_refusal(engines: Sequence[GpuEngine]):
     """The engines' PLE n-gram states as they were where the step is refused: gathering a step's rows advances
-    them before the native step checks its arguments, which leaves every session as it was when it refuses."""
-    before = [e.ple.previous.copy() if e.ple is not None else None for e in engines]
+    them before the native step checks its arguments, which leaves every session as it was when it refuses. An
+    engine whose position moved was fed all the same (a deferred mask that failed after its step: feed) and keeps
+    its new state."""
+    before = [(e.ple.previous.copy(), e.position) if e.ple is not None else None for e in engines]
     try:
         yield
     except BaseException:
-        for engine, previous in zip(engines, before):
-            if previous is not None:
-                engine.ple.previous = previous
+        for engine, kept in zip(engines, before):
+            if kept is not None and engine.position == kept[1]:
+                engine.ple.previous = kept[0]
         raise
