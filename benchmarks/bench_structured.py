@@ -7,7 +7,7 @@ with --decode, a loaded model's decode speed under a JSON schema against the sam
     python3 benchmarks/bench_structured.py                      # the benchmark model's vocabulary (qwen4exp, bench)
     python3 benchmarks/bench_structured.py --vocab 151936 --fields 20 --schemas 30 --json out.json
     python3 benchmarks/bench_structured.py --decode [MODEL.gguf] [--expert-cache auto] [--engine gpu] [--fields 20]
-        [--rounds 3] [--decode-tokens 1024] [--steps] [--json out.json]
+        [--rounds 3] [--decode-tokens 1024] [--sync-masks] [--steps] [--json out.json]
 
 The vocabulary is the synthetic byte-level one strata synth writes (the benchmark model's), of the geometry's size.
 Each schema is new (its own field names, kinds and bounds), so nothing is reused from the one before. Prints RESULT
@@ -19,10 +19,12 @@ schema of --fields properties, and again. The schema's answer ends with EOS wher
 --decode-tokens); the unconstrained answer decodes exactly as many tokens, past EOS, so both rates are over the
 same positions. A rate is (tokens - 1) / the seconds from the first token to the last: the prompt and the schema's
 compile (the first token's cost above) are outside it. Prints the medians over the rounds and whether each
-constrained answer parses as JSON and validates against the schema; --json adds every round's figures. --steps then
-steps the engine itself, one token at a time with no Session, 200 greedy tokens a round: with no mask, with a
-constant all-allowed mask, and under the schema (the host's advance and mask before each step, timed apart): what a
-mask costs the device and the host."""
+constrained answer parses as JSON and validates against the schema; --json adds every round's figures. The GPU engine
+computes each decode step's mask while the device runs the step (docs/structured.md, "Where it runs");
+--sync-masks computes it before the step instead (GpuEngine.defer_masks off), to measure what that hides. --steps
+then steps the engine itself, one token at a time with no Session, 200 greedy tokens a round: with no mask, with a
+constant all-allowed mask, and under the schema (the host's advance and mask before each step, timed apart, the
+mask given as words: the synchronous path): what a mask costs the device and the host."""
 
 from __future__ import annotations
 
@@ -307,12 +309,15 @@ def decode_costs(args: argparse.Namespace) -> None:
     with strata.load(path, engine=args.engine, **options) as model:
         prompt = prompt_ids(model_geometry(model), PROMPT_TOKENS, rng)
         with model.session(PROMPT_TOKENS + args.decode_tokens + 1) as session:
+            if args.sync_masks:
+                session.engine.defer_masks = False
             got = decode_rounds(session, prompt, schema, args.rounds, args.decode_tokens)
             steps = step_costs(session, model.tokenizer, schema, prompt, args.rounds) if args.steps else None
     plain = statistics.median(r["unconstrained"]["tokens_per_second"] for r in got["rounds"])
     held = statistics.median(r["schema"]["tokens_per_second"] for r in got["rounds"])
     valid = sum(r["valid"] for r in got["rounds"])
-    figures = {"model": str(path), "engine": args.engine, "expert_cache": cache, "fields": args.fields,
+    masks = "synchronous" if args.sync_masks or args.engine == "reference" else "deferred"
+    figures = {"model": str(path), "engine": args.engine, "expert_cache": cache, "fields": args.fields, "masks": masks,
                "unconstrained_tokens_per_second_median": round(plain, 2),
                "schema_tokens_per_second_median": round(held, 2), "ratio": round(held / plain, 4), "valid": valid,
                "engine_steps": steps, **got}
@@ -322,7 +327,7 @@ def decode_costs(args: argparse.Namespace) -> None:
     cut = "" if got["complete"] else f", cut at --decode-tokens {args.decode_tokens} before the schema's end"
     print(f"RESULT structured decode: unconstrained {plain:.1f} tok/s, schema {held:.1f} tok/s "
           f"({100 * held / plain:.1f} %), {got['tokens']} tokens, {args.rounds} rounds, valid {valid}/{args.rounds}, "
-          f"{args.fields} fields, {where}{cut}")
+          f"{args.fields} fields, {where}, masks {masks}{cut}")
     for kind, runs in (steps or {}).items():
         print(f"RESULT structured steps {kind}: " + ", ".join(
             f"{r['us_per_token']} us/token (host grammar {r['host_grammar_us']} us)" for r in runs) + f", {where}")
@@ -345,9 +350,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="--decode's rounds of each")
     ap.add_argument("--decode-tokens", type=int, default=1024,
                     help="--decode's cap on the constrained answer (a 20-field schema's is some 550 tokens)")
+    ap.add_argument("--sync-masks", action="store_true",
+                    help="--decode on the GPU engine: compute each step's mask before the step, not while it runs")
     ap.add_argument("--steps", action="store_true",
                     help="with --decode, also step the engine itself: no mask, a constant mask, the schema's")
     args = ap.parse_args()
+    if args.sync_masks and args.engine != "gpu":
+        ap.error("--sync-masks is the GPU engine's (the reference engine computes every mask before its step)")
     try:
         from strata.generation import constraints
         import llguidance  # noqa: F401

@@ -235,7 +235,9 @@ std::int32_t* DecodeSession::token_mask_words() const noexcept { return impl_->r
 
 int DecodeSession::token_mask_size() const noexcept { return impl_->runner.sampler_inputs().mask_size(); }
 
-void DecodeSession::publish_token_mask(unsigned ticket) const noexcept { impl_->runner.sampler_inputs().publish(ticket); }
+void DecodeSession::publish_token_mask(unsigned ticket) const noexcept {
+  impl_->runner.sampler_inputs().publish(ticket);
+}
 
 void DecodeSession::check_token_mask() const { impl_->runner.sampler_inputs().check_mask(); }
 
