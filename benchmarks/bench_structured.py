@@ -313,6 +313,7 @@ def decode_costs(args: argparse.Namespace) -> None:
                 session.engine.defer_masks = False
             got = decode_rounds(session, prompt, schema, args.rounds, args.decode_tokens)
             steps = step_costs(session, model.tokenizer, schema, prompt, args.rounds) if args.steps else None
+            deferred = list(getattr(session.engine, "deferred_mask_seconds", ()))
     plain = statistics.median(r["unconstrained"]["tokens_per_second"] for r in got["rounds"])
     held = statistics.median(r["schema"]["tokens_per_second"] for r in got["rounds"])
     valid = sum(r["valid"] for r in got["rounds"])
@@ -328,6 +329,10 @@ def decode_costs(args: argparse.Namespace) -> None:
     print(f"RESULT structured decode: unconstrained {plain:.1f} tok/s, schema {held:.1f} tok/s "
           f"({100 * held / plain:.1f} %), {got['tokens']} tokens, {args.rounds} rounds, valid {valid}/{args.rounds}, "
           f"{args.fields} fields, {where}, masks {masks}{cut}")
+    if deferred:  # whether each mask came while the device ran the step, or the sampler waited for it
+        start, published, end = (statistics.median(t[i] for t in deferred) * 1e6 for i in range(3))
+        print(f"RESULT structured deferred masks: from the step's start, the worker starts at {start:.0f} us, "
+              f"publishes at {published:.0f} us, the step ends at {end:.0f} us (medians of {len(deferred)})")
     for kind, runs in (steps or {}).items():
         print(f"RESULT structured steps {kind}: " + ", ".join(
             f"{r['us_per_token']} us/token (host grammar {r['host_grammar_us']} us)" for r in runs) + f", {where}")

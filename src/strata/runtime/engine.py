@@ -15,6 +15,8 @@ Control vectors (docs/control_vectors.md) are the native session's: this side re
 from __future__ import annotations
 
 import contextlib
+import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -91,6 +93,9 @@ class GpuEngine:
         self.defer_masks = defer_masks
         self._masks = MaskWorker()  # its thread starts with the first deferred mask
         self._ticket = 0  # the last deferred mask's (1, 2, ... modulo 2^32 without 0: never one published before)
+        # the last deferred masks' seconds from the step's start to the worker's start, to its publication and to the
+        # step's end: whether the mask came while the device ran, or the sampler waited for it
+        self.deferred_mask_seconds: deque[tuple[float, float, float]] = deque(maxlen=4096)
         self._control = control_vectors
         # engines with the same key step together (step_batch): sessions of one loaded model, of one context and KV
         # format, with a prompt path and their KV in VRAM (docs/batch.md); None: this one steps alone
@@ -133,20 +138,25 @@ class GpuEngine:
         before this returns or raises, so it never writes the words while a later draw reads them."""
         self._check_history([token], seen)
         self._ticket = self._ticket % MAX_TICKET + 1
-        job = self._masks.submit(partial(self._publish_mask, self._ticket, params.token_mask))
+        times = [time.perf_counter()]  # the step's start, then the worker's start and its publication
+        job = self._masks.submit(partial(self._publish_mask, self._ticket, params.token_mask, times))
         try:
             drawn = self._step_one(token, self._sampling(params, self._ticket), u, sample=True)
         finally:
+            ended = time.perf_counter()
             failed = job.exception()  # waits for the job, however the step ended
+        if len(times) == 3:
+            self.deferred_mask_seconds.append((times[1] - times[0], times[2] - times[0], ended - times[0]))
         if failed is not None:
             raise failed
         return drawn
 
-    def _publish_mask(self, ticket: int, mask: TokenMask) -> None:
+    def _publish_mask(self, ticket: int, mask: TokenMask, times: list[float]) -> None:
         """The mask worker's job: `mask` into the native words, checked as a step checks a mask written before it,
         and `ticket` published. Published whatever happens, so that the sampler never waits out its timeout: where
         the mask fails the words allow every token (the draw stays defined; the engine voids it) and the error is
         the job's."""
+        times.append(time.perf_counter())
         try:
             self._write_mask(mask)
             self.native.check_token_mask()
@@ -155,6 +165,7 @@ class GpuEngine:
             raise
         finally:
             self.native.publish_token_mask(ticket)
+            times.append(time.perf_counter())
 
     def feed_prompt_path(self, ids: Sequence[int], params: SamplingParams, u: float, seen: Sequence[int]) -> int:
         """feed() through the prompt path however few the ids (feed() steps fewer than PROMPT_MIN_TOKENS): what a
