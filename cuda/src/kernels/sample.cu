@@ -3,8 +3,8 @@
 //     after every adjustment (the bias, the repetition penalty, the answer's counts, the mask),
 //  2. a CUB radix sort of the keys: the candidates by logit descending, ties to the lower id,
 //  3. one CTA walks the sorted prefix: greedy, or top-k, float64 softmax, top-p, min-p and the draw.
-// The argmax (sample_argmax) needs only the smallest key of step 1: a reduction over many CTAs, no sort. Step 1 is
-// the first to read the token mask on both paths, so it is the one that waits for a mask published after the launch.
+// The argmax (sample_argmax) needs only the smallest key of step 1: a reduction over many CTAs, no sort. A mask
+// published after the launch is waited for before step 1, the first to read it on both paths (mask_wait_kernel).
 // Probabilities are recomputed from the sorted keys in each pass rather than stored: the same instructions on
 // the same inputs give the same float64 values, so the passes agree with each other exactly.
 #include <cub/block/block_reduce.cuh>
@@ -53,26 +53,21 @@ __device__ __forceinline__ float key_logit(Key key) {
   return __uint_as_float((ascending & 0x80000000u) ? (ascending & 0x7fffffffu) : ~ascending);
 }
 
-// Volatile: the words may have been written after the kernel launched (a mask published late), so no cached copy of
-// them may serve the load.
-__device__ __forceinline__ bool allowed(const unsigned* mask, int id) {
-  return (static_cast<const volatile unsigned*>(mask)[id >> 5] >> (id & 31)) & 1u;
-}
+__device__ __forceinline__ bool allowed(const unsigned* mask, int id) { return (mask[id >> 5] >> (id & 31)) & 1u; }
 
-// Where the draw's mask is published after the launch (`ticket` nonzero), waits until it is: one thread of each CTA
-// polls the host's word, the CTA behind it at the barrier. A CTA that gives up writes the ticket into `late`, and
-// every other gives up as soon as it sees it there, so a grid that runs in several waves waits the timeout once.
-__device__ __forceinline__ void await_mask(unsigned ticket, const MaskPublication& m) {
-  if (ticket == 0) return;  // the same in every thread: all of them reach the barrier, or none
-  if (threadIdx.x == 0) {
-    const volatile unsigned* ready = m.ready;
-    volatile unsigned* late = m.late;
-    bool published = false;
-    poll_until([&] { return (published = *ready == ticket) || *late == ticket; }, m.timeout_ns);
-    if (!published) *late = ticket;
-    __threadfence_system();  // acquire: the words are read after the ticket was seen
-  }
-  __syncthreads();
+// Where the draw's mask is published after the launch (`mask_ticket` nonzero), waits until it is, in one thread:
+// the kernels after it, which read the words, start once it has completed. One waiter, not one in each CTA of the
+// key kernel: hundreds of waiters, each a read of host memory and a system-scope fence, cost ~0.9 ms a draw on an
+// H100 with the mask published before the launch. A wait that gives up after timeout_ns writes the ticket into
+// `late`, for the host to see after the draw.
+__global__ void mask_wait_kernel(const SampleParams* __restrict__ params, MaskPublication m) {
+  await_producers();
+  release_consumers();
+  const unsigned ticket = params->mask_ticket;
+  if (ticket == 0) return;
+  const volatile unsigned* ready = m.ready;
+  if (!poll_until([&] { return *ready == ticket; }, m.timeout_ns)) *static_cast<volatile unsigned*>(m.late) = ticket;
+  __threadfence_system();  // acquire: the words are read (by the kernels after this one) after the ticket was seen
 }
 
 // The answer's ids, seen_ids[answer_start:n_seen] (clamped to max_seen), for the two penalties.
@@ -107,15 +102,13 @@ __device__ __forceinline__ float adjusted_logit(const float* logits, int id, con
 
 // Every logit's key, as for an id neither seen nor in the answer (the penalty kernel rewrites those), and the
 // answer's ids counted into inputs.counts for the penalty kernel. `ticket` (null on the sort's path): the
-// smallest-key reduction's, zeroed here for the launch after this one. The first reader of the mask on both paths:
-// it waits for a mask published after the launch (the kernels after it start once it has completed).
+// smallest-key reduction's, zeroed here for the launch after this one.
 __global__ void key_kernel(const float* __restrict__ logits, int vocab, const int* __restrict__ seen_ids,
                            int max_seen, const SampleParams* __restrict__ params, SampleInputs inputs,
                            Key* __restrict__ keys, unsigned* ticket) {
   await_producers();
   release_consumers();
   const SampleParams& p = *params;
-  await_mask(p.mask_ticket, inputs.published);
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < vocab) keys[i] = make_key(adjusted_logit(logits, i, p, inputs, false), i);
   if (ticket != nullptr && i == 0) *ticket = 0;
@@ -320,6 +313,10 @@ bool valid_arguments(const float* logits, int vocab, const int* seen_ids, int ma
 // Step 1: the keys of every logit, the seen ids' from their adjusted logits.
 cudaError_t enqueue_keys(const float* logits, int vocab, const int* seen_ids, int max_seen, const SampleParams* params,
                          const SampleInputs& inputs, Key* keys, unsigned* ticket, cudaStream_t stream) {
+  if (inputs.published.ready != nullptr) {  // the first reader of the mask on both paths waits behind it
+    const cudaError_t waited = launch(mask_wait_kernel, 1, 1, 0, stream, params, inputs.published);
+    if (waited != cudaSuccess) return waited;
+  }
   const cudaError_t keyed = launch(key_kernel, (vocab + kKeyThreads - 1) / kKeyThreads, kKeyThreads, 0, stream, logits,
                                    vocab, seen_ids, max_seen, params, inputs, keys, ticket);
   if (keyed != cudaSuccess || max_seen <= 0) return keyed;
