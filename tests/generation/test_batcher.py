@@ -415,6 +415,37 @@ def test_other_calls_reach_the_engine_on_the_thread_and_closing_refuses_more(tab
     assert counts["decode_rows"] == 3 and counts["calls"] >= 4, counts
 
 
+class SlowSteps(BatchingTable):
+    """A BatchingTable whose decode step lets go of the GIL for 2 ms, as the native step does: long enough for a
+    woken thread to run."""
+
+    def feed(self, ids, params, u, seen):
+        if len(ids) == 1:
+            time.sleep(0.002)
+        return super().feed(ids, params, u, seen)
+
+
+def test_a_lone_members_inline_steps_leave_the_compute_thread_asleep(table):
+    """A decode step run on its caller's thread gives the compute thread nothing to do, so it is not woken (each
+    wake takes the GIL while the step runs, and a core beside it); what was queued meanwhile still wakes it."""
+    log = BatchLog()
+    with Batcher(grace_seconds=GRACE, policy=AlwaysBatch()) as batcher:
+        member = batcher.member(SlowSteps(table, context=CONTEXT, log=log))
+        wakes, wait, compute = [0], batcher._cond.wait, batcher.thread_id
+
+        def counted(timeout=None):
+            woken = wait(timeout)
+            wakes[0] += threading.get_ident() == compute
+            return woken
+
+        batcher._cond.wait = counted
+        with member.active():
+            tokens = list(Session(member, CharCodec()).complete([5, 6, 7], max_tokens=8).tokens)
+        inline = batcher.stats()["inline_steps"]
+    assert len(tokens) == 8
+    assert inline == 7 and wakes[0] <= 2, (inline, wakes)  # the prompt's call wakes it, and its end
+
+
 def test_the_batcher_steps_alone_where_its_policy_finds_batches_dearer(table, rng):
     """The default, measuring policy told that a lone step of this key costs far less than any batch: four
     concurrent greedy generations then step one by one, and still answer as alone."""

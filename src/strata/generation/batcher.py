@@ -187,16 +187,18 @@ class Batcher:
             call.member._joined = True
             inline = self._runs_inline(call)
             if inline:
-                self._inline = True  # the compute thread starts no job until it is done
-            elif call.step is not None or call.verify is not None:
-                if not self._steps:
-                    self._first_step = self.clock()
-                self._steps.append(call)
-            elif call.prompt:
-                self._chunks.append(call)
+                # the compute thread starts no job until it is done; it has none to start, so it is not woken
+                self._inline = True
             else:
-                self._calls.append(call)
-            self._cond.notify_all()
+                if call.step is not None or call.verify is not None:
+                    if not self._steps:
+                        self._first_step = self.clock()
+                    self._steps.append(call)
+                elif call.prompt:
+                    self._chunks.append(call)
+                else:
+                    self._calls.append(call)
+                self._cond.notify_all()
         if inline:
             self._step_inline(call)
         call.done.wait()
@@ -223,7 +225,8 @@ class Batcher:
                 self._inline = False
                 self._counts["inline_steps"] += 1
                 self._turn_ended(start)
-                self._cond.notify_all()
+                if self._steps or self._chunks or self._calls or self._closing:  # what came meanwhile, now its turn
+                    self._cond.notify_all()
 
     def _turn_ended(self, start: float) -> None:
         """An engine call that began at `start` has ended (called holding the lock): the turn's end, the busy time."""
