@@ -13,7 +13,7 @@ from strata.errors import InvalidArgument, StrataError
 from strata.format import ModelFile, inspect
 from strata.generation import Session, session_context
 from strata.generation.arguments import checked_integer
-from strata.generation.drafts import DEFAULT_DRAFT_TOKENS, named_drafter
+from strata.generation.drafts import DEFAULT_DRAFT_TOKENS, named_drafter, verify_rows
 
 ENGINES = ("gpu", "reference")
 # strata.Model.session's options that only the GPU engine has: refused by name on the reference
@@ -87,7 +87,7 @@ class ReferenceModel:
             reference = MtpReference(reference, kv)  # refused where the file has no block it runs
         drafter = named_drafter(draft, draft_tokens, mtp=lambda: MtpDrafter(reference))
         geometry = self.file.geometry
-        engine = ReferenceEngine(reference, context, snapshots, draft_tokens + 1 if drafter else 0,
+        engine = ReferenceEngine(reference, context, snapshots, verify_rows(drafter, draft_tokens),
                                  steering=lambda vectors, layers: steering_table(vectors, geometry, layers))
         return Session(engine, self.tokenizer, drafter, draft_tokens if drafter else 0)
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from strata.errors import InvalidArgument, StrataError
-from strata.generation.drafts import DEFAULT_DRAFT_TOKENS, MAX_DRAFT_TOKENS
+from strata.generation.drafts import DEFAULT_DRAFT_TOKENS, MAX_DRAFT_TOKENS, checked_draft_tokens
 from strata.options import (
     DEFAULT_CACHE_POLICY, DEFAULT_CONTEXT, DEFAULT_EXPERT_CACHE, DEFAULT_KV, DEFAULT_MODE, KV, Mode,
 )
@@ -183,8 +183,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         if args.draft is None:
             raise InvalidArgument("--draft-tokens sets how many --draft drafts: give --draft too (lookup, mtp or "
                                   "auto)")
-        if not 1 <= args.draft_tokens <= MAX_DRAFT_TOKENS:
-            raise InvalidArgument(f"--draft-tokens must be in 1..{MAX_DRAFT_TOKENS}, got {args.draft_tokens}")
+        checked_draft_tokens(args.draft_tokens, "--draft-tokens")
     if args.control_vector_layer_range is not None and not (args.control_vector or args.control_vector_scaled):
         raise InvalidArgument("--control-vector-layer-range sets the layers a control vector steers: give "
                               "--control-vector or --control-vector-scaled too")

@@ -94,12 +94,24 @@ class ForcedDrafter:
         return np.where(hit, right, wrong).tolist()
 
 
+def checked_draft_tokens(draft_tokens: int, name: str = "draft_tokens") -> int:
+    """`draft_tokens` (the option called `name`) if it is in 1..MAX_DRAFT_TOKENS, else InvalidArgument."""
+    if not 1 <= checked_integer(name, draft_tokens) <= MAX_DRAFT_TOKENS:
+        raise InvalidArgument(f"{name} must be in 1..{MAX_DRAFT_TOKENS}, got {draft_tokens}")
+    return draft_tokens
+
+
+def verify_rows(drafter: Drafter | None, draft_tokens: int) -> int:
+    """The most rows one verification of a session takes: its pending token and its drafts (0: no drafter). Each
+    row keeps its recurrent state, so an engine holds as many state slots more."""
+    return draft_tokens + 1 if drafter is not None else 0
+
+
 def named_drafter(draft: str | None, draft_tokens: int, mtp: Callable[[], Drafter] | None = None) -> Drafter | None:
     """The drafter a session's `draft` option names (None: no drafts), after checking `draft_tokens`
     (1..MAX_DRAFT_TOKENS). "auto" is prompt lookup, the one drafter that needs no weights; "mtp" is what `mtp`
     makes (the engine's MTP drafter, which raises where the file has no block), refused where the engine has none."""
-    if not 1 <= checked_integer("draft_tokens", draft_tokens) <= MAX_DRAFT_TOKENS:
-        raise InvalidArgument(f"draft_tokens must be in 1..{MAX_DRAFT_TOKENS}, got {draft_tokens}")
+    checked_draft_tokens(draft_tokens)
     if draft is None:
         return None
     if draft == "mtp":

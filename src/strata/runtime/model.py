@@ -22,7 +22,7 @@ from strata.errors import InvalidArgument, OutOfMemory, StrataError
 from strata.format import ModelFile, inspect
 from strata.generation import Session, session_context
 from strata.generation.arguments import checked_flag, checked_integer, checked_number
-from strata.generation.drafts import DEFAULT_DRAFT_TOKENS, named_drafter
+from strata.generation.drafts import DEFAULT_DRAFT_TOKENS, named_drafter, verify_rows
 from strata.models import Geometry
 from strata.options import (
     DEFAULT_CACHE_POLICY, DEFAULT_EXPERT_CACHE, DEFAULT_KV, DEFAULT_MODE, DEFAULT_SNAPSHOTS, DEFAULT_TIMEOUT, KV, Mode,
@@ -143,18 +143,18 @@ class Model:
             raise InvalidArgument(f"kv_streaming: {g.arch}'s attention layers have no QSA indexer, so every token "
                                   "reads all of their KV and it must stay in VRAM (KV streaming serves qwen4exp)")
         host_resident = self.info.plan.host_total  # the experts and pinned buffers, in place since load
-        verify_rows = draft_tokens + 1 if drafter is not None else 0  # their row states are state slots too
+        rows = verify_rows(drafter, draft_tokens)
         tiers = self.ram.tier_bytes if self.ram is not None else None
         plan = check_fits(g, tensors, context, kv, vram_free=free, device=self.device, resident=resident, tiers=tiers,
-                          snapshots=snapshots + verify_rows, kv_streaming=kv_streaming, host_resident=host_resident,
+                          snapshots=snapshots + rows, kv_streaming=kv_streaming, host_resident=host_resident,
                           host_available=available_ram_bytes() if kv_streaming else None, **placed)
         chunk = 0
         if self.prompt_path and prompt_chunk != 0:
             chunk = prompt_plan.fitting_chunk(g, context, free - (plan.vram_total - resident), prompt_chunk, kv,
                                               kv_streaming)
-        if drafter is not None and chunk < verify_rows:
+        if drafter is not None and chunk < rows:
             raise InvalidArgument(f"draft {draft!r} needs the prompt path, which verifies the drafts in one chunk of "
-                                  f"{verify_rows} tokens; " + ("this model has none (loaded with prompt=False, or its "
+                                  f"{rows} tokens; " + ("this model has none (loaded with prompt=False, or its "
                                   "staging did not fit)" if chunk == 0 else f"the chunk that fits is {chunk}"))
         ple = PleRows(self.file, g) if g.ple_layers else None
         gather = ple.native() if ple is not None else None  # the session gathers the rows itself where it can
@@ -163,7 +163,7 @@ class Model:
                                        cache=self.cache, prompt_chunk=chunk, staging=self.staging,
                                        prompt_cpu=prompt_cpu, kv_streaming=kv_streaming,
                                        defer_experts=defer_experts, ple=gather,
-                                       verify_rows=verify_rows)
+                                       verify_rows=rows)
         # which sessions step together: the native session's one definition (docs/rows.md)
         engine = GpuEngine(native, ple if gather is None else None, snapshots, native.batch_key, controls)
         if steering:
