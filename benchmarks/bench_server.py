@@ -49,7 +49,7 @@ from strata.runtime.expert_cache import expert_bytes
 from strata.runtime.plan import file_tensors
 from strata.synth import synthesize
 
-PASSED_TO_SERVE = ("batch", "sessions", "queue", "kv", "mode", "cache_policy", "vram_limit")
+PASSED_TO_SERVE = ("batch", "sessions", "queue", "decode_stall", "kv", "mode", "cache_policy", "vram_limit")
 
 
 def costs_ms(text: str) -> StepCosts:
@@ -146,9 +146,9 @@ def scripted_command(args: argparse.Namespace, path: str, port: int, context: in
     command = [sys.executable, str(Path(__file__).resolve()), "--serve-scripted", str(port), "--model", path,
                "--context", str(context), "--queue", args.queue or str(max(args.clients)),
                "--costs-ms", ",".join(f"{x * 1e3:g}" for x in (costs.lone, costs.batch, costs.row, costs.prompt_token))]
-    for name in ("batch", "sessions"):
+    for name in ("batch", "sessions", "decode_stall"):
         if getattr(args, name) is not None:
-            command += ["--" + name, getattr(args, name)]
+            command += ["--" + name.replace("_", "-"), getattr(args, name)]
     return command
 
 
@@ -164,7 +164,8 @@ def serve_scripted(args: argparse.Namespace) -> int:
     batch, sessions = int(args.batch or 1), int(args.sessions or 1)
     made = [Session(TimedEngine(len(codec.tokens), args.context, args.costs_ms, codec.eos_ids), codec)
             for _ in range(max(batch, sessions))]
-    server = Server(made, "scripted", max_waiting=int(args.queue or 16), batch=min(batch, len(made)))
+    server = Server(made, "scripted", max_waiting=int(args.queue or 16), batch=min(batch, len(made)),
+                    decode_stall_seconds=float(args.decode_stall or 0) / 1000)
     stop = threading.Event()
     for number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(number, lambda *_: stop.set())

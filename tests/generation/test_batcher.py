@@ -21,6 +21,7 @@ from strata.generation.draft_length import FixedDraftLength
 from strata.generation.drafts import LookupDrafter
 from strata.reference import Reference
 from strata.reference.engine import ReferenceEngine
+from strata.sampling import SamplingParams
 from support.batch_engine import AlwaysBatch, BatchingReference, BatchingTable, BatchLog, FailingAt, RowsTable
 from support.char_engine import CharCodec
 
@@ -267,14 +268,14 @@ def test_reference_sessions_through_the_batcher_answer_as_alone(model_file, rng)
 
 
 def test_a_long_prompt_advances_a_chunk_per_decode_batch(table, rng):
-    """One chunk, then one decode batch: a decoding session steps between every two chunks of another's prompt,
-    and the prompt advances while it decodes."""
+    """With no stall allowed (decode_stall_seconds 0): one chunk, then one decode batch: a decoding session steps
+    between every two chunks of another's prompt, and the prompt advances while it decodes."""
     log = BatchLog()
     prompt = random_ids(rng, VOCAB, 5 * STEPPED_PROMPT_CHUNK + 3)
     # the decoder runs long enough to be decoding throughout the prompt, however late the prompt's thread wakes: its
     # steps take a millisecond each (alone, they run on its own thread, as fast as the table answers)
     jobs = [Job(random_ids(rng, VOCAB, 3), {"max_tokens": CONTEXT - 8}), Job(prompt, {"max_tokens": 3}, joins_after=5)]
-    with Batcher(grace_seconds=GRACE, policy=AlwaysBatch()) as batcher:
+    with Batcher(grace_seconds=GRACE, policy=AlwaysBatch(), decode_stall_seconds=0.0) as batcher:
         engines = [SlowTable(table, context=CONTEXT, log=log, batch_key="model"), table_engines(table, log)()]
         run_batched([Session(batcher.member(e), CharCodec()) for e in engines], jobs)
     decoder, prompted = engines
@@ -413,6 +414,29 @@ def test_other_calls_reach_the_engine_on_the_thread_and_closing_refuses_more(tab
         member.feed([1], None, 0.0, [])
     counts = batcher.stats()
     assert counts["decode_rows"] == 3 and counts["calls"] >= 4, counts
+
+
+def test_a_members_hook_runs_before_every_engine_call_and_its_error_fails_its_own_next_call(table):
+    """A member's before_compute runs before the other members' engine calls too (the server's events of a prompt's
+    first token go out while other prompts run, not at the member's own next call); what it raises there does not
+    fail the other member's call but the member's own next one, once."""
+    with Batcher(grace_seconds=GRACE, policy=AlwaysBatch()) as batcher:
+        quiet, busy = (batcher.member(table_engines(table, BatchLog())()) for _ in range(2))
+        ran = []
+        quiet.before_compute = lambda: ran.append(threading.get_ident())
+        talker = Session(busy, CharCodec())
+        talker.complete([5, 6, 7], max_tokens=4)
+        assert len(ran) >= 4  # the prompt and the decode steps: each call of the other member's
+
+        def broken() -> None:
+            raise StrataError("the stream is gone")
+
+        quiet.before_compute = broken
+        assert len(talker.complete([1, 2], max_tokens=3).tokens) == 3  # not failed by it
+        quiet.before_compute = None
+        with pytest.raises(StrataError, match="the stream is gone"):
+            quiet.feed([3, 4, 5], SamplingParams(), 0.0, [3, 4, 5])
+        assert Session(quiet, CharCodec()).complete([3, 4, 5], max_tokens=2).tokens  # once
 
 
 class SlowSteps(BatchingTable):

@@ -133,12 +133,16 @@ def test_members_that_cannot_join_the_batch_are_not_waited_for(table, other):
         assert log.sizes == []  # every step alone, as planned
 
 
-def test_prompt_chunks_and_decode_batches_interleave_within_the_stated_bounds(table, rng):
-    """Two members decode while three long prompts come in. Decode latency: between two decode batches runs at
-    most one prompt chunk. Time to first token: while prompts wait, every decode batch is followed by a chunk, and
-    the prompts take their chunks in turn (between two chunks of one prompt, at most one chunk of each other)."""
+@pytest.mark.parametrize("stall", [0.0, 0.02], ids=["no stall", "a stall of 20 ms"])
+def test_prompt_chunks_and_decode_batches_interleave_within_the_stated_bounds(table, rng, stall):
+    """Two members decode while three long prompts come in. Decode latency: between two decode batches run only the
+    prompt chunks the stall allows: a decode step waiting lets chunks start while it has waited less than the stall
+    (none: one chunk after each batch), and its steps come back within one chunk of a batch, so a run of chunks
+    holds at most stall / chunk + 2 of them. Time to first token: while prompts wait, every decode batch is followed
+    by a chunk; with a stall, chunks run together; the prompts take their chunks in turn (between two chunks of one
+    prompt, at most one chunk of each other)."""
     clock, log = ScriptedClock(), BatchLog()
-    with Batcher(grace_seconds=1.0, policy=AlwaysBatch(), clock=clock) as batcher:
+    with Batcher(grace_seconds=1.0, policy=AlwaysBatch(), clock=clock, decode_stall_seconds=stall) as batcher:
         decoders = [batcher.member(costed(table, clock, log)) for _ in range(2)]
         prompted = [batcher.member(costed(table, clock, log)) for _ in range(3)]
         errors, started = [], threading.Barrier(5)
@@ -175,11 +179,14 @@ def test_prompt_chunks_and_decode_batches_interleave_within_the_stated_bounds(ta
         else:
             jobs.append(names[id(engine)] if n > 1 else "D")
     chunk_runs = [len(run) for run in "".join("x" if j != "D" else " " for j in jobs).split()]
-    assert max(chunk_runs) == 1, jobs          # never two chunks without a decode batch between them
+    if stall:
+        assert 1 < max(chunk_runs) <= stall // VRAM.prompt(8) + 2, (chunk_runs, jobs)
+    else:
+        assert max(chunk_runs) == 1, jobs      # never two chunks without a decode batch between them
     firsts = {p: jobs.index(p) for p in ("p0", "p1", "p2")}
     lasts = {p: len(jobs) - 1 - jobs[::-1].index(p) for p in ("p0", "p1", "p2")}
     while_prompting = jobs[min(firsts.values()):max(lasts.values()) + 1]
-    assert all(a != b for a, b in zip(while_prompting, while_prompting[1:])), jobs  # a chunk after each batch
+    assert "DD" not in "".join("D" if j == "D" else "x" for j in while_prompting), jobs  # a chunk after each batch
     for p in ("p0", "p1", "p2"):
         mine = [i for i, j in enumerate(jobs) if j == p]
         assert len(mine) == 6

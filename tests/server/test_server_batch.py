@@ -170,7 +170,8 @@ def test_concurrent_streams_answer_as_each_alone_and_the_metrics_count_batches(m
 def test_a_cancelled_stream_frees_its_session_while_the_other_goes_on(tok):
     long_text = " ".join(f"w{i}" for i in range(60))
     sessions = [echo_session(tok, 4 * CONTEXT, delay=0.005) for _ in range(2)]
-    server = Server(sessions, "echo", batch=2)
+    server = Server(sessions, "echo", batch=2, decode_stall_seconds=0.01)  # prompt chunks may hold a step back
+    assert server.batcher.decode_stall_seconds == 0.01
     with serving(server) as url, client(url) as api, client(url) as other:
         quitter = api.chat.completions.create(model="echo", messages=[{"role": "user", "content": long_text}],
                                               stream=True)
@@ -260,6 +261,10 @@ def test_strata_serve_batch_makes_its_sessions_and_refuses_a_batch_below_1(tiny_
     path = tiny_model("qwen3next", seed=4)
     assert main(["serve", str(path), "--engine", "reference", "--port", "0", "--batch", "0"]) == 1
     assert capsys.readouterr().err == "strata serve: --batch must be >= 1, got 0\n"
+    for stall in ("-1", "nan", "inf"):
+        assert main(["serve", str(path), "--engine", "reference", "--port", "0", "--batch", "2",
+                     "--decode-stall", stall]) == 1
+        assert "--decode-stall must be a number of milliseconds >= 0" in capsys.readouterr().err
     with socket.socket() as probe:  # a port free a moment ago; the server takes it right after
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

@@ -35,6 +35,10 @@ def register(commands) -> None:
                           "measured faster than stepping alone (default 1: one request computes at a time, until "
                           "the GPU box's served figures decide it: docs/server.md); a B above --sessions makes B "
                           "sessions, as many as memory holds")
+    sub.add_argument("--decode-stall", type=float, default=0.0, metavar="MS",
+                     help="with --batch above 1: how long the decoding sessions' next step may wait while new "
+                          "requests' prompt chunks run (default 0: a decode batch after every chunk; more brings a "
+                          "burst's first tokens sooner: docs/server.md)")
     sub.add_argument("--queue", type=int, default=16, help="requests that may wait; more are answered 429")
     sub.add_argument("--name", "--alias", default=None,
                      help="the model's id in /v1/models (default: the file's stem; --alias is llama-server's "
@@ -62,6 +66,8 @@ def handle(args: argparse.Namespace) -> int:
                               f"{args.max_body} and {args.queue}")
     if args.batch < 1:
         raise InvalidArgument(f"--batch must be >= 1, got {args.batch}")
+    if not 0 <= args.decode_stall < float("inf"):
+        raise InvalidArgument(f"--decode-stall must be a number of milliseconds >= 0, got {args.decode_stall}")
     wanted = max(args.sessions, args.batch)
     template = chat_template.chosen(args)
     sock = listening(args.host, args.port)  # before the model loads: a busy port is said at once
@@ -78,6 +84,7 @@ def handle(args: argparse.Namespace) -> int:
                 batch = min(args.batch, len(sessions))
                 server = Server(sessions, args.name or Path(args.model).stem, api_key=args.api_key,
                                 max_waiting=args.queue, batch=batch, cors_origins=args.cors_origin,
+                                decode_stall_seconds=args.decode_stall / 1000,
                                 **session_options.control_vectors(args), **limits)
                 host, port = sock.getsockname()[:2]  # the port taken, where --port 0 asked for any free one
                 print(f"strata serve: {args.model} on http://{_url_host(host)}:{port}/v1 ({args.engine} engine, "

@@ -57,6 +57,13 @@ from strata.sampling import SamplingParams
 # those per token, against the milliseconds a decode step of a large MoE takes, so one slow member does not stall
 # the others long.
 GRACE_SECONDS = 0.002
+# How long a waiting decode step lets prompt chunks run before its batch (one chunk more at most: the one running
+# when it is reached). 0, the default: a decode batch after every chunk. A stall runs a burst of new requests'
+# prompts close together, each one's first token sooner, while the members decoding wait that long at most; with
+# the scripted engine at the box's costs (docs/server.md) 20 ms took eight clients' time to first token p90 from 65
+# to 51 ms but its p50 from 19 to 32 ms (the clients, their prompts run together, then decode and come back
+# together), so the box decides it.
+DECODE_STALL_SECONDS = 0.0
 # Prompt ids per chunk for an engine without a prompt path (it steps each id, so any split feeds the same): a long
 # prompt then holds the decode batch back by this many steps at most.
 STEPPED_PROMPT_CHUNK = 8
@@ -64,7 +71,7 @@ STEPPED_PROMPT_CHUNK = 8
 FIXED_ATTRIBUTES = ("context", "snapshots", "verify_rows", "prompt_chunk", "prompt_min_tokens", "mode", "batch_key",
                     "max_batch", "token_masks")
 
-__all__ = ["GRACE_SECONDS", "Batcher", "Member", "prompt_pieces"]
+__all__ = ["DECODE_STALL_SECONDS", "GRACE_SECONDS", "Batcher", "Member", "prompt_pieces"]
 
 
 def prompt_pieces(n: int, chunk: int, whole_below: int = 1) -> list[int]:
@@ -109,18 +116,21 @@ class _Call:
 class Batcher:
     """The compute thread of a set of members (`member(engine)`), pinned to `cpus` (None: left as it is), stepping
     at most `max_batch` of them together (None: as many as the engine takes) as `policy` plans (default: a
-    BatchPolicy of its own), a decode batch waiting at most `grace_seconds` for its active members' steps. `clock`
-    (seconds) times the grace, the policy's measurements and the counters. `close()` lets it finish what is queued
-    and stop."""
+    BatchPolicy of its own), a decode batch waiting at most `grace_seconds` for its active members' steps, and
+    prompt chunks running before it while its oldest step has waited less than `decode_stall_seconds`. `clock`
+    (seconds) times the grace, the stall, the policy's measurements and the counters. `close()` lets it finish what
+    is queued and stop."""
 
     def __init__(self, cpus: set[int] | None = None, max_batch: int | None = None,
                  grace_seconds: float = GRACE_SECONDS, policy: BatchPolicy | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, decode_stall_seconds: float = DECODE_STALL_SECONDS):
         if max_batch is not None and max_batch < 1:
             raise InvalidArgument(f"max_batch must be >= 1 (or None: no limit), got {max_batch}")
-        if not grace_seconds >= 0:
-            raise InvalidArgument(f"grace_seconds must be >= 0, got {grace_seconds}")
+        for name, value in (("grace_seconds", grace_seconds), ("decode_stall_seconds", decode_stall_seconds)):
+            if not value >= 0:
+                raise InvalidArgument(f"{name} must be >= 0, got {value}")
         self.max_batch, self.grace_seconds, self.clock = max_batch, grace_seconds, clock
+        self.decode_stall_seconds = decode_stall_seconds
         # how a group of waiting steps runs, from what each size cost here
         self.policy = policy if policy is not None else BatchPolicy()
         self._cond = threading.Condition()
@@ -265,16 +275,19 @@ class Batcher:
                 self._turn_ended(start)
 
     def _next(self, last_was_chunk: bool) -> tuple[str, list[_Call]] | None:
-        """The next job under the policy (called holding the lock), taken off its queue; None: wait. After a prompt
-        chunk comes the decode batch, gathered: a second chunk runs only once no active member has a step coming."""
+        """The next job under the policy (called holding the lock), taken off its queue; None: wait. After a decode
+        batch comes a prompt chunk where one waits; after a chunk, more chunks while the oldest decode step waiting
+        has waited less than decode_stall_seconds (or none waits, and no active member has a step coming), then the
+        decode batch, gathered."""
         if self._calls:
             return "call", [self._calls.popleft()]
         ready = self._gathered() or self._gather_left() == 0.0 or self._closing
-        if self._steps and ready and (last_was_chunk or not self._chunks):
+        stalled = bool(self._steps) and self.clock() - self._first_step >= self.decode_stall_seconds
+        if self._steps and ready and (not self._chunks or (last_was_chunk and stalled)):
             self._seconds["gathering"] += max(0.0, self.clock() - max(self._first_step, self._turn_start))
             steps, self._steps = self._steps, []
             return "steps", steps
-        if self._chunks and (not last_was_chunk or (not self._steps and ready)):
+        if self._chunks and (not last_was_chunk or (self._steps and not stalled) or (not self._steps and ready)):
             return "chunk", [self._chunks.popleft()]
         return None
 
@@ -299,10 +312,32 @@ class Batcher:
         since = max(self._first_step, self._turn_start) if self._steps else self._turn_start
         return max(0.0, since + self.grace_seconds - self.clock())
 
+    def _before_compute(self, calls: list[_Call]) -> None:
+        """Every member's before_compute, right before an engine call, whichever members it serves: what a member
+        has to hand on goes out as soon as the engine next computes, not only at its own next call (a prompt's first
+        token while other prompts' chunks run before its first decode step). What a member's own hook raises fails
+        the call; what another's raises is kept for that member's next call, which it fails."""
+        serving = {id(call.member) for call in calls}
+        for member in list(self._members):
+            own = id(member) in serving
+            if own and member._hook_error is not None:
+                error, member._hook_error = member._hook_error, None
+                raise error
+            hook = member.before_compute
+            if hook is None:
+                continue
+            if own:
+                hook()
+                continue
+            try:
+                hook()
+            except BaseException as error:  # noqa: BLE001 - its own next call raises it
+                member._hook_error = error
+
     def _advance(self, call: _Call, kind: str) -> None:
         """Run the call's next piece; finish it after its last, else queue it behind the other prompts."""
         try:
-            _before_compute([call])
+            self._before_compute([call])
             call.result = call.work.popleft()()
         except BaseException as error:  # noqa: BLE001 - the caller's to handle, with its type
             call.error = error
@@ -346,7 +381,7 @@ class Batcher:
         error)."""
         ok = False
         try:
-            _before_compute(calls)
+            self._before_compute(calls)
             if len(calls) == 1 and calls[0].verify is not None:
                 ids, seen = calls[0].verify
                 results = [calls[0].member.engine.verify(ids, seen)]
@@ -416,11 +451,6 @@ def _step_rows_of(calls: list[_Call]) -> list[Any]:
     return results
 
 
-def _before_compute(calls: list[_Call]) -> None:
-    """The calls' members' before_compute, right before the engine call that serves them."""
-    for call in calls:
-        if call.member.before_compute is not None:
-            call.member.before_compute()
 
 
 class Member:
@@ -429,15 +459,17 @@ class Member:
     of steady decoding, such as one generation: the batcher waits for an active member's next step (briefly)
     before stepping the others without it.
 
-    `before_compute` (None, or a callable its caller sets) runs on the batcher's thread right before each engine call
-    that serves this member (its decode step, batched or alone, a prompt chunk, any other call): what the caller
-    hands on there runs beside the engine's computing rather than between its steps (the server hands a stream's
-    events to its event loop there, so that writing them overlaps the step that makes the next). It must be quick;
-    what it raises fails that call."""
+    `before_compute` (None, or a callable its caller sets) runs on the thread that makes each engine call right
+    before it, whichever members the call serves (its decode step, batched or alone, a prompt chunk, any other
+    call, and the other members' calls alike): what the caller hands on there runs beside the engine's computing
+    rather than between its steps (the server hands a stream's events to its event loop there, so that writing them
+    overlaps the step that makes the next, and a prompt's first token goes out while other prompts' chunks run). It
+    must be quick; what it raises fails this member's call, or its next one where another member's call ran it."""
 
     def __init__(self, batcher: Batcher, engine: Any):
         self.batcher, self.engine = batcher, engine
         self.before_compute: Callable[[], None] | None = None
+        self._hook_error: BaseException | None = None  # what before_compute raised before another member's call
         self._active = False
         self._joined = False  # called since begin(): a member is waited for from its first call
         self._fixed = self._call(self._read_fixed)

@@ -27,7 +27,7 @@ import strata
 from strata.errors import FormatError, InvalidArgument, StrataError
 from strata.generation import Session
 from strata.generation.arguments import OptionRefused
-from strata.generation.batcher import Batcher
+from strata.generation.batcher import DECODE_STALL_SECONDS, Batcher
 from strata.generation.constraints import can_mask, compile_grammar, warm
 from strata.server.access import AccessLog, internal_error, log
 from strata.server.answers import FINISH, Answers, data, usage
@@ -67,12 +67,13 @@ class Server:
     prompts) run on up to `batch` sessions at once (strata.server.runner says how). Browsers on `cors_origins`
     ("*": any) may call it. `control_vectors` and `control_layers` are the ones the sessions were made with
     (Model.session's arguments): they steer every request, or a request picks its own of them
-    (strata.server.steering)."""
+    (strata.server.steering). `decode_stall_seconds`: how long the decoding sessions' steps may wait behind new
+    prompts' chunks (strata.generation.batcher.Batcher's)."""
 
     def __init__(self, sessions: Sequence[Session], model_name: str, *, api_key: str | None = None,
                  max_waiting: int = 16, max_body_bytes: int = MAX_BODY_BYTES, batch: int | None = 1,
                  cors_origins: Sequence[str] = (), control_vectors: Sequence[tuple[Any, float]] = (),
-                 control_layers: tuple[int, int] | None = None):
+                 control_layers: tuple[int, int] | None = None, decode_stall_seconds: float = DECODE_STALL_SECONDS):
         if not sessions:
             raise InvalidArgument("the server needs at least one session")
         if max_body_bytes < 1:
@@ -101,7 +102,7 @@ class Server:
         if batch == 1:
             self.executor = compute_thread(cpus)
         else:
-            self.batcher = Batcher(cpus, max_batch=batch)
+            self.batcher = Batcher(cpus, max_batch=batch, decode_stall_seconds=decode_stall_seconds)
             for session in sessions:
                 session.engine = self.batcher.member(session.engine)
             self.executor = ThreadPoolExecutor(len(sessions), thread_name_prefix="strata-run")

@@ -161,14 +161,18 @@ class Run:
         engine = session.engine
         if not isinstance(engine, Member):
             return self._answer(session, answer, emit)
-        held: deque[Event] = deque()  # appended here, taken on the compute thread: deque's ends are thread-safe
+        held: deque[Event] = deque()  # appended here, taken where an engine call starts: deque's ends are thread-safe
+        # Any engine call's start hands them over (Member.before_compute), on the compute thread or a lone step's,
+        # and this thread does once more at the end: one at a time, so that they reach the loop in order.
+        handing = threading.Lock()
 
         def hand_over() -> None:
-            events = []
-            while held:
-                events.append(held.popleft())
-            if events:
-                emit(events)
+            with handing:
+                events = []
+                while held:
+                    events.append(held.popleft())
+                if events:
+                    emit(events)
 
         engine.before_compute = hand_over
         try:
