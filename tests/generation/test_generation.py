@@ -175,6 +175,43 @@ def test_ctrl_c_while_the_caller_holds_a_piece_is_the_callers():
     assert session.stats.finish_reason == "cancelled" and CharCodec().decode(session.tokens) == "qa"
 
 
+def test_a_handler_the_caller_sets_while_holding_a_piece_is_the_programs_after():
+    """The session's handler stays installed through the call; a handler the caller sets while it holds a piece
+    takes the caller's Ctrl-C from then on, and is the program's again when the call ends."""
+    session = Session(ScriptedEngine([ord(c) for c in "abcdefgh"]), CharCodec())
+    stream = session.generate("q", max_tokens=4)
+    assert next(stream).text == "a"
+    seen = []
+
+    def mine(signum, frame):
+        seen.append(signum)
+
+    before = signal.signal(signal.SIGINT, mine)
+    try:
+        rest = []
+        for piece in stream:
+            os.kill(os.getpid(), signal.SIGINT)  # with the caller: its own handler's
+            rest.append(piece.text)
+        assert "".join(rest) == "bcd" and seen == [signal.SIGINT] * 3
+        assert signal.getsignal(signal.SIGINT) is mine and session.stats.finish_reason == "length"
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_an_ignored_ctrl_c_stays_ignored_while_the_caller_holds_a_piece():
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        session = Session(ScriptedEngine([ord(c) for c in "abcdefgh"]), CharCodec())
+        shown = []
+        for piece in session.generate("q", max_tokens=3):
+            os.kill(os.getpid(), signal.SIGINT)
+            shown.append(piece.text)
+        assert "".join(shown) == "abc" and session.stats.finish_reason == "length"
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def test_bad_arguments_are_named():
     session = Session(ScriptedEngine([1]), CharCodec())
     with pytest.raises(strata.InvalidArgument, match="prompt is empty"):
