@@ -74,9 +74,9 @@ cudaError_t sample_scratch_bytes(int vocab, std::size_t* bytes);
 // logits [vocab] float32 (finite: the reference refuses NaN and infinity, here they give an unspecified id);
 // seen_ids [max_seen] (may repeat; ids outside [0, vocab) are skipped); scratch of sample_scratch_bytes(vocab)
 // bytes, 256-byte aligned. A mask that allows no token gives an unspecified id: the host refuses it before. With a
-// mask_ticket, a one-thread kernel before the first to read the mask waits for inputs.published.ready to equal it; a wait that gives up
-// after published.timeout_ns writes the ticket into published.late and the draw reads the words as they are (its id
-// unspecified): the host checks `late` after the draw.
+// mask_ticket, a one-thread kernel before the first to read the mask waits for inputs.published.ready to equal it;
+// a wait that gives up after published.timeout_ns writes the ticket into published.late and the draw reads the words
+// as they are (its id unspecified): the host checks `late` after the draw.
 cudaError_t sample_token(const float* logits, int vocab, const int* seen_ids, int max_seen,
                          const SampleParams* params, const SampleInputs& inputs, void* scratch,
                          std::size_t scratch_bytes, int* token, cudaStream_t stream);

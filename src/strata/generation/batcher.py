@@ -2,13 +2,14 @@
 
 A Batcher owns one compute thread; every engine call of every member (`Batcher.member(engine)`, an Engine that a
 Session drives as it would the engine itself) runs there, and the caller blocks for its result, but for a decode
-step with nothing to be gathered with (_runs_inline), which its caller's thread runs while the compute thread
-waits: engine calls never overlap. A decode step is a `feed` of exactly one id: the members' steps are gathered and
-run together, as one `step_batch` for engines that share a `batch_key` (below), one by one for the others. A prompt (a feed or prefill of more ids) is split into
-its engine's chunks, and the thread alternates: one prompt chunk, then one decode batch of every step waiting. So
-a decoding member waits at most one chunk per token, and a new prompt advances a chunk per token step. The other
-calls (snapshot, logprobs, a verify the engine cannot batch, ...) run alone, in the order they came, before
-either.
+step with nothing to be gathered with (_runs_inline), which its caller's thread runs while the compute thread waits:
+engine calls never overlap. A decode step is a `feed` of exactly one id: the members' steps are gathered and run
+together, as one `step_batch` for engines that share a `batch_key` (below), one by one for the others. A prompt (a
+feed or prefill of more ids) is split into its engine's chunks, and the thread alternates: one prompt chunk, then
+one decode batch of every step waiting (more chunks first while the oldest step has waited less than
+`decode_stall_seconds`, 0 by default). So, without a stall, a decoding member waits at most one chunk per token, and
+a new prompt advances a chunk per token step. The other calls (snapshot, logprobs, a verify the engine cannot batch,
+...) run alone, in the order they came, before either.
 
 The batched step an engine class may offer (same model: the same non-None `batch_key`; None: never batched):
 
@@ -449,8 +450,6 @@ def _step_rows_of(calls: list[_Call]) -> list[Any]:
     if len(results) != len(calls):
         raise StrataError(f"step_rows returned {len(results)} parts for {len(calls)} engines")
     return results
-
-
 
 
 class Member:
