@@ -57,6 +57,10 @@ class CpuExpertPool:
         self, layer: int, x: npt.NDArray[np.float32], experts: npt.NDArray[np.int32], begin: npt.NDArray[np.int32],
         out: npt.NDArray[np.float32] | None = None,
     ) -> npt.NDArray[np.float32]: ...
+    def run_rows_sum(
+        self, layer: int, x: npt.NDArray[np.float32], ids: npt.NDArray[np.int32], weights: npt.NDArray[np.float32],
+        skip: npt.NDArray[np.uint8], out: npt.NDArray[np.float32],
+    ) -> None: ...
     def open_expert_file(self, path: str, direct: bool = True, io_threads: int = 8, staging_slots: int = 0) -> None: ...
     def set_tiered_layer(
         self, layer: int, gate: dict[str, Any], up: dict[str, Any], down: dict[str, Any],

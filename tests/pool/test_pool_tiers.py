@@ -145,6 +145,17 @@ def check_grouped_calls(whole: ExpertPool, tiered: ExpertPool, rng: np.random.Ge
         same_bits(got, want, f"{note}, grouped call {call}, experts {experts}, begin {begin}")
 
 
+def check_rows_calls(whole: ExpertPool, tiered: ExpertPool, rng: np.random.Generator, calls: int, note: str) -> None:
+    """Several decode rows at once (run_rows_sum: a batch's or a verification's), against each row's decode answer
+    from all in RAM."""
+    for call in range(calls):
+        rows = [decode_call(rng) for _ in range(int(rng.integers(1, 9)))]
+        x, ids, weights, skip = (np.stack(parts) for parts in zip(*rows))
+        want = np.stack([whole.run_layer_sum(0, *row) for row in rows])
+        got = tiered.run_rows_sum(0, x, ids, weights, skip, np.full(x.shape, np.nan, np.float32))
+        same_bits(got, want, f"{note}, rows call {call}, ids {ids.tolist()}")
+
+
 @pytest.mark.parametrize("merged", [False, True], ids=["gate+up", "gate_up"])
 @pytest.mark.parametrize("share", SHARES)
 @pytest.mark.parametrize("layer", list(LAYERS))
@@ -157,6 +168,7 @@ def test_tiered_calls_match_all_in_ram(tmp_path, rng, layer, share, merged):
         hot = rng.choice(N_EXPERT, 6, replace=False)
         check_decode_calls(whole, tiered, rng, 24, note, hot)
         check_grouped_calls(whole, tiered, rng, 4, note)
+        check_rows_calls(whole, tiered, rng, 3, note)
         (stats,) = tiered.tier_stats()
         assert stats["slots"] == round(share * N_EXPERT)
         assert stats["misses"] > 0 if share < 1 else stats["misses"] == 0

@@ -152,6 +152,13 @@ class ExpertPool {
   // next wave's reads in flight while one computes; the arena does not move for them. Errors as run_layer's.
   void run_groups(int layer, const float* x, const int32_t* experts, const int* begin, int groups, float* out);
 
+  // The routed experts of `rows` rows at once: out[r] = run_layer_sum(layer, x[r], ids[r], weights[r], skip[r], k)
+  // for r < rows, bit for bit, each expert that rows route to computed once for all of them (run_groups: the rows'
+  // routed pairs count against max_rows). x, out [rows][n_embd]; ids, weights, skip [rows][k]; skip may be null.
+  // A step of several rows answers the routed experts the VRAM cache lacks with it. Errors as run_groups'.
+  void run_rows_sum(int layer, const float* x, const int32_t* ids, const float* weights, const uint8_t* skip,
+                    int rows, int k, float* out);
+
   // Layers registered so far: set_layer's highest layer + 1 (a layer below it may be unset).
   int layers() const;
   bool has_layer(int layer) const;

@@ -25,6 +25,7 @@
 #include "group_job.hpp"
 #include "pool_layer.hpp"
 #include "read_bandwidth.hpp"
+#include "rows_sum.hpp"
 #include "strata/cpu_topology.hpp"
 #include "strata/error.hpp"
 #include "worker_team.hpp"
@@ -60,6 +61,7 @@ struct ExpertPool::Impl {
   Activation x_in;               // the job's x (float32 from the caller) and x_q
   std::vector<Activation> h_in;  // one per slot: its row of h and h_q
   std::unique_ptr<GroupJob> group_job;  // run_groups' scratch and job; null when max_rows is 0
+  RowsSum rows_sum;                     // run_rows_sum's grouping and sums over run_groups
   std::unique_ptr<DiskTier> disk;       // the tiered layers' file and staging; null until open_expert_file
 
   std::vector<ExpertRef> refs;      // [max_k] per active index: where its expert's weights are
@@ -88,7 +90,7 @@ struct ExpertPool::Impl {
 
   Impl(int64_t n_embd_, int64_t ff_, int max_k_)
       : n_embd(n_embd_), ff(ff_), max_k(max_k_), x_q(1, n_embd_), h_q(max_k_, ff_),
-        h(static_cast<size_t>(max_k_) * ff_), rows(static_cast<size_t>(max_k_) * n_embd_),
+        h(static_cast<size_t>(max_k_) * ff_), rows(static_cast<size_t>(max_k_) * n_embd_), rows_sum(n_embd_),
         refs(max_k_), order(max_k_), routed(max_k_), active(max_k_),
         gate_up_per_slot((ff_ + kGateUpRows - 1) / kGateUpRows), down_per_slot((n_embd_ + kDownRows - 1) / kDownRows),
         hidden_done(std::make_unique<std::atomic<int64_t>[]>(max_k_)),
@@ -509,6 +511,11 @@ void ExpertPool::run_groups(int layer, const float* x, const int32_t* experts, c
     p.group_refs[g] = {expert_rows(l.gate, experts[g]), expert_rows(l.up, experts[g]), expert_rows(l.down, experts[g])};
   }
   p.group_job->run(*p.team, l, x, p.group_refs.data(), begin, groups, out);
+}
+
+void ExpertPool::run_rows_sum(int layer, const float* x, const int32_t* ids, const float* weights,
+                               const uint8_t* skip, int rows, int k, float* out) {
+  impl_->rows_sum.run(*this, layer, x, ids, weights, skip, rows, k, out);
 }
 
 // Waves of consecutive groups with at most half the staging's misses each, in alternate halves: the next wave's

@@ -163,6 +163,31 @@ cdef class CpuExpertPool:
             pool.run_groups(layer, xp, ep, &bv[0], groups, op)
         return out
 
+    def run_rows_sum(self, int layer, x, ids, weights, skip, out):
+        """out[r] = run_layer_sum's row of x[r], ids[r], weights[r], skip[r] for every row r, each expert computed
+        once for all the rows that route to it: x, out [rows, n_embd] float32; ids int32, weights float32, skip
+        uint8 [rows, k]."""
+        cdef CppExpertPool* pool = self.native()
+        cdef const float[:, ::1] xv = x
+        cdef const int32_t[:, ::1] iv = ids
+        cdef const float[:, ::1] wv = weights
+        cdef const uint8_t[:, ::1] sv = skip
+        cdef float[:, ::1] ov = out
+        cdef int rows = iv.shape[0], k = iv.shape[1]
+        if xv.shape[0] != rows or xv.shape[1] != self.n_embd or ov.shape[0] != rows or ov.shape[1] != self.n_embd:
+            raise InvalidArgument(f"run_rows_sum: x is {xv.shape[0]}x{xv.shape[1]} and out {ov.shape[0]}x"
+                                  f"{ov.shape[1]}; ids ask for {rows}x{self.n_embd}")
+        if wv.shape[0] != rows or wv.shape[1] != k or sv.shape[0] != rows or sv.shape[1] != k:
+            raise InvalidArgument(f"run_rows_sum: ids are {rows}x{k}; weights ({wv.shape[0]}x{wv.shape[1]}) and "
+                                  f"skip ({sv.shape[0]}x{sv.shape[1]}) must be too")
+        if rows == 0:
+            return
+        cdef const int32_t* ip = &iv[0, 0] if k > 0 else NULL
+        cdef const float* wp = &wv[0, 0] if k > 0 else NULL
+        cdef const uint8_t* sp = &sv[0, 0] if k > 0 else NULL
+        with nogil:
+            pool.run_rows_sum(layer, &xv[0, 0], ip, wp, sp, rows, k, &ov[0, 0])
+
     def open_expert_file(self, str path, bint direct=True, int io_threads=8, int staging_slots=0):
         """Opens the model file for the tiered layers: O_DIRECT reads where its file system takes them (else
         buffered ones whose pages are dropped), `io_threads` reading, `staging_slots` experts per half of the

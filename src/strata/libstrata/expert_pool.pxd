@@ -73,6 +73,8 @@ cdef extern from "strata/expert_pool.hpp" namespace "strata::cpu" nogil:
                            const uint8_t* skip, int k, float* out) except +raise_strata_error
         void run_groups(int layer, const float* x, const int32_t* experts, const int* begin, int groups,
                         float* out) except +raise_strata_error
+        void run_rows_sum(int layer, const float* x, const int32_t* ids, const float* weights, const uint8_t* skip,
+                          int rows, int k, float* out) except +raise_strata_error
         void open_expert_file(const string& path, const ExpertFileOptions& options) except +raise_strata_error
         void set_tiered_layer(int layer, const ExpertMatrix& gate, const ExpertMatrix& up, const ExpertMatrix& down,
                               const FileMatrix& gate_file, const FileMatrix& up_file, const FileMatrix& down_file,

@@ -177,6 +177,19 @@ class ExpertPool:
                                        np.ascontiguousarray(experts, dtype=np.int32),
                                        np.ascontiguousarray(begin, dtype=np.int32), out)
 
+    def run_rows_sum(self, layer: int, x: np.ndarray, ids: np.ndarray, weights: np.ndarray,
+                     skip: np.ndarray | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        """Several rows' routed experts at once (a step of several rows): ``out[r]`` = run_layer_sum of ``x[r]``,
+        ``ids[r]``, ``weights[r]``, ``skip[r]``, bit for bit, each expert the rows route to computed once for all of
+        them (their routed pairs, at most ``max_rows``). x, out [rows, n_embd]; ids, weights, skip [rows, k]."""
+        ids = np.ascontiguousarray(ids, dtype=np.int32)
+        skip = np.zeros(ids.shape, np.uint8) if skip is None else np.ascontiguousarray(skip, dtype=np.uint8)
+        if out is None:
+            out = np.empty((ids.shape[0], self.n_embd), np.float32)
+        self._native.run_rows_sum(layer, np.ascontiguousarray(x, dtype=np.float32), ids,
+                                  np.ascontiguousarray(weights, dtype=np.float32), skip, out)
+        return out
+
     def open_file(self, path: str, *, direct: bool = True, io_threads: int = 8, staging_slots: int = 0) -> None:
         """Opens the model file that tiered layers read their missed experts from: O_DIRECT where its file system
         takes it (`direct`), else buffered reads whose pages are dropped; `io_threads` reads in flight; the staging
