@@ -4,8 +4,8 @@ program. A batch's row is, bit for bit, that session stepped in a batch of one (
 others' where the dense products are GEMV batches of at most 8 rows), for all three architectures, at different
 positions and sampling settings; decoding after it goes on from that state; a batch of more rows than one GEMV
 batch takes stays within the decode bounds; and the greedy tokens of sessions decoded together are those each
-decodes alone, up to a near-tie. (With the prompt path's CPU share off, a token's experts run on the GPU in every
-chunk and batch.)"""
+decodes alone, up to a near-tie. (With the prompt path's CPU share off, a chunk's experts run on the GPU; a batch's
+that the VRAM cache lacks go to the CPU pool through the step's doorbell, one ring a MoE layer for all its rows.)"""
 
 import numpy as np
 import pytest
@@ -16,7 +16,7 @@ from strata.options import Mode
 from strata.runtime.engine import GpuEngine
 
 from support.compare import assert_same_bits, relative_errors
-from support.native_session import GREEDY, open_native_session, whole_cache
+from support.native_session import GREEDY, half_cache, open_native_session, whole_cache
 from test_decode_session import GARBAGE, STEADY
 from test_prompt_path import bounds, loaded, prompt_ids, rows_of, staging  # noqa: F401 (loaded: a fixture)
 
@@ -318,6 +318,64 @@ def test_a_captured_batch_is_the_uncaptured_one(loaded, rng):
         assert np.median(errors) < bounds(name, "bf16") and errors.max() < GARBAGE, (name, errors)
     finally:
         close(captured, launched, stepped)
+
+
+def moe_rings(stats_before, stats_after) -> tuple[int, int, int]:
+    """Rings, expert hits and misses between two stats of one session."""
+    return (stats_after["rings"] - stats_before["rings"],
+            sum(stats_after["expert_hits"]) - sum(stats_before["expert_hits"]),
+            sum(stats_after["expert_misses"]) - sum(stats_before["expert_misses"]))
+
+
+@pytest.mark.parametrize("placement", ["half cached", "on the pool"])
+def test_a_batch_whose_experts_the_cache_lacks_rings_once_a_layer(loaded, placement, rng):
+    """The routed experts the VRAM cache lacks go to the CPU pool through the step's doorbell: one ring a MoE layer
+    for all the rows (each expert of their union computed once, ExpertPool.run_rows_sum), as many rings as a plain
+    token's, every routed pair a hit or a miss; nothing in the stream waits on the host, so token-graph mode
+    captures the step. Captured and uncaptured batches give the same bits, every row is its twin's in a batch of
+    one, and all stay within the decode bounds of plain steps in the same placement."""
+    name, model = loaded
+    g = model.info.geometry
+    cache = half_cache(model) if placement == "half cached" else None
+    staged = staging(model)
+    prompts = [prompt_ids(model, rng, n) for n in (12, 7, 20)]
+    captured = [engine(model, staged, cache=cache, mode=Mode.TOKEN_GRAPH) for _ in prompts]
+    launched = [engine(model, staged, cache=cache, mode=Mode.UNCAPTURED) for _ in prompts]
+    twins = [engine(model, staged, cache=cache, mode=Mode.TOKEN_GRAPH) for _ in prompts]
+    stepped = [GpuEngine(open_native_session(model, context=CONTEXT, kv="bf16", cache=cache), rows_of(model))
+               for _ in range(len(prompts) + 1)]  # the last one counts a plain token's rings
+    try:
+        for prompt, *group in zip(prompts, captured, launched, twins, stepped):
+            for e in group:
+                fed(e, prompt)
+        probe = stepped.pop()
+        fed(probe, prompts[0])
+        before = probe.native.stats()
+        probe.prefill([1], [0] * (probe.position + 1))
+        token_rings = moe_rings(before, probe.native.stats())[0]
+        probe.close()
+        assert token_rings > 0, name
+        errors = []
+        for step in range(4):
+            ids = [int(t) for t in rng.integers(0, g.n_vocab, 3)]
+            before = captured[0].native.stats()
+            got = batch(captured, ids)
+            rings, hits, misses = moe_rings(before, captured[0].native.stats())
+            assert rings == token_rings and hits + misses == 3 * g.n_expert_used * rings, (name, rings, hits, misses)
+            assert (hits > 0) == (placement == "half cached"), (name, hits)
+            assert got == batch(launched, ids) == [alone(e, t) for e, t in zip(twins, ids)], (name, step)
+            for a, b, twin, c, t in zip(captured, launched, twins, stepped, ids):
+                c.prefill([t], [0] * (c.position + 1))
+                assert np.all(np.isfinite(a.logits())), (name, step)
+                assert_same_bits(a.logits(), b.logits(), f"{name} {placement} step {step}: captured, uncaptured")
+                assert_same_bits(a.logits(), twin.logits(), f"{name} {placement} step {step}: a batch of one")
+                errors.append(relative_errors([a.logits()], [c.logits()])[0])
+        errors = np.array(errors)
+        print(f"{name} {placement}: batch against plain steps, median {np.median(errors):.2e}, worst "
+              f"{errors.max():.2e}")
+        assert np.median(errors) < bounds(name, "bf16") and errors.max() < GARBAGE, (name, errors)
+    finally:
+        close(captured, launched, twins, stepped)
 
 
 def test_sessions_through_the_batcher_decode_together_as_alone(loaded, rng):

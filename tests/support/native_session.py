@@ -48,3 +48,14 @@ def whole_cache(model) -> _native.ExpertCache:
     for layer in range(g.n_layer):
         cache.hold(layer, list(range(g.n_expert)))
     return cache
+
+
+def half_cache(model) -> _native.ExpertCache:
+    """A VRAM cache of the first half of every layer's routed experts: a step then hands the rest to the CPU pool
+    (decode through its doorbell, a step of several rows through the step's)."""
+    g = model.info.geometry
+    half = g.n_expert // 2
+    cache = _native.ExpertCache(model.pool.native, [half] * g.n_layer, 0, {}, host_weights=model.pool.host_weights())
+    for layer in range(g.n_layer):
+        cache.hold(layer, list(range(half)))
+    return cache

@@ -19,24 +19,27 @@ __host__ __device__ inline bool ring_reached(int seen, int ring) {
 }
 
 // Device-mapped pointers (cudaHostGetDevicePointer) into pinned host memory.
+// A doorbell of `rows` rows (a step of several rows publishes them all under one ring) holds each row's x, ids,
+// weights and answer one after another.
 struct Doorbell {
-  float* x = nullptr;              // [n] the routed experts' input row
-  int* ids = nullptr;              // [k] expert ids
-  float* weights = nullptr;        // [k] routing weights
+  float* x = nullptr;              // [rows][n] the routed experts' input rows
+  int* ids = nullptr;              // [rows][k] expert ids
+  float* weights = nullptr;        // [rows][k] routing weights
   int* seq = nullptr;              // GPU -> host: the last ring number published
   const int* flag = nullptr;       // host -> GPU: the last ring number answered
-  const float* answer = nullptr;   // [n] the host's answer row
+  const float* answer = nullptr;   // [rows][n] the host's answer rows
   int n = 0;
   int k = 0;
+  int rows = 1;
   // host -> GPU: [2][n] the deferred rows (expert deferral, docs/session.md), one per layer parity; each is
   // written before the answer of the next layer's ring, whose flag orders it.
   const float* deferred = nullptr;
 };
 
-// Copies x, ids, weights into the doorbell, fences them system-wide, then writes seq = ring_at(*ring_base,
-// ring_offset).
+// Copies x, ids, weights (of `rows` rows, 1..bell.rows) into the doorbell, fences them system-wide, then writes
+// seq = ring_at(*ring_base, ring_offset).
 cudaError_t doorbell_publish(const Doorbell& bell, const float* x, const int* ids, const float* weights,
-                             const int* ring_base, int ring_offset, cudaStream_t stream);
+                             const int* ring_base, int ring_offset, cudaStream_t stream, int rows = 1);
 
 // Spins until flag reaches ring_at(*ring_base, ring_offset), then copies the answer into `answer_out` [n]
 // (device memory). After timeout_ns nanoseconds (the GPU's global timer) without an answer it writes
@@ -46,5 +49,10 @@ cudaError_t doorbell_publish(const Doorbell& bell, const float* x, const int* id
 cudaError_t doorbell_wait(const Doorbell& bell, const int* ring_base, int ring_offset, long long timeout_ns,
                           int* status, float* answer_out, cudaStream_t stream, int deferred_row = -1,
                           float* deferred_out = nullptr);
+
+// doorbell_wait for `rows` rows (1..bell.rows) of answer into answer_out [rows][n], a CTA a row, without deferred
+// rows: a step of several rows' routed experts.
+cudaError_t doorbell_wait_rows(const Doorbell& bell, const int* ring_base, int ring_offset, long long timeout_ns,
+                               int* status, int rows, float* answer_out, cudaStream_t stream);
 
 }  // namespace strata::kernels

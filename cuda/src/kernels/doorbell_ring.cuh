@@ -7,9 +7,10 @@
 
 namespace strata::kernels {
 
-// Thread `first` of `step` threads copies its share of x [bell.n] into the doorbell.
-__device__ __forceinline__ void publish_x(const Doorbell& bell, const float* __restrict__ x, int first, int step) {
-  for (int i = first; i < bell.n; i += step) bell.x[i] = x[i];
+// Thread `first` of `step` threads copies its share of x [count] (bell.n a row) into the doorbell.
+__device__ __forceinline__ void publish_x(const Doorbell& bell, const float* __restrict__ x, int count, int first,
+                                          int step) {
+  for (int i = first; i < count; i += step) bell.x[i] = x[i];
 }
 
 // seq = ring_at(*ring_base, ring_offset); after the payload writers' __threadfence_system().

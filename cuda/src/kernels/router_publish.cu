@@ -53,7 +53,8 @@ route_publish_kernel(Rows rows, int n_expert, const float* __restrict__ x, int k
   const int row = blockIdx.x * (kRowsPerCta / split) + warp / split;
   const float acc = warp_sum(rows.partial(row, n_expert, warp % split, split, lane));
   store_row(acc, row, n_expert, warp, lane, split, out.logits);
-  if (publish.ring) publish_x(publish.bell, x, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
+  if (publish.ring) publish_x(publish.bell, x, publish.bell.n, blockIdx.x * blockDim.x + threadIdx.x,
+                                     gridDim.x * blockDim.x);
   // Release: this CTA's logits (and its share of x, system-wide) before its ticket, so the CTA that draws the
   // last ticket reads every row, and its ring follows every copy of x.
   if (publish.ring) __threadfence_system();

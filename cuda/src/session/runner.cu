@@ -69,7 +69,40 @@ Runner::Runner(cpu::ExpertPool& pool, const ModelGeometry& geometry, const Decod
       ring_timeout_(host_ring_timeout(options.timeout_seconds)) {
   if (options.prompt_chunk > 0) {
     prompt_ = std::make_unique<PromptProgram>(g_, tables.inputs(sequence), options.device, options.prompt_chunk,
-                                              staging, cache, &pool, cpu_share(pool, staging));
+                                              staging, cache, &pool, cpu_share(pool, staging), rows_exchange(pool));
+  }
+}
+
+// The doorbell of a step of several rows, where the pool's grouped calls hold the most routed rows a step has
+// (kMaxStepRows x k); none otherwise (such steps group their experts on the host, as a prompt chunk does).
+RowsExchange Runner::rows_exchange(cpu::ExpertPool& pool) {
+  const int rows = std::min(options_.prompt_chunk, kMaxStepRows);
+  if (pool.max_rows() < rows * g_.n_expert_used) return {};
+  rows_bell_ = std::make_unique<DoorbellHost>(g_.n_embd, g_.n_expert_used, 0, rows);
+  rows_answerer_ = std::make_unique<RingAnswerer>(pool, *rows_bell_, cache_);
+  RowsExchange exchange;
+  exchange.bell = rows_bell_->device_view();
+  exchange.ring_base = rows_bell_->ring_base_device();
+  exchange.status = rows_bell_->status_device();
+  exchange.timeout_ns = static_cast<long long>(options_.timeout_seconds * 1e9);
+  return exchange;
+}
+
+// The exchange's counters into the stats: the decode tokens' rings and a step's alike.
+void Runner::note_exchange() {
+  stats_.ring_wait_seconds = exchange_.ring_wait_seconds;
+  stats_.pool_seconds = exchange_.pool_seconds;
+  stats_.rings = exchange_.rings;
+  stats_.expert_hits = exchange_.hits;
+  stats_.expert_misses = exchange_.misses;
+}
+
+void Runner::answer_step(int rows, int ring_base) {
+  const HostLoopPin pin(host_cpus_);  // its ring spins must not share a core with a pool worker
+  for (int layer = 0; layer < g_.n_layer; ++layer) {
+    if (prompt_->rings(layer)) {
+      rows_answerer_->answer_rows(layer, kernels::ring_at(ring_base, layer + 1), rows, ring_timeout_, exchange_);
+    }
   }
 }
 
@@ -159,11 +192,7 @@ int Runner::step(Sequence& sequence, int token, const float* ple_rows, const Sam
   ++tokens_run_;
   ++stats_.tokens;
   stats_.seconds += seconds_since(start);
-  stats_.ring_wait_seconds = exchange_.ring_wait_seconds;
-  stats_.pool_seconds = exchange_.pool_seconds;
-  stats_.rings = exchange_.rings;
-  stats_.expert_hits = exchange_.hits;
-  stats_.expert_misses = exchange_.misses;
+  note_exchange();
   // The token is fed whatever its draw: a mask the sampler gave up waiting for voids the draw only.
   if (sample) sampler_inputs_.check_published(stage_.host<TokenStage>()->sampling);
   return sample ? *sampled_.host<volatile int>() : -1;
@@ -249,7 +278,7 @@ const float* Runner::gathered_ple(Sequence& sequence, const int* tokens, int n, 
 }
 
 void Runner::launch_step(const std::vector<long>& key, const std::function<void(cudaStream_t)>& enqueue) {
-  if (options_.mode == DecodeMode::kUncaptured || !prompt_->step_on_device()) {
+  if (options_.mode == DecodeMode::kUncaptured || !(prompt_->step_on_device() || prompt_->step_exchanges())) {
     enqueue(stream_.get());
     return;
   }
@@ -320,6 +349,12 @@ void Runner::run(RowBatch& batch) {
   }
   prompt_->stage_step(spans.data(), static_cast<int>(spans.size()), g_.ple_layer >= 0 ? feed_rows_.data() : nullptr);
   refresh_cache();
+  // Where the experts the cache lacks go through the doorbell, the step rings every MoE layer: its rings take the
+  // step's base, and its graph is another than the one whose experts are all on the device.
+  const bool exchanges = prompt_->step_exchanges();
+  const int ring_base = ring_base_of(steps_run_, g_.n_layer);
+  if (exchanges) rows_bell_->begin_token(ring_base);
+  key.push_back(exchanges);
   // Each span's last row's logits become its own runner's, whose sampler draws from them: so each session's
   // logits() and logprobs() read its last row afterwards.
   launch_step(key, [&](cudaStream_t s) {
@@ -335,7 +370,20 @@ void Runner::run(RowBatch& batch) {
                                     sizeof(float) * batch[i].count * g_.n_vocab, cudaMemcpyDeviceToHost,
                                     stream_.get()));
   }
+  if (exchanges) {
+    ++steps_run_;  // ring numbers only move forward, whatever the step's end
+    try {
+      answer_step(rows, ring_base);
+    } catch (...) {
+      (void)cudaStreamSynchronize(stream_.get());  // let the device-side waits run out before anything moves
+      throw;
+    }
+  }
   STRATA_CUDA_TRY(cudaStreamSynchronize(stream_.get()));
+  if (exchanges) {
+    note_exchange();
+    rows_bell_->check_answers(ring_base, options_.timeout_seconds);
+  }
   const double seconds = seconds_since(start);
   for (RowBatchSpan& span : batch) {
     span.sequence->end_step(span.count);

@@ -109,8 +109,14 @@ class Runner {
   const float* gathered_ple(Sequence& sequence, const int* tokens, int n, const float* given, std::vector<float>& out,
                             int first = 0);
   // Launches a step of several rows enqueued by `enqueue`: its graph (captured on first use, by `key`) where the
-  // mode captures and the step's experts are all on the device, else enqueued as it is.
+  // mode captures and the step waits for nothing on the host (its experts all on the device, or exchanged through
+  // rows_bell_), else enqueued as it is.
   void launch_step(const std::vector<long>& key, const std::function<void(cudaStream_t)>& enqueue);
+  RowsExchange rows_exchange(cpu::ExpertPool& pool);
+  // A step that exchanges: each MoE layer's ring answered for its `rows` rows, in layer order, then its answers
+  // checked.
+  void answer_step(int rows, int ring_base);
+  void note_exchange();
   void check_feed(const Sequence& sequence, const int* tokens, int n, const float* ple_rows, double u) const;
   ProgramIo program_io() const;
   ExpertDeferral deferral() const { return {options_.defer_experts, g_.n_layer}; }
@@ -139,6 +145,11 @@ class Runner {
   DecodeProgram program_;
   TokenSchedule schedule_;
   std::chrono::nanoseconds ring_timeout_;
+  // A step of several rows' doorbell and its answerer (the prompt path's, where the pool's grouped calls hold a
+  // step's routed rows): the routed experts the cache lacks, one ring a MoE layer for all the rows.
+  std::unique_ptr<DoorbellHost> rows_bell_;
+  std::unique_ptr<RingAnswerer> rows_answerer_;
+  long steps_run_ = 0;  // steps of several rows rung through rows_bell_: their ring bases
   std::unique_ptr<PromptProgram> prompt_;  // options.prompt_chunk > 0
   Stream stream_;  // after every buffer: destroyed (and drained) before any of them is freed
   long tokens_run_ = 0;

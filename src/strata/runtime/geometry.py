@@ -29,3 +29,12 @@ def prompt_prefetch_rows(g: Geometry) -> int:
     from strata import _native  # the extension is optional for `import strata`; the rule is the core's
 
     return _native.prompt_prefetch_rows(native_geometry(g))
+
+
+def pool_group_rows(g: Geometry) -> int:
+    """The rows the CPU pool's grouped calls hold (its max_rows) under a prompt path: a prompt chunk's share below
+    prompt_prefetch_rows, and a step of several rows' routed rows (MAX_STEP_ROWS x k), which its doorbell hands the
+    pool in one call (ExpertPool.run_rows_sum)."""
+    from strata import _native
+
+    return max(prompt_prefetch_rows(g), _native.MAX_STEP_ROWS * g.n_expert_used)

@@ -32,7 +32,7 @@ from strata.progress import ByteProgress
 from strata.runtime import expert_cache as cache_plan
 from strata.runtime import prompt as prompt_plan
 from strata.runtime.engine import GpuEngine
-from strata.runtime.geometry import native_geometry, prompt_prefetch_rows
+from strata.runtime.geometry import native_geometry, pool_group_rows
 from strata.runtime.host import available_ram_bytes
 from strata.runtime.loader import load_experts, upload_dense
 from strata.runtime.placement import ExpertPlacement, place_experts
@@ -279,9 +279,9 @@ def load(path: str | os.PathLike[str], *, device: int = 0, threads: int | None =
             print("\n".join(f"load: {line}" for line in ram.lines()), file=sys.stderr)
         dense_cache = None if cache_dir is None else os.path.join(cache_dir, os.path.basename(file.path) + ".dense")
         weights = upload_dense(file, device, dense_cache, ByteProgress("load: dense weights") if progress else None)
-        # run_groups' rows: the prompt path gives the pool a share of chunks below its prefetch rows.
+        # run_groups' rows: the prompt path's chunks and steps of several rows hand the pool grouped rows.
         pool = ExpertPool(g.n_embd, g.expert_ff, g.n_expert_used, threads=threads, pin_caller=False,
-                          max_rows=prompt_prefetch_rows(g) if prompt else 0)
+                          max_rows=pool_group_rows(g) if prompt else 0)
         try:
             load_experts(file, pool, ByteProgress("load: routed experts") if progress else None, ram)
             # The exact figures read the pool's planes, so the experts' placement is decided once they are in it.

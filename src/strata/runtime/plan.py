@@ -210,8 +210,13 @@ def scratch_bytes(g: Geometry, context: int, *, sampler: bool = True) -> int:
 
 
 def pinned_bytes(g: Geometry) -> int:
-    """Doorbell (x, ids, weights, seq, flag), the pool's answer rows and per-token staging."""
-    return FLOAT32 * (g.n_embd * (1 + g.n_expert_used) + 2 * g.n_expert_used) + 64 * 1024
+    """Doorbell (x, ids, weights, seq, flag), the pool's answer rows and per-token staging, and the doorbell of a
+    step of several rows (x, answer, ids and weights of MAX_STEP_ROWS rows)."""
+    from strata import _native
+
+    one_token = g.n_embd * (1 + g.n_expert_used) + 2 * g.n_expert_used
+    step_rows = _native.MAX_STEP_ROWS * 2 * (g.n_embd + g.n_expert_used)
+    return FLOAT32 * (one_token + step_rows) + 64 * 1024
 
 
 def prompt_scratch_bytes(g: Geometry, chunk: int, context: int, kv: KV | str = DEFAULT_KV,

@@ -25,13 +25,14 @@ int checked_width(int value, const char* what) {
 
 }  // namespace
 
-DoorbellHost::DoorbellHost(int n, int k, int first_ring_base)
+DoorbellHost::DoorbellHost(int n, int k, int first_ring_base, int rows)
     : n_(checked_width(n, "n")),
       k_(checked_width(k, "k")),
-      weights_offset_(kIds + align64(sizeof(std::int32_t) * k_)),
-      x_offset_(weights_offset_ + align64(sizeof(float) * k_)),
-      answer_offset_(x_offset_ + align64(sizeof(float) * n_)),
-      deferred_offset_(answer_offset_ + align64(sizeof(float) * n_)),
+      rows_(checked_width(rows, "rows")),
+      weights_offset_(kIds + align64(sizeof(std::int32_t) * k_ * rows_)),
+      x_offset_(weights_offset_ + align64(sizeof(float) * k_ * rows_)),
+      answer_offset_(x_offset_ + align64(sizeof(float) * n_ * rows_)),
+      deferred_offset_(answer_offset_ + align64(sizeof(float) * n_ * rows_)),
       memory_(deferred_offset_ + align64(2 * sizeof(float) * n_)) {
   // The last ring rung and answered is the one before the first token's: serial numbers compare by their
   // difference, so a seq or flag left at 0 would already "reach" the rings of the 2^31 below 0.
@@ -49,6 +50,7 @@ kernels::Doorbell DoorbellHost::device_view() const noexcept {
   view.answer = memory_.device<const float>(answer_offset_);
   view.n = n_;
   view.k = k_;
+  view.rows = rows_;
   view.deferred = memory_.device<const float>(deferred_offset_);
   return view;
 }

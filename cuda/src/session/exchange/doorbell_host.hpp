@@ -24,8 +24,10 @@ inline int ring_base_of(std::uint64_t token, int n_layer) noexcept {
 
 class DoorbellHost {
  public:
-  // `first_ring_base`: the ring base of the first token this doorbell serves (ring_base_of its index).
-  DoorbellHost(int n, int k, int first_ring_base = 0);
+  // `first_ring_base`: the ring base of the first token this doorbell serves (ring_base_of its index). `rows`: the
+  // most rows one ring publishes (a step of several rows; 1: a decode token), each with its x, ids, weights and
+  // answer.
+  DoorbellHost(int n, int k, int first_ring_base = 0, int rows = 1);
 
   // Pointers for the device kernels (all into the mapped block).
   kernels::Doorbell device_view() const noexcept;
@@ -39,6 +41,7 @@ class DoorbellHost {
   bool wait_for_ring(int ring, std::chrono::nanoseconds timeout) const noexcept;
   int last_ring() const noexcept;
 
+  // Row 0's; row r's follow at r * n (x, answer) and r * k (ids, weights).
   const float* x() const noexcept { return memory_.host<const float>(x_offset_); }
   const std::int32_t* ids() const noexcept { return memory_.host<const std::int32_t>(kIds); }
   const float* weights() const noexcept { return memory_.host<const float>(weights_offset_); }
@@ -61,12 +64,13 @@ class DoorbellHost {
 
   int n() const noexcept { return n_; }
   int k() const noexcept { return k_; }
+  int rows() const noexcept { return rows_; }
 
  private:
   // Each word the two sides hand over sits on its own cache line.
   static constexpr std::size_t kSeq = 0, kFlag = 64, kRingBase = 128, kStatus = 192, kIds = 256;
 
-  int n_, k_;
+  int n_, k_, rows_;
   std::size_t weights_offset_, x_offset_, answer_offset_, deferred_offset_;
   PinnedMapped memory_;
 };

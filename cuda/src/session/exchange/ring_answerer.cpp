@@ -6,6 +6,16 @@
 #include "strata/error.hpp"
 
 namespace strata {
+namespace {
+
+void grow_stats(int layer, ExchangeStats& stats) {
+  if (static_cast<int>(stats.hits.size()) <= layer) {
+    stats.hits.resize(layer + 1, 0);
+    stats.misses.resize(layer + 1, 0);
+  }
+}
+
+}  // namespace
 
 RingAnswerer::RingAnswerer(cpu::ExpertPool& pool, DoorbellHost& bell, ExpertCache* cache, ExpertDeferral deferral)
     : pool_(pool),
@@ -15,6 +25,7 @@ RingAnswerer::RingAnswerer(cpu::ExpertPool& pool, DoorbellHost& bell, ExpertCach
       held_(bell.k()),
       now_(bell.k()),
       later_(bell.k()),
+      rows_held_(static_cast<std::size_t>(bell.rows()) * bell.k()),
       deferred_x_(deferral.experts > 0 ? bell.n() : 0),
       deferred_weights_(deferral.experts > 0 ? bell.k() : 0),
       deferred_ids_(deferral.experts > 0 ? bell.k() : 0) {}
@@ -28,21 +39,8 @@ void RingAnswerer::answer_deferred(ExchangeStats& stats) {
   stats.pool_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-void RingAnswerer::answer(int layer, int ring, std::chrono::nanoseconds timeout, ExchangeStats& stats) {
-  using clock = std::chrono::steady_clock;
-  const int n = bell_.n(), k = bell_.k();
-  // A token cut short leaves its due layer behind: only the layer just before this one is due now.
-  if (deferred_layer_ >= 0 && deferred_layer_ == layer - 1) answer_deferred(stats);
-  deferred_layer_ = -1;
-  if (static_cast<int>(stats.hits.size()) <= layer) {
-    stats.hits.resize(layer + 1, 0);
-    stats.misses.resize(layer + 1, 0);
-  }
-  if (cache_ && cache_->holds_all(layer)) {
-    stats.hits[layer] += k;
-    return;
-  }
-  const auto start = clock::now();
+void RingAnswerer::await_ring(int layer, int ring, std::chrono::nanoseconds timeout, ExchangeStats& stats) const {
+  grow_stats(layer, stats);
   if (!bell_.wait_for_ring(ring, timeout)) {
     throw Error("layer " + std::to_string(layer) + " never rang: waited " +
                 std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()) +
@@ -55,6 +53,21 @@ void RingAnswerer::answer(int layer, int ring, std::chrono::nanoseconds timeout,
     throw Error("layer " + std::to_string(layer) + " never rang: the GPU rang " + std::to_string(seen) +
                 " while the host waited for ring " + std::to_string(ring));
   }
+}
+
+void RingAnswerer::answer(int layer, int ring, std::chrono::nanoseconds timeout, ExchangeStats& stats) {
+  using clock = std::chrono::steady_clock;
+  const int n = bell_.n(), k = bell_.k();
+  // A token cut short leaves its due layer behind: only the layer just before this one is due now.
+  if (deferred_layer_ >= 0 && deferred_layer_ == layer - 1) answer_deferred(stats);
+  deferred_layer_ = -1;
+  grow_stats(layer, stats);
+  if (cache_ && cache_->holds_all(layer)) {
+    stats.hits[layer] += k;
+    return;
+  }
+  const auto start = clock::now();
+  await_ring(layer, ring, timeout, stats);
   const auto rung = clock::now();
   const std::int32_t* ids = bell_.ids();
   int held = 0;
@@ -79,6 +92,31 @@ void RingAnswerer::answer(int layer, int ring, std::chrono::nanoseconds timeout,
     std::copy(bell_.weights(), bell_.weights() + k, deferred_weights_.begin());
     deferred_layer_ = layer;
   }
+  bell_.answer_ready(ring);
+  const auto done = clock::now();
+  stats.ring_wait_seconds += std::chrono::duration<double>(rung - start).count();
+  stats.pool_seconds += std::chrono::duration<double>(done - rung).count();
+  ++stats.rings;
+}
+
+void RingAnswerer::answer_rows(int layer, int ring, int rows, std::chrono::nanoseconds timeout,
+                               ExchangeStats& stats) {
+  using clock = std::chrono::steady_clock;
+  STRATA_EXPECTS(rows >= 1 && rows <= bell_.rows(), InvalidArgument,
+                 "a ring of " + std::to_string(rows) + " rows on a doorbell of " + std::to_string(bell_.rows()));
+  const int k = bell_.k();
+  const auto start = clock::now();
+  await_ring(layer, ring, timeout, stats);
+  const auto rung = clock::now();
+  const std::int32_t* ids = bell_.ids();
+  int held = 0;
+  for (int p = 0; p < rows * k; ++p) held += rows_held_[p] = cache_ && cache_->holds(layer, ids[p]);
+  if (cache_) {
+    for (int r = 0; r < rows; ++r) cache_->note_routed(layer, ids + r * k, k);
+  }
+  stats.hits[layer] += held;
+  stats.misses[layer] += rows * k - held;
+  pool_.run_rows_sum(layer, bell_.x(), ids, bell_.weights(), rows_held_.data(), rows, k, bell_.answer());
   bell_.answer_ready(ring);
   const auto done = clock::now();
   stats.ring_wait_seconds += std::chrono::duration<double>(rung - start).count();

@@ -33,8 +33,16 @@ class RingAnswerer {
   // Throws strata::Error naming the layer when the GPU does not ring within `timeout`.
   void answer(int layer, int ring, std::chrono::nanoseconds timeout, ExchangeStats& stats);
 
+  // A step of several rows: waits for `ring` from MoE layer `layer`, whose `rows` rows (at most the doorbell's)
+  // the GPU published under it, and answers each row with answer()'s sum for it, the union of the rows' experts
+  // computed once each (ExpertPool::run_rows_sum). Such a step rings every MoE layer, a layer the cache holds
+  // whole included (its answer: zeros), so that a captured step stays right as the cache fills. Throws as answer().
+  void answer_rows(int layer, int ring, int rows, std::chrono::nanoseconds timeout, ExchangeStats& stats);
+
  private:
   void answer_deferred(ExchangeStats& stats);
+  // Waits for `ring` from layer `layer` (the rows of `stats` grown to it); returns when it was rung.
+  void await_ring(int layer, int ring, std::chrono::nanoseconds timeout, ExchangeStats& stats) const;
 
   cpu::ExpertPool& pool_;
   DoorbellHost& bell_;
@@ -43,6 +51,7 @@ class RingAnswerer {
   std::vector<std::uint8_t> held_;  // [k]: the cache holds routed slot j
   std::vector<std::uint8_t> now_;   // [k]: the answer skips slot j (held or deferred)
   std::vector<std::uint8_t> later_;  // [k]: the deferred row skips slot j (all but the deferred)
+  std::vector<std::uint8_t> rows_held_;  // [rows][k]: answer_rows' slots the cache holds
   // The layer whose deferred experts are due (-1: none) with its request: once it is answered the GPU may
   // publish the next layer's into the doorbell, so the deferred experts read this copy.
   int deferred_layer_ = -1;

@@ -181,7 +181,7 @@ std::size_t PromptProgram::scratch_bytes(const ModelGeometry& g, int chunk, int 
 
 PromptProgram::PromptProgram(const ModelGeometry& g, const ProgramInputs& in, int device, int chunk,
                              ExpertStaging* staging, const ExpertCache* cache, cpu::ExpertPool* pool,
-                             double cpu_share)
+                             double cpu_share, const RowsExchange& exchange)
     : g_(g),
       t_(*in.tensors),
       seq_(in.sequence),
@@ -196,7 +196,8 @@ PromptProgram::PromptProgram(const ModelGeometry& g, const ProgramInputs& in, in
       scratch_(0),
       host_((check_chunk(chunk), host_layout(g, chunk).total)),
       experts_(g, t_, chunk, staging, cache, pool, cpu_share),
-      cache_(cache) {
+      cache_(cache),
+      exchange_(exchange) {
   const std::size_t bytes = scratch_bytes(g, chunk, seq_.context, seq_.kv_storage, seq_.kv_streaming);
   require_free_memory(bytes, device, "the prompt chunk's scratch would", "a smaller prompt chunk needs less");
   scratch_ = DeviceBuffer(bytes);
@@ -459,9 +460,10 @@ void PromptProgram::attention_chunk_rows(int layer, int rows, int position, cuda
 }
 
 // Layer `layer`'s routed experts over the rows: a step's from the cache on the device where it holds them all
-// (cached_pairs), else grouped by the host (experts/chunk_experts.hpp).
+// (cached_pairs), or through the doorbell (exchanged_rows); else grouped by the host (experts/chunk_experts.hpp).
 void PromptProgram::routed_experts(int layer, int rows, cudaStream_t s) {
-  if (device_experts_) cached_pairs(layer, rows, s);
+  if (device_experts_) cached_pairs(layer, rows, false, s);
+  else if (exchanged_experts_) exchanged_rows(layer, rows, s);
   else experts_.run(layer, rows, expert_rows_, s);
 }
 

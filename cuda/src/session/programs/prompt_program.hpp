@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "../../kernels/doorbell.cuh"
 #include "../../kernels/gdn_chunk.cuh"
 #include "../../kernels/hc.cuh"
 #include "../../kernels/state_spans.cuh"
@@ -90,6 +91,16 @@ struct PromptStats {
   long pooled_experts = 0;                      // ... and those the CPU pool computed
 };
 
+// The doorbell through which a step of several rows hands the routed experts the VRAM cache lacks to the CPU pool
+// (one ring a MoE layer for all the rows: the Runner answers it with ExpertPool::run_rows_sum). No bell (null x):
+// such a step's experts are grouped by the host as a prompt chunk's are.
+struct RowsExchange {
+  kernels::Doorbell bell;
+  const int* ring_base = nullptr;  // device-visible: the step's ring base, staged before each launch or replay
+  int* status = nullptr;           // device-visible: the offset of a ring whose answer never came (0: none)
+  long long timeout_ns = 0;        // how long a layer's wait for its answer lasts
+};
+
 class PromptProgram : private PromptScratch {
  public:
   // A program for chunks of up to `chunk` tokens of the sequence and model that `in` gives (the decode program
@@ -99,7 +110,7 @@ class PromptProgram : private PromptScratch {
   // that share of the bytes of the experts it touches that the cache lacks, while the staging copies the rest.
   PromptProgram(const ModelGeometry& geometry, const ProgramInputs& in, int device, int chunk,
                 ExpertStaging* staging, const ExpertCache* cache, cpu::ExpertPool* pool = nullptr,
-                double cpu_share = 0.0);
+                double cpu_share = 0.0, const RowsExchange& exchange = {});
 
   // Device bytes of the scratch for chunks of `chunk` tokens in a sequence of `context` (whole pages) whose KV is
   // in `kv`, streamed or not: what the memory plan counts.
@@ -126,10 +137,16 @@ class PromptProgram : private PromptScratch {
   // its token in its sequence's seen ids. Each row is, bit for bit, what its span alone gives. Where
   // step_on_device(), the routed experts run from the VRAM cache with their routing on the device and enqueue_step
   // neither waits nor synchronises: a graph of it replays for any spans of the same counts (the kernels read
-  // them from device memory); otherwise the host groups each layer's routing, as run() does.
+  // them from device memory). Where step_exchanges() instead, every MoE layer (rings(layer)) publishes its rows'
+  // x and routing through the exchange's doorbell and waits on the device for the host's answer (each row's sum
+  // over the experts the cache lacks), the cached ones added after as the decode program adds them: no wait on
+  // the host either, so it too is captured and replayed, the Runner answering each ring while it runs.
+  // Otherwise the host groups each layer's routing, as run() does.
   void stage_step(const RowsSpan* spans, int n_spans, const float* ple_rows);
   void enqueue_step(cudaStream_t s);
   bool step_on_device() const;
+  bool step_exchanges() const;
+  bool rings(int layer) const;  // a MoE layer: a step that exchanges rings for it
   int max_step_rows() const noexcept;
   const float* step_logits(int row) const;  // device [n_vocab]
 
@@ -170,7 +187,8 @@ class PromptProgram : private PromptScratch {
   void stream_out(const SequenceViews& v, int layer, const kernels::PagedKv& buffer, int position, int rows,
                   cudaStream_t s) const;
   void routed_experts(int layer, int rows, cudaStream_t s);
-  void cached_pairs(int layer, int rows, cudaStream_t s) const;
+  void cached_pairs(int layer, int rows, bool accumulate, cudaStream_t s) const;
+  void exchanged_rows(int layer, int rows, cudaStream_t s) const;
 
   const ModelGeometry& g_;
   const ModelTensors& t_;
@@ -192,6 +210,8 @@ class PromptProgram : private PromptScratch {
   const ExpertCache* cache_;
   bool rows_step_ = false;       // a step of several rows is running: its mixers read its spans
   bool device_experts_ = false;  // ... with every expert in the cache: its pairs run on the device
+  bool exchanged_experts_ = false;  // ... else through the exchange's doorbell (step_exchanges)
+  RowsExchange exchange_;
   int step_rows_ = 0, step_spans_ = 0;  // the staged step's
   bool step_ple_ = false;        // ... has PLE rows
   std::vector<char> step_steers_;  // ... per layer: whether any of its sequences has a control vector there

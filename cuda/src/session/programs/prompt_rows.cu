@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "../../kernels/attention.cuh"
+#include "../../kernels/doorbell.cuh"
 #include "../../kernels/gdn_chunk.cuh"
 #include "../../kernels/gemv.cuh"
 #include "../../kernels/launch.cuh"
@@ -39,6 +40,10 @@ bool PromptProgram::step_on_device() const {
   }
   return true;
 }
+
+bool PromptProgram::step_exchanges() const { return exchange_.bell.x != nullptr && !step_on_device(); }
+
+bool PromptProgram::rings(int layer) const { return t_.layers[layer].router != nullptr; }
 
 const float* PromptProgram::step_logits(int row) const { return logits_ + static_cast<std::size_t>(row) * g_.n_vocab; }
 
@@ -80,7 +85,8 @@ void PromptProgram::enqueue_step(cudaStream_t s) {
   STRATA_EXPECTS(step_rows_ > 0, InvalidArgument, "a step of several rows is enqueued after it is staged");
   const int rows = step_rows_;
   device_experts_ = step_on_device();
-  const bool ahead = !device_experts_ && experts_.begin_chunk(rows);
+  exchanged_experts_ = step_exchanges();
+  const bool ahead = !device_experts_ && !exchanged_experts_ && experts_.begin_chunk(rows);
   rows_step_ = true;
   try {
     begin_rows(rows, step_ple_, s);
@@ -91,10 +97,10 @@ void PromptProgram::enqueue_step(cudaStream_t s) {
     run_layers(rows, 0, ahead, s);
     head_rows(0, rows, s);  // one product over the rows: the head's weights read once for the step
   } catch (...) {
-    rows_step_ = device_experts_ = false;
+    rows_step_ = device_experts_ = exchanged_experts_ = false;
     throw;
   }
-  rows_step_ = device_experts_ = false;
+  rows_step_ = device_experts_ = exchanged_experts_ = false;
 }
 
 // A step's layer adds each row's own vector where any of its sequences steers the layer: the others' rows read
@@ -165,7 +171,7 @@ void PromptProgram::attention_step_rows(int layer, int rows, cudaStream_t s) con
 // Every routed (row, expert) pair of the rows from its cache slot, as the decode program runs a token's cached
 // experts: GEMV batches over the pairs, each reading its own slot's matrices (a pair's x is its row's), then each
 // row's weighted sum. No host round trip: the slots come from the routing on the device.
-void PromptProgram::cached_pairs(int layer, int rows, cudaStream_t s) const {
+void PromptProgram::cached_pairs(int layer, int rows, bool accumulate, cudaStream_t s) const {
   const CachedLayer& c = cache_->layer(layer);
   const int k = g_.n_expert_used, ff = g_.expert_ff, n = g_.n_embd, pairs = rows * k;
   STRATA_CUDA_TRY(kernels::cache_slots(c.slot_of, route_ids_, pairs, pair_slots_, s));
@@ -177,7 +183,19 @@ void PromptProgram::cached_pairs(int layer, int rows, cudaStream_t s) const {
   STRATA_CUDA_TRY(kernels::swiglu(ex_gate_, ex_up_, ex_hidden_, pairs * ff, s, q8_for(c.down, ex_h8_)));
   project_batch(c.down, {pair_slots_, pairs, ff, kernels::side_by_side_split(n, k)}, ex_hidden_, ex_h8_, ex_rows_,
                 s);
-  STRATA_CUDA_TRY(kernels::moe_cached_sum(ex_rows_, pair_slots_, route_weights_, rows, k, n, false, routed_, s));
+  STRATA_CUDA_TRY(kernels::moe_cached_sum(ex_rows_, pair_slots_, route_weights_, rows, k, n, accumulate, routed_, s));
+}
+
+// A step's routed experts where the cache lacks some: the rows' x and routing published under one ring, the host's
+// answer (each row's sum over the experts the cache lacks, in slot order: ExpertPool::run_rows_sum) waited for on
+// the device into the rows' routed sums, then the pairs the cache holds added as cached_pairs runs them: each row's
+// sum as the decode program makes its token's (the pool's part, then the cache's). The ring is the layer's, as a
+// decode token's: ring_at(base, layer + 1), the step's base staged before each launch.
+void PromptProgram::exchanged_rows(int layer, int rows, cudaStream_t s) const {
+  const RowsExchange& e = exchange_;
+  STRATA_CUDA_TRY(kernels::doorbell_publish(e.bell, x_, route_ids_, route_weights_, e.ring_base, layer + 1, s, rows));
+  STRATA_CUDA_TRY(kernels::doorbell_wait_rows(e.bell, e.ring_base, layer + 1, e.timeout_ns, e.status, rows, routed_, s));
+  if (cache_ && layer < cache_->layers() && cache_->slots(layer) > 0) cached_pairs(layer, rows, true, s);
 }
 
 }  // namespace strata
