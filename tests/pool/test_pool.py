@@ -42,6 +42,14 @@ ISAS = [pytest.param("avx2", marks=pytest.mark.skipif(not SUPPORT["avx2"], reaso
 WEIGHT_SEED = int(np.random.SeedSequence().entropy % (2**32))
 
 
+def every_layer_shape_and_isa(test):
+    """`test` over every layer mix, both expert shapes and both ISA paths (the test library's hooks marked)."""
+    for mark in (pytest.mark.hooks, pytest.mark.parametrize("layer", list(LAYERS)),
+                 pytest.mark.parametrize("shape", list(MODELS)), pytest.mark.parametrize("isa", ISAS)):
+        test = mark(test)
+    return test
+
+
 @functools.lru_cache(maxsize=4)
 def layer_weights(layer: str, shape: str) -> tuple[Weight, Weight, Weight]:
     """gate, up, down of N_EXPERT experts as repack makes them from the 3-D GGUF tensors (cached per layer)."""
@@ -91,10 +99,7 @@ def check_layer(pool: strata.runtime.pool.ExpertPool, layer: str, shape: str, rn
                      f"row {j}, expert {e}, {note}")
 
 
-@pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("shape", list(MODELS))
-@pytest.mark.parametrize("layer", list(LAYERS))
-@pytest.mark.hooks
+@every_layer_shape_and_isa
 def test_layer_matches_reference(rng, layer, shape, isa):
     with make_pool(layer, shape, isa) as pool:
         check_layer(pool, layer, shape, rng)

@@ -13,7 +13,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from support.compare import assert_same_bits
 from support.pool_reference import check_expert
-from test_pool import ISAS, LAYERS, MODELS, N_EXPERT, SHAPES, WEIGHT_SEED, expert, layer_weights
+from test_pool import ISAS, N_EXPERT, SHAPES, WEIGHT_SEED, every_layer_shape_and_isa, expert, layer_weights
 
 import strata
 import strata.runtime.pool
@@ -73,10 +73,7 @@ def check_some_rows_against_numpy(pool: strata.runtime.pool.ExpertPool, layer: s
                      f"row {r}, expert {e}, {note}")
 
 
-@pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("shape", list(MODELS))
-@pytest.mark.parametrize("layer", list(LAYERS))
-@pytest.mark.hooks
+@every_layer_shape_and_isa
 def test_chunk_matches_run_layer_per_token(rng, layer, shape, isa):
     """A chunk of tokens, K experts each, grouped by expert as the prompt path groups them."""
     n_embd, _ = SHAPES[shape]

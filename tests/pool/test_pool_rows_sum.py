@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from support.compare import assert_same_bits
-from test_pool import ISAS, LAYERS, MODELS, N_EXPERT, WEIGHT_SEED
+from test_pool import ISAS, N_EXPERT, WEIGHT_SEED, every_layer_shape_and_isa
 from test_pool_groups import K, MAX_ROWS, make_pool, random_x
 
 import strata
@@ -41,10 +41,7 @@ def run_rows(pool, x, ids, weights, skip) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("shape", list(MODELS))
-@pytest.mark.parametrize("layer", list(LAYERS))
-@pytest.mark.hooks
+@every_layer_shape_and_isa
 def test_rows_are_each_rows_decode_answer(rng, layer, shape, isa):
     with make_pool(layer, shape, isa) as pool:
         for rows, shared in ((1, 0.0), (3, 0.5), (8, 0.3), (16, 0.0)):
