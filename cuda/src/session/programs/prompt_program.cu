@@ -300,9 +300,13 @@ struct PromptProgram::LayerPath {
     project(buffers.x_, ffn_inputs(tensors().layers[layer], buffers), s);
     STRATA_CUDA_TRY(kernels::moe_route(buffers.router_logits_, buffers.route_ids_, buffers.route_weights_, rows,
                                        g.n_expert, g.n_expert_used, s));
+    if (program.exchanged_experts_) program.publish_rows(layer, rows, s);  // the host starts while the GPU goes on
   }
-  // None: the experts the cache holds run in the routing's round trip, grouped with the staged ones.
-  void beside_routed(int, cudaStream_t) const {}
+  // A step that exchanges: the pairs the cache holds, while the host computes the rest. Otherwise none: the experts
+  // the cache holds run in the routing's round trip, grouped with the staged ones.
+  void beside_routed(int layer, cudaStream_t s) const {
+    if (program.exchanged_experts_ && program.cached(layer)) program.cached_pair_rows(layer, rows, s);
+  }
   void routed_rows(int layer, cudaStream_t s) const { program.routed_experts(layer, rows, s); }
   void late_rows(int, cudaStream_t) const {}  // the rows defer no expert
   kernels::StreamAddend steering(int layer) const { return program.steering(layer); }
@@ -460,9 +464,12 @@ void PromptProgram::attention_chunk_rows(int layer, int rows, int position, cuda
 }
 
 // Layer `layer`'s routed experts over the rows: a step's from the cache on the device where it holds them all
-// (cached_pairs), or through the doorbell (exchanged_rows); else grouped by the host (experts/chunk_experts.hpp).
+// (cached_pair_rows), or through the doorbell (exchanged_rows); else grouped by the host (experts/chunk_experts.hpp).
 void PromptProgram::routed_experts(int layer, int rows, cudaStream_t s) {
-  if (device_experts_) cached_pairs(layer, rows, false, s);
+  if (device_experts_) {
+    cached_pair_rows(layer, rows, s);
+    cached_sum(rows, false, s);
+  }
   else if (exchanged_experts_) exchanged_rows(layer, rows, s);
   else experts_.run(layer, rows, expert_rows_, s);
 }

@@ -187,7 +187,10 @@ class PromptProgram : private PromptScratch {
   void stream_out(const SequenceViews& v, int layer, const kernels::PagedKv& buffer, int position, int rows,
                   cudaStream_t s) const;
   void routed_experts(int layer, int rows, cudaStream_t s);
-  void cached_pairs(int layer, int rows, bool accumulate, cudaStream_t s) const;
+  void cached_pair_rows(int layer, int rows, cudaStream_t s) const;
+  void cached_sum(int rows, bool accumulate, cudaStream_t s) const;
+  const CachedLayer* cached(int layer) const;
+  void publish_rows(int layer, int rows, cudaStream_t s) const;
   void exchanged_rows(int layer, int rows, cudaStream_t s) const;
 
   const ModelGeometry& g_;

@@ -169,9 +169,10 @@ void PromptProgram::attention_step_rows(int layer, int rows, cudaStream_t s) con
 }
 
 // Every routed (row, expert) pair of the rows from its cache slot, as the decode program runs a token's cached
-// experts: GEMV batches over the pairs, each reading its own slot's matrices (a pair's x is its row's), then each
-// row's weighted sum. No host round trip: the slots come from the routing on the device.
-void PromptProgram::cached_pairs(int layer, int rows, bool accumulate, cudaStream_t s) const {
+// experts: GEMV batches over the pairs, each reading its own slot's matrices (a pair's x is its row's) into
+// ex_rows_ (a pair whose expert the cache lacks is skipped on the device). No host round trip: the slots come from
+// the routing on the device.
+void PromptProgram::cached_pair_rows(int layer, int rows, cudaStream_t s) const {
   const CachedLayer& c = cache_->layer(layer);
   const int k = g_.n_expert_used, ff = g_.expert_ff, n = g_.n_embd, pairs = rows * k;
   STRATA_CUDA_TRY(kernels::cache_slots(c.slot_of, route_ids_, pairs, pair_slots_, s));
@@ -183,19 +184,37 @@ void PromptProgram::cached_pairs(int layer, int rows, bool accumulate, cudaStrea
   STRATA_CUDA_TRY(kernels::swiglu(ex_gate_, ex_up_, ex_hidden_, pairs * ff, s, q8_for(c.down, ex_h8_)));
   project_batch(c.down, {pair_slots_, pairs, ff, kernels::side_by_side_split(n, k)}, ex_hidden_, ex_h8_, ex_rows_,
                 s);
-  STRATA_CUDA_TRY(kernels::moe_cached_sum(ex_rows_, pair_slots_, route_weights_, rows, k, n, accumulate, routed_, s));
 }
 
-// A step's routed experts where the cache lacks some: the rows' x and routing published under one ring, the host's
-// answer (each row's sum over the experts the cache lacks, in slot order: ExpertPool::run_rows_sum) waited for on
-// the device into the rows' routed sums, then the pairs the cache holds added as cached_pairs runs them: each row's
-// sum as the decode program makes its token's (the pool's part, then the cache's). The ring is the layer's, as a
-// decode token's: ring_at(base, layer + 1), the step's base staged before each launch.
-void PromptProgram::exchanged_rows(int layer, int rows, cudaStream_t s) const {
+// Each row's weighted sum of its cached pairs' rows (cached_pair_rows), added to what routed_ holds (`accumulate`)
+// or in its place.
+void PromptProgram::cached_sum(int rows, bool accumulate, cudaStream_t s) const {
+  STRATA_CUDA_TRY(kernels::moe_cached_sum(ex_rows_, pair_slots_, route_weights_, rows, g_.n_expert_used, g_.n_embd,
+                                          accumulate, routed_, s));
+}
+
+// Where the cache holds a layer's experts (some of its slots), null where it holds none.
+const CachedLayer* PromptProgram::cached(int layer) const {
+  if (!cache_ || layer >= cache_->layers() || cache_->slots(layer) == 0) return nullptr;
+  return &cache_->layer(layer);
+}
+
+// A step whose cache lacks some experts hands them to the host through the doorbell: the rows' x and routing
+// published under one ring right after the routing (the host computes while the GPU runs the shared expert and the
+// cached pairs), the ring the layer's as a decode token's, ring_at(base, layer + 1), the step's base staged before
+// each launch.
+void PromptProgram::publish_rows(int layer, int rows, cudaStream_t s) const {
   const RowsExchange& e = exchange_;
   STRATA_CUDA_TRY(kernels::doorbell_publish(e.bell, x_, route_ids_, route_weights_, e.ring_base, layer + 1, s, rows));
+}
+
+// ... and at the hand-off the host's answer (each row's sum over the experts the cache lacks, in slot order:
+// ExpertPool::run_rows_sum) waited for on the device into the rows' routed sums, the cached pairs added after: each
+// row's sum as the decode program makes its token's (the pool's part, then the cache's).
+void PromptProgram::exchanged_rows(int layer, int rows, cudaStream_t s) const {
+  const RowsExchange& e = exchange_;
   STRATA_CUDA_TRY(kernels::doorbell_wait_rows(e.bell, e.ring_base, layer + 1, e.timeout_ns, e.status, rows, routed_, s));
-  if (cache_ && layer < cache_->layers() && cache_->slots(layer) > 0) cached_pairs(layer, rows, true, s);
+  if (cached(layer)) cached_sum(rows, true, s);
 }
 
 }  // namespace strata
