@@ -331,21 +331,23 @@ def moe_rings(stats_before, stats_after) -> tuple[int, int, int]:
 def test_a_batch_whose_experts_the_cache_lacks_rings_once_a_layer(loaded, placement, rng):
     """The routed experts the VRAM cache lacks go to the CPU pool through the step's doorbell: one ring a MoE layer
     for all the rows (each expert of their union computed once, ExpertPool.run_rows_sum), as many rings as a plain
-    token's, every routed pair a hit or a miss; nothing in the stream waits on the host, so token-graph mode
-    captures the step. Captured and uncaptured batches give the same bits, every row is its twin's in a batch of
-    one, and all stay within the decode bounds of plain steps in the same placement."""
+    token's, every routed pair a hit or a miss; nothing in the stream waits on the host, so the step is captured
+    (token-graph and layer-graph sessions alike: the same bits), and every row is its twin's in a batch of one. An
+    uncaptured step rings nothing (its experts grouped by the host: its launches, queued ahead of an answer, could
+    fill the launch queue). All stay within the decode bounds of plain steps in the same placement."""
     name, model = loaded
     g = model.info.geometry
     cache = half_cache(model) if placement == "half cached" else None
     staged = staging(model)
     prompts = [prompt_ids(model, rng, n) for n in (12, 7, 20)]
     captured = [engine(model, staged, cache=cache, mode=Mode.TOKEN_GRAPH) for _ in prompts]
-    launched = [engine(model, staged, cache=cache, mode=Mode.UNCAPTURED) for _ in prompts]
+    launched = [engine(model, staged, cache=cache, mode=Mode.LAYER_GRAPHS) for _ in prompts]
+    grouped = [engine(model, staged, cache=cache, mode=Mode.UNCAPTURED) for _ in prompts]
     twins = [engine(model, staged, cache=cache, mode=Mode.TOKEN_GRAPH) for _ in prompts]
     stepped = [GpuEngine(open_native_session(model, context=CONTEXT, kv="bf16", cache=cache), rows_of(model))
                for _ in range(len(prompts) + 1)]  # the last one counts a plain token's rings
     try:
-        for prompt, *group in zip(prompts, captured, launched, twins, stepped):
+        for prompt, *group in zip(prompts, captured, launched, grouped, twins, stepped):
             for e in group:
                 fed(e, prompt)
         probe = stepped.pop()
@@ -364,18 +366,21 @@ def test_a_batch_whose_experts_the_cache_lacks_rings_once_a_layer(loaded, placem
             assert rings == token_rings and hits + misses == 3 * g.n_expert_used * rings, (name, rings, hits, misses)
             assert (hits > 0) == (placement == "half cached"), (name, hits)
             assert got == batch(launched, ids) == [alone(e, t) for e, t in zip(twins, ids)], (name, step)
-            for a, b, twin, c, t in zip(captured, launched, twins, stepped, ids):
+            before = grouped[0].native.stats()
+            batch(grouped, ids)
+            assert moe_rings(before, grouped[0].native.stats())[0] == 0, name
+            for a, b, twin, d, c, t in zip(captured, launched, twins, grouped, stepped, ids):
                 c.prefill([t], [0] * (c.position + 1))
                 assert np.all(np.isfinite(a.logits())), (name, step)
-                assert_same_bits(a.logits(), b.logits(), f"{name} {placement} step {step}: captured, uncaptured")
+                assert_same_bits(a.logits(), b.logits(), f"{name} {placement} step {step}: token, layer graphs")
                 assert_same_bits(a.logits(), twin.logits(), f"{name} {placement} step {step}: a batch of one")
-                errors.append(relative_errors([a.logits()], [c.logits()])[0])
+                errors += relative_errors([a.logits(), d.logits()], [c.logits(), c.logits()]).tolist()
         errors = np.array(errors)
         print(f"{name} {placement}: batch against plain steps, median {np.median(errors):.2e}, worst "
               f"{errors.max():.2e}")
         assert np.median(errors) < bounds(name, "bf16") and errors.max() < GARBAGE, (name, errors)
     finally:
-        close(captured, launched, twins, stepped)
+        close(captured, launched, grouped, twins, stepped)
 
 
 def test_sessions_through_the_batcher_decode_together_as_alone(loaded, rng):

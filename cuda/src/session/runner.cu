@@ -349,16 +349,17 @@ void Runner::run(RowBatch& batch) {
   }
   prompt_->stage_step(spans.data(), static_cast<int>(spans.size()), g_.ple_layer >= 0 ? feed_rows_.data() : nullptr);
   refresh_cache();
-  // Where the experts the cache lacks go through the doorbell, the step rings every MoE layer: its rings take the
-  // step's base, and its graph is another than the one whose experts are all on the device.
-  const bool exchanges = prompt_->step_exchanges();
+  // Where the experts the cache lacks go through the doorbell (a captured step's only: PromptProgram::enqueue_step),
+  // the step rings every MoE layer: its rings take the step's base, and its graph is another than the one whose
+  // experts are all on the device.
+  const bool exchanges = options_.mode != DecodeMode::kUncaptured && prompt_->step_exchanges();
   const int ring_base = ring_base_of(steps_run_, g_.n_layer);
   if (exchanges) rows_bell_->begin_token(ring_base);
   key.push_back(exchanges);
   // Each span's last row's logits become its own runner's, whose sampler draws from them: so each session's
   // logits() and logprobs() read its last row afterwards.
   launch_step(key, [&](cudaStream_t s) {
-    prompt_->enqueue_step(s);
+    prompt_->enqueue_step(s, exchanges);
     for (std::size_t i = 0; i < batch.size(); ++i) {
       const int last = spans[i].state.first + spans[i].state.count - 1;
       batch[i].runner->program_.adopt_logits(prompt_->step_logits(last), samplers[i], s);

@@ -137,13 +137,15 @@ class PromptProgram : private PromptScratch {
   // its token in its sequence's seen ids. Each row is, bit for bit, what its span alone gives. Where
   // step_on_device(), the routed experts run from the VRAM cache with their routing on the device and enqueue_step
   // neither waits nor synchronises: a graph of it replays for any spans of the same counts (the kernels read
-  // them from device memory). Where step_exchanges() instead, every MoE layer (rings(layer)) publishes its rows'
-  // x and routing through the exchange's doorbell and waits on the device for the host's answer (each row's sum
-  // over the experts the cache lacks), the cached ones added after as the decode program adds them: no wait on
-  // the host either, so it too is captured and replayed, the Runner answering each ring while it runs.
-  // Otherwise the host groups each layer's routing, as run() does.
+  // them from device memory). Where `exchange` and step_exchanges() instead, every MoE layer (rings(layer))
+  // publishes its rows' x and routing through the exchange's doorbell and waits on the device for the host's
+  // answer (each row's sum over the experts the cache lacks), the cached ones added after as the decode program
+  // adds them: no wait on the host either, so it is captured and replayed, the Runner answering each ring while it
+  // runs. Only a captured step exchanges: enqueued as it is, its hundreds of launches could fill the launch queue
+  // while the device waits for an answer the host, still launching, cannot give. Otherwise the host groups each
+  // layer's routing, as run() does.
   void stage_step(const RowsSpan* spans, int n_spans, const float* ple_rows);
-  void enqueue_step(cudaStream_t s);
+  void enqueue_step(cudaStream_t s, bool exchange);
   bool step_on_device() const;
   bool step_exchanges() const;
   bool rings(int layer) const;  // a MoE layer: a step that exchanges rings for it

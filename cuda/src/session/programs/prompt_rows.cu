@@ -81,11 +81,11 @@ void PromptProgram::stage_step(const RowsSpan* spans, int n_spans, const float* 
   stage_tokens(tokens.data(), positions.data(), step_rows_, ple_rows);
 }
 
-void PromptProgram::enqueue_step(cudaStream_t s) {
+void PromptProgram::enqueue_step(cudaStream_t s, bool exchange) {
   STRATA_EXPECTS(step_rows_ > 0, InvalidArgument, "a step of several rows is enqueued after it is staged");
   const int rows = step_rows_;
   device_experts_ = step_on_device();
-  exchanged_experts_ = step_exchanges();
+  exchanged_experts_ = exchange && step_exchanges();
   const bool ahead = !device_experts_ && !exchanged_experts_ && experts_.begin_chunk(rows);
   rows_step_ = true;
   try {
