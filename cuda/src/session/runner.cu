@@ -365,12 +365,6 @@ void Runner::run(RowBatch& batch) {
       batch[i].runner->program_.adopt_logits(prompt_->step_logits(last), samplers[i], s);
     }
   });
-  for (std::size_t i = 0; i < batch.size(); ++i) {
-    if (!batch[i].logits) continue;
-    STRATA_CUDA_TRY(cudaMemcpyAsync(batch[i].logits, prompt_->step_logits(spans[i].state.first),
-                                    sizeof(float) * batch[i].count * g_.n_vocab, cudaMemcpyDeviceToHost,
-                                    stream_.get()));
-  }
   if (exchanges) {
     ++steps_run_;  // ring numbers only move forward, whatever the step's end
     try {
@@ -379,6 +373,14 @@ void Runner::run(RowBatch& batch) {
       (void)cudaStreamSynchronize(stream_.get());  // let the device-side waits run out before anything moves
       throw;
     }
+  }
+  // After the answers: a copy into pageable memory (a caller's own array; the binding's default is page-locked)
+  // returns only once it is done, so before them the host would wait for a step that waits for the host.
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    if (!batch[i].logits) continue;
+    STRATA_CUDA_TRY(cudaMemcpyAsync(batch[i].logits, prompt_->step_logits(spans[i].state.first),
+                                    sizeof(float) * batch[i].count * g_.n_vocab, cudaMemcpyDeviceToHost,
+                                    stream_.get()));
   }
   STRATA_CUDA_TRY(cudaStreamSynchronize(stream_.get()));
   if (exchanges) {
