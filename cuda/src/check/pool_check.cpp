@@ -1,13 +1,16 @@
 #include "strata/check/pool_check.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../cpu/activation.hpp"
 #include "../cpu/expert_hidden.hpp"
 #include "../cpu/expert_layout.hpp"
+#include "../cpu/item_claims.hpp"
 #include "strata/error.hpp"
 #include "vnni_emulated.hpp"
 
@@ -86,6 +89,46 @@ double time_rows(cpu::Isa isa, const cpu::ExpertMatrix& m, const float* x, int64
   const auto start = std::chrono::steady_clock::now();
   for (int64_t c = 0; c < calls; ++c) kernel(cpu::expert_rows(m, c % m.n_expert), 0, rows, activation, 1.0f, y.data());
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void claim_order(int64_t items, int parts, int p, int64_t* order) {
+  STRATA_EXPECTS(items >= 0 && parts >= 1 && p >= 0 && p < parts, InvalidArgument,
+                 "claim_order: items >= 0, parts >= 1 and 0 <= p < parts, found " + std::to_string(items) + ", " +
+                     std::to_string(parts) + ", " + std::to_string(p));
+  cpu::ItemClaims claims(parts);
+  claims.reset(items, parts);
+  int from = 0;
+  int64_t n = 0;
+  for (int64_t i; (i = claims.next(p, from)) >= 0;) {
+    STRATA_EXPECTS(n < items, Error, "claim_order: more claims than items");
+    order[n++] = i;
+  }
+  STRATA_EXPECTS(n == items, Error, "claim_order: " + std::to_string(n) + " claims of " + std::to_string(items));
+}
+
+void claim_items(int64_t items, int parts, int participants, const int* delays_us, int* claimed_by, int* claims) {
+  STRATA_EXPECTS(items >= 0 && parts >= 1 && participants >= 1 && participants <= 256, InvalidArgument,
+                 "claim_items: items >= 0, parts >= 1 and 1..256 participants, found " + std::to_string(items) + ", " +
+                     std::to_string(parts) + ", " + std::to_string(participants));
+  cpu::ItemClaims handed(participants);
+  handed.reset(items, parts);
+  std::vector<std::atomic<int>> counts(items);
+  std::atomic<bool> go{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < participants; ++t) {
+    threads.emplace_back([&, t] {
+      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
+      std::this_thread::sleep_for(std::chrono::microseconds(delays_us[t]));
+      int from = 0;
+      for (int64_t i; (i = handed.next(t, from)) >= 0;) {
+        claimed_by[i] = t;
+        counts[i].fetch_add(1, std::memory_order_relaxed);
+      }
+    });
+  }
+  go.store(true, std::memory_order_release);
+  for (std::thread& t : threads) t.join();
+  for (int64_t i = 0; i < items; ++i) claims[i] = counts[i].load();
 }
 
 }  // namespace strata::pool_check

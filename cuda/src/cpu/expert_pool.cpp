@@ -23,6 +23,7 @@
 #include "expert_layout.hpp"
 #include "expert_tier.hpp"
 #include "group_job.hpp"
+#include "item_claims.hpp"
 #include "pool_layer.hpp"
 #include "read_bandwidth.hpp"
 #include "rows_sum.hpp"
@@ -83,8 +84,9 @@ struct ExpertPool::Impl {
   std::vector<int> active;  // slots not skipped, in slot order
   int n_active = 0;
   int64_t gate_up_items = 0, down_items = 0, gate_up_per_slot = 0, down_per_slot = 0;
-  alignas(64) std::atomic<int64_t> next_gate_up{0};
-  alignas(64) std::atomic<int64_t> next_down{0};
+  // Each participant's items a contiguous run (an expert's consecutive rows), except on a tiered layer: there the
+  // experts in RAM must come first in everyone's claims, while the misses' reads arrive.
+  ItemClaims gate_up_claims{1}, down_claims{1};
   std::unique_ptr<std::atomic<int64_t>[]> hidden_done;  // [max_k]: gate/up items finished, per active index
   std::unique_ptr<std::atomic<int>[]> range_done;       // [down_per_slot]: experts whose rows of a range are made
 
@@ -142,10 +144,12 @@ struct ExpertPool::Impl {
     }
   }
 
-  static void layer_job(void* context, int /*participant*/) {
+  static void layer_job(void* context, int participant) {
     auto& p = *static_cast<Impl*>(context);
-    for (int64_t i; (i = p.next_gate_up.fetch_add(1, std::memory_order_relaxed)) < p.gate_up_items;) p.gate_up_item(i);
-    for (int64_t i; (i = p.next_down.fetch_add(1, std::memory_order_relaxed)) < p.down_items;) p.down_item(i);
+    int from = 0;
+    for (int64_t i; (i = p.gate_up_claims.next(participant, from)) >= 0;) p.gate_up_item(i);
+    from = 0;
+    for (int64_t i; (i = p.down_claims.next(participant, from)) >= 0;) p.down_item(i);
   }
 
   // Checks the call and sets up the job; false when no slot is left to compute.
@@ -220,6 +224,8 @@ ExpertPool::ExpertPool(int64_t n_embd, int64_t expert_ff, int max_k, const PoolO
   }
   impl_->caller_cpus = current_thread_cpus();
   impl_->team = std::make_unique<WorkerTeam>(impl_->worker_cpus, options.spin_us);
+  impl_->gate_up_claims = ItemClaims(impl_->team->max_participants());
+  impl_->down_claims = ItemClaims(impl_->team->max_participants());
 }
 
 ExpertPool::~ExpertPool() { close(); }
@@ -398,8 +404,9 @@ bool ExpertPool::Impl::prepare(int index, const char* what, const float* x_, con
   down_items = count * down_per_slot;
   for (int a = 0; a < count; ++a) hidden_done[a].store(0, std::memory_order_relaxed);
   for (int64_t r = 0; r < down_per_slot; ++r) range_done[r].store(0, std::memory_order_relaxed);
-  next_gate_up.store(0, std::memory_order_relaxed);
-  next_down.store(0, std::memory_order_relaxed);
+  const int parts = l.tier ? 1 : team->participants();
+  gate_up_claims.reset(gate_up_items, parts);
+  down_claims.reset(down_items, parts);
   return true;
 }
 

@@ -29,4 +29,11 @@ void expert_hidden(cpu::Isa isa, const cpu::ExpertMatrix& gate, const cpu::Exper
 // rows stay in the core's caches (the kernels' own speed), with many the calls stream through memory.
 double time_rows(cpu::Isa isa, const cpu::ExpertMatrix& m, const float* x, int64_t rows, int64_t calls);
 
+// A layer job's claims of its work items (cpu/item_claims.hpp): `items` items in `parts` segments.
+// claim_order: participant p claiming alone, the items in the order it gets them, into order [items].
+// claim_items: `participants` threads claiming at once, thread i starting delays_us[i] microseconds late;
+// claimed_by [items] the participant that got each item, claims [items] how often it was handed out.
+void claim_order(int64_t items, int parts, int p, int64_t* order);
+void claim_items(int64_t items, int parts, int participants, const int* delays_us, int* claimed_by, int* claims);
+
 }  // namespace strata::pool_check

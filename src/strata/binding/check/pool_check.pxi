@@ -1,8 +1,11 @@
 # The CPU pool's kernels on one expert (strata::pool_check): each half of an expert's product, computed by the
-# code a layer job runs, for the tests that check it against the numpy reference; the row kernels timed alone.
+# code a layer job runs, for the tests that check it against the numpy reference; the row kernels timed alone; a
+# layer job's claims of its work items.
+from libc.stdint cimport int64_t
+
 from strata._native cimport expert_matrix, pool_isa
 from strata.libstrata.check.pool_check cimport (
-    cpp_emulated_vnni_matvec, cpp_expert_hidden, cpp_expert_matvec, cpp_time_rows,
+    cpp_claim_items, cpp_claim_order, cpp_emulated_vnni_matvec, cpp_expert_hidden, cpp_expert_matvec, cpp_time_rows,
 )
 from strata.libstrata.expert_pool cimport ExpertMatrix, Isa
 
@@ -84,3 +87,32 @@ def time_expert_rows(str isa, q, int n_expert, x, long rows, long calls) -> floa
     with nogil:
         seconds = cpp_time_rows(chosen, m, &xv[0], rows, calls)
     return seconds
+
+
+def claim_order(long items, int parts, int p):
+    """The order in which participant p, claiming alone, gets a layer job's `items` work items split in `parts`
+    segments (cpu/item_claims.hpp): int64 [items]."""
+    order = np.full(max(items, 0), -1, np.int64)
+    cdef int64_t[::1] ov = order
+    cdef int64_t* at = &ov[0] if items > 0 else NULL
+    with nogil:
+        cpp_claim_order(items, parts, p, at)
+    return order
+
+
+def claim_items(long items, int parts, delays_us):
+    """`len(delays_us)` threads claiming a layer job's `items` items in `parts` segments at once, thread i
+    starting delays_us[i] microseconds late: (claimed_by, claims), int32 [items] each, the participant that got
+    each item and how often it was handed out."""
+    cdef const int[::1] dv = np.ascontiguousarray(delays_us, dtype=np.int32)
+    claimed_by = np.full(max(items, 0), -1, np.int32)
+    claims = np.zeros(max(items, 0), np.int32)
+    cdef int[::1] bv = claimed_by
+    cdef int[::1] cv = claims
+    cdef int* b = &bv[0] if items > 0 else NULL
+    cdef int* c = &cv[0] if items > 0 else NULL
+    cdef const int* d = &dv[0] if dv.shape[0] > 0 else NULL
+    with nogil:
+        cpp_claim_items(items, parts, <int>dv.shape[0], d, b, c)
+    return claimed_by, claims
+

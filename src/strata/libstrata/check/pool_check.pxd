@@ -17,3 +17,8 @@ cdef extern from "strata/check/pool_check.hpp" nogil:
         float* h) except +raise_strata_error
     double cpp_time_rows "strata::pool_check::time_rows"(
         Isa isa, const ExpertMatrix& m, const float* x, int64_t rows, int64_t calls) except +raise_strata_error
+    void cpp_claim_order "strata::pool_check::claim_order"(
+        int64_t items, int parts, int p, int64_t* order) except +raise_strata_error
+    void cpp_claim_items "strata::pool_check::claim_items"(
+        int64_t items, int parts, int participants, const int* delays_us, int* claimed_by,
+        int* claims) except +raise_strata_error
