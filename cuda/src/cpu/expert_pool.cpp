@@ -9,6 +9,8 @@
 // run_groups hands its calls to the grouped job (group_job.hpp). Both jobs find each expert through an ExpertRef
 // made before the job: its rows in the registered planes or a tiered layer's arena, or the loads of a miss on its
 // way from the file (expert_tier.hpp), whose items wait for it; the experts in RAM come first in the claim order.
+// On a layer all in RAM each participant claims a contiguous run of the items first (item_claims.hpp), so the
+// rows it reads follow one another; a tiered layer's items go from one counter, the experts in RAM first.
 #include "strata/expert_pool.hpp"
 
 #include <algorithm>
@@ -197,7 +199,6 @@ ExpertPool::ExpertPool(int64_t n_embd, int64_t expert_ff, int max_k, const PoolO
   STRATA_EXPECTS(options.max_rows >= 0 && options.max_rows <= kMaxGroupRows, InvalidArgument,
                  "expert pool: max_rows must be in 0.." + str(kMaxGroupRows) + ", found " + str(options.max_rows));
   impl_ = std::make_unique<Impl>(n_embd, expert_ff, max_k);
-  if (options.max_rows > 0) impl_->group_job = std::make_unique<GroupJob>(n_embd, expert_ff, options.max_rows);
   impl_->isa = resolve_isa(options.isa);
 
   // The first physical core (all its siblings) belongs to the host loop; one worker per other core.
@@ -224,8 +225,12 @@ ExpertPool::ExpertPool(int64_t n_embd, int64_t expert_ff, int max_k, const PoolO
   }
   impl_->caller_cpus = current_thread_cpus();
   impl_->team = std::make_unique<WorkerTeam>(impl_->worker_cpus, options.spin_us);
-  impl_->gate_up_claims = ItemClaims(impl_->team->max_participants());
-  impl_->down_claims = ItemClaims(impl_->team->max_participants());
+  const int participants = impl_->team->max_participants();
+  impl_->gate_up_claims = ItemClaims(participants);
+  impl_->down_claims = ItemClaims(participants);
+  if (options.max_rows > 0) {
+    impl_->group_job = std::make_unique<GroupJob>(n_embd, expert_ff, options.max_rows, participants);
+  }
 }
 
 ExpertPool::~ExpertPool() { close(); }
@@ -517,7 +522,7 @@ void ExpertPool::run_groups(int layer, const float* x, const int32_t* experts, c
   for (int g = 0; g < groups; ++g) {
     p.group_refs[g] = {expert_rows(l.gate, experts[g]), expert_rows(l.up, experts[g]), expert_rows(l.down, experts[g])};
   }
-  p.group_job->run(*p.team, l, x, p.group_refs.data(), begin, groups, out);
+  p.group_job->run(*p.team, l, x, p.group_refs.data(), begin, groups, out, true);
 }
 
 void ExpertPool::run_rows_sum(int layer, const float* x, const int32_t* ids, const float* weights,
@@ -571,7 +576,7 @@ void ExpertPool::Impl::run_tiered_groups(const PoolLayer& l, const float* x, con
       if (static_cast<int>(wave_begin.size()) <= g1 - g0) wave_begin.resize(g1 - g0 + 1);
       for (int g = g0; g <= g1; ++g) wave_begin[g - g0] = begin[g] - begin[g0];
       group_job->run(*team, l, x + begin[g0] * n_embd, group_refs.data() + g0, wave_begin.data(), g1 - g0,
-                     out + begin[g0] * n_embd);
+                     out + begin[g0] * n_embd, false);
       disk->settle(half);
       wave[half] = issue(half);
     }

@@ -21,10 +21,11 @@ constexpr int64_t kQuantizeRows = 8;
 
 }  // namespace
 
-GroupJob::GroupJob(int64_t n_embd, int64_t ff, int max_rows)
+GroupJob::GroupJob(int64_t n_embd, int64_t ff, int max_rows, int max_participants)
     : n_embd_(n_embd), ff_(ff), max_rows_(max_rows), h_(static_cast<size_t>(max_rows) * ff),
       x_q_(max_rows, n_embd), h_q_(max_rows, ff), blocks_(max_rows),
-      gate_up_per_block_((ff + kGateUpRows - 1) / kGateUpRows), down_per_block_((n_embd + kDownRows - 1) / kDownRows) {}
+      gate_up_per_block_((ff + kGateUpRows - 1) / kGateUpRows), down_per_block_((n_embd + kDownRows - 1) / kDownRows),
+      gate_up_claims_(max_participants), down_claims_(max_participants) {}
 
 Activation GroupJob::x_row(int64_t r) { return {x_ + r * n_embd_, x_q_.row(r)}; }
 
@@ -58,20 +59,20 @@ void GroupJob::down_item(int64_t item) {
   for (int64_t r = b.row0; r < b.row1; ++r) l.down_kernel(down, o0, o1, h_row(r), 1.0f, out_ + r * n_embd_ + o0);
 }
 
-void GroupJob::job(void* context, int /*worker*/) {
+void GroupJob::job(void* context, int participant) {
   auto& j = *static_cast<GroupJob*>(context);
   for (int64_t i; (i = j.next_quantize_.fetch_add(1, std::memory_order_relaxed)) < j.quantize_items_;)
     j.quantize_item(i);
   j.team_->barrier();  // every row's q8_32 of x is complete
-  const int64_t gate_up_items = j.n_blocks_ * j.gate_up_per_block_;
-  for (int64_t i; (i = j.next_gate_up_.fetch_add(1, std::memory_order_relaxed)) < gate_up_items;) j.gate_up_item(i);
+  int from = 0;
+  for (int64_t i; (i = j.gate_up_claims_.next(participant, from)) >= 0;) j.gate_up_item(i);
   j.team_->barrier();  // every h is complete and quantized
-  const int64_t down_items = j.n_blocks_ * j.down_per_block_;
-  for (int64_t i; (i = j.next_down_.fetch_add(1, std::memory_order_relaxed)) < down_items;) j.down_item(i);
+  from = 0;
+  for (int64_t i; (i = j.down_claims_.next(participant, from)) >= 0;) j.down_item(i);
 }
 
 void GroupJob::run(WorkerTeam& team, const PoolLayer& layer, const float* x, const ExpertRef* refs, const int* begin,
-                   int groups, float* out) {
+                   int groups, float* out, bool contiguous) {
   n_blocks_ = 0;
   for (int g = 0; g < groups; ++g) {
     const int64_t rows = begin[g + 1] - begin[g];
@@ -88,8 +89,9 @@ void GroupJob::run(WorkerTeam& team, const PoolLayer& layer, const float* x, con
   out_ = out;
   quantize_items_ = layer.quantize_x ? (rows_ + kQuantizeRows - 1) / kQuantizeRows : 0;
   next_quantize_.store(0, std::memory_order_relaxed);
-  next_gate_up_.store(0, std::memory_order_relaxed);
-  next_down_.store(0, std::memory_order_relaxed);
+  const int parts = contiguous ? team.participants() : 1;
+  gate_up_claims_.reset(n_blocks_ * gate_up_per_block_, parts);
+  down_claims_.reset(n_blocks_ * down_per_block_, parts);
   team.run(&GroupJob::job, this);
 }
 

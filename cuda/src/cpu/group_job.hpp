@@ -10,6 +10,7 @@
 
 #include "activation.hpp"
 #include "expert_load.hpp"
+#include "item_claims.hpp"
 #include "pool_layer.hpp"
 #include "worker_team.hpp"
 
@@ -17,8 +18,9 @@ namespace strata::cpu {
 
 class GroupJob {
  public:
-  // Scratch for up to max_rows rows of x (their q8_32), h and h's q8_32, allocated here once.
-  GroupJob(int64_t n_embd, int64_t ff, int max_rows);
+  // Scratch for up to max_rows rows of x (their q8_32), h and h's q8_32, allocated here once, for jobs of up to
+  // max_participants participants.
+  GroupJob(int64_t n_embd, int64_t ff, int max_rows, int max_participants);
 
   int max_rows() const { return max_rows_; }
 
@@ -26,9 +28,10 @@ class GroupJob {
   // begin[g]..begin[g+1]-1, computed by the per-token job's code on each row; an item of an expert still arriving
   // from the file waits for it (and skips its rows if the read failed: the caller throws then). The caller has
   // validated the arguments (begin from 0, non-decreasing, begin[groups] <= max_rows). Blocking; allocates
-  // nothing.
+  // nothing. `contiguous`: each participant claims a contiguous run of the items first (ItemClaims), else all
+  // claim them in order from one counter.
   void run(WorkerTeam& team, const PoolLayer& layer, const float* x, const ExpertRef* refs, const int* begin,
-           int groups, float* out);
+           int groups, float* out, bool contiguous);
 
  private:
   struct RowBlock {
@@ -57,8 +60,7 @@ class GroupJob {
   float* out_ = nullptr;
   int64_t rows_ = 0, n_blocks_ = 0, quantize_items_ = 0;
   alignas(64) std::atomic<int64_t> next_quantize_{0};
-  alignas(64) std::atomic<int64_t> next_gate_up_{0};
-  alignas(64) std::atomic<int64_t> next_down_{0};
+  ItemClaims gate_up_claims_, down_claims_;
 };
 
 }  // namespace strata::cpu
