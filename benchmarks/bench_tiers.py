@@ -1,17 +1,18 @@
 """The disk tier on a model file against the limit its reads set (docs/tiers.md, "On the GPU box").
 
-    python3 benchmarks/bench_tiers.py [MODEL.gguf] [--shares 33,100 | --ram-budget 16G] [--tokens 64]
-        [--prompt-tokens 16] [--pool-only] [--json PATH]
+    python3 benchmarks/bench_tiers.py [MODEL.gguf] [--shares 33,100 | --ram-budget 16G] [--cache 0 | SIZE]
+        [--tokens 64] [--prompt-tokens 16] [--pool-only] [--json PATH]
 
 Without MODEL, `strata bench`'s default benchmark model (synthesized once into the cache; keep the cache on a
 local disk, not /dev/shm, for the figures to be the disk's).
 First the file's read rate, measured with the tier's own kind of reads: O_DIRECT, 8 in flight, each one matrix
 of an expert at a random place among the routed experts. Then, for each share of the routed experts in RAM (or
-the one --ram-budget), the model is loaded with the VRAM cache off and decodes greedily in the token graph (with
+the one --ram-budget), the model is loaded with a VRAM cache of --cache (default 0: off; a tiered load's cache is
+static, each layer's highest ids) and decodes greedily in the token graph (with
 --pool-only: the CPU pool alone runs every MoE layer of each token, routing uniform as the synthetic models').
 Per share, RESULT lines: tok/s; the tier's misses and bytes read per token (the prompt's steps counted in); the
 limit, which adds the routed bytes in RAM at the host read rate, the missed bytes at the disk rate and, on the
-GPU, the dense bytes at the HBM rate and the doorbells; its fraction; VmRSS and VmLck against the budget.
+GPU, the dense and cached bytes at the HBM rate and the doorbells; its fraction; VmRSS and VmLck against the budget.
 """
 
 from __future__ import annotations
@@ -97,22 +98,24 @@ def tier_counts(pool: ExpertPool) -> tuple[int, int, int]:
 
 
 def gpu_share(path: str, budget: RamBudget, rate: float, args) -> dict:
-    with strata.load(path, ram_budget=budget.nbytes, expert_cache=0) as model:
+    with strata.load(path, ram_budget=budget.nbytes, expert_cache=args.cache) as model:
         g, tensors = model.info.geometry, file_tensors(model.file)
+        slots = [model.cache.slots(layer) for layer in range(g.n_layer)] if model.cache else None
         rates = measure(model.pool, model.device)
         before = tier_counts(model.pool)
         decoded = run_modes(model, [Mode.TOKEN_GRAPH], args.prompt_tokens, args.tokens, None, KV.INT8,
                             np.random.default_rng())[Mode.TOKEN_GRAPH.value]
         hits, misses, read = (a - b for a, b in zip(tier_counts(model.pool), before))
         steps = args.prompt_tokens + args.tokens + 1  # every token stepped: the prompt's and the decoded
-        base = machine_limit(g, tensors, rates)
+        base = machine_limit(g, tensors, rates, slots)
         missed = misses / max(hits + misses, 1)
         limit = ((1 - missed) * base.routed_bytes / rates.host_read + read / steps / rate + base.dense_seconds
                  + base.doorbell_seconds)
         return {"tokens_per_second": decoded["tokens_per_second"], "limit_tokens_per_second": 1 / limit,
                 "fraction_of_limit": limit / decoded["seconds_per_token"], "misses_per_token": misses / steps,
                 "disk_bytes_per_token": read / steps, "host_read": rates.host_read, "tiered": model.ram.tiered,
-                "budget": budget.nbytes, "vm_rss": status_bytes("VmRSS"), "vm_lck": status_bytes("VmLck")}
+                "budget": budget.nbytes, "vm_rss": status_bytes("VmRSS"), "vm_lck": status_bytes("VmLck"),
+                "cached_bytes_per_token": base.cached_bytes}
 
 
 def pool_share(path: str, budget: RamBudget, rate: float, args) -> dict:
@@ -150,6 +153,7 @@ def main() -> int:
     parser.add_argument("model", nargs="?", default=None)
     parser.add_argument("--shares", default="33", help="percentages of the routed experts in RAM, e.g. 33,100")
     parser.add_argument("--ram-budget", default=None, help="one budget instead of --shares (e.g. 16G)")
+    parser.add_argument("--cache", default="0", help="the VRAM expert cache: 0 (off), a size such as 12G, or auto")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--pool-only", action="store_true", help="the CPU pool alone: no GPU")

@@ -13,6 +13,7 @@ import pytest
 from strata.errors import FormatError, OutOfMemory
 from strata.format import inspect
 from strata.models import Role
+from strata.runtime.expert_cache import expert_bytes
 from strata.runtime.loader import load_experts
 from strata.runtime.plan import GIB, bytes_by_role, file_tensors, memory_plan, pinned_bytes
 from strata.runtime.pool import ExpertPool
@@ -159,6 +160,30 @@ def test_the_loader_reads_only_what_the_plan_keeps(model, rng, share):
                 np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32), f"call {call}")
 
 
+def test_a_tiered_layer_takes_the_room_of_its_experts_in_the_vram_cache(model):
+    """The VRAM cache sizes a tiered layer's slots from its forms (ExpertPool::layer_forms, no planes): the bytes
+    of the same experts all in RAM, to the byte; and an expert read through the tier fills what its slot takes."""
+    from strata import _native
+
+    dense, experts, pinned = parts(model)
+    with inspect(model) as file:
+        g = file.geometry
+        probe = plan_ram(file, RamBudget(max(dense, pinned + 1), "probe"))
+        plan = plan_ram(file, RamBudget(max(dense, pinned + probe.staging + int(0.3 * experts)), "test"))
+        assert plan.tiered
+        with ExpertPool(g.n_embd, g.expert_ff, g.n_expert_used, pin_caller=False) as whole, \
+                ExpertPool(g.n_embd, g.expert_ff, g.n_expert_used, pin_caller=False) as tiered:
+            load_experts(file, whole)
+            load_experts(file, tiered, None, plan)
+            one = [1] * g.n_layer
+            for slots in (one, [3] * g.n_layer, [g.n_expert] * g.n_layer, [0] + [2] * (g.n_layer - 1)):
+                assert (_native.ExpertCache.bytes_for(tiered.native, slots)
+                        == _native.ExpertCache.bytes_for(whole.native, slots)), slots
+            expert = g.n_expert - 1  # beyond the arena's first experts: read from the file
+            got = tiered.read_expert(0, expert)
+            np.testing.assert_array_equal(got, whole.read_expert(0, expert))
+
+
 def test_a_file_truncated_after_the_plan_fails_the_load(tmp_path, rng):
     path = synthesize(tmp_path / "short.gguf", "qwen3next", "tiny", types=TYPES, seed=4)
     dense, experts, pinned = parts(path)
@@ -201,7 +226,10 @@ def test_info_shows_where_the_model_lands(model):
 def test_a_tiered_load_decodes_what_a_whole_load_decodes(tmp_path, arch):
     """On the GPU, end to end: the same greedy tokens with every routed expert in RAM and with a third
     of them in the pool's arena (the rest read from the file as decoding routes them); qwen4exp's n-gram rows come
-    from the file too. Neither load has a VRAM cache, and the tiered one no prompt staging."""
+    from the file too. Neither load has a VRAM cache, and the tiered one no prompt staging. Then, with half the
+    experts in VRAM (the tiered load's cache reads them through the pool) and a third of them in RAM, the same
+    tokens as the whole load with the same cache share, within the decode bounds where the cache holds other
+    experts: compared up to the first near-tie."""
     from strata.runtime.model import load
 
     # the GPU's embedding gather reads Q8_0 rows (or float): the rest of the mix as the plans' tests take it
@@ -210,7 +238,7 @@ def test_a_tiered_load_decodes_what_a_whole_load_decodes(tmp_path, arch):
         budget = share_budget(file, 0.33)
     prompt = list(range(3, 12))
     runs = []
-    for options in ({"expert_cache": 0}, {"ram_budget": budget.nbytes}):
+    for options in ({"expert_cache": 0}, {"expert_cache": 0, "ram_budget": budget.nbytes}):
         with load(path, progress=False, **options) as model:
             assert (model.ram.tiered, model.cache) == ("ram_budget" in options, None)
             assert model.staging is None or not model.ram.tiered  # a whole load stages its prompts' experts
@@ -220,3 +248,18 @@ def test_a_tiered_load_decodes_what_a_whole_load_decodes(tmp_path, arch):
                 stats = model.pool.tier_stats()
                 assert sum(s["misses"] for s in stats) > 0 and sum(s["hits"] for s in stats) > 0
     assert runs[0] == runs[1]
+    with inspect(path) as file:
+        g = file.geometry
+        half = sum(b * (g.n_expert // 2) for b in expert_bytes(g, file_tensors(file))) + (1 << 20)  # + the maps
+    held = []
+    for options in ({"cache_policy": "static"}, {"ram_budget": budget.nbytes}):
+        with load(path, progress=False, expert_cache=half, **options) as model:
+            slots = [model.cache.slots(layer) for layer in range(g.n_layer)]
+            assert model.ram.tiered == ("ram_budget" in options) and any(slots), slots
+            for layer, count in enumerate(slots):  # the whole load's cache holds what the tiered one's does
+                if count and not model.ram.tiered:
+                    model.cache.hold(layer, range(g.n_expert - count, g.n_expert))
+                assert model.cache.held(layer) == list(range(g.n_expert - count, g.n_expert)), layer
+            with model.session(context=64, mode="token_graph") as session:
+                held.append([piece.token for piece in session.generate(prompt, max_tokens=24)])
+    assert held[0] == held[1]

@@ -35,15 +35,17 @@ class ExpertCache {
   // Room on `device` for slots[l] experts of every layer l the pool has registered (0 .. its n_expert), all
   // empty until hold() fills them. OutOfMemory names the bytes; InvalidArgument the layer whose count is off.
   // With policy.replace, the pool's planes of every partly cached layer are pinned (page-locked) until the
-  // cache is destroyed, so that copies run beside the tokens.
-  ExpertCache(int device, const cpu::ExpertPool& pool, const std::vector<int>& slots,
-              const PolicyOptions& policy = {});
+  // cache is destroyed, so that copies run beside the tokens. A tiered layer (docs/tiers.md: part of its experts in
+  // the pool's arena, the rest in the file) is held static: hold() reads its experts through the pool
+  // (read_expert), and policy.replace with such a layer partly cached is refused. The pool outlives the cache.
+  ExpertCache(int device, cpu::ExpertPool& pool, const std::vector<int>& slots, const PolicyOptions& policy = {});
   ~ExpertCache();
   ExpertCache(const ExpertCache&) = delete;
   ExpertCache& operator=(const ExpertCache&) = delete;
 
-  // Copies `experts` (distinct ids of layer `layer`, at most its slots) from the pool's host weights into the
-  // layer's slots in order; slots after them hold nothing. Blocking; no session of the model may be stepping.
+  // Copies `experts` (distinct ids of layer `layer`, at most its slots) from the pool's host weights (a tiered
+  // layer's: its arena, or the file) into the layer's slots in order; slots after them hold nothing. Blocking; no
+  // session of the model may be stepping.
   void hold(int layer, const std::vector<int>& experts);
 
   // The host loop's report of one token's routed ids in `layer` (a layer that rings): replacement learns from it.

@@ -165,6 +165,10 @@ class ExpertPool {
   // Layer `layer`'s weights as registered. InvalidArgument when the layer is unset, tiered (its experts are not in
   // planes: the VRAM cache and the prompt staging, which copy from them, take whole layers only) or the pool closed.
   LayerMatrices layer_matrices(int layer) const;
+  // Layer `layer`'s forms and sizes: its registered matrices, or for a tiered layer the same matrices without
+  // planes (every plane's data null), each plane's nbytes what n_expert experts take of it in canonical form (what
+  // read_expert hands out per expert), so that a copy of its experts can be sized and laid out before any is read.
+  LayerMatrices layer_forms(int layer) const;
 
   // Best read bandwidth (bytes/s) of all workers streaming their slice of a `bytes` buffer (huge-page advised,
   // the ISA's widest loads, with and without prefetch), over `reps` passes of each: the host's read ceiling.

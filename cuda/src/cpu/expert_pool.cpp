@@ -691,6 +691,19 @@ LayerMatrices ExpertPool::layer_matrices(int layer) const {
   return {l.gate, l.up, l.down};
 }
 
+LayerMatrices ExpertPool::layer_forms(int layer) const {
+  const PoolLayer& l = impl_->registered(layer, "layer_forms");
+  LayerMatrices forms{l.gate, l.up, l.down};
+  if (!l.tier) return forms;
+  for (ExpertMatrix* m : {&forms.gate, &forms.up, &forms.down}) {
+    const PlaneBytes b = expert_plane_bytes(*m);
+    Plane* planes[] = {&m->codes, &m->d, &m->sub_scales, &m->mins, &m->sub_mins};
+    const std::size_t bytes[] = {b.codes, b.d, b.sub_scales, b.mins, b.sub_mins};
+    for (int i = 0; i < 5; ++i) *planes[i] = Plane{nullptr, static_cast<int64_t>(bytes[i]) * m->n_expert};
+  }
+  return forms;
+}
+
 int ExpertPool::max_rows() const { return impl_->group_job ? impl_->group_job->max_rows() : 0; }
 
 int ExpertPool::threads() const { return static_cast<int>(impl_->worker_cpus.size()); }

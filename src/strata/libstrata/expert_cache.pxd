@@ -9,7 +9,7 @@ from strata.libstrata.expert_pool cimport CppExpertPool
 
 cdef extern from "strata/expert_cache.hpp" nogil:
     cdef cppclass CppExpertCache "strata::ExpertCache":
-        CppExpertCache(int device, const CppExpertPool& pool, const vector[int]& slots,
+        CppExpertCache(int device, CppExpertPool& pool, const vector[int]& slots,
                        const PolicyOptions& policy) except +raise_strata_error
         void hold(int layer, const vector[int]& experts) except +raise_strata_error
         int layers()

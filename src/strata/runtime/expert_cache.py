@@ -24,6 +24,9 @@ Budget = str | int
 # 62-75 % hits where 2 within 32 keeps 66-80 %, and under uniform routing it copies 4-7 experts per token instead
 # of 16, which the CPU pool pays for in host reads (docs/expert_cache.md).
 POLICIES = {"lfru": {"replace": True, "admit_after": 3, "window": 16}, "static": {"replace": False}}
+# A tiered load's (docs/tiers.md) cache: its experts are read through the pool (from its arena or the file) once,
+# at load, each layer's highest ids, where the arena starts with the lowest; no replacement copies from the file.
+TIERED_POLICY = "static"
 RESERVE_BYTES = 1 * GIB  # VRAM "auto" leaves free beyond the plan: graphs, the driver's pools, other allocations
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -124,9 +127,9 @@ def policy_options(policy: str) -> dict:
 def build(pool, slots: list[int], device: int, sizes: list[int], progress: Callable[[int, int], None] | None = None,
           policy: str = "lfru"):
     """The native cache (strata._native.ExpertCache) of `slots` per layer over `pool` (a strata.runtime.pool
-    ExpertPool with every layer registered), each layer holding its lowest `slots[l]` ids and replacing them by
-    `policy`; None when it holds nothing. `sizes`: bytes of one expert per layer (expert_bytes), for
-    `progress(bytes done, bytes)`."""
+    ExpertPool with every layer registered), each layer holding its lowest `slots[l]` ids (a tiered layer its
+    highest: its arena holds the lowest) and replacing them by `policy`; None when it holds nothing. `sizes`: bytes
+    of one expert per layer (expert_bytes), for `progress(bytes done, bytes)`."""
     from strata import _native
 
     options = dict(policy_options(policy))
@@ -139,7 +142,8 @@ def build(pool, slots: list[int], device: int, sizes: list[int], progress: Calla
     done = 0
     for layer, count in enumerate(slots):
         if count:
-            cache.hold(layer, range(count))
+            n = pool.n_expert(layer)
+            cache.hold(layer, range(n - count, n) if pool.is_tiered(layer) else range(count))
             done += count * sizes[layer]
             if progress:
                 progress(done, total)

@@ -254,8 +254,8 @@ def load(path: str | os.PathLike[str], *, device: int = 0, threads: int | None =
     worth of experts of VRAM, and is left out (prompts step token by token) where the smallest session would
     not fit beside it. `ram_budget` is the host RAM the model may keep ("auto": what the machine can spare, the
     plan says how much; bytes or "16G"): where the routed experts do not fit in it, the CPU pool keeps what it holds
-    of them and reads the rest from the file as decoding routes them (docs/tiers.md); the VRAM cache and the
-    prompt staging do not read from that disk tier yet, so they stay off then.
+    of them and reads the rest from the file as decoding routes them (docs/tiers.md); the VRAM cache then reads its
+    experts through the pool once, at load, and holds them static, and the prompt staging (whole layers) is off.
     """
     budget = cache_plan.parse_budget(expert_cache)  # a bad budget or policy is refused before the long work
     ram_limit = cache_plan.parse_budget(ram_budget, "ram_budget")
@@ -267,10 +267,8 @@ def load(path: str | os.PathLike[str], *, device: int = 0, threads: int | None =
     try:
         g, tensors = file.geometry, file_tensors(file)
         ram = plan_ram(file, tiers.ram_budget(ram_limit))
-        if ram.tiered and budget:
-            raise InvalidArgument(f"expert_cache {expert_cache!r}: the RAM budget keeps part of the routed experts on "
-                                  "disk, and the VRAM cache does not read from the disk tier yet: expert_cache=0, "
-                                  "or a RAM budget that holds every routed expert")
+        if ram.tiered:  # the cache reads a tiered layer's experts through the pool, once (docs/tiers.md)
+            cache_policy = cache_plan.TIERED_POLICY
         # The model with its smallest session must fit before anything is allocated: the one plan of the load.
         smallest = check_fits(g, tensors, kv_page_tokens(), DEFAULT_KV, vram_free=vram_free(device, limit, 0),
                               device=device, host_available=ram.budget.nbytes, tiers=ram.tier_bytes)
@@ -285,11 +283,10 @@ def load(path: str | os.PathLike[str], *, device: int = 0, threads: int | None =
         try:
             load_experts(file, pool, ByteProgress("load: routed experts") if progress else None, ram)
             # The exact figures read the pool's planes, so the experts' placement is decided once they are in it.
-            if ram.tiered:  # the cache and the staging copy from whole layers only (docs/tiers.md)
-                placed = ExpertPlacement([0] * g.n_layer, 0, False, 0, 0, False)
-            else:
-                placed = place_experts(g, tensors, info.plan, pool, budget,
-                                       vram_free(device, limit, info.plan.vram["dense weights"]), device, prompt)
+            # A tiered load has no prompt staging: it copies whole layers (docs/tiers.md).
+            placed = place_experts(g, tensors, info.plan, pool, budget,
+                                   vram_free(device, limit, info.plan.vram["dense weights"]), device,
+                                   prompt and not ram.tiered)
             slots = placed.cache_slots
             if progress:
                 line = cache_plan.describe(g, tensors, slots, placed.cache_bytes)

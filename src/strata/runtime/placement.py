@@ -36,13 +36,14 @@ def place_experts(g: Geometry, tensors: Tensors, plan: MemoryPlan, pool, budget:
     but for its routed experts, with `free` bytes of VRAM left on GPU `device` beside its dense weights.
 
     The cache's `budget` (bytes; None: "auto") becomes its slots: "auto" leaves room for the default session (with
-    its prompt chunk), the prompt path's staging unless the cache can hold every expert, and a reserve; an explicit
+    its prompt chunk), the prompt path's staging (with `prompt`) unless the cache can hold every expert, and a
+    reserve; an explicit
     budget must leave room for the smallest session. With `prompt`, the staging of a whole layer per buffer is
     placed where it fits beside the cache and the smallest session with the smallest chunk."""
     dense = plan.vram["dense weights"]
     smallest = plan.vram_total - dense
     everything = cache_plan.cache_bytes(pool, [pool.n_expert(layer) for layer in range(g.n_layer)])
-    staging = prompt_plan.staging_bytes(pool, g.n_layer)
+    staging = prompt_plan.staging_bytes(pool, g.n_layer) if prompt else 0
     if budget is None:
         context = session_context(None, g.context_length)
         chunk = min(prompt_plan.DEFAULT_CHUNK, context)

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "../../runtime/device_buffer.hpp"
+#include "../../runtime/pinned_memory.hpp"
 #include "expert_planes.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"
@@ -30,7 +31,7 @@ void check_slots(const cpu::ExpertPool& pool, const std::vector<int>& slots) {
     if (slots[l] == 0) continue;
     STRATA_EXPECTS(pool.has_layer(l), InvalidArgument,
                    "expert cache: layer " + str(l) + " has " + str(slots[l]) + " slots but no experts in the pool");
-    const int n_expert = static_cast<int>(pool.layer_matrices(l).gate.n_expert);
+    const int n_expert = static_cast<int>(pool.layer_forms(l).gate.n_expert);
     STRATA_EXPECTS(slots[l] >= 0 && slots[l] <= n_expert, InvalidArgument,
                    "expert cache: layer " + str(l) + " slots must be in 0.." + str(n_expert) + ", got " +
                        str(slots[l]));
@@ -46,11 +47,13 @@ struct ExpertCache::Impl {
     int* slot_of = nullptr;   // device
     std::vector<int> map;     // the host's copy of slot_of, as last uploaded
     bool whole = false;       // every expert held (no miss ever, so no replacement either)
+    bool tiered = false;      // the pool reads its experts (read_expert): held static
   };
   struct Copy {
     ExpertMove move;
     cudaEvent_t done = nullptr;
   };
+  cpu::ExpertPool* pool = nullptr;
   int device = 0;
   std::size_t bytes = 0;
   void* arena = nullptr;
@@ -97,20 +100,21 @@ std::size_t ExpertCache::bytes_for(const cpu::ExpertPool& pool, const std::vecto
   check_slots(pool, slots);
   std::size_t bytes = 0;
   for (int l = 0; l < static_cast<int>(slots.size()); ++l) {
-    if (slots[l] > 0) bytes += layer_bytes(pool.layer_matrices(l), slots[l]);
+    if (slots[l] > 0) bytes += layer_bytes(pool.layer_forms(l), slots[l]);
   }
   return bytes;
 }
 
-ExpertCache::ExpertCache(int device, const cpu::ExpertPool& pool, const std::vector<int>& slots,
+ExpertCache::ExpertCache(int device, cpu::ExpertPool& pool, const std::vector<int>& slots,
                          const PolicyOptions& policy) {
   const std::size_t bytes = bytes_for(pool, slots);
   int n_expert = 1;
   for (int l = 0; l < static_cast<int>(slots.size()); ++l) {
-    if (slots[l] > 0) n_expert = static_cast<int>(pool.layer_matrices(l).gate.n_expert);
+    if (slots[l] > 0) n_expert = static_cast<int>(pool.layer_forms(l).gate.n_expert);
   }
   impl_ = std::make_unique<Impl>(slots, n_expert, policy);
   Impl& c = *impl_;
+  c.pool = &pool;
   c.device = device;
   c.bytes = bytes;
   c.layers.resize(slots.size());
@@ -124,7 +128,11 @@ ExpertCache::ExpertCache(int device, const cpu::ExpertPool& pool, const std::vec
   for (int l = 0; l < static_cast<int>(slots.size()); ++l) {
     Impl::Layer& layer = c.layers[l];
     if (slots[l] == 0) continue;
-    layer.host = pool.layer_matrices(l);
+    layer.host = pool.layer_forms(l);
+    layer.tiered = pool.is_tiered(l);
+    STRATA_EXPECTS(!(layer.tiered && policy.replace && slots[l] < n_expert), InvalidArgument,
+                   "expert cache: layer " + str(l) + " is tiered (part of its experts on disk, docs/tiers.md): its " +
+                       str(slots[l]) + " slots are held static; use the static cache policy");
     STRATA_EXPECTS(layer.host.gate.n_expert == n_expert, InvalidArgument,
                    "expert cache: layer " + str(l) + " has " + str(layer.host.gate.n_expert) + " experts, another " +
                        str(n_expert));
@@ -168,10 +176,20 @@ void ExpertCache::hold(int layer, const std::vector<int>& experts) {
   // bytes are half one expert's.
   c.policy.hold(layer, {});
   c.upload_map(layer, nullptr);
-  // Runs of consecutive ids are one copy each: a layer held whole is one copy per plane.
-  for (int s = 0, n = static_cast<int>(experts.size()), run; s < n; s += run) {
-    for (run = 1; s + run < n && experts[s + run] == experts[s] + run;) ++run;
-    c.copy(layer, s, experts[s], run, nullptr);
+  if (l.tiered) {  // each expert through the pool, one at a time through a page-locked bounce
+    PinnedMapped bounce(strata::expert_bytes(l.host));
+    const ExpertStacks to{l.device.gate, l.device.up, l.device.down};
+    for (int s = 0; s < static_cast<int>(experts.size()); ++s) {
+      c.pool->read_expert(layer, experts[s], bounce.host<std::uint8_t>());
+      copy_packed_expert(l.host, to, s, bounce.host<std::uint8_t>(), nullptr);
+      STRATA_CUDA_TRY(cudaDeviceSynchronize());  // the bounce is read before the next expert lands in it
+    }
+  } else {
+    // Runs of consecutive ids are one copy each: a layer held whole is one copy per plane.
+    for (int s = 0, n = static_cast<int>(experts.size()), run; s < n; s += run) {
+      for (run = 1; s + run < n && experts[s + run] == experts[s] + run;) ++run;
+      c.copy(layer, s, experts[s], run, nullptr);
+    }
   }
   STRATA_CUDA_TRY(cudaDeviceSynchronize());
   c.policy.hold(layer, experts);

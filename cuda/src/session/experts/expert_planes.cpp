@@ -89,6 +89,21 @@ void copy_experts(const cpu::LayerMatrices& layer, const ExpertStacks& to, int s
   }
 }
 
+void copy_packed_expert(const cpu::LayerMatrices& layer, const ExpertStacks& to, int slot, const std::uint8_t* packed,
+                        cudaStream_t stream) {
+  const cpu::ExpertMatrix* host[3] = {&layer.gate, &layer.up, &layer.down};
+  const DeviceTensor* dev[3] = {&to.gate, &to.up, &to.down};
+  for (int m = 0; m < 3; ++m) {
+    for (int i = 0; i < 5; ++i) {
+      const std::size_t b = expert_plane_bytes(*host[m], i);
+      if (b == 0) continue;
+      char* dst = static_cast<char*>(const_cast<void*>(plane_of(*dev[m], i))) + b * slot;
+      STRATA_CUDA_TRY(cudaMemcpyAsync(dst, packed, b, cudaMemcpyHostToDevice, stream));
+      packed += b;
+    }
+  }
+}
+
 std::vector<void*> pin_planes(const std::vector<cpu::LayerMatrices>& layers, const std::string& what) {
   std::vector<void*> pinned;
   try {

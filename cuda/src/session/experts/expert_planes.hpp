@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,12 @@ ExpertStacks carve_stacks(const cpu::LayerMatrices& layer, int slots, char* at);
 // Enqueues the planes of experts first .. first + count - 1 of `layer` into `to`'s slots from `slot` on.
 void copy_experts(const cpu::LayerMatrices& layer, const ExpertStacks& to, int slot, int first, int count,
                   cudaStream_t stream);
+
+// Enqueues one expert's planes, packed as cpu::ExpertPool::read_expert hands them out (gate, up, then down; each
+// plane its form has in the order codes, d, sub_scales, mins, sub_mins), into `to`'s slot `slot`. `layer` gives
+// the forms and sizes (ExpertPool::layer_forms: a tiered layer has no planes to copy from).
+void copy_packed_expert(const cpu::LayerMatrices& layer, const ExpertStacks& to, int slot, const std::uint8_t* packed,
+                        cudaStream_t stream);
 
 // Page-locks the pages wholly inside each plane of `layers` (never a page a plane shares with memory it does not
 // own: the heap may unmap such a page and reuse the addresses under a registration) and returns the registered
