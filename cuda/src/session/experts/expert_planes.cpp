@@ -65,43 +65,47 @@ ExpertStacks carve_stacks(const cpu::LayerMatrices& layer, int slots, char* at) 
   return stacks;
 }
 
-void copy_experts(const cpu::LayerMatrices& layer, const ExpertStacks& to, int slot, int first, int count,
-                  cudaStream_t stream) {
+namespace {
+
+// f(host plane, its bytes per expert, its slot `slot` on the device) for every plane of gate, up and down that the
+// forms have, in the order codes, d, sub_scales, mins, sub_mins: the order read_expert packs an expert in.
+template <class F>
+void for_each_plane(const cpu::LayerMatrices& layer, const ExpertStacks& to, int slot, F&& f) {
   const cpu::ExpertMatrix* host[3] = {&layer.gate, &layer.up, &layer.down};
   const DeviceTensor* dev[3] = {&to.gate, &to.up, &to.down};
   for (int m = 0; m < 3; ++m) {
     for (int i = 0; i < 5; ++i) {
       const std::size_t b = expert_plane_bytes(*host[m], i);
       if (b == 0) continue;
-      char* dst = static_cast<char*>(const_cast<void*>(plane_of(*dev[m], i))) + b * slot;
-      const cpu::Plane& plane = *plane_of_matrix(*host[m], i);
-      const auto from = reinterpret_cast<std::uintptr_t>(plane.data) + b * first, end = from + b * count;
-      // A copy may not straddle locked and unlocked pages (the runtime refuses it): cut at the locked
-      // interior's edges, so that each piece is all one or the other.
-      const auto [lo, hi] = locked_pages(plane);
-      const std::uintptr_t cuts[4] = {from, std::clamp(lo, from, end), std::clamp(std::max(lo, hi), from, end), end};
-      for (int piece = 0; piece < 3; ++piece) {
-        if (cuts[piece + 1] == cuts[piece]) continue;
-        STRATA_CUDA_TRY(cudaMemcpyAsync(dst + (cuts[piece] - from), reinterpret_cast<const void*>(cuts[piece]),
-                                        cuts[piece + 1] - cuts[piece], cudaMemcpyHostToDevice, stream));
-      }
+      f(*plane_of_matrix(*host[m], i), b, static_cast<char*>(const_cast<void*>(plane_of(*dev[m], i))) + b * slot);
     }
   }
 }
 
+}  // namespace
+
+void copy_experts(const cpu::LayerMatrices& layer, const ExpertStacks& to, int slot, int first, int count,
+                  cudaStream_t stream) {
+  for_each_plane(layer, to, slot, [&](const cpu::Plane& plane, std::size_t b, char* dst) {
+    const auto from = reinterpret_cast<std::uintptr_t>(plane.data) + b * first, end = from + b * count;
+    // A copy may not straddle locked and unlocked pages (the runtime refuses it): cut at the locked
+    // interior's edges, so that each piece is all one or the other.
+    const auto [lo, hi] = locked_pages(plane);
+    const std::uintptr_t cuts[4] = {from, std::clamp(lo, from, end), std::clamp(std::max(lo, hi), from, end), end};
+    for (int piece = 0; piece < 3; ++piece) {
+      if (cuts[piece + 1] == cuts[piece]) continue;
+      STRATA_CUDA_TRY(cudaMemcpyAsync(dst + (cuts[piece] - from), reinterpret_cast<const void*>(cuts[piece]),
+                                      cuts[piece + 1] - cuts[piece], cudaMemcpyHostToDevice, stream));
+    }
+  });
+}
+
 void copy_packed_expert(const cpu::LayerMatrices& layer, const ExpertStacks& to, int slot, const std::uint8_t* packed,
                         cudaStream_t stream) {
-  const cpu::ExpertMatrix* host[3] = {&layer.gate, &layer.up, &layer.down};
-  const DeviceTensor* dev[3] = {&to.gate, &to.up, &to.down};
-  for (int m = 0; m < 3; ++m) {
-    for (int i = 0; i < 5; ++i) {
-      const std::size_t b = expert_plane_bytes(*host[m], i);
-      if (b == 0) continue;
-      char* dst = static_cast<char*>(const_cast<void*>(plane_of(*dev[m], i))) + b * slot;
-      STRATA_CUDA_TRY(cudaMemcpyAsync(dst, packed, b, cudaMemcpyHostToDevice, stream));
-      packed += b;
-    }
-  }
+  for_each_plane(layer, to, slot, [&](const cpu::Plane&, std::size_t b, char* dst) {
+    STRATA_CUDA_TRY(cudaMemcpyAsync(dst, packed, b, cudaMemcpyHostToDevice, stream));
+    packed += b;
+  });
 }
 
 std::vector<void*> pin_planes(const std::vector<cpu::LayerMatrices>& layers, const std::string& what) {
