@@ -163,7 +163,7 @@ class ExpertPool {
   int layers() const;
   bool has_layer(int layer) const;
   // Layer `layer`'s weights as registered. InvalidArgument when the layer is unset, tiered (its experts are not in
-  // planes: the VRAM cache and the prompt staging, which copy from them, take whole layers only) or the pool closed.
+  // planes: the prompt staging, which copies from them, takes whole layers only) or the pool closed.
   LayerMatrices layer_matrices(int layer) const;
   // Layer `layer`'s forms and sizes: its registered matrices, or for a tiered layer the same matrices without
   // planes (every plane's data null), each plane's nbytes what n_expert experts take of it in canonical form (what

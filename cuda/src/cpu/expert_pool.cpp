@@ -687,7 +687,7 @@ LayerMatrices ExpertPool::layer_matrices(int layer) const {
   STRATA_EXPECTS(!l.tier, InvalidArgument,
                  "layer_matrices: layer " + str(layer) + " is tiered (" + str(l.tier->slots) + " of its " +
                      str(l.gate.n_expert) + " experts in RAM, the rest in " + impl_->disk->file().path() +
-                     "): the VRAM expert cache and the prompt staging copy from whole layers only");
+                     "): the prompt staging copies from whole layers only");
   return {l.gate, l.up, l.down};
 }
 
