@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import mmap
-import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +29,7 @@ from strata.bench.decode import run_modes
 from strata.bench.default_model import bench_model, cache_dir
 from strata.bench.limit import machine_limit
 from strata.bench.rates import READ_BANDWIDTH_BYTES, measure
+from strata.bench.tiers import DiskRate, disk_rate, expert_spans, tier_counts, tiered_limit
 from strata.format import inspect
 from strata.options import KV, Mode
 from strata.progress import ByteProgress
@@ -40,12 +38,7 @@ from strata.runtime.loader import load_experts
 from strata.runtime.plan import file_tensors
 from strata.runtime.pool import ExpertPool
 from strata.synth import synthesize
-from strata.runtime.tiers import (
-    IO_THREADS, RamBudget, file_matrices, matrix_file_bytes, plan_ram, ram_budget, share_budget,
-)
-
-ALIGN = 4096
-
+from strata.runtime.tiers import IO_THREADS, RamBudget, plan_ram, ram_budget, share_budget
 
 def status_bytes(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -54,50 +47,7 @@ def status_bytes(field: str) -> int:
     return 0
 
 
-def disk_rate(path: str, spans: list[tuple[int, int]], seconds: float = 4.0, threads: int = IO_THREADS) -> float:
-    """Bytes/s of O_DIRECT reads of `spans` (offset, length) picked at random, `threads` in flight."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-    rng = np.random.default_rng()
-    deadline = time.monotonic() + seconds
-
-    def reader(seed: int) -> int:
-        picks = np.random.default_rng(seed)
-        longest = max(length for _, length in spans) + 2 * ALIGN
-        buffer = mmap.mmap(-1, longest)  # page-aligned, as O_DIRECT wants
-        done = 0
-        while time.monotonic() < deadline:
-            offset, length = spans[int(picks.integers(len(spans)))]
-            start = offset // ALIGN * ALIGN
-            size = (offset + length + ALIGN - 1) // ALIGN * ALIGN - start
-            done += os.preadv(fd, [memoryview(buffer)[:size]], start)
-        return done
-
-    try:
-        start = time.monotonic()
-        with ThreadPoolExecutor(threads) as pool:
-            total = sum(pool.map(reader, rng.integers(1 << 31, size=threads)))
-        return total / (time.monotonic() - start)
-    finally:
-        os.close(fd)
-
-
-def expert_spans(file) -> list[tuple[int, int]]:
-    """(offset, length) of every matrix of every routed expert in the file: what the tier reads."""
-    g = file.geometry
-    spans = []
-    for layer in range(g.n_layer):
-        matrices = file_matrices(file, layer)
-        for m in matrices or ():
-            spans += [(m.offset + e * m.stride, matrix_file_bytes(m)) for e in range(g.n_expert)]
-    return spans
-
-
-def tier_counts(pool: ExpertPool) -> tuple[int, int, int]:
-    stats = pool.tier_stats()
-    return (sum(s["hits"] for s in stats), sum(s["misses"] for s in stats), sum(s["bytes_read"] for s in stats))
-
-
-def gpu_share(path: str, budget: RamBudget, rate: float, args) -> dict:
+def gpu_share(path: str, budget: RamBudget, disk: DiskRate, args) -> dict:
     with strata.load(path, ram_budget=budget.nbytes, expert_cache=args.cache) as model:
         g, tensors = model.info.geometry, file_tensors(model.file)
         slots = [model.cache.slots(layer) for layer in range(g.n_layer)] if model.cache else None
@@ -105,20 +55,18 @@ def gpu_share(path: str, budget: RamBudget, rate: float, args) -> dict:
         before = tier_counts(model.pool)
         decoded = run_modes(model, [Mode.TOKEN_GRAPH], args.prompt_tokens, args.tokens, None, KV.INT8,
                             np.random.default_rng())[Mode.TOKEN_GRAPH.value]
-        hits, misses, read = (a - b for a, b in zip(tier_counts(model.pool), before))
         steps = args.prompt_tokens + args.tokens + 1  # every token stepped: the prompt's and the decoded
         base = machine_limit(g, tensors, rates, slots)
-        missed = misses / max(hits + misses, 1)
-        limit = ((1 - missed) * base.routed_bytes / rates.host_read + read / steps / rate + base.dense_seconds
-                 + base.doorbell_seconds)
-        return {"tokens_per_second": decoded["tokens_per_second"], "limit_tokens_per_second": 1 / limit,
-                "fraction_of_limit": limit / decoded["seconds_per_token"], "misses_per_token": misses / steps,
-                "disk_bytes_per_token": read / steps, "host_read": rates.host_read, "tiered": model.ram.tiered,
-                "budget": budget.nbytes, "vm_rss": status_bytes("VmRSS"), "vm_lck": status_bytes("VmLck"),
+        limit = tiered_limit(base, before, tier_counts(model.pool), steps, disk)
+        return {"tokens_per_second": decoded["tokens_per_second"], "limit_tokens_per_second": 1 / limit["seconds"],
+                "fraction_of_limit": limit["seconds"] / decoded["seconds_per_token"],
+                "misses_per_token": limit["misses_per_token"], "disk_bytes_per_token": limit["disk_bytes_per_token"],
+                "host_read": rates.host_read, "tiered": model.ram.tiered, "budget": budget.nbytes,
+                "vm_rss": status_bytes("VmRSS"), "vm_lck": status_bytes("VmLck"),
                 "cached_bytes_per_token": base.cached_bytes}
 
 
-def pool_share(path: str, budget: RamBudget, rate: float, args) -> dict:
+def pool_share(path: str, budget: RamBudget, disk: DiskRate, args) -> dict:
     with inspect(path) as file:
         g = file.geometry
         plan = plan_ram(file, budget)
@@ -141,7 +89,7 @@ def pool_share(path: str, budget: RamBudget, rate: float, args) -> dict:
                                   else (args.tokens * len(layers) * g.n_expert_used, 0, 0))
             in_ram = sum(pool.layer_bytes(layer) for layer in layers) * g.n_expert_used * hits
             in_ram /= max(hits + misses, 1) * len(layers)
-            limit = in_ram / host_read + read / args.tokens / rate
+            limit = in_ram / host_read + read / args.tokens / disk.bytes_per_second
             return {"tokens_per_second": 1 / seconds, "limit_tokens_per_second": 1 / limit,
                     "fraction_of_limit": limit / seconds, "misses_per_token": misses / args.tokens,
                     "disk_bytes_per_token": read / args.tokens, "host_read": host_read, "tiered": plan.tiered,
@@ -163,16 +111,16 @@ def main() -> int:
     if args.model is None:
         args.model = str(bench_model(cache_dir(), synthesize, ByteProgress("bench: synth")))
     with inspect(args.model) as file:
-        rate = disk_rate(str(file.path), expert_spans(file), args.disk_seconds)
+        disk = disk_rate(str(file.path), expert_spans(file), args.disk_seconds)
         if args.ram_budget is not None:
             budgets = [ram_budget(parse_budget(args.ram_budget, "--ram-budget"))]
         else:
             budgets = [share_budget(file, int(p) / 100) for p in args.shares.split(",")]
-    print(f"RESULT disk_read_rate {rate / 1e9:.3f} GB/s (O_DIRECT, {IO_THREADS} in flight, expert matrices)")
+    print(f"RESULT disk_read_rate {disk.bytes_per_second / 1e9:.3f} GB/s ({disk.reads}, {IO_THREADS} in flight, expert matrices)")
     run = pool_share if args.pool_only else gpu_share
-    results = {"model": args.model, "disk_read_rate": rate, "shares": {}}
+    results = {"model": args.model, "disk_read_rate": disk.bytes_per_second, "disk_reads": disk.reads, "shares": {}}
     for budget in budgets:
-        r = run(args.model, budget, rate, args)
+        r = run(args.model, budget, disk, args)
         results["shares"][budget.source] = r
         print(f"RESULT {budget.source}: {r['tokens_per_second']:.2f} tok/s, limit {r['limit_tokens_per_second']:.2f} "
               f"({r['fraction_of_limit']:.1%}); misses {r['misses_per_token']:.1f}/token, "

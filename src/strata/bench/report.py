@@ -40,7 +40,17 @@ def report(result: Mapping[str, Any]) -> list[str]:
                   f"{m['tokens_per_step']:.2f} tokens per step" for mode, m in result["modes"].items()]
     for mode, m in result["modes"].items():
         lines += bound_lines(mode, m, limit)
+        if "tier" in m:
+            lines.append(tier_line(mode, m["tier"]))
     return lines
+
+
+def tier_line(mode: str, tier: Mapping[str, Any]) -> str:
+    """A tiered load's mode: the experts its pool read from the file, at the file's read rate, and the limit then."""
+    return (f"  {mode}: the file {tier['misses_per_token']:.1f} experts a token missed ({tier['missed_share']:.1%} of "
+            f"the pool's), {tier['disk_bytes_per_token'] / 1e6:.1f} MB at {tier['disk_rate'] / 1e9:.2f} GB/s "
+            f"({tier['disk_reads']}, measured here) = {tier['disk_seconds'] * MS:.3f} ms; the tiered limit "
+            f"{1 / tier['seconds']:.1f} tok/s = {tier['seconds'] * MS:.3f} ms/token")
 
 
 def drafting(result: Mapping[str, Any]) -> str:

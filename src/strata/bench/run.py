@@ -11,6 +11,7 @@ from strata.bench.decode import run_modes
 from strata.bench.limit import machine_limit
 from strata.bench.prompt import prompt_report, prompt_speed
 from strata.bench.rates import Rates, measure
+from strata.bench.tiers import disk_rate, expert_spans, tier_counts, tiered_limit
 from strata.bench.records import Emit, write_json
 from strata.bench.report import report, sweep_report
 from strata.errors import InvalidArgument
@@ -49,13 +50,23 @@ def run(model: Any, *, model_path: str, modes: list[Mode | str], prompt_tokens: 
     rates = rates or measure(model.pool, model.device)
     tensors = file_tensors(model.file)
     limit = machine_limit(g, tensors, rates, model.cache_slots)
+    # A tiered load (docs/tiers.md) reads the experts its arena lacks from the file: its limit adds them at the
+    # file's read rate, measured here with the tier's own kind of reads, per mode from the tier's counters.
+    tiered = getattr(model, "ram", None) is not None and model.ram.tiered
+    disk = disk_rate(str(model.file.path), expert_spans(model.file), seconds=2.0) if tiered else None
     # Model.session's steering, only where some is given: a bench without it opens its sessions as it always did
     steering = {"control_vectors": list(control_vectors), "control_layers": control_layers} \
         if control_vectors or control_layers is not None else {}
-    results = run_modes(model, modes, prompt_tokens, tokens, context, kv, np.random.default_rng(), kv_streaming,
-                        defer_experts, draft, draft_tokens, steering)
-    for m in results.values():
-        m["fraction_of_limit"] = limit.seconds / m["seconds_per_token"]
+    results = {}
+    for mode in modes:
+        before = tier_counts(model.pool) if tiered else None
+        results.update(run_modes(model, [mode], prompt_tokens, tokens, context, kv, np.random.default_rng(),
+                                 kv_streaming, defer_experts, draft, draft_tokens, steering))
+        m = results[mode.value]
+        if tiered:
+            m["tier"] = tiered_limit(limit, before, tier_counts(model.pool), prompt_tokens + tokens + 1, disk)
+        m["fraction_of_limit"] = m["tier"]["seconds"] / m["seconds_per_token"] if tiered else \
+            limit.seconds / m["seconds_per_token"]
     result = {"model": model_path, "arch": g.arch, "n_layer": g.n_layer, "prompt_tokens": prompt_tokens,
               "tokens": tokens, "kv": kv.value, "kv_streaming": kv_streaming, "defer_experts": defer_experts,
               "draft": draft, "draft_tokens": draft_tokens if draft else None,
