@@ -290,7 +290,8 @@ def load(path: str | os.PathLike[str], *, device: int = 0, threads: int | None =
             slots = placed.cache_slots
             if progress:
                 line = cache_plan.describe(g, tensors, slots, placed.cache_bytes)
-                print(f"load: {line}, policy {cache_policy}", file=sys.stderr)
+                why = " (a tiered load's cache is read once: docs/tiers.md)" if ram.tiered and any(slots) else ""
+                print(f"load: {line}, policy {cache_policy}{why}", file=sys.stderr)
             cache = cache_plan.build(pool, slots, device, cache_plan.expert_bytes(g, tensors),
                                      ByteProgress("load: expert cache") if progress else None, cache_policy)
             staging = prompt_staging(placed, pool, device, g.n_expert, progress) if placed.wants_staging else None
