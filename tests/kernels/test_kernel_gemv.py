@@ -300,7 +300,7 @@ def test_quant_gemv_inputs_rows_short_of_a_warps_rows(rng, rows, inputs):
 
 # The tensor-core kernel (kernels/gemv_quant_mma.cuh) keeps the single GEMV's float order, so the same bits: at every
 # row split of gemv_rows.cuh (1 warp a row from 2,048 rows, 2 from 1,024, 4 below), tiles short of 16 rows, rows
-# of fewer blocks than a part's 32 lanes, and every count of inputs.
+# of fewer blocks than a part's 32 lanes, and every count of inputs, one mma's 8 and two mmas' 16.
 MMA_TYPES = [T.Q8_0, T.Q5_0, T.Q4_0]
 
 
@@ -308,7 +308,8 @@ MMA_TYPES = [T.Q8_0, T.Q5_0, T.Q4_0]
 @pytest.mark.parametrize("ggml_type", MMA_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize(("rows", "cols", "inputs"), [(2048, 2560, 8), (2560 + 5, 6144, 3), (1024, 640, 5),
                                                       (1500, 2560, 2), (640, 2560, 8), (37, 64, 7), (16, 1024, 1),
-                                                      (250, 11264, 4)])
+                                                      (250, 11264, 4), (2048, 2560, 16), (1500, 2560, 11),
+                                                      (640, 2560, 16), (37, 64, 13), (4096 + 3, 640, 9)])
 def test_quant_gemv_inputs_on_the_tensor_cores(rng, ggml_type, rows, cols, inputs):
     check_inputs(random_weight(ggml_type, rows, cols, rng), inputs, cols + 32, rng, kernel="tensor_cores")
 
@@ -328,8 +329,12 @@ def test_quant_gemv_inputs_chosen_and_integer_kernels_agree(rng, ggml_type):
 
 def test_gemv_inputs_refusals_without_a_device(rng):
     q = random_weight(T.Q8_0, 8, 256, rng)
+    with pytest.raises(strata.InvalidArgument, match="gemv_quant_inputs needs 1 <= inputs <= 16, got 17"):
+        _native_check.gemv_inputs(q, np.zeros((17, 256), np.float32))
     with pytest.raises(strata.InvalidArgument, match="gemv_quant_inputs needs 1 <= inputs <= 8, got 9"):
-        _native_check.gemv_inputs(q, np.zeros((9, 256), np.float32))
+        _native_check.gemv_inputs(q, np.zeros((9, 256), np.float32), kernel="integer")
+    with pytest.raises(strata.InvalidArgument, match="gemv_quant_inputs needs 1 <= inputs <= 8, got 9"):
+        _native_check.gemv_inputs(random_weight(T.Q4_K, 8, 256, rng), np.zeros((9, 256), np.float32))
     with pytest.raises(strata.InvalidArgument, match=r"at least cols \(256\) and a multiple of 32, got 296"):
         _native_check.gemv_inputs(q, np.zeros((2, 296), np.float32))
     with pytest.raises(strata.InvalidArgument, match="takes quantized weights; this one is float"):

@@ -33,6 +33,13 @@ kernels::InputsKernel inputs_kernel(int kernel, const QuantForm& form, int cols)
                      : kernel == 1 ? kernels::InputsKernel::kInteger : kernels::InputsKernel::kTensorCores;
 }
 
+// The most inputs one launch of `kernel` takes for the form (kernels/gemv.cuh).
+int max_inputs_of(kernels::InputsKernel kernel, const QuantForm& form, int cols) {
+  return kernel == kernels::InputsKernel::kInteger ? kernels::kMaxGemvInputs
+         : kernel == kernels::InputsKernel::kTensorCores ? kernels::kMaxMmaInputs
+                                                         : kernels::gemv_quant_max_inputs(form, cols);
+}
+
 void check_quant_shape(const QuantForm& form, int rows, int cols) {
   STRATA_EXPECTS(kernels::gemv_quant_supports(form), InvalidArgument,
                  "gemv_quant: the form descriptor (code_bits " + std::to_string(form.code_bits) + ", group " +
@@ -157,8 +164,9 @@ void gemv_quant_inputs(int device, const QuantForm& form, const QuantPlanes& hos
                        int inputs, int x_stride, const float* x, float* y, int kernel) {
   check_quant_shape(form, rows, cols);
   const kernels::InputsKernel chosen = inputs_kernel(kernel, form, cols);
-  STRATA_EXPECTS(inputs >= 1 && inputs <= kernels::kMaxGemvInputs, InvalidArgument,
-                 "gemv_quant_inputs needs 1 <= inputs <= " + std::to_string(kernels::kMaxGemvInputs) + ", got " +
+  const int max_inputs = max_inputs_of(chosen, form, cols);
+  STRATA_EXPECTS(inputs >= 1 && inputs <= max_inputs, InvalidArgument,
+                 "gemv_quant_inputs needs 1 <= inputs <= " + std::to_string(max_inputs) + ", got " +
                      std::to_string(inputs));
   STRATA_EXPECTS(x_stride >= cols && x_stride % 32 == 0, InvalidArgument,
                  "gemv_quant_inputs needs x_stride at least cols (" + std::to_string(cols) +
@@ -223,8 +231,9 @@ void time_gemv_quant_inputs(int device, const QuantForm& form, const QuantPlanes
                             int max_inputs, int reps, double* batch_seconds, double* inputs_seconds, int kernel) {
   check_quant_shape(form, rows, cols);
   const kernels::InputsKernel chosen = inputs_kernel(kernel, form, cols);
-  STRATA_EXPECTS(max_inputs >= 1 && max_inputs <= kernels::kMaxGemvInputs, InvalidArgument,
-                 "time_gemv_quant_inputs needs 1 <= max_inputs <= " + std::to_string(kernels::kMaxGemvInputs) +
+  const int bound = max_inputs_of(chosen, form, cols);
+  STRATA_EXPECTS(max_inputs >= 1 && max_inputs <= bound, InvalidArgument,
+                 "time_gemv_quant_inputs needs 1 <= max_inputs <= " + std::to_string(bound) +
                      ", got " + std::to_string(max_inputs));
   check_device(device);
   DeviceScope scope(device);

@@ -185,11 +185,12 @@ cudaError_t gemv_quant_inputs(const QuantForm& form, const QuantPlanes& planes, 
                               float* y, cudaStream_t stream, InputsKernel kernel) {
   const cudaError_t operands = gemv_quant_operands(form, planes, rows, cols, xq);
   if (operands != cudaSuccess) return operands;
-  if (inputs < 1 || inputs > kMaxGemvInputs || x_stride < cols || x_stride % kBlock != 0) return cudaErrorInvalidValue;
-  const StridedQ8 acts{xq, dx, xsums, x_stride};
   const bool tensor_cores = kernel == InputsKernel::kTensorCores ||
                             (kernel == InputsKernel::kChosen && inputs >= kMmaMinInputs &&
                              gemv_quant_mma_takes(form, cols));
+  const int max_inputs = tensor_cores ? kMaxMmaInputs : kMaxGemvInputs;
+  if (inputs < 1 || inputs > max_inputs || x_stride < cols || x_stride % kBlock != 0) return cudaErrorInvalidValue;
+  const StridedQ8 acts{xq, dx, xsums, x_stride};
   if (tensor_cores) return gemv_quant_mma(form, planes, rows, cols, inputs, acts, y, stream);
   if (inputs == 1) return gemv_quant(form, planes, rows, cols, xq, dx, xsums, y, stream);  // the same walk, lighter
   const int split = row_split(rows), per_warp = warp_rows(rows, inputs);
@@ -204,6 +205,10 @@ cudaError_t gemv_quant_inputs(const QuantForm& form, const QuantPlanes& planes, 
                     y, split);
   });
   return status;
+}
+
+int gemv_quant_max_inputs(const QuantForm& form, int cols) {
+  return gemv_quant_mma_takes(form, cols) ? kMaxMmaInputs : kMaxGemvInputs;
 }
 
 cudaError_t gemv_quant(const QuantForm& form, const QuantPlanes& planes, int rows, int cols,

@@ -14,11 +14,12 @@ namespace strata::kernels {
 namespace {
 
 constexpr int kTileRows = 16;     // an mma's M: the weight rows of a CTA
-constexpr int kTileInputs = 8;    // its N: the inputs, zero past `inputs`
+constexpr int kTileInputs = 8;    // its N: the inputs of one mma, zero past `inputs`
+constexpr int kMaxTiles = kMaxMmaInputs / kTileInputs;  // mmas a block (input tiles), A's fragment loaded once
 constexpr int kLaneClasses = 32;  // the one-row GEMV's lanes, whose sums the order keeps apart
 constexpr int kWarps = 8;
-static_assert(kTileInputs == kMaxGemvInputs, "one mma's columns take every input");
-static_assert(kWarps * 32 >= kTileRows * kTileInputs, "the CTA's threads store the tile's outputs, one each");
+static_assert(kMaxTiles * kTileInputs == kMaxMmaInputs && kMaxGemvInputs <= kTileInputs * kMaxTiles);
+static_assert(kWarps * 32 >= kTileRows * kTileInputs * kMaxTiles, "the CTA's threads store the outputs, one each");
 // A tile's staged rows at most: 227 KB of shared memory a CTA on sm_90, less the warps' subtrees. A matrix wider than
 // that (Q8_0 beyond ~12,000 columns) keeps the integer kernel.
 constexpr std::size_t kMaxStagedBytes = 200 * 1024;
@@ -70,38 +71,49 @@ __device__ __forceinline__ void stage_tile(const QuantPlanes& p, int first, int 
   __syncthreads();
 }
 
+// A thread's outputs: Tiles input tiles of an mma's 4 (weight row g + 8 (e / 2), input 8 tile + 2 t + e % 2).
+template <int Tiles>
+using Outputs = float[Tiles][4];
+
 // One warp's walk of the staged tile: leaf(position, sums) is the (part, lane class) leaf at bit-reversed position
-// `position` of the part: the one-row GEMV's lane sum of that class, for the thread's 4 (row, input) outputs.
-template <class S, int Split>
+// `position` of the part: the one-row GEMV's lane sum of that class, for the thread's outputs.
+template <class S, int Split, int Tiles>
 struct TileWalk {
   const unsigned char* staged;
   const __half* scales;
   int stride, n_blocks, part, bias_shift;
-  GlobalQ8 column;  // B's column g: input g (zeros where g >= inputs)
-  bool column_live;
-  GlobalQ8 x0, x1;  // the inputs of the thread's outputs: 2 t and 2 t + 1
+  GlobalQ8 column[Tiles];  // B's column g of each tile: input 8 tile + g (zeros past `inputs`)
+  bool column_live[Tiles];
+  GlobalQ8 x[Tiles][2];    // the inputs of the thread's outputs: 8 tile + 2 t and 8 tile + 2 t + 1
   int g, t;
 
-  __device__ __forceinline__ void operator()(int position, float (&sums)[4]) const {
+  __device__ __forceinline__ void operator()(int position, Outputs<Tiles>& sums) const {
     const int lane_class = static_cast<int>(__brev(static_cast<unsigned>(position)) >> 27);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) sums[e] = 0.0f;
+    for (int tile = 0; tile < Tiles; ++tile) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sums[tile][e] = 0.0f;
+    }
     for (int b = part * kLaneClasses + lane_class; b < n_blocks; b += kLaneClasses * Split) {
-      unsigned a[4], b0 = 0u, b1 = 0u;
+      unsigned a[4];
       weights(b, a);
-      if (column_live) column_words(b, b0, b1);
-      int dots[4] = {0, 0, 0, 0};
-      mma_s8_k32(dots, a, b0, b1);
       const float row_scale[2] = {__half2float(scales[b * kTileRows + g]),
                                   __half2float(scales[b * kTileRows + g + 8])};
-      const float dx[2] = {x0.scale(b), x1.scale(b)};
-      const int xsum[2] = {x0.sum(b), x1.sum(b)};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {  // output e: weight row g + 8 (e / 2), input 2 t + e % 2
-        const float scale[1] = {row_scale[e / 2]}, no_offset[1] = {0.0f};
-        const int dot[1] = {dots[e]}, block_sum[1] = {xsum[e % 2]};
-        sums[e] = quant_rows::add_block(sums[e], dx[e % 2],
-                                        quant_rows::block_term<S>(scale, no_offset, dot, block_sum, bias_shift));
+      for (int tile = 0; tile < Tiles; ++tile) {
+        unsigned b0 = 0u, b1 = 0u;
+        if (column_live[tile]) column_words(column[tile], b, b0, b1);
+        int dots[4] = {0, 0, 0, 0};
+        mma_s8_k32(dots, a, b0, b1);
+        const float dx[2] = {x[tile][0].scale(b), x[tile][1].scale(b)};
+        const int xsum[2] = {x[tile][0].sum(b), x[tile][1].sum(b)};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float scale[1] = {row_scale[e / 2]}, no_offset[1] = {0.0f};
+          const int dot[1] = {dots[e]}, block_sum[1] = {xsum[e % 2]};
+          sums[tile][e] = quant_rows::add_block(
+              sums[tile][e], dx[e % 2], quant_rows::block_term<S>(scale, no_offset, dot, block_sum, bias_shift));
+        }
       }
     }
   }
@@ -126,8 +138,8 @@ struct TileWalk {
     }
   }
 
-  // B's fragment of block b: input g's codes at the k positions weights() gives A.
-  __device__ __forceinline__ void column_words(int b, unsigned& b0, unsigned& b1) const {
+  // B's fragment of block b: an input's codes at the k positions weights() gives A.
+  __device__ __forceinline__ void column_words(const GlobalQ8& column, int b, unsigned& b0, unsigned& b1) const {
     const std::int8_t* block = column.xq + static_cast<long>(b) * kCodeBlock;
     if constexpr (S::kBits == 8) {
       const uint2 w = __ldg(reinterpret_cast<const uint2*>(block) + t);
@@ -141,22 +153,25 @@ struct TileWalk {
 
 // The pairwise tree over N leaves from `position`: the butterfly's levels for the N lanes of an aligned run of
 // bit-reversed positions.
-template <int N, class Leaf>
-__device__ __forceinline__ void fold_leaves(const Leaf& leaf, int position, float (&sums)[4]) {
+template <int N, int Tiles, class Leaf>
+__device__ __forceinline__ void fold_leaves(const Leaf& leaf, int position, Outputs<Tiles>& sums) {
   if constexpr (N == 1) {
     leaf(position, sums);
   } else {
-    float right[4];
-    fold_leaves<N / 2>(leaf, position, sums);
-    fold_leaves<N / 2>(leaf, position + N / 2, right);
+    Outputs<Tiles> right;
+    fold_leaves<N / 2, Tiles>(leaf, position, sums);
+    fold_leaves<N / 2, Tiles>(leaf, position + N / 2, right);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) sums[e] += right[e];
+    for (int tile = 0; tile < Tiles; ++tile) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sums[tile][e] += right[tile][e];
+    }
   }
 }
 
 // The butterfly's levels above the warps' runs: the tree over N warps' subtrees from warp w of output (r, i).
 template <int N>
-__device__ __forceinline__ float fold_warps(const float (&subtrees)[kWarps][kTileRows][kTileInputs], int w, int r,
+__device__ __forceinline__ float fold_warps(const float (&subtrees)[kWarps][kTileRows][kMaxMmaInputs], int w, int r,
                                             int i) {
   if constexpr (N == 1) {
     return subtrees[w][r][i];
@@ -167,15 +182,15 @@ __device__ __forceinline__ float fold_warps(const float (&subtrees)[kWarps][kTil
 
 // y_i = W x_i for i < inputs over one 16-row tile a CTA, each output the one-row GEMV's bits (gemv_quant_mma.cuh):
 // Split is gemv_quant's warps a row for the matrix (row_split), so its lanes' classes are Split x 32 leaves, of which
-// each warp folds an aligned run of 4 x Split.
-template <class S, int Split>
+// each warp folds an aligned run of 4 x Split; Tiles the mmas a block (8 inputs each).
+template <class S, int Split, int Tiles>
 __global__ void __launch_bounds__(kWarps * 32)
 gemv_quant_mma_kernel(QuantPlanes p, int rows, int cols, int code_bias, StridedQ8 acts, int inputs,
                       float* __restrict__ y) {
   await_producers();
   release_consumers();
   extern __shared__ __align__(16) unsigned char staged[];
-  __shared__ float subtrees[kWarps][kTileRows][kTileInputs];
+  __shared__ float subtrees[kWarps][kTileRows][kMaxMmaInputs];
   const int n_blocks = cols / kCodeBlock, stride = staged_stride<S>(n_blocks);
   __half* scales = reinterpret_cast<__half*>(staged + kTileRows * stride);
   const int first = static_cast<int>(blockIdx.x) * kTileRows;
@@ -186,28 +201,33 @@ gemv_quant_mma_kernel(QuantPlanes p, int rows, int cols, int code_bias, StridedQ
   static_assert(kRun >= 1 && kRun <= kLaneClasses && kLaneClasses % kRun == 0, "a warp's run is a subtree");
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int in0 = 2 * t, in1 = 2 * t + 1;
-  const TileWalk<S, Split> walk{staged,
-                                scales,
-                                stride,
-                                n_blocks,
-                                warp * kRun / kLaneClasses,
-                                (S::kBits == 8 ? 128 : 0) - code_bias,  // as quant_rows_partials' bias_shift
-                                acts[g < inputs ? g : 0],
-                                g < inputs,
-                                acts[in0 < inputs ? in0 : 0],
-                                acts[in1 < inputs ? in1 : 0],
-                                g,
-                                t};
-  float sums[4];
-  fold_leaves<kRun>(walk, warp * kRun % kLaneClasses, sums);
-  subtrees[warp][g][in0] = sums[0];
-  subtrees[warp][g][in1] = sums[1];
-  subtrees[warp][g + 8][in0] = sums[2];
-  subtrees[warp][g + 8][in1] = sums[3];
+  // Inputs past `inputs` read input 0 (never stored) or, as B's column, zeros.
+  const auto input = [&](int i) { return acts[i < inputs ? i : 0]; };
+  TileWalk<S, Split, Tiles> walk{staged, scales, stride, n_blocks, warp * kRun / kLaneClasses,
+                                 (S::kBits == 8 ? 128 : 0) - code_bias,  // as quant_rows_partials' bias_shift
+                                 {}, {}, {}, g, t};
+#pragma unroll
+  for (int tile = 0; tile < Tiles; ++tile) {
+    const int base = kTileInputs * tile;
+    walk.column[tile] = input(base + g);
+    walk.column_live[tile] = base + g < inputs;
+    walk.x[tile][0] = input(base + 2 * t);
+    walk.x[tile][1] = input(base + 2 * t + 1);
+  }
+  Outputs<Tiles> sums;
+  fold_leaves<kRun, Tiles>(walk, warp * kRun % kLaneClasses, sums);
+#pragma unroll
+  for (int tile = 0; tile < Tiles; ++tile) {
+    const int i0 = kTileInputs * tile + 2 * t;
+    subtrees[warp][g][i0] = sums[tile][0];
+    subtrees[warp][g][i0 + 1] = sums[tile][1];
+    subtrees[warp][g + 8][i0] = sums[tile][2];
+    subtrees[warp][g + 8][i0 + 1] = sums[tile][3];
+  }
   __syncthreads();
 
-  const int r = static_cast<int>(threadIdx.x) / kTileInputs, i = static_cast<int>(threadIdx.x) % kTileInputs;
+  constexpr int kInputs = kTileInputs * Tiles;
+  const int r = static_cast<int>(threadIdx.x) / kInputs, i = static_cast<int>(threadIdx.x) % kInputs;
   if (r >= tile_rows || i >= inputs) return;  // threads past the tile's outputs too (r >= 16)
   constexpr int kPartWarps = kWarps / Split;
   float total;
@@ -221,13 +241,19 @@ gemv_quant_mma_kernel(QuantPlanes p, int rows, int cols, int code_bias, StridedQ
   y[static_cast<long>(i) * rows + first + r] = total;
 }
 
+template <class S, int Tiles>
+auto* mma_kernel(int split) {
+  return split == 1 ? gemv_quant_mma_kernel<S, 1, Tiles>
+         : split == 2 ? gemv_quant_mma_kernel<S, 2, Tiles>
+                      : gemv_quant_mma_kernel<S, 4, Tiles>;
+}
+
 template <class S>
 cudaError_t launch_shape(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, int inputs,
                          const StridedQ8& acts, float* y, cudaStream_t stream) {
+  static_assert(kMaxTiles == 2, "a kernel for one input tile and one for two");
   const int split = row_split(rows);
-  auto* kernel = split == 1   ? gemv_quant_mma_kernel<S, 1>
-                 : split == 2 ? gemv_quant_mma_kernel<S, 2>
-                              : gemv_quant_mma_kernel<S, 4>;
+  auto* kernel = inputs <= kTileInputs ? mma_kernel<S, 1>(split) : mma_kernel<S, 2>(split);
   const std::size_t shared = staged_bytes<S>(cols / kCodeBlock);
   const cudaError_t set =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
@@ -249,7 +275,7 @@ bool gemv_quant_mma_takes(const QuantForm& form, int cols) {
 
 cudaError_t gemv_quant_mma(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, int inputs,
                            const StridedQ8& acts, float* y, cudaStream_t stream) {
-  if (rows <= 0 || inputs < 1 || inputs > kMaxGemvInputs || !gemv_quant_mma_takes(form, cols)) {
+  if (rows <= 0 || inputs < 1 || inputs > kMaxMmaInputs || !gemv_quant_mma_takes(form, cols)) {
     return cudaErrorInvalidValue;
   }
   cudaError_t status = cudaErrorInvalidValue;

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 
+#include "gemv.cuh"
 #include "gemv_quant_rows.cuh"
 #include "strata/forms.hpp"
 
@@ -28,7 +29,7 @@ namespace strata::kernels {
 // without mins or a table, and a 16-row tile of the row that shared memory holds.
 bool gemv_quant_mma_takes(const QuantForm& form, int cols);
 
-// y_i = W x_i for i < inputs (1..kMaxGemvInputs), each y_i the bits of gemv_quant's of x_i; the operands as
+// y_i = W x_i for i < inputs (1..kMaxMmaInputs), each y_i the bits of gemv_quant's of x_i; the operands as
 // gemv_quant_inputs has them (already checked by it). cudaErrorInvalidValue where gemv_quant_mma_takes is false.
 cudaError_t gemv_quant_mma(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, int inputs,
                            const StridedQ8& acts, float* y, cudaStream_t stream);
