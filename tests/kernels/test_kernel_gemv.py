@@ -257,13 +257,13 @@ def test_gemv_batch_refuses_a_stack_of_unequal_matrices(rng):
 # The multi-input GEMV (gemv_inputs: one matrix, up to 8 activations, each weight block decoded once for all):
 # each input's row must be the single GEMV of that input bit for bit (the same walk per input), and so within
 # the single GEMV's bounds of the numpy reference.
-def check_inputs(q, inputs: int, x_stride: int, rng: np.random.Generator) -> None:
+def check_inputs(q, inputs: int, x_stride: int, rng: np.random.Generator, kernel: str = "chosen") -> None:
     x = rng.standard_normal((inputs, x_stride)).astype(np.float32)
-    y = _native_check.gemv_inputs(q, x)
+    y = _native_check.gemv_inputs(q, x, kernel=kernel)
     assert y.shape == (inputs, q.rows) and y.dtype == np.float32
     for i in range(inputs):
         xi = np.ascontiguousarray(x[i, :q.cols])
-        note = f"input {i} of {inputs} ({q.rows}x{q.cols}, x_stride {x_stride})"
+        note = f"input {i} of {inputs} ({q.rows}x{q.cols}, x_stride {x_stride}, kernel {kernel})"
         err = error_of_terms(y[i], matvec(q, xi), q, xi)
         assert err < QUANT_RTOL, f"{note}: max error {err:.2e} of max sum |w x|"
         single = _native_check.gemv(q, xi)
@@ -298,14 +298,56 @@ def test_quant_gemv_inputs_rows_short_of_a_warps_rows(rng, rows, inputs):
     check_inputs(random_weight(T.Q8_0, rows, 64, rng), inputs, 64, rng)
 
 
+# The tensor-core kernel (kernels/gemv_quant_mma.cuh) keeps the single GEMV's float order, so the same bits: at every
+# row split of gemv_rows.cuh (1 warp a row from 2,048 rows, 2 from 1,024, 4 below), tiles short of 16 rows, rows
+# of fewer blocks than a part's 32 lanes, and every count of inputs, one mma's 8 and two mmas' 16.
+MMA_TYPES = [T.Q8_0, T.Q5_0, T.Q4_0]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ggml_type", MMA_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize(("rows", "cols", "inputs"), [(2048, 2560, 8), (2560 + 5, 6144, 3), (1024, 640, 5),
+                                                      (1500, 2560, 2), (640, 2560, 8), (37, 64, 7), (16, 1024, 1),
+                                                      (250, 11264, 4), (2048, 2560, 16), (1500, 2560, 11),
+                                                      (640, 2560, 16), (37, 64, 13), (4096 + 3, 640, 9)])
+def test_quant_gemv_inputs_on_the_tensor_cores(rng, ggml_type, rows, cols, inputs):
+    check_inputs(random_weight(ggml_type, rows, cols, rng), inputs, cols + 32, rng, kernel="tensor_cores")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ggml_type", MMA_TYPES + [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_quant_gemv_inputs_chosen_and_integer_kernels_agree(rng, ggml_type):
+    """Whichever kernel the launcher picks for a step's rows, and the integer walk it falls back to, give the same
+    bits (both are the single GEMV's)."""
+    q = random_weight(ggml_type, 1100, 2560, rng)
+    x = rng.standard_normal((6, 2560)).astype(np.float32)
+    chosen = _native_check.gemv_inputs(q, x)
+    integer = _native_check.gemv_inputs(q, x, kernel="integer")
+    differ = np.count_nonzero(chosen.view(np.uint32) != integer.view(np.uint32))
+    assert differ == 0, f"{ggml_type.name}: {differ} outputs of the chosen kernel differ from the integer walk's"
+
+
 def test_gemv_inputs_refusals_without_a_device(rng):
     q = random_weight(T.Q8_0, 8, 256, rng)
+    with pytest.raises(strata.InvalidArgument, match="gemv_quant_inputs needs 1 <= inputs <= 16, got 17"):
+        _native_check.gemv_inputs(q, np.zeros((17, 256), np.float32))
     with pytest.raises(strata.InvalidArgument, match="gemv_quant_inputs needs 1 <= inputs <= 8, got 9"):
-        _native_check.gemv_inputs(q, np.zeros((9, 256), np.float32))
+        _native_check.gemv_inputs(q, np.zeros((9, 256), np.float32), kernel="integer")
+    with pytest.raises(strata.InvalidArgument, match="gemv_quant_inputs needs 1 <= inputs <= 8, got 9"):
+        _native_check.gemv_inputs(random_weight(T.Q4_K, 8, 256, rng), np.zeros((9, 256), np.float32))
     with pytest.raises(strata.InvalidArgument, match=r"at least cols \(256\) and a multiple of 32, got 296"):
         _native_check.gemv_inputs(q, np.zeros((2, 296), np.float32))
     with pytest.raises(strata.InvalidArgument, match="takes quantized weights; this one is float"):
         _native_check.gemv_inputs(random_weight(T.F16, 8, 256, rng), np.zeros((2, 256), np.float32))
+    with pytest.raises(strata.InvalidArgument, match="kernel 'fast' is none of chosen, integer, tensor_cores"):
+        _native_check.gemv_inputs(q, np.zeros((2, 256), np.float32), kernel="fast")
+    with pytest.raises(strata.InvalidArgument, match="tensor-core kernel takes Q8_0, Q5_0 and Q4_0 .* not this form "
+                                                     "at 256 columns"):
+        _native_check.gemv_inputs(random_weight(T.Q4_K, 8, 256, rng), np.zeros((2, 256), np.float32),
+                                  kernel="tensor_cores")
+    with pytest.raises(strata.InvalidArgument, match="at 16384 columns"):  # 16 rows of it: 257 KB
+        _native_check.gemv_inputs(random_weight(T.Q8_0, 16, 16384, rng), np.zeros((2, 16384), np.float32),
+                                  kernel="tensor_cores")
 
 
 @pytest.mark.gpu

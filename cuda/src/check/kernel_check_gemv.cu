@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../kernels/gemv.cuh"
+#include "../kernels/gemv_quant_mma.cuh"
 #include "../kernels/quantize.cuh"
 #include "kernel_check_quant.hpp"
 #include "kernel_check_support.hpp"
@@ -19,6 +20,25 @@ namespace {
 
 constexpr std::size_t kColdBytes = std::size_t{512} << 20;  // well above any GPU's L2 cache
 constexpr int kMaxCopies = 4096;
+
+// The multi-input GEMV's kernel of a hook's `kernel` argument (kernel_check.hpp), checked against the form.
+kernels::InputsKernel inputs_kernel(int kernel, const QuantForm& form, int cols) {
+  STRATA_EXPECTS(kernel >= 0 && kernel <= 2, InvalidArgument,
+                 "gemv_quant_inputs: kernel " + std::to_string(kernel) +
+                     " is none of 0 (chosen), 1 (integer), 2 (tensor cores)");
+  STRATA_EXPECTS(kernel != 2 || kernels::gemv_quant_mma_takes(form, cols), InvalidArgument,
+                 "gemv_quant_inputs: the tensor-core kernel takes Q8_0, Q5_0 and Q4_0 whose 16-row tile fits shared "
+                 "memory; not this form at " + std::to_string(cols) + " columns");
+  return kernel == 0 ? kernels::InputsKernel::kChosen
+                     : kernel == 1 ? kernels::InputsKernel::kInteger : kernels::InputsKernel::kTensorCores;
+}
+
+// The most inputs one launch of `kernel` takes for the form (kernels/gemv.cuh).
+int max_inputs_of(kernels::InputsKernel kernel, const QuantForm& form, int cols) {
+  return kernel == kernels::InputsKernel::kInteger ? kernels::kMaxGemvInputs
+         : kernel == kernels::InputsKernel::kTensorCores ? kernels::kMaxMmaInputs
+                                                         : kernels::gemv_quant_max_inputs(form, cols);
+}
 
 void check_quant_shape(const QuantForm& form, int rows, int cols) {
   STRATA_EXPECTS(kernels::gemv_quant_supports(form), InvalidArgument,
@@ -141,10 +161,12 @@ void gemv_quant_batch(int device, const QuantForm& form, const QuantPlanes& host
 }
 
 void gemv_quant_inputs(int device, const QuantForm& form, const QuantPlanes& host_planes, int rows, int cols,
-                       int inputs, int x_stride, const float* x, float* y) {
+                       int inputs, int x_stride, const float* x, float* y, int kernel) {
   check_quant_shape(form, rows, cols);
-  STRATA_EXPECTS(inputs >= 1 && inputs <= kernels::kMaxGemvInputs, InvalidArgument,
-                 "gemv_quant_inputs needs 1 <= inputs <= " + std::to_string(kernels::kMaxGemvInputs) + ", got " +
+  const kernels::InputsKernel chosen = inputs_kernel(kernel, form, cols);
+  const int max_inputs = max_inputs_of(chosen, form, cols);
+  STRATA_EXPECTS(inputs >= 1 && inputs <= max_inputs, InvalidArgument,
+                 "gemv_quant_inputs needs 1 <= inputs <= " + std::to_string(max_inputs) + ", got " +
                      std::to_string(inputs));
   STRATA_EXPECTS(x_stride >= cols && x_stride % 32 == 0, InvalidArgument,
                  "gemv_quant_inputs needs x_stride at least cols (" + std::to_string(cols) +
@@ -158,7 +180,8 @@ void gemv_quant_inputs(int device, const QuantForm& form, const QuantPlanes& hos
   GuardedOutput d_y(batch_y_bytes(inputs, rows));
   STRATA_CUDA_TRY(a.quantize(d_x.as<float>(), x_floats));
   STRATA_CUDA_TRY(kernels::gemv_quant_inputs(form, planes.at(0), rows, cols, inputs, x_stride, a.xq.as<std::int8_t>(),
-                                             a.dx.as<float>(), a.sums.as<std::int32_t>(), d_y.data<float>(), nullptr));
+                                             a.dx.as<float>(), a.sums.as<std::int32_t>(), d_y.data<float>(), nullptr,
+                                             chosen));
   STRATA_CUDA_TRY(cudaDeviceSynchronize());
   d_y.copy_out(y, "gemv_quant_inputs");
 }
@@ -189,12 +212,12 @@ namespace {
 // gemv_quant_inputs over `inputs` rows of `a`.
 double time_quant_inputs(const QuantForm& form, const DevicePlanes& planes, int copies, int rows, int cols,
                          int inputs, bool decode_once, const DeviceActivation& a, const DeviceBuffer& slots,
-                         const DeviceBuffer& y, int reps) {
+                         const DeviceBuffer& y, int reps, kernels::InputsKernel kernel = kernels::InputsKernel::kChosen) {
   return median_launch_seconds(copies, reps, [&](int copy) {
     const std::int8_t* xq = a.xq.as<std::int8_t>();
     if (decode_once) {
       return kernels::gemv_quant_inputs(form, planes.at(copy), rows, cols, inputs, cols, xq, a.dx.as<float>(),
-                                        a.sums.as<std::int32_t>(), y.as<float>(), nullptr);
+                                        a.sums.as<std::int32_t>(), y.as<float>(), nullptr, kernel);
     }
     const kernels::MatrixBatch batch{inputs > 1 ? slots.as<int>() : nullptr, inputs, inputs > 1 ? cols : 0};
     return kernels::gemv_quant_batch(form, planes.at(copy), rows, cols, batch, xq, a.dx.as<float>(),
@@ -205,10 +228,12 @@ double time_quant_inputs(const QuantForm& form, const DevicePlanes& planes, int 
 }  // namespace
 
 void time_gemv_quant_inputs(int device, const QuantForm& form, const QuantPlanes& host_planes, int rows, int cols,
-                            int max_inputs, int reps, double* batch_seconds, double* inputs_seconds) {
+                            int max_inputs, int reps, double* batch_seconds, double* inputs_seconds, int kernel) {
   check_quant_shape(form, rows, cols);
-  STRATA_EXPECTS(max_inputs >= 1 && max_inputs <= kernels::kMaxGemvInputs, InvalidArgument,
-                 "time_gemv_quant_inputs needs 1 <= max_inputs <= " + std::to_string(kernels::kMaxGemvInputs) +
+  const kernels::InputsKernel chosen = inputs_kernel(kernel, form, cols);
+  const int bound = max_inputs_of(chosen, form, cols);
+  STRATA_EXPECTS(max_inputs >= 1 && max_inputs <= bound, InvalidArgument,
+                 "time_gemv_quant_inputs needs 1 <= max_inputs <= " + std::to_string(bound) +
                      ", got " + std::to_string(max_inputs));
   check_device(device);
   DeviceScope scope(device);
@@ -220,7 +245,8 @@ void time_gemv_quant_inputs(int device, const QuantForm& form, const QuantPlanes
   STRATA_CUDA_TRY(cudaMemset(slots.as<void>(), 0, slots.bytes()));  // every product reads matrix 0
   for (int inputs = 1; inputs <= max_inputs; ++inputs) {
     batch_seconds[inputs - 1] = time_quant_inputs(form, planes, copies, rows, cols, inputs, false, a, slots, y, reps);
-    inputs_seconds[inputs - 1] = time_quant_inputs(form, planes, copies, rows, cols, inputs, true, a, slots, y, reps);
+    inputs_seconds[inputs - 1] =
+        time_quant_inputs(form, planes, copies, rows, cols, inputs, true, a, slots, y, reps, chosen);
   }
 }
 

@@ -86,12 +86,26 @@ cudaError_t gemv_float_batch(FloatKind kind, const void* w, int rows, int cols, 
 // (docs/rows.md) through one matrix, each weight block loaded and decoded once for all of them, where a batch of
 // `inputs` products of matrix 0 decodes it once per product. Input i's q8_32 form starts i * x_stride elements
 // after input 0's (x_stride >= cols, a multiple of 32); y_i = y + i * rows. Each y_i is, bit for bit, gemv_quant's
-// of x_i. Refused with cudaErrorInvalidValue: inputs outside 1..kMaxGemvInputs, a bad x_stride, or what
-// gemv_quant refuses.
+// of x_i, whichever kernel runs it: the integer walk (dp4a, every form, up to kMaxGemvInputs inputs) or, for the
+// forms of one scale a 32-element block (Q8_0, Q5_0, Q4_0), the tensor cores (gemv_quant_mma.cuh, up to
+// kMaxMmaInputs). `kernel` is the caller's choice of the two for the tests and benchmarks; kChosen takes the tensor
+// cores from kMmaMinInputs inputs where they take the form: more than the integer walk's 8, which it would take in
+// two launches. Measured (bench_gemv_inputs.py, H100, 2026-12-06): the tensor cores' staged tile reads a matrix at
+// ~1.5 TB/s whatever the inputs, the integer walk's one-row rate is ~2.6 TB/s and its cost grows with the inputs,
+// so 2 and 4 rows lost on the tensor cores (125 and 143 us for the 5 shapes against 88 and 116), 8 broke even
+// (182 against 186) and 16 won (133 against two launches' 209). Refused with cudaErrorInvalidValue: inputs outside
+// 1..the kernel's bound, a bad x_stride, what gemv_quant refuses, or the tensor cores asked for a form or width
+// they do not take.
 constexpr int kMaxGemvInputs = 8;
+constexpr int kMaxMmaInputs = 16;
+enum class InputsKernel { kChosen, kInteger, kTensorCores };
+constexpr int kMmaMinInputs = kMaxGemvInputs + 1;
+
+// The most inputs one gemv_quant_inputs launch takes for `form` at `cols` columns under kChosen.
+int gemv_quant_max_inputs(const QuantForm& form, int cols);
 
 cudaError_t gemv_quant_inputs(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, int inputs,
                               int x_stride, const std::int8_t* xq, const float* dx, const std::int32_t* xsums,
-                              float* y, cudaStream_t stream);
+                              float* y, cudaStream_t stream, InputsKernel kernel = InputsKernel::kChosen);
 
 }  // namespace strata::kernels

@@ -1,6 +1,7 @@
 #include <cstdint>
 
 #include "gemv.cuh"
+#include "gemv_quant_mma.cuh"
 #include "gemv_quant_rows.cuh"
 #include "gemv_rows.cuh"
 #include "int8_dot.cuh"
@@ -181,16 +182,21 @@ cudaError_t gemv_quant_batch(const QuantForm& form, const QuantPlanes& planes, i
 
 cudaError_t gemv_quant_inputs(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, int inputs,
                               int x_stride, const std::int8_t* xq, const float* dx, const std::int32_t* xsums,
-                              float* y, cudaStream_t stream) {
+                              float* y, cudaStream_t stream, InputsKernel kernel) {
   const cudaError_t operands = gemv_quant_operands(form, planes, rows, cols, xq);
   if (operands != cudaSuccess) return operands;
-  if (inputs < 1 || inputs > kMaxGemvInputs || x_stride < cols || x_stride % kBlock != 0) return cudaErrorInvalidValue;
+  const bool tensor_cores = kernel == InputsKernel::kTensorCores ||
+                            (kernel == InputsKernel::kChosen && inputs >= kMmaMinInputs &&
+                             gemv_quant_mma_takes(form, cols));
+  const int max_inputs = tensor_cores ? kMaxMmaInputs : kMaxGemvInputs;
+  if (inputs < 1 || inputs > max_inputs || x_stride < cols || x_stride % kBlock != 0) return cudaErrorInvalidValue;
+  const StridedQ8 acts{xq, dx, xsums, x_stride};
+  if (tensor_cores) return gemv_quant_mma(form, planes, rows, cols, inputs, acts, y, stream);
   if (inputs == 1) return gemv_quant(form, planes, rows, cols, xq, dx, xsums, y, stream);  // the same walk, lighter
   const int split = row_split(rows), per_warp = warp_rows(rows, inputs);
   const dim3 grid = gemv_grid((rows + per_warp - 1) / per_warp, split, 1);  // a CTA's warps take R rows each
   if (grid.x == 0) return cudaErrorInvalidValue;
   const ValueTable book = value_table(codebook_values(form.codebook));
-  const StridedQ8 acts{xq, dx, xsums, x_stride};
   cudaError_t status = cudaErrorInvalidValue;
   KnownShapes::visit(form, [&](auto shape) {
     using S = decltype(shape);
@@ -199,6 +205,10 @@ cudaError_t gemv_quant_inputs(const QuantForm& form, const QuantPlanes& planes, 
                     y, split);
   });
   return status;
+}
+
+int gemv_quant_max_inputs(const QuantForm& form, int cols) {
+  return gemv_quant_mma_takes(form, cols) ? kMaxMmaInputs : kMaxGemvInputs;
 }
 
 cudaError_t gemv_quant(const QuantForm& form, const QuantPlanes& planes, int rows, int cols,

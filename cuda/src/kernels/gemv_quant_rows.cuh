@@ -72,6 +72,27 @@ __device__ __forceinline__ void code_words(const int4& lo, const int4& hi, int (
   x[4] = hi.x, x[5] = hi.y, x[6] = hi.z, x[7] = hi.w;
 }
 
+// The float part of a row dot, in the one order every kernel of a quantized row keeps, so that a product's bits do
+// not depend on which kernel ran it (the GEMVs, the kernels that fuse one, the tensor-core GEMV of a step's rows,
+// gemv_quant_mma.cu): a block's term is its groups' scaled integer dots (and mins) added in turn, and a lane's sum
+// adds the activation's scale times it. Each step is a written fma: nvcc contracts a * b + c by itself, but where
+// it did so would then be the compiler's choice in each kernel, not the source's.
+template <class S>
+__device__ __forceinline__ float block_term(const float (&scale)[S::kGroupsPerBlock],
+                                            const float (&offset)[S::kGroupsPerBlock],
+                                            const int (&dot)[S::kGroupsPerBlock],
+                                            const int (&xsum)[S::kGroupsPerBlock], int bias_shift) {
+  float term = 0.0f;
+#pragma unroll
+  for (int g = 0; g < S::kGroupsPerBlock; ++g) {
+    term = __fmaf_rn(scale[g], static_cast<float>(dot[g] + bias_shift * xsum[g]), term);
+    if constexpr (S::kMins) term = __fmaf_rn(offset[g], static_cast<float>(xsum[g]), term);
+  }
+  return term;
+}
+
+__device__ __forceinline__ float add_block(float acc, float dx, float term) { return __fmaf_rn(dx, term, acc); }
+
 }  // namespace quant_rows
 
 // q8_32(x) (xq, dx, sums) as a row dot reads it: from global memory through the read-only path (the GEMVs), or
@@ -185,13 +206,7 @@ __device__ __forceinline__ void quant_rows_partials(const QuantPlanes& p, const 
       for (int r = 0; r < R; ++r) {
         int dot[S::kGroupsPerBlock];
         block_dots<S>(c[r], x, book, dot);
-        float block_term = 0.0f;
-#pragma unroll
-        for (int g = 0; g < S::kGroupsPerBlock; ++g) {
-          block_term += scale[r][g] * static_cast<float>(dot[g] + bias_shift * xsum[g]);
-          if constexpr (S::kMins) block_term += offset[r][g] * static_cast<float>(xsum[g]);
-        }
-        acc[r][i] += dx * block_term;
+        acc[r][i] = add_block(acc[r][i], dx, block_term<S>(scale[r], offset[r], dot, xsum, bias_shift));
       }
     }
   }

@@ -1,6 +1,5 @@
 // What the matmul kernels (matmul_quant.cu, matmul_float.cu) share: the CTA's tile and warp layout, which rows of
-// X a CTA serves (dense or grouped, matmul.cuh), the tensor-core instructions and cp.async, and the store of a
-// warp's outputs.
+// X a CTA serves (dense or grouped, matmul.cuh) and the store of a warp's outputs (the instructions: tensor_core.cuh).
 //
 // A CTA of 8 warps computes kMatmulWeightTile weight rows by kMatmulRowTile X rows; the warps stand 4 (weight
 // rows) by 2 (X rows), each computing 32 x 32 outputs as 2 x 4 mma tiles of 16 weight rows (the mma's M) by
@@ -12,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "matmul.cuh"
+#include "tensor_core.cuh"
 
 namespace strata::kernels {
 
@@ -79,46 +79,6 @@ inline dim3 matmul_grid(int rows, const MatmulRows& x_rows, const MatmulGroups* 
                                         : (x_rows.count + kMatmulRowTile - 1) / kMatmulRowTile;
   return dim3(static_cast<unsigned>((rows + kMatmulWeightTile - 1) / kMatmulWeightTile),
               static_cast<unsigned>(columns));
-}
-
-// D += A B on int8 tensor cores: A 16 x 32 (row-major fragment, 4 words), B 32 x 8 (column-major, 2 words).
-__device__ __forceinline__ void mma_s8_k32(int (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// D += A B over 16 columns: A 16 x 16 (2 words), B 16 x 8 (1 word).
-__device__ __forceinline__ void mma_s8_k16(int (&d)[4], unsigned a0, unsigned a1, unsigned b) {
-  asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a0), "r"(a1), "r"(b));
-}
-
-// D += A B on bf16 tensor cores with float32 accumulation: A 16 x 16 (4 words of bf16 pairs), B 16 x 8 (2 words).
-__device__ __forceinline__ void mma_bf16_k16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Asynchronous global -> shared copies of Bytes (4, 8 or 16) bytes, both addresses aligned to Bytes.
-template <int Bytes>
-__device__ __forceinline__ void copy_async(void* shared, const void* global) {
-  const unsigned to = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  if constexpr (Bytes == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(global) : "memory");
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(to), "l"(global), "n"(Bytes) : "memory");
-  }
-}
-__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Waits until at most `Pending` of this thread's committed copy groups are still in flight.
-template <int Pending>
-__device__ __forceinline__ void wait_copies() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
 }
 
 // Stores a warp's outputs: weight rows from w0 (of `rows`), X rows from x0 within the tile.

@@ -60,9 +60,10 @@ void gemv_float_batch(int device, FloatKind kind, const void* w_stack, int n_mat
 
 // The multi-input GEMV (kernels/gemv.cuh, gemv_quant_inputs): y [inputs][rows], y_i = W x_i, x [inputs][x_stride]
 // (x_stride >= cols, a multiple of 32; each row's first cols are the activation), quantized to q8_32 on the device
-// in one call. Arguments are checked before any device work.
+// in one call. `kernel`: 0 the launcher's choice, 1 the integer walk, 2 the tensor cores (refused for a form or
+// width they do not take). Arguments are checked before any device work.
 void gemv_quant_inputs(int device, const QuantForm& form, const QuantPlanes& host_planes, int rows, int cols,
-                       int inputs, int x_stride, const float* x, float* y);
+                       int inputs, int x_stride, const float* x, float* y, int kernel = 0);
 
 // Median time in seconds of one GEMV launch (CUDA events), with L2 cold: launches cycle through enough
 // device copies of the weight to overflow the L2 cache. Inputs as gemv_quant / gemv_float.
@@ -71,9 +72,9 @@ double time_gemv_quant(int device, const QuantForm& form, const QuantPlanes& hos
 double time_gemv_float(int device, FloatKind kind, const void* w, int rows, int cols, int reps);
 // The same for 1..max_inputs activations of one matrix (one upload of its copies): batch_seconds[i - 1] of a
 // batch of i products of the matrix (gemv_quant_batch, each product decoding it again), inputs_seconds[i - 1] of
-// one multi-input GEMV (gemv_quant_inputs).
+// one multi-input GEMV (gemv_quant_inputs, its kernel chosen as gemv_quant_inputs' `kernel` above).
 void time_gemv_quant_inputs(int device, const QuantForm& form, const QuantPlanes& host_planes, int rows, int cols,
-                            int max_inputs, int reps, double* batch_seconds, double* inputs_seconds);
+                            int max_inputs, int reps, double* batch_seconds, double* inputs_seconds, int kernel = 0);
 
 // Median seconds of one batch of `count` products over a host stack of n_matrix quantized matrices (product j of
 // matrix j % n_matrix, each its own x), with the L2 cold, each weight row read by `split` warps (0: the kernels'

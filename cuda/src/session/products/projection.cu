@@ -70,6 +70,10 @@ void project_inputs(const DeviceTensor& w, int inputs, const int* slots, const f
   }
 }
 
+int rows_per_launch(const DeviceTensor& w) {
+  return w.is_float ? kernels::kMaxGemvInputs : kernels::gemv_quant_max_inputs(w.form, static_cast<int>(w.cols));
+}
+
 void route_and_publish(const DeviceTensor& router, const float* x, const Q8Scratch& q8, int k,
                        const kernels::RouteTargets& out, const kernels::RoutePublish& publish, cudaStream_t stream) {
   const kernels::RouterMatrix w{weight_matrix(router), static_cast<int>(router.rows), static_cast<int>(router.cols)};

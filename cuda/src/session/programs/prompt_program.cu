@@ -239,9 +239,10 @@ PromptProgram::PromptProgram(const ModelGeometry& g, const ProgramInputs& in, in
 // y_i = W x_i for every row and product: one q8_32 form of the rows shared by the quantized weights (the same
 // products' columns, as decode's project() shares one), then one product per weight: for more than kMaxStepRows
 // rows (decode_session.hpp) a tensor-core product that reads each weight tile once per tile of rows; for a step's
-// rows (a verification's, a batch's) multi-input GEMVs of kGemvRows rows at most, each weight block read and
-// decoded once for all of them, since a tensor-core tile of 64 rows would stream each weight tile through a few
-// CTAs for a handful of rows, while the GEMVs spread the matrix over every SM.
+// rows (a verification's, a batch's) multi-input GEMVs of kGemvRows rows at most (all of them where the tensor
+// cores multiply the weight: rows_per_launch), each weight block read and decoded once for all of them, since a
+// tensor-core tile of 64 rows would stream each weight tile through a few CTAs for a handful of rows, while the
+// GEMVs spread the matrix over every SM.
 static_assert(kGemvRows <= kernels::kMaxGemvInputs, "a step's GEMV takes its rows in one multi-input launch");
 
 void PromptProgram::project_rows(const float* x, int rows, const Products& products, cudaStream_t s) const {
@@ -257,9 +258,10 @@ void PromptProgram::project_rows(const float* x, int rows, const Products& produ
       multiply_rows(*p.w, {rows, static_cast<int>(cols), static_cast<int>(p.w->rows)}, nullptr, x, q8_, p.y, s);
       continue;
     }
-    for (int first = 0; first < rows; first += kGemvRows) {  // a step's rows: kGemvRows at a time at most
+    const int per_launch = rows_per_launch(*p.w) >= rows ? rows : kGemvRows;
+    for (int first = 0; first < rows; first += per_launch) {  // a step's rows: one launch, or kGemvRows at a time
       const long x_at = first * cols;
-      project_inputs(*p.w, std::min(kGemvRows, rows - first), gemv_slots_, x + x_at, kernels::q8_offset(q8_, x_at),
+      project_inputs(*p.w, std::min(per_launch, rows - first), gemv_slots_, x + x_at, kernels::q8_offset(q8_, x_at),
                      p.y + first * p.w->rows, s);
     }
   }

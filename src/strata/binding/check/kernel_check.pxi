@@ -128,11 +128,23 @@ def gemv_batch(stack, int n_matrix, slots, x, int device=0, int split=0):
     return y
 
 
-def gemv_inputs(weight, x, int device=0):
+# The multi-input GEMV's kernels by name (kernel_check.hpp): the launcher's choice, the integer walk, the tensor cores.
+_INPUTS_KERNELS = {"chosen": 0, "integer": 1, "tensor_cores": 2}
+
+
+def _inputs_kernel(str kernel) -> int:
+    if kernel not in _INPUTS_KERNELS:
+        raise InvalidArgument(f"kernel {kernel!r} is none of {', '.join(_INPUTS_KERNELS)}")
+    return _INPUTS_KERNELS[kernel]
+
+
+def gemv_inputs(weight, x, int device=0, str kernel="chosen"):
     """y [inputs, rows] (float32), y[i] = W x_i on GPU `device`, in one multi-input GEMV (each weight block decoded
     once for every input). `weight` a QuantTensor as gemv takes it; x: float32 [inputs, x_stride], x_stride >= cols
-    and a multiple of 32, row i's first cols the activation. The native hook checks inputs and x_stride first.
+    and a multiple of 32, row i's first cols the activation. `kernel`: "chosen" (the launcher's), "integer" or
+    "tensor_cores". The native hook checks inputs, x_stride and the kernel first.
     """
+    cdef int kernel_id = _inputs_kernel(kernel)
     cdef QuantForm form
     cdef QuantPlanes planes
     cdef FloatKind kind
@@ -149,7 +161,7 @@ def gemv_inputs(weight, x, int device=0):
     y = np.empty((inputs, rows), np.float32)
     cdef float[::1] yv = y.reshape(-1)
     with nogil:
-        cpp_gemv_quant_inputs(device, form, planes, rows, cols, inputs, x_stride, &xv[0], &yv[0])
+        cpp_gemv_quant_inputs(device, form, planes, rows, cols, inputs, x_stride, &xv[0], &yv[0], kernel_id)
     return y
 
 
@@ -655,10 +667,11 @@ def sample_tokens(logits, params, draws, seen=(), bint graph=False, bint argmax_
     return tokens
 
 
-def time_gemv_inputs(weight, int max_inputs, int reps=20, int device=0) -> tuple:
+def time_gemv_inputs(weight, int max_inputs, int reps=20, int device=0, str kernel="chosen") -> tuple:
     """Median seconds of GEMVs of a QuantTensor `weight` with 1..max_inputs activations and a cold L2, as two
     float64 arrays [max_inputs]: a batch of i products of the weight (each decoding it again), and one multi-input
-    launch (each block decoded once for every input)."""
+    launch (each block decoded once for every input) by `kernel` (as gemv_inputs takes it)."""
+    cdef int kernel_id = _inputs_kernel(kernel)
     cdef QuantForm form
     cdef QuantPlanes planes
     cdef FloatKind kind
@@ -672,7 +685,7 @@ def time_gemv_inputs(weight, int max_inputs, int reps=20, int device=0) -> tuple
     cdef double[::1] bv = batch
     cdef double[::1] iv = inputs
     with nogil:
-        cpp_time_gemv_quant_inputs(device, form, planes, rows, cols, max_inputs, reps, &bv[0], &iv[0])
+        cpp_time_gemv_quant_inputs(device, form, planes, rows, cols, max_inputs, reps, &bv[0], &iv[0], kernel_id)
     return batch, inputs
 
 

@@ -1,0 +1,37 @@
+// A step's rows times one matrix on the int8 tensor cores, with the one-row GEMV's bits (gemv_quant_inputs'
+// kernel for the forms of one scale a 32-element block: Q8_0, Q5_0, Q4_0; gemv_quant_mma.cu).
+//
+// Why the order matters: a verification row must be, bit for bit, the plain decode step of its token (drafts are
+// exact), and a batched session's row what the session alone gives. The one-row GEMV sums a row in a fixed float
+// order: lane l of part p (of `split` warps a row) adds the terms of blocks p * 32 + l, + 32 * split, ... in turn;
+// the warp's butterfly (reduce.cuh) adds the 32 lanes' sums as a pairwise tree whose leaves, read in the
+// bit-reversed order of the lane (0, 16, 8, 24, 4, ...), are adjacent pairs, then pairs of pairs; the parts are
+// added in turn after. A tensor-core kernel keeps that order where it walks a (part, lane class) leaf at a time,
+// its blocks in turn, and folds the leaves as the same tree: a warp takes an aligned run of bit-reversed positions
+// (a subtree), the CTA adds the warps' subtrees as the levels above. Each block's integer dot is exact either way
+// (dp4a or mma), and its float part is the one of gemv_quant_rows.cuh (quant_rows::block_term, add_block).
+//
+// What it takes from the weights: the CTA's 16 rows, whole, staged in shared memory by cp.async at its start (so
+// the walk's order owes nothing to the order of the loads, and every byte of the tile is in flight at once).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "gemv.cuh"
+#include "gemv_quant_rows.cuh"
+#include "strata/forms.hpp"
+
+namespace strata::kernels {
+
+// Whether the tensor-core kernel takes `form` at `cols` columns: the forms of one f16 scale a 32-element block
+// without mins or a table, and a 16-row tile of the row that shared memory holds.
+bool gemv_quant_mma_takes(const QuantForm& form, int cols);
+
+// y_i = W x_i for i < inputs (1..kMaxMmaInputs), each y_i the bits of gemv_quant's of x_i; the operands as
+// gemv_quant_inputs has them (already checked by it). cudaErrorInvalidValue where gemv_quant_mma_takes is false.
+cudaError_t gemv_quant_mma(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, int inputs,
+                           const StridedQ8& acts, float* y, cudaStream_t stream);
+
+}  // namespace strata::kernels
