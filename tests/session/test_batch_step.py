@@ -270,7 +270,7 @@ def test_a_batch_of_cached_experts_runs_on_the_device(loaded, mode, rng):
         for step in range(8):
             members = sorted(rng.choice(len(prompts), int(rng.integers(2, len(prompts) + 1)), replace=False))
             if step % 3 == 2:
-                members = members[::-1]  # another order: another graph
+                members = members[::-1]  # another order: the same step, its graph replayed
             ids = [int(t) for t in rng.integers(0, g.n_vocab, len(members))]
             params = [GREEDY if (step + i) % 2 else SAMPLED for i in range(len(members))]
             us = [float(u) for u in rng.random(len(members))]
@@ -318,6 +318,36 @@ def test_a_captured_batch_is_the_uncaptured_one(loaded, rng):
         assert np.median(errors) < bounds(name, "bf16") and errors.max() < GARBAGE, (name, errors)
     finally:
         close(captured, launched, stepped)
+
+
+def test_the_same_members_in_any_order_are_one_step_and_one_graph(loaded, rng):
+    """A server gathers a batch in the order its members' steps arrive. The members go in the order their sessions
+    were made and the first of them leads: every order of the same members gives the same bits and replays one
+    captured graph, counted on the first-made session."""
+    name, model = loaded
+    g = model.info.geometry
+    cache = whole_cache(model)
+    prompts = [prompt_ids(model, rng, n) for n in (10, 17, 8, 13)]
+    ordered = cached_engines(model, cache, len(prompts), Mode.TOKEN_GRAPH)
+    shuffled = cached_engines(model, cache, len(prompts), Mode.TOKEN_GRAPH)
+    try:
+        for prompt, a, b in zip(prompts, ordered, shuffled):
+            fed(a, prompt)
+            fed(b, prompt)
+        before = [e.stats()["batch_graphs"] for e in shuffled]
+        for step in range(6):
+            ids = [int(t) for t in rng.integers(0, g.n_vocab, len(prompts))]
+            order = [int(i) for i in rng.permutation(len(prompts))]
+            got = batch([shuffled[i] for i in order], [ids[i] for i in order])
+            want = batch(ordered, ids)
+            assert [got[order.index(i)] for i in range(len(prompts))] == want, (name, step, order)
+            for a, b in zip(ordered, shuffled):
+                assert_same_bits(b.logits(), a.logits(), f"{name} step {step} order {order}")
+        graphs = [e.stats()["batch_graphs"] - n for e, n in zip(shuffled, before)]
+        assert graphs == [1, 0, 0, 0], (name, graphs)
+        assert shuffled[0].stats()["batch_steps"] == 6 and shuffled[1].stats()["batch_steps"] == 0
+    finally:
+        close(ordered, shuffled)
 
 
 def moe_rings(stats_before, stats_after) -> tuple[int, int, int]:

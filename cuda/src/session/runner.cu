@@ -286,6 +286,7 @@ void Runner::launch_step(const std::vector<long>& key, const std::function<void(
   if (found == step_graphs_.end()) {
     if (step_graphs_.size() >= kMaxStepGraphs) step_graphs_.clear();
     found = step_graphs_.emplace(key, CapturedGraph(stream_.get(), enqueue)).first;
+    ++stats_.batch_graphs;
   }
   found->second.launch(stream_.get());
 }

@@ -94,6 +94,7 @@ class Runner {
   void restore(Sequence& sequence, int slot);
 
   int prompt_chunk() const noexcept { return prompt_ ? prompt_->chunk() : 0; }
+  long serial() const noexcept { return serial_; }  // never reused: what a captured step's key names a member by
   bool captured() const noexcept { return schedule_.captured(); }
   // The counters, with `sequence`'s streaming windows' fetched bytes read from the device.
   const DecodeStats& stats(const Sequence& sequence);

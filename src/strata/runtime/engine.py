@@ -242,7 +242,9 @@ class GpuEngine:
                    us: Sequence[float], seens: Sequence[Sequence[int]]) -> list[int]:
         """One decode step of every engine at once (docs/batch.md): engines[i] appends ids[i] (its history then
         seens[i]) and returns its next token for params[i] and the draw us[i], as engines[i].feed([ids[i]], ...)
-        through the prompt path would, row for row. The engines share a batch_key; the rows run on engines[0]'s."""
+        through the prompt path would, row for row. The engines share a batch_key; the rows run on the prompt path
+        of the engine whose session was made first, in the order the sessions were made (so any order of the same
+        engines replays one captured step)."""
         from strata import _native
 
         GpuEngine._check_step(engines, [[t] for t in ids], seens)
