@@ -350,6 +350,38 @@ def test_the_same_members_in_any_order_are_one_step_and_one_graph(loaded, rng):
         close(ordered, shuffled)
 
 
+def test_a_runner_keeps_the_step_graphs_it_launched_last(loaded, rng):
+    """Past 64 captured steps a new one replaces the one launched longest ago: a server's member sets come and go,
+    and dropping every graph would capture the live ones again. Five sessions, every member set with the first
+    (which leads) and every choice of sampler: 162 keys, each captured once; the last 64 replay, the first was
+    replaced."""
+    import itertools
+
+    name, model = loaded
+    g = model.info.geometry
+    cache = whole_cache(model)
+    engines = cached_engines(model, cache, 5, Mode.TOKEN_GRAPH)
+    try:
+        for e in engines:
+            fed(e, prompt_ids(model, rng, 6))
+        keys = [((0, *others), samplers) for n in range(5) for others in itertools.combinations(range(1, 5), n)
+                for samplers in itertools.product((GREEDY, SAMPLED), repeat=n + 1)]
+        assert len(keys) == 162
+
+        def graphs_after(members, samplers):
+            ids = [int(t) for t in rng.integers(0, g.n_vocab, len(members))]
+            batch([engines[i] for i in members], ids, list(samplers), [0.5] * len(members))
+            return engines[0].stats()["batch_graphs"]
+
+        for key in keys:
+            graphs_after(*key)
+        assert engines[0].stats()["batch_graphs"] == 162, name
+        assert graphs_after(*keys[-1]) == 162 and graphs_after(*keys[-64]) == 162, (name, "the last 64 replay")
+        assert graphs_after(*keys[0]) == 163, (name, "the first, replaced, is captured again")
+    finally:
+        close(engines)
+
+
 def moe_rings(stats_before, stats_after) -> tuple[int, int, int]:
     """Rings, expert hits and misses between two stats of one session."""
     return (stats_after["rings"] - stats_before["rings"],
