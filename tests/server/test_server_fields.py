@@ -130,7 +130,7 @@ def test_each_request_is_logged_once_with_its_id_and_a_fault_of_the_server_is_a_
         status, answer = post(raw, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
         assert status == 500 and answer["error"]["code"] == "internal_error"
         assert "secret" not in json.dumps(answer)
-        post(raw, "/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        post(raw, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "ignore_eos": True})  # sampled: no early EOS
         raw.close()
     server.close()
     failures = [r for r in caplog.records if r.name == "strata.server" and r.exc_info]

@@ -97,12 +97,11 @@ void claim_order(int64_t items, int parts, int p, int64_t* order) {
                      std::to_string(parts) + ", " + std::to_string(p));
   cpu::ItemClaims claims(parts);
   claims.reset(items, parts);
-  int from = 0;
   int64_t n = 0;
-  for (int64_t i; (i = claims.next(p, from)) >= 0;) {
-    STRATA_EXPECTS(n < items, Error, "claim_order: more claims than items");
-    order[n++] = i;
-  }
+  claims.each(p, [&](int64_t i) {
+    if (n < items) order[n] = i;
+    ++n;
+  });
   STRATA_EXPECTS(n == items, Error, "claim_order: " + std::to_string(n) + " claims of " + std::to_string(items));
 }
 
@@ -119,11 +118,10 @@ void claim_items(int64_t items, int parts, int participants, const int* delays_u
     threads.emplace_back([&, t] {
       while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
       std::this_thread::sleep_for(std::chrono::microseconds(delays_us[t]));
-      int from = 0;
-      for (int64_t i; (i = handed.next(t, from)) >= 0;) {
+      handed.each(t, [&](int64_t i) {
         claimed_by[i] = t;
         counts[i].fetch_add(1, std::memory_order_relaxed);
-      }
+      });
     });
   }
   go.store(true, std::memory_order_release);

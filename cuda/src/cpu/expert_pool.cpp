@@ -148,10 +148,8 @@ struct ExpertPool::Impl {
 
   static void layer_job(void* context, int participant) {
     auto& p = *static_cast<Impl*>(context);
-    int from = 0;
-    for (int64_t i; (i = p.gate_up_claims.next(participant, from)) >= 0;) p.gate_up_item(i);
-    from = 0;
-    for (int64_t i; (i = p.down_claims.next(participant, from)) >= 0;) p.down_item(i);
+    p.gate_up_claims.each(participant, [&](int64_t i) { p.gate_up_item(i); });
+    p.down_claims.each(participant, [&](int64_t i) { p.down_item(i); });
   }
 
   // Checks the call and sets up the job; false when no slot is left to compute.

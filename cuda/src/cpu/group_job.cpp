@@ -64,11 +64,9 @@ void GroupJob::job(void* context, int participant) {
   for (int64_t i; (i = j.next_quantize_.fetch_add(1, std::memory_order_relaxed)) < j.quantize_items_;)
     j.quantize_item(i);
   j.team_->barrier();  // every row's q8_32 of x is complete
-  int from = 0;
-  for (int64_t i; (i = j.gate_up_claims_.next(participant, from)) >= 0;) j.gate_up_item(i);
+  j.gate_up_claims_.each(participant, [&](int64_t i) { j.gate_up_item(i); });
   j.team_->barrier();  // every h is complete and quantized
-  from = 0;
-  for (int64_t i; (i = j.down_claims_.next(participant, from)) >= 0;) j.down_item(i);
+  j.down_claims_.each(participant, [&](int64_t i) { j.down_item(i); });
 }
 
 void GroupJob::run(WorkerTeam& team, const PoolLayer& layer, const float* x, const ExpertRef* refs, const int* begin,

@@ -26,16 +26,19 @@ class ItemClaims {
     }
   }
 
-  // The next item for participant p, or -1 once every item is claimed. `from` (0 before p's first call, kept by
-  // p between calls) is how far past its own segment p has moved: a segment found spent stays spent.
-  int64_t next(int p, int& from) {
-    for (; from < parts_; ++from) {
+  // work(item) for every item participant p claims, in the order it claims them; returns once every item is
+  // claimed (the others may still be working on theirs).
+  template <class Work>
+  void each(int p, Work&& work) {
+    // `from`: how far past its own segment p has moved; a segment found spent stays spent.
+    for (int from = 0; from < parts_; ++from) {
       Segment& s = segments_[(p + from) % parts_];
-      if (s.next.load(std::memory_order_relaxed) >= s.end) continue;
-      const int64_t item = s.next.fetch_add(1, std::memory_order_relaxed);
-      if (item < s.end) return item;
+      while (s.next.load(std::memory_order_relaxed) < s.end) {
+        const int64_t item = s.next.fetch_add(1, std::memory_order_relaxed);
+        if (item >= s.end) break;
+        work(item);
+      }
     }
-    return -1;
   }
 
  private:

@@ -84,7 +84,7 @@ RowsExchange Runner::rows_exchange(cpu::ExpertPool& pool) {
   exchange.bell = rows_bell_->device_view();
   exchange.ring_base = rows_bell_->ring_base_device();
   exchange.status = rows_bell_->status_device();
-  exchange.timeout_ns = static_cast<long long>(options_.timeout_seconds * 1e9);
+  exchange.timeout_ns = device_answer_timeout_ns(options_.timeout_seconds);
   return exchange;
 }
 
@@ -112,7 +112,7 @@ ProgramIo Runner::program_io() const {
   io.bell = bell_.device_view();
   io.ring_base = bell_.ring_base_device();
   io.wait_status = bell_.status_device();
-  io.answer_timeout_ns = static_cast<long long>(options_.timeout_seconds * 1e9);
+  io.answer_timeout_ns = device_answer_timeout_ns(options_.timeout_seconds);
   io.sampled = sampled_.device<int>();
   io.token_mask = sampler_inputs_.mask_device();
   io.mask_published = sampler_inputs_.publication();

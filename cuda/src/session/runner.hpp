@@ -114,8 +114,8 @@ class Runner {
   // rows_bell_), else enqueued as it is.
   void launch_step(const std::vector<long>& key, const std::function<void(cudaStream_t)>& enqueue);
   RowsExchange rows_exchange(cpu::ExpertPool& pool);
-  // A step that exchanges: each MoE layer's ring answered for its `rows` rows, in layer order, then its answers
-  // checked.
+  // A step that exchanges: each MoE layer's ring answered for its `rows` rows, in layer order (run() checks the
+  // answers once the stream has drained).
   void answer_step(int rows, int ring_base);
   void note_exchange();
   void check_feed(const Sequence& sequence, const int* tokens, int n, const float* ple_rows, double u) const;

@@ -17,6 +17,12 @@ namespace strata {
 // still arrives in time; the error then names the layer whose answer was missing, not the one after it.
 std::chrono::nanoseconds host_ring_timeout(double answer_timeout_seconds);
 
+// How long a device-side wait for the host's answer lasts (the GPU's global timer, nanoseconds): the session's
+// answer timeout, for the decode token's doorbell and a step's alike.
+inline long long device_answer_timeout_ns(double answer_timeout_seconds) noexcept {
+  return static_cast<long long>(answer_timeout_seconds * 1e9);
+}
+
 // The ring base of the `token`-th token a session runs (its rings are ring_at(base, 1 + layer)), modulo 2^32.
 inline int ring_base_of(std::uint64_t token, int n_layer) noexcept {
   return static_cast<int>(static_cast<std::uint32_t>(token * static_cast<std::uint64_t>(n_layer)));

@@ -22,10 +22,9 @@ RingAnswerer::RingAnswerer(cpu::ExpertPool& pool, DoorbellHost& bell, ExpertCach
       bell_(bell),
       cache_(cache),
       deferral_(deferral),
-      held_(bell.k()),
+      held_(static_cast<std::size_t>(bell.rows()) * bell.k()),
       now_(bell.k()),
       later_(bell.k()),
-      rows_held_(static_cast<std::size_t>(bell.rows()) * bell.k()),
       deferred_x_(deferral.experts > 0 ? bell.n() : 0),
       deferred_weights_(deferral.experts > 0 ? bell.k() : 0),
       deferred_ids_(deferral.experts > 0 ? bell.k() : 0) {}
@@ -39,8 +38,7 @@ void RingAnswerer::answer_deferred(ExchangeStats& stats) {
   stats.pool_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-void RingAnswerer::await_ring(int layer, int ring, std::chrono::nanoseconds timeout, ExchangeStats& stats) const {
-  grow_stats(layer, stats);
+void RingAnswerer::await_ring(int layer, int ring, std::chrono::nanoseconds timeout) const {
   if (!bell_.wait_for_ring(ring, timeout)) {
     throw Error("layer " + std::to_string(layer) + " never rang: waited " +
                 std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(timeout).count()) +
@@ -55,8 +53,26 @@ void RingAnswerer::await_ring(int layer, int ring, std::chrono::nanoseconds time
   }
 }
 
+void RingAnswerer::note_routing(int layer, const std::int32_t* ids, int rows, ExchangeStats& stats) {
+  const int k = bell_.k();
+  int held = 0;
+  for (int p = 0; p < rows * k; ++p) held += held_[p] = cache_ && cache_->holds(layer, ids[p]);
+  if (cache_) {  // after the skips: the map changes only between tokens
+    for (int r = 0; r < rows; ++r) cache_->note_routed(layer, ids + r * k, k);
+  }
+  stats.hits[layer] += held;
+  stats.misses[layer] += rows * k - held;
+}
+
+void RingAnswerer::answered(int ring, Clock::time_point start, Clock::time_point rung, ExchangeStats& stats) {
+  bell_.answer_ready(ring);
+  const auto done = Clock::now();
+  stats.ring_wait_seconds += std::chrono::duration<double>(rung - start).count();
+  stats.pool_seconds += std::chrono::duration<double>(done - rung).count();
+  ++stats.rings;
+}
+
 void RingAnswerer::answer(int layer, int ring, std::chrono::nanoseconds timeout, ExchangeStats& stats) {
-  using clock = std::chrono::steady_clock;
   const int n = bell_.n(), k = bell_.k();
   // A token cut short leaves its due layer behind: only the layer just before this one is due now.
   if (deferred_layer_ >= 0 && deferred_layer_ == layer - 1) answer_deferred(stats);
@@ -66,18 +82,14 @@ void RingAnswerer::answer(int layer, int ring, std::chrono::nanoseconds timeout,
     stats.hits[layer] += k;
     return;
   }
-  const auto start = clock::now();
-  await_ring(layer, ring, timeout, stats);
-  const auto rung = clock::now();
+  const auto start = Clock::now();
+  await_ring(layer, ring, timeout);
+  const auto rung = Clock::now();
   const std::int32_t* ids = bell_.ids();
-  int held = 0;
-  for (int j = 0; j < k; ++j) held += held_[j] = cache_ && cache_->holds(layer, ids[j]);
-  if (cache_) cache_->note_routed(layer, ids, k);  // after the skips: the map changes only between tokens
-  stats.hits[layer] += held;
-  stats.misses[layer] += k - held;
+  note_routing(layer, ids, 1, stats);
   // Deferred: the last `experts` of the pool's slots (moe_route orders them by descending weight).
   const bool defers = deferral_.defers(layer, cache_);
-  std::copy(held_.begin(), held_.end(), now_.begin());
+  std::copy(held_.begin(), held_.begin() + k, now_.begin());
   std::fill(later_.begin(), later_.end(), std::uint8_t{1});
   for (int j = k - 1, left = defers ? deferral_.experts : 0; j >= 0 && left > 0; --j) {
     if (held_[j]) continue;
@@ -92,36 +104,20 @@ void RingAnswerer::answer(int layer, int ring, std::chrono::nanoseconds timeout,
     std::copy(bell_.weights(), bell_.weights() + k, deferred_weights_.begin());
     deferred_layer_ = layer;
   }
-  bell_.answer_ready(ring);
-  const auto done = clock::now();
-  stats.ring_wait_seconds += std::chrono::duration<double>(rung - start).count();
-  stats.pool_seconds += std::chrono::duration<double>(done - rung).count();
-  ++stats.rings;
+  answered(ring, start, rung, stats);
 }
 
 void RingAnswerer::answer_rows(int layer, int ring, int rows, std::chrono::nanoseconds timeout,
                                ExchangeStats& stats) {
-  using clock = std::chrono::steady_clock;
   STRATA_EXPECTS(rows >= 1 && rows <= bell_.rows(), InvalidArgument,
                  "a ring of " + std::to_string(rows) + " rows on a doorbell of " + std::to_string(bell_.rows()));
-  const int k = bell_.k();
-  const auto start = clock::now();
-  await_ring(layer, ring, timeout, stats);
-  const auto rung = clock::now();
-  const std::int32_t* ids = bell_.ids();
-  int held = 0;
-  for (int p = 0; p < rows * k; ++p) held += rows_held_[p] = cache_ && cache_->holds(layer, ids[p]);
-  if (cache_) {
-    for (int r = 0; r < rows; ++r) cache_->note_routed(layer, ids + r * k, k);
-  }
-  stats.hits[layer] += held;
-  stats.misses[layer] += rows * k - held;
-  pool_.run_rows_sum(layer, bell_.x(), ids, bell_.weights(), rows_held_.data(), rows, k, bell_.answer());
-  bell_.answer_ready(ring);
-  const auto done = clock::now();
-  stats.ring_wait_seconds += std::chrono::duration<double>(rung - start).count();
-  stats.pool_seconds += std::chrono::duration<double>(done - rung).count();
-  ++stats.rings;
+  grow_stats(layer, stats);
+  const auto start = Clock::now();
+  await_ring(layer, ring, timeout);
+  const auto rung = Clock::now();
+  note_routing(layer, bell_.ids(), rows, stats);
+  pool_.run_rows_sum(layer, bell_.x(), bell_.ids(), bell_.weights(), held_.data(), rows, bell_.k(), bell_.answer());
+  answered(ring, start, rung, stats);
 }
 
 }  // namespace strata

@@ -40,18 +40,23 @@ class RingAnswerer {
   void answer_rows(int layer, int ring, int rows, std::chrono::nanoseconds timeout, ExchangeStats& stats);
 
  private:
+  using Clock = std::chrono::steady_clock;
   void answer_deferred(ExchangeStats& stats);
-  // Waits for `ring` from layer `layer` (the rows of `stats` grown to it); returns when it was rung.
-  void await_ring(int layer, int ring, std::chrono::nanoseconds timeout, ExchangeStats& stats) const;
+  // Waits for `ring` from layer `layer`; returns when it was rung.
+  void await_ring(int layer, int ring, std::chrono::nanoseconds timeout) const;
+  // Once the ring is in: held_ marks which of the `rows` rows' routed slots the cache holds, the cache is told
+  // each row's routing, and the hits and misses are counted.
+  void note_routing(int layer, const std::int32_t* ids, int rows, ExchangeStats& stats);
+  // Hands the answer to `ring` to the GPU and counts the ring's wait (start -> rung) and the pool's time.
+  void answered(int ring, Clock::time_point start, Clock::time_point rung, ExchangeStats& stats);
 
   cpu::ExpertPool& pool_;
   DoorbellHost& bell_;
   ExpertCache* cache_;  // told each token's routing (its replacement learns from it)
   ExpertDeferral deferral_;
-  std::vector<std::uint8_t> held_;  // [k]: the cache holds routed slot j
-  std::vector<std::uint8_t> now_;   // [k]: the answer skips slot j (held or deferred)
+  std::vector<std::uint8_t> held_;   // [rows][k]: the cache holds routed slot j of row r (answer(): row 0 alone)
+  std::vector<std::uint8_t> now_;    // [k]: the answer skips slot j (held or deferred)
   std::vector<std::uint8_t> later_;  // [k]: the deferred row skips slot j (all but the deferred)
-  std::vector<std::uint8_t> rows_held_;  // [rows][k]: answer_rows' slots the cache holds
   // The layer whose deferred experts are due (-1: none) with its request: once it is answered the GPU may
   // publish the next layer's into the doorbell, so the deferred experts read this copy.
   int deferred_layer_ = -1;
