@@ -203,11 +203,11 @@ def test_refusals_leave_every_session_as_it_was(loaded, rng):
     name, model = loaded
     g = model.info.geometry
     staged = staging(model)
+    small = engine(model, staged, chunk=2)  # made first, so it leads any step it is in (the lowest serial)
     a, b = engine(model, staged), engine(model, staged)
     short = GpuEngine(open_native_session(model, context=128, kv="bf16", prompt_chunk=16, staging=staged,
                                           prompt_cpu=False), rows_of(model), batch_key="short")
     other_kv = engine(model, staged, kv="int8")
-    small = engine(model, staged, chunk=2)
     apart = engine(model, staging(model))
     engines = [a, b, short, other_kv, small, apart]
     try:
@@ -218,7 +218,7 @@ def test_refusals_leave_every_session_as_it_was(loaded, rng):
             "the same session twice": [a, a],
             "another context": [a, short],
             "another KV format": [a, other_kv],
-            "more rows than the leader's chunk": [small, a, b],
+            "more rows than the leader's chunk": [a, b, small],
             "another staging": [a, apart],
         }
         for what, members in refusals.items():
@@ -270,7 +270,7 @@ def test_a_batch_of_cached_experts_runs_on_the_device(loaded, mode, rng):
         for step in range(8):
             members = sorted(rng.choice(len(prompts), int(rng.integers(2, len(prompts) + 1)), replace=False))
             if step % 3 == 2:
-                members = members[::-1]  # another order: another graph
+                members = members[::-1]  # another order: the same step, its graph replayed
             ids = [int(t) for t in rng.integers(0, g.n_vocab, len(members))]
             params = [GREEDY if (step + i) % 2 else SAMPLED for i in range(len(members))]
             us = [float(u) for u in rng.random(len(members))]
@@ -318,6 +318,68 @@ def test_a_captured_batch_is_the_uncaptured_one(loaded, rng):
         assert np.median(errors) < bounds(name, "bf16") and errors.max() < GARBAGE, (name, errors)
     finally:
         close(captured, launched, stepped)
+
+
+def test_the_same_members_in_any_order_are_one_step_and_one_graph(loaded, rng):
+    """A server gathers a batch in the order its members' steps arrive. The members go in the order their sessions
+    were made and the first of them leads: every order of the same members gives the same bits and replays one
+    captured graph, counted on the first-made session."""
+    name, model = loaded
+    g = model.info.geometry
+    cache = whole_cache(model)
+    prompts = [prompt_ids(model, rng, n) for n in (10, 17, 8, 13)]
+    ordered = cached_engines(model, cache, len(prompts), Mode.TOKEN_GRAPH)
+    shuffled = cached_engines(model, cache, len(prompts), Mode.TOKEN_GRAPH)
+    try:
+        for prompt, a, b in zip(prompts, ordered, shuffled):
+            fed(a, prompt)
+            fed(b, prompt)
+        before = [e.stats()["batch_graphs"] for e in shuffled]
+        for step in range(6):
+            ids = [int(t) for t in rng.integers(0, g.n_vocab, len(prompts))]
+            order = [int(i) for i in rng.permutation(len(prompts))]
+            got = batch([shuffled[i] for i in order], [ids[i] for i in order])
+            want = batch(ordered, ids)
+            assert [got[order.index(i)] for i in range(len(prompts))] == want, (name, step, order)
+            for a, b in zip(ordered, shuffled):
+                assert_same_bits(b.logits(), a.logits(), f"{name} step {step} order {order}")
+        graphs = [e.stats()["batch_graphs"] - n for e, n in zip(shuffled, before)]
+        assert graphs == [1, 0, 0, 0], (name, graphs)
+        assert shuffled[0].stats()["batch_steps"] == 6 and shuffled[1].stats()["batch_steps"] == 0
+    finally:
+        close(ordered, shuffled)
+
+
+def test_a_runner_keeps_the_step_graphs_it_launched_last(loaded, rng):
+    """Past 64 captured steps a new one replaces the one launched longest ago: a server's member sets come and go,
+    and dropping every graph would capture the live ones again. Five sessions, every member set with the first
+    (which leads) and every choice of sampler: 162 keys, each captured once; the last 64 replay, the first was
+    replaced."""
+    import itertools
+
+    name, model = loaded
+    g = model.info.geometry
+    cache = whole_cache(model)
+    engines = cached_engines(model, cache, 5, Mode.TOKEN_GRAPH)
+    try:
+        for e in engines:
+            fed(e, prompt_ids(model, rng, 9))  # qwen4exp's prompts put the n-gram EOS at ids 5 and 6
+        keys = [((0, *others), samplers) for n in range(5) for others in itertools.combinations(range(1, 5), n)
+                for samplers in itertools.product((GREEDY, SAMPLED), repeat=n + 1)]
+        assert len(keys) == 162
+
+        def graphs_after(members, samplers):
+            ids = [int(t) for t in rng.integers(0, g.n_vocab, len(members))]
+            batch([engines[i] for i in members], ids, list(samplers), [0.5] * len(members))
+            return engines[0].stats()["batch_graphs"]
+
+        for key in keys:
+            graphs_after(*key)
+        assert engines[0].stats()["batch_graphs"] == 162, name
+        assert graphs_after(*keys[-1]) == 162 and graphs_after(*keys[-64]) == 162, (name, "the last 64 replay")
+        assert graphs_after(*keys[0]) == 163, (name, "the first, replaced, is captured again")
+    finally:
+        close(engines)
 
 
 def moe_rings(stats_before, stats_after) -> tuple[int, int, int]:

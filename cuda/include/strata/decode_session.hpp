@@ -102,10 +102,12 @@ struct DecodeStats {
   long kv_stream_bytes = 0;  // KV streaming: the bytes the windows fetched from the host copy (decode)
   double ple_seconds = 0.0;  // the session's own PLE gather (step and feed): the host hashing and reading rows
   // Steps of several rows (step_batch, verify: docs/rows.md): this session's tokens stepped in them and their wall
-  // time, and the steps this session led. A step's routed experts count in the leader's prompt_*_experts.
+  // time, the steps this session led and the graphs it captured for them (a new member set, row count or sampler).
+  // A step's routed experts count in the leader's prompt_*_experts.
   long batch_tokens = 0;
   double batch_seconds = 0.0;
   long batch_steps = 0;
+  long batch_graphs = 0;
 };
 
 // The prompt path's rows rule: a chunk of at least this many routed rows (tokens * n_expert_used) copies whole
@@ -170,14 +172,16 @@ class DecodeSession {
   int verify_rows() const noexcept;
 
   // A batched decode step (docs/batch.md): sessions[i] appends tokens[i] at its next position, all n of them
-  // through every layer and the LM head at once on sessions[0]'s prompt path (the dense products over the n rows,
+  // through every layer and the LM head at once on the leader's prompt path (the dense products over the n rows,
   // each routed expert once for the rows that chose it, the mixers over each session's own state); each session
   // then samples its row into out[i] with `sample`, as step() samples (else -1), and its logits() and logprobs()
   // read that row. A row is what the same session stepped in a batch of one gives, bit for bit, and its logits
   // those of the prompt path's row for its token (feed's all_logits). Where the expert cache holds every expert,
-  // the rows' routing stays on the device and, in a graph mode, the step is a captured graph per member set.
+  // the rows' routing stays on the device and, in a graph mode, the step is a captured graph per member set. The
+  // leader is the session whose runner was made first, and the rows go in the order the runners were made, so the
+  // same members in any order are one step and replay one graph.
   // ple_rows[i]: as step's for session i. The sessions share the weights, pool, expert cache, staging, device,
-  // context and KV format, none streams its KV, n <= sessions[0]'s prompt chunk and kMaxStepRows (InvalidArgument
+  // context and KV format, none streams its KV, n <= the leader's prompt chunk and kMaxStepRows (InvalidArgument
   // otherwise, before any state changes). step_rows with a one-token part per session.
   static void step_batch(DecodeSession* const* sessions, int n, const int* tokens, const float* const* ple_rows,
                          const SamplingValues* sampling, const double* u, bool sample, int* out);
@@ -199,8 +203,8 @@ class DecodeSession {
   };
 
   // The parts of n sessions as one step of their rows laid end to end (docs/rows.md): verifications of several
-  // sessions, and plain steps beside them, on sessions[0]'s prompt path, each row what its session gives in a
-  // step of its part alone, bit for bit. The sessions as step_batch's, their rows in all at most sessions[0]'s
+  // sessions, and plain steps beside them, on the leader's prompt path (step_batch's), each row what its session
+  // gives in a step of its part alone, bit for bit. The sessions as step_batch's, their rows in all at most the leader's
   // prompt chunk and kMaxStepRows (InvalidArgument otherwise, before any state changes).
   static void step_rows(DecodeSession* const* sessions, StepPart* parts, int n);
 

@@ -2,8 +2,10 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -180,6 +182,15 @@ void DecodeSession::step_rows(DecodeSession* const* sessions, StepPart* parts, i
                  "a step of several sessions' rows needs at least one session, got " + std::to_string(n));
   const Impl& lead = *sessions[0]->impl_;
   const std::string key = sessions[0]->batch_key();
+  // The spans go in the order of their sessions' runners (by serial), and the first of them leads: a captured
+  // step is keyed by its members in order, on its leader, and a server gathers a batch in the order its members'
+  // steps arrive (131 orders in 132 batches of eight clients), so each batch would capture a graph of its own.
+  std::vector<int> order(n), span_of(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return sessions[a]->impl_->runner.serial() < sessions[b]->impl_->runner.serial();
+  });
+  for (int j = 0; j < n; ++j) span_of[order[j]] = j;
   RowBatch batch(n);
   for (int i = 0; i < n; ++i) {
     Impl& m = *sessions[i]->impl_;
@@ -202,7 +213,7 @@ void DecodeSession::step_rows(DecodeSession* const* sessions, StepPart* parts, i
       STRATA_EXPECTS(part.count == 1, InvalidArgument,
                      which + "steps one token (a part of more is a verification), got " + std::to_string(part.count));
     }
-    RowBatchSpan& span = batch[i];
+    RowBatchSpan& span = batch[span_of[i]];
     span.runner = &m.runner;
     span.sequence = &m.sequence;
     span.tokens = part.tokens;
@@ -215,8 +226,8 @@ void DecodeSession::step_rows(DecodeSession* const* sessions, StepPart* parts, i
     span.u = part.u;
   }
   DeviceScope scope(lead.options.device);
-  sessions[0]->impl_->runner.run(batch);
-  for (int i = 0; i < n; ++i) parts[i].sampled = batch[i].sampled;
+  sessions[order[0]]->impl_->runner.run(batch);
+  for (int i = 0; i < n; ++i) parts[i].sampled = batch[span_of[i]].sampled;
 }
 
 void DecodeSession::verify(const int* tokens, int n, const float* ple_rows, float* all_logits) {

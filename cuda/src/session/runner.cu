@@ -284,10 +284,16 @@ void Runner::launch_step(const std::vector<long>& key, const std::function<void(
   }
   auto found = step_graphs_.find(key);
   if (found == step_graphs_.end()) {
-    if (step_graphs_.size() >= kMaxStepGraphs) step_graphs_.clear();
-    found = step_graphs_.emplace(key, CapturedGraph(stream_.get(), enqueue)).first;
+    if (step_graphs_.size() >= kMaxStepGraphs) {
+      step_graphs_.erase(std::min_element(step_graphs_.begin(), step_graphs_.end(), [](const auto& a, const auto& b) {
+        return a.second.last_launch < b.second.last_launch;
+      }));
+    }
+    found = step_graphs_.emplace(key, StepGraph{CapturedGraph(stream_.get(), enqueue)}).first;
+    ++stats_.batch_graphs;
   }
-  found->second.launch(stream_.get());
+  found->second.last_launch = ++step_launches_;
+  found->second.graph.launch(stream_.get());
 }
 
 // What run() refuses, before any state changes.

@@ -94,6 +94,7 @@ class Runner {
   void restore(Sequence& sequence, int slot);
 
   int prompt_chunk() const noexcept { return prompt_ ? prompt_->chunk() : 0; }
+  long serial() const noexcept { return serial_; }  // never reused: what a captured step's key names a member by
   bool captured() const noexcept { return schedule_.captured(); }
   // The counters, with `sequence`'s streaming windows' fetched bytes read from the device.
   const DecodeStats& stats(const Sequence& sequence);
@@ -129,8 +130,13 @@ class Runner {
   // sampler_inputs_.check; a new bias copied on `stream`, the one the draw runs on).
   void stage_sampling(const SamplingValues& sampling, double u, int token, int at, bool sample, cudaStream_t stream);
 
-  // The most captured steps a runner keeps (shapes, member sets and samplers) before it drops them all.
+  // The most captured steps a runner keeps (shapes, member sets and samplers); a new one then replaces the one
+  // launched longest ago (a server's member sets come and go; dropping them all would capture the live ones again).
   static constexpr std::size_t kMaxStepGraphs = 64;
+  struct StepGraph {
+    CapturedGraph graph;
+    long last_launch = 0;  // launches_ when last launched
+  };
 
   long serial_;
   ModelGeometry g_;
@@ -157,7 +163,8 @@ class Runner {
   ExchangeStats exchange_;
   std::vector<float> feed_rows_;  // feed(), verify() and step_batch(): the rows' PLE rows
   std::unique_ptr<PinnedMapped> layer_states_;  // layer_states(): [n_layer][n_embd], made on its first call
-  std::map<std::vector<long>, CapturedGraph> step_graphs_;  // the steps of several rows this runner led
+  std::map<std::vector<long>, StepGraph> step_graphs_;  // the steps of several rows this runner led
+  long step_launches_ = 0;
 };
 
 }  // namespace strata

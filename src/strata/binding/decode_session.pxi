@@ -92,7 +92,7 @@ cdef const int[::1] token_ids(tokens) except *:
 def step_batch(sessions, tokens, ple_rows, params, us, bint sample=True) -> list:
     """One decode step of every DecodeSession in `sessions` at once (DecodeSession::step_batch): sessions[i] feeds
     tokens[i] (ple_rows[i] as step's, or ple_rows None for all) and, with `sample`, returns its next token for the
-    draw us[i] under params[i] (as step's), else -1. The rows run on sessions[0]'s prompt path."""
+    draw us[i] under params[i] (as step's), else -1. The rows run on the prompt path of the session made first."""
     cdef int n = len(sessions)
     if not (len(tokens) == len(params) == len(us) == n) or (ple_rows is not None and len(ple_rows) != n):
         raise InvalidArgument(f"a batched step takes one token, sampling, draw (and PLE rows) per session: "
@@ -127,7 +127,7 @@ def step_rows(sessions, tokens, ple_rows, verify, params, us, logits) -> list:
     (C-contiguous float32 [len(tokens[i]), n_vocab]; None: the first rows of its verified_rows()) and -1 returned
     for it; else one id, stepped and sampled
     under params[i] and the draw us[i] as step's, its token returned. ple_rows: None, or per session None or its
-    rows as step's and verify's. The rows run on sessions[0]'s prompt path."""
+    rows as step's and verify's. The rows run on the prompt path of the session made first."""
     cdef int n = len(sessions)
     if not (len(tokens) == len(verify) == len(params) == len(us) == len(logits) == n) or (
             ple_rows is not None and len(ple_rows) != n):

@@ -70,6 +70,7 @@ cdef extern from "strata/decode_session.hpp" nogil:
         long batch_tokens
         double batch_seconds
         long batch_steps
+        long batch_graphs
 
     int cpp_prompt_prefetch_rows "strata::prompt_prefetch_rows"(const ModelGeometry& geometry)
     size_t cpp_decode_scratch_bytes "strata::decode_scratch_bytes"(

@@ -242,7 +242,9 @@ class GpuEngine:
                    us: Sequence[float], seens: Sequence[Sequence[int]]) -> list[int]:
         """One decode step of every engine at once (docs/batch.md): engines[i] appends ids[i] (its history then
         seens[i]) and returns its next token for params[i] and the draw us[i], as engines[i].feed([ids[i]], ...)
-        through the prompt path would, row for row. The engines share a batch_key; the rows run on engines[0]'s."""
+        through the prompt path would, row for row. The engines share a batch_key; the rows run on the prompt path
+        of the engine whose session was made first, in the order the sessions were made (so any order of the same
+        engines replays one captured step)."""
         from strata import _native
 
         GpuEngine._check_step(engines, [[t] for t in ids], seens)
@@ -261,8 +263,8 @@ class GpuEngine:
         n_vocab] logits come back (as verify()'s, valid until its next verification) and each row's state is kept
         for truncate(). Else ids[i] is one id, stepped as
         step_batch steps it: its next token for params[i] and the draw us[i] comes back. So drafting sessions
-        verify together, and beside sessions that decode. The engines share a batch_key; the rows run on
-        engines[0]'s."""
+        verify together, and beside sessions that decode. The engines share a batch_key; the rows run as
+        step_batch's, on the prompt path of the engine whose session was made first."""
         from strata import _native
 
         GpuEngine._check_step(engines, ids, seens)
