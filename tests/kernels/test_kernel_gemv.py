@@ -345,8 +345,8 @@ def test_gemv_inputs_refusals_without_a_device(rng):
                                                      "at 256 columns"):
         _native_check.gemv_inputs(random_weight(T.Q4_K, 8, 256, rng), np.zeros((2, 256), np.float32),
                                   kernel="tensor_cores")
-    with pytest.raises(strata.InvalidArgument, match="at 16384 columns"):  # 16 rows of it: 257 KB
-        _native_check.gemv_inputs(random_weight(T.Q8_0, 16, 16384, rng), np.zeros((2, 16384), np.float32),
+    with pytest.raises(strata.InvalidArgument, match="at 163840 columns"):  # the tile's scales alone: 160 KB
+        _native_check.gemv_inputs(random_weight(T.Q8_0, 16, 163840, rng), np.zeros((2, 163840), np.float32),
                                   kernel="tensor_cores")
 
 

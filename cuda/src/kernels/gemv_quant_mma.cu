@@ -1,5 +1,6 @@
 #include "gemv_quant_mma.cuh"
 
+#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
 #include <cstddef>
@@ -18,120 +19,115 @@ constexpr int kTileInputs = 8;    // its N: the inputs of one mma, zero past `in
 constexpr int kMaxTiles = kMaxMmaInputs / kTileInputs;  // mmas a block (input tiles), A's fragment loaded once
 constexpr int kLaneClasses = 32;  // the one-row GEMV's lanes, whose sums the order keeps apart
 constexpr int kWarps = 8;
+constexpr int kLeaves = kLaneClasses / kWarps;  // the leaves a warp folds: a CTA walks one part's 32
+constexpr int kChunkBlocks = kLaneClasses;      // a stage: the part's next block of every lane class
+// Stages in flight: the loads of the next chunks fly while a chunk is computed. 3 keep a Q8_0 CTA at ~53 KB, so
+// that 4 fit an SM beside each other.
+constexpr int kStages = 3;
 static_assert(kMaxTiles * kTileInputs == kMaxMmaInputs && kMaxGemvInputs <= kTileInputs * kMaxTiles);
 static_assert(kWarps * 32 >= kTileRows * kTileInputs * kMaxTiles, "the CTA's threads store the outputs, one each");
-// A tile's staged rows at most: 227 KB of shared memory a CTA on sm_90, less the warps' subtrees. A matrix wider than
-// that (Q8_0 beyond ~12,000 columns) keeps the integer kernel.
-constexpr std::size_t kMaxStagedBytes = 200 * 1024;
+// The most shared memory a CTA takes: 227 KB a CTA on sm_90, less the warps' subtrees. The scales of the tile's rows
+// are staged whole beside the stages, so a matrix of more than ~4,000 blocks a row keeps the integer walk.
+constexpr std::size_t kMaxSharedBytes = 200 * 1024;
 
 template <class S>
 constexpr bool kTakes = S::kGroup == kCodeBlock && S::kSuper == kCodeBlock && !S::kBook && !S::kScaleF32 &&
                         !S::kSubScales && !S::kMins && (S::kBits == 8 || S::kBits == 4);
 
-// Bytes a staged row takes: its codes, padded so that its words start kCodeWords banks after the row before. A
-// fragment load then finds the 8 rows g of a warp in distinct banks (8-bit codes: 2 words a lane, so rows 0-3 fill
-// the 32 banks once and 4-7 once more; 4-bit: 1 word a lane, all 8 rows once).
 template <class S>
-__host__ __device__ constexpr int staged_stride(int n_blocks) {
-  const int words = n_blocks * S::kCodeWords;
-  return (words + ((S::kCodeWords - words) % 32 + 32) % 32) * 4;
-}
+constexpr int kBlockBytes = kCodeBlock * S::kBits / 8;
 
-// The tile's shared memory: 16 rows of codes, then the f16 scales block-major ([block][row]: a fragment's 8 rows
-// read 8 consecutive halves).
+// Bytes a staged row of a chunk takes: its 32 blocks' codes, padded so that its words start kCodeWords banks after
+// the row before. A fragment load then finds the 8 rows g of a warp in distinct banks (8-bit codes: 2 words a lane,
+// so rows 0-3 fill the 32 banks once and 4-7 once more; 4-bit: 1 word a lane, all 8 rows once).
 template <class S>
-std::size_t staged_bytes(int n_blocks) {
-  return static_cast<std::size_t>(kTileRows) * staged_stride<S>(n_blocks) +
+constexpr int kStageStride = (kChunkBlocks * S::kCodeWords + S::kCodeWords) * 4;
+static_assert(kChunkBlocks * 8 % 32 == 0 && kChunkBlocks * 4 % 32 == 0, "a chunk's row is whole banks before the pad");
+
+// A CTA's shared memory: kStages chunks of 16 rows, then the tile's f16 scales block-major ([block][row]: a
+// fragment's 8 rows read 8 consecutive halves).
+template <class S>
+std::size_t shared_bytes(int n_blocks) {
+  return static_cast<std::size_t>(kStages) * kTileRows * kStageStride<S> +
          static_cast<std::size_t>(n_blocks) * kTileRows * sizeof(__half);
 }
 
-// The CTA's rows first .. first + tile_rows - 1 copied into `staged`; rows past the matrix as zeros (walked, never
-// stored). Every thread of the CTA calls it; the tile is complete when it returns.
+// The CTA's rows of one chunk (blocks 32 q .. 32 q + 31 of each row, those the row has) into a stage by cp.async;
+// rows past the matrix are not loaded (their outputs are walked, never stored: a row's mma outputs depend on that
+// row alone).
 template <class S>
-__device__ __forceinline__ void stage_tile(const QuantPlanes& p, int first, int tile_rows, int n_blocks, int stride,
-                                           unsigned char* staged, __half* scales) {
-  constexpr int kBlockBytes = kCodeBlock * S::kBits / 8;
-  const int row_bytes = n_blocks * kBlockBytes, pieces = row_bytes / 16;
-  const std::uint8_t* codes = p.codes + static_cast<long>(first) * row_bytes;
-  for (int k = static_cast<int>(threadIdx.x); k < kTileRows * pieces; k += static_cast<int>(blockDim.x)) {
+__device__ __forceinline__ void load_chunk(const QuantPlanes& p, int first, int tile_rows, int n_blocks, int q,
+                                           unsigned char* stage) {
+  constexpr int kPiecesPerBlock = kBlockBytes<S> / 16;  // 16-byte copies: 2 for 8-bit codes, 1 for 4-bit
+  const int blocks = min(kChunkBlocks, n_blocks - kChunkBlocks * q), pieces = blocks * kPiecesPerBlock;
+  const long row_bytes = static_cast<long>(n_blocks) * kBlockBytes<S>;
+  const std::uint8_t* codes = p.codes + first * row_bytes + static_cast<long>(kChunkBlocks) * q * kBlockBytes<S>;
+  for (int k = static_cast<int>(threadIdx.x); k < tile_rows * pieces; k += static_cast<int>(blockDim.x)) {
     const int r = k / pieces, at = k % pieces * 16;
-    if (r < tile_rows) {
-      copy_async<16>(staged + r * stride + at, codes + static_cast<long>(r) * row_bytes + at);
-    } else {
-      *reinterpret_cast<uint4*>(staged + r * stride + at) = make_uint4(0u, 0u, 0u, 0u);
-    }
+    copy_async<16>(stage + r * kStageStride<S> + at, codes + r * row_bytes + at);
   }
-  commit_copies();
+}
+
+// The tile's scales, every block of its rows, block-major; rows past the matrix as zeros.
+__device__ __forceinline__ void load_scales(const QuantPlanes& p, int first, int tile_rows, int n_blocks,
+                                            __half* scales) {
   const __half* d = static_cast<const __half*>(p.d) + static_cast<long>(first) * n_blocks;
   for (int k = static_cast<int>(threadIdx.x); k < kTileRows * n_blocks; k += static_cast<int>(blockDim.x)) {
     const int r = k / n_blocks, b = k % n_blocks;
     scales[b * kTileRows + r] = r < tile_rows ? __ldg(d + k) : __float2half(0.0f);
   }
-  wait_copies<0>();
-  __syncthreads();
 }
 
 // A thread's outputs: Tiles input tiles of an mma's 4 (weight row g + 8 (e / 2), input 8 tile + 2 t + e % 2).
 template <int Tiles>
 using Outputs = float[Tiles][4];
 
-// One warp's walk of the staged tile: leaf(position, sums) is the (part, lane class) leaf at bit-reversed position
-// `position` of the part: the one-row GEMV's lane sum of that class, for the thread's outputs.
-template <class S, int Split, int Tiles>
-struct TileWalk {
-  const unsigned char* staged;
+// What a thread multiplies besides the staged weights: the scales, the inputs of its B columns and of its outputs.
+template <class S, int Tiles>
+struct Operands {
   const __half* scales;
-  int stride, n_blocks, part, bias_shift;
+  int bias_shift;
   GlobalQ8 column[Tiles];  // B's column g of each tile: input 8 tile + g (zeros past `inputs`)
   bool column_live[Tiles];
   GlobalQ8 x[Tiles][2];    // the inputs of the thread's outputs: 8 tile + 2 t and 8 tile + 2 t + 1
   int g, t;
 
-  __device__ __forceinline__ void operator()(int position, Outputs<Tiles>& sums) const {
-    const int lane_class = static_cast<int>(__brev(static_cast<unsigned>(position)) >> 27);
+  // sums += block b's terms, its codes at `block` of the staged rows g and g + 8: the one-row GEMV's lane step.
+  __device__ __forceinline__ void add_block_terms(const unsigned char* block, int b, Outputs<Tiles>& sums) const {
+    unsigned a[4];
+    weights(block, a);
+    const float row_scale[2] = {__half2float(scales[b * kTileRows + g]), __half2float(scales[b * kTileRows + g + 8])};
 #pragma unroll
     for (int tile = 0; tile < Tiles; ++tile) {
+      unsigned b0 = 0u, b1 = 0u;
+      if (column_live[tile]) column_words(column[tile], b, b0, b1);
+      int dots[4] = {0, 0, 0, 0};
+      mma_s8_k32(dots, a, b0, b1);
+      const float dx[2] = {x[tile][0].scale(b), x[tile][1].scale(b)};
+      const int xsum[2] = {x[tile][0].sum(b), x[tile][1].sum(b)};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sums[tile][e] = 0.0f;
-    }
-    for (int b = part * kLaneClasses + lane_class; b < n_blocks; b += kLaneClasses * Split) {
-      unsigned a[4];
-      weights(b, a);
-      const float row_scale[2] = {__half2float(scales[b * kTileRows + g]),
-                                  __half2float(scales[b * kTileRows + g + 8])};
-#pragma unroll
-      for (int tile = 0; tile < Tiles; ++tile) {
-        unsigned b0 = 0u, b1 = 0u;
-        if (column_live[tile]) column_words(column[tile], b, b0, b1);
-        int dots[4] = {0, 0, 0, 0};
-        mma_s8_k32(dots, a, b0, b1);
-        const float dx[2] = {x[tile][0].scale(b), x[tile][1].scale(b)};
-        const int xsum[2] = {x[tile][0].sum(b), x[tile][1].sum(b)};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float scale[1] = {row_scale[e / 2]}, no_offset[1] = {0.0f};
-          const int dot[1] = {dots[e]}, block_sum[1] = {xsum[e % 2]};
-          sums[tile][e] = quant_rows::add_block(
-              sums[tile][e], dx[e % 2], quant_rows::block_term<S>(scale, no_offset, dot, block_sum, bias_shift));
-        }
+      for (int e = 0; e < 4; ++e) {
+        const float scale[1] = {row_scale[e / 2]}, no_offset[1] = {0.0f};
+        const int dot[1] = {dots[e]}, block_sum[1] = {xsum[e % 2]};
+        sums[tile][e] = quant_rows::add_block(sums[tile][e], dx[e % 2],
+                                              quant_rows::block_term<S>(scale, no_offset, dot, block_sum, bias_shift));
       }
     }
   }
 
-  // A's fragment of block b: the thread's 8 k positions of rows g and g + 8 (a dot sums over k in any order, so
-  // A and B need only agree): 8-bit codes as bytes 8 t .. 8 t + 7 (shifted by -128, as the integer walk's
-  // operand), 4-bit codes as the low and high nibbles of word t (elements 4 t.. and 16 + 4 t..).
-  __device__ __forceinline__ void weights(int b, unsigned (&a)[4]) const {
-    constexpr int kBlockBytes = kCodeBlock * S::kBits / 8;
+  // A's fragment: the thread's 8 k positions of rows g and g + 8 (a dot sums over k in any order, so A and B need
+  // only agree): 8-bit codes as bytes 8 t .. 8 t + 7 (shifted by -128, as the integer walk's operand), 4-bit codes
+  // as the low and high nibbles of word t (elements 4 t.. and 16 + 4 t..).
+  __device__ __forceinline__ void weights(const unsigned char* block, unsigned (&a)[4]) const {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const unsigned char* block = staged + (g + 8 * half) * stride + b * kBlockBytes;
+      const unsigned char* row = block + (g + 8 * half) * kStageStride<S>;
       if constexpr (S::kBits == 8) {
-        const uint2 w = *reinterpret_cast<const uint2*>(block + 8 * t);
+        const uint2 w = *reinterpret_cast<const uint2*>(row + 8 * t);
         a[half] = w.x ^ 0x80808080u;
         a[2 + half] = w.y ^ 0x80808080u;
       } else {
-        const unsigned w = *reinterpret_cast<const unsigned*>(block + 4 * t);
+        const unsigned w = *reinterpret_cast<const unsigned*>(row + 4 * t);
         a[half] = w & 0x0F0F0F0Fu;
         a[2 + half] = (w >> 4) & 0x0F0F0F0Fu;
       }
@@ -139,8 +135,8 @@ struct TileWalk {
   }
 
   // B's fragment of block b: an input's codes at the k positions weights() gives A.
-  __device__ __forceinline__ void column_words(const GlobalQ8& column, int b, unsigned& b0, unsigned& b1) const {
-    const std::int8_t* block = column.xq + static_cast<long>(b) * kCodeBlock;
+  __device__ __forceinline__ void column_words(const GlobalQ8& input, int b, unsigned& b0, unsigned& b1) const {
+    const std::int8_t* block = input.xq + static_cast<long>(b) * kCodeBlock;
     if constexpr (S::kBits == 8) {
       const uint2 w = __ldg(reinterpret_cast<const uint2*>(block) + t);
       b0 = w.x, b1 = w.y;
@@ -151,21 +147,30 @@ struct TileWalk {
   }
 };
 
-// The pairwise tree over N leaves from `position`: the butterfly's levels for the N lanes of an aligned run of
+template <int Tiles>
+__device__ __forceinline__ void add_outputs(Outputs<Tiles>& sums, const Outputs<Tiles>& right) {
+#pragma unroll
+  for (int tile = 0; tile < Tiles; ++tile) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sums[tile][e] += right[tile][e];
+  }
+}
+
+// The pairwise tree over the N leaves from `first`: the butterfly's levels for the N lanes of an aligned run of
 // bit-reversed positions.
-template <int N, int Tiles, class Leaf>
-__device__ __forceinline__ void fold_leaves(const Leaf& leaf, int position, Outputs<Tiles>& sums) {
+template <int N, int Tiles>
+__device__ __forceinline__ void fold_leaves(Outputs<Tiles> (&leaves)[kLeaves], int first, Outputs<Tiles>& sums) {
   if constexpr (N == 1) {
-    leaf(position, sums);
-  } else {
-    Outputs<Tiles> right;
-    fold_leaves<N / 2, Tiles>(leaf, position, sums);
-    fold_leaves<N / 2, Tiles>(leaf, position + N / 2, right);
 #pragma unroll
     for (int tile = 0; tile < Tiles; ++tile) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) sums[tile][e] += right[tile][e];
+      for (int e = 0; e < 4; ++e) sums[tile][e] = leaves[first][tile][e];
     }
+  } else {
+    Outputs<Tiles> right;
+    fold_leaves<N / 2, Tiles>(leaves, first, sums);
+    fold_leaves<N / 2, Tiles>(leaves, first + N / 2, right);
+    add_outputs<Tiles>(sums, right);
   }
 }
 
@@ -180,9 +185,11 @@ __device__ __forceinline__ float fold_warps(const float (&subtrees)[kWarps][kTil
   }
 }
 
-// y_i = W x_i for i < inputs over one 16-row tile a CTA, each output the one-row GEMV's bits (gemv_quant_mma.cuh):
-// Split is gemv_quant's warps a row for the matrix (row_split), so its lanes' classes are Split x 32 leaves, of which
-// each warp folds an aligned run of 4 x Split; Tiles the mmas a block (8 inputs each).
+// y_i = W x_i for i < inputs over one 16-row tile, each output the one-row GEMV's bits (gemv_quant_mma.cuh). Split
+// is gemv_quant's warps a row for the matrix (row_split): a cluster of Split CTAs takes the tile, CTA `part` the
+// part's 32 lane classes, its chunks 32 blocks apart times Split, each chunk one block of every class. Each warp
+// carries kLeaves leaves (an aligned run of bit-reversed positions) across the chunks and folds them at the end;
+// the CTA folds the warps' subtrees, and the cluster's first CTA adds the parts in turn, as store_row does.
 template <class S, int Split, int Tiles>
 __global__ void __launch_bounds__(kWarps * 32)
 gemv_quant_mma_kernel(QuantPlanes p, int rows, int cols, int code_bias, StridedQ8 acts, int inputs,
@@ -191,31 +198,60 @@ gemv_quant_mma_kernel(QuantPlanes p, int rows, int cols, int code_bias, StridedQ
   release_consumers();
   extern __shared__ __align__(16) unsigned char staged[];
   __shared__ float subtrees[kWarps][kTileRows][kMaxMmaInputs];
-  const int n_blocks = cols / kCodeBlock, stride = staged_stride<S>(n_blocks);
-  __half* scales = reinterpret_cast<__half*>(staged + kTileRows * stride);
-  const int first = static_cast<int>(blockIdx.x) * kTileRows;
-  const int tile_rows = min(kTileRows, rows - first);
-  stage_tile<S>(p, first, tile_rows, n_blocks, stride, staged, scales);
+  const int part = static_cast<int>(blockIdx.x) % Split, first = static_cast<int>(blockIdx.x) / Split * kTileRows;
+  const int tile_rows = min(kTileRows, rows - first), n_blocks = cols / kCodeBlock;
+  const int n_chunks = (n_blocks + kChunkBlocks - 1) / kChunkBlocks;
+  const int chunks = part < n_chunks ? (n_chunks - part + Split - 1) / Split : 0;  // this part's: q = part + Split c
+  constexpr int kStageBytes = kTileRows * kStageStride<S>;
+  __half* scales = reinterpret_cast<__half*>(staged + kStages * kStageBytes);
+#pragma unroll
+  for (int c = 0; c < kStages - 1; ++c) {  // one commit a stage, loaded or not, so wait_copies counts stages
+    if (c < chunks) load_chunk<S>(p, first, tile_rows, n_blocks, part + Split * c, staged + c * kStageBytes);
+    commit_copies();
+  }
+  load_scales(p, first, tile_rows, n_blocks, scales);
 
-  constexpr int kRun = kLaneClasses * Split / kWarps;  // a warp's leaves: within one part, as kRun <= 32
-  static_assert(kRun >= 1 && kRun <= kLaneClasses && kLaneClasses % kRun == 0, "a warp's run is a subtree");
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  const int g = lane >> 2, t = lane & 3;
-  // Inputs past `inputs` read input 0 (never stored) or, as B's column, zeros.
-  const auto input = [&](int i) { return acts[i < inputs ? i : 0]; };
-  TileWalk<S, Split, Tiles> walk{staged, scales, stride, n_blocks, warp * kRun / kLaneClasses,
-                                 (S::kBits == 8 ? 128 : 0) - code_bias,  // as quant_rows_partials' bias_shift
-                                 {}, {}, {}, g, t};
+  const auto input = [&](int i) { return acts[i < inputs ? i : 0]; };  // past `inputs`: never stored, or zeros
+  Operands<S, Tiles> operands{scales, (S::kBits == 8 ? 128 : 0) - code_bias, {}, {}, {}, lane >> 2, lane & 3};
 #pragma unroll
   for (int tile = 0; tile < Tiles; ++tile) {
     const int base = kTileInputs * tile;
-    walk.column[tile] = input(base + g);
-    walk.column_live[tile] = base + g < inputs;
-    walk.x[tile][0] = input(base + 2 * t);
-    walk.x[tile][1] = input(base + 2 * t + 1);
+    operands.column[tile] = input(base + operands.g);
+    operands.column_live[tile] = base + operands.g < inputs;
+    operands.x[tile][0] = input(base + 2 * operands.t);
+    operands.x[tile][1] = input(base + 2 * operands.t + 1);
+  }
+  int lane_class[kLeaves];  // the classes of the warp's leaves: bit-reversed positions kLeaves warp ..
+  Outputs<Tiles> leaves[kLeaves];
+#pragma unroll
+  for (int leaf = 0; leaf < kLeaves; ++leaf) {
+    lane_class[leaf] = static_cast<int>(__brev(static_cast<unsigned>(kLeaves * warp + leaf)) >> 27);
+#pragma unroll
+    for (int tile = 0; tile < Tiles; ++tile) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) leaves[leaf][tile][e] = 0.0f;
+    }
+  }
+  for (int c = 0; c < chunks; ++c) {
+    wait_copies<kStages - 2>();  // this thread's copies of chunk c; the barrier: everyone's, and chunk c - 1 done
+    __syncthreads();
+    const int next = c + kStages - 1;
+    if (next < chunks) {
+      load_chunk<S>(p, first, tile_rows, n_blocks, part + Split * next, staged + next % kStages * kStageBytes);
+    }
+    commit_copies();
+    const int q = part + Split * c;
+    const unsigned char* stage = staged + c % kStages * kStageBytes;
+#pragma unroll
+    for (int leaf = 0; leaf < kLeaves; ++leaf) {
+      const int b = kChunkBlocks * q + lane_class[leaf];
+      if (b < n_blocks) operands.add_block_terms(stage + lane_class[leaf] * kBlockBytes<S>, b, leaves[leaf]);
+    }
   }
   Outputs<Tiles> sums;
-  fold_leaves<kRun, Tiles>(walk, warp * kRun % kLaneClasses, sums);
+  fold_leaves<kLeaves, Tiles>(leaves, 0, sums);
+  const int g = operands.g, t = operands.t;
 #pragma unroll
   for (int tile = 0; tile < Tiles; ++tile) {
     const int i0 = kTileInputs * tile + 2 * t;
@@ -228,22 +264,29 @@ gemv_quant_mma_kernel(QuantPlanes p, int rows, int cols, int code_bias, StridedQ
 
   constexpr int kInputs = kTileInputs * Tiles;
   const int r = static_cast<int>(threadIdx.x) / kInputs, i = static_cast<int>(threadIdx.x) % kInputs;
-  if (r >= tile_rows || i >= inputs) return;  // threads past the tile's outputs too (r >= 16)
-  constexpr int kPartWarps = kWarps / Split;
-  float total;
+  const bool stored = r < tile_rows && i < inputs;  // threads past the tile's outputs too (r >= 16)
+  const float part_sum = r < kTileRows ? fold_warps<kWarps>(subtrees, 0, r, i) : 0.0f;
   if constexpr (Split == 1) {
-    total = fold_warps<kPartWarps>(subtrees, 0, r, i);
-  } else {  // store_row's sum of the parts in turn
-    total = 0.0f;
+    if (stored) y[static_cast<long>(i) * rows + first + r] = part_sum;
+  } else {  // store_row's sum of the parts in turn, the parts in the cluster's CTAs
+    __shared__ float part_sums[kTileRows][kMaxMmaInputs];
+    if (r < kTileRows) part_sums[r][i] = part_sum;
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // every part's sums written
+    if (part == 0 && stored) {
+      float total = 0.0f;
 #pragma unroll
-    for (int part = 0; part < Split; ++part) total += fold_warps<kPartWarps>(subtrees, part * kPartWarps, r, i);
+      for (int q = 0; q < Split; ++q) total += *cluster.map_shared_rank(&part_sums[r][i], q);
+      y[static_cast<long>(i) * rows + first + r] = total;
+    }
+    cluster.sync();  // the other CTAs' shared memory stays until the first has read it
   }
-  y[static_cast<long>(i) * rows + first + r] = total;
 }
 
 template <class S, int Tiles>
 auto* mma_kernel(int split) {
-  return split == 1 ? gemv_quant_mma_kernel<S, 1, Tiles>
+  return split == 1   ? gemv_quant_mma_kernel<S, 1, Tiles>
          : split == 2 ? gemv_quant_mma_kernel<S, 2, Tiles>
                       : gemv_quant_mma_kernel<S, 4, Tiles>;
 }
@@ -254,12 +297,14 @@ cudaError_t launch_shape(const QuantForm& form, const QuantPlanes& planes, int r
   static_assert(kMaxTiles == 2, "a kernel for one input tile and one for two");
   const int split = row_split(rows);
   auto* kernel = inputs <= kTileInputs ? mma_kernel<S, 1>(split) : mma_kernel<S, 2>(split);
-  const std::size_t shared = staged_bytes<S>(cols / kCodeBlock);
+  const std::size_t shared = shared_bytes<S>(cols / kCodeBlock);
   const cudaError_t set =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
   if (set != cudaSuccess) return set;
-  const dim3 grid(static_cast<unsigned>((rows + kTileRows - 1) / kTileRows));
-  return launch(kernel, grid, kWarps * 32, shared, stream, planes, rows, cols, form.code_bias, acts, inputs, y);
+  const long ctas = static_cast<long>((rows + kTileRows - 1) / kTileRows) * split;
+  if (ctas > 0x7fffffffL) return cudaErrorInvalidValue;
+  return launch_clustered(kernel, dim3(static_cast<unsigned>(ctas)), kWarps * 32, shared, stream,
+                          static_cast<unsigned>(split), planes, rows, cols, form.code_bias, acts, inputs, y);
 }
 
 }  // namespace
@@ -268,7 +313,9 @@ bool gemv_quant_mma_takes(const QuantForm& form, int cols) {
   bool takes = false;
   KnownShapes::visit(form, [&](auto shape) {
     using S = decltype(shape);
-    if constexpr (kTakes<S>) takes = cols > 0 && cols % kCodeBlock == 0 && staged_bytes<S>(cols / kCodeBlock) <= kMaxStagedBytes;
+    if constexpr (kTakes<S>) {
+      takes = cols > 0 && cols % kCodeBlock == 0 && shared_bytes<S>(cols / kCodeBlock) <= kMaxSharedBytes;
+    }
   });
   return takes;
 }

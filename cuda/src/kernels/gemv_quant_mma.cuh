@@ -11,8 +11,11 @@
 // (a subtree), the CTA adds the warps' subtrees as the levels above. Each block's integer dot is exact either way
 // (dp4a or mma), and its float part is the one of gemv_quant_rows.cuh (quant_rows::block_term, add_block).
 //
-// What it takes from the weights: the CTA's 16 rows, whole, staged in shared memory by cp.async at its start (so
-// the walk's order owes nothing to the order of the loads, and every byte of the tile is in flight at once).
+// How it reads the weights: a cluster of `split` CTAs a 16-row tile (sm_90's thread block clusters), CTA p the
+// part's chunks of 32 blocks (one block of each of its lane classes; chunks p, p + split, ...), staged in shared
+// memory by cp.async a few chunks ahead of the one computed, so the loads of the next chunks fly while a chunk is
+// computed; each warp carries its leaves' sums across the chunks. The first CTA of the cluster adds the parts'
+// sums, read from the others' shared memory. A matrix of few rows so gets split x the CTAs of its tiles.
 #pragma once
 
 #include <cuda_runtime.h>

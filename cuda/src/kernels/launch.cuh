@@ -66,29 +66,45 @@ inline cudaError_t programmatic_launch_allowed(bool* allowed) {
 
 }  // namespace launch_detail
 
-// kernel<<<grid, block, shared_bytes, stream>>>(args...), with programmatic stream serialisation where the
-// device has it; args convert to the kernel's parameter types. Capturable: no synchronisation, no allocation.
-// Returns the launch's error and, like <<<>>> followed by cudaGetLastError(), leaves none pending behind it.
+// kernel<<<grid, block, shared_bytes, stream>>>(args...) in clusters of `cluster` CTAs along x (sm_90's thread
+// block clusters, whose CTAs read each other's shared memory; 1: no clusters, grid.x a multiple of it otherwise),
+// with programmatic stream serialisation where the device has it; args convert to the kernel's parameter types.
+// Capturable: no synchronisation, no allocation. Returns the launch's error and, like <<<>>> followed by
+// cudaGetLastError(), leaves none pending behind it.
 template <typename... Params, typename... Args>
-cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes, cudaStream_t stream,
-                   Args&&... args) {
+cudaError_t launch_clustered(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes,
+                             cudaStream_t stream, unsigned cluster, Args&&... args) {
   bool programmatic = false;
   cudaError_t status = launch_detail::programmatic_launch_allowed(&programmatic);
   if (status == cudaSuccess) {
-    cudaLaunchAttribute attribute{};
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attributes[2]{};
+    unsigned count = 0;
+    if (programmatic) {
+      attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attributes[count++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster > 1) {
+      attributes[count].id = cudaLaunchAttributeClusterDimension;
+      attributes[count++].val.clusterDim = {cluster, 1, 1};
+    }
     cudaLaunchConfig_t config{};
     config.gridDim = grid;
     config.blockDim = block;
     config.dynamicSmemBytes = shared_bytes;
     config.stream = stream;
-    config.attrs = programmatic ? &attribute : nullptr;
-    config.numAttrs = programmatic ? 1 : 0;
+    config.attrs = count ? attributes : nullptr;
+    config.numAttrs = count;
     status = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
   }
   if (status != cudaSuccess) (void)cudaGetLastError();
   return status;
+}
+
+// launch_clustered without clusters: what every kernel but the clustered ones uses.
+template <typename... Params, typename... Args>
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t shared_bytes, cudaStream_t stream,
+                   Args&&... args) {
+  return launch_clustered(kernel, grid, block, shared_bytes, stream, 1u, std::forward<Args>(args)...);
 }
 
 }  // namespace strata::kernels
