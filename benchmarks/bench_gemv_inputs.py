@@ -7,9 +7,9 @@ decoding it again, the later ones reading it from L2), side by side in one proce
 Times as bench_gemv.py's (CUDA events, median of --reps, the L2 cold). The shapes are the benchmark model's
 (qwen4exp) GDN and attention projections, the shared expert and the LM head, in the formats of its dense part
 (Q8_0) and of a K-quant (Q4_K). "integer us" is the multi-input GEMV's integer walk (16 rows: two launches of
-8), "inputs us" the kernel the launcher picks (the tensor cores for Q8_0, Q5_0 and Q4_0 from kMmaMinInputs rows, up
-to 16 in one launch; kernels/gemv.cuh), "x one row" its time over the one-row GEMV's: a step of R rows pays it for
-its dense part, where R separate decode steps pay R.
+8), "tensor us" the tensor cores' (Q8_0, Q5_0, Q4_0), "inputs us" the kernel the launcher picks (the tensor cores
+from kMmaMinInputs rows, up to 16 in one launch; kernels/gemv.cuh), "x one row" its time over the one-row GEMV's:
+a step of R rows pays it for its dense part, where R separate decode steps pay R.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     counts = [1, 2, 4, 8, 16]
     results = []
-    print(f"{'tensor':18} {'format':6} {'rows':>4} {'batch us':>9} {'integer us':>10} {'inputs us':>9} "
-          f"{'x one row':>9} {'GB/s':>7} {'% 4.2TB/s':>9}")
+    print(f"{'tensor':18} {'format':6} {'rows':>4} {'batch us':>9} {'integer us':>10} {'tensor us':>9} "
+          f"{'inputs us':>9} {'x one row':>9} {'GB/s':>7} {'% 4.2TB/s':>9}")
     for name, n_in, n_out in SHAPES[:-1] if args.quick else SHAPES:
         for fmt, ggml_type in FORMATS.items():
             if ggml_type == T.Q4_K and n_in % 256:
@@ -46,23 +46,29 @@ def main() -> None:
             most = 16 if ggml_type in TENSOR_CORE_FORMS else 8
             batch, inputs = _native_check.time_gemv_inputs(w, most, reps)
             _, integer = _native_check.time_gemv_inputs(w, 8, reps, kernel="integer")
+            tensor = (_native_check.time_gemv_inputs(w, most, reps, kernel="tensor_cores")[1]
+                      if ggml_type in TENSOR_CORE_FORMS else np.full(most, np.nan))
             for rows in (c for c in counts if c <= most):
                 integer_us = integer[rows - 1] if rows <= 8 else 2 * integer[rows // 2 - 1]  # two launches
                 r = {"tensor": name, "format": ggml_type.name, "in": n_in, "out": n_out, "rows": rows,
                      "bytes": w.nbytes, "batch_us": batch[rows - 1] * 1e6, "integer_us": integer_us * 1e6,
-                     "inputs_us": inputs[rows - 1] * 1e6, "of_one_row": inputs[rows - 1] / batch[0]}
+                     "tensor_us": tensor[rows - 1] * 1e6, "inputs_us": inputs[rows - 1] * 1e6,
+                     "of_one_row": inputs[rows - 1] / batch[0]}
                 results.append(r)
                 gbps = w.nbytes / inputs[rows - 1] / 1e9
                 print(f"{name:18} {ggml_type.name:6} {rows:4d} {r['batch_us']:9.2f} {r['integer_us']:10.2f} "
-                      f"{r['inputs_us']:9.2f} {r['of_one_row']:9.2f} {gbps:7.0f} "
+                      f"{r['tensor_us']:9.2f} {r['inputs_us']:9.2f} {r['of_one_row']:9.2f} {gbps:7.0f} "
                       f"{100 * gbps * 1e9 / PEAK_BYTES_PER_S:9.1f}")
     for rows in counts[1:]:
         chosen = [r for r in results if r["rows"] == rows]  # at 16, the forms of the tensor cores only
         batch, inputs = sum(r["batch_us"] for r in chosen), sum(r["inputs_us"] for r in chosen)
         integer = sum(r["integer_us"] for r in chosen)
+        cores = [r for r in chosen if not np.isnan(r["tensor_us"])]  # the forms the tensor cores take
         print(f"RESULT gemv {rows} rows: batch of products {batch:.1f} us, integer multi-input {integer:.1f} us, "
               f"chosen multi-input {inputs:.1f} us ({batch / inputs:.2f}x the batch, {integer / inputs:.2f}x "
-              f"the integer walk)")
+              f"the integer walk); where the tensor cores take the form, integer "
+              f"{sum(r['integer_us'] for r in cores):.1f} us against tensor cores "
+              f"{sum(r['tensor_us'] for r in cores):.1f} us")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 
