@@ -141,23 +141,22 @@ def test_a_batch_larger_than_the_gemv_rows_stays_within_the_decode_bounds(loaded
         close(together, apart)
 
 
-def greedy_alone(model, prompt, n):
-    """Plain decode steps of one session (the decode program): the tokens and each step's top-two margin over the
-    logits' scale (what the decode bounds, relative errors, compare with)."""
+# A session's row in a step of several is, bit for bit, its row in a step of one (docs/rows.md, "Exactness"), so the
+# tests of batched sessions compare tokens with the same session stepped alone through steps of one row: exactly,
+# at every step. Plain decode steps (the decode program) differ from the rows within the decode bounds, and a
+# routing near-tie can then flip an expert and move later logits past any margin (the batcher's test failed so on
+# qwen35moe-f32, H100, 2026-12-06); the rows' bounds against plain steps are the tests' that say "decode bounds".
+def rows_alone(model, prompt, n):
+    """The greedy tokens of one session fed `prompt`, then stepped n - 1 times as steps of one row."""
     session = model.session(CONTEXT, kv="bf16", prompt_cpu=False)
     try:
         e = session.engine
         history = list(prompt)
-        token = e.feed(prompt, session_params(), 0.0, history)
-        out, margins = [], []
-        for _ in range(n):
-            out.append(token)
-            logits = e.logits()
-            top = np.sort(logits)[-2:]
-            margins.append(float(top[1] - top[0]) / float(np.max(np.abs(logits))))  # over the logits' scale
-            history.append(token)
-            token = e.feed([token], session_params(), 0.0, history)
-        return out, margins
+        out = [e.feed(prompt, session_params(), 0.0, history)]
+        while len(out) < n:
+            history.append(out[-1])
+            out.append(GpuEngine.step_batch([e], [out[-1]], [session_params()], [0.0], [list(history)])[0])
+        return out
     finally:
         session.close()
 
@@ -169,11 +168,10 @@ def session_params():
 
 def test_sessions_decoded_together_yield_the_tokens_each_decodes_alone(loaded, rng):
     """Four Model sessions, prompts of different lengths, decoded greedily in batches through GpuEngine.step_batch
-    against each decoded alone by plain steps: the same tokens up to the first step whose top two logits are closer
-    than the prompt path and the decode path may differ."""
+    against each stepped alone in steps of one row: the same tokens, every one."""
     name, model = loaded
     prompts = [prompt_ids(model, rng, n) for n in (7, 19, 12, 9)]
-    want = [greedy_alone(model, p, 16) for p in prompts]
+    want = [rows_alone(model, p, 17) for p in prompts]
     sessions = [model.session(CONTEXT, kv="bf16", prompt_cpu=False) for _ in prompts]
     try:
         engines = [s.engine for s in sessions]
@@ -187,10 +185,8 @@ def test_sessions_decoded_together_yield_the_tokens_each_decodes_alone(loaded, r
                 histories[i].append(t)
             tokens = GpuEngine.step_batch(engines, tokens, [session_params()] * 4, [0.0] * 4,
                                           [list(h) for h in histories])
-        for i, (tokens_alone, margins) in enumerate(want):
-            tie = next((j for j, m in enumerate(margins) if m < 2 * bounds(name, "bf16")), len(margins))
-            print(f"{name} session {i}: {tie} tokens compared")
-            assert got[i][:tie] == tokens_alone[:tie], (name, i, got[i], tokens_alone, tie)
+        for i, tokens_alone in enumerate(want):
+            assert got[i] + [tokens[i]] == tokens_alone, (name, i, got[i] + [tokens[i]], tokens_alone)
         stats = engines[1].stats()
         assert stats["batch_tokens"] == 16 and stats["batch_steps"] == 0
         assert engines[0].stats()["batch_steps"] == 16
@@ -445,22 +441,64 @@ def test_a_batch_whose_experts_the_cache_lacks_rings_once_a_layer(loaded, placem
         close(captured, launched, grouped, twins, stepped)
 
 
+class _Noted(GpuEngine):
+    """A GpuEngine that notes every call that moves its state and what it returned, in order: what the Batcher made
+    of a session's calls (prompt pieces, lone steps, rows of batched steps), for a replay alone (replayed)."""
+
+    notes: list
+
+    def feed(self, ids, params, u, seen):
+        token = super().feed(ids, params, u, seen)
+        self.notes.append(("feed", list(ids), params, u, list(seen), token))
+        return token
+
+    def prefill(self, ids, seen):
+        super().prefill(ids, seen)
+        self.notes.append(("prefill", list(ids), None, 0.0, list(seen), None))
+
+    @staticmethod
+    def step_batch(engines, ids, params, us, seens):
+        tokens = GpuEngine.step_batch(engines, ids, params, us, seens)
+        for e, t, p, u, seen, token in zip(engines, ids, params, us, seens, tokens):
+            e.notes.append(("row", [t], p, u, list(seen), token))
+        return tokens
+
+
+def replayed(model, notes):
+    """What the noted calls return on a session of their own, a row as a step of one row (its bits in any step)."""
+    session = model.session(CONTEXT, kv="bf16", prompt_cpu=False)
+    try:
+        e, out = session.engine, []
+        for kind, ids, params, u, seen, _ in notes:
+            if kind == "prefill":
+                e.prefill(ids, seen)
+                out.append(None)
+            elif kind == "feed":
+                out.append(e.feed(ids, params, u, seen))
+            else:
+                out.append(GpuEngine.step_batch([e], ids, [params], [u], [seen])[0])
+        return out
+    finally:
+        session.close()
+
+
 def test_sessions_through_the_batcher_decode_together_as_alone(loaded, rng):
     """Model sessions driven by concurrent threads through a Batcher (the server's way), their decode steps
-    batched (the policy told batches are cheap): each session's greedy tokens are those it decodes alone, up to the
-    first near-tie."""
+    batched (the policy told batches are cheap): each session's calls, as the Batcher made them (prompt pieces, lone
+    steps, rows of batched steps), give the same tokens when the session makes them alone, every one."""
     from concurrent.futures import ThreadPoolExecutor
 
     from strata.generation.batcher import Batcher
 
     name, model = loaded
     prompts = [prompt_ids(model, rng, n) for n in (8, 17, 11)]
-    want = [greedy_alone(model, p, 12) for p in prompts]
     sessions = [model.session(CONTEXT, kv="bf16", prompt_cpu=False) for _ in prompts]
     engines = [s.engine for s in sessions]
+    for e in engines:
+        e.__class__, e.notes = _Noted, []
     try:
         with Batcher() as batcher:
-            key = (GpuEngine, engines[0].batch_key)
+            key = (_Noted, engines[0].batch_key)
             batcher.policy.record(key, 1, 1.0)  # a lone step "costs" more than any batch: always batch
             for s in sessions:
                 s.engine = batcher.member(s.engine)
@@ -476,11 +514,10 @@ def test_sessions_through_the_batcher_decode_together_as_alone(loaded, rng):
         for s, e in zip(sessions, engines):
             s.engine = e
             s.close()
-    eos = set(model.tokenizer.eos_ids)
-    for i, (tokens, margins) in enumerate(want):
-        ends = next((j for j, t in enumerate(tokens) if t in eos), len(tokens))
-        tie = next((j for j, m in enumerate(margins) if m < 2 * bounds(name, "bf16")), len(margins))
-        upto = min(ends, tie)
-        print(f"{name} session {i}: {upto} tokens compared")
-        assert got[i][:upto] == tokens[:upto], (name, i, got[i], tokens, upto)
+    for i, e in enumerate(engines):
+        returned = [note[-1] for note in e.notes]
+        drawn = [t for t in returned if t is not None]
+        assert drawn[:len(got[i])] == got[i], (name, i, "the noted calls are not the completion's", drawn, got[i])
+        assert replayed(model, e.notes) == returned, (name, i, [note[0] for note in e.notes])
+    assert any(note[0] == "row" for e in engines for note in e.notes), "no step ran in a batch"
     assert stats["decode_rows"] > stats["decode_batches"], stats  # some steps ran together
