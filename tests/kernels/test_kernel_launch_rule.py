@@ -10,7 +10,9 @@ from pathlib import Path
 CUDA_SOURCE = Path(__file__).resolve().parents[2] / "cuda" / "src"
 
 _QUALIFIER = r"(?:[A-Za-z_]\w*::)*"
-_AWAIT_FIRST = re.compile(_QUALIFIER + r"await_producers\s*\(\s*\)\s*;")
+# A kernel's constant weights may be asked into L2 before the wait (launch.cuh): those calls, then the wait.
+_AWAIT_FIRST = re.compile(r"(?:" + _QUALIFIER + r"prefetch_constant_rows\s*\([^;]*\)\s*;\s*)*" + _QUALIFIER +
+                          r"await_producers\s*\(\s*\)\s*;")
 _RELEASE = re.compile(r"\b" + _QUALIFIER + r"release_consumers\s*\(\s*\)\s*;")
 _IDENTIFIER_BEFORE = re.compile(r"([A-Za-z_]\w*)\s*$")
 
@@ -120,11 +122,16 @@ constexpr long long kTimeoutNs = 1'000'000'000;  // digit separators are not cha
 // a comment naming k<<<1, 1>>>() and __global__ void f() { x[0] = 0; } is not code
 const char* text = "k<<<1, 1>>>() { }";
 __global__ void tiny(int* seen) { await_producers(); release_consumers(); seen[0] = '}'; }
+__global__ void weighed(const float* w, int rows) {
+  prefetch_constant_rows(w, 4 * sizeof(float), static_cast<long>(blockIdx.x) * 4, 4, rows);
+  await_producers();
+  release_consumers();
+}
 """
 
 
 def test_the_checker_passes_a_kernel_that_keeps_the_rule():
-    assert [name for name, _ in kernels(blank_comments_and_literals(GOOD))] == ["walk_kernel", "tiny"]
+    assert [name for name, _ in kernels(blank_comments_and_literals(GOOD))] == ["walk_kernel", "tiny", "weighed"]
     assert rule_breaches(GOOD, "good.cu") == []
 
 
@@ -135,6 +142,7 @@ def test_the_checker_names_each_breach():
     commented = "__global__ void c(float* x) { // await_producers();\n  release_consumers();\n  x[0] = 0; }"
     released_first = "__global__ void r(float* x) { release_consumers(); await_producers(); x[0] = 0; }"
     never_released = "__global__ void q(float* x) { await_producers(); x[0] = 0; }"
+    read_first = "__global__ void p(float* x) { prefetch_constant_rows(x, 4, 0, 1, 1); x[0] = 0; await_producers(); }"
     chevrons = "cudaError_t f(cudaStream_t s) {\n  k<<<1, 32, 0, s>>>(x);\n  return cudaGetLastError();\n}"
     assert rule_breaches(missing, "a.cu") == ["a.cu: kernel k does not begin with await_producers();",
                                               "a.cu: kernel k never calls release_consumers();"]
@@ -142,4 +150,5 @@ def test_the_checker_names_each_breach():
     assert rule_breaches(commented, "c.cu") == ["c.cu: kernel c does not begin with await_producers();"]
     assert rule_breaches(released_first, "d.cu") == ["d.cu: kernel r does not begin with await_producers();"]
     assert rule_breaches(never_released, "e.cu") == ["e.cu: kernel q never calls release_consumers();"]
+    assert rule_breaches(read_first, "g.cu")[0] == "g.cu: kernel p does not begin with await_producers();"
     assert rule_breaches(chevrons, "f.cu") == ["f.cu:2: a <<<>>> launch (use launch() of kernels/launch.cuh)"]

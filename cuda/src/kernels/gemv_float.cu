@@ -15,6 +15,8 @@ template <class T, int Vec, bool Batched>
 __global__ void __launch_bounds__(kRowsPerCta * 32)
 gemv_float_kernel(const T* __restrict__ w, int rows, int cols, const int* __restrict__ slots, int x_stride,
                   int count, const float* __restrict__ x, float* __restrict__ y, int split) {
+  prefetch_constant_rows(Batched ? nullptr : w, static_cast<long>(cols) * sizeof(T),
+                         static_cast<long>(blockIdx.x) * (kRowsPerCta / split), kRowsPerCta / split, rows);
   await_producers();
   release_consumers();
   int tile = static_cast<int>(blockIdx.x);

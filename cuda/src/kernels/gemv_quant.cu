@@ -22,6 +22,9 @@ __global__ void __launch_bounds__(kRowsPerCta * 32)
 gemv_quant_kernel(QuantPlanes p, int rows, int cols, int code_bias, ValueTable book, const int* __restrict__ slots,
                   int x_stride, int count, const std::int8_t* __restrict__ xq, const float* __restrict__ dx,
                   const std::int32_t* __restrict__ xsums, float* __restrict__ y, int split) {
+  // One matrix's rows are the model's weights; a batch's matrices are named by its producer's routing.
+  prefetch_constant_rows(Batched ? nullptr : p.codes, static_cast<long>(cols / kBlock) * S::kCodeWords * 4,
+                         static_cast<long>(blockIdx.x) * (kRowsPerCta / split) * R, kRowsPerCta / split * R, rows);
   await_producers();
   release_consumers();
   long first_row = 0;
@@ -78,6 +81,8 @@ template <class S, int N, int R>
 __global__ void __launch_bounds__(kRowsPerCta * 32)
 gemv_quant_inputs_kernel(QuantPlanes p, int rows, int cols, int code_bias, ValueTable book, StridedQ8 acts,
                          int inputs, float* __restrict__ y, int split) {
+  prefetch_constant_rows(p.codes, static_cast<long>(cols / kBlock) * S::kCodeWords * 4,
+                         static_cast<long>(blockIdx.x) * (kRowsPerCta / split) * R, kRowsPerCta / split * R, rows);
   await_producers();
   release_consumers();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;

@@ -194,6 +194,8 @@ template <class S, int Split, int Tiles>
 __global__ void __launch_bounds__(kWarps * 32)
 gemv_quant_mma_kernel(QuantPlanes p, int rows, int cols, int code_bias, StridedQ8 acts, int inputs,
                       float* __restrict__ y) {
+  prefetch_constant_rows(p.codes, static_cast<long>(cols / kCodeBlock) * S::kCodeWords * 4,
+                         static_cast<long>(blockIdx.x) * kTileRows, kTileRows, rows);
   await_producers();
   release_consumers();
   extern __shared__ __align__(16) unsigned char staged[];

@@ -8,7 +8,8 @@
 // their PTX): PTX of an older architecture, JIT-compiled there, would have no wait.
 //
 // THE RULE: every kernel launched through launch() calls await_producers() as its very first statement,
-// unconditionally, in every thread, before any global-memory read or write and before any early return; then
+// unconditionally, in every thread, before any global-memory read or write and before any early return (only
+// prefetch_constant_rows() of its constant weights may come before it); then
 // release_consumers(), so the kernel after it may launch. Why every thread and before a return: a kernel waits
 // only for the completion of the kernel just before it, so the chain A -> B -> C holds only because B completes
 // after A; a B whose CTAs returned without waiting could complete first and let C read what A has not written.
@@ -28,6 +29,27 @@ namespace strata::kernels {
 __device__ __forceinline__ void await_producers() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Asks L2 for rows first_row .. first_row + rows - 1 (those below total_rows) of a row-major plane of CONSTANT data
+// (a matrix of the model's weights, which no kernel writes), so that a kernel's weights come from HBM while it
+// waits for its producer: the one thing THE RULE lets a kernel do before await_producers() (what it asks for no
+// producer writes). One bulk prefetch by the CTA's first thread, 16-byte aligned inside the rows (a row's few
+// unaligned bytes at either end are left to the loads); a null plane asks for nothing (a batch whose matrices the
+// producer's routing names). A hint: nothing waits for it, and it changes no result.
+__device__ __forceinline__ void prefetch_constant_rows(const void* plane, long row_bytes, long first_row, long rows,
+                                                       long total_rows) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (plane == nullptr || threadIdx.x != 0) return;
+  const long end_row = first_row + rows < total_rows ? first_row + rows : total_rows;
+  if (end_row <= first_row) return;
+  const unsigned long long base = reinterpret_cast<unsigned long long>(plane);
+  const unsigned long long start = (base + first_row * row_bytes + 15) & ~15ull;
+  const unsigned long long end = (base + end_row * row_bytes) & ~15ull;
+  if (end <= start) return;
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(start), "r"(static_cast<unsigned>(end - start))
+               : "memory");
 #endif
 }
 
