@@ -329,8 +329,9 @@ def test_quant_gemv_inputs_chosen_and_integer_kernels_agree(rng, ggml_type):
 
 def test_gemv_inputs_refusals_without_a_device(rng):
     q = random_weight(T.Q8_0, 8, 256, rng)
+    tall = random_weight(T.Q8_0, 2048, 256, rng)  # one warp a row: the tensor cores take it on any device
     with pytest.raises(strata.InvalidArgument, match="gemv_quant_inputs needs 1 <= inputs <= 16, got 17"):
-        _native_check.gemv_inputs(q, np.zeros((17, 256), np.float32))
+        _native_check.gemv_inputs(tall, np.zeros((17, 256), np.float32))
     with pytest.raises(strata.InvalidArgument, match="gemv_quant_inputs needs 1 <= inputs <= 8, got 9"):
         _native_check.gemv_inputs(q, np.zeros((9, 256), np.float32), kernel="integer")
     with pytest.raises(strata.InvalidArgument, match="gemv_quant_inputs needs 1 <= inputs <= 8, got 9"):

@@ -22,22 +22,25 @@ constexpr std::size_t kColdBytes = std::size_t{512} << 20;  // well above any GP
 constexpr int kMaxCopies = 4096;
 
 // The multi-input GEMV's kernel of a hook's `kernel` argument (kernel_check.hpp), checked against the form.
-kernels::InputsKernel inputs_kernel(int kernel, const QuantForm& form, int cols) {
+kernels::InputsKernel inputs_kernel(int kernel, const QuantForm& form, int rows, int cols) {
   STRATA_EXPECTS(kernel >= 0 && kernel <= 2, InvalidArgument,
                  "gemv_quant_inputs: kernel " + std::to_string(kernel) +
                      " is none of 0 (chosen), 1 (integer), 2 (tensor cores)");
   STRATA_EXPECTS(kernel != 2 || kernels::gemv_quant_mma_takes(form, cols), InvalidArgument,
                  "gemv_quant_inputs: the tensor-core kernel takes Q8_0, Q5_0 and Q4_0 whose 16-row tile fits shared "
                  "memory; not this form at " + std::to_string(cols) + " columns");
+  STRATA_EXPECTS(kernel != 2 || kernels::gemv_quant_mma_runs(form, rows, cols), InvalidArgument,
+                 "gemv_quant_inputs: the tensor-core kernel splits a matrix of " + std::to_string(rows) +
+                     " rows over a thread block cluster, which this device does not have (compute capability 9.0)");
   return kernel == 0 ? kernels::InputsKernel::kChosen
                      : kernel == 1 ? kernels::InputsKernel::kInteger : kernels::InputsKernel::kTensorCores;
 }
 
 // The most inputs one launch of `kernel` takes for the form (kernels/gemv.cuh).
-int max_inputs_of(kernels::InputsKernel kernel, const QuantForm& form, int cols) {
+int max_inputs_of(kernels::InputsKernel kernel, const QuantForm& form, int rows, int cols) {
   return kernel == kernels::InputsKernel::kInteger ? kernels::kMaxGemvInputs
          : kernel == kernels::InputsKernel::kTensorCores ? kernels::kMaxMmaInputs
-                                                         : kernels::gemv_quant_max_inputs(form, cols);
+                                                         : kernels::gemv_quant_max_inputs(form, rows, cols);
 }
 
 void check_quant_shape(const QuantForm& form, int rows, int cols) {
@@ -163,8 +166,8 @@ void gemv_quant_batch(int device, const QuantForm& form, const QuantPlanes& host
 void gemv_quant_inputs(int device, const QuantForm& form, const QuantPlanes& host_planes, int rows, int cols,
                        int inputs, int x_stride, const float* x, float* y, int kernel) {
   check_quant_shape(form, rows, cols);
-  const kernels::InputsKernel chosen = inputs_kernel(kernel, form, cols);
-  const int max_inputs = max_inputs_of(chosen, form, cols);
+  const kernels::InputsKernel chosen = inputs_kernel(kernel, form, rows, cols);
+  const int max_inputs = max_inputs_of(chosen, form, rows, cols);
   STRATA_EXPECTS(inputs >= 1 && inputs <= max_inputs, InvalidArgument,
                  "gemv_quant_inputs needs 1 <= inputs <= " + std::to_string(max_inputs) + ", got " +
                      std::to_string(inputs));
@@ -230,8 +233,8 @@ double time_quant_inputs(const QuantForm& form, const DevicePlanes& planes, int 
 void time_gemv_quant_inputs(int device, const QuantForm& form, const QuantPlanes& host_planes, int rows, int cols,
                             int max_inputs, int reps, double* batch_seconds, double* inputs_seconds, int kernel) {
   check_quant_shape(form, rows, cols);
-  const kernels::InputsKernel chosen = inputs_kernel(kernel, form, cols);
-  const int bound = max_inputs_of(chosen, form, cols);
+  const kernels::InputsKernel chosen = inputs_kernel(kernel, form, rows, cols);
+  const int bound = max_inputs_of(chosen, form, rows, cols);
   STRATA_EXPECTS(max_inputs >= 1 && max_inputs <= bound, InvalidArgument,
                  "time_gemv_quant_inputs needs 1 <= max_inputs <= " + std::to_string(bound) +
                      ", got " + std::to_string(max_inputs));

@@ -192,7 +192,7 @@ cudaError_t gemv_quant_inputs(const QuantForm& form, const QuantPlanes& planes, 
   if (operands != cudaSuccess) return operands;
   const bool tensor_cores = kernel == InputsKernel::kTensorCores ||
                             (kernel == InputsKernel::kChosen && inputs >= kMmaMinInputs &&
-                             gemv_quant_mma_takes(form, cols));
+                             gemv_quant_mma_runs(form, rows, cols));
   const int max_inputs = tensor_cores ? kMaxMmaInputs : kMaxGemvInputs;
   if (inputs < 1 || inputs > max_inputs || x_stride < cols || x_stride % kBlock != 0) return cudaErrorInvalidValue;
   const StridedQ8 acts{xq, dx, xsums, x_stride};
@@ -212,8 +212,8 @@ cudaError_t gemv_quant_inputs(const QuantForm& form, const QuantPlanes& planes, 
   return status;
 }
 
-int gemv_quant_max_inputs(const QuantForm& form, int cols) {
-  return gemv_quant_mma_takes(form, cols) ? kMaxMmaInputs : kMaxGemvInputs;
+int gemv_quant_max_inputs(const QuantForm& form, int rows, int cols) {
+  return gemv_quant_mma_runs(form, rows, cols) ? kMaxMmaInputs : kMaxGemvInputs;
 }
 
 cudaError_t gemv_quant(const QuantForm& form, const QuantPlanes& planes, int rows, int cols,

@@ -273,6 +273,9 @@ gemv_quant_mma_kernel(QuantPlanes p, int rows, int cols, int code_bias, StridedQ
   } else {  // store_row's sum of the parts in turn, the parts in the cluster's CTAs
     __shared__ float part_sums[kTileRows][kMaxMmaInputs];
     if (r < kTileRows) part_sums[r][i] = part_sum;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    __trap();  // no clusters below sm_90: the launcher never runs a split there (gemv_quant_mma_runs)
+#else
     namespace cg = cooperative_groups;
     const cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();  // every part's sums written
@@ -283,6 +286,7 @@ gemv_quant_mma_kernel(QuantPlanes p, int rows, int cols, int code_bias, StridedQ
       y[static_cast<long>(i) * rows + first + r] = total;
     }
     cluster.sync();  // the other CTAs' shared memory stays until the first has read it
+#endif
   }
 }
 
@@ -311,6 +315,13 @@ cudaError_t launch_shape(const QuantForm& form, const QuantPlanes& planes, int r
 
 }  // namespace
 
+bool gemv_quant_mma_runs(const QuantForm& form, int rows, int cols) {
+  if (!gemv_quant_mma_takes(form, cols)) return false;
+  if (row_split(rows) == 1) return true;
+  bool clusters = false;  // compute capability >= 9.0, as programmatic launch asks
+  return launch_detail::programmatic_launch_allowed(&clusters) == cudaSuccess && clusters;
+}
+
 bool gemv_quant_mma_takes(const QuantForm& form, int cols) {
   bool takes = false;
   KnownShapes::visit(form, [&](auto shape) {
@@ -324,7 +335,7 @@ bool gemv_quant_mma_takes(const QuantForm& form, int cols) {
 
 cudaError_t gemv_quant_mma(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, int inputs,
                            const StridedQ8& acts, float* y, cudaStream_t stream) {
-  if (rows <= 0 || inputs < 1 || inputs > kMaxMmaInputs || !gemv_quant_mma_takes(form, cols)) {
+  if (rows <= 0 || inputs < 1 || inputs > kMaxMmaInputs || !gemv_quant_mma_runs(form, rows, cols)) {
     return cudaErrorInvalidValue;
   }
   cudaError_t status = cudaErrorInvalidValue;

@@ -32,8 +32,12 @@ namespace strata::kernels {
 // without mins or a table, and a 16-row tile of the row that shared memory holds.
 bool gemv_quant_mma_takes(const QuantForm& form, int cols);
 
+// Whether it runs a matrix of `rows` x `cols` in `form` on the current device: gemv_quant_mma_takes, and a matrix
+// of one warp a row (row_split 1) or a device with thread block clusters (compute capability 9.0 and later).
+bool gemv_quant_mma_runs(const QuantForm& form, int rows, int cols);
+
 // y_i = W x_i for i < inputs (1..kMaxMmaInputs), each y_i the bits of gemv_quant's of x_i; the operands as
-// gemv_quant_inputs has them (already checked by it). cudaErrorInvalidValue where gemv_quant_mma_takes is false.
+// gemv_quant_inputs has them (already checked by it). cudaErrorInvalidValue where gemv_quant_mma_runs is false.
 cudaError_t gemv_quant_mma(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, int inputs,
                            const StridedQ8& acts, float* y, cudaStream_t stream);
 

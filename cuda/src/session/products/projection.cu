@@ -71,7 +71,8 @@ void project_inputs(const DeviceTensor& w, int inputs, const int* slots, const f
 }
 
 int rows_per_launch(const DeviceTensor& w) {
-  return w.is_float ? kernels::kMaxGemvInputs : kernels::gemv_quant_max_inputs(w.form, static_cast<int>(w.cols));
+  return w.is_float ? kernels::kMaxGemvInputs
+                    : kernels::gemv_quant_max_inputs(w.form, static_cast<int>(w.rows), static_cast<int>(w.cols));
 }
 
 void route_and_publish(const DeviceTensor& router, const float* x, const Q8Scratch& q8, int k,
