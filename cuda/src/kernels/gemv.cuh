@@ -101,8 +101,8 @@ constexpr int kMaxMmaInputs = 16;
 enum class InputsKernel { kChosen, kInteger, kTensorCores };
 constexpr int kMmaMinInputs = kMaxGemvInputs + 1;
 
-// The most inputs one gemv_quant_inputs launch takes for `form` at `cols` columns under kChosen.
-int gemv_quant_max_inputs(const QuantForm& form, int cols);
+// The most inputs one gemv_quant_inputs launch of `kernel` takes for `form` at `cols` columns.
+int gemv_quant_max_inputs(const QuantForm& form, int cols, InputsKernel kernel = InputsKernel::kChosen);
 
 cudaError_t gemv_quant_inputs(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, int inputs,
                               int x_stride, const std::int8_t* xq, const float* dx, const std::int32_t* xsums,
