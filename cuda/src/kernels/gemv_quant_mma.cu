@@ -268,7 +268,9 @@ bool gemv_quant_mma_takes(const QuantForm& form, int cols) {
   bool takes = false;
   KnownShapes::visit(form, [&](auto shape) {
     using S = decltype(shape);
-    if constexpr (kTakes<S>) takes = cols > 0 && cols % kCodeBlock == 0 && staged_bytes<S>(cols / kCodeBlock) <= kMaxStagedBytes;
+    if constexpr (kTakes<S>) {
+      takes = cols > 0 && cols % kCodeBlock == 0 && staged_bytes<S>(cols / kCodeBlock) <= kMaxStagedBytes;
+    }
   });
   return takes;
 }
