@@ -40,6 +40,7 @@ from strata.runtime.pool import ExpertPool
 from strata.synth import synthesize
 from strata.runtime.tiers import IO_THREADS, RamBudget, plan_ram, ram_budget, share_budget
 
+
 def status_bytes(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -50,13 +51,12 @@ def status_bytes(field: str) -> int:
 def gpu_share(path: str, budget: RamBudget, disk: DiskRate, args) -> dict:
     with strata.load(path, ram_budget=budget.nbytes, expert_cache=args.cache) as model:
         g, tensors = model.info.geometry, file_tensors(model.file)
-        slots = [model.cache.slots(layer) for layer in range(g.n_layer)] if model.cache else None
         rates = measure(model.pool, model.device)
         before = tier_counts(model.pool)
         decoded = run_modes(model, [Mode.TOKEN_GRAPH], args.prompt_tokens, args.tokens, None, KV.INT8,
                             np.random.default_rng())[Mode.TOKEN_GRAPH.value]
         steps = args.prompt_tokens + args.tokens + 1  # every token stepped: the prompt's and the decoded
-        base = machine_limit(g, tensors, rates, slots)
+        base = machine_limit(g, tensors, rates, model.cache_slots)
         limit = tiered_limit(base, before, tier_counts(model.pool), steps, disk)
         return {"tokens_per_second": decoded["tokens_per_second"], "limit_tokens_per_second": 1 / limit["seconds"],
                 "fraction_of_limit": limit["seconds"] / decoded["seconds_per_token"],
@@ -116,7 +116,8 @@ def main() -> int:
             budgets = [ram_budget(parse_budget(args.ram_budget, "--ram-budget"))]
         else:
             budgets = [share_budget(file, int(p) / 100) for p in args.shares.split(",")]
-    print(f"RESULT disk_read_rate {disk.bytes_per_second / 1e9:.3f} GB/s ({disk.reads}, {IO_THREADS} in flight, expert matrices)")
+    print(f"RESULT disk_read_rate {disk.bytes_per_second / 1e9:.3f} GB/s ({disk.reads}, {IO_THREADS} in flight, "
+          "expert matrices)")
     run = pool_share if args.pool_only else gpu_share
     results = {"model": args.model, "disk_read_rate": disk.bytes_per_second, "disk_reads": disk.reads, "shares": {}}
     for budget in budgets:

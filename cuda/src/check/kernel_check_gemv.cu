@@ -36,13 +36,6 @@ kernels::InputsKernel inputs_kernel(int kernel, const QuantForm& form, int rows,
                      : kernel == 1 ? kernels::InputsKernel::kInteger : kernels::InputsKernel::kTensorCores;
 }
 
-// The most inputs one launch of `kernel` takes for the form (kernels/gemv.cuh).
-int max_inputs_of(kernels::InputsKernel kernel, const QuantForm& form, int rows, int cols) {
-  return kernel == kernels::InputsKernel::kInteger ? kernels::kMaxGemvInputs
-         : kernel == kernels::InputsKernel::kTensorCores ? kernels::kMaxMmaInputs
-                                                         : kernels::gemv_quant_max_inputs(form, rows, cols);
-}
-
 void check_quant_shape(const QuantForm& form, int rows, int cols) {
   STRATA_EXPECTS(kernels::gemv_quant_supports(form), InvalidArgument,
                  "gemv_quant: the form descriptor (code_bits " + std::to_string(form.code_bits) + ", group " +
@@ -167,7 +160,7 @@ void gemv_quant_inputs(int device, const QuantForm& form, const QuantPlanes& hos
                        int inputs, int x_stride, const float* x, float* y, int kernel) {
   check_quant_shape(form, rows, cols);
   const kernels::InputsKernel chosen = inputs_kernel(kernel, form, rows, cols);
-  const int max_inputs = max_inputs_of(chosen, form, rows, cols);
+  const int max_inputs = kernels::gemv_quant_max_inputs(form, rows, cols, chosen);
   STRATA_EXPECTS(inputs >= 1 && inputs <= max_inputs, InvalidArgument,
                  "gemv_quant_inputs needs 1 <= inputs <= " + std::to_string(max_inputs) + ", got " +
                      std::to_string(inputs));
@@ -215,7 +208,8 @@ namespace {
 // gemv_quant_inputs over `inputs` rows of `a`.
 double time_quant_inputs(const QuantForm& form, const DevicePlanes& planes, int copies, int rows, int cols,
                          int inputs, bool decode_once, const DeviceActivation& a, const DeviceBuffer& slots,
-                         const DeviceBuffer& y, int reps, kernels::InputsKernel kernel = kernels::InputsKernel::kChosen) {
+                         const DeviceBuffer& y, int reps,
+                         kernels::InputsKernel kernel = kernels::InputsKernel::kChosen) {
   return median_launch_seconds(copies, reps, [&](int copy) {
     const std::int8_t* xq = a.xq.as<std::int8_t>();
     if (decode_once) {
@@ -234,7 +228,7 @@ void time_gemv_quant_inputs(int device, const QuantForm& form, const QuantPlanes
                             int max_inputs, int reps, double* batch_seconds, double* inputs_seconds, int kernel) {
   check_quant_shape(form, rows, cols);
   const kernels::InputsKernel chosen = inputs_kernel(kernel, form, rows, cols);
-  const int bound = max_inputs_of(chosen, form, rows, cols);
+  const int bound = kernels::gemv_quant_max_inputs(form, rows, cols, chosen);
   STRATA_EXPECTS(max_inputs >= 1 && max_inputs <= bound, InvalidArgument,
                  "time_gemv_quant_inputs needs 1 <= max_inputs <= " + std::to_string(bound) +
                      ", got " + std::to_string(max_inputs));

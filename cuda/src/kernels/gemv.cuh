@@ -101,9 +101,9 @@ constexpr int kMaxMmaInputs = 16;
 enum class InputsKernel { kChosen, kInteger, kTensorCores };
 constexpr int kMmaMinInputs = kMaxGemvInputs + 1;
 
-// The most inputs one gemv_quant_inputs launch takes for a `rows` x `cols` matrix in `form` under kChosen, on the
+// The most inputs one gemv_quant_inputs launch of `kernel` takes for a `rows` x `cols` matrix in `form`, on the
 // current device.
-int gemv_quant_max_inputs(const QuantForm& form, int rows, int cols);
+int gemv_quant_max_inputs(const QuantForm& form, int rows, int cols, InputsKernel kernel = InputsKernel::kChosen);
 
 cudaError_t gemv_quant_inputs(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, int inputs,
                               int x_stride, const std::int8_t* xq, const float* dx, const std::int32_t* xsums,

@@ -190,11 +190,11 @@ cudaError_t gemv_quant_inputs(const QuantForm& form, const QuantPlanes& planes, 
                               float* y, cudaStream_t stream, InputsKernel kernel) {
   const cudaError_t operands = gemv_quant_operands(form, planes, rows, cols, xq);
   if (operands != cudaSuccess) return operands;
+  const bool inputs_ok = inputs >= 1 && inputs <= gemv_quant_max_inputs(form, rows, cols, kernel);
+  if (!inputs_ok || x_stride < cols || x_stride % kBlock != 0) return cudaErrorInvalidValue;
   const bool tensor_cores = kernel == InputsKernel::kTensorCores ||
                             (kernel == InputsKernel::kChosen && inputs >= kMmaMinInputs &&
                              gemv_quant_mma_runs(form, rows, cols));
-  const int max_inputs = tensor_cores ? kMaxMmaInputs : kMaxGemvInputs;
-  if (inputs < 1 || inputs > max_inputs || x_stride < cols || x_stride % kBlock != 0) return cudaErrorInvalidValue;
   const StridedQ8 acts{xq, dx, xsums, x_stride};
   if (tensor_cores) return gemv_quant_mma(form, planes, rows, cols, inputs, acts, y, stream);
   if (inputs == 1) return gemv_quant(form, planes, rows, cols, xq, dx, xsums, y, stream);  // the same walk, lighter
@@ -212,7 +212,10 @@ cudaError_t gemv_quant_inputs(const QuantForm& form, const QuantPlanes& planes, 
   return status;
 }
 
-int gemv_quant_max_inputs(const QuantForm& form, int rows, int cols) {
+int gemv_quant_max_inputs(const QuantForm& form, int rows, int cols, InputsKernel kernel) {
+  if (kernel == InputsKernel::kInteger) return kMaxGemvInputs;
+  if (kernel == InputsKernel::kTensorCores) return kMaxMmaInputs;
+  // the tensor cores above kMaxGemvInputs
   return gemv_quant_mma_runs(form, rows, cols) ? kMaxMmaInputs : kMaxGemvInputs;
 }
 

@@ -135,7 +135,7 @@ class Runner {
   static constexpr std::size_t kMaxStepGraphs = 64;
   struct StepGraph {
     CapturedGraph graph;
-    long last_launch = 0;  // launches_ when last launched
+    long last_launch = 0;  // step_launches_ when last launched
   };
 
   long serial_;

@@ -37,8 +37,7 @@ def place_experts(g: Geometry, tensors: Tensors, plan: MemoryPlan, pool, budget:
 
     The cache's `budget` (bytes; None: "auto") becomes its slots: "auto" leaves room for the default session (with
     its prompt chunk), the prompt path's staging (with `prompt`) unless the cache can hold every expert, and a
-    reserve; an explicit
-    budget must leave room for the smallest session. With `prompt`, the staging of a whole layer per buffer is
+    reserve; an explicit budget must leave room for the smallest session. With `prompt`, the staging of a whole layer per buffer is
     placed where it fits beside the cache and the smallest session with the smallest chunk."""
     dense = plan.vram["dense weights"]
     smallest = plan.vram_total - dense
