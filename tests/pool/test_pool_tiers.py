@@ -193,6 +193,21 @@ def test_an_expert_in_several_groups(tmp_path, rng):
             same_bits(got, want, f"call {call}, experts {experts}, begin {begin}")
 
 
+def test_matrices_read_in_pieces(tmp_path, rng):
+    """A matrix larger than an I/O piece (256 KiB: F32 gate, up and down of 512 KiB at unaligned offsets, three
+    pieces each) is read by several I/O threads side by side into one bounce: the answers stay the all-in-RAM
+    ones, and a file cut inside a matrix's last piece still raises, naming the file."""
+    f = write_layer(tmp_path / "experts.bin", (T.F32,) * 3, rng)
+    assert all(m.stride == 2 * 256 * 1024 and m.offset % 4096 for m in f.matrices)
+    with whole_pool(f) as whole, tiered_pool(f, 0.25) as tiered:
+        check_decode_calls(whole, tiered, rng, 8, "F32 in pieces")
+        check_grouped_calls(whole, tiered, rng, 2, "F32 in pieces")
+    with tiered_pool(f, 0.25, policy={"replace": False}) as tiered:
+        os.truncate(f.path, f.matrices[2].offset + 15 * f.matrices[2].stride - 10)  # in the last piece of 14's down
+        with pytest.raises(FormatError, match=f"{f.path.name}.*(file ends|changed)"):
+            poisoned_call(tiered, rng, [0, 14])
+
+
 def test_misses_are_read_once_per_call(tmp_path, rng):
     """A decode call reads each missed expert once, an id given twice included; a grouped call reads each of
     its experts once; nothing is read for a hit or for a skipped slot. The arena's fill is read once too."""

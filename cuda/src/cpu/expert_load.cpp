@@ -1,33 +1,52 @@
 #include "expert_load.hpp"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "worker_team.hpp"
 
 namespace strata::cpu {
 
-void MatrixLoad::start(const FileReader* file, std::int64_t offset, std::int64_t length, std::uint8_t* bounce,
-                       BlockType type, std::int64_t n_blocks, const PlaneTargets& dst, int layer, int expert,
-                       const char* matrix) {
+int MatrixLoad::start(const FileReader* file, std::int64_t offset, std::int64_t length, std::uint8_t* bounce,
+                      BlockType type, std::int64_t n_blocks, const PlaneTargets& dst, int layer, int expert,
+                      const char* matrix) {
+  constexpr std::int64_t kAlign = FileReader::kAlign;
   file_ = file;
   offset_ = offset;
   length_ = length;
   bounce_ = bounce;
-  raw_ = nullptr;
   type_ = type;
   n_blocks_ = n_blocks;
   dst_ = dst;
   std::snprintf(what_, sizeof(what_), "layer %d expert %d %s", layer, expert, matrix);
+  // The aligned span around the matrix, cut at aligned boundaries: piece i reads [span_start_ + i * piece_bytes_,
+  // + piece_bytes_) of it (less what lies outside the matrix) into the same place of the bounce, so the pieces
+  // together leave the bounce as one read of the span would.
+  span_start_ = offset / kAlign * kAlign;
+  const std::int64_t span = (offset + length + kAlign - 1) / kAlign * kAlign - span_start_;
+  const std::int64_t share = ((span + kMaxPieces - 1) / kMaxPieces + kAlign - 1) / kAlign * kAlign;
+  piece_bytes_ = std::max(kPieceBytes, share);
+  const int pieces = static_cast<int>(std::max<std::int64_t>(1, (span + piece_bytes_ - 1) / piece_bytes_));
+  for (int i = 0; i < pieces; ++i) pieces_[i] = Piece(this, i);
+  raw_ = bounce + (offset - span_start_);
+  error_ = nullptr;
+  failed_.store(false, std::memory_order_relaxed);
+  pieces_left_.store(pieces, std::memory_order_relaxed);
   state_.store(kReading, std::memory_order_release);
+  return pieces;
 }
 
-void MatrixLoad::run() noexcept {
+void MatrixLoad::read_piece(int i) noexcept {
+  const std::int64_t first = span_start_ + i * piece_bytes_;
+  const std::int64_t begin = std::max(offset_, first), end = std::min(offset_ + length_, first + piece_bytes_);
   try {
-    raw_ = file_->read(offset_, length_, bounce_, what_);
-    state_.store(kRaw, std::memory_order_release);
+    file_->read(begin, end - begin, bounce_ + (first - span_start_), what_);
   } catch (...) {
-    error_ = std::current_exception();
-    state_.store(kFailed, std::memory_order_release);
+    if (!failed_.exchange(true, std::memory_order_acq_rel)) error_ = std::current_exception();
+  }
+  // The last piece back publishes the load: its acq_rel count orders every other piece's bytes and error before it.
+  if (pieces_left_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    state_.store(failed_.load(std::memory_order_relaxed) ? kFailed : kRaw, std::memory_order_release);
   }
 }
 

@@ -1,6 +1,6 @@
 // Where a job finds one expert's weights (ExpertRef), and one matrix of an expert on its way from the model
-// file (MatrixLoad): an I/O thread reads its blocks into the staging's bounce buffer, then the first pool
-// participant that needs the matrix repacks them into canonical planes while the others compute what is in RAM.
+// file (MatrixLoad): the I/O threads read its blocks into the staging's bounce buffer, in pieces, then the first
+// pool participant that needs the matrix repacks them into canonical planes while the others compute what is in RAM.
 #pragma once
 
 #include <atomic>
@@ -14,37 +14,59 @@
 
 namespace strata::cpu {
 
-class MatrixLoad final : public IoTask {
+class MatrixLoad {
  public:
   enum State : int { kIdle = 0, kReading, kRaw, kRepacking, kReady, kFailed };
 
-  // The read of one expert's matrix: `length` bytes at `offset`, `n_blocks` blocks of `type`, repacked into
-  // `dst`. `bounce` holds FileReader::bounce_bytes(length). The previous load must be settled. Allocates nothing.
-  void start(const FileReader* file, std::int64_t offset, std::int64_t length, std::uint8_t* bounce, BlockType type,
-             std::int64_t n_blocks, const PlaneTargets& dst, int layer, int expert, const char* matrix);
+  // A matrix's span is read in pieces of at least kPieceBytes, at most kMaxPieces of them, each an I/O thread's
+  // read: a layer's few misses then keep every thread reading to the end of the layer, where whole matrices left
+  // the last reads of a layer in flight alone (docs/tiers.md, "The I/O threads").
+  static constexpr std::int64_t kPieceBytes = 256 * 1024;
+  static constexpr int kMaxPieces = 16;
 
-  void run() noexcept override;  // the read, on an I/O thread
+  // The read of one expert's matrix: `length` bytes at `offset`, `n_blocks` blocks of `type`, repacked into
+  // `dst`. `bounce` holds FileReader::bounce_bytes(length). The previous load must be settled. Returns the pieces
+  // to hand to the I/O threads (piece(0..n-1)). Allocates nothing.
+  int start(const FileReader* file, std::int64_t offset, std::int64_t length, std::uint8_t* bounce, BlockType type,
+            std::int64_t n_blocks, const PlaneTargets& dst, int layer, int expert, const char* matrix);
+
+  IoTask* piece(int i) noexcept { return &pieces_[i]; }
 
   // Returns once the matrix's planes are written, repacking them here if no participant has yet; false when the
   // read failed.
   bool await() noexcept;
 
-  // Waits until no thread works on this load any more (its read returned, no repack in flight): its bounce and
-  // planes may be reused then. Returns false when the read failed.
+  // Waits until no thread works on this load any more (all its pieces returned, no repack in flight): its bounce
+  // and planes may be reused then. Returns false when the read failed.
   bool settle() noexcept;
 
   std::exception_ptr error() const noexcept { return error_; }  // the read's exception, after a failed settle
 
  private:
+  class Piece final : public IoTask {
+   public:
+    Piece() = default;
+    Piece(MatrixLoad* load, int index) : load(load), index(index) {}
+    void run() noexcept override { load->read_piece(index); }
+    MatrixLoad* load = nullptr;
+    int index = 0;
+  };
+
+  void read_piece(int i) noexcept;  // on an I/O thread; the last piece to return makes the load kRaw or kFailed
+
   std::atomic<int> state_{kIdle};
+  std::atomic<int> pieces_left_{0};
+  std::atomic<bool> failed_{false};
   const FileReader* file_ = nullptr;
   std::int64_t offset_ = 0, length_ = 0, n_blocks_ = 0;
+  std::int64_t span_start_ = 0, piece_bytes_ = 0;  // the aligned span's first byte; each piece's share of it
   std::uint8_t* bounce_ = nullptr;
   const std::uint8_t* raw_ = nullptr;  // the blocks, inside bounce_
   BlockType type_ = BlockType::F32;
   PlaneTargets dst_;
   char what_[64] = {};
-  std::exception_ptr error_;  // written before state_ becomes kFailed
+  std::exception_ptr error_;  // the first failed piece's, written before state_ becomes kFailed
+  Piece pieces_[kMaxPieces];
 };
 
 // One expert as a job reads it: its rows in every plane of gate, up and down and, for one still arriving from

@@ -159,7 +159,7 @@ std::int64_t TieredLayer::file_bytes() const { return length[0] + length[1] + le
 
 DiskTier::DiskTier(std::unique_ptr<FileReader> file, int io_threads, int half_slots)
     : file_(std::move(file)), half_slots_(half_slots), loads_(static_cast<std::size_t>(2 * half_slots) * kMatrices),
-      queue_(io_threads, 2 * half_slots * kMatrices) {
+      queue_(io_threads, 2 * half_slots * kMatrices * MatrixLoad::kMaxPieces) {
   STRATA_EXPECTS(half_slots >= 1, InvalidArgument,
                  "expert file: staging_slots must be >= 1, found " + str(half_slots));
 }
@@ -192,12 +192,13 @@ ExpertRef DiskTier::load(TieredLayer& layer, int expert, const ExpertMatrix* con
   for (int m = 0; m < kMatrices; ++m) {
     MatrixLoad& load = loads_[s * kMatrices + m];
     const FileMatrix& f = layer.file[m];
-    load.start(file_.get(), f.offset + expert * f.expert_stride, layer.length[m], bounce, f.type,
-               layer.n_blocks[m], layer.layout.targets(planes, m), layer.layer, expert, kMatrixNames[m]);
+    const int pieces = load.start(file_.get(), f.offset + expert * f.expert_stride, layer.length[m], bounce, f.type,
+                                  layer.n_blocks[m], layer.layout.targets(planes, m), layer.layer, expert,
+                                  kMatrixNames[m]);
     *rows[m] = layer.layout.rows(planes, m, *matrices[m]);
     *waits[m] = &load;
     bounce += FileReader::bounce_bytes(layer.length[m]);
-    queue_.submit(&load);
+    for (int i = 0; i < pieces; ++i) queue_.submit(load.piece(i));
   }
   return r;
 }

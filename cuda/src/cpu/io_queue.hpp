@@ -1,8 +1,8 @@
 // The disk tier's I/O threads: each takes a read off the queue and blocks in it, so that as many reads are in
 // flight as there are threads while the pool's workers compute. A thread pool of blocking reads, not io_uring:
 // the wheel then needs no liburing, io_uring is often switched off in containers (seccomp, the
-// kernel.io_uring_disabled sysctl), and the tier's reads are large (a matrix of an expert, hundreds of KB to
-// MB), so a few threads keep an NVMe drive's queue full. The threads only read: the repack into canonical form
+// kernel.io_uring_disabled sysctl), and the tier's reads are large (pieces of an expert's matrix, 256 KiB and
+// up), so a few threads keep an NVMe drive's queue full. The threads only read: the repack into canonical form
 // runs on the pool's pinned participants that need the expert (expert_load.hpp), so no CPU work waits for an I/O
 // thread to be scheduled beside spinning workers.
 #pragma once
