@@ -6,7 +6,9 @@
 Without MODEL, `strata bench`'s default benchmark model (synthesized once into the cache; keep the cache on a
 local disk, not /dev/shm, for the figures to be the disk's).
 First the file's read rate, measured with the tier's own kind of reads: O_DIRECT, 8 in flight, each one matrix
-of an expert at a random place among the routed experts. Then, for each share of the routed experts in RAM (or
+of an expert at a random place among the routed experts; again after each share's decode, whose limit takes the
+higher of the rates before and after it (a disk whose rate drifts, a cloud volume's burst or a write-back still
+under way, never flatters the fraction). Then, for each share of the routed experts in RAM (or
 the one --ram-budget), the model is loaded with a VRAM cache of --cache (default 0: off; a tiered load's cache is
 static, each layer's highest ids) and decodes greedily in the token graph (with
 --pool-only: the CPU pool alone runs every MoE layer of each token, routing uniform as the synthetic models').
@@ -48,7 +50,11 @@ def status_bytes(field: str) -> int:
     return 0
 
 
-def gpu_share(path: str, budget: RamBudget, disk: DiskRate, args) -> dict:
+def faster(a: DiskRate, b: DiskRate) -> DiskRate:
+    return a if a.bytes_per_second >= b.bytes_per_second else b
+
+
+def gpu_share(path: str, budget: RamBudget, disk_before: DiskRate, measure_disk, args) -> dict:
     with strata.load(path, ram_budget=budget.nbytes, expert_cache=args.cache) as model:
         g, tensors = model.info.geometry, file_tensors(model.file)
         rates = measure(model.pool, model.device)
@@ -56,6 +62,8 @@ def gpu_share(path: str, budget: RamBudget, disk: DiskRate, args) -> dict:
         decoded = run_modes(model, [Mode.TOKEN_GRAPH], args.prompt_tokens, args.tokens, None, KV.INT8,
                             np.random.default_rng())[Mode.TOKEN_GRAPH.value]
         steps = args.prompt_tokens + args.tokens + 1  # every token stepped: the prompt's and the decoded
+        disk_after = measure_disk()
+        disk = faster(disk_before, disk_after)
         base = machine_limit(g, tensors, rates, model.cache_slots)
         limit = tiered_limit(base, before, tier_counts(model.pool), steps, disk)
         return {"tokens_per_second": decoded["tokens_per_second"], "limit_tokens_per_second": 1 / limit["seconds"],
@@ -63,10 +71,11 @@ def gpu_share(path: str, budget: RamBudget, disk: DiskRate, args) -> dict:
                 "misses_per_token": limit["misses_per_token"], "disk_bytes_per_token": limit["disk_bytes_per_token"],
                 "host_read": rates.host_read, "tiered": model.ram.tiered, "budget": budget.nbytes,
                 "vm_rss": status_bytes("VmRSS"), "vm_lck": status_bytes("VmLck"),
-                "cached_bytes_per_token": base.cached_bytes}
+                "cached_bytes_per_token": base.cached_bytes, "disk_rate": disk.bytes_per_second,
+                "disk_rate_before": disk_before.bytes_per_second, "disk_rate_after": disk_after.bytes_per_second}
 
 
-def pool_share(path: str, budget: RamBudget, disk: DiskRate, args) -> dict:
+def pool_share(path: str, budget: RamBudget, disk_before: DiskRate, measure_disk, args) -> dict:
     with inspect(path) as file:
         g = file.geometry
         plan = plan_ram(file, budget)
@@ -85,6 +94,8 @@ def pool_share(path: str, budget: RamBudget, disk: DiskRate, args) -> dict:
                     ids = rng.choice(g.n_expert, g.n_expert_used, replace=False).astype(np.int32)
                     pool.run_layer_sum(layer, x, ids, weights, out=out)
             seconds = (time.perf_counter() - start) / args.tokens
+            disk_after = measure_disk()
+            disk = faster(disk_before, disk_after)
             hits, misses, read = ((a - b for a, b in zip(tier_counts(pool), before)) if plan.tiered
                                   else (args.tokens * len(layers) * g.n_expert_used, 0, 0))
             in_ram = sum(pool.layer_bytes(layer) for layer in layers) * g.n_expert_used * hits
@@ -93,7 +104,9 @@ def pool_share(path: str, budget: RamBudget, disk: DiskRate, args) -> dict:
             return {"tokens_per_second": 1 / seconds, "limit_tokens_per_second": 1 / limit,
                     "fraction_of_limit": limit / seconds, "misses_per_token": misses / args.tokens,
                     "disk_bytes_per_token": read / args.tokens, "host_read": host_read, "tiered": plan.tiered,
-                    "budget": budget.nbytes, "vm_rss": status_bytes("VmRSS"), "vm_lck": status_bytes("VmLck")}
+                    "budget": budget.nbytes, "vm_rss": status_bytes("VmRSS"), "vm_lck": status_bytes("VmLck"),
+                    "disk_rate": disk.bytes_per_second, "disk_rate_before": disk_before.bytes_per_second,
+                    "disk_rate_after": disk_after.bytes_per_second}
 
 
 def main() -> int:
@@ -111,7 +124,8 @@ def main() -> int:
     if args.model is None:
         args.model = str(bench_model(cache_dir(), synthesize, ByteProgress("bench: synth")))
     with inspect(args.model) as file:
-        disk = disk_rate(str(file.path), expert_spans(file), args.disk_seconds)
+        spans = expert_spans(file)
+        disk = disk_rate(str(file.path), spans, args.disk_seconds)
         if args.ram_budget is not None:
             budgets = [ram_budget(parse_budget(args.ram_budget, "--ram-budget"))]
         else:
@@ -121,12 +135,14 @@ def main() -> int:
     run = pool_share if args.pool_only else gpu_share
     results = {"model": args.model, "disk_read_rate": disk.bytes_per_second, "disk_reads": disk.reads, "shares": {}}
     for budget in budgets:
-        r = run(args.model, budget, disk, args)
+        r = run(args.model, budget, disk, lambda: disk_rate(args.model, spans, args.disk_seconds), args)
+        disk = DiskRate(r["disk_rate_after"], disk.reads)  # the next share's rate before
         results["shares"][budget.source] = r
         print(f"RESULT {budget.source}: {r['tokens_per_second']:.2f} tok/s, limit {r['limit_tokens_per_second']:.2f} "
               f"({r['fraction_of_limit']:.1%}); misses {r['misses_per_token']:.1f}/token, "
-              f"{r['disk_bytes_per_token'] / 1e6:.1f} MB/token from disk; budget {budget.nbytes / 2**30:.2f} GiB, "
-              f"VmRSS {r['vm_rss'] / 2**30:.2f} GiB, VmLck {r['vm_lck'] / 2**30:.2f} GiB")
+              f"{r['disk_bytes_per_token'] / 1e6:.1f} MB/token from disk at {r['disk_rate'] / 1e9:.3f} GB/s (before "
+              f"{r['disk_rate_before'] / 1e9:.3f}, after {r['disk_rate_after'] / 1e9:.3f}); budget "
+              f"{budget.nbytes / 2**30:.2f} GiB, VmRSS {r['vm_rss'] / 2**30:.2f} GiB, VmLck {r['vm_lck'] / 2**30:.2f} GiB")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
