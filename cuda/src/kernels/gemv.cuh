@@ -89,17 +89,16 @@ cudaError_t gemv_float_batch(FloatKind kind, const void* w, int rows, int cols, 
 // of x_i, whichever kernel runs it: the integer walk (dp4a, every form, up to kMaxGemvInputs inputs) or, for the
 // forms of one scale a 32-element block (Q8_0, Q5_0, Q4_0), the tensor cores (gemv_quant_mma.cuh, up to
 // kMaxMmaInputs). `kernel` is the caller's choice of the two for the tests and benchmarks; kChosen takes the tensor
-// cores from kMmaMinInputs inputs where they take the form: more than the integer walk's 8, which it would take in
-// two launches. Measured (bench_gemv_inputs.py, H100, 2026-12-06): the tensor cores' staged tile reads a matrix at
-// ~1.5 TB/s whatever the inputs, the integer walk's one-row rate is ~2.6 TB/s and its cost grows with the inputs,
-// so 2 and 4 rows lost on the tensor cores (125 and 143 us for the 5 shapes against 88 and 116), 8 broke even
-// (182 against 186) and 16 won (133 against two launches' 209). Refused with cudaErrorInvalidValue: inputs outside
-// 1..the kernel's bound, a bad x_stride, what gemv_quant refuses, or the tensor cores asked for a form or width
-// they do not take.
+// cores from kMmaMinInputs inputs where they take the form. Measured (bench_gemv_inputs.py --quick, H100,
+// 2026-12-06, eighth session, the staged tile in clusters): over the five Q8_0 shapes of a layer the tensor cores
+// took 90, 93, 101 and 143 us at 2, 4, 8 and 16 rows where the integer walk took 60, 74, 108 and 216 (16: two
+// launches); their time barely grows with the rows (31 us for attn_qkvz at 1 row, where the one-row walk takes 20),
+// so they win from 8 rows. Refused with cudaErrorInvalidValue: inputs outside 1..the kernel's bound, a bad
+// x_stride, what gemv_quant refuses, or the tensor cores asked for a form or width they do not take.
 constexpr int kMaxGemvInputs = 8;
 constexpr int kMaxMmaInputs = 16;
 enum class InputsKernel { kChosen, kInteger, kTensorCores };
-constexpr int kMmaMinInputs = kMaxGemvInputs + 1;
+constexpr int kMmaMinInputs = 8;
 
 // The most inputs one gemv_quant_inputs launch of `kernel` takes for a `rows` x `cols` matrix in `form`, on the
 // current device.
