@@ -12,9 +12,10 @@ under way, never flatters the fraction). Then, for each share of the routed expe
 the one --ram-budget), the model is loaded with a VRAM cache of --cache (default 0: off; a tiered load's cache is
 static, each layer's highest ids) and decodes greedily in the token graph (with
 --pool-only: the CPU pool alone runs every MoE layer of each token, routing uniform as the synthetic models').
-Per share, RESULT lines: tok/s; the tier's misses and bytes read per token (the prompt's steps counted in); the
-limit, which adds the routed bytes in RAM at the host read rate, the missed bytes at the disk rate and, on the
-GPU, the dense and cached bytes at the HBM rate and the doorbells; its fraction; VmRSS and VmLck against the budget.
+Per share, RESULT lines: tok/s; the tier's misses and bytes read per decoded token (the prompt's chunk left
+out: it reads its rows' whole union); the limit, which adds the routed bytes in RAM at the host read rate, the
+missed bytes at the disk rate and, on the GPU, the dense and cached bytes at the HBM rate and the doorbells; its
+fraction; VmRSS and VmLck against the budget.
 """
 
 from __future__ import annotations
@@ -58,14 +59,13 @@ def gpu_share(path: str, budget: RamBudget, disk_before: DiskRate, measure_disk,
     with strata.load(path, ram_budget=budget.nbytes, expert_cache=args.cache) as model:
         g, tensors = model.info.geometry, file_tensors(model.file)
         rates = measure(model.pool, model.device)
-        before = tier_counts(model.pool)
         decoded = run_modes(model, [Mode.TOKEN_GRAPH], args.prompt_tokens, args.tokens, None, KV.INT8,
-                            np.random.default_rng())[Mode.TOKEN_GRAPH.value]
-        steps = args.prompt_tokens + args.tokens + 1  # every token stepped: the prompt's and the decoded
+                            np.random.default_rng(), probe=lambda: tier_counts(model.pool))[Mode.TOKEN_GRAPH.value]
+        before, after = decoded["probe"]  # the timed tokens only: the prompt's chunk reads its rows' whole union
         disk_after = measure_disk()
         disk = faster(disk_before, disk_after)
         base = machine_limit(g, tensors, rates, model.cache_slots)
-        limit = tiered_limit(base, before, tier_counts(model.pool), steps, disk)
+        limit = tiered_limit(base, before, after, args.tokens, disk)
         return {"tokens_per_second": decoded["tokens_per_second"], "limit_tokens_per_second": 1 / limit["seconds"],
                 "fraction_of_limit": limit["seconds"] / decoded["seconds_per_token"],
                 "misses_per_token": limit["misses_per_token"], "disk_bytes_per_token": limit["disk_bytes_per_token"],
@@ -142,7 +142,8 @@ def main() -> int:
               f"({r['fraction_of_limit']:.1%}); misses {r['misses_per_token']:.1f}/token, "
               f"{r['disk_bytes_per_token'] / 1e6:.1f} MB/token from disk at {r['disk_rate'] / 1e9:.3f} GB/s (before "
               f"{r['disk_rate_before'] / 1e9:.3f}, after {r['disk_rate_after'] / 1e9:.3f}); budget "
-              f"{budget.nbytes / 2**30:.2f} GiB, VmRSS {r['vm_rss'] / 2**30:.2f} GiB, VmLck {r['vm_lck'] / 2**30:.2f} GiB")
+              f"{budget.nbytes / 2**30:.2f} GiB, VmRSS {r['vm_rss'] / 2**30:.2f} GiB, "
+              f"VmLck {r['vm_lck'] / 2**30:.2f} GiB")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

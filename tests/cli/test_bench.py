@@ -17,12 +17,14 @@ import pytest
 
 from strata import _native
 from strata.bench import rates as bench_rates
+from strata.bench import run as bench_run
 from strata.bench.decode import decode, prompt_ids
 from strata.bench.default_model import bench_model, cache_dir
 from strata.bench.limit import machine_limit
 from strata.bench.prompt import prompt_report, prompt_speed
 from strata.bench.rates import Rates
 from strata.bench.report import report
+from strata.bench.tiers import DiskRate
 from strata.bench.run import run
 from strata.errors import InvalidArgument
 from strata.format import inspect
@@ -181,6 +183,15 @@ def test_decode_with_drafts_runs_the_sessions_loop_and_reports_the_acceptance():
     assert session.tokens == list(range(5, 17)) and math.isclose(result["pool_seconds"], 2e-4)
 
 
+def test_the_probe_brackets_the_timed_tokens_only():
+    """A caller's counters (the disk tier's) are read after the prompt's step and after the last timed token: the
+    prompt's chunk, which reads its rows' whole union of experts, stays out of the per-token figures."""
+    native = TimedFakeSession("token_graph")
+    result = decode(Session(GpuEngine(native), codec=None), [5, 6, 7], 8, probe=lambda: native.position)
+    assert result["probe"] == (3, 11)  # three prompt ids stepped before the first read, eight tokens between
+    assert "probe" not in decode(Session(GpuEngine(TimedFakeSession("token_graph")), codec=None), [5], 2)
+
+
 @pytest.fixture
 def native_rates(monkeypatch):
     """The native measurements of GPU 3 at the GPU box's rates; each records the device it was asked about."""
@@ -275,6 +286,32 @@ class NextDrafter:
 
     def propose(self, history, k):
         return [(history[-1] + i) % 512 for i in range(1, k + 1)]
+
+
+def test_a_tiered_runs_reads_are_the_decoded_tokens_own(tiny, monkeypatch, native_rates):
+    """On a tiered load the limit's disk bytes are the timed tokens' reads: the prompt's steps (here ten misses
+    each, against the decoded tokens' two) stay out of the per-token figures."""
+    natives = []
+
+    def fake_session(context, kv, mode, kv_streaming=False, defer_experts=0):
+        natives.append(TimedFakeSession(mode.value))
+        return Session(GpuEngine(natives[-1]), codec=None)
+
+    def tier_stats():
+        at = natives[-1].position if natives else 0
+        misses = 10 * min(at, 4) + 2 * max(at - 4, 0)  # 4 prompt ids, then 2 misses a decoded token
+        return [{"hits": 8 * at, "misses": misses, "bytes_read": misses * 1_000_000}]
+
+    monkeypatch.setattr(bench_run, "disk_rate", lambda *args, **kwargs: DiskRate(1e9, "O_DIRECT"))
+    g = tiny.geometry
+    pool = SimpleNamespace(read_bandwidth=lambda nbytes: 30e9, tier_stats=tier_stats)
+    model = SimpleNamespace(info=SimpleNamespace(geometry=g), file=tiny, session=fake_session, device=1, pool=pool,
+                            cache_slots=[0] * g.n_layer, cache_bytes=0, ram=SimpleNamespace(tiered=True))
+    result = run(model, model_path="tiny.gguf", modes=["token_graph"], prompt_tokens=4, tokens=8,
+                 emit=lambda line: None)
+    tier = result["modes"]["token_graph"]["tier"]
+    assert (tier["misses_per_token"], tier["disk_bytes_per_token"]) == (2, 2_000_000)
+    assert math.isclose(tier["disk_seconds"], 2e-3)
 
 
 def test_run_with_drafts_opens_drafting_sessions_and_reports_their_acceptance(tiny, capsys, native_rates):

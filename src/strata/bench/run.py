@@ -59,12 +59,13 @@ def run(model: Any, *, model_path: str, modes: list[Mode | str], prompt_tokens: 
         if control_vectors or control_layers is not None else {}
     results = {}
     for mode in modes:
-        before = tier_counts(model.pool) if tiered else None
+        # the tier's counts over the timed tokens only: the prompt's chunk reads the union of its rows' experts
         results.update(run_modes(model, [mode], prompt_tokens, tokens, context, kv, np.random.default_rng(),
-                                 kv_streaming, defer_experts, draft, draft_tokens, steering))
+                                 kv_streaming, defer_experts, draft, draft_tokens, steering,
+                                 probe=(lambda: tier_counts(model.pool)) if tiered else None))
         m = results[mode.value]
         if tiered:
-            m["tier"] = tiered_limit(limit, before, tier_counts(model.pool), prompt_tokens + tokens + 1, disk)
+            m["tier"] = tiered_limit(limit, *m.pop("probe"), m.get("tokens", tokens), disk)
         m["fraction_of_limit"] = m["tier"]["seconds"] / m["seconds_per_token"] if tiered else \
             limit.seconds / m["seconds_per_token"]
     result = {"model": model_path, "arch": g.arch, "n_layer": g.n_layer, "prompt_tokens": prompt_tokens,
