@@ -86,19 +86,40 @@ def hf_greedy(model: torch.nn.Module, prompt: np.ndarray, steps: int) -> tuple[n
     return np.array(ids), logits
 
 
-def reference_run(model_file, ids: np.ndarray, activation_quant: bool) -> tuple[np.ndarray, list[tuple]]:
+def reference_run(model_file, ids: np.ndarray,
+                  activation_quant: bool) -> tuple[np.ndarray, list[tuple], list[bool]]:
     """The reference fed the prompt at once, then one token at a time (the stateful decode path): its logits
-    and, per position, its discrete choices (decisions)."""
+    and, per position, its discrete choices (decisions) and whether one of them was a tie (tied_choices)."""
     ref = Reference(model_file, activation_quant=activation_quant)
     runs = [ref.forward(ids[:PROMPT], dump=True), *(ref.forward(ids[i:i + 1], dump=True)
                                                      for i in range(PROMPT, len(ids)))]
-    return np.concatenate([logits for logits, _ in runs]), [c for _, dumps in runs for c in decisions(dumps)]
+    return (np.concatenate([logits for logits, _ in runs]), [c for _, dumps in runs for c in decisions(dumps)],
+            [tie for _, dumps in runs for tie in tied_choices(dumps)])
 
 
 def decisions(dumps: list[dict]) -> list[tuple]:
     """Per position of one forward, every layer's routed experts and (QSA layers) kept key blocks."""
     return [tuple((tuple(sorted(d["router_ids"][t])), tuple(sorted(d["qsa_blocks"][t])) if "qsa_blocks" in d else ())
                   for d in dumps) for t in range(len(dumps[0]["router_ids"]))]
+
+
+def tied_choices(dumps: list[dict]) -> list[bool]:
+    """Per position of one forward, whether a QSA layer kept one of two blocks of equal score and dropped the
+    other. Exact ties happen: a block whose every head's dot with the query is negative scores relu's 0.0, so two
+    such blocks at the budget's edge tie, and transformers' topk (no tie order promised) may keep either where the
+    reference keeps the lower index (seed 1872676694, qwen4exp: the last layer at position 21, 5.9e-3 of the
+    logits there)."""
+    ties = []
+    for t in range(len(dumps[0]["router_ids"])):
+        tied = False
+        for d in dumps:
+            if "qsa_scores" not in d:
+                continue
+            scores, kept = np.asarray(d["qsa_scores"][t]), np.asarray(d["qsa_blocks"][t])
+            dropped = np.setdiff1d(np.arange(scores.size), kept)
+            tied |= bool(dropped.size and kept.size and scores[kept].min() == scores[dropped].max())
+        ties.append(tied)
+    return ties
 
 
 def first_flip(quantized: list[tuple], exact: list[tuple]) -> int:
@@ -144,11 +165,18 @@ def test_the_q8_0_file_holds_the_hf_weights_exactly(decoded: Decoded) -> None:
 
 
 def test_the_reference_on_the_q8_0_file_matches_transformers(decoded: Decoded) -> None:
+    """The same logits up to float32's summation order until a QSA layer's choice ties (tied_choices); from that
+    position on, as far as a flipped choice carries (QUANT_WORST), the greedy tokens still the same."""
     with inspect(decoded.path) as model_file:
-        got, _ = reference_run(model_file, decoded.ids, activation_quant=False)
+        got, _, ties = reference_run(model_file, decoded.ids, activation_quant=False)
     assert np.isfinite(got).all(), f"non-finite logits (seed={decoded.seed})"
     rel = relative_errors(got, decoded.logits)
-    assert rel.max() <= EXACT, f"{decoded.arch} position {rel.argmax()}: {rel.max():.3e} (seed={decoded.seed})"
+    tie = ties.index(True) if True in ties else len(ties)
+    exact = rel[:tie]
+    assert exact.max(initial=0.0) <= EXACT, \
+        f"{decoded.arch} position {exact.argmax()}: {exact.max():.3e} (seed={decoded.seed})"
+    assert rel.max() <= QUANT_WORST, \
+        f"{decoded.arch} position {rel.argmax()}, after a tie at {tie}: {rel.max():.3e} (seed={decoded.seed})"
     assert (got.argmax(axis=1) == decoded.logits.argmax(axis=1)).all(), f"argmax differs (seed={decoded.seed})"
 
 
@@ -157,8 +185,8 @@ def test_greedy_tokens_survive_activation_quantization(decoded: Decoded) -> None
     greedy tokens at every step, and its logits stay within the stated distance of transformers'."""
     gap = smallest_gap(decoded.logits)
     with inspect(decoded.path) as model_file:
-        got, quantized = reference_run(model_file, decoded.ids, activation_quant=True)
-        _, exact = reference_run(model_file, decoded.ids, activation_quant=False)
+        got, quantized, _ = reference_run(model_file, decoded.ids, activation_quant=True)
+        _, exact, _ = reference_run(model_file, decoded.ids, activation_quant=False)
     assert np.isfinite(got).all(), f"non-finite logits (seed={decoded.seed})"
     rel, flip = relative_errors(got, decoded.logits), first_flip(quantized, exact)
     steady = rel[:flip].max(initial=0.0)
@@ -191,8 +219,8 @@ def gpu_decode(path: Path, prompt: np.ndarray) -> tuple[list[int], np.ndarray, n
                 logits.append(native.logits())
         finally:
             native.close()
-        reference, quantized = reference_run(model.file, np.array(fed), activation_quant=True)
-        _, exact = reference_run(model.file, np.array(fed), activation_quant=False)
+        reference, quantized, _ = reference_run(model.file, np.array(fed), activation_quant=True)
+        _, exact, _ = reference_run(model.file, np.array(fed), activation_quant=False)
     return tokens, np.array(logits), reference, first_flip(quantized, exact)
 
 
