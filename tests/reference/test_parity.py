@@ -21,6 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from support.compare import qsa_cut_tie  # noqa: E402
 from support.hf_models import (ARCHS, CONFIGS, EOS, QWEN4EXP_VARIANTS, VOCAB, random_model,  # noqa: E402
                                save_and_convert)
 from strata.format import inspect  # noqa: E402
@@ -33,20 +34,10 @@ DRAWS = 12
 
 
 def _qsa_cut_tie(dumps: list[dict]) -> bool:
-    """Whether an exact score tie sat at some QSA row's top-k cut, so that tie-breaking chose its blocks.
-
-    A block that every indexer head meets with q.k <= 0 scores exactly 0 (relu per head), so a row with fewer
-    positive blocks than its budget ties at 0: a legitimate draw (CI met one), but one whose selection
-    torch.topk's tie order decides (docs/models/qwen4exp.md, section 5), which parity does not test.
-    """
-    for d in dumps:
-        for blocks, scores in zip(d.get("qsa_blocks", []), d.get("qsa_scores", [])):
-            keep = len(blocks)
-            if 0 < keep < len(scores):
-                ordered = np.sort(scores)[::-1]
-                if ordered[keep - 1] == ordered[keep]:
-                    return True
-    return False
+    """Whether an exact score tie sat at some QSA row's top-k cut (support.compare.qsa_cut_tie; CI met one): a
+    selection torch.topk's tie order decides, which parity does not test."""
+    return any(qsa_cut_tie(blocks, scores)
+               for d in dumps for blocks, scores in zip(d.get("qsa_blocks", []), d.get("qsa_scores", [])))
 
 
 def _check_qsa_dropped(dumps: list[dict], seed: int) -> None:

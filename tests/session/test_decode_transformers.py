@@ -23,7 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from support.compare import relative_errors  # noqa: E402
+from support.compare import qsa_cut_tie, relative_errors  # noqa: E402
 from support.hf_models import (MODELS, VOCAB, make_q8_0_exact, model_id, peak_head, random_model,  # noqa: E402
                                save_and_convert)
 from strata.format import inspect  # noqa: E402
@@ -104,22 +104,11 @@ def decisions(dumps: list[dict]) -> list[tuple]:
 
 
 def tied_choices(dumps: list[dict]) -> list[bool]:
-    """Per position of one forward, whether a QSA layer kept one of two blocks of equal score and dropped the
-    other. Exact ties happen: a block whose every head's dot with the query is negative scores relu's 0.0, so two
-    such blocks at the budget's edge tie, and transformers' topk (no tie order promised) may keep either where the
-    reference keeps the lower index (seed 1872676694, qwen4exp: the last layer at position 21, 5.9e-3 of the
-    logits there)."""
-    ties = []
-    for t in range(len(dumps[0]["router_ids"])):
-        tied = False
-        for d in dumps:
-            if "qsa_scores" not in d:
-                continue
-            scores, kept = np.asarray(d["qsa_scores"][t]), np.asarray(d["qsa_blocks"][t])
-            dropped = np.setdiff1d(np.arange(scores.size), kept)
-            tied |= bool(dropped.size and kept.size and scores[kept].min() == scores[dropped].max())
-        ties.append(tied)
-    return ties
+    """Per position of one forward, whether a QSA layer's selection was an exact tie at its cut
+    (support.compare.qsa_cut_tie), which transformers' topk may break the other way (seed 1872676694, qwen4exp:
+    the last layer at position 21, 5.9e-3 of the logits there)."""
+    return [any(qsa_cut_tie(d["qsa_blocks"][t], d["qsa_scores"][t]) for d in dumps if "qsa_scores" in d)
+            for t in range(len(dumps[0]["router_ids"]))]
 
 
 def first_flip(quantized: list[tuple], exact: list[tuple]) -> int:

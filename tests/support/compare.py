@@ -53,6 +53,20 @@ def relative_errors(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> np
     return np.array([relative_error(g, w) for g, w in zip(got, want)])
 
 
+def qsa_cut_tie(blocks: Sequence[int], scores: np.ndarray) -> bool:
+    """Whether an exact score tie sits at a QSA row's top-k cut, so that tie-breaking chose its blocks.
+
+    A block that every indexer head meets with q.k <= 0 scores exactly 0 (relu per head), so a row with fewer
+    positive blocks than its budget ties at 0: a legitimate draw, but one whose selection torch.topk's tie order
+    decides (docs/models/qwen4exp.md, section 5), where the reference keeps the lower index.
+    """
+    keep = len(blocks)
+    if not 0 < keep < len(scores):
+        return False
+    ordered = np.sort(scores)[::-1]
+    return bool(ordered[keep - 1] == ordered[keep])
+
+
 def _assert_finite(x: np.ndarray, what: str, infinities: bool = False) -> None:
     bad = np.isnan(x) if infinities else ~np.isfinite(x)
     if bad.any():
