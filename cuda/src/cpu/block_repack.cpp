@@ -295,4 +295,17 @@ void repack_blocks(BlockType type, const std::uint8_t* src, std::int64_t n_block
   }
 }
 
+void repack_block_range(BlockType type, const std::uint8_t* src, std::int64_t first, std::int64_t count,
+                        const PlaneTargets& dst) {
+  const TypeEntry& e = *find(static_cast<int>(type));
+  const BlockLayout& l = e.layout;
+  const auto at = [first](std::uint8_t* plane, std::size_t per_block) {
+    return plane != nullptr ? plane + first * static_cast<std::int64_t>(per_block) : nullptr;
+  };
+  const std::size_t codes = e.fn != nullptr ? l.planes.codes : static_cast<std::size_t>(l.bytes);  // as copied
+  const PlaneTargets part{at(dst.codes, codes), at(dst.d, l.planes.d), at(dst.sub_scales, l.planes.sub_scales),
+                          at(dst.mins, l.planes.mins), at(dst.sub_mins, l.planes.sub_mins)};
+  repack_blocks(type, src + first * l.bytes, count, part);
+}
+
 }  // namespace strata::cpu

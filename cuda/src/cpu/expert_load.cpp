@@ -31,6 +31,9 @@ int MatrixLoad::start(const FileReader* file, std::int64_t offset, std::int64_t 
   raw_ = bounce + (offset - span_start_);
   error_ = nullptr;
   failed_.store(false, std::memory_order_relaxed);
+  run_blocks_ = std::max<std::int64_t>(1, kRepackBytes / block_layout(type, what_).bytes);
+  next_block_.store(0, std::memory_order_relaxed);
+  blocks_done_.store(0, std::memory_order_relaxed);
   pieces_left_.store(pieces, std::memory_order_relaxed);
   state_.store(kReading, std::memory_order_release);
   return pieces;
@@ -50,16 +53,29 @@ void MatrixLoad::read_piece(int i) noexcept {
   }
 }
 
+void MatrixLoad::repack_share() noexcept {
+  if (n_blocks_ == 0) state_.store(kReady, std::memory_order_release);  // nothing to repack: no run would say so
+  for (;;) {
+    const std::int64_t first = next_block_.fetch_add(run_blocks_, std::memory_order_relaxed);
+    if (first >= n_blocks_) return;
+    const std::int64_t count = std::min(run_blocks_, n_blocks_ - first);
+    repack_block_range(type_, raw_, first, count, dst_);
+    // Release: this run's planes before the count; the run that completes the count publishes the whole matrix.
+    if (blocks_done_.fetch_add(count, std::memory_order_acq_rel) + count == n_blocks_) {
+      state_.store(kReady, std::memory_order_release);
+    }
+  }
+}
+
 bool MatrixLoad::await() noexcept {
   for (;;) {
     int s = state_.load(std::memory_order_acquire);
     if (s == kReady) return true;
     if (s == kFailed) return false;
-    if (s == kRaw && state_.compare_exchange_strong(s, kRepacking, std::memory_order_acq_rel)) {
-      repack_blocks(type_, raw_, n_blocks_, dst_);
-      state_.store(kReady, std::memory_order_release);
-      return true;
-    }
+    // The bytes are in: the first to see it marks the repack begun (settle waits for kRepacking to end), then
+    // every waiter takes runs until none is left, and waits for the others' last runs.
+    if (s == kRaw) state_.compare_exchange_strong(s, kRepacking, std::memory_order_acq_rel);
+    if (state_.load(std::memory_order_acquire) == kRepacking) repack_share();
     spin_pause();
   }
 }

@@ -32,8 +32,9 @@ class MatrixLoad {
 
   IoTask* piece(int i) noexcept { return &pieces_[i]; }
 
-  // Returns once the matrix's planes are written, repacking them here if no participant has yet; false when the
-  // read failed.
+  // Returns once the matrix's planes are written, false when the read failed. Every participant that waits on a
+  // matrix whose bytes are in takes runs of its blocks to repack (kRepackBytes of them at a time), so the repack of a
+  // layer's last miss is shared by the participants that wait for it rather than done by one while they spin.
   bool await() noexcept;
 
   // Waits until no thread works on this load any more (all its pieces returned, no repack in flight): its bounce
@@ -53,9 +54,14 @@ class MatrixLoad {
   };
 
   void read_piece(int i) noexcept;  // on an I/O thread; the last piece to return makes the load kRaw or kFailed
+  void repack_share() noexcept;     // runs of blocks until none is left; the last run done makes the load kReady
+
+  static constexpr std::int64_t kRepackBytes = 64 * 1024;  // a run's file blocks: a few microseconds of repack
 
   std::atomic<int> state_{kIdle};
   std::atomic<int> pieces_left_{0};
+  std::atomic<std::int64_t> next_block_{0}, blocks_done_{0};  // the repack's runs claimed and finished
+  std::int64_t run_blocks_ = 1;                               // blocks a run
   std::atomic<bool> failed_{false};
   const FileReader* file_ = nullptr;
   std::int64_t offset_ = 0, length_ = 0, n_blocks_ = 0;
