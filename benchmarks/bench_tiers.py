@@ -55,27 +55,35 @@ def faster(a: DiskRate, b: DiskRate) -> DiskRate:
     return a if a.bytes_per_second >= b.bytes_per_second else b
 
 
-def gpu_share(path: str, budget: RamBudget, disk_before: DiskRate, measure_disk, args) -> dict:
+def gpu_share(path: str, budget: RamBudget, disk_before: DiskRate, measure_disk, args) -> list[dict]:
+    """--repeat decodes of one load, each with the disk's rate measured after it (the next one's rate before)."""
     with strata.load(path, ram_budget=budget.nbytes, expert_cache=args.cache) as model:
         g, tensors = model.info.geometry, file_tensors(model.file)
         rates = measure(model.pool, model.device)
-        decoded = run_modes(model, [Mode.TOKEN_GRAPH], args.prompt_tokens, args.tokens, None, KV.INT8,
-                            np.random.default_rng(), probe=lambda: tier_counts(model.pool))[Mode.TOKEN_GRAPH.value]
-        before, after = decoded["probe"]  # the timed tokens only: the prompt's chunk reads its rows' whole union
-        disk_after = measure_disk()
-        disk = faster(disk_before, disk_after)
         base = machine_limit(g, tensors, rates, model.cache_slots)
-        limit = tiered_limit(base, before, after, args.tokens, disk)
-        return {"tokens_per_second": decoded["tokens_per_second"], "limit_tokens_per_second": 1 / limit["seconds"],
-                "fraction_of_limit": limit["seconds"] / decoded["seconds_per_token"],
-                "misses_per_token": limit["misses_per_token"], "disk_bytes_per_token": limit["disk_bytes_per_token"],
-                "host_read": rates.host_read, "tiered": model.ram.tiered, "budget": budget.nbytes,
-                "vm_rss": status_bytes("VmRSS"), "vm_lck": status_bytes("VmLck"),
-                "cached_bytes_per_token": base.cached_bytes, "disk_rate": disk.bytes_per_second,
-                "disk_rate_before": disk_before.bytes_per_second, "disk_rate_after": disk_after.bytes_per_second}
+        runs = []
+        for _ in range(args.repeat):
+            decoded = run_modes(model, [Mode.TOKEN_GRAPH], args.prompt_tokens, args.tokens, None, KV.INT8,
+                                np.random.default_rng(), probe=lambda: tier_counts(model.pool))[Mode.TOKEN_GRAPH.value]
+            before, after = decoded["probe"]  # the timed tokens only: the prompt's chunk reads its rows' whole union
+            disk_after = measure_disk()
+            disk = faster(disk_before, disk_after)
+            limit = tiered_limit(base, before, after, args.tokens, disk)
+            runs.append({"tokens_per_second": decoded["tokens_per_second"],
+                         "limit_tokens_per_second": 1 / limit["seconds"],
+                         "fraction_of_limit": limit["seconds"] / decoded["seconds_per_token"],
+                         "misses_per_token": limit["misses_per_token"],
+                         "disk_bytes_per_token": limit["disk_bytes_per_token"], "host_read": rates.host_read,
+                         "tiered": model.ram.tiered, "budget": budget.nbytes, "vm_rss": status_bytes("VmRSS"),
+                         "vm_lck": status_bytes("VmLck"), "cached_bytes_per_token": base.cached_bytes,
+                         "disk_rate": disk.bytes_per_second, "disk_rate_before": disk_before.bytes_per_second,
+                         "disk_rate_after": disk_after.bytes_per_second})
+            disk_before = disk_after
+        return runs
 
 
-def pool_share(path: str, budget: RamBudget, disk_before: DiskRate, measure_disk, args) -> dict:
+def pool_share(path: str, budget: RamBudget, disk_before: DiskRate, measure_disk, args) -> list[dict]:
+    """gpu_share's runs on the CPU pool alone: every MoE layer of each token, routing uniform."""
     with inspect(path) as file:
         g = file.geometry
         plan = plan_ram(file, budget)
@@ -86,27 +94,32 @@ def pool_share(path: str, budget: RamBudget, disk_before: DiskRate, measure_disk
             layers = [layer for layer in range(g.n_layer) if pool.n_expert(layer)]
             out = np.empty(g.n_embd, np.float32)
             weights = np.full(g.n_expert_used, 1 / g.n_expert_used, np.float32)
-            before = tier_counts(pool) if plan.tiered else (0, 0, 0)
-            start = time.perf_counter()
-            for _ in range(args.tokens):
-                for layer in layers:
-                    x = rng.standard_normal(g.n_embd, dtype=np.float32)
-                    ids = rng.choice(g.n_expert, g.n_expert_used, replace=False).astype(np.int32)
-                    pool.run_layer_sum(layer, x, ids, weights, out=out)
-            seconds = (time.perf_counter() - start) / args.tokens
-            disk_after = measure_disk()
-            disk = faster(disk_before, disk_after)
-            hits, misses, read = ((a - b for a, b in zip(tier_counts(pool), before)) if plan.tiered
-                                  else (args.tokens * len(layers) * g.n_expert_used, 0, 0))
-            in_ram = sum(pool.layer_bytes(layer) for layer in layers) * g.n_expert_used * hits
-            in_ram /= max(hits + misses, 1) * len(layers)
-            limit = in_ram / host_read + read / args.tokens / disk.bytes_per_second
-            return {"tokens_per_second": 1 / seconds, "limit_tokens_per_second": 1 / limit,
-                    "fraction_of_limit": limit / seconds, "misses_per_token": misses / args.tokens,
-                    "disk_bytes_per_token": read / args.tokens, "host_read": host_read, "tiered": plan.tiered,
-                    "budget": budget.nbytes, "vm_rss": status_bytes("VmRSS"), "vm_lck": status_bytes("VmLck"),
-                    "disk_rate": disk.bytes_per_second, "disk_rate_before": disk_before.bytes_per_second,
-                    "disk_rate_after": disk_after.bytes_per_second}
+            runs = []
+            for _ in range(args.repeat):
+                before = tier_counts(pool) if plan.tiered else (0, 0, 0)
+                start = time.perf_counter()
+                for _ in range(args.tokens):
+                    for layer in layers:
+                        x = rng.standard_normal(g.n_embd, dtype=np.float32)
+                        ids = rng.choice(g.n_expert, g.n_expert_used, replace=False).astype(np.int32)
+                        pool.run_layer_sum(layer, x, ids, weights, out=out)
+                seconds = (time.perf_counter() - start) / args.tokens
+                disk_after = measure_disk()
+                disk = faster(disk_before, disk_after)
+                hits, misses, read = ((a - b for a, b in zip(tier_counts(pool), before)) if plan.tiered
+                                      else (args.tokens * len(layers) * g.n_expert_used, 0, 0))
+                in_ram = sum(pool.layer_bytes(layer) for layer in layers) * g.n_expert_used * hits
+                in_ram /= max(hits + misses, 1) * len(layers)
+                limit = in_ram / host_read + read / args.tokens / disk.bytes_per_second
+                runs.append({"tokens_per_second": 1 / seconds, "limit_tokens_per_second": 1 / limit,
+                             "fraction_of_limit": limit / seconds, "misses_per_token": misses / args.tokens,
+                             "disk_bytes_per_token": read / args.tokens, "host_read": host_read,
+                             "tiered": plan.tiered, "budget": budget.nbytes, "vm_rss": status_bytes("VmRSS"),
+                             "vm_lck": status_bytes("VmLck"), "disk_rate": disk.bytes_per_second,
+                             "disk_rate_before": disk_before.bytes_per_second,
+                             "disk_rate_after": disk_after.bytes_per_second})
+                disk_before = disk_after
+            return runs
 
 
 def main() -> int:
@@ -119,6 +132,8 @@ def main() -> int:
     parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--pool-only", action="store_true", help="the CPU pool alone: no GPU")
     parser.add_argument("--disk-seconds", type=float, default=4.0, help="how long the read rate is measured")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="decodes of each load, the disk's rate measured between them")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if args.model is None:
@@ -135,15 +150,17 @@ def main() -> int:
     run = pool_share if args.pool_only else gpu_share
     results = {"model": args.model, "disk_read_rate": disk.bytes_per_second, "disk_reads": disk.reads, "shares": {}}
     for budget in budgets:
-        r = run(args.model, budget, disk, lambda: disk_rate(args.model, spans, args.disk_seconds), args)
-        disk = DiskRate(r["disk_rate_after"], disk.reads)  # the next share's rate before
-        results["shares"][budget.source] = r
-        print(f"RESULT {budget.source}: {r['tokens_per_second']:.2f} tok/s, limit {r['limit_tokens_per_second']:.2f} "
-              f"({r['fraction_of_limit']:.1%}); misses {r['misses_per_token']:.1f}/token, "
-              f"{r['disk_bytes_per_token'] / 1e6:.1f} MB/token from disk at {r['disk_rate'] / 1e9:.3f} GB/s (before "
-              f"{r['disk_rate_before'] / 1e9:.3f}, after {r['disk_rate_after'] / 1e9:.3f}); budget "
-              f"{budget.nbytes / 2**30:.2f} GiB, VmRSS {r['vm_rss'] / 2**30:.2f} GiB, "
-              f"VmLck {r['vm_lck'] / 2**30:.2f} GiB")
+        runs = run(args.model, budget, disk, lambda: disk_rate(args.model, spans, args.disk_seconds), args)
+        disk = DiskRate(runs[-1]["disk_rate_after"], disk.reads)  # the next share's rate before
+        for i, r in enumerate(runs):
+            name = budget.source + (f", run {i + 1} of {len(runs)}" if len(runs) > 1 else "")
+            results["shares"][name] = r
+            print(f"RESULT {name}: {r['tokens_per_second']:.2f} tok/s, limit {r['limit_tokens_per_second']:.2f} "
+                  f"({r['fraction_of_limit']:.1%}); misses {r['misses_per_token']:.1f}/token, "
+                  f"{r['disk_bytes_per_token'] / 1e6:.1f} MB/token from disk at {r['disk_rate'] / 1e9:.3f} GB/s "
+                  f"(before {r['disk_rate_before'] / 1e9:.3f}, after {r['disk_rate_after'] / 1e9:.3f}); budget "
+                  f"{budget.nbytes / 2**30:.2f} GiB, VmRSS {r['vm_rss'] / 2**30:.2f} GiB, "
+                  f"VmLck {r['vm_lck'] / 2**30:.2f} GiB")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
