@@ -39,13 +39,19 @@ void pack_crumbs(const u8* codes32, u8* out) {
   }
 }
 
-// Q2_K / TQ2_0 qs (64 bytes): per 128 elements, element 32k + l sits in bits 2k of qs[32h + l].
+// Q2_K / TQ2_0 qs (64 bytes): per 128 elements, element 32k + l sits in bits 2k of qs[32h + l]. Each group of 32
+// codes (h, k) packs as pack_crumbs does, eight bytes at once: byte j of word m is qs[32h + 8m + j] (the words
+// little-endian, as x86 reads them), so its crumb k shifted down and masked per byte is code 8m + j of the group,
+// and the four words' crumbs moved up 2m bits each are the group's eight packed bytes.
 void crumb_columns(const u8* qs, u8* codes) {
-  u8 block[32];
+  constexpr std::uint64_t kLowCrumbs = 0x0303030303030303ull;
   for (int h = 0; h < 2; ++h) {
+    std::uint64_t words[4];
+    std::memcpy(words, qs + 32 * h, sizeof(words));
     for (int k = 0; k < 4; ++k) {
-      for (int l = 0; l < 32; ++l) block[l] = (qs[32 * h + l] >> (2 * k)) & 3;
-      pack_crumbs(block, codes + 8 * (4 * h + k));
+      std::uint64_t packed = 0;
+      for (int m = 0; m < 4; ++m) packed |= ((words[m] >> (2 * k)) & kLowCrumbs) << (2 * m);
+      std::memcpy(codes + 8 * (4 * h + k), &packed, sizeof(packed));
     }
   }
 }
