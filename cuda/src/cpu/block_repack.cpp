@@ -163,14 +163,18 @@ void q3_k(const u8* b, const Out& o) {
     const int low = (scales[i % 8] >> (4 * (i / 8))) & 0x0F, high = (scales[8 + i % 4] >> (2 * (i / 4))) & 3;
     o.sub_scales[i] = static_cast<u8>((low | high << 4) - 32);
   }
+  u8 q[64], mask[32], codes[256];  // local, as q4_k's
+  std::memcpy(q, qs, sizeof(q));
+  std::memcpy(mask, hmask, sizeof(mask));
   for (int h = 0; h < 2; ++h) {
     for (int s = 0; s < 4; ++s) {
       for (int l = 0; l < 32; ++l) {
-        const int low = (qs[32 * h + l] >> (2 * s)) & 3, high = (hmask[l] >> (4 * h + s)) & 1;
-        o.codes[128 * h + 32 * s + l] = static_cast<u8>(low + 4 * high);
+        const int low = (q[32 * h + l] >> (2 * s)) & 3, high = (mask[l] >> (4 * h + s)) & 1;
+        codes[128 * h + 32 * s + l] = static_cast<u8>(low + 4 * high);
       }
     }
   }
+  std::memcpy(o.codes, codes, sizeof(codes));
 }
 
 // Per 64 elements, 32 bytes of qs: low nibbles hold elements 0..31, high nibbles 32..63.
