@@ -299,15 +299,21 @@ BlockLayout block_layout(BlockType type, const char* what) {
   return e->layout;
 }
 
-void repack_blocks(BlockType type, const std::uint8_t* src, std::int64_t n_blocks, const PlaneTargets& dst) {
+void repack_blocks(BlockType type, const std::uint8_t* src, std::int64_t first, std::int64_t count,
+                   const PlaneTargets& dst) {
   const TypeEntry& e = *find(static_cast<int>(type));  // the caller took its layout: the type is known
   const BlockLayout& l = e.layout;
-  if (e.fn == nullptr) {
-    std::memcpy(dst.codes, src, static_cast<std::size_t>(n_blocks) * l.bytes);
+  const auto at = [first](std::uint8_t* plane, std::size_t per_block) -> std::uint8_t* {
+    return plane != nullptr ? plane + first * static_cast<std::int64_t>(per_block) : nullptr;
+  };
+  src += first * l.bytes;
+  if (e.fn == nullptr) {  // a float type: its code plane is its blocks as they are
+    std::memcpy(at(dst.codes, l.planes.codes), src, static_cast<std::size_t>(count) * l.bytes);
     return;
   }
-  Out o{dst.codes, dst.d, dst.sub_scales, dst.mins, dst.sub_mins};
-  for (std::int64_t i = 0; i < n_blocks; ++i, src += l.bytes) {
+  Out o{at(dst.codes, l.planes.codes), at(dst.d, l.planes.d), at(dst.sub_scales, l.planes.sub_scales),
+        at(dst.mins, l.planes.mins), at(dst.sub_mins, l.planes.sub_mins)};
+  for (std::int64_t i = 0; i < count; ++i, src += l.bytes) {
     e.fn(src, o);
     o.codes += l.planes.codes;
     o.d += l.planes.d;
@@ -315,19 +321,6 @@ void repack_blocks(BlockType type, const std::uint8_t* src, std::int64_t n_block
     if (o.mins) o.mins += l.planes.mins;
     if (o.sub_mins) o.sub_mins += l.planes.sub_mins;
   }
-}
-
-void repack_block_range(BlockType type, const std::uint8_t* src, std::int64_t first, std::int64_t count,
-                        const PlaneTargets& dst) {
-  const TypeEntry& e = *find(static_cast<int>(type));
-  const BlockLayout& l = e.layout;
-  const auto at = [first](std::uint8_t* plane, std::size_t per_block) {
-    return plane != nullptr ? plane + first * static_cast<std::int64_t>(per_block) : nullptr;
-  };
-  const std::size_t codes = e.fn != nullptr ? l.planes.codes : static_cast<std::size_t>(l.bytes);  // as copied
-  const PlaneTargets part{at(dst.codes, codes), at(dst.d, l.planes.d), at(dst.sub_scales, l.planes.sub_scales),
-                          at(dst.mins, l.planes.mins), at(dst.sub_mins, l.planes.sub_mins)};
-  repack_blocks(type, src + first * l.bytes, count, part);
 }
 
 }  // namespace strata::cpu

@@ -30,12 +30,9 @@ struct BlockLayout {
 // The layout of `type`; InvalidArgument naming `what` for a type the pool does not repack.
 BlockLayout block_layout(BlockType type, const char* what);
 
-// Repacks `n_blocks` consecutive blocks of `type` at `src` into `dst`, each plane filled from its start.
-void repack_blocks(BlockType type, const std::uint8_t* src, std::int64_t n_blocks, const PlaneTargets& dst);
-
-// Repacks blocks first .. first + count - 1 of the `type` blocks at `src` into their places of `dst` (the planes
-// of all of them, from block 0): a share of repack_blocks(type, src, n, dst), the same bytes where it writes.
-void repack_block_range(BlockType type, const std::uint8_t* src, std::int64_t first, std::int64_t count,
-                        const PlaneTargets& dst);
+// Repacks blocks first .. first + count - 1 of the `type` blocks at `src` into their places of `dst` (each plane
+// the whole matrix's, from block 0): each block alone, so that several threads may take a matrix's blocks in runs.
+void repack_blocks(BlockType type, const std::uint8_t* src, std::int64_t first, std::int64_t count,
+                   const PlaneTargets& dst);
 
 }  // namespace strata::cpu

@@ -59,7 +59,7 @@ void MatrixLoad::repack_share() noexcept {
     const std::int64_t first = next_block_.fetch_add(run_blocks_, std::memory_order_relaxed);
     if (first >= n_blocks_) return;
     const std::int64_t count = std::min(run_blocks_, n_blocks_ - first);
-    repack_block_range(type_, raw_, first, count, dst_);
+    repack_blocks(type_, raw_, first, count, dst_);
     // Release: this run's planes before the count; the run that completes the count publishes the whole matrix.
     if (blocks_done_.fetch_add(count, std::memory_order_acq_rel) + count == n_blocks_) {
       state_.store(kReady, std::memory_order_release);

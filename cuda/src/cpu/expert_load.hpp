@@ -1,6 +1,7 @@
 // Where a job finds one expert's weights (ExpertRef), and one matrix of an expert on its way from the model
-// file (MatrixLoad): the I/O threads read its blocks into the staging's bounce buffer, in pieces, then the first
-// pool participant that needs the matrix repacks them into canonical planes while the others compute what is in RAM.
+// file (MatrixLoad): the I/O threads read its blocks into the staging's bounce buffer, in pieces, then the pool
+// participants that wait on the matrix repack them into canonical planes, in runs, while the others compute what
+// is in RAM.
 #pragma once
 
 #include <atomic>
