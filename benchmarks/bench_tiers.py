@@ -55,6 +55,17 @@ def faster(a: DiskRate, b: DiskRate) -> DiskRate:
     return a if a.bytes_per_second >= b.bytes_per_second else b
 
 
+def figures(budget: RamBudget, seconds: float, limit_seconds: float, misses: float, disk_bytes: float,
+            host_read: float, tiered: bool, disk: DiskRate, disk_before: DiskRate, disk_after: DiskRate) -> dict:
+    """One decode's figures: `seconds` and `limit_seconds` a token, its misses and bytes read from the file a token,
+    the limit's disk rate (`disk`) and the rates around the decode, the process's memory now."""
+    return {"tokens_per_second": 1 / seconds, "limit_tokens_per_second": 1 / limit_seconds,
+            "fraction_of_limit": limit_seconds / seconds, "misses_per_token": misses,
+            "disk_bytes_per_token": disk_bytes, "host_read": host_read, "tiered": tiered, "budget": budget.nbytes,
+            "vm_rss": status_bytes("VmRSS"), "vm_lck": status_bytes("VmLck"), "disk_rate": disk.bytes_per_second,
+            "disk_rate_before": disk_before.bytes_per_second, "disk_rate_after": disk_after.bytes_per_second}
+
+
 def gpu_share(path: str, budget: RamBudget, disk_before: DiskRate, measure_disk, args) -> list[dict]:
     """--repeat decodes of one load, each with the disk's rate measured after it (the next one's rate before)."""
     with strata.load(path, ram_budget=budget.nbytes, expert_cache=args.cache) as model:
@@ -69,15 +80,10 @@ def gpu_share(path: str, budget: RamBudget, disk_before: DiskRate, measure_disk,
             disk_after = measure_disk()
             disk = faster(disk_before, disk_after)
             limit = tiered_limit(base, before, after, args.tokens, disk)
-            runs.append({"tokens_per_second": decoded["tokens_per_second"],
-                         "limit_tokens_per_second": 1 / limit["seconds"],
-                         "fraction_of_limit": limit["seconds"] / decoded["seconds_per_token"],
-                         "misses_per_token": limit["misses_per_token"],
-                         "disk_bytes_per_token": limit["disk_bytes_per_token"], "host_read": rates.host_read,
-                         "tiered": model.ram.tiered, "budget": budget.nbytes, "vm_rss": status_bytes("VmRSS"),
-                         "vm_lck": status_bytes("VmLck"), "cached_bytes_per_token": base.cached_bytes,
-                         "disk_rate": disk.bytes_per_second, "disk_rate_before": disk_before.bytes_per_second,
-                         "disk_rate_after": disk_after.bytes_per_second})
+            runs.append({**figures(budget, decoded["seconds_per_token"], limit["seconds"], limit["misses_per_token"],
+                                   limit["disk_bytes_per_token"], rates.host_read, model.ram.tiered, disk,
+                                   disk_before, disk_after),
+                         "cached_bytes_per_token": base.cached_bytes})
             disk_before = disk_after
         return runs
 
@@ -111,13 +117,8 @@ def pool_share(path: str, budget: RamBudget, disk_before: DiskRate, measure_disk
                 in_ram = sum(pool.layer_bytes(layer) for layer in layers) * g.n_expert_used * hits
                 in_ram /= max(hits + misses, 1) * len(layers)
                 limit = in_ram / host_read + read / args.tokens / disk.bytes_per_second
-                runs.append({"tokens_per_second": 1 / seconds, "limit_tokens_per_second": 1 / limit,
-                             "fraction_of_limit": limit / seconds, "misses_per_token": misses / args.tokens,
-                             "disk_bytes_per_token": read / args.tokens, "host_read": host_read,
-                             "tiered": plan.tiered, "budget": budget.nbytes, "vm_rss": status_bytes("VmRSS"),
-                             "vm_lck": status_bytes("VmLck"), "disk_rate": disk.bytes_per_second,
-                             "disk_rate_before": disk_before.bytes_per_second,
-                             "disk_rate_after": disk_after.bytes_per_second})
+                runs.append(figures(budget, seconds, limit, misses / args.tokens, read / args.tokens, host_read,
+                                    plan.tiered, disk, disk_before, disk_after))
                 disk_before = disk_after
             return runs
 
