@@ -26,7 +26,7 @@ from bench_gemv import PEAK_BYTES_PER_S, bench_arguments, random_weight  # the c
 SHAPES = [("attn_qkvz", 2560, 16384), ("ssm_out", 6144, 2560), ("attn_q", 2560, 12288),
           ("ffn_up_shexp", 2560, 640), ("ffn_down_shexp", 640, 2560), ("output (LM head)", 2560, 248320)]
 FORMATS = {"Q8_0": T.Q8_0, "Q4_K": T.Q4_K}
-TENSOR_CORE_FORMS = (T.Q8_0, T.Q5_0, T.Q4_0)  # kernels/gemv_quant_mma.cuh (every shape here fits its tile)
+TENSOR_CORE_FORMS = (T.Q8_0, T.Q5_0, T.Q4_0)  # kernels/gemv_quant_mma.cuh (every shape here an even count of blocks)
 
 
 def main() -> None:

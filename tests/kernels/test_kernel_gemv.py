@@ -300,7 +300,8 @@ def test_quant_gemv_inputs_rows_short_of_a_warps_rows(rng, rows, inputs):
 
 # The tensor-core kernel (kernels/gemv_quant_mma.cuh) keeps the single GEMV's float order, so the same bits: at every
 # row split of gemv_rows.cuh (1 warp a row from 2,048 rows, 2 from 1,024, 4 below), tiles short of 16 rows, rows
-# of fewer blocks than a part's 32 lanes, and every count of inputs, one mma's 8 and two mmas' 16.
+# of fewer blocks than a part's 32 lanes, a last chunk short of 32 blocks, rows wider than a tile's scales took in
+# shared memory before they were staged with the codes, and every count of inputs, one mma's 8 and two mmas' 16.
 MMA_TYPES = [T.Q8_0, T.Q5_0, T.Q4_0]
 
 
@@ -309,7 +310,8 @@ MMA_TYPES = [T.Q8_0, T.Q5_0, T.Q4_0]
 @pytest.mark.parametrize(("rows", "cols", "inputs"), [(2048, 2560, 8), (2560 + 5, 6144, 3), (1024, 640, 5),
                                                       (1500, 2560, 2), (640, 2560, 8), (37, 64, 7), (16, 1024, 1),
                                                       (250, 11264, 4), (2048, 2560, 16), (1500, 2560, 11),
-                                                      (640, 2560, 16), (37, 64, 13), (4096 + 3, 640, 9)])
+                                                      (640, 2560, 16), (37, 64, 13), (4096 + 3, 640, 9),
+                                                      (64, 163840, 6), (3000, 4160, 12)])
 def test_quant_gemv_inputs_on_the_tensor_cores(rng, ggml_type, rows, cols, inputs):
     check_inputs(random_weight(ggml_type, rows, cols, rng), inputs, cols + 32, rng, kernel="tensor_cores")
 
@@ -346,8 +348,8 @@ def test_gemv_inputs_refusals_without_a_device(rng):
                                                      "at 256 columns"):
         _native_check.gemv_inputs(random_weight(T.Q4_K, 8, 256, rng), np.zeros((2, 256), np.float32),
                                   kernel="tensor_cores")
-    with pytest.raises(strata.InvalidArgument, match="at 163840 columns"):  # the tile's scales alone: 160 KB
-        _native_check.gemv_inputs(random_weight(T.Q8_0, 16, 163840, rng), np.zeros((2, 163840), np.float32),
+    with pytest.raises(strata.InvalidArgument, match="even count of 32-element blocks a row; not this form at 96 "):
+        _native_check.gemv_inputs(random_weight(T.Q8_0, 2048, 96, rng), np.zeros((2, 96), np.float32),
                                   kernel="tensor_cores")
 
 

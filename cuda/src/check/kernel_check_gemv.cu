@@ -27,8 +27,8 @@ kernels::InputsKernel inputs_kernel(int kernel, const QuantForm& form, int rows,
                  "gemv_quant_inputs: kernel " + std::to_string(kernel) +
                      " is none of 0 (chosen), 1 (integer), 2 (tensor cores)");
   STRATA_EXPECTS(kernel != 2 || kernels::gemv_quant_mma_takes(form, cols), InvalidArgument,
-                 "gemv_quant_inputs: the tensor-core kernel takes Q8_0, Q5_0 and Q4_0 whose 16-row tile fits shared "
-                 "memory; not this form at " + std::to_string(cols) + " columns");
+                 "gemv_quant_inputs: the tensor-core kernel takes Q8_0, Q5_0 and Q4_0 at an even count of 32-element "
+                 "blocks a row; not this form at " + std::to_string(cols) + " columns");
   STRATA_EXPECTS(kernel != 2 || kernels::gemv_quant_mma_runs(form, rows, cols), InvalidArgument,
                  "gemv_quant_inputs: the tensor-core kernel splits a matrix of " + std::to_string(rows) +
                      " rows over a thread block cluster, which this device does not have (compute capability 9.0)");

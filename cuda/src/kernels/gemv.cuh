@@ -90,9 +90,9 @@ cudaError_t gemv_float_batch(FloatKind kind, const void* w, int rows, int cols, 
 // forms of one scale a 32-element block (Q8_0, Q5_0, Q4_0), the tensor cores (gemv_quant_mma.cuh, up to
 // kMaxMmaInputs). `kernel` is the caller's choice of the two for the tests and benchmarks; kChosen takes the tensor
 // cores from kMmaMinInputs inputs where they take the form. Measured (bench_gemv_inputs.py --quick, H100,
-// 2026-12-06, eighth session, the staged tile in clusters): over the five Q8_0 shapes of a layer the tensor cores
-// took 90, 93, 101 and 143 us at 2, 4, 8 and 16 rows where the integer walk took 60, 74, 108 and 216 (16: two
-// launches); their time barely grows with the rows (31 us for attn_qkvz at 1 row, where the one-row walk takes 20),
+// 2026-12-06, ninth session, the scales staged with the codes): over the five Q8_0 shapes of a layer the tensor
+// cores took 77, 80, 88 and 130 us at 2, 4, 8 and 16 rows where the integer walk took 61, 75, 108 and 216 (16: two
+// launches); their time barely grows with the rows (26 us for attn_qkvz at 1 row, where the one-row walk takes 20),
 // so they win from 8 rows. Refused with cudaErrorInvalidValue: inputs outside 1..the kernel's bound, a bad
 // x_stride, what gemv_quant refuses, or the tensor cores asked for a form or width they do not take.
 constexpr int kMaxGemvInputs = 8;

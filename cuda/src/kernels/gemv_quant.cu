@@ -194,7 +194,7 @@ cudaError_t gemv_quant_inputs(const QuantForm& form, const QuantPlanes& planes, 
   if (!inputs_ok || x_stride < cols || x_stride % kBlock != 0) return cudaErrorInvalidValue;
   const bool tensor_cores = kernel == InputsKernel::kTensorCores ||
                             (kernel == InputsKernel::kChosen && inputs >= kMmaMinInputs &&
-                             gemv_quant_mma_runs(form, rows, cols));
+                             gemv_quant_mma_runs(form, rows, cols) && gemv_quant_mma_aligned(planes));
   const StridedQ8 acts{xq, dx, xsums, x_stride};
   if (tensor_cores) return gemv_quant_mma(form, planes, rows, cols, inputs, acts, y, stream);
   if (inputs == 1) return gemv_quant(form, planes, rows, cols, xq, dx, xsums, y, stream);  // the same walk, lighter

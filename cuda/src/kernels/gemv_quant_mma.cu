@@ -26,10 +26,6 @@ constexpr int kChunkBlocks = kLaneClasses;      // a stage: the part's next bloc
 constexpr int kStages = 3;
 static_assert(kMaxTiles * kTileInputs == kMaxMmaInputs && kMaxGemvInputs <= kTileInputs * kMaxTiles);
 static_assert(kWarps * 32 >= kTileRows * kTileInputs * kMaxTiles, "the CTA's threads store the outputs, one each");
-// The most shared memory a CTA takes: 227 KB a CTA on sm_90, less the warps' subtrees. The scales of the tile's rows
-// are staged whole beside the stages, so a matrix of more than ~4,000 blocks a row keeps the integer walk.
-constexpr std::size_t kMaxSharedBytes = 200 * 1024;
-
 template <class S>
 constexpr bool kTakes = S::kGroup == kCodeBlock && S::kSuper == kCodeBlock && !S::kBook && !S::kScaleF32 &&
                         !S::kSubScales && !S::kMins && (S::kBits == 8 || S::kBits == 4);
@@ -44,17 +40,26 @@ template <class S>
 constexpr int kStageStride = (kChunkBlocks * S::kCodeWords + S::kCodeWords) * 4;
 static_assert(kChunkBlocks * 8 % 32 == 0 && kChunkBlocks * 4 % 32 == 0, "a chunk's row is whole banks before the pad");
 
-// A CTA's shared memory: kStages chunks of 16 rows, then the tile's f16 scales block-major ([block][row]: a
-// fragment's 8 rows read 8 consecutive halves).
-template <class S>
-std::size_t shared_bytes(int n_blocks) {
-  return static_cast<std::size_t>(kStages) * kTileRows * kStageStride<S> +
-         static_cast<std::size_t>(n_blocks) * kTileRows * sizeof(__half);
-}
+// Halves a staged row of a chunk's scales takes: its 32 blocks' f16 scales and one word of pad, so that the rows'
+// words start an odd count of banks apart and a fragment's 8 rows g read 8 banks.
+constexpr int kScaleStride = kChunkBlocks + 2;
+static_assert(kScaleStride / 2 % 2 == 1, "a staged scale row is an odd count of words");
 
-// The CTA's rows of one chunk (blocks 32 q .. 32 q + 31 of each row, those the row has) into a stage by cp.async;
-// rows past the matrix are not loaded (their outputs are walked, never stored: a row's mma outputs depend on that
-// row alone).
+// A stage: a chunk's codes of the tile's 16 rows, then their scales. Staging the scales with the codes, rather than
+// reading the tile's before the first chunk, keeps a CTA's first loads in flight together (the prologue of plain
+// loads set a floor of ~1.6x the one-row walk's time, docs/rows.md) and a CTA's shared memory independent of cols.
+template <class S>
+constexpr int kStageCodeBytes = kTileRows * kStageStride<S>;
+template <class S>
+constexpr int kStageBytes = kStageCodeBytes<S> + kTileRows * kScaleStride * static_cast<int>(sizeof(__half));
+static_assert(kTileRows * kScaleStride * sizeof(__half) % 16 == 0, "the next stage's codes start 16-byte aligned");
+
+template <class S>
+constexpr std::size_t kSharedBytes = static_cast<std::size_t>(kStages) * kStageBytes<S>;
+
+// The CTA's rows of one chunk (blocks 32 q .. 32 q + 31 of each row, those the row has) into a stage by cp.async,
+// codes and scales; rows past the matrix are not loaded (their outputs are walked, never stored: a row's mma
+// outputs depend on that row alone). A chunk's blocks are even (gemv_quant_mma_takes), so its scales go in words.
 template <class S>
 __device__ __forceinline__ void load_chunk(const QuantPlanes& p, int first, int tile_rows, int n_blocks, int q,
                                            unsigned char* stage) {
@@ -66,15 +71,12 @@ __device__ __forceinline__ void load_chunk(const QuantPlanes& p, int first, int 
     const int r = k / pieces, at = k % pieces * 16;
     copy_async<16>(stage + r * kStageStride<S> + at, codes + r * row_bytes + at);
   }
-}
-
-// The tile's scales, every block of its rows, block-major; rows past the matrix as zeros.
-__device__ __forceinline__ void load_scales(const QuantPlanes& p, int first, int tile_rows, int n_blocks,
-                                            __half* scales) {
-  const __half* d = static_cast<const __half*>(p.d) + static_cast<long>(first) * n_blocks;
-  for (int k = static_cast<int>(threadIdx.x); k < kTileRows * n_blocks; k += static_cast<int>(blockDim.x)) {
-    const int r = k / n_blocks, b = k % n_blocks;
-    scales[b * kTileRows + r] = r < tile_rows ? __ldg(d + k) : __float2half(0.0f);
+  const int words = blocks / 2;
+  const __half* d = static_cast<const __half*>(p.d) + static_cast<long>(first) * n_blocks + kChunkBlocks * q;
+  __half* scales = reinterpret_cast<__half*>(stage + kStageCodeBytes<S>);
+  for (int k = static_cast<int>(threadIdx.x); k < tile_rows * words; k += static_cast<int>(blockDim.x)) {
+    const int r = k / words, w = k % words;
+    copy_async<4>(scales + r * kScaleStride + 2 * w, d + static_cast<long>(r) * n_blocks + 2 * w);
   }
 }
 
@@ -82,21 +84,22 @@ __device__ __forceinline__ void load_scales(const QuantPlanes& p, int first, int
 template <int Tiles>
 using Outputs = float[Tiles][4];
 
-// What a thread multiplies besides the staged weights: the scales, the inputs of its B columns and of its outputs.
+// What a thread multiplies besides the staged weights and scales: the inputs of its B columns and of its outputs.
 template <class S, int Tiles>
 struct Operands {
-  const __half* scales;
   int bias_shift;
   GlobalQ8 column[Tiles];  // B's column g of each tile: input 8 tile + g (zeros past `inputs`)
   bool column_live[Tiles];
   GlobalQ8 x[Tiles][2];    // the inputs of the thread's outputs: 8 tile + 2 t and 8 tile + 2 t + 1
   int g, t;
 
-  // sums += block b's terms, its codes at `block` of the staged rows g and g + 8: the one-row GEMV's lane step.
-  __device__ __forceinline__ void add_block_terms(const unsigned char* block, int b, Outputs<Tiles>& sums) const {
+  // sums += block b's terms, its codes at `block` of the staged rows g and g + 8 and its scales at `scales` of the
+  // staged scale rows: the one-row GEMV's lane step.
+  __device__ __forceinline__ void add_block_terms(const unsigned char* block, const __half* scales, int b,
+                                                  Outputs<Tiles>& sums) const {
     unsigned a[4];
     weights(block, a);
-    const float row_scale[2] = {__half2float(scales[b * kTileRows + g]), __half2float(scales[b * kTileRows + g + 8])};
+    const float row_scale[2] = {__half2float(scales[g * kScaleStride]), __half2float(scales[(g + 8) * kScaleStride])};
 #pragma unroll
     for (int tile = 0; tile < Tiles; ++tile) {
       unsigned b0 = 0u, b1 = 0u;
@@ -204,18 +207,15 @@ gemv_quant_mma_kernel(QuantPlanes p, int rows, int cols, int code_bias, StridedQ
   const int tile_rows = min(kTileRows, rows - first), n_blocks = cols / kCodeBlock;
   const int n_chunks = (n_blocks + kChunkBlocks - 1) / kChunkBlocks;
   const int chunks = part < n_chunks ? (n_chunks - part + Split - 1) / Split : 0;  // this part's: q = part + Split c
-  constexpr int kStageBytes = kTileRows * kStageStride<S>;
-  __half* scales = reinterpret_cast<__half*>(staged + kStages * kStageBytes);
 #pragma unroll
   for (int c = 0; c < kStages - 1; ++c) {  // one commit a stage, loaded or not, so wait_copies counts stages
-    if (c < chunks) load_chunk<S>(p, first, tile_rows, n_blocks, part + Split * c, staged + c * kStageBytes);
+    if (c < chunks) load_chunk<S>(p, first, tile_rows, n_blocks, part + Split * c, staged + c * kStageBytes<S>);
     commit_copies();
   }
-  load_scales(p, first, tile_rows, n_blocks, scales);
 
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const auto input = [&](int i) { return acts[i < inputs ? i : 0]; };  // past `inputs`: never stored, or zeros
-  Operands<S, Tiles> operands{scales, (S::kBits == 8 ? 128 : 0) - code_bias, {}, {}, {}, lane >> 2, lane & 3};
+  Operands<S, Tiles> operands{(S::kBits == 8 ? 128 : 0) - code_bias, {}, {}, {}, lane >> 2, lane & 3};
 #pragma unroll
   for (int tile = 0; tile < Tiles; ++tile) {
     const int base = kTileInputs * tile;
@@ -240,15 +240,19 @@ gemv_quant_mma_kernel(QuantPlanes p, int rows, int cols, int code_bias, StridedQ
     __syncthreads();
     const int next = c + kStages - 1;
     if (next < chunks) {
-      load_chunk<S>(p, first, tile_rows, n_blocks, part + Split * next, staged + next % kStages * kStageBytes);
+      load_chunk<S>(p, first, tile_rows, n_blocks, part + Split * next, staged + next % kStages * kStageBytes<S>);
     }
     commit_copies();
     const int q = part + Split * c;
-    const unsigned char* stage = staged + c % kStages * kStageBytes;
+    const unsigned char* stage = staged + c % kStages * kStageBytes<S>;
+    const __half* stage_scales = reinterpret_cast<const __half*>(stage + kStageCodeBytes<S>);
 #pragma unroll
     for (int leaf = 0; leaf < kLeaves; ++leaf) {
       const int b = kChunkBlocks * q + lane_class[leaf];
-      if (b < n_blocks) operands.add_block_terms(stage + lane_class[leaf] * kBlockBytes<S>, b, leaves[leaf]);
+      if (b < n_blocks) {
+        operands.add_block_terms(stage + lane_class[leaf] * kBlockBytes<S>, stage_scales + lane_class[leaf], b,
+                                 leaves[leaf]);
+      }
     }
   }
   Outputs<Tiles> sums;
@@ -303,7 +307,7 @@ cudaError_t launch_shape(const QuantForm& form, const QuantPlanes& planes, int r
   static_assert(kMaxTiles == 2, "a kernel for one input tile and one for two");
   const int split = row_split(rows);
   auto* kernel = inputs <= kTileInputs ? mma_kernel<S, 1>(split) : mma_kernel<S, 2>(split);
-  const std::size_t shared = shared_bytes<S>(cols / kCodeBlock);
+  const std::size_t shared = kSharedBytes<S>;
   const cudaError_t set =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
   if (set != cudaSuccess) return set;
@@ -327,15 +331,20 @@ bool gemv_quant_mma_takes(const QuantForm& form, int cols) {
   KnownShapes::visit(form, [&](auto shape) {
     using S = decltype(shape);
     if constexpr (kTakes<S>) {
-      takes = cols > 0 && cols % kCodeBlock == 0 && shared_bytes<S>(cols / kCodeBlock) <= kMaxSharedBytes;
+      takes = cols > 0 && cols % (2 * kCodeBlock) == 0;
     }
   });
   return takes;
 }
 
+bool gemv_quant_mma_aligned(const QuantPlanes& planes) {
+  return reinterpret_cast<std::uintptr_t>(planes.d) % sizeof(unsigned) == 0;
+}
+
 cudaError_t gemv_quant_mma(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, int inputs,
                            const StridedQ8& acts, float* y, cudaStream_t stream) {
-  if (rows <= 0 || inputs < 1 || inputs > kMaxMmaInputs || !gemv_quant_mma_runs(form, rows, cols)) {
+  if (rows <= 0 || inputs < 1 || inputs > kMaxMmaInputs || !gemv_quant_mma_runs(form, rows, cols) ||
+      !gemv_quant_mma_aligned(planes)) {
     return cudaErrorInvalidValue;
   }
   cudaError_t status = cudaErrorInvalidValue;
