@@ -84,35 +84,57 @@ __device__ __forceinline__ void load_chunk(const QuantPlanes& p, int first, int 
 template <int Tiles>
 using Outputs = float[Tiles][4];
 
-// What a thread multiplies besides the staged weights and scales: the inputs of its B columns and of its outputs.
+// A leaf's block as the activations give it: B's fragment and, for the thread's two outputs of each tile, the
+// input's block scale and code sum.
+template <int Tiles>
+struct BlockInputs {
+  unsigned b0[Tiles], b1[Tiles];
+  float dx[Tiles][2];
+  int xsum[Tiles][2];
+};
+
+// What a thread multiplies besides the staged weights and scales: the activations of its B columns and of its
+// outputs, each input as the offset of its first block (inputs are `acts.stride` elements apart), so that a chunk's
+// leaves can hold their blocks' inputs at once (load_inputs) without a pointer triple an input.
 template <class S, int Tiles>
 struct Operands {
+  StridedQ8 acts;
   int bias_shift;
-  GlobalQ8 column[Tiles];  // B's column g of each tile: input 8 tile + g (zeros past `inputs`)
+  int column[Tiles];  // B's column g of each tile: input 8 tile + g (zeros past `inputs`), its first block
   bool column_live[Tiles];
-  GlobalQ8 x[Tiles][2];    // the inputs of the thread's outputs: 8 tile + 2 t and 8 tile + 2 t + 1
+  int x[Tiles][2];    // the inputs of the thread's outputs, 8 tile + 2 t and 8 tile + 2 t + 1: their first blocks
   int g, t;
 
-  // sums += block b's terms, its codes at `block` of the staged rows g and g + 8 and its scales at `scales` of the
-  // staged scale rows: the one-row GEMV's lane step.
-  __device__ __forceinline__ void add_block_terms(const unsigned char* block, const __half* scales, int b,
-                                                  Outputs<Tiles>& sums) const {
+  // Block b's inputs: the loads of a chunk's leaves issue together, each a dependent L2 round trip otherwise.
+  __device__ __forceinline__ void load_inputs(int b, BlockInputs<Tiles>& in) const {
+#pragma unroll
+    for (int tile = 0; tile < Tiles; ++tile) {
+      in.b0[tile] = 0u, in.b1[tile] = 0u;
+      if (column_live[tile]) column_words(column[tile] + b, in.b0[tile], in.b1[tile]);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        in.dx[tile][j] = __ldg(acts.dx + x[tile][j] + b);
+        in.xsum[tile][j] = __ldg(acts.sums + x[tile][j] + b);
+      }
+    }
+  }
+
+  // sums += a block's terms, its codes at `block` of the staged rows g and g + 8, its scales at `scales` of the
+  // staged scale rows and its inputs `in`: the one-row GEMV's lane step.
+  __device__ __forceinline__ void add_block_terms(const unsigned char* block, const __half* scales,
+                                                  const BlockInputs<Tiles>& in, Outputs<Tiles>& sums) const {
     unsigned a[4];
     weights(block, a);
     const float row_scale[2] = {__half2float(scales[g * kScaleStride]), __half2float(scales[(g + 8) * kScaleStride])};
 #pragma unroll
     for (int tile = 0; tile < Tiles; ++tile) {
-      unsigned b0 = 0u, b1 = 0u;
-      if (column_live[tile]) column_words(column[tile], b, b0, b1);
       int dots[4] = {0, 0, 0, 0};
-      mma_s8_k32(dots, a, b0, b1);
-      const float dx[2] = {x[tile][0].scale(b), x[tile][1].scale(b)};
-      const int xsum[2] = {x[tile][0].sum(b), x[tile][1].sum(b)};
+      mma_s8_k32(dots, a, in.b0[tile], in.b1[tile]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const float scale[1] = {row_scale[e / 2]}, no_offset[1] = {0.0f};
-        const int dot[1] = {dots[e]}, block_sum[1] = {xsum[e % 2]};
-        sums[tile][e] = quant_rows::add_block(sums[tile][e], dx[e % 2],
+        const int dot[1] = {dots[e]}, block_sum[1] = {in.xsum[tile][e % 2]};
+        sums[tile][e] = quant_rows::add_block(sums[tile][e], in.dx[tile][e % 2],
                                               quant_rows::block_term<S>(scale, no_offset, dot, block_sum, bias_shift));
       }
     }
@@ -137,15 +159,16 @@ struct Operands {
     }
   }
 
-  // B's fragment of block b: an input's codes at the k positions weights() gives A.
-  __device__ __forceinline__ void column_words(const GlobalQ8& input, int b, unsigned& b0, unsigned& b1) const {
-    const std::int8_t* block = input.xq + static_cast<long>(b) * kCodeBlock;
+  // B's fragment of the input block at `block` (counted from the activations' first): its codes at the k positions
+  // weights() gives A.
+  __device__ __forceinline__ void column_words(int block, unsigned& b0, unsigned& b1) const {
+    const std::int8_t* codes = acts.xq + static_cast<long>(block) * kCodeBlock;
     if constexpr (S::kBits == 8) {
-      const uint2 w = __ldg(reinterpret_cast<const uint2*>(block) + t);
+      const uint2 w = __ldg(reinterpret_cast<const uint2*>(codes) + t);
       b0 = w.x, b1 = w.y;
     } else {
-      b0 = __ldg(reinterpret_cast<const unsigned*>(block) + t);
-      b1 = __ldg(reinterpret_cast<const unsigned*>(block) + 4 + t);
+      b0 = __ldg(reinterpret_cast<const unsigned*>(codes) + t);
+      b1 = __ldg(reinterpret_cast<const unsigned*>(codes) + 4 + t);
     }
   }
 };
@@ -188,13 +211,21 @@ __device__ __forceinline__ float fold_warps(const float (&subtrees)[kWarps][kTil
   }
 }
 
+// CTAs an SM holds at once, the registers kept to what shared memory allows (4 x kSharedBytes), and the leaves
+// whose inputs are asked for together: all of a chunk's at one input tile (64 registers); at two, a leaf at a time
+// (80 registers, 3 CTAs: two leaves' inputs spilled at 80, four took 124 registers).
+template <int Tiles>
+constexpr int kMinCtas = Tiles == 1 ? 4 : 3;
+template <int Tiles>
+constexpr int kLeavesLoaded = Tiles == 1 ? kLeaves : 1;
+
 // y_i = W x_i for i < inputs over one 16-row tile, each output the one-row GEMV's bits (gemv_quant_mma.cuh). Split
 // is gemv_quant's warps a row for the matrix (row_split): a cluster of Split CTAs takes the tile, CTA `part` the
 // part's 32 lane classes, its chunks 32 blocks apart times Split, each chunk one block of every class. Each warp
 // carries kLeaves leaves (an aligned run of bit-reversed positions) across the chunks and folds them at the end;
 // the CTA folds the warps' subtrees, and the cluster's first CTA adds the parts in turn, as store_row does.
 template <class S, int Split, int Tiles>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, kMinCtas<Tiles>)
 gemv_quant_mma_kernel(QuantPlanes p, int rows, int cols, int code_bias, StridedQ8 acts, int inputs,
                       float* __restrict__ y) {
   prefetch_constant_rows(p.codes, static_cast<long>(cols / kCodeBlock) * S::kCodeWords * 4,
@@ -202,7 +233,6 @@ gemv_quant_mma_kernel(QuantPlanes p, int rows, int cols, int code_bias, StridedQ
   await_producers();
   release_consumers();
   extern __shared__ __align__(16) unsigned char staged[];
-  __shared__ float subtrees[kWarps][kTileRows][kMaxMmaInputs];
   const int part = static_cast<int>(blockIdx.x) % Split, first = static_cast<int>(blockIdx.x) / Split * kTileRows;
   const int tile_rows = min(kTileRows, rows - first), n_blocks = cols / kCodeBlock;
   const int n_chunks = (n_blocks + kChunkBlocks - 1) / kChunkBlocks;
@@ -214,8 +244,9 @@ gemv_quant_mma_kernel(QuantPlanes p, int rows, int cols, int code_bias, StridedQ
   }
 
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
-  const auto input = [&](int i) { return acts[i < inputs ? i : 0]; };  // past `inputs`: never stored, or zeros
-  Operands<S, Tiles> operands{(S::kBits == 8 ? 128 : 0) - code_bias, {}, {}, {}, lane >> 2, lane & 3};
+  // An input's first block; past `inputs` input 0's (never stored, or zeros).
+  const auto input = [&](int i) { return static_cast<int>((i < inputs ? i : 0) * (acts.stride / kCodeBlock)); };
+  Operands<S, Tiles> operands{acts, (S::kBits == 8 ? 128 : 0) - code_bias, {}, {}, {}, lane >> 2, lane & 3};
 #pragma unroll
   for (int tile = 0; tile < Tiles; ++tile) {
     const int base = kTileInputs * tile;
@@ -247,14 +278,30 @@ gemv_quant_mma_kernel(QuantPlanes p, int rows, int cols, int code_bias, StridedQ
     const unsigned char* stage = staged + c % kStages * kStageBytes<S>;
     const __half* stage_scales = reinterpret_cast<const __half*>(stage + kStageCodeBytes<S>);
 #pragma unroll
-    for (int leaf = 0; leaf < kLeaves; ++leaf) {
-      const int b = kChunkBlocks * q + lane_class[leaf];
-      if (b < n_blocks) {
-        operands.add_block_terms(stage + lane_class[leaf] * kBlockBytes<S>, stage_scales + lane_class[leaf], b,
-                                 leaves[leaf]);
+    for (int group = 0; group < kLeaves; group += kLeavesLoaded<Tiles>) {
+      BlockInputs<Tiles> in[kLeavesLoaded<Tiles>];  // the group's inputs asked for before its first mma
+#pragma unroll
+      for (int k = 0; k < kLeavesLoaded<Tiles>; ++k) {
+        operands.load_inputs(min(kChunkBlocks * q + lane_class[group + k], n_blocks - 1), in[k]);
+      }
+#pragma unroll
+      for (int k = 0; k < kLeavesLoaded<Tiles>; ++k) {
+        const int leaf = group + k;
+        if (kChunkBlocks * q + lane_class[leaf] < n_blocks) {
+          operands.add_block_terms(stage + lane_class[leaf] * kBlockBytes<S>, stage_scales + lane_class[leaf],
+                                   in[k], leaves[leaf]);
+        }
       }
     }
   }
+  // The stages done (no copy in flight, every warp past its last chunk), they hold the warps' subtrees and the
+  // part's sums: a CTA's shared memory is then its stages alone, 4 CTAs an SM.
+  using Subtrees = float[kWarps][kTileRows][kMaxMmaInputs];
+  using PartSums = float[kTileRows][kMaxMmaInputs];
+  static_assert(sizeof(Subtrees) + sizeof(PartSums) <= kSharedBytes<S>, "the stages hold the CTA's sums");
+  wait_copies<0>();
+  __syncthreads();
+  Subtrees& subtrees = *reinterpret_cast<Subtrees*>(staged);
   Outputs<Tiles> sums;
   fold_leaves<kLeaves, Tiles>(leaves, 0, sums);
   const int g = operands.g, t = operands.t;
@@ -275,7 +322,7 @@ gemv_quant_mma_kernel(QuantPlanes p, int rows, int cols, int code_bias, StridedQ
   if constexpr (Split == 1) {
     if (stored) y[static_cast<long>(i) * rows + first + r] = part_sum;
   } else {  // store_row's sum of the parts in turn, the parts in the cluster's CTAs
-    __shared__ float part_sums[kTileRows][kMaxMmaInputs];
+    PartSums& part_sums = *reinterpret_cast<PartSums*>(staged + sizeof(Subtrees));
     if (r < kTileRows) part_sums[r][i] = part_sum;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
     __trap();  // no clusters below sm_90: the launcher never runs a split there (gemv_quant_mma_runs)
