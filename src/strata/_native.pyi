@@ -19,7 +19,6 @@ SamplingTuple = (tuple[float, int, float, float, float]
 KV_PAGE_TOKENS: int
 MAX_SNAPSHOTS: int
 MAX_VERIFY_ROWS: int
-GEMV_ROWS: int
 MAX_STEP_ROWS: int
 MAX_LOGPROBS: int
 GEOMETRY_FIELDS: tuple[str, ...]

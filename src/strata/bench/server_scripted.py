@@ -15,14 +15,14 @@ from strata.errors import InvalidArgument
 from strata.sampling import SamplingParams
 
 # The GPU box's step of several rows with every expert in VRAM (docs/performance.md, "Batched sessions",
-# 2026-12-06): a plain step 2.26-2.5 ms, a step of B rows about 1.9 + 0.88 B ms (8 rows 8.97 ms); prompt pieces at
-# ~10,000 tokens a second.
+# 2026-12-06, ninth session, H100): a plain step 2.5-2.8 ms, a step of B rows about 2.04 + 0.47 B ms (8 rows 5.78
+# ms, 16 rows 9.52); prompt pieces at ~10,000 tokens a second.
 LONE_SECONDS = 2.5e-3
-BATCH_SECONDS = 1.9e-3
-ROW_SECONDS = 0.88e-3
+BATCH_SECONDS = 2.04e-3
+ROW_SECONDS = 0.47e-3
 PROMPT_TOKEN_SECONDS = 0.1e-3
 PROMPT_CHUNK = 512   # the GPU engine's prompt chunk, as the Batcher splits a prompt
-MAX_BATCH = 8        # GpuEngine.max_batch (_native.GEMV_ROWS)
+MAX_BATCH = 16       # GpuEngine.max_batch (_native.MAX_STEP_ROWS)
 
 
 @dataclass(frozen=True)

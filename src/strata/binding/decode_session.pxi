@@ -6,12 +6,11 @@ from libcpp.vector cimport vector
 
 from strata.libstrata.decode_session cimport (
     DecodeOptions, DecodeStats, SamplingValues, StepPart, TokenLogprobs, cpp_decode_scratch_bytes,
-    cpp_prompt_prefetch_rows, cpp_prompt_scratch_bytes, cpp_sampler_workspace_bytes, kGemvRows, kMaxStepRows,
+    cpp_prompt_prefetch_rows, cpp_prompt_scratch_bytes, cpp_sampler_workspace_bytes, kMaxStepRows,
     kMaxVerifyRows,
 )
 
 MAX_VERIFY_ROWS = kMaxVerifyRows  # the most tokens one verification step takes
-GEMV_ROWS = kGemvRows  # the most rows a chunk or batch multiplies on the GEMVs: a batch's best size at most
 MAX_STEP_ROWS = kMaxStepRows  # the most rows a step of several rows takes: a batch's sessions, a verify's rows
 
 _DECODE_MODES = {Mode.UNCAPTURED: DecodeMode.kUncaptured, Mode.LAYER_GRAPHS: DecodeMode.kLayerGraphs,

@@ -34,7 +34,6 @@ cdef extern from "strata/decode_session.hpp" nogil:
         int verify_rows
 
     const int kMaxVerifyRows "strata::kMaxVerifyRows"
-    const int kGemvRows "strata::kGemvRows"
     const int kMaxStepRows "strata::kMaxStepRows"
 
     cdef cppclass TokenLogprobs "strata::TokenLogprobs":

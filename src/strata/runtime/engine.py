@@ -231,11 +231,11 @@ class GpuEngine:
 
     @property
     def max_batch(self) -> int:
-        """The most engines one step_batch should take when this engine leads it: its prompt chunk's rows, at most
-        the GEMV rows (a larger batch costs more than two of that size: docs/performance.md)."""
+        """The most engines one step_batch takes when this engine leads it: its prompt chunk's rows, at most a step's
+        (MAX_STEP_ROWS: a step of 16 rows costs less a row than one of 8, docs/performance.md)."""
         from strata import _native
 
-        return min(self.native.prompt_chunk, _native.GEMV_ROWS)
+        return min(self.native.prompt_chunk, _native.MAX_STEP_ROWS)
 
     @staticmethod
     def step_batch(engines: Sequence[GpuEngine], ids: Sequence[int], params: Sequence[SamplingParams],
