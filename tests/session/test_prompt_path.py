@@ -159,17 +159,23 @@ def test_cached_experts_are_used_in_place(loaded, rng):
                                host_weights=model.pool.host_weights())
     for layer in range(g.n_layer):
         half.hold(layer, list(range(0, g.n_expert, 2)))
-    # Without the pool's share, every expert runs on the GPU from the same bytes: the same products.
+    # Without the pool's share, every expert runs on the GPU from the same bytes: the same products where the host
+    # groups them (the staging's, the cache's, or both).
     reference_logits = feed_prompt(session(model, 8, staging(model), cpu=False), model, prompt)[1]
-    all_cached = session(model, 8, cache=whole, cpu=False)  # no staging needed: every expert is in VRAM
-    _, l_all, _ = feed_prompt(all_cached, model, prompt)
-    assert all_cached.stats()["prompt_staged_experts"] == 0
     mixed = session(model, 8, staging(model), cache=half, cpu=False)
     _, l_mixed, _ = feed_prompt(mixed, model, prompt)
     st = mixed.stats()
     assert st["prompt_cached_experts"] > 0 and st["prompt_staged_experts"] > 0
-    for got in (l_all, l_mixed):  # the same bytes on the GPU either way: the same products
-        assert relative_errors([got], [reference_logits])[0] < 1e-5, name
+    assert relative_errors([l_mixed], [reference_logits])[0] < 1e-5, name
+    # With every expert cached, a chunk of at most 64 rows runs its (row, expert) pairs as the decode GEMVs, in
+    # place, routed on the device: nothing staged or grouped; the other order of the same sums, within the bound
+    # of the prompt path against stepping.
+    all_cached = session(model, 8, cache=whole, cpu=False)  # no staging needed: every expert is in VRAM
+    _, l_all, _ = feed_prompt(all_cached, model, prompt)
+    st = all_cached.stats()
+    assert st["prompt_staged_experts"] == st["prompt_cached_experts"] == st["prompt_pooled_experts"] == 0
+    error = relative_errors([l_all], [reference_logits])[0]
+    assert error < 4 * bounds(name, "bf16"), (name, error)
 
 
 def test_the_pool_takes_a_share_of_a_small_chunks_experts(loaded, rng):

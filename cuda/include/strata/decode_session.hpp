@@ -42,10 +42,12 @@ struct DecodeOptions {
 };
 
 constexpr int kMaxVerifyRows = 8;  // a pending token and up to 7 drafts
-// The most rows a prompt chunk, a verification step or a batched step multiplies its dense products with the
-// decode GEMVs; more take the tensor-core products, which cost more than two batches of this many (measured:
-// docs/performance.md, "Batched sessions"), so a batch is best at most this many sessions.
-constexpr int kGemvRows = 8;
+// The most rows a prompt chunk multiplies its dense products with the multi-input GEMVs, as a step of several
+// rows does (each launch as many rows as kernels::gemv_quant_max_inputs takes: 16 on the tensor cores, 8 otherwise,
+// each reading the weight once); a longer chunk takes the prompt's matmuls. Measured (docs/performance.md, "Prompt
+// processing", H100): a prompt of 16 rows 19 ms, of 32 rows 45 ms, where the matmuls took ~1.1 ms a layer for the
+// dense products of 32 rows that two 16-row GEMVs take in ~0.26 ms; at 64 rows four GEMVs are still about half.
+constexpr int kGemvChunkRows = 64;
 // The most rows a step of several rows takes (docs/rows.md): a batched step's sessions, a verification's rows. Each
 // row's attention keeps its own split partials.
 constexpr int kMaxStepRows = 16;
@@ -94,7 +96,8 @@ struct DecodeStats {
   std::vector<long> expert_copies;               // per layer: experts the cache's replacement copied in
   long expert_copy_bytes = 0;
   // The prompt path (feed): tokens, chunks and wall time, routed (layer, expert) computations from the staging
-  // and from the VRAM cache, and the bytes the staging copied.
+  // and from the VRAM cache as the host grouped them (a chunk of at most kGemvChunkRows rows whose experts the cache
+  // holds whole runs them on the device, uncounted), and the bytes the staging copied.
   long prompt_tokens = 0, prompt_chunks = 0;
   double prompt_seconds = 0.0;
   long prompt_staged_experts = 0, prompt_cached_experts = 0, prompt_pooled_experts = 0;

@@ -120,7 +120,7 @@ void carve(Carver& c, const ModelGeometry& g, int chunk, int context, KvStorage 
   s.ple_value_ = c.take<float>(T * n);
   s.ple_out_ = c.take<float>(T * width);
   s.logits_ = c.take<float>(static_cast<std::size_t>(std::min(chunk, kLogitRows)) * g.n_vocab);
-  s.gemv_slots_ = c.take<int>(kGemvRows);
+  s.gemv_slots_ = c.take<int>(kernels::kMaxGemvInputs);
   s.pair_row_ = c.take<int>(pairs);
   s.pair_slots_ = c.take<int>(pairs);
   const bool streams = kv_streaming && g.attention_layers() > 0;
@@ -206,7 +206,8 @@ PromptProgram::PromptProgram(const ModelGeometry& g, const ProgramInputs& in, in
   ones_ = real.take<float>(std::max(g.hc_count, 1));
   const std::vector<float> ones(std::max(g.hc_count, 1), 1.0f);
   STRATA_CUDA_TRY(cudaMemcpy(ones_, ones.data(), sizeof(float) * ones.size(), cudaMemcpyHostToDevice));
-  STRATA_CUDA_TRY(cudaMemset(gemv_slots_, 0, sizeof(int) * kGemvRows));  // every row's product reads matrix 0
+  // every row's product reads matrix 0
+  STRATA_CUDA_TRY(cudaMemset(gemv_slots_, 0, sizeof(int) * kernels::kMaxGemvInputs));
   std::vector<int> pair_row(static_cast<std::size_t>(chunk) * g.n_expert_used);
   for (std::size_t i = 0; i < pair_row.size(); ++i) pair_row[i] = static_cast<int>(i) / g.n_expert_used;
   STRATA_CUDA_TRY(cudaMemcpy(pair_row_, pair_row.data(), sizeof(int) * pair_row.size(), cudaMemcpyHostToDevice));
@@ -237,14 +238,12 @@ PromptProgram::PromptProgram(const ModelGeometry& g, const ProgramInputs& in, in
 }
 
 // y_i = W x_i for every row and product: one q8_32 form of the rows shared by the quantized weights (the same
-// products' columns, as decode's project() shares one), then one product per weight: for more than kMaxStepRows
-// rows (decode_session.hpp) a tensor-core product that reads each weight tile once per tile of rows; for a step's
-// rows (a verification's, a batch's) multi-input GEMVs of kGemvRows rows at most (all of them where the tensor
-// cores multiply the weight: rows_per_launch), each weight block read and decoded once for all of them, since a
-// tensor-core tile of 64 rows would stream each weight tile through a few CTAs for a handful of rows, while the
-// GEMVs spread the matrix over every SM.
-static_assert(kGemvRows <= kernels::kMaxGemvInputs, "a step's GEMV takes its rows in one multi-input launch");
-
+// products' columns, as decode's project() shares one), then one product per weight: for more than kGemvChunkRows
+// rows (decode_session.hpp) a tensor-core product that reads each weight tile once per tile of rows; for fewer (a
+// short prompt's chunk, a verification's rows, a batch's) multi-input GEMVs of as many rows as the weight's kernel
+// takes at once (rows_per_launch: 16 on the tensor cores, 8 otherwise, a float weight a batch of 8 products), each
+// weight block read and decoded once for all of them, since a tensor-core tile of 64 rows would stream each weight
+// tile through a few CTAs for a handful of rows, while the GEMVs spread the matrix over every SM.
 void PromptProgram::project_rows(const float* x, int rows, const Products& products, cudaStream_t s) const {
   const long cols = products.begin()->w->cols;
   bool quantized = false;
@@ -254,12 +253,12 @@ void PromptProgram::project_rows(const float* x, int rows, const Products& produ
   }
   if (quantized) quantize(x, rows * cols, q8_, s);
   for (const Product& p : products) {
-    if (rows > kMaxStepRows) {
+    if (rows > kGemvChunkRows) {
       multiply_rows(*p.w, {rows, static_cast<int>(cols), static_cast<int>(p.w->rows)}, nullptr, x, q8_, p.y, s);
       continue;
     }
-    const int per_launch = rows_per_launch(*p.w) >= rows ? rows : kGemvRows;
-    for (int first = 0; first < rows; first += per_launch) {  // a step's rows: one launch, or kGemvRows at a time
+    const int per_launch = std::min(rows, rows_per_launch(*p.w));
+    for (int first = 0; first < rows; first += per_launch) {
       const long x_at = first * cols;
       project_inputs(*p.w, std::min(per_launch, rows - first), gemv_slots_, x + x_at, kernels::q8_offset(q8_, x_at),
                      p.y + first * p.w->rows, s);
@@ -465,8 +464,9 @@ void PromptProgram::attention_chunk_rows(int layer, int rows, int position, cuda
   if (streamed) stream_out(v, layer, kv, position, rows, s);
 }
 
-// Layer `layer`'s routed experts over the rows: a step's from the cache on the device where it holds them all
-// (cached_pair_rows), or through the doorbell (exchanged_rows); else grouped by the host (experts/chunk_experts.hpp).
+// Layer `layer`'s routed experts over the rows: a step's or a short chunk's from the cache on the device where it
+// holds them all (cached_pair_rows), or a step's through the doorbell (exchanged_rows); else grouped by the host
+// (experts/chunk_experts.hpp).
 void PromptProgram::routed_experts(int layer, int rows, cudaStream_t s) {
   if (device_experts_) {
     cached_pair_rows(layer, rows, s);
@@ -549,14 +549,24 @@ void PromptProgram::run(const int* tokens, int n, int position, const float* ple
                      std::to_string(n));
   row_states_ = row_states;
   const int width = std::max(g_.hc_count, 1) * g_.n_embd;
-  const bool ahead = experts_.begin_chunk(n);
+  // A short chunk whose routed experts the cache holds whole runs them as a step of rows does: each (row, expert)
+  // pair a GEMV from its slot, the routing staying on the device, where the host's grouping takes a round trip a
+  // layer and a tensor-core tile of 64 rows for each expert's one or two rows.
+  device_experts_ = n <= kGemvChunkRows && step_on_device();
+  const bool ahead = !device_experts_ && experts_.begin_chunk(n);
   std::vector<int> positions(n);
   for (int i = 0; i < n; ++i) positions[i] = position + i;
-  stage_tokens(tokens, positions.data(), n, ple_rows);
-  begin_rows(n, ple_rows != nullptr, s);
-  // The penalty's history of every token fed, as decode's begin() records each.
-  STRATA_CUDA_TRY(cudaMemcpyAsync(history_ + position, tokens_, sizeof(int) * n, cudaMemcpyDeviceToDevice, s));
-  run_layers(n, position, ahead, s);
+  try {
+    stage_tokens(tokens, positions.data(), n, ple_rows);
+    begin_rows(n, ple_rows != nullptr, s);
+    // The penalty's history of every token fed, as decode's begin() records each.
+    STRATA_CUDA_TRY(cudaMemcpyAsync(history_ + position, tokens_, sizeof(int) * n, cudaMemcpyDeviceToDevice, s));
+    run_layers(n, position, ahead, s);
+  } catch (...) {
+    device_experts_ = false;
+    throw;
+  }
+  device_experts_ = false;
   if (logits) all_logits(n, logits, s);
   // The last token's streams are where decode's end() and the next token's layers read the sequence's.
   STRATA_CUDA_TRY(cudaMemcpyAsync(seq_.streams, streams_ + static_cast<long>(n - 1) * width, sizeof(float) * width,

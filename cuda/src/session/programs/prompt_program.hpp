@@ -214,7 +214,8 @@ class PromptProgram : private PromptScratch {
   bool row_states_ = false;      // the chunk running keeps each token's recurrent state
   const ExpertCache* cache_;
   bool rows_step_ = false;       // a step of several rows is running: its mixers read its spans
-  bool device_experts_ = false;  // ... with every expert in the cache: its pairs run on the device
+  // The step or short chunk running has every expert in the cache: its pairs run on the device.
+  bool device_experts_ = false;
   bool exchanged_experts_ = false;  // ... else through the exchange's doorbell (step_exchanges)
   RowsExchange exchange_;
   int step_rows_ = 0, step_spans_ = 0;  // the staged step's
