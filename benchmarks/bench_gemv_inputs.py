@@ -9,7 +9,8 @@ Times as bench_gemv.py's (CUDA events, median of --reps, the L2 cold). The shape
 (Q8_0) and of a K-quant (Q4_K). "integer us" is the multi-input GEMV's integer walk (16 rows: two launches of
 8), "tensor us" the tensor cores' (Q8_0, Q5_0, Q4_0), "inputs us" the kernel the launcher picks (the tensor cores
 from kMmaMinInputs rows, up to 16 in one launch; kernels/gemv.cuh), "x one row" its time over the one-row GEMV's:
-a step of R rows pays it for its dense part, where R separate decode steps pay R.
+a step of R rows pays it for its dense part, where R separate decode steps pay R. The router's float weight last:
+a batch of R products of it against gemv_float_inputs (each row of the weight read once for every input).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from gguf import GGMLQuantizationType as T
 
 from strata import _native_check
 
-from bench_gemv import PEAK_BYTES_PER_S, bench_arguments, random_weight  # the cold-L2 timing's weights
+from bench_gemv import PEAK_BYTES_PER_S, ROUTER, bench_arguments, random_weight  # the cold-L2 timing's weights
 
 SHAPES = [("attn_qkvz", 2560, 16384), ("ssm_out", 6144, 2560), ("attn_q", 2560, 12288),
           ("ffn_up_shexp", 2560, 640), ("ffn_down_shexp", 640, 2560), ("output (LM head)", 2560, 248320)]
@@ -59,6 +60,14 @@ def main() -> None:
                 print(f"{name:18} {ggml_type.name:6} {rows:4d} {r['batch_us']:9.2f} {r['integer_us']:10.2f} "
                       f"{r['tensor_us']:9.2f} {r['inputs_us']:9.2f} {r['of_one_row']:9.2f} {gbps:7.0f} "
                       f"{100 * gbps * 1e9 / PEAK_BYTES_PER_S:9.1f}")
+    name, n_in, n_out = ROUTER
+    router = random_weight(T.F32, n_out, n_in, rng)
+    batch, inputs = _native_check.time_gemv_inputs(router, 16, reps)
+    for rows in counts:
+        print(f"{name:18} {'F32':6} {rows:4d} {batch[rows - 1] * 1e6:9.2f} {'':>10} {'':>9} "
+              f"{inputs[rows - 1] * 1e6:9.2f} {inputs[rows - 1] / batch[0]:9.2f}")
+    print("RESULT router " + ", ".join(f"{rows} rows: batch {batch[rows - 1] * 1e6:.1f} us, inputs "
+                                      f"{inputs[rows - 1] * 1e6:.1f} us" for rows in counts[1:]))
     for rows in counts[1:]:
         chosen = [r for r in results if r["rows"] == rows]  # at 16, the forms of the tensor cores only
         batch, inputs = sum(r["batch_us"] for r in chosen), sum(r["inputs_us"] for r in chosen)

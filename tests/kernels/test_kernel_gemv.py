@@ -254,18 +254,21 @@ def test_gemv_batch_refuses_a_stack_of_unequal_matrices(rng):
         _native_check.gemv_batch(q, 5, [0, 1], np.zeros((3, 256), np.float32))
 
 
-# The multi-input GEMV (gemv_inputs: one matrix, up to 8 activations, each weight block decoded once for all):
+# The multi-input GEMV (gemv_inputs: one matrix, up to 16 activations, each weight block decoded once for all):
 # each input's row must be the single GEMV of that input bit for bit (the same walk per input), and so within
-# the single GEMV's bounds of the numpy reference.
+# the single GEMV's bounds of the numpy reference. A float weight (gemv_float_inputs) likewise.
 def check_inputs(q, inputs: int, x_stride: int, rng: np.random.Generator, kernel: str = "chosen") -> None:
+    quantized = not isinstance(q, np.ndarray)
+    rows, cols = (q.rows, q.cols) if quantized else q.shape
     x = rng.standard_normal((inputs, x_stride)).astype(np.float32)
     y = _native_check.gemv_inputs(q, x, kernel=kernel)
-    assert y.shape == (inputs, q.rows) and y.dtype == np.float32
+    assert y.shape == (inputs, rows) and y.dtype == np.float32
     for i in range(inputs):
-        xi = np.ascontiguousarray(x[i, :q.cols])
-        note = f"input {i} of {inputs} ({q.rows}x{q.cols}, x_stride {x_stride}, kernel {kernel})"
-        err = error_of_terms(y[i], matvec(q, xi), q, xi)
-        assert err < QUANT_RTOL, f"{note}: max error {err:.2e} of max sum |w x|"
+        xi = np.ascontiguousarray(x[i, :cols])
+        note = f"input {i} of {inputs} ({rows}x{cols}, x_stride {x_stride}, kernel {kernel})"
+        want = matvec(q, xi) if quantized else dequantize(q).astype(np.float64) @ xi.astype(np.float64)
+        err = error_of_terms(y[i], want, q, xi)
+        assert err < (QUANT_RTOL if quantized else FLOAT_RTOL), f"{note}: max error {err:.2e} of max sum |w x|"
         single = _native_check.gemv(q, xi)
         differ = np.count_nonzero(y[i].view(np.uint32) != single.view(np.uint32))
         assert differ == 0, f"{note}: {differ} rows differ from the single GEMV's bits"
@@ -286,6 +289,16 @@ def test_quant_gemv_inputs_step_shapes(rng, ggml_type, rows, cols, inputs):
     """A step's dense shapes (every row split of gemv_rows.cuh: 1, 2 and 4 warps a row) at row counts a step has."""
     if cols % FORMS[ggml_type].super_size:
         pytest.skip(f"{ggml_type.name} needs columns in {FORMS[ggml_type].super_size}s")
+    check_inputs(random_weight(ggml_type, rows, cols, rng), inputs, cols, rng)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ggml_type", FLOAT_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize(("rows", "cols", "inputs"), [(512, 2560, 8), (512, 2560, 16), (3000, 64, 3), (1500, 512, 5),
+                                                      (37, 40, 2), (37, 33, 9), (5, 512, 12)])
+def test_float_gemv_inputs(rng, ggml_type, rows, cols, inputs):
+    """A step's float products (the router's 512 x 2560 at 8 and 16 rows) at every row split of gemv_rows.cuh (1, 2
+    and 4 warps a row), on the 16-byte loop and the scalar one (33 columns), each input the single GEMV's bits."""
     check_inputs(random_weight(ggml_type, rows, cols, rng), inputs, cols, rng)
 
 
@@ -340,8 +353,13 @@ def test_gemv_inputs_refusals_without_a_device(rng):
         _native_check.gemv_inputs(random_weight(T.Q4_K, 8, 256, rng), np.zeros((9, 256), np.float32))
     with pytest.raises(strata.InvalidArgument, match=r"at least cols \(256\) and a multiple of 32, got 296"):
         _native_check.gemv_inputs(q, np.zeros((2, 296), np.float32))
-    with pytest.raises(strata.InvalidArgument, match="takes quantized weights; this one is float"):
-        _native_check.gemv_inputs(random_weight(T.F16, 8, 256, rng), np.zeros((2, 256), np.float32))
+    float_weight = random_weight(T.F16, 8, 40, rng)
+    with pytest.raises(strata.InvalidArgument, match="gemv_float_inputs needs 1 <= inputs <= 16, got 17"):
+        _native_check.gemv_inputs(float_weight, np.zeros((17, 40), np.float32))
+    with pytest.raises(strata.InvalidArgument, match=r"gemv_float_inputs needs x_stride at least cols \(40\), got 20"):
+        _native_check.gemv_inputs(float_weight, np.zeros((2, 20), np.float32))
+    with pytest.raises(strata.InvalidArgument, match="a float weight has one kernel; 'integer'"):
+        _native_check.gemv_inputs(float_weight, np.zeros((2, 40), np.float32), kernel="integer")
     with pytest.raises(strata.InvalidArgument, match="kernel 'fast' is none of chosen, integer, tensor_cores"):
         _native_check.gemv_inputs(q, np.zeros((2, 256), np.float32), kernel="fast")
     with pytest.raises(strata.InvalidArgument, match="tensor-core kernel takes Q8_0, Q5_0 and Q4_0 .* not this form "

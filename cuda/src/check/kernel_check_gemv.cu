@@ -182,6 +182,28 @@ void gemv_quant_inputs(int device, const QuantForm& form, const QuantPlanes& hos
   d_y.copy_out(y, "gemv_quant_inputs");
 }
 
+void gemv_float_inputs(int device, FloatKind kind, const void* w, int rows, int cols, int inputs, int x_stride,
+                       const float* x, float* y) {
+  STRATA_EXPECTS(rows > 0 && cols > 0, InvalidArgument,
+                 "gemv_float_inputs needs rows > 0 and cols > 0, got " + std::to_string(rows) + " x " +
+                     std::to_string(cols));
+  STRATA_EXPECTS(inputs >= 1 && inputs <= kernels::kMaxFloatInputs, InvalidArgument,
+                 "gemv_float_inputs needs 1 <= inputs <= " + std::to_string(kernels::kMaxFloatInputs) + ", got " +
+                     std::to_string(inputs));
+  STRATA_EXPECTS(x_stride >= cols, InvalidArgument,
+                 "gemv_float_inputs needs x_stride at least cols (" + std::to_string(cols) + "), got " +
+                     std::to_string(x_stride));
+  check_device(device);
+  DeviceScope scope(device);
+  DeviceBuffer d_w = upload(w, static_cast<std::size_t>(rows) * cols * float_kind_bytes(kind));
+  DeviceBuffer d_x = upload(x, static_cast<std::size_t>(inputs) * x_stride * sizeof(float));
+  GuardedOutput d_y(batch_y_bytes(inputs, rows));
+  STRATA_CUDA_TRY(kernels::gemv_float_inputs(kind, d_w.as<void>(), rows, cols, inputs, x_stride, d_x.as<float>(),
+                                             d_y.data<float>(), nullptr));
+  STRATA_CUDA_TRY(cudaDeviceSynchronize());
+  d_y.copy_out(y, "gemv_float_inputs");
+}
+
 void gemv_float_batch(int device, FloatKind kind, const void* w_stack, int n_matrix, int rows, int cols,
                       const std::int32_t* slots, int count, int x_stride, const float* x, float* y) {
   STRATA_EXPECTS(rows > 0 && cols > 0, InvalidArgument,
@@ -285,26 +307,76 @@ double time_gemv_quant_batch(int device, const QuantForm& form, const QuantPlane
   });
 }
 
-double time_gemv_float(int device, FloatKind kind, const void* w, int rows, int cols, int reps) {
+namespace {
+
+// Enough device copies of a float weight to overflow the L2 cache, `stride` bytes apart.
+struct FloatCopies {
+  FloatCopies(FloatKind kind, const void* host, int rows, int cols)
+      : bytes(static_cast<std::size_t>(rows) * cols * float_kind_bytes(kind)),
+        copies(cold_copies(bytes)),
+        stride(aligned(bytes)),
+        w(stride * copies) {
+    for (int c = 0; c < copies; ++c) {
+      STRATA_CUDA_TRY(cudaMemcpy(w.as<unsigned char>() + stride * c, host, bytes, cudaMemcpyHostToDevice));
+    }
+  }
+  const void* at(int copy) const { return w.as<unsigned char>() + stride * copy; }
+  std::size_t bytes;
+  int copies;
+  std::size_t stride;
+  DeviceBuffer w;
+};
+
+DeviceBuffer zero_floats(std::size_t count) {
+  DeviceBuffer d(count * sizeof(float));
+  STRATA_CUDA_TRY(cudaMemset(d.as<void>(), 0, d.bytes()));
+  return d;
+}
+
+void check_float_shape(const char* hook, int rows, int cols) {
   STRATA_EXPECTS(rows > 0 && cols > 0, InvalidArgument,
-                 "time_gemv_float needs rows > 0 and cols > 0, got " + std::to_string(rows) + " x " +
+                 std::string(hook) + " needs rows > 0 and cols > 0, got " + std::to_string(rows) + " x " +
                      std::to_string(cols));
+}
+
+}  // namespace
+
+double time_gemv_float(int device, FloatKind kind, const void* w, int rows, int cols, int reps) {
+  check_float_shape("time_gemv_float", rows, cols);
   check_device(device);
   DeviceScope scope(device);
-  const std::size_t bytes = static_cast<std::size_t>(rows) * cols * float_kind_bytes(kind);
-  const int copies = cold_copies(bytes);
-  const std::size_t stride = aligned(bytes);
-  DeviceBuffer d_w(stride * copies);
-  for (int c = 0; c < copies; ++c) {
-    STRATA_CUDA_TRY(cudaMemcpy(d_w.as<unsigned char>() + stride * c, w, bytes, cudaMemcpyHostToDevice));
-  }
-  DeviceBuffer d_x(static_cast<std::size_t>(cols) * sizeof(float));
-  STRATA_CUDA_TRY(cudaMemset(d_x.as<void>(), 0, d_x.bytes()));
+  const FloatCopies weights(kind, w, rows, cols);
+  const DeviceBuffer d_x = zero_floats(cols);
   DeviceBuffer d_y(static_cast<std::size_t>(rows) * sizeof(float));
-  return median_launch_seconds(copies, reps, [&](int copy) {
-    return kernels::gemv_float(kind, d_w.as<unsigned char>() + stride * copy, rows, cols, d_x.as<float>(),
-                               d_y.as<float>(), nullptr);
+  return median_launch_seconds(weights.copies, reps, [&](int copy) {
+    return kernels::gemv_float(kind, weights.at(copy), rows, cols, d_x.as<float>(), d_y.as<float>(), nullptr);
   });
+}
+
+void time_gemv_float_inputs(int device, FloatKind kind, const void* w, int rows, int cols, int max_inputs, int reps,
+                            double* batch_seconds, double* inputs_seconds) {
+  check_float_shape("time_gemv_float_inputs", rows, cols);
+  STRATA_EXPECTS(max_inputs >= 1 && max_inputs <= kernels::kMaxFloatInputs, InvalidArgument,
+                 "time_gemv_float_inputs needs 1 <= max_inputs <= " + std::to_string(kernels::kMaxFloatInputs) +
+                     ", got " + std::to_string(max_inputs));
+  check_device(device);
+  DeviceScope scope(device);
+  const FloatCopies weights(kind, w, rows, cols);
+  const DeviceBuffer d_x = zero_floats(static_cast<std::size_t>(max_inputs) * cols);
+  DeviceBuffer d_y(batch_y_bytes(max_inputs, rows));
+  DeviceBuffer slots(static_cast<std::size_t>(max_inputs) * sizeof(int));
+  STRATA_CUDA_TRY(cudaMemset(slots.as<void>(), 0, slots.bytes()));  // every product reads matrix 0
+  for (int inputs = 1; inputs <= max_inputs; ++inputs) {
+    const kernels::MatrixBatch batch{inputs > 1 ? slots.as<int>() : nullptr, inputs, inputs > 1 ? cols : 0};
+    batch_seconds[inputs - 1] = median_launch_seconds(weights.copies, reps, [&](int copy) {
+      return kernels::gemv_float_batch(kind, weights.at(copy), rows, cols, batch, d_x.as<float>(), d_y.as<float>(),
+                                       nullptr);
+    });
+    inputs_seconds[inputs - 1] = median_launch_seconds(weights.copies, reps, [&](int copy) {
+      return kernels::gemv_float_inputs(kind, weights.at(copy), rows, cols, inputs, cols, d_x.as<float>(),
+                                        d_y.as<float>(), nullptr);
+    });
+  }
 }
 
 }  // namespace strata::kernel_check

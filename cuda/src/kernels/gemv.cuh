@@ -41,6 +41,14 @@ cudaError_t gemv_quant_operands(const QuantForm& form, const QuantPlanes& planes
 cudaError_t gemv_float(FloatKind kind, const void* w, int rows, int cols, const float* x, float* y,
                        cudaStream_t stream);
 
+// A float W times several activations, y_i = W x_i for i < inputs (1..kMaxFloatInputs), x_i = x + i * x_stride
+// (x_stride >= cols), y_i = y + i * rows: each row of W loaded once for every input (a step's router, where a batch
+// of products of W re-read it from L2 for each row), each y_i the bits of gemv_float's of x_i. Refused with
+// cudaErrorInvalidValue: inputs outside 1..kMaxFloatInputs, x_stride < cols, what gemv_float refuses.
+constexpr int kMaxFloatInputs = 16;
+cudaError_t gemv_float_inputs(FloatKind kind, const void* w, int rows, int cols, int inputs, int x_stride,
+                              const float* x, float* y, cudaStream_t stream);
+
 // `count` products in one launch, y_j = M[slots[j]] x_j for j < count, over a stack of matrices M of rows x cols
 // each, stored matrix-major in every plane (matrix m's row r is the stack's row m * rows + r): a layer's routed
 // experts, or the slots of its VRAM cache. slots lives in device memory, so a captured graph reads each

@@ -40,7 +40,60 @@ gemv_float_kernel(const T* __restrict__ w, int rows, int cols, const int* __rest
   store_row(acc, row, rows, warp, lane, split, y);
 }
 
+// y_i = W x_i for i < inputs (1..N): one warp (or `split` warps) a row as gemv_float_kernel, every input's dot
+// from the same loads of the row, each the bits of gemv_float's (float_row_partials, then the same reduction).
+template <class T, int Vec, int N>
+__global__ void __launch_bounds__(kRowsPerCta * 32)
+gemv_float_inputs_kernel(const T* __restrict__ w, int rows, int cols, int x_stride, int inputs,
+                         const float* __restrict__ x, float* __restrict__ y, int split) {
+  prefetch_constant_rows(w, static_cast<long>(cols) * sizeof(T), static_cast<long>(blockIdx.x) * (kRowsPerCta / split),
+                         kRowsPerCta / split, rows);
+  await_producers();
+  release_consumers();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row = static_cast<int>(blockIdx.x) * (kRowsPerCta / split) + warp / split;
+  float acc[1][N];
+  if (row < rows) {
+    float_row_partials<T, Vec, N>(w + static_cast<long>(row) * cols, cols, x, x_stride, inputs,
+                                  warp % split * 32 + lane, 32 * split, acc[0]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) acc[0][j] = 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < N; ++j) acc[0][j] = warp_sum(acc[0][j]);
+  store_rows<1, N>(acc, inputs, row, rows, warp, lane, split, y);
+}
+
+template <class T, int Vec>
+auto* inputs_kernel(int inputs) {
+  static_assert(kMaxFloatInputs == 16, "kernels for 2, 4, 8 and 16 inputs");
+  return inputs <= 2   ? gemv_float_inputs_kernel<T, Vec, 2>
+         : inputs <= 4 ? gemv_float_inputs_kernel<T, Vec, 4>
+         : inputs <= 8 ? gemv_float_inputs_kernel<T, Vec, 8>
+                       : gemv_float_inputs_kernel<T, Vec, 16>;
+}
+
 }  // namespace
+
+cudaError_t gemv_float_inputs(FloatKind kind, const void* w, int rows, int cols, int inputs, int x_stride,
+                              const float* x, float* y, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0 || inputs < 1 || inputs > kMaxFloatInputs || x_stride < cols) {
+    return cudaErrorInvalidValue;
+  }
+  if (inputs == 1) return gemv_float(kind, w, rows, cols, x, y, stream);  // the same loop, one input
+  const int split = row_split(rows);
+  const dim3 grid = gemv_grid(rows, split, 1);
+  if (grid.x == 0) return cudaErrorInvalidValue;
+  cudaError_t status = cudaSuccess;
+  const bool known = visit_float_rows(kind, w, cols, x_stride, x, [&](auto path) {
+    using P = decltype(path);
+    using T = typename P::Element;
+    status = launch(inputs_kernel<T, P::kVec>(inputs), grid, kRowsPerCta * 32, 0, stream, static_cast<const T*>(w),
+                    rows, cols, x_stride, inputs, x, y, split);
+  });
+  return known ? status : cudaErrorInvalidValue;
+}
 
 cudaError_t gemv_float_batch(FloatKind kind, const void* w, int rows, int cols, const MatrixBatch& batch,
                              const float* x, float* y, cudaStream_t stream) {

@@ -79,6 +79,34 @@ __device__ __forceinline__ float float_row_partial(const T* __restrict__ wr, int
   return acc;
 }
 
+// float_row_partial for `inputs` (1..N) activations at once, input j's x at x + j * x_stride: each chunk of the
+// row is loaded once and dotted with every input's x in turn, so acc[j] is, bit for bit, float_row_partial's of
+// input j (the same chunks in the same order, each input's fma chain its own).
+template <class T, int Vec, int N>
+__device__ __forceinline__ void float_row_partials(const T* __restrict__ wr, int cols, const float* __restrict__ x,
+                                                   long x_stride, int inputs, int slot, int slots, float (&acc)[N]) {
+  const int stride = slots * Vec;
+#pragma unroll
+  for (int j = 0; j < N; ++j) acc[j] = 0.0f;
+  for (int base = slot * Vec; base < cols; base += stride * kFloatUnroll) {
+    Chunk<T, Vec> c[kFloatUnroll];
+#pragma unroll
+    for (int u = 0; u < kFloatUnroll; ++u) {
+      const int i = base + u * stride;
+      if (i < cols) c[u] = *reinterpret_cast<const Chunk<T, Vec>*>(wr + i);
+    }
+#pragma unroll
+    for (int u = 0; u < kFloatUnroll; ++u) {
+      const int i = base + u * stride;
+      if (i >= cols) continue;
+#pragma unroll
+      for (int j = 0; j < N; ++j) {
+        if (j < inputs) acc[j] = chunk_dot<T, Vec>(c[u], GlobalF32{x + j * x_stride}, i, acc[j]);
+      }
+    }
+  }
+}
+
 // The element type and vector width of one float GEMV kernel.
 template <class T, int Vec>
 struct FloatRows {

@@ -64,6 +64,10 @@ void gemv_float_batch(int device, FloatKind kind, const void* w_stack, int n_mat
 // width they do not take). Arguments are checked before any device work.
 void gemv_quant_inputs(int device, const QuantForm& form, const QuantPlanes& host_planes, int rows, int cols,
                        int inputs, int x_stride, const float* x, float* y, int kernel = 0);
+// Its float form (gemv_float_inputs): W [rows][cols] of `kind`, x [inputs][x_stride] (x_stride >= cols), y
+// [inputs][rows]. Arguments are checked before any device work.
+void gemv_float_inputs(int device, FloatKind kind, const void* w, int rows, int cols, int inputs, int x_stride,
+                       const float* x, float* y);
 
 // Median time in seconds of one GEMV launch (CUDA events), with L2 cold: launches cycle through enough
 // device copies of the weight to overflow the L2 cache. Inputs as gemv_quant / gemv_float.
@@ -75,6 +79,9 @@ double time_gemv_float(int device, FloatKind kind, const void* w, int rows, int 
 // one multi-input GEMV (gemv_quant_inputs, its kernel chosen as gemv_quant_inputs' `kernel` above).
 void time_gemv_quant_inputs(int device, const QuantForm& form, const QuantPlanes& host_planes, int rows, int cols,
                             int max_inputs, int reps, double* batch_seconds, double* inputs_seconds, int kernel = 0);
+// The same for a float W: a batch of i products of it (gemv_float_batch) against gemv_float_inputs.
+void time_gemv_float_inputs(int device, FloatKind kind, const void* w, int rows, int cols, int max_inputs, int reps,
+                            double* batch_seconds, double* inputs_seconds);
 
 // Median seconds of one batch of `count` products over a host stack of n_matrix quantized matrices (product j of
 // matrix j % n_matrix, each its own x), with the L2 cold, each weight row read by `split` warps (0: the kernels'

@@ -59,11 +59,11 @@ void project_batch(const DeviceTensor& stack, const kernels::MatrixBatch& batch,
   }
 }
 
-void project_inputs(const DeviceTensor& w, int inputs, const int* slots, const float* x, const Q8Scratch& q8, float* y,
+void project_inputs(const DeviceTensor& w, int inputs, const float* x, const Q8Scratch& q8, float* y,
                     cudaStream_t stream) {
   const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
   if (w.is_float) {
-    project_batch(w, {slots, inputs, cols}, x, q8, y, stream);
+    STRATA_CUDA_TRY(kernels::gemv_float_inputs(w.float_kind, w.data, rows, cols, inputs, cols, x, y, stream));
   } else {
     STRATA_CUDA_TRY(kernels::gemv_quant_inputs(w.form, w.planes, rows, cols, inputs, cols, q8.xq, q8.dx, q8.sums, y,
                                                stream));
@@ -71,7 +71,7 @@ void project_inputs(const DeviceTensor& w, int inputs, const int* slots, const f
 }
 
 int rows_per_launch(const DeviceTensor& w) {
-  return w.is_float ? kernels::kMaxGemvInputs
+  return w.is_float ? kernels::kMaxFloatInputs
                     : kernels::gemv_quant_max_inputs(w.form, static_cast<int>(w.rows), static_cast<int>(w.cols));
 }
 

@@ -124,13 +124,14 @@ void project_batch(const DeviceTensor& stack, const kernels::MatrixBatch& batch,
                    float* y, cudaStream_t stream);
 
 // Enqueues y_i = W x_i for `inputs` (1..rows_per_launch(W)) rows of x, `cols` floats apart (y_i `rows` floats
-// apart): a quantized W as one multi-input GEMV over q8 (which the caller has quantized from x), each weight block
-// decoded once for every row; a float W as a batch of `inputs` products of W. `slots` holds kMaxGemvInputs zeros
-// in device memory (the float batch's matrix 0). Throws CudaError.
-void project_inputs(const DeviceTensor& w, int inputs, const int* slots, const float* x, const Q8Scratch& q8, float* y,
+// apart), each weight row read once for every row of x: a quantized W as one multi-input GEMV over q8 (which the
+// caller has quantized from x), each weight block decoded once for every row; a float W as gemv_float_inputs.
+// Throws CudaError.
+void project_inputs(const DeviceTensor& w, int inputs, const float* x, const Q8Scratch& q8, float* y,
                     cudaStream_t stream);
 // The most rows project_inputs takes of W in one launch: kernels::kMaxMmaInputs where the tensor cores multiply
-// it (Q8_0, Q5_0, Q4_0: a step of 16 rows reads the matrix once), kMaxGemvInputs otherwise.
+// it (Q8_0, Q5_0, Q4_0: a step of 16 rows reads the matrix once), kMaxFloatInputs for a float W, kMaxGemvInputs
+// otherwise.
 int rows_per_launch(const DeviceTensor& w);
 
 // Enqueues Y = X W^T over many rows (kernels/matmul.cuh): a float W reads x, a quantized one q8, which the

@@ -120,7 +120,6 @@ void carve(Carver& c, const ModelGeometry& g, int chunk, int context, KvStorage 
   s.ple_value_ = c.take<float>(T * n);
   s.ple_out_ = c.take<float>(T * width);
   s.logits_ = c.take<float>(static_cast<std::size_t>(std::min(chunk, kLogitRows)) * g.n_vocab);
-  s.gemv_slots_ = c.take<int>(kernels::kMaxGemvInputs);
   s.pair_row_ = c.take<int>(pairs);
   s.pair_slots_ = c.take<int>(pairs);
   const bool streams = kv_streaming && g.attention_layers() > 0;
@@ -206,8 +205,6 @@ PromptProgram::PromptProgram(const ModelGeometry& g, const ProgramInputs& in, in
   ones_ = real.take<float>(std::max(g.hc_count, 1));
   const std::vector<float> ones(std::max(g.hc_count, 1), 1.0f);
   STRATA_CUDA_TRY(cudaMemcpy(ones_, ones.data(), sizeof(float) * ones.size(), cudaMemcpyHostToDevice));
-  // every row's product reads matrix 0
-  STRATA_CUDA_TRY(cudaMemset(gemv_slots_, 0, sizeof(int) * kernels::kMaxGemvInputs));
   std::vector<int> pair_row(static_cast<std::size_t>(chunk) * g.n_expert_used);
   for (std::size_t i = 0; i < pair_row.size(); ++i) pair_row[i] = static_cast<int>(i) / g.n_expert_used;
   STRATA_CUDA_TRY(cudaMemcpy(pair_row_, pair_row.data(), sizeof(int) * pair_row.size(), cudaMemcpyHostToDevice));
@@ -241,9 +238,9 @@ PromptProgram::PromptProgram(const ModelGeometry& g, const ProgramInputs& in, in
 // products' columns, as decode's project() shares one), then one product per weight: for more than kGemvChunkRows
 // rows (decode_session.hpp) a tensor-core product that reads each weight tile once per tile of rows; for fewer (a
 // short prompt's chunk, a verification's rows, a batch's) multi-input GEMVs of as many rows as the weight's kernel
-// takes at once (rows_per_launch: 16 on the tensor cores, 8 otherwise, a float weight a batch of 8 products), each
-// weight block read and decoded once for all of them, since a tensor-core tile of 64 rows would stream each weight
-// tile through a few CTAs for a handful of rows, while the GEMVs spread the matrix over every SM.
+// takes at once (rows_per_launch: 16 on the tensor cores or for a float weight, 8 otherwise), each weight block
+// read and decoded once for all of them, since a tensor-core tile of 64 rows would stream each weight tile through
+// a few CTAs for a handful of rows, while the GEMVs spread the matrix over every SM.
 void PromptProgram::project_rows(const float* x, int rows, const Products& products, cudaStream_t s) const {
   const long cols = products.begin()->w->cols;
   bool quantized = false;
@@ -260,7 +257,7 @@ void PromptProgram::project_rows(const float* x, int rows, const Products& produ
     const int per_launch = std::min(rows, rows_per_launch(*p.w));
     for (int first = 0; first < rows; first += per_launch) {
       const long x_at = first * cols;
-      project_inputs(*p.w, std::min(per_launch, rows - first), gemv_slots_, x + x_at, kernels::q8_offset(q8_, x_at),
+      project_inputs(*p.w, std::min(per_launch, rows - first), x + x_at, kernels::q8_offset(q8_, x_at),
                      p.y + first * p.w->rows, s);
     }
   }

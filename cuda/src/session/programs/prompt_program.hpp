@@ -64,7 +64,6 @@ struct PromptScratch {
   float *ex_x_ = nullptr, *ex_gate_ = nullptr, *ex_up_ = nullptr, *ex_hidden_ = nullptr, *ex_rows_ = nullptr;
   float *ple_rows_ = nullptr, *ple_key_ = nullptr, *ple_value_ = nullptr, *ple_out_ = nullptr;
   float* logits_ = nullptr;  // a block of rows' logits, when every position's are asked for
-  int* gemv_slots_ = nullptr;  // zeros: a small chunk's rows as a GEMV batch of one matrix (project_rows)
   int *pair_row_ = nullptr, *pair_slots_ = nullptr;  // a step's routed pairs on the device: row i / k, cache slot
   char* kv_layer_ = nullptr;  // KV streaming: one attention layer's whole KV while the chunk runs it
   // A step of several rows: its spans (RowsTable, copied up from the pinned block), each row's QSA block scores

@@ -7,11 +7,13 @@ from libcpp.string cimport string
 from strata._native cimport float_kind, host_tensor, quant_form, quant_planes
 from strata.libstrata.check.kernel_check cimport (
     HcReadOutputs, RoutePublishOutputs, cpp_cache_slots, cpp_gather_rows, cpp_gemv_float, cpp_gemv_float_batch,
-    cpp_gemv_quant, cpp_gemv_quant_batch, cpp_gemv_quant_inputs, cpp_hc_mix, cpp_hc_read, cpp_hc_read_fused,
+    cpp_gemv_float_inputs, cpp_gemv_quant, cpp_gemv_quant_batch, cpp_gemv_quant_inputs, cpp_hc_mix, cpp_hc_read,
+    cpp_hc_read_fused,
     cpp_hc_stream_mean, cpp_hc_write, cpp_hc_write_steered, cpp_l2_norm,
     cpp_moe_cached_sum, cpp_moe_combine, cpp_moe_route, cpp_moe_weighted_rows, cpp_quantize_q8_32, cpp_raise_error,
     cpp_rms_norm, cpp_rms_norm_gated, cpp_rms_norm_grouped, cpp_rope_neox, cpp_route_publish, cpp_sample_tokens,
     SampleExtras, cpp_shared_expert_gate, cpp_swiglu, cpp_time_gemv_float, cpp_time_gemv_quant, cpp_time_gemv_quant_batch, cpp_time_gemv_quant_inputs,
+    cpp_time_gemv_float_inputs,
 )
 from strata.libstrata.check.q8_host cimport Q8Host
 from strata.libstrata.device_weights cimport HostTensor
@@ -140,19 +142,21 @@ def _inputs_kernel(str kernel) -> int:
 
 def gemv_inputs(weight, x, int device=0, str kernel="chosen"):
     """y [inputs, rows] (float32), y[i] = W x_i on GPU `device`, in one multi-input GEMV (each weight block decoded
-    once for every input). `weight` a QuantTensor as gemv takes it; x: float32 [inputs, x_stride], x_stride >= cols
-    and a multiple of 32, row i's first cols the activation. `kernel`: "chosen" (the launcher's), "integer" or
-    "tensor_cores". The native hook checks inputs, x_stride and the kernel first.
+    once for every input). `weight` as gemv takes it; x: float32 [inputs, x_stride], x_stride >= cols (for a
+    quantized weight a multiple of 32), row i's first cols the activation. `kernel` (a quantized weight):
+    "chosen" (the launcher's), "integer" or "tensor_cores"; a float weight has one kernel (gemv_float_inputs). The
+    native hook checks inputs, x_stride and the kernel first.
     """
     cdef int kernel_id = _inputs_kernel(kernel)
     cdef QuantForm form
     cdef QuantPlanes planes
     cdef FloatKind kind
+    cdef const unsigned char[::1] wv
     cdef int inputs, x_stride, rows, cols
     keep = []
     rows, cols, float_bytes = _gemv_weight(weight, &form, &planes, &kind, keep)
-    if float_bytes is not None:
-        raise InvalidArgument("gemv_inputs: the multi-input GEMV takes quantized weights; this one is float")
+    if float_bytes is not None and kernel != "chosen":
+        raise InvalidArgument(f"gemv_inputs: a float weight has one kernel; {kernel!r} is the quantized forms'")
     xa = np.ascontiguousarray(x, dtype=np.float32)
     if xa.ndim != 2 or xa.size == 0:
         raise InvalidArgument(f"gemv_inputs: x has shape {xa.shape}; expected (inputs, x_stride >= {cols})")
@@ -160,8 +164,13 @@ def gemv_inputs(weight, x, int device=0, str kernel="chosen"):
     cdef const float[::1] xv = xa.reshape(-1)
     y = np.empty((inputs, rows), np.float32)
     cdef float[::1] yv = y.reshape(-1)
-    with nogil:
-        cpp_gemv_quant_inputs(device, form, planes, rows, cols, inputs, x_stride, &xv[0], &yv[0], kernel_id)
+    if float_bytes is not None:
+        wv = float_bytes
+        with nogil:
+            cpp_gemv_float_inputs(device, kind, &wv[0], rows, cols, inputs, x_stride, &xv[0], &yv[0])
+    else:
+        with nogil:
+            cpp_gemv_quant_inputs(device, form, planes, rows, cols, inputs, x_stride, &xv[0], &yv[0], kernel_id)
     return y
 
 
@@ -668,24 +677,31 @@ def sample_tokens(logits, params, draws, seen=(), bint graph=False, bint argmax_
 
 
 def time_gemv_inputs(weight, int max_inputs, int reps=20, int device=0, str kernel="chosen") -> tuple:
-    """Median seconds of GEMVs of a QuantTensor `weight` with 1..max_inputs activations and a cold L2, as two
-    float64 arrays [max_inputs]: a batch of i products of the weight (each decoding it again), and one multi-input
-    launch (each block decoded once for every input) by `kernel` (as gemv_inputs takes it)."""
+    """Median seconds of GEMVs of `weight` (as gemv_inputs takes it) with 1..max_inputs activations and a cold L2,
+    as two float64 arrays [max_inputs]: a batch of i products of the weight (each reading it again), and one
+    multi-input launch (each block read once for every input) by `kernel` (as gemv_inputs takes it)."""
     cdef int kernel_id = _inputs_kernel(kernel)
     cdef QuantForm form
     cdef QuantPlanes planes
     cdef FloatKind kind
+    cdef const unsigned char[::1] wv
     cdef int rows, cols
     keep = []
     rows, cols, float_bytes = _gemv_weight(weight, &form, &planes, &kind, keep)
-    if float_bytes is not None:
-        raise InvalidArgument("time_gemv_inputs: the multi-input GEMV takes quantized weights; this one is float")
+    if float_bytes is not None and kernel != "chosen":
+        raise InvalidArgument(f"time_gemv_inputs: a float weight has one kernel; {kernel!r} is the quantized forms'")
     batch = np.zeros(max(max_inputs, 1), np.float64)
     inputs = np.zeros(max(max_inputs, 1), np.float64)
     cdef double[::1] bv = batch
     cdef double[::1] iv = inputs
-    with nogil:
-        cpp_time_gemv_quant_inputs(device, form, planes, rows, cols, max_inputs, reps, &bv[0], &iv[0], kernel_id)
+    if float_bytes is not None:
+        wv = float_bytes
+        with nogil:
+            cpp_time_gemv_float_inputs(device, kind, &wv[0], rows, cols, max_inputs, reps, &bv[0], &iv[0])
+    else:
+        with nogil:
+            cpp_time_gemv_quant_inputs(device, form, planes, rows, cols, max_inputs, reps, &bv[0], &iv[0],
+                                       kernel_id)
     return batch, inputs
 
 

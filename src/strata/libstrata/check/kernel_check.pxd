@@ -26,6 +26,9 @@ cdef extern from "strata/check/kernel_check.hpp" nogil:
     void cpp_gemv_quant_inputs "strata::kernel_check::gemv_quant_inputs"(
         int device, const QuantForm& form, const QuantPlanes& planes, int rows, int cols, int inputs, int x_stride,
         const float* x, float* y, int kernel) except +raise_strata_error
+    void cpp_gemv_float_inputs "strata::kernel_check::gemv_float_inputs"(
+        int device, FloatKind kind, const void* w, int rows, int cols, int inputs, int x_stride, const float* x,
+        float* y) except +raise_strata_error
     void cpp_gemv_float_batch "strata::kernel_check::gemv_float_batch"(
         int device, FloatKind kind, const void* w_stack, int n_matrix, int rows, int cols, const int32_t* slots,
         int count, int x_stride, const float* x, float* y) except +raise_strata_error
@@ -35,6 +38,9 @@ cdef extern from "strata/check/kernel_check.hpp" nogil:
     void cpp_time_gemv_quant_inputs "strata::kernel_check::time_gemv_quant_inputs"(
         int device, const QuantForm& form, const QuantPlanes& planes, int rows, int cols, int max_inputs,
         int reps, double* batch_seconds, double* inputs_seconds, int kernel) except +raise_strata_error
+    void cpp_time_gemv_float_inputs "strata::kernel_check::time_gemv_float_inputs"(
+        int device, FloatKind kind, const void* w, int rows, int cols, int max_inputs, int reps,
+        double* batch_seconds, double* inputs_seconds) except +raise_strata_error
     double cpp_time_gemv_quant_batch "strata::kernel_check::time_gemv_quant_batch"(
         int device, const QuantForm& form, const QuantPlanes& stack, int n_matrix, int rows, int cols, int count,
         int split, int reps) except +raise_strata_error
