@@ -55,14 +55,11 @@ __device__ __forceinline__ float chunk_dot(const Chunk<T, Vec>& c, const X& x, i
   return acc;
 }
 
-// This lane's share of the dot of row `wr` [cols] with x (GlobalF32, SharedF32): chunks slot, slot + slots, ...
-// of Vec columns, before the caller's reduction over the slots. A GEMV warp `part` of `split` per row is slots
-// part * 32 + lane of 32 * split.
-template <class T, int Vec, class X>
-__device__ __forceinline__ float float_row_partial(const T* __restrict__ wr, int cols, const X& x, int slot,
-                                                   int slots) {
+// Calls dot(chunk, i) for this lane's chunks of row `wr` [cols] in order: chunks slot, slot + slots, ... of Vec
+// columns, i the chunk's first column. A GEMV warp `part` of `split` per row is slots part * 32 + lane of 32 * split.
+template <class T, int Vec, class Dot>
+__device__ __forceinline__ void for_row_chunks(const T* __restrict__ wr, int cols, int slot, int slots, Dot&& dot) {
   const int stride = slots * Vec;
-  float acc = 0.0f;
   for (int base = slot * Vec; base < cols; base += stride * kFloatUnroll) {
     Chunk<T, Vec> c[kFloatUnroll];
 #pragma unroll
@@ -73,9 +70,19 @@ __device__ __forceinline__ float float_row_partial(const T* __restrict__ wr, int
 #pragma unroll
     for (int u = 0; u < kFloatUnroll; ++u) {
       const int i = base + u * stride;
-      if (i < cols) acc = chunk_dot<T, Vec>(c[u], x, i, acc);
+      if (i < cols) dot(c[u], i);
     }
   }
+}
+
+// This lane's share of the dot of row `wr` [cols] with x (GlobalF32, SharedF32), before the caller's reduction
+// over the slots (for_row_chunks).
+template <class T, int Vec, class X>
+__device__ __forceinline__ float float_row_partial(const T* __restrict__ wr, int cols, const X& x, int slot,
+                                                   int slots) {
+  float acc = 0.0f;
+  for_row_chunks<T, Vec>(wr, cols, slot, slots,
+                         [&](const Chunk<T, Vec>& c, int i) { acc = chunk_dot<T, Vec>(c, x, i, acc); });
   return acc;
 }
 
@@ -85,26 +92,14 @@ __device__ __forceinline__ float float_row_partial(const T* __restrict__ wr, int
 template <class T, int Vec, int N>
 __device__ __forceinline__ void float_row_partials(const T* __restrict__ wr, int cols, const float* __restrict__ x,
                                                    long x_stride, int inputs, int slot, int slots, float (&acc)[N]) {
-  const int stride = slots * Vec;
 #pragma unroll
   for (int j = 0; j < N; ++j) acc[j] = 0.0f;
-  for (int base = slot * Vec; base < cols; base += stride * kFloatUnroll) {
-    Chunk<T, Vec> c[kFloatUnroll];
+  for_row_chunks<T, Vec>(wr, cols, slot, slots, [&](const Chunk<T, Vec>& c, int i) {
 #pragma unroll
-    for (int u = 0; u < kFloatUnroll; ++u) {
-      const int i = base + u * stride;
-      if (i < cols) c[u] = *reinterpret_cast<const Chunk<T, Vec>*>(wr + i);
+    for (int j = 0; j < N; ++j) {
+      if (j < inputs) acc[j] = chunk_dot<T, Vec>(c, GlobalF32{x + j * x_stride}, i, acc[j]);
     }
-#pragma unroll
-    for (int u = 0; u < kFloatUnroll; ++u) {
-      const int i = base + u * stride;
-      if (i >= cols) continue;
-#pragma unroll
-      for (int j = 0; j < N; ++j) {
-        if (j < inputs) acc[j] = chunk_dot<T, Vec>(c[u], GlobalF32{x + j * x_stride}, i, acc[j]);
-      }
-    }
-  }
+  });
 }
 
 // The element type and vector width of one float GEMV kernel.
