@@ -43,8 +43,8 @@ struct DecodeOptions {
 
 constexpr int kMaxVerifyRows = 8;  // a pending token and up to 7 drafts
 // The most rows a prompt chunk multiplies its dense products with the multi-input GEMVs, as a step of several
-// rows does (each launch as many rows as kernels::gemv_quant_max_inputs takes: 16 on the tensor cores, 8 otherwise,
-// each reading the weight once); a longer chunk takes the prompt's matmuls. Measured (docs/performance.md, "Prompt
+// rows does (each launch as many rows as the weight's kernel takes, each reading the weight once: 16 on the tensor
+// cores or for a float weight, 8 otherwise); a longer chunk takes the prompt's matmuls. Measured (docs/performance.md, "Prompt
 // processing", H100): a prompt of 16 rows 19 ms, of 32 rows 45 ms, where the matmuls took ~1.1 ms a layer for the
 // dense products of 32 rows that two 16-row GEMVs take in ~0.26 ms; at 64 rows four GEMVs are still about half.
 constexpr int kGemvChunkRows = 64;
