@@ -46,6 +46,12 @@ void check_quant_shape(const QuantForm& form, int rows, int cols) {
                      ", got " + std::to_string(rows) + " x " + std::to_string(cols));
 }
 
+void check_float_shape(const char* hook, int rows, int cols) {
+  STRATA_EXPECTS(rows > 0 && cols > 0, InvalidArgument,
+                 std::string(hook) + " needs rows > 0 and cols > 0, got " + std::to_string(rows) + " x " +
+                     std::to_string(cols));
+}
+
 // Checks a batch's arguments (before any device work) and returns how many floats x holds.
 long checked_batch_x(const char* hook, int n_matrix, int cols, const std::int32_t* slots, int count, int x_stride,
                      int stride_multiple) {
@@ -122,8 +128,7 @@ void gemv_quant(int device, const QuantForm& form, const QuantPlanes& host_plane
 }
 
 void gemv_float(int device, FloatKind kind, const void* w, int rows, int cols, const float* x, float* y) {
-  STRATA_EXPECTS(rows > 0 && cols > 0, InvalidArgument,
-                 "gemv_float needs rows > 0 and cols > 0, got " + std::to_string(rows) + " x " + std::to_string(cols));
+  check_float_shape("gemv_float", rows, cols);
   check_device(device);
   DeviceScope scope(device);
   const std::size_t element = float_kind_bytes(kind);
@@ -184,9 +189,7 @@ void gemv_quant_inputs(int device, const QuantForm& form, const QuantPlanes& hos
 
 void gemv_float_inputs(int device, FloatKind kind, const void* w, int rows, int cols, int inputs, int x_stride,
                        const float* x, float* y) {
-  STRATA_EXPECTS(rows > 0 && cols > 0, InvalidArgument,
-                 "gemv_float_inputs needs rows > 0 and cols > 0, got " + std::to_string(rows) + " x " +
-                     std::to_string(cols));
+  check_float_shape("gemv_float_inputs", rows, cols);
   STRATA_EXPECTS(inputs >= 1 && inputs <= kernels::kMaxFloatInputs, InvalidArgument,
                  "gemv_float_inputs needs 1 <= inputs <= " + std::to_string(kernels::kMaxFloatInputs) + ", got " +
                      std::to_string(inputs));
@@ -206,9 +209,7 @@ void gemv_float_inputs(int device, FloatKind kind, const void* w, int rows, int 
 
 void gemv_float_batch(int device, FloatKind kind, const void* w_stack, int n_matrix, int rows, int cols,
                       const std::int32_t* slots, int count, int x_stride, const float* x, float* y) {
-  STRATA_EXPECTS(rows > 0 && cols > 0, InvalidArgument,
-                 "gemv_float_batch needs rows > 0 and cols > 0, got " + std::to_string(rows) + " x " +
-                     std::to_string(cols));
+  check_float_shape("gemv_float_batch", rows, cols);
   const long x_floats = checked_batch_x("gemv_float_batch", n_matrix, cols, slots, count, x_stride, 1);
   check_device(device);
   DeviceScope scope(device);
@@ -331,12 +332,6 @@ DeviceBuffer zero_floats(std::size_t count) {
   DeviceBuffer d(count * sizeof(float));
   STRATA_CUDA_TRY(cudaMemset(d.as<void>(), 0, d.bytes()));
   return d;
-}
-
-void check_float_shape(const char* hook, int rows, int cols) {
-  STRATA_EXPECTS(rows > 0 && cols > 0, InvalidArgument,
-                 std::string(hook) + " needs rows > 0 and cols > 0, got " + std::to_string(rows) + " x " +
-                     std::to_string(cols));
 }
 
 }  // namespace
