@@ -24,8 +24,8 @@ from strata.bench.limit import machine_limit
 from strata.bench.prompt import prompt_report, prompt_speed
 from strata.bench.rates import Rates
 from strata.bench.report import report
-from strata.bench.tiers import DiskRate
 from strata.bench.run import run
+from strata.bench.tiers import DiskRate
 from strata.errors import InvalidArgument
 from strata.format import inspect
 from strata.generation import Session
