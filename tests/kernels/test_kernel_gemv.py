@@ -314,7 +314,8 @@ def test_quant_gemv_inputs_rows_short_of_a_warps_rows(rng, rows, inputs):
 # The tensor-core kernel (kernels/gemv_quant_mma.cuh) keeps the single GEMV's float order, so the same bits: at every
 # row split of gemv_rows.cuh (1 warp a row from 2,048 rows, 2 from 1,024, 4 below), tiles short of 16 rows, rows
 # of fewer blocks than a part's 32 lanes, a last chunk short of 32 blocks, rows wider than a tile's scales took in
-# shared memory before they were staged with the codes, and every count of inputs, one mma's 8 and two mmas' 16.
+# shared memory before they were staged with the codes, every count of inputs, one mma's 8 and two mmas' 16, and
+# matrices of more tiles than CTAs fit the device at once, whose CTAs walk several tiles each.
 MMA_TYPES = [T.Q8_0, T.Q5_0, T.Q4_0]
 
 
@@ -324,7 +325,8 @@ MMA_TYPES = [T.Q8_0, T.Q5_0, T.Q4_0]
                                                       (1500, 2560, 2), (640, 2560, 8), (37, 64, 7), (16, 1024, 1),
                                                       (250, 11264, 4), (2048, 2560, 16), (1500, 2560, 11),
                                                       (640, 2560, 16), (37, 64, 13), (4096 + 3, 640, 9),
-                                                      (64, 163840, 6), (3000, 4160, 12)])
+                                                      (64, 163840, 6), (3000, 4160, 12), (16384 + 7, 640, 5),
+                                                      (9000 + 9, 1024, 16)])
 def test_quant_gemv_inputs_on_the_tensor_cores(rng, ggml_type, rows, cols, inputs):
     check_inputs(random_weight(ggml_type, rows, cols, rng), inputs, cols + 32, rng, kernel="tensor_cores")
 

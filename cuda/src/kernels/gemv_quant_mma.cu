@@ -3,6 +3,8 @@
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -21,9 +23,10 @@ constexpr int kLaneClasses = 32;  // the one-row GEMV's lanes, whose sums the or
 constexpr int kWarps = 8;
 constexpr int kLeaves = kLaneClasses / kWarps;  // the leaves a warp folds: a CTA walks one part's 32
 constexpr int kChunkBlocks = kLaneClasses;      // a stage: the part's next block of every lane class
-// Stages in flight: the loads of the next chunks fly while a chunk is computed. 3 keep a Q8_0 CTA at ~53 KB, so
+// Stages in flight: the loads of the next chunks fly while a chunk is computed. 3 keep a Q8_0 CTA at ~55 KB, so
 // that 4 fit an SM beside each other.
 constexpr int kStages = 3;
+constexpr int kMaxDevicesKnown = 64;  // devices whose resident CTAs are remembered (others are asked each launch)
 static_assert(kMaxTiles * kTileInputs == kMaxMmaInputs && kMaxGemvInputs <= kTileInputs * kMaxTiles);
 static_assert(kWarps * 32 >= kTileRows * kTileInputs * kMaxTiles, "the CTA's threads store the outputs, one each");
 template <class S>
@@ -54,8 +57,11 @@ template <class S>
 constexpr int kStageBytes = kStageCodeBytes<S> + kTileRows * kScaleStride * static_cast<int>(sizeof(__half));
 static_assert(kTileRows * kScaleStride * sizeof(__half) % 16 == 0, "the next stage's codes start 16-byte aligned");
 
+// After the stages, the part's sums that the cluster's first CTA reads from the others: at one offset in every CTA of
+// the cluster, as a stage's place depends on the CTA's count of chunks.
+using PartSums = float[kTileRows][kMaxMmaInputs];
 template <class S>
-constexpr std::size_t kSharedBytes = static_cast<std::size_t>(kStages) * kStageBytes<S>;
+constexpr std::size_t kSharedBytes = static_cast<std::size_t>(kStages) * kStageBytes<S> + sizeof(PartSums);
 
 // The CTA's rows of one chunk (blocks 32 q .. 32 q + 31 of each row, those the row has) into a stage by cp.async,
 // codes and scales; rows past the matrix are not loaded (their outputs are walked, never stored: a row's mma
@@ -201,9 +207,8 @@ __device__ __forceinline__ void fold_leaves(Outputs<Tiles> (&leaves)[kLeaves], i
 }
 
 // The butterfly's levels above the warps' runs: the tree over N warps' subtrees from warp w of output (r, i).
-template <int N>
-__device__ __forceinline__ float fold_warps(const float (&subtrees)[kWarps][kTileRows][kMaxMmaInputs], int w, int r,
-                                            int i) {
+template <int N, int Inputs>
+__device__ __forceinline__ float fold_warps(const float (&subtrees)[kWarps][kTileRows][Inputs], int w, int r, int i) {
   if constexpr (N == 1) {
     return subtrees[w][r][i];
   } else {
@@ -219,27 +224,40 @@ constexpr int kMinCtas = Tiles == 1 ? 4 : 3;
 template <int Tiles>
 constexpr int kLeavesLoaded = Tiles == 1 ? kLeaves : 1;
 
-// y_i = W x_i for i < inputs over one 16-row tile, each output the one-row GEMV's bits (gemv_quant_mma.cuh). Split
-// is gemv_quant's warps a row for the matrix (row_split): a cluster of Split CTAs takes the tile, CTA `part` the
-// part's 32 lane classes, its chunks 32 blocks apart times Split, each chunk one block of every class. Each warp
-// carries kLeaves leaves (an aligned run of bit-reversed positions) across the chunks and folds them at the end;
-// the CTA folds the warps' subtrees, and the cluster's first CTA adds the parts in turn, as store_row does.
+// y_i = W x_i for i < inputs over the matrix's 16-row tiles, each output the one-row GEMV's bits
+// (gemv_quant_mma.cuh). Split is gemv_quant's warps a row for the matrix (row_split): a cluster of Split CTAs takes a
+// tile, CTA `part` the part's 32 lane classes, its chunks 32 blocks apart times Split, each chunk one block of every
+// class. Each warp carries kLeaves leaves (an aligned run of bit-reversed positions) across the chunks and folds
+// them at the end; the CTA folds the warps' subtrees, and the cluster's first CTA adds the parts in turn, as
+// store_row does.
+//
+// Why a cluster walks several tiles (tile `cluster`, + clusters, ...): a tile is 1-3 chunks a part at the model's
+// widths, so a CTA of one tile spent its life waiting for its first stages and folding, and the SM's loads paused
+// between the waves of CTAs. Walking its tiles as one sequence of chunks, a CTA asks for the next tile's chunks
+// while it computes and folds this one's (its first tile's rows asked into L2 before the producers' wait).
 template <class S, int Split, int Tiles>
 __global__ void __launch_bounds__(kWarps * 32, kMinCtas<Tiles>)
 gemv_quant_mma_kernel(QuantPlanes p, int rows, int cols, int code_bias, StridedQ8 acts, int inputs,
                       float* __restrict__ y) {
   prefetch_constant_rows(p.codes, static_cast<long>(cols / kCodeBlock) * S::kCodeWords * 4,
-                         static_cast<long>(blockIdx.x) * kTileRows, kTileRows, rows);
+                         static_cast<long>(blockIdx.x) / Split * kTileRows, kTileRows, rows);
   await_producers();
   release_consumers();
   extern __shared__ __align__(16) unsigned char staged[];
-  const int part = static_cast<int>(blockIdx.x) % Split, first = static_cast<int>(blockIdx.x) / Split * kTileRows;
-  const int tile_rows = min(kTileRows, rows - first), n_blocks = cols / kCodeBlock;
-  const int n_chunks = (n_blocks + kChunkBlocks - 1) / kChunkBlocks;
-  const int chunks = part < n_chunks ? (n_chunks - part + Split - 1) / Split : 0;  // this part's: q = part + Split c
+  const int part = static_cast<int>(blockIdx.x) % Split, cluster = static_cast<int>(blockIdx.x) / Split;
+  const int clusters = static_cast<int>(gridDim.x) / Split, tiles = (rows + kTileRows - 1) / kTileRows;
+  const int n_blocks = cols / kCodeBlock, n_chunks = (n_blocks + kChunkBlocks - 1) / kChunkBlocks;
+  const int chunks = part < n_chunks ? (n_chunks - part + Split - 1) / Split : 0;  // a tile's: q = part + Split c
+  const int my_tiles = cluster < tiles ? (tiles - cluster + clusters - 1) / clusters : 0;
+  const int total = my_tiles * chunks;  // the CTA's chunks in turn: chunk c of its tile j is k = j chunks + c
+  const auto load = [&](int k) {
+    const int first = (cluster + k / chunks * clusters) * kTileRows;
+    load_chunk<S>(p, first, min(kTileRows, rows - first), n_blocks, part + Split * (k % chunks),
+                  staged + k % kStages * kStageBytes<S>);
+  };
 #pragma unroll
-  for (int c = 0; c < kStages - 1; ++c) {  // one commit a stage, loaded or not, so wait_copies counts stages
-    if (c < chunks) load_chunk<S>(p, first, tile_rows, n_blocks, part + Split * c, staged + c * kStageBytes<S>);
+  for (int k = 0; k < kStages - 1; ++k) {  // one commit a stage, loaded or not, so wait_copies counts stages
+    if (k < total) load(k);
     commit_copies();
   }
 
@@ -256,112 +274,167 @@ gemv_quant_mma_kernel(QuantPlanes p, int rows, int cols, int code_bias, StridedQ
     operands.x[tile][1] = input(base + 2 * operands.t + 1);
   }
   int lane_class[kLeaves];  // the classes of the warp's leaves: bit-reversed positions kLeaves warp ..
-  Outputs<Tiles> leaves[kLeaves];
 #pragma unroll
   for (int leaf = 0; leaf < kLeaves; ++leaf) {
     lane_class[leaf] = static_cast<int>(__brev(static_cast<unsigned>(kLeaves * warp + leaf)) >> 27);
-#pragma unroll
-    for (int tile = 0; tile < Tiles; ++tile) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) leaves[leaf][tile][e] = 0.0f;
-    }
   }
-  for (int c = 0; c < chunks; ++c) {
-    wait_copies<kStages - 2>();  // this thread's copies of chunk c; the barrier: everyone's, and chunk c - 1 done
-    __syncthreads();
-    const int next = c + kStages - 1;
-    if (next < chunks) {
-      load_chunk<S>(p, first, tile_rows, n_blocks, part + Split * next, staged + next % kStages * kStageBytes<S>);
-    }
-    commit_copies();
-    const int q = part + Split * c;
-    const unsigned char* stage = staged + c % kStages * kStageBytes<S>;
-    const __half* stage_scales = reinterpret_cast<const __half*>(stage + kStageCodeBytes<S>);
+  constexpr int kInputs = kTileInputs * Tiles;
+  const int r = static_cast<int>(threadIdx.x) / kInputs, i = static_cast<int>(threadIdx.x) % kInputs;
+  for (int j = 0; j < my_tiles; ++j) {
+    const int first = (cluster + j * clusters) * kTileRows, tile_rows = min(kTileRows, rows - first);
+    Outputs<Tiles> leaves[kLeaves];
 #pragma unroll
-    for (int group = 0; group < kLeaves; group += kLeavesLoaded<Tiles>) {
-      BlockInputs<Tiles> in[kLeavesLoaded<Tiles>];  // the group's inputs asked for before its first mma
+    for (int leaf = 0; leaf < kLeaves; ++leaf) {
 #pragma unroll
-      for (int k = 0; k < kLeavesLoaded<Tiles>; ++k) {
-        operands.load_inputs(min(kChunkBlocks * q + lane_class[group + k], n_blocks - 1), in[k]);
+      for (int tile = 0; tile < Tiles; ++tile) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) leaves[leaf][tile][e] = 0.0f;
       }
+    }
+    for (int c = 0; c < chunks; ++c) {
+      const int k = j * chunks + c;
+      wait_copies<kStages - 2>();  // this thread's copies of chunk k; the barrier: everyone's, and chunk k - 1 done
+      __syncthreads();
+      if (k + kStages - 1 < total) load(k + kStages - 1);
+      commit_copies();
+      const int q = part + Split * c;
+      const unsigned char* stage = staged + k % kStages * kStageBytes<S>;
+      const __half* stage_scales = reinterpret_cast<const __half*>(stage + kStageCodeBytes<S>);
 #pragma unroll
-      for (int k = 0; k < kLeavesLoaded<Tiles>; ++k) {
-        const int leaf = group + k;
-        if (kChunkBlocks * q + lane_class[leaf] < n_blocks) {
-          operands.add_block_terms(stage + lane_class[leaf] * kBlockBytes<S>, stage_scales + lane_class[leaf],
-                                   in[k], leaves[leaf]);
+      for (int group = 0; group < kLeaves; group += kLeavesLoaded<Tiles>) {
+        BlockInputs<Tiles> in[kLeavesLoaded<Tiles>];  // the group's inputs asked for before its first mma
+#pragma unroll
+        for (int l = 0; l < kLeavesLoaded<Tiles>; ++l) {
+          operands.load_inputs(min(kChunkBlocks * q + lane_class[group + l], n_blocks - 1), in[l]);
+        }
+#pragma unroll
+        for (int l = 0; l < kLeavesLoaded<Tiles>; ++l) {
+          const int leaf = group + l;
+          if (kChunkBlocks * q + lane_class[leaf] < n_blocks) {
+            operands.add_block_terms(stage + lane_class[leaf] * kBlockBytes<S>, stage_scales + lane_class[leaf],
+                                     in[l], leaves[leaf]);
+          }
         }
       }
     }
-  }
-  // The stages done (no copy in flight, every warp past its last chunk), they hold the warps' subtrees and the
-  // part's sums: a CTA's shared memory is then its stages alone, 4 CTAs an SM.
-  using Subtrees = float[kWarps][kTileRows][kMaxMmaInputs];
-  using PartSums = float[kTileRows][kMaxMmaInputs];
-  static_assert(sizeof(Subtrees) + sizeof(PartSums) <= kSharedBytes<S>, "the stages hold the CTA's sums");
-  wait_copies<0>();
-  __syncthreads();
-  Subtrees& subtrees = *reinterpret_cast<Subtrees*>(staged);
-  Outputs<Tiles> sums;
-  fold_leaves<kLeaves, Tiles>(leaves, 0, sums);
-  const int g = operands.g, t = operands.t;
+    // The stage of the tile's last chunk holds the warps' subtrees: no copy lands there until the next chunk's
+    // barrier (the next tile's chunks load into the other stages meanwhile).
+    using Subtrees = float[kWarps][kTileRows][kInputs];
+    static_assert(sizeof(Subtrees) <= kStageBytes<S>, "a stage holds the warps' subtrees");
+    unsigned char* sums_stage = staged + (chunks > 0 ? (j * chunks + chunks - 1) % kStages : 0) * kStageBytes<S>;
+    Subtrees& subtrees = *reinterpret_cast<Subtrees*>(sums_stage);
+    __syncthreads();  // every warp past the chunk whose stage this is
+    Outputs<Tiles> sums;
+    fold_leaves<kLeaves, Tiles>(leaves, 0, sums);
+    const int g = operands.g, t = operands.t;
 #pragma unroll
-  for (int tile = 0; tile < Tiles; ++tile) {
-    const int i0 = kTileInputs * tile + 2 * t;
-    subtrees[warp][g][i0] = sums[tile][0];
-    subtrees[warp][g][i0 + 1] = sums[tile][1];
-    subtrees[warp][g + 8][i0] = sums[tile][2];
-    subtrees[warp][g + 8][i0 + 1] = sums[tile][3];
-  }
-  __syncthreads();
-
-  constexpr int kInputs = kTileInputs * Tiles;
-  const int r = static_cast<int>(threadIdx.x) / kInputs, i = static_cast<int>(threadIdx.x) % kInputs;
-  const bool stored = r < tile_rows && i < inputs;  // threads past the tile's outputs too (r >= 16)
-  const float part_sum = r < kTileRows ? fold_warps<kWarps>(subtrees, 0, r, i) : 0.0f;
-  if constexpr (Split == 1) {
-    if (stored) y[static_cast<long>(i) * rows + first + r] = part_sum;
-  } else {  // store_row's sum of the parts in turn, the parts in the cluster's CTAs
-    PartSums& part_sums = *reinterpret_cast<PartSums*>(staged + sizeof(Subtrees));
-    if (r < kTileRows) part_sums[r][i] = part_sum;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-    __trap();  // no clusters below sm_90: the launcher never runs a split there (gemv_quant_mma_runs)
-#else
-    namespace cg = cooperative_groups;
-    const cg::cluster_group cluster = cg::this_cluster();
-    cluster.sync();  // every part's sums written
-    if (part == 0 && stored) {
-      float total = 0.0f;
-#pragma unroll
-      for (int q = 0; q < Split; ++q) total += *cluster.map_shared_rank(&part_sums[r][i], q);
-      y[static_cast<long>(i) * rows + first + r] = total;
+    for (int tile = 0; tile < Tiles; ++tile) {
+      const int i0 = kTileInputs * tile + 2 * t;
+      subtrees[warp][g][i0] = sums[tile][0];
+      subtrees[warp][g][i0 + 1] = sums[tile][1];
+      subtrees[warp][g + 8][i0] = sums[tile][2];
+      subtrees[warp][g + 8][i0 + 1] = sums[tile][3];
     }
-    cluster.sync();  // the other CTAs' shared memory stays until the first has read it
+    __syncthreads();
+    const bool stored = r < tile_rows && i < inputs;  // threads past the tile's outputs too (r >= 16)
+    const float part_sum = r < kTileRows ? fold_warps<kWarps>(subtrees, 0, r, i) : 0.0f;
+    if constexpr (Split == 1) {
+      if (stored) y[static_cast<long>(i) * rows + first + r] = part_sum;
+    } else {  // store_row's sum of the parts in turn, the parts in the cluster's CTAs
+      PartSums& part_sums = *reinterpret_cast<PartSums*>(staged + kStages * kStageBytes<S>);
+      if (r < kTileRows) part_sums[r][i] = part_sum;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+      __trap();  // no clusters below sm_90: the launcher never runs a split there (gemv_quant_mma_runs)
+#else
+      namespace cg = cooperative_groups;
+      const cg::cluster_group cluster_group = cg::this_cluster();
+      cluster_group.sync();  // every part's sums written
+      if (part == 0 && stored) {
+        float total_sum = 0.0f;
+#pragma unroll
+        for (int q = 0; q < Split; ++q) total_sum += *cluster_group.map_shared_rank(&part_sums[r][i], q);
+        y[static_cast<long>(i) * rows + first + r] = total_sum;
+      }
+      cluster_group.sync();  // the other CTAs' shared memory stays until the first has read it
 #endif
+    }
+    __syncthreads();  // the subtrees read before the next tile's chunks may load into their stage
   }
 }
 
+// The most CTAs of the kernel resident at once on the current device, whole clusters of Split: the walking CTAs
+// grid (a cluster past them would start only when a resident one has walked all its tiles). Asked once a device.
+template <class S, int Split, int Tiles>
+cudaError_t resident_ctas(std::size_t shared, int* ctas) {
+  const auto kernel = gemv_quant_mma_kernel<S, Split, Tiles>;
+  static std::atomic<int> known[kMaxDevicesKnown] = {};
+  int device = 0;
+  cudaError_t status = cudaGetDevice(&device);
+  if (status != cudaSuccess) return status;
+  if (device < kMaxDevicesKnown && known[device].load(std::memory_order_relaxed) > 0) {
+    *ctas = known[device].load(std::memory_order_relaxed);
+    return cudaSuccess;
+  }
+  int found = 0;
+  if constexpr (Split == 1) {
+    int sms = 0, per_sm = 0;
+    status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (status == cudaSuccess) {
+      status = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, shared);
+    }
+    found = sms * per_sm;
+  } else {
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim = {static_cast<unsigned>(Split), 1, 1};
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(Split));
+    config.blockDim = dim3(kWarps * 32);
+    config.dynamicSmemBytes = shared;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    int clusters = 0;
+    status = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+    found = clusters * Split;
+  }
+  if (status != cudaSuccess) return status;
+  if (found < Split) return cudaErrorInvalidConfiguration;  // not even one cluster fits
+  if (device < kMaxDevicesKnown) known[device].store(found, std::memory_order_relaxed);
+  *ctas = found;
+  return cudaSuccess;
+}
+
+template <class S, int Split, int Tiles>
+cudaError_t launch_walk(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, int inputs,
+                        const StridedQ8& acts, float* y, cudaStream_t stream) {
+  const auto kernel = gemv_quant_mma_kernel<S, Split, Tiles>;
+  const std::size_t shared = kSharedBytes<S>;
+  cudaError_t status =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
+  int resident = 0;
+  if (status == cudaSuccess) status = resident_ctas<S, Split, Tiles>(shared, &resident);
+  if (status != cudaSuccess) return status;
+  const long tiles = (rows + kTileRows - 1) / kTileRows;
+  const long ctas = std::min(tiles, static_cast<long>(resident / Split)) * Split;
+  return launch_clustered(kernel, dim3(static_cast<unsigned>(ctas)), kWarps * 32, shared, stream,
+                          static_cast<unsigned>(Split), planes, rows, cols, form.code_bias, acts, inputs, y);
+}
+
 template <class S, int Tiles>
-auto* mma_kernel(int split) {
-  return split == 1   ? gemv_quant_mma_kernel<S, 1, Tiles>
-         : split == 2 ? gemv_quant_mma_kernel<S, 2, Tiles>
-                      : gemv_quant_mma_kernel<S, 4, Tiles>;
+cudaError_t launch_tiles(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, int inputs,
+                         const StridedQ8& acts, float* y, cudaStream_t stream) {
+  const int split = row_split(rows);
+  return split == 1   ? launch_walk<S, 1, Tiles>(form, planes, rows, cols, inputs, acts, y, stream)
+         : split == 2 ? launch_walk<S, 2, Tiles>(form, planes, rows, cols, inputs, acts, y, stream)
+                      : launch_walk<S, 4, Tiles>(form, planes, rows, cols, inputs, acts, y, stream);
 }
 
 template <class S>
 cudaError_t launch_shape(const QuantForm& form, const QuantPlanes& planes, int rows, int cols, int inputs,
                          const StridedQ8& acts, float* y, cudaStream_t stream) {
   static_assert(kMaxTiles == 2, "a kernel for one input tile and one for two");
-  const int split = row_split(rows);
-  auto* kernel = inputs <= kTileInputs ? mma_kernel<S, 1>(split) : mma_kernel<S, 2>(split);
-  const std::size_t shared = kSharedBytes<S>;
-  const cudaError_t set =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared));
-  if (set != cudaSuccess) return set;
-  const long ctas = static_cast<long>((rows + kTileRows - 1) / kTileRows) * split;
-  if (ctas > 0x7fffffffL) return cudaErrorInvalidValue;
-  return launch_clustered(kernel, dim3(static_cast<unsigned>(ctas)), kWarps * 32, shared, stream,
-                          static_cast<unsigned>(split), planes, rows, cols, form.code_bias, acts, inputs, y);
+  return inputs <= kTileInputs ? launch_tiles<S, 1>(form, planes, rows, cols, inputs, acts, y, stream)
+                               : launch_tiles<S, 2>(form, planes, rows, cols, inputs, acts, y, stream);
 }
 
 }  // namespace

@@ -14,8 +14,10 @@
 // How it reads the weights: a cluster of `split` CTAs a 16-row tile (sm_90's thread block clusters), CTA p the
 // part's chunks of 32 blocks (one block of each of its lane classes; chunks p, p + split, ...), codes and scales
 // staged in shared memory by cp.async a few chunks ahead of the one computed, so the loads of the next chunks fly
-// while a chunk is computed; each warp carries its leaves' sums across the chunks. The first CTA of the cluster adds the parts'
-// sums, read from the others' shared memory. A matrix of few rows so gets split x the CTAs of its tiles.
+// while a chunk is computed; each warp carries its leaves' sums across the chunks. The first CTA of the cluster adds
+// the parts' sums, read from the others' shared memory. A matrix of few rows so gets split x the CTAs of its tiles;
+// one of more tiles than the device holds CTAs at once gets as many clusters as it holds, each walking its tiles as
+// one sequence of chunks (the next tile's in flight while this one's are computed and folded).
 #pragma once
 
 #include <cuda_runtime.h>
