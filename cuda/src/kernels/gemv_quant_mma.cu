@@ -248,7 +248,7 @@ gemv_quant_mma_kernel(QuantPlanes p, int rows, int cols, int code_bias, StridedQ
   const int clusters = static_cast<int>(gridDim.x) / Split, tiles = (rows + kTileRows - 1) / kTileRows;
   const int n_blocks = cols / kCodeBlock, n_chunks = (n_blocks + kChunkBlocks - 1) / kChunkBlocks;
   const int chunks = part < n_chunks ? (n_chunks - part + Split - 1) / Split : 0;  // a tile's: q = part + Split c
-  const int my_tiles = cluster < tiles ? (tiles - cluster + clusters - 1) / clusters : 0;
+  const int my_tiles = (tiles - cluster + clusters - 1) / clusters;  // the launch starts clusters <= tiles
   const int total = my_tiles * chunks;  // the CTA's chunks in turn: chunk c of its tile j is k = j chunks + c
   const auto load = [&](int k) {
     const int first = (cluster + k / chunks * clusters) * kTileRows;
@@ -318,12 +318,13 @@ gemv_quant_mma_kernel(QuantPlanes p, int rows, int cols, int code_bias, StridedQ
       }
     }
     // The stage of the tile's last chunk holds the warps' subtrees: no copy lands there until the next chunk's
-    // barrier (the next tile's chunks load into the other stages meanwhile).
+    // barrier (the next tile's chunks load into the other stages meanwhile), which, like the barrier below at a
+    // tile of no chunks, no thread passes before every thread has read this tile's subtrees.
     using Subtrees = float[kWarps][kTileRows][kInputs];
     static_assert(sizeof(Subtrees) <= kStageBytes<S>, "a stage holds the warps' subtrees");
     unsigned char* sums_stage = staged + (chunks > 0 ? (j * chunks + chunks - 1) % kStages : 0) * kStageBytes<S>;
     Subtrees& subtrees = *reinterpret_cast<Subtrees*>(sums_stage);
-    __syncthreads();  // every warp past the chunk whose stage this is
+    __syncthreads();  // every warp past the chunk whose stage this is (and past the last tile's subtrees)
     Outputs<Tiles> sums;
     fold_leaves<kLeaves, Tiles>(leaves, 0, sums);
     const int g = operands.g, t = operands.t;
@@ -358,11 +359,10 @@ gemv_quant_mma_kernel(QuantPlanes p, int rows, int cols, int code_bias, StridedQ
       cluster_group.sync();  // the other CTAs' shared memory stays until the first has read it
 #endif
     }
-    __syncthreads();  // the subtrees read before the next tile's chunks may load into their stage
   }
 }
 
-// The most CTAs of the kernel resident at once on the current device, whole clusters of Split: the walking CTAs
+// The most CTAs of the kernel resident at once on the current device, whole clusters of Split: the walking CTAs'
 // grid (a cluster past them would start only when a resident one has walked all its tiles). Asked once a device.
 template <class S, int Split, int Tiles>
 cudaError_t resident_ctas(std::size_t shared, int* ctas) {
